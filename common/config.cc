@@ -1,0 +1,531 @@
+#include "common/config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ps {
+namespace {
+
+// The controller's "infinite tau" (consistency/controller.h kInfiniteTau);
+// ps_common cannot depend on ps_consistency.
+constexpr int64_t kInfTau = -1;
+
+absl::Status FieldError(absl::string_view path, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("config field ", path, ": ", what));
+}
+
+// How a node reads in an error message: 'text', null, a mapping, ...
+std::string Describe(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Scalar:
+      return absl::StrCat("'", n.Scalar(), "'");
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Null:
+      return "null";
+    default:
+      return "nothing";
+  }
+}
+
+// Shortest text that parses back to exactly `v`.
+std::string FormatDouble(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  if (ec != std::errc()) return absl::StrCat(v);
+  return std::string(buf, end);
+}
+
+// One field: its dotted path, a setter that checks type and range and
+// assigns only on success, and a getter giving its YAML scalar text.
+struct Field {
+  std::string path;
+  std::function<absl::Status(const YAML::Node&, JobConfig*)> set;
+  std::function<std::string(const JobConfig&)> get;
+  bool quote = false;  // emit as a double-quoted string
+};
+
+template <typename T>
+using Member = T& (*)(JobConfig&);
+
+// The getters read through the same accessor as the setters; they never
+// write, so the const_cast is safe.
+template <typename T>
+const T& Read(Member<T> m, const JobConfig& c) {
+  return m(const_cast<JobConfig&>(c));
+}
+
+template <typename T>
+Field IntField(std::string path, Member<T> m, int64_t lo,
+               int64_t hi = std::numeric_limits<T>::max()) {
+  Field f;
+  f.path = path;
+  f.set = [path, m, lo, hi](const YAML::Node& n, JobConfig* c) {
+    int64_t v = 0;
+    if (!n.IsScalar() ||
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(n.Scalar()), &v)) {
+      return FieldError(path,
+                        absl::StrCat("expected an integer, got ", Describe(n)));
+    }
+    if (v < lo) {
+      return FieldError(path, absl::StrCat("must be >= ", lo, ", got ", v));
+    }
+    if (v > hi) {
+      return FieldError(path, absl::StrCat("must be <= ", hi, ", got ", v));
+    }
+    m(*c) = static_cast<T>(v);
+    return absl::OkStatus();
+  };
+  f.get = [m](const JobConfig& c) { return absl::StrCat(Read(m, c)); };
+  return f;
+}
+
+Field Uint64Field(std::string path, Member<uint64_t> m) {
+  Field f;
+  f.path = path;
+  f.set = [path, m](const YAML::Node& n, JobConfig* c) {
+    uint64_t v = 0;
+    if (!n.IsScalar() ||
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(n.Scalar()), &v)) {
+      return FieldError(path, absl::StrCat("expected a non-negative integer, got ",
+                                           Describe(n)));
+    }
+    m(*c) = v;
+    return absl::OkStatus();
+  };
+  f.get = [m](const JobConfig& c) { return absl::StrCat(Read(m, c)); };
+  return f;
+}
+
+// Bounds of a double field; an open bound excludes its value.
+struct DoubleRange {
+  double lo;
+  bool lo_open;
+  bool has_hi = false;
+  double hi = 0;
+  bool hi_open = false;
+
+  bool Contains(double v) const {
+    if (lo_open ? v <= lo : v < lo) return false;
+    if (has_hi && (hi_open ? v >= hi : v > hi)) return false;
+    return true;
+  }
+  std::string Describe() const {
+    if (!has_hi) return absl::StrCat(lo_open ? "> " : ">= ", FormatDouble(lo));
+    return absl::StrCat("in ", lo_open ? "(" : "[", FormatDouble(lo), ", ",
+                        FormatDouble(hi), hi_open ? ")" : "]");
+  }
+};
+
+Field DoubleField(std::string path, Member<double> m, DoubleRange range) {
+  Field f;
+  f.path = path;
+  f.set = [path, m, range](const YAML::Node& n, JobConfig* c) {
+    double v = 0;
+    if (!n.IsScalar() ||
+        !absl::SimpleAtod(absl::StripAsciiWhitespace(n.Scalar()), &v) ||
+        !std::isfinite(v)) {
+      return FieldError(path,
+                        absl::StrCat("expected a number, got ", Describe(n)));
+    }
+    if (!range.Contains(v)) {
+      return FieldError(path, absl::StrCat("must be ", range.Describe(),
+                                           ", got ", FormatDouble(v)));
+    }
+    m(*c) = v;
+    return absl::OkStatus();
+  };
+  f.get = [m](const JobConfig& c) { return FormatDouble(Read(m, c)); };
+  return f;
+}
+
+// `allowed` empty: any string. Null (`key:` with no value) reads as "".
+Field StringField(std::string path, Member<std::string> m,
+                  std::vector<std::string> allowed = {}) {
+  Field f;
+  f.path = path;
+  f.quote = true;
+  f.set = [path, m, allowed](const YAML::Node& n, JobConfig* c) {
+    if (!n.IsScalar() && !n.IsNull()) {
+      return FieldError(path,
+                        absl::StrCat("expected a string, got ", Describe(n)));
+    }
+    std::string v = n.IsNull() ? "" : n.Scalar();
+    if (!allowed.empty() &&
+        std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      return FieldError(path, absl::StrCat("must be one of ",
+                                           absl::StrJoin(allowed, "|"),
+                                           ", got '", v, "'"));
+    }
+    m(*c) = std::move(v);
+    return absl::OkStatus();
+  };
+  f.get = [m](const JobConfig& c) { return Read(m, c); };
+  return f;
+}
+
+Field BoolField(std::string path, Member<bool> m) {
+  Field f;
+  f.path = path;
+  f.set = [path, m](const YAML::Node& n, JobConfig* c) {
+    const std::string v =
+        n.IsScalar() ? absl::AsciiStrToLower(n.Scalar()) : std::string();
+    if (v == "true" || v == "yes" || v == "on") {
+      m(*c) = true;
+    } else if (v == "false" || v == "no" || v == "off") {
+      m(*c) = false;
+    } else {
+      return FieldError(path, absl::StrCat("expected true or false, got ",
+                                           Describe(n)));
+    }
+    return absl::OkStatus();
+  };
+  f.get = [m](const JobConfig& c) {
+    return std::string(Read(m, c) ? "true" : "false");
+  };
+  return f;
+}
+
+Field ModeField() {
+  Field f;
+  f.path = "consistency.mode";
+  f.set = [path = f.path](const YAML::Node& n, JobConfig* c) {
+    const std::string v =
+        n.IsScalar() ? absl::AsciiStrToLower(n.Scalar()) : std::string();
+    if (v == "bsp") {
+      c->consistency.mode = Mode::kBsp;
+    } else if (v == "ssp") {
+      c->consistency.mode = Mode::kSsp;
+    } else if (v == "asp") {
+      c->consistency.mode = Mode::kAsp;
+    } else {
+      return FieldError(
+          path, absl::StrCat("must be one of bsp|ssp|asp, got ", Describe(n)));
+    }
+    return absl::OkStatus();
+  };
+  f.get = [](const JobConfig& c) {
+    return std::string(ModeName(c.consistency.mode));
+  };
+  return f;
+}
+
+// An integer >= 0, or `inf` (stored as kInfTau).
+Field TauField() {
+  Field f;
+  f.path = "consistency.tau";
+  f.set = [path = f.path](const YAML::Node& n, JobConfig* c) {
+    const std::string v = n.IsScalar()
+                              ? absl::AsciiStrToLower(
+                                    absl::StripAsciiWhitespace(n.Scalar()))
+                              : std::string();
+    if (v == "inf" || v == ".inf" || v == "infinity") {
+      c->consistency.tau = kInfTau;
+      return absl::OkStatus();
+    }
+    int64_t tau = 0;
+    if (!n.IsScalar() || !absl::SimpleAtoi(v, &tau)) {
+      return FieldError(path, absl::StrCat("expected an integer or inf, got ",
+                                           Describe(n)));
+    }
+    if (tau < 0) {
+      return FieldError(path,
+                        absl::StrCat("must be >= 0 or inf, got ", tau));
+    }
+    c->consistency.tau = tau;
+    return absl::OkStatus();
+  };
+  f.get = [](const JobConfig& c) {
+    return c.consistency.tau < 0 ? std::string("inf")
+                                 : absl::StrCat(c.consistency.tau);
+  };
+  return f;
+}
+
+// "section.field" and an accessor for it, e.g. PS_CFG(training, minibatch).
+#define PS_CFG(section, field)   \
+  #section "." #field,           \
+      +[](JobConfig& c) -> auto& { return c.section.field; }
+
+constexpr DoubleRange kPositive{0, /*lo_open=*/true};
+constexpr DoubleRange kNonNegative{0, /*lo_open=*/false};
+
+// Every field, in the order ToYaml writes them (grouped by section).
+const std::vector<Field>& Fields() {
+  static const std::vector<Field>* fields = new std::vector<Field>{
+      StringField(PS_CFG(cluster, scheduler)),
+      IntField<int>(PS_CFG(cluster, num_servers), 1, 1024),
+      IntField<int>(PS_CFG(cluster, num_workers), 1, 1024),
+      IntField<int>(PS_CFG(cluster, virtual_nodes), 1, 4096),
+      IntField<int>(PS_CFG(cluster, heartbeat_ms), 10),
+      IntField<int>(PS_CFG(cluster, heartbeat_timeout_ms), 100),
+      IntField<int>(PS_CFG(cluster, register_timeout_ms), 100),
+      StringField(PS_CFG(cluster, auth_token)),
+      StringField(PS_CFG(cluster, bind_host)),
+      ModeField(),
+      TauField(),
+      IntField<int64_t>(PS_CFG(consistency, pull_timeout_ms), 1),
+      StringField(PS_CFG(optimizer, name), {"sgd", "adagrad", "ftrl", "adam"}),
+      DoubleField(PS_CFG(optimizer, learning_rate), kPositive),
+      DoubleField(PS_CFG(optimizer, alpha), kPositive),
+      DoubleField(PS_CFG(optimizer, beta), kNonNegative),
+      DoubleField(PS_CFG(optimizer, l1), kNonNegative),
+      DoubleField(PS_CFG(optimizer, l2), kNonNegative),
+      DoubleField(PS_CFG(optimizer, initial_accumulator), kNonNegative),
+      StringField(PS_CFG(data, format), {"synthetic", "libsvm", "criteo"}),
+      StringField(PS_CFG(data, train)),
+      StringField(PS_CFG(data, test)),
+      BoolField(PS_CFG(data, skip_malformed)),
+      IntField<int64_t>(PS_CFG(data.synthetic, train_rows), 1),
+      IntField<int64_t>(PS_CFG(data.synthetic, test_rows), 0),
+      IntField<int64_t>(PS_CFG(data.synthetic, features), 1),
+      // <= features is checked once the whole document is read.
+      IntField<int>(PS_CFG(data.synthetic, nnz_per_row), 1),
+      DoubleField(PS_CFG(data.synthetic, zipf_exponent), kNonNegative),
+      DoubleField(PS_CFG(data.synthetic, true_sparsity),
+                  {0, /*lo_open=*/true, /*has_hi=*/true, 1, /*hi_open=*/false}),
+      DoubleField(PS_CFG(data.synthetic, label_noise),
+                  {0, /*lo_open=*/false, /*has_hi=*/true, 0.5,
+                   /*hi_open=*/false}),
+      Uint64Field(PS_CFG(data.synthetic, seed)),
+      StringField(PS_CFG(training, model), {"logistic_regression", "mlp"}),
+      IntField<int>(PS_CFG(training, minibatch), 1),
+      IntField<int>(PS_CFG(training, epochs), 1),
+      IntField<int>(PS_CFG(training, threads), 1, 256),
+      StringField(PS_CFG(training, backend), {"cpu", "cuda", "auto"}),
+      DoubleField(PS_CFG(training, progress_interval_s), kPositive),
+      Uint64Field(PS_CFG(training, seed)),
+      DoubleField(PS_CFG(training, straggler_factor), {1, /*lo_open=*/false}),
+      DoubleField(PS_CFG(training, eval_interval_s), kNonNegative),
+      StringField(PS_CFG(output, model_dir)),
+      StringField(PS_CFG(output, log_level), {"debug", "info", "warn", "error"}),
+  };
+  return *fields;
+}
+
+#undef PS_CFG
+
+bool IsSection(absl::string_view path) {
+  return path == "cluster" || path == "consistency" || path == "optimizer" ||
+         path == "data" || path == "data.synthetic" || path == "training" ||
+         path == "output";
+}
+
+const Field* FindField(absl::string_view path) {
+  for (const Field& f : Fields()) {
+    if (f.path == path) return &f;
+  }
+  return nullptr;
+}
+
+// Constraints between fields that Parse can check once it has read them all.
+absl::Status CheckCrossField(const JobConfig& c) {
+  const SyntheticConfig& s = c.data.synthetic;
+  if (s.nnz_per_row > s.features) {
+    return FieldError("data.synthetic.nnz_per_row",
+                      absl::StrCat("must be <= data.synthetic.features (",
+                                   s.features, "), got ", s.nnz_per_row));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseMap(const YAML::Node& node, const std::string& prefix,
+                      JobConfig* c, std::set<std::string>* seen) {
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) {
+      return FieldError(prefix.empty() ? "<top level>" : prefix,
+                        absl::StrCat("keys must be plain names, got ",
+                                     Describe(kv.first)));
+    }
+    const std::string& key = kv.first.Scalar();
+    const std::string path = prefix.empty() ? key : absl::StrCat(prefix, ".", key);
+    const Field* field = nullptr;
+    const bool plain_name =
+        !key.empty() && key.find('.') == std::string::npos;
+    if (plain_name && IsSection(path)) {
+      if (!seen->insert(path).second) return FieldError(path, "duplicate key");
+      if (kv.second.IsNull()) continue;  // empty section: all defaults
+      if (!kv.second.IsMap()) {
+        return FieldError(path, absl::StrCat("expected a mapping, got ",
+                                             Describe(kv.second)));
+      }
+      PS_RETURN_IF_ERROR(ParseMap(kv.second, path, c, seen));
+      continue;
+    }
+    if (plain_name) field = FindField(path);
+    if (field == nullptr) return FieldError(path, "unknown key");
+    if (!seen->insert(path).second) return FieldError(path, "duplicate key");
+    PS_RETURN_IF_ERROR(field->set(kv.second, c));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyntaxError(const YAML::Exception& e) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "YAML syntax error at line ", e.mark.line + 1, ", column ",
+      e.mark.column + 1, ": ", e.msg));
+}
+
+}  // namespace
+
+int64_t JobConfig::EffectiveTau() const {
+  switch (consistency.mode) {
+    case Mode::kBsp:
+      return 0;
+    case Mode::kAsp:
+      return kInfTau;
+    case Mode::kSsp:
+      return consistency.tau < 0 ? kInfTau : consistency.tau;
+  }
+  return consistency.tau;
+}
+
+const char* ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kBsp:
+      return "bsp";
+    case Mode::kSsp:
+      return "ssp";
+    case Mode::kAsp:
+      return "asp";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
+  JobConfig config;
+  try {
+    YAML::Node root = YAML::Load(yaml_text);
+    if (root.IsNull()) return config;  // empty document: all defaults
+    if (!root.IsMap()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: expected a mapping of sections at the top level, got ",
+          Describe(root)));
+    }
+    std::set<std::string> seen;
+    PS_RETURN_IF_ERROR(ParseMap(root, "", &config, &seen));
+  } catch (const YAML::Exception& e) {
+    return SyntaxError(e);
+  }
+  PS_RETURN_IF_ERROR(CheckCrossField(config));
+  return config;
+}
+
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot open config file"));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  }
+  absl::StatusOr<JobConfig> config = ParseJobConfig(text.str());
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+absl::Status ApplyOverride(JobConfig* config, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "override '", assignment, "': expected section.field=value"));
+  }
+  const std::string path(
+      absl::StripAsciiWhitespace(absl::string_view(assignment).substr(0, eq)));
+  const std::string value = assignment.substr(eq + 1);
+  if (IsSection(path)) {
+    return FieldError(path, "is a section; override one of its fields");
+  }
+  const Field* field = FindField(path);
+  if (field == nullptr) return FieldError(path, "unknown key");
+  YAML::Node node;
+  try {
+    node = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    return FieldError(path, absl::StrCat("cannot parse value '", value,
+                                         "': ", e.msg));
+  }
+  JobConfig updated = *config;
+  PS_RETURN_IF_ERROR(field->set(node, &updated));
+  *config = std::move(updated);
+  return absl::OkStatus();
+}
+
+std::string ToYaml(const JobConfig& config) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::vector<std::string> open;  // sections currently open, outermost first
+  for (const Field& f : Fields()) {
+    std::vector<std::string> parts = absl::StrSplit(f.path, '.');
+    const std::string name = parts.back();
+    parts.pop_back();
+    size_t common = 0;
+    while (common < open.size() && common < parts.size() &&
+           open[common] == parts[common]) {
+      ++common;
+    }
+    while (open.size() > common) {
+      out << YAML::EndMap;
+      open.pop_back();
+    }
+    while (open.size() < parts.size()) {
+      out << YAML::Key << parts[open.size()] << YAML::Value << YAML::BeginMap;
+      open.push_back(parts[open.size()]);
+    }
+    out << YAML::Key << name << YAML::Value;
+    if (f.quote) out << YAML::DoubleQuoted;
+    out << f.get(config);
+  }
+  while (!open.empty()) {
+    out << YAML::EndMap;
+    open.pop_back();
+  }
+  out << YAML::EndMap;
+  return absl::StrCat(out.c_str(), "\n");
+}
+
+absl::Status Validate(const JobConfig& config) {
+  // Every field's own range, for configs built in code rather than parsed.
+  JobConfig scratch;
+  for (const Field& f : Fields()) {
+    PS_RETURN_IF_ERROR(f.set(YAML::Node(f.get(config)), &scratch));
+  }
+  PS_RETURN_IF_ERROR(CheckCrossField(config));
+  if ((config.data.format == "libsvm" || config.data.format == "criteo") &&
+      config.data.train.empty()) {
+    return FieldError("data.train", absl::StrCat("required when data.format is ",
+                                                 config.data.format));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ps

@@ -1,0 +1,134 @@
+// The job configuration: one YAML file per job, every field with a default,
+// single fields overridable from the command line (`--set a.b=value`).
+//
+// Errors name the field: an unknown key, a value of the wrong type, or a
+// value out of range makes Parse/Override fail with INVALID_ARGUMENT and a
+// message like "config field training.minibatch: must be >= 1, got 0".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ps {
+
+struct ClusterConfig {
+  std::string scheduler = "127.0.0.1:0";  // host:port (0: launcher picks)
+  int num_servers = 2;
+  int num_workers = 2;
+  int virtual_nodes = 64;
+  int heartbeat_ms = 500;
+  int heartbeat_timeout_ms = 10000;  // a node silent this long is dead
+  int register_timeout_ms = 60000;   // waiting for all nodes to register
+  std::string auth_token;  // when set, every RPC must carry it
+  std::string bind_host = "127.0.0.1";  // interface servers listen on
+
+  bool operator==(const ClusterConfig&) const = default;
+};
+
+enum class Mode { kBsp, kSsp, kAsp };
+
+struct ConsistencyConfig {
+  Mode mode = Mode::kSsp;
+  int64_t tau = 4;                // ignored for bsp (0) and asp (infinity)
+  int64_t pull_timeout_ms = 120000;  // a consistency wait gives up after this
+
+  bool operator==(const ConsistencyConfig&) const = default;
+};
+
+struct OptimizerConfig {
+  std::string name = "ftrl";  // sgd | adagrad | ftrl | adam
+  double learning_rate = 0.1;  // sgd, adagrad
+  double alpha = 0.1;          // ftrl
+  double beta = 1.0;           // ftrl
+  double l1 = 1.0;
+  double l2 = 1.0;
+  double initial_accumulator = 0.1;  // adagrad
+
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+struct SyntheticConfig {
+  int64_t train_rows = 200000;
+  int64_t test_rows = 20000;
+  int64_t features = 100000;
+  int nnz_per_row = 20;
+  double zipf_exponent = 1.1;  // power-law feature popularity
+  double true_sparsity = 0.1;  // share of features with a non-zero true weight
+  double label_noise = 0.0;    // share of labels flipped
+  uint64_t seed = 1;
+  bool operator==(const SyntheticConfig&) const = default;
+};
+
+struct DataConfig {
+  std::string format = "synthetic";  // synthetic | libsvm | criteo
+  std::string train;                 // path (libsvm, criteo)
+  std::string test;
+  bool skip_malformed = false;  // false: a malformed line is an error
+  SyntheticConfig synthetic;
+
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct TrainingConfig {
+  std::string model = "logistic_regression";
+  int minibatch = 1000;  // per worker, per clock
+  int epochs = 1;
+  int threads = 1;  // gradient threads per worker
+  std::string backend = "cpu";  // cpu | cuda | auto
+  double progress_interval_s = 2.0;
+  uint64_t seed = 1;  // shuffling
+  double straggler_factor = 1.0;  // worker 0 is made this many times slower
+  double eval_interval_s = 0;     // 0: evaluate only at the end
+
+  bool operator==(const TrainingConfig&) const = default;
+};
+
+struct OutputConfig {
+  std::string model_dir = "runs/model";
+  std::string log_level = "info";
+
+  bool operator==(const OutputConfig&) const = default;
+};
+
+struct JobConfig {
+  ClusterConfig cluster;
+  ConsistencyConfig consistency;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  TrainingConfig training;
+  OutputConfig output;
+
+  // tau as the consistency controller sees it: 0 for BSP, -1 (infinity)
+  // for ASP, the configured tau for SSP.
+  int64_t EffectiveTau() const;
+
+  bool operator==(const JobConfig&) const = default;
+};
+
+// Parses YAML text. Missing fields keep their defaults. Checks every field's
+// type and range, and data.synthetic.nnz_per_row <= data.synthetic.features;
+// not the constraints Validate() checks. A YAML syntax error is
+// INVALID_ARGUMENT naming the line.
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text);
+// Reads and parses a file; errors are prefixed with the path. NOT_FOUND when
+// the file cannot be opened.
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+// Applies one "section.field=value" override (value parsed as a YAML
+// scalar), checked like the file except for cross-field checks, which depend
+// on the order of overrides (run Validate() after the last one). On error
+// `config` is unchanged.
+absl::Status ApplyOverride(JobConfig* config, const std::string& assignment);
+// Serialises every field to YAML that ParseJobConfig accepts:
+// ParseJobConfig(ToYaml(c)) == c for every c that passes ParseJobConfig.
+std::string ToYaml(const JobConfig& config);
+// Checks cross-field constraints (data.train set for libsvm and criteo,
+// data.synthetic.nnz_per_row <= features). Errors name the field.
+absl::Status Validate(const JobConfig& config);
+
+// "bsp", "ssp" or "asp".
+const char* ModeName(Mode mode);
+
+}  // namespace ps

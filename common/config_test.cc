@@ -1,0 +1,426 @@
+#include "common/config.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+// Expects INVALID_ARGUMENT whose message contains `needle`.
+void ExpectInvalid(const absl::Status& s, const std::string& needle) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(needle), std::string::npos)
+      << "message: " << s.message() << "\nexpected to contain: " << needle;
+}
+
+absl::Status ParseStatus(const std::string& yaml) {
+  return ParseJobConfig(yaml).status();
+}
+
+TEST(ConfigTest, EmptyDocumentGivesDefaults) {
+  for (const char* text : {"", "# nothing\n", "training:\n"}) {
+    absl::StatusOr<JobConfig> c = ParseJobConfig(text);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(*c == JobConfig()) << text;
+  }
+  JobConfig d;
+  EXPECT_EQ(d.cluster.num_servers, 2);
+  EXPECT_EQ(d.consistency.mode, Mode::kSsp);
+  EXPECT_EQ(d.EffectiveTau(), 4);
+  EXPECT_TRUE(Validate(d).ok()) << Validate(d);
+}
+
+TEST(ConfigTest, FullFile) {
+  const char* text = R"(
+cluster:
+  scheduler: "10.0.0.1:7000"
+  num_servers: 4
+  num_workers: 8
+  virtual_nodes: 128
+  heartbeat_ms: 250
+  heartbeat_timeout_ms: 5000
+  register_timeout_ms: 30000
+  auth_token: s3cret
+  bind_host: 0.0.0.0
+consistency:
+  mode: BSP
+  tau: 2
+  pull_timeout_ms: 1000
+optimizer:
+  name: adagrad
+  learning_rate: 0.05
+  alpha: 0.2
+  beta: 0.5
+  l1: 0
+  l2: 0.001
+  initial_accumulator: 1e-6
+data:
+  format: libsvm
+  train: /data/train.svm
+  test: /data/test.svm
+  skip_malformed: true
+  synthetic:
+    train_rows: 10
+    test_rows: 0
+    features: 50
+    nnz_per_row: 50
+    zipf_exponent: 0
+    true_sparsity: 1
+    label_noise: 0.5
+    seed: 18446744073709551615
+training:
+  model: mlp
+  minibatch: 500
+  epochs: 3
+  threads: 256
+  backend: auto
+  progress_interval_s: 0.5
+  seed: 7
+  straggler_factor: 2.5
+  eval_interval_s: 10
+output:
+  model_dir: /tmp/m
+  log_level: debug
+)";
+  absl::StatusOr<JobConfig> r = ParseJobConfig(text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const JobConfig& c = *r;
+  EXPECT_EQ(c.cluster.scheduler, "10.0.0.1:7000");
+  EXPECT_EQ(c.cluster.num_servers, 4);
+  EXPECT_EQ(c.cluster.num_workers, 8);
+  EXPECT_EQ(c.cluster.virtual_nodes, 128);
+  EXPECT_EQ(c.cluster.heartbeat_ms, 250);
+  EXPECT_EQ(c.cluster.heartbeat_timeout_ms, 5000);
+  EXPECT_EQ(c.cluster.register_timeout_ms, 30000);
+  EXPECT_EQ(c.cluster.auth_token, "s3cret");
+  EXPECT_EQ(c.cluster.bind_host, "0.0.0.0");
+  EXPECT_EQ(c.consistency.mode, Mode::kBsp);
+  EXPECT_EQ(c.consistency.tau, 2);
+  EXPECT_EQ(c.consistency.pull_timeout_ms, 1000);
+  EXPECT_EQ(c.EffectiveTau(), 0);
+  EXPECT_EQ(c.optimizer.name, "adagrad");
+  EXPECT_DOUBLE_EQ(c.optimizer.learning_rate, 0.05);
+  EXPECT_DOUBLE_EQ(c.optimizer.alpha, 0.2);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta, 0.5);
+  EXPECT_DOUBLE_EQ(c.optimizer.l1, 0);
+  EXPECT_DOUBLE_EQ(c.optimizer.l2, 0.001);
+  EXPECT_DOUBLE_EQ(c.optimizer.initial_accumulator, 1e-6);
+  EXPECT_EQ(c.data.format, "libsvm");
+  EXPECT_EQ(c.data.train, "/data/train.svm");
+  EXPECT_EQ(c.data.test, "/data/test.svm");
+  EXPECT_TRUE(c.data.skip_malformed);
+  EXPECT_EQ(c.data.synthetic.train_rows, 10);
+  EXPECT_EQ(c.data.synthetic.test_rows, 0);
+  EXPECT_EQ(c.data.synthetic.features, 50);
+  EXPECT_EQ(c.data.synthetic.nnz_per_row, 50);
+  EXPECT_DOUBLE_EQ(c.data.synthetic.zipf_exponent, 0);
+  EXPECT_DOUBLE_EQ(c.data.synthetic.true_sparsity, 1);
+  EXPECT_DOUBLE_EQ(c.data.synthetic.label_noise, 0.5);
+  EXPECT_EQ(c.data.synthetic.seed, std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(c.training.model, "mlp");
+  EXPECT_EQ(c.training.minibatch, 500);
+  EXPECT_EQ(c.training.epochs, 3);
+  EXPECT_EQ(c.training.threads, 256);
+  EXPECT_EQ(c.training.backend, "auto");
+  EXPECT_DOUBLE_EQ(c.training.progress_interval_s, 0.5);
+  EXPECT_EQ(c.training.seed, 7u);
+  EXPECT_DOUBLE_EQ(c.training.straggler_factor, 2.5);
+  EXPECT_DOUBLE_EQ(c.training.eval_interval_s, 10);
+  EXPECT_EQ(c.output.model_dir, "/tmp/m");
+  EXPECT_EQ(c.output.log_level, "debug");
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);
+}
+
+TEST(ConfigTest, ModesAndTau) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig("consistency: {mode: ssp, tau: 4}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->EffectiveTau(), 4);
+  c = ParseJobConfig("consistency: {mode: Ssp, tau: inf}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->consistency.tau, -1);
+  EXPECT_EQ(c->EffectiveTau(), -1);
+  c = ParseJobConfig("consistency: {mode: ASP, tau: 3}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->consistency.mode, Mode::kAsp);
+  EXPECT_EQ(c->EffectiveTau(), -1);
+  c = ParseJobConfig("consistency: {mode: bsp, tau: 3}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->EffectiveTau(), 0);
+  c = ParseJobConfig("consistency: {tau: 0}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->EffectiveTau(), 0);
+  EXPECT_STREQ(ModeName(Mode::kBsp), "bsp");
+  EXPECT_STREQ(ModeName(Mode::kSsp), "ssp");
+  EXPECT_STREQ(ModeName(Mode::kAsp), "asp");
+
+  ExpectInvalid(ParseStatus("consistency: {mode: tsp}"),
+                "config field consistency.mode: must be one of bsp|ssp|asp, "
+                "got 'tsp'");
+  ExpectInvalid(ParseStatus("consistency: {tau: -1}"),
+                "config field consistency.tau: must be >= 0 or inf, got -1");
+  ExpectInvalid(ParseStatus("consistency: {tau: lots}"),
+                "config field consistency.tau: expected an integer or inf, "
+                "got 'lots'");
+}
+
+TEST(ConfigTest, UnknownKeyNamesTheField) {
+  ExpectInvalid(ParseStatus("training: {minibatchh: 5}"),
+                "config field training.minibatchh: unknown key");
+  ExpectInvalid(ParseStatus("trainin: {minibatch: 5}"),
+                "config field trainin: unknown key");
+  ExpectInvalid(ParseStatus("data: {synthetic: {rows: 5}}"),
+                "config field data.synthetic.rows: unknown key");
+  // A field at the wrong level, and a dotted key, are unknown too.
+  ExpectInvalid(ParseStatus("minibatch: 5"), "config field minibatch: unknown key");
+  ExpectInvalid(ParseStatus("training.minibatch: 5"),
+                "config field training.minibatch: unknown key");
+  ExpectInvalid(ParseStatus("training: {minibatch: 5, minibatch: 6}"),
+                "config field training.minibatch: duplicate key");
+}
+
+TEST(ConfigTest, WrongTypeNamesTheField) {
+  ExpectInvalid(ParseStatus("training: {minibatch: abc}"),
+                "config field training.minibatch: expected an integer, got 'abc'");
+  ExpectInvalid(ParseStatus("training: {minibatch: 1.5}"),
+                "config field training.minibatch: expected an integer, got '1.5'");
+  ExpectInvalid(ParseStatus("training: {minibatch: [1, 2]}"),
+                "config field training.minibatch: expected an integer, got a "
+                "sequence");
+  ExpectInvalid(ParseStatus("optimizer: {alpha: fast}"),
+                "config field optimizer.alpha: expected a number, got 'fast'");
+  ExpectInvalid(ParseStatus("optimizer: {alpha: nan}"),
+                "config field optimizer.alpha: expected a number");
+  ExpectInvalid(ParseStatus("data: {skip_malformed: maybe}"),
+                "config field data.skip_malformed: expected true or false, "
+                "got 'maybe'");
+  ExpectInvalid(ParseStatus("data: {train: {a: 1}}"),
+                "config field data.train: expected a string, got a mapping");
+  ExpectInvalid(ParseStatus("training: 5"),
+                "config field training: expected a mapping, got '5'");
+  ExpectInvalid(ParseStatus("training: {seed: -1}"),
+                "config field training.seed: expected a non-negative integer");
+  ExpectInvalid(ParseStatus("cluster: {num_servers: 99999999999}"),
+                "config field cluster.num_servers: must be <= 1024");
+  ExpectInvalid(ParseStatus("- a\n- b\n"), "expected a mapping of sections");
+}
+
+TEST(ConfigTest, OutOfRangeNamesTheField) {
+  struct Case {
+    const char* yaml;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"cluster: {num_servers: 0}",
+       "config field cluster.num_servers: must be >= 1, got 0"},
+      {"cluster: {num_workers: 1025}",
+       "config field cluster.num_workers: must be <= 1024, got 1025"},
+      {"cluster: {virtual_nodes: 4097}",
+       "config field cluster.virtual_nodes: must be <= 4096, got 4097"},
+      {"cluster: {heartbeat_ms: 9}",
+       "config field cluster.heartbeat_ms: must be >= 10, got 9"},
+      {"cluster: {heartbeat_timeout_ms: 99}",
+       "config field cluster.heartbeat_timeout_ms: must be >= 100, got 99"},
+      {"cluster: {register_timeout_ms: 0}",
+       "config field cluster.register_timeout_ms: must be >= 100, got 0"},
+      {"consistency: {pull_timeout_ms: 0}",
+       "config field consistency.pull_timeout_ms: must be >= 1, got 0"},
+      {"optimizer: {name: rmsprop}",
+       "config field optimizer.name: must be one of sgd|adagrad|ftrl|adam, "
+       "got 'rmsprop'"},
+      {"optimizer: {learning_rate: 0}",
+       "config field optimizer.learning_rate: must be > 0, got 0"},
+      {"optimizer: {alpha: -1}",
+       "config field optimizer.alpha: must be > 0, got -1"},
+      {"optimizer: {beta: -0.5}",
+       "config field optimizer.beta: must be >= 0, got -0.5"},
+      {"optimizer: {l1: -1}", "config field optimizer.l1: must be >= 0"},
+      {"optimizer: {l2: -1}", "config field optimizer.l2: must be >= 0"},
+      {"optimizer: {initial_accumulator: -1}",
+       "config field optimizer.initial_accumulator: must be >= 0"},
+      {"data: {format: csv}",
+       "config field data.format: must be one of synthetic|libsvm|criteo, "
+       "got 'csv'"},
+      {"data: {synthetic: {train_rows: 0}}",
+       "config field data.synthetic.train_rows: must be >= 1, got 0"},
+      {"data: {synthetic: {test_rows: -1}}",
+       "config field data.synthetic.test_rows: must be >= 0, got -1"},
+      {"data: {synthetic: {features: 0}}",
+       "config field data.synthetic.features: must be >= 1, got 0"},
+      {"data: {synthetic: {nnz_per_row: 0}}",
+       "config field data.synthetic.nnz_per_row: must be >= 1, got 0"},
+      {"data: {synthetic: {features: 10, nnz_per_row: 11}}",
+       "config field data.synthetic.nnz_per_row: must be <= "
+       "data.synthetic.features (10), got 11"},
+      {"data: {synthetic: {zipf_exponent: -0.1}}",
+       "config field data.synthetic.zipf_exponent: must be >= 0, got -0.1"},
+      {"data: {synthetic: {true_sparsity: 0}}",
+       "config field data.synthetic.true_sparsity: must be in (0, 1], got 0"},
+      {"data: {synthetic: {true_sparsity: 1.5}}",
+       "config field data.synthetic.true_sparsity: must be in (0, 1], got 1.5"},
+      {"data: {synthetic: {label_noise: 0.6}}",
+       "config field data.synthetic.label_noise: must be in [0, 0.5], got 0.6"},
+      {"training: {model: svm}",
+       "config field training.model: must be one of logistic_regression|mlp, "
+       "got 'svm'"},
+      {"training: {minibatch: 0}",
+       "config field training.minibatch: must be >= 1, got 0"},
+      {"training: {epochs: 0}",
+       "config field training.epochs: must be >= 1, got 0"},
+      {"training: {threads: 257}",
+       "config field training.threads: must be <= 256, got 257"},
+      {"training: {threads: 0}",
+       "config field training.threads: must be >= 1, got 0"},
+      {"training: {backend: tpu}",
+       "config field training.backend: must be one of cpu|cuda|auto, got 'tpu'"},
+      {"training: {progress_interval_s: 0}",
+       "config field training.progress_interval_s: must be > 0, got 0"},
+      {"training: {straggler_factor: 0.5}",
+       "config field training.straggler_factor: must be >= 1, got 0.5"},
+      {"training: {eval_interval_s: -1}",
+       "config field training.eval_interval_s: must be >= 0, got -1"},
+      {"output: {log_level: trace}",
+       "config field output.log_level: must be one of debug|info|warn|error, "
+       "got 'trace'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    ExpectInvalid(ParseStatus(c.yaml), c.message);
+  }
+}
+
+TEST(ConfigTest, SyntaxErrorNamesTheLine) {
+  const absl::Status s =
+      ParseStatus("cluster:\n  num_servers: 2\ntraining: {minibatch: 5\n");
+  ExpectInvalid(s, "YAML syntax error at line");
+  const absl::Status s2 = ParseStatus("cluster:\n  a: [1\n  b: \"x\n");
+  ExpectInvalid(s2, "line ");
+}
+
+TEST(ConfigTest, Overrides) {
+  JobConfig c;
+  ASSERT_TRUE(ApplyOverride(&c, "training.minibatch=500").ok());
+  EXPECT_EQ(c.training.minibatch, 500);
+  ASSERT_TRUE(ApplyOverride(&c, "consistency.mode=BSP").ok());
+  EXPECT_EQ(c.consistency.mode, Mode::kBsp);
+  ASSERT_TRUE(ApplyOverride(&c, "consistency.tau=inf").ok());
+  EXPECT_EQ(c.consistency.tau, -1);
+  ASSERT_TRUE(ApplyOverride(&c, "cluster.scheduler=10.1.2.3:9000").ok());
+  EXPECT_EQ(c.cluster.scheduler, "10.1.2.3:9000");
+  ASSERT_TRUE(ApplyOverride(&c, "data.synthetic.features=77").ok());
+  EXPECT_EQ(c.data.synthetic.features, 77);
+  ASSERT_TRUE(ApplyOverride(&c, "data.skip_malformed=true").ok());
+  EXPECT_TRUE(c.data.skip_malformed);
+  ASSERT_TRUE(ApplyOverride(&c, "cluster.auth_token=").ok());
+  EXPECT_EQ(c.cluster.auth_token, "");
+  ASSERT_TRUE(ApplyOverride(&c, " optimizer.l2 = 0.25").ok());
+  EXPECT_DOUBLE_EQ(c.optimizer.l2, 0.25);
+
+  const JobConfig before = c;
+  ExpectInvalid(ApplyOverride(&c, "training.minibatch=abc"),
+                "config field training.minibatch: expected an integer, got 'abc'");
+  ExpectInvalid(ApplyOverride(&c, "training.minibatch=0"),
+                "config field training.minibatch: must be >= 1, got 0");
+  ExpectInvalid(ApplyOverride(&c, "training.minibatchh=5"),
+                "config field training.minibatchh: unknown key");
+  ExpectInvalid(ApplyOverride(&c, "training=5"),
+                "config field training: is a section");
+  ExpectInvalid(ApplyOverride(&c, "training.minibatch"),
+                "expected section.field=value");
+  ExpectInvalid(ApplyOverride(&c, "training.minibatch=[1"),
+                "config field training.minibatch");
+  ExpectInvalid(ApplyOverride(&c, "optimizer.name=rmsprop"),
+                "config field optimizer.name: must be one of");
+  EXPECT_TRUE(c == before) << "a failed override must not change the config";
+}
+
+TEST(ConfigTest, ValidateChecksCrossFieldConstraints) {
+  JobConfig c;
+  EXPECT_TRUE(Validate(c).ok());
+  c.data.format = "libsvm";
+  ExpectInvalid(Validate(c), "config field data.train: required");
+  c.data.format = "criteo";
+  ExpectInvalid(Validate(c), "config field data.train");
+  c.data.train = "/data/day_0";
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);
+
+  JobConfig d;
+  d.data.synthetic.features = 5;  // nnz_per_row stays 20
+  ExpectInvalid(Validate(d), "config field data.synthetic.nnz_per_row");
+  JobConfig e;
+  e.training.threads = 0;  // built in code, never parsed
+  ExpectInvalid(Validate(e), "config field training.threads: must be >= 1");
+}
+
+TEST(ConfigTest, ToYamlRoundTrips) {
+  JobConfig c;
+  EXPECT_TRUE(*ParseJobConfig(ToYaml(c)) == c) << ToYaml(c);
+
+  c.cluster.scheduler = "host:1";
+  c.cluster.num_servers = 1024;
+  c.cluster.auth_token = "tok: \"en\" # not a comment\nline2";
+  c.cluster.bind_host = "yes";  // would read as a bool if unquoted
+  c.consistency.mode = Mode::kAsp;
+  c.consistency.tau = -1;
+  c.consistency.pull_timeout_ms = 1;
+  c.optimizer.name = "adam";
+  c.optimizer.learning_rate = 0.1 + 0.2;  // not exactly 0.3
+  c.optimizer.alpha = 1e-300;
+  c.optimizer.l1 = 0;
+  c.data.format = "criteo";
+  c.data.train = "";
+  c.data.test = "null";
+  c.data.skip_malformed = true;
+  c.data.synthetic.features = int64_t{1} << 40;
+  c.data.synthetic.nnz_per_row = 1;
+  c.data.synthetic.true_sparsity = 1.0 / 3;
+  c.data.synthetic.seed = std::numeric_limits<uint64_t>::max();
+  c.training.seed = 0;
+  c.training.straggler_factor = 12345.678;
+  c.output.model_dir = "~";
+  c.output.log_level = "error";
+  const std::string yaml = ToYaml(c);
+  absl::StatusOr<JobConfig> back = ParseJobConfig(yaml);
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << yaml;
+  EXPECT_TRUE(*back == c) << yaml;
+  EXPECT_EQ(back->cluster.auth_token, c.cluster.auth_token);
+  EXPECT_EQ(back->optimizer.learning_rate, c.optimizer.learning_rate);
+  EXPECT_NE(yaml.find("tau: inf"), std::string::npos) << yaml;
+
+  c.consistency.mode = Mode::kSsp;
+  c.consistency.tau = 17;
+  back = ParseJobConfig(ToYaml(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == c);
+}
+
+TEST(ConfigTest, LoadJobConfigNamesTheFile) {
+  const std::string dir = ::testing::TempDir();
+  const std::string good = absl::StrCat(dir, "/ps_config_test_good.yaml");
+  const std::string bad = absl::StrCat(dir, "/ps_config_test_bad.yaml");
+  {
+    std::ofstream(good) << "training:\n  minibatch: 500\n";
+    std::ofstream(bad) << "training:\n  minibatch: 0\n";
+  }
+  absl::StatusOr<JobConfig> c = LoadJobConfig(good);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->training.minibatch, 500);
+
+  absl::Status s = LoadJobConfig(bad).status();
+  ExpectInvalid(s, absl::StrCat(bad, ": config field training.minibatch: "
+                                     "must be >= 1, got 0"));
+  s = LoadJobConfig(absl::StrCat(dir, "/no_such_ps_config.yaml")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("no_such_ps_config.yaml"), std::string::npos);
+  std::remove(good.c_str());
+  std::remove(bad.c_str());
+}
+
+}  // namespace
+}  // namespace ps

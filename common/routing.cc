@@ -1,0 +1,113 @@
+#include "common/routing.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+
+namespace ps {
+
+proto::RoutingTable BuildHashRing(const std::vector<int>& server_ids,
+                                  int vnodes, int64_t epoch) {
+  // point -> owner; ties (astronomically unlikely) go to the lower id.
+  std::map<uint64_t, int> points;
+  for (int s : server_ids) {
+    for (int v = 0; v < vnodes; ++v) {
+      uint64_t p = Mix64(Mix64(static_cast<uint64_t>(s) + 0x7f4a7c15ULL) ^
+                         static_cast<uint64_t>(v));
+      points.emplace(p, s);
+    }
+  }
+  proto::RoutingTable t;
+  t.set_epoch(epoch);
+  if (points.empty()) return t;
+  // A key belongs to the first point at or after it, wrapping around.
+  const int first_owner = points.begin()->second;
+  t.add_range_begin(0);
+  t.add_range_server(first_owner);
+  auto it = points.begin();
+  for (++it; it != points.end(); ++it) {
+    uint64_t begin = std::prev(it)->first + 1;
+    t.add_range_begin(begin);
+    t.add_range_server(it->second);
+  }
+  uint64_t last = points.rbegin()->first;
+  if (last != std::numeric_limits<uint64_t>::max()) {
+    t.add_range_begin(last + 1);
+    t.add_range_server(first_owner);
+  }
+  return t;
+}
+
+absl::StatusOr<Routing> Routing::FromProto(const proto::RoutingTable& table) {
+  if (table.range_begin_size() == 0 ||
+      table.range_begin_size() != table.range_server_size()) {
+    return absl::InvalidArgumentError("routing table: empty or ragged ranges");
+  }
+  if (table.range_begin(0) != 0) {
+    return absl::InvalidArgumentError("routing table: range_begin[0] != 0");
+  }
+  Routing r;
+  r.table_ = table;
+  r.begins_.assign(table.range_begin().begin(), table.range_begin().end());
+  r.owners_.assign(table.range_server().begin(), table.range_server().end());
+  for (size_t i = 1; i < r.begins_.size(); ++i) {
+    if (r.begins_[i] <= r.begins_[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing table: range_begin not ascending at ", i));
+    }
+  }
+  for (int o : r.owners_) {
+    if (o < 0 || (table.servers_size() > 0 && o >= table.servers_size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing table: bad owner id ", o));
+    }
+  }
+  return r;
+}
+
+int Routing::RangeOf(uint64_t key) const {
+  auto it = std::upper_bound(begins_.begin(), begins_.end(), key);
+  return static_cast<int>(it - begins_.begin()) - 1;
+}
+
+uint64_t Routing::RangeLast(int range) const {
+  if (range + 1 < static_cast<int>(begins_.size())) {
+    return begins_[range + 1] - 1;
+  }
+  return std::numeric_limits<uint64_t>::max();
+}
+
+std::vector<int> Routing::RangesOf(int server) const {
+  std::vector<int> out;
+  for (int r = 0; r < num_ranges(); ++r) {
+    if (owners_[r] == server) out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<KeySlice> Routing::Slice(absl::Span<const uint64_t> keys) const {
+  int max_server = 0;
+  for (int o : owners_) max_server = std::max(max_server, o);
+  std::vector<KeySlice> by_server(max_server + 1);
+  ForEachRangeRun(keys, [&](int range, size_t first, size_t last) {
+    KeySlice& s = by_server[owners_[range]];
+    if (!s.spans.empty() && s.spans.back().second == first) {
+      s.spans.back().second = last;
+    } else {
+      s.spans.emplace_back(first, last);
+    }
+    s.count += last - first;
+  });
+  std::vector<KeySlice> out;
+  for (int s = 0; s <= max_server; ++s) {
+    if (by_server[s].count == 0) continue;
+    by_server[s].server = s;
+    out.push_back(std::move(by_server[s]));
+  }
+  return out;
+}
+
+}  // namespace ps

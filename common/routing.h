@@ -1,0 +1,80 @@
+// Key-range routing: consistent hashing of the 64-bit key space with virtual
+// nodes, and slicing of sorted key arrays by owner server.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+// Builds the routing table for `server_ids`, each placed on the ring at
+// `vnodes` points. A server's points depend only on its id, so adding a
+// server moves only keys that then belong to the new server.
+proto::RoutingTable BuildHashRing(const std::vector<int>& server_ids,
+                                  int vnodes, int64_t epoch);
+
+// The keys of one destination server inside a sorted key array: index spans
+// [first, second) into that array, in ascending order.
+struct KeySlice {
+  int server = -1;
+  std::vector<std::pair<size_t, size_t>> spans;
+  size_t count = 0;
+};
+
+// Immutable view of a routing table. Thread-compatible (const methods are
+// safe to call concurrently).
+class Routing {
+ public:
+  Routing() = default;
+
+  // Fails with INVALID_ARGUMENT when the table is malformed (empty, begin[0]
+  // != 0, unsorted begins, owner ids out of range).
+  static absl::StatusOr<Routing> FromProto(const proto::RoutingTable& table);
+
+  int64_t epoch() const { return table_.epoch(); }
+  int num_ranges() const { return static_cast<int>(begins_.size()); }
+  int num_servers() const { return table_.servers_size(); }
+  const proto::RoutingTable& proto() const { return table_; }
+
+  // Index of the range holding `key`.
+  int RangeOf(uint64_t key) const;
+  int ServerOf(uint64_t key) const { return owners_[RangeOf(key)]; }
+  int OwnerOfRange(int range) const { return owners_[range]; }
+  uint64_t RangeBegin(int range) const { return begins_[range]; }
+  // Inclusive last key of `range`.
+  uint64_t RangeLast(int range) const;
+  // Ranges owned by `server`, ascending.
+  std::vector<int> RangesOf(int server) const;
+
+  // Splits ascending `keys` by owner. Returns one slice per server that owns
+  // at least one key, ordered by server id. O(keys + ranges).
+  std::vector<KeySlice> Slice(absl::Span<const uint64_t> keys) const;
+
+  // For ascending `keys`, calls fn(range, first, last) for each maximal run
+  // of keys in one range. O(keys + ranges).
+  template <typename Fn>
+  void ForEachRangeRun(absl::Span<const uint64_t> keys, Fn&& fn) const {
+    size_t i = 0;
+    while (i < keys.size()) {
+      int r = RangeOf(keys[i]);
+      uint64_t last = RangeLast(r);
+      size_t j = i + 1;
+      while (j < keys.size() && keys[j] <= last) ++j;
+      fn(r, i, j);
+      i = j;
+    }
+  }
+
+ private:
+  proto::RoutingTable table_;
+  std::vector<uint64_t> begins_;
+  std::vector<int> owners_;
+};
+
+}  // namespace ps

@@ -1,0 +1,93 @@
+// The transport seam: worker and scheduler logic talk to remote nodes only
+// through these interfaces. GrpcClientFactory (grpc_transport.h) is the real
+// one; tests use an in-process factory and fault-injecting decorators.
+//
+// Status codes carry their retry meaning:
+//   UNAVAILABLE          the peer could not be reached; retry the same request
+//   DEADLINE_EXCEEDED    no answer in time; retry is safe for pushes (dedup)
+//   FAILED_PRECONDITION  with "stale-epoch" in the message: refresh the
+//                        routing view, re-slice, retry
+//   INVALID_ARGUMENT     the request is malformed; never retry
+//   UNAUTHENTICATED      wrong or missing cluster token
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+inline constexpr char kStaleEpoch[] = "stale-epoch";
+
+// True when `s` tells the client to refresh its routing view.
+inline bool IsStaleEpoch(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kFailedPrecondition &&
+         s.message().find(kStaleEpoch) != absl::string_view::npos;
+}
+
+// A client of one parameter server. Thread-safe. Asynchronous calls share
+// ownership of the request (so a retry resends it without a copy); the
+// callback runs exactly once, on an arbitrary
+// thread (possibly the caller's, before the call returns), and `resp` is
+// valid only during the callback (the callee may move fields out of it).
+class ServerClient {
+ public:
+  template <typename Resp>
+  using Callback = std::function<void(const absl::Status&, Resp*)>;
+
+  virtual ~ServerClient() = default;
+  virtual void Push(std::shared_ptr<const proto::PushRequest> req, absl::Time deadline,
+                    Callback<proto::PushResponse> done) = 0;
+  virtual void Pull(std::shared_ptr<const proto::PullRequest> req, absl::Time deadline,
+                    Callback<proto::PullResponse> done) = 0;
+  virtual void Clock(std::shared_ptr<const proto::ClockRequest> req, absl::Time deadline,
+                     Callback<proto::ClockResponse> done) = 0;
+  virtual absl::Status Finish(const proto::FinishRequest& req,
+                              absl::Time deadline) = 0;
+  virtual absl::StatusOr<proto::ServerControlResponse> Control(
+      const proto::ServerControlRequest& req, absl::Time deadline) = 0;
+  virtual absl::StatusOr<proto::ServerStatus> GetStatus(
+      absl::Time deadline) = 0;
+};
+
+// A client of the scheduler. Thread-safe; calls block until the answer or
+// the deadline.
+class SchedulerClient {
+ public:
+  virtual ~SchedulerClient() = default;
+  virtual absl::StatusOr<proto::RegisterResponse> Register(
+      const proto::RegisterRequest& req, absl::Time deadline) = 0;
+  virtual absl::StatusOr<proto::GetViewResponse> GetView(
+      const proto::GetViewRequest& req, absl::Time deadline) = 0;
+  virtual absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
+      const proto::HeartbeatRequest& req, absl::Time deadline) = 0;
+  virtual absl::StatusOr<proto::GetShardResponse> GetShard(
+      const proto::GetShardRequest& req, absl::Time deadline) = 0;
+  virtual absl::Status Barrier(const proto::BarrierRequest& req,
+                               absl::Time deadline) = 0;
+  virtual absl::Status WorkerDone(const proto::WorkerDoneRequest& req,
+                                  absl::Time deadline) = 0;
+  virtual absl::Status ServerDone(const proto::ServerDoneRequest& req,
+                                  absl::Time deadline) = 0;
+  virtual absl::StatusOr<proto::SetConsistencyResponse> SetConsistency(
+      const proto::SetConsistencyRequest& req, absl::Time deadline) = 0;
+  virtual absl::StatusOr<proto::StatusResponse> Status(
+      const proto::StatusRequest& req, absl::Time deadline) = 0;
+};
+
+// Makes clients for addresses found in the cluster view. Thread-safe; the
+// returned clients may be shared and cached.
+class ClientFactory {
+ public:
+  virtual ~ClientFactory() = default;
+  virtual std::shared_ptr<ServerClient> Server(const std::string& address) = 0;
+  virtual std::shared_ptr<SchedulerClient> Scheduler(
+      const std::string& address) = 0;
+};
+
+}  // namespace ps

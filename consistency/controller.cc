@@ -1,0 +1,289 @@
+#include "consistency/controller.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ps {
+
+ConsistencyController::ConsistencyController(int num_workers, int num_ranges,
+                                             int64_t tau, Clock* clock)
+    : num_workers_(std::max(num_workers, 0)),
+      num_ranges_(std::max(num_ranges, 0)),
+      clock_(clock),
+      tau_(tau),
+      ranges_(num_ranges_, VectorClock(num_workers_)),
+      live_(num_workers_, true),
+      finished_(num_workers_, false),
+      dead_(num_workers_, false) {}
+
+void ConsistencyController::SetTau(int64_t tau) {
+  std::vector<Ready> ready;
+  {
+    absl::MutexLock l(&mu_);
+    tau_ = tau;
+    TakeServableLocked(&ready);
+  }
+  for (Ready& r : ready) r(absl::OkStatus());
+}
+
+int64_t ConsistencyController::tau() const {
+  absl::MutexLock l(&mu_);
+  return tau_;
+}
+
+void ConsistencyController::AdvanceClock(int worker, int64_t completed_clock,
+                                         absl::Span<const int> ranges) {
+  if (worker < 0 || worker >= num_workers_) return;
+  // completed_clock + 1 without overflow.
+  const int64_t value = completed_clock == std::numeric_limits<int64_t>::max()
+                            ? completed_clock
+                            : completed_clock + 1;
+  std::vector<Ready> ready;
+  {
+    absl::MutexLock l(&mu_);
+    if (ranges.empty()) {
+      for (VectorClock& vc : ranges_) vc.Advance(worker, value);
+    } else {
+      for (int r : ranges) {
+        if (r >= 0 && r < num_ranges_) ranges_[r].Advance(worker, value);
+      }
+    }
+    TakeServableLocked(&ready);
+  }
+  for (Ready& r : ready) r(absl::OkStatus());
+}
+
+void ConsistencyController::MarkNotLive(int worker, bool dead) {
+  if (worker < 0 || worker >= num_workers_) return;
+  std::vector<Ready> ready;
+  {
+    absl::MutexLock l(&mu_);
+    live_[worker] = false;
+    (dead ? dead_ : finished_)[worker] = true;
+    TakeServableLocked(&ready);
+  }
+  for (Ready& r : ready) r(absl::OkStatus());
+}
+
+void ConsistencyController::SetWorkerFinished(int worker) {
+  MarkNotLive(worker, /*dead=*/false);
+}
+
+void ConsistencyController::SetWorkerDead(int worker) {
+  MarkNotLive(worker, /*dead=*/true);
+}
+
+bool ConsistencyController::IsLive(int worker) const {
+  if (worker < 0 || worker >= num_workers_) return false;
+  absl::MutexLock l(&mu_);
+  return live_[worker];
+}
+
+bool ConsistencyController::IsFinished(int worker) const {
+  if (worker < 0 || worker >= num_workers_) return false;
+  absl::MutexLock l(&mu_);
+  return finished_[worker];
+}
+
+bool ConsistencyController::IsDead(int worker) const {
+  if (worker < 0 || worker >= num_workers_) return false;
+  absl::MutexLock l(&mu_);
+  return dead_[worker];
+}
+
+bool ConsistencyController::ValidRanges(absl::Span<const int> ranges) const {
+  for (int r : ranges) {
+    if (r < 0 || r >= num_ranges_) return false;
+  }
+  return true;
+}
+
+bool ConsistencyController::CanServe(int64_t clock,
+                                     absl::Span<const int> ranges) const {
+  if (!ValidRanges(ranges)) return false;
+  absl::MutexLock l(&mu_);
+  return CanServeLocked(clock, ranges);
+}
+
+bool ConsistencyController::CanServeLocked(
+    int64_t clock, absl::Span<const int> ranges) const {
+  if (tau_ < 0) return true;  // ASP
+  // clock - tau without underflow.
+  const int64_t need = clock < std::numeric_limits<int64_t>::min() + tau_
+                           ? std::numeric_limits<int64_t>::min()
+                           : clock - tau_;
+  if (ranges.empty()) {
+    for (const VectorClock& vc : ranges_) {
+      if (vc.MinOver(live_) < need) return false;
+    }
+    return true;
+  }
+  for (int r : ranges) {
+    if (ranges_[r].MinOver(live_) < need) return false;
+  }
+  return true;
+}
+
+void ConsistencyController::TakeServableLocked(std::vector<Ready>* out) {
+  // In-place compaction: keeps queue order, allocates nothing per check.
+  size_t keep = 0;
+  for (size_t i = 0; i < waits_.size(); ++i) {
+    Wait& w = waits_[i];
+    if (CanServeLocked(w.clock, w.ranges)) {
+      out->push_back(std::move(w.ready));
+    } else {
+      if (keep != i) waits_[keep] = std::move(w);
+      ++keep;
+    }
+  }
+  waits_.erase(waits_.begin() + keep, waits_.end());
+}
+
+bool ConsistencyController::WaitPull(int worker, int64_t clock,
+                                     std::vector<int> ranges,
+                                     absl::Time deadline,
+                                     std::function<void(absl::Status)> ready) {
+  if (worker < 0 || worker >= num_workers_) {
+    ready(absl::InvalidArgumentError(absl::StrCat(
+        "pull by worker ", worker, ": worker id out of range [0, ",
+        num_workers_, ")")));
+    return true;
+  }
+  for (int r : ranges) {
+    if (r < 0 || r >= num_ranges_) {
+      ready(absl::InvalidArgumentError(
+          absl::StrCat("pull by worker ", worker, " at clock ", clock,
+                       ": range ", r, " out of range [0, ", num_ranges_, ")")));
+      return true;
+    }
+  }
+  {
+    absl::MutexLock l(&mu_);
+    if (!CanServeLocked(clock, ranges)) {
+      waits_.push_back(Wait{worker, clock, std::move(ranges), clock_->Now(),
+                            deadline, std::move(ready)});
+      return false;
+    }
+  }
+  ready(absl::OkStatus());
+  return true;
+}
+
+std::string ConsistencyController::LagReasonLocked(const Wait& w,
+                                                   absl::Time now) const {
+  const int64_t need = w.clock - std::max<int64_t>(tau_, 0);
+  // The live worker with the lowest entry below `need` over the touched
+  // ranges; the first range where it has that entry.
+  int lag_worker = -1;
+  int lag_range = -1;
+  int64_t lag_entry = std::numeric_limits<int64_t>::max();
+  int lagging_pairs = 0;
+  const size_t n = w.ranges.empty() ? ranges_.size() : w.ranges.size();
+  for (size_t i = 0; i < n; ++i) {
+    const int r = w.ranges.empty() ? static_cast<int>(i) : w.ranges[i];
+    const VectorClock& vc = ranges_[r];
+    for (int x = 0; x < num_workers_; ++x) {
+      if (!live_[x]) continue;
+      const int64_t e = vc.Get(x);
+      if (e >= need) continue;
+      ++lagging_pairs;
+      if (e < lag_entry) {
+        lag_entry = e;
+        lag_worker = x;
+        lag_range = r;
+      }
+    }
+  }
+  std::string msg = absl::StrCat(
+      "pull by worker ", w.worker, " at clock ", w.clock, " (tau ", tau_,
+      ") waited ", absl::FormatDuration(now - w.start), ": ");
+  if (lag_worker < 0) {
+    absl::StrAppend(&msg, "no live worker lags (servable at expiry)");
+  } else {
+    absl::StrAppend(&msg, "worker ", lag_worker, " at clock ", lag_entry,
+                    " on range ", lag_range);
+    if (lagging_pairs > 1) {
+      absl::StrAppend(&msg, " (", lagging_pairs - 1,
+                      " more lagging worker-range pairs)");
+    }
+  }
+  return msg;
+}
+
+int ConsistencyController::ExpireWaits() {
+  std::vector<std::pair<Ready, absl::Status>> fire;
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time now = clock_->Now();
+    size_t keep = 0;
+    for (size_t i = 0; i < waits_.size(); ++i) {
+      Wait& w = waits_[i];
+      if (now >= w.deadline) {
+        fire.emplace_back(std::move(w.ready),
+                          absl::DeadlineExceededError(LagReasonLocked(w, now)));
+      } else {
+        if (keep != i) waits_[keep] = std::move(w);
+        ++keep;
+      }
+    }
+    waits_.erase(waits_.begin() + keep, waits_.end());
+  }
+  for (auto& [ready, status] : fire) ready(std::move(status));
+  return static_cast<int>(fire.size());
+}
+
+void ConsistencyController::CancelAll(absl::Status status) {
+  if (status.ok()) status = absl::CancelledError("pull wait cancelled");
+  std::vector<Wait> waits;
+  {
+    absl::MutexLock l(&mu_);
+    waits.swap(waits_);
+  }
+  for (Wait& w : waits) w.ready(status);
+}
+
+size_t ConsistencyController::pending_waits() const {
+  absl::MutexLock l(&mu_);
+  return waits_.size();
+}
+
+int64_t ConsistencyController::Entry(int range, int worker) const {
+  if (range < 0 || range >= num_ranges_) return 0;
+  absl::MutexLock l(&mu_);
+  return ranges_[range].Get(worker);
+}
+
+std::vector<int64_t> ConsistencyController::MinClockPerWorker() const {
+  std::vector<int64_t> out(num_workers_, 0);
+  absl::MutexLock l(&mu_);
+  if (ranges_.empty()) return out;
+  for (int w = 0; w < num_workers_; ++w) {
+    int64_t m = std::numeric_limits<int64_t>::max();
+    for (const VectorClock& vc : ranges_) m = std::min(m, vc.Get(w));
+    out[w] = m;
+  }
+  return out;
+}
+
+std::string ConsistencyController::DebugString() const {
+  absl::MutexLock l(&mu_);
+  std::string out = absl::StrCat("tau=", tau_);
+  for (int r = 0; r < num_ranges_; ++r) {
+    absl::StrAppend(&out, " r", r, "=", ranges_[r].DebugString());
+  }
+  std::vector<int> finished, dead;
+  for (int w = 0; w < num_workers_; ++w) {
+    if (finished_[w]) finished.push_back(w);
+    if (dead_[w]) dead.push_back(w);
+  }
+  absl::StrAppend(&out, " finished={", absl::StrJoin(finished, ","),
+                  "} dead={", absl::StrJoin(dead, ","), "} waits=",
+                  waits_.size());
+  return out;
+}
+
+}  // namespace ps

@@ -1,0 +1,785 @@
+#include "deploy/launcher.h"
+
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+#include "common/net.h"
+#include "common/status_macros.h"
+
+extern char** environ;
+
+namespace ps {
+namespace {
+
+constexpr size_t kMaxLineBytes = 64 * 1024;
+constexpr absl::Duration kPollInterval = absl::Milliseconds(10);
+constexpr absl::Duration kDrainTimeout = absl::Seconds(1);
+// After SIGKILL a process leaves within milliseconds unless stuck in the
+// kernel; this bounds the wait for such a one.
+constexpr absl::Duration kReapAfterKillTimeout = absl::Seconds(5);
+
+std::string ErrnoMessage(const char* what) {
+  return absl::StrCat(what, ": ", strerror(errno));
+}
+
+void CloseFd(int* fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+// The key of a "KEY=VALUE" environment entry, '=' included.
+absl::string_view EnvKey(absl::string_view entry) {
+  auto eq = entry.find('=');
+  return eq == absl::string_view::npos ? entry : entry.substr(0, eq + 1);
+}
+
+}  // namespace
+
+std::string ChildExit::Describe() const {
+  if (signaled) {
+    const char* desc = strsignal(code);
+    return absl::StrFormat("%s killed by signal %d (%s)", name, code,
+                           desc ? desc : "unknown");
+  }
+  return absl::StrFormat("%s exited with status %d", name, code);
+}
+
+// ---------------------------------------------------------------------------
+// ProcessGroup
+
+struct ProcessGroup::Stream {
+  std::string name;
+  pid_t pid;
+  int fd;
+  std::string buffer;  // bytes after the last '\n'
+};
+
+ProcessGroup::ProcessGroup(LineSink sink) : sink_(std::move(sink)) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0) {
+    wake_read_fd_ = fds[0];
+    wake_write_fd_ = fds[1];
+  }
+  // Without a wake pipe the pump still works: it polls with a timeout.
+  pump_ = std::thread([this] { PumpLoop(); });
+}
+
+ProcessGroup::~ProcessGroup() {
+  if (running() > 0) TerminateAll(absl::Seconds(3));
+  {
+    absl::MutexLock lock(&mu_);
+    auto drained = [this] {
+      mu_.AssertHeld();
+      return open_streams_.empty() && new_streams_.empty();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&drained), kDrainTimeout);
+    stopping_ = true;
+  }
+  Wake();
+  pump_.join();
+  CloseFd(&wake_read_fd_);
+  CloseFd(&wake_write_fd_);
+}
+
+void ProcessGroup::Wake() {
+  if (wake_write_fd_ < 0) return;
+  char c = 1;
+  // A full pipe already guarantees a wake-up; the result does not matter.
+  [[maybe_unused]] ssize_t n = write(wake_write_fd_, &c, 1);
+}
+
+absl::StatusOr<pid_t> ProcessGroup::Start(const ChildSpec& spec) {
+  if (spec.argv.empty() || spec.argv[0].empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("child ", spec.name, ": empty argv"));
+  }
+  // Everything the child needs is built before fork: between fork and exec
+  // only async-signal-safe calls are allowed (other threads may hold locks).
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    absl::string_view entry(*e);
+    bool replaced = false;
+    for (const auto& extra : spec.env) {
+      if (EnvKey(extra) == EnvKey(entry)) replaced = true;
+    }
+    if (!replaced) env.emplace_back(entry);
+  }
+  env.insert(env.end(), spec.env.begin(), spec.env.end());
+  std::vector<char*> argv_ptrs;
+  for (const auto& a : spec.argv) argv_ptrs.push_back(const_cast<char*>(a.c_str()));
+  argv_ptrs.push_back(nullptr);
+  std::vector<char*> env_ptrs;
+  for (const auto& e : env) env_ptrs.push_back(const_cast<char*>(e.c_str()));
+  env_ptrs.push_back(nullptr);
+
+  // All O_CLOEXEC so that no other child inherits them (a leaked write end
+  // would keep a stream from ever reaching EOF).
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, exec_err[2] = {-1, -1};
+  int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  auto close_all = [&] {
+    for (int* fd : {&out[0], &out[1], &err[0], &err[1], &exec_err[0],
+                    &exec_err[1], &devnull}) {
+      CloseFd(fd);
+    }
+  };
+  if (devnull < 0 || pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
+      pipe2(exec_err, O_CLOEXEC) != 0) {
+    absl::Status status = absl::InternalError(
+        ErrnoMessage(absl::StrCat("child ", spec.name, ": pipe").c_str()));
+    close_all();
+    return status;
+  }
+
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    absl::Status status = absl::ResourceExhaustedError(
+        ErrnoMessage(absl::StrCat("child ", spec.name, ": fork").c_str()));
+    close_all();
+    return status;
+  }
+  if (pid == 0) {
+    // Child. Own process group: the launcher can kill it and anything it
+    // starts at once, and a terminal's Ctrl-C reaches only the launcher.
+    setpgid(0, 0);
+    // Die with the launcher, even if it is SIGKILLed...
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // ...including when it died before the line above ran.
+    if (getppid() != parent) _exit(127);
+    dup2(devnull, STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    // Ignored signals and the signal mask survive exec; start clean.
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < 32; ++sig) sigaction(sig, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    // Descriptors the launcher's process opened without O_CLOEXEC are not
+    // the child's business. Best effort (needs Linux >= 5.11).
+    close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+    execve(argv_ptrs[0], argv_ptrs.data(), env_ptrs.data());
+    int code = errno;
+    [[maybe_unused]] ssize_t n = write(exec_err[1], &code, sizeof(code));
+    _exit(127);
+  }
+
+  // Parent. Also set the group here so it is in place before Start returns,
+  // whichever of the two runs first (EACCES after exec is fine: the child
+  // did it itself).
+  setpgid(pid, pid);
+  CloseFd(&out[1]);
+  CloseFd(&err[1]);
+  CloseFd(&exec_err[1]);
+  CloseFd(&devnull);
+  int exec_errno = 0;
+  ssize_t n;
+  do {
+    n = read(exec_err[0], &exec_errno, sizeof(exec_errno));
+  } while (n < 0 && errno == EINTR);
+  CloseFd(&exec_err[0]);
+  if (n == sizeof(exec_errno)) {
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    close_all();
+    std::string message = absl::StrCat("child ", spec.name, ": cannot execute ",
+                                       spec.argv[0], ": ", strerror(exec_errno));
+    if (exec_errno == ENOENT) return absl::NotFoundError(message);
+    if (exec_errno == EACCES) return absl::PermissionDeniedError(message);
+    return absl::InternalError(message);
+  }
+
+  children_.push_back(Child{spec.name, pid, true});
+  {
+    absl::MutexLock lock(&mu_);
+    new_streams_.push_back(
+        std::make_unique<Stream>(Stream{spec.name, pid, out[0], {}}));
+    new_streams_.push_back(
+        std::make_unique<Stream>(Stream{spec.name, pid, err[0], {}}));
+    open_streams_.emplace_back(pid, 2);
+  }
+  Wake();
+  return pid;
+}
+
+void ProcessGroup::PumpLoop() {
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<pollfd> fds;
+  char buf[16384];
+  // Called without mu_ held; the sink is only ever called from here.
+  auto emit_lines = [this](Stream* s, bool eof) {
+    size_t start = 0;
+    for (;;) {
+      size_t nl = s->buffer.find('\n', start);
+      if (nl == std::string::npos) break;
+      sink_(s->name, absl::string_view(s->buffer).substr(start, nl - start));
+      start = nl + 1;
+    }
+    s->buffer.erase(0, start);
+    if (s->buffer.size() >= kMaxLineBytes || (eof && !s->buffer.empty())) {
+      sink_(s->name, s->buffer);
+      s->buffer.clear();
+    }
+  };
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+      for (auto& s : new_streams_) streams.push_back(std::move(s));
+      new_streams_.clear();
+    }
+    fds.clear();
+    fds.push_back(pollfd{wake_read_fd_, POLLIN, 0});
+    for (const auto& s : streams) fds.push_back(pollfd{s->fd, POLLIN, 0});
+    // The timeout only matters if the wake pipe could not be created.
+    int ready = poll(fds.data(), fds.size(), 100);
+    if (ready <= 0) continue;
+    if (fds[0].revents != 0) {
+      while (wake_read_fd_ >= 0 && read(wake_read_fd_, buf, sizeof(buf)) > 0) {
+      }
+    }
+    std::vector<std::unique_ptr<Stream>> closed;
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Stream* s = streams[i - 1].get();
+      ssize_t n = read(s->fd, buf, sizeof(buf));
+      if (n > 0) {
+        s->buffer.append(buf, n);
+        emit_lines(s, false);
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        emit_lines(s, true);
+        CloseFd(&s->fd);
+      }
+    }
+    for (auto it = streams.begin(); it != streams.end();) {
+      if ((*it)->fd >= 0) {
+        ++it;
+        continue;
+      }
+      const pid_t key = (*it)->pid;
+      it = streams.erase(it);
+      absl::MutexLock lock(&mu_);
+      for (auto o = open_streams_.begin(); o != open_streams_.end(); ++o) {
+        if (o->first == key && --o->second == 0) {
+          open_streams_.erase(o);
+          break;
+        }
+      }
+    }
+  }
+  // Stopping: whatever is still open belongs to a process that outlived
+  // the drain timeout (e.g. a grandchild holding the pipe).
+  for (auto& s : streams) {
+    emit_lines(s.get(), true);
+    CloseFd(&s->fd);
+  }
+  absl::MutexLock lock(&mu_);
+  for (auto& s : new_streams_) CloseFd(&s->fd);
+  new_streams_.clear();
+  open_streams_.clear();
+}
+
+void ProcessGroup::AwaitOutputDrained(pid_t pid, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto drained = [this, pid] {
+    mu_.AssertHeld();
+    for (const auto& o : open_streams_) {
+      if (o.first == pid) return false;
+    }
+    return true;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&drained), deadline);
+}
+
+bool ProcessGroup::TryReap(Child* child, ChildExit* exit) {
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(child->pid, &status, WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) return false;
+  child->running = false;
+  exit->name = child->name;
+  exit->pid = child->pid;
+  if (r < 0) {
+    // ECHILD: someone else reaped it (SIGCHLD ignored?); the status is lost.
+    exit->signaled = false;
+    exit->code = 255;
+  } else if (WIFSIGNALED(status)) {
+    exit->signaled = true;
+    exit->code = WTERMSIG(status);
+  } else {
+    exit->signaled = false;
+    exit->code = WEXITSTATUS(status);
+  }
+  return true;
+}
+
+ProcessGroup::WaitResult ProcessGroup::WaitNext(absl::Time deadline,
+                                                const std::atomic<int>* stop) {
+  for (;;) {
+    bool any_running = false;
+    for (auto& child : children_) {
+      if (!child.running) continue;
+      any_running = true;
+      ChildExit exit;
+      if (TryReap(&child, &exit)) {
+        AwaitOutputDrained(exit.pid,
+                           absl::Now() + kDrainTimeout);
+        return WaitResult{Event::kChildExited, std::move(exit), 0};
+      }
+    }
+    if (!any_running) return WaitResult{Event::kAllExited, {}, 0};
+    if (stop != nullptr) {
+      int sig = stop->load();
+      if (sig != 0) return WaitResult{Event::kStopped, {}, sig};
+    }
+    absl::Time now = absl::Now();
+    if (now >= deadline) return WaitResult{Event::kDeadline, {}, 0};
+    absl::SleepFor(std::min(kPollInterval, deadline - now));
+  }
+}
+
+std::vector<ChildExit> ProcessGroup::TerminateAll(absl::Duration grace) {
+  std::vector<ChildExit> exits;
+  std::vector<pid_t> signalled;
+  auto signal_child = [](pid_t pid, int sig) {
+    // The group first (grandchildren too); the pid alone if the group is
+    // gone (the child moved itself elsewhere).
+    if (kill(-pid, sig) != 0) kill(pid, sig);
+  };
+  for (const auto& child : children_) {
+    if (!child.running) continue;
+    signal_child(child.pid, SIGTERM);
+    signalled.push_back(child.pid);
+  }
+  auto reap_until = [&](absl::Time deadline) {
+    for (;;) {
+      bool any_running = false;
+      for (auto& child : children_) {
+        if (!child.running) continue;
+        ChildExit exit;
+        if (TryReap(&child, &exit)) {
+          exits.push_back(std::move(exit));
+        } else {
+          any_running = true;
+        }
+      }
+      absl::Time now = absl::Now();
+      if (!any_running || now >= deadline) return;
+      absl::SleepFor(std::min(kPollInterval, deadline - now));
+    }
+  };
+  reap_until(absl::Now() + grace);
+  // SIGKILL every group we signalled, also those whose leader has exited:
+  // it may have left processes behind in its group.
+  for (pid_t pid : signalled) {
+    bool leader_running = false;
+    for (const auto& child : children_) {
+      if (child.pid == pid && child.running) leader_running = true;
+    }
+    if (kill(-pid, SIGKILL) != 0 && leader_running) kill(pid, SIGKILL);
+  }
+  reap_until(absl::Now() + kReapAfterKillTimeout);
+  absl::Time drain_deadline = absl::Now() + kDrainTimeout;
+  for (const auto& exit : exits) {
+    AwaitOutputDrained(exit.pid, drain_deadline);
+  }
+  return exits;
+}
+
+std::vector<std::string> ProcessGroup::RunningNames() const {
+  std::vector<std::string> names;
+  for (const auto& child : children_) {
+    if (child.running) names.push_back(child.name);
+  }
+  return names;
+}
+
+size_t ProcessGroup::running() const {
+  size_t n = 0;
+  for (const auto& child : children_) n += child.running ? 1 : 0;
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// Flags and config
+
+std::string LaunchUsage() {
+  return R"(usage: ps_launch --config FILE [options]
+Starts a parameter-server job on this machine: one scheduler, S servers and
+W workers, each a separate process; their output is printed prefixed with
+H, S[i], W[i].
+  --config FILE        job config (YAML); required
+  --set SECTION.FIELD=VALUE
+                       override one config field; repeatable, applied in order
+  --servers N          same as --set cluster.num_servers=N
+  --workers N          same as --set cluster.num_workers=N
+  --mode bsp|ssp|asp   same as --set consistency.mode=...
+  --tau T              same as --set consistency.tau=T
+  --report PATH        passed to ps_scheduler (--report PATH)
+  --bin-dir DIR        where ps_scheduler, ps_server, ps_worker are
+                       (default: the directory of ps_launch)
+  --run-dir DIR        where job.yaml goes (default: runs/<time>-<pid>)
+  --timeout_s SECONDS  stop everything and exit 124 after this long (0: never)
+Exit status: 0 when every process exits 0; 2 for a bad flag or config field;
+a failing process's status (128+signal if killed); 124 on timeout; 130/143
+on SIGINT/SIGTERM.
+)";
+}
+
+absl::StatusOr<LaunchOptions> ParseLaunchArgs(
+    const std::vector<std::string>& args) {
+  LaunchOptions options;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    if (flag == "-h" || flag == "--help") {
+      options.help = true;
+      continue;
+    }
+    if (!absl::StartsWith(flag, "--")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", flag, "'"));
+    }
+    std::string value;
+    bool has_value = false;
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    static const char* const kValueFlags[] = {
+        "--config", "--set",     "--report",  "--servers",  "--workers",
+        "--mode",   "--tau",     "--bin-dir", "--run-dir", "--timeout_s"};
+    bool known = false;
+    for (const char* f : kValueFlags) known = known || flag == f;
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag));
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("flag ", flag, " needs a value"));
+      }
+      value = args[++i];
+    }
+    if (flag == "--config") {
+      options.config_path = value;
+    } else if (flag == "--set") {
+      if (value.find('=') == std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --set wants section.field=value, got '", value, "'"));
+      }
+      options.overrides.push_back(value);
+    } else if (flag == "--servers") {
+      options.overrides.push_back("cluster.num_servers=" + value);
+    } else if (flag == "--workers") {
+      options.overrides.push_back("cluster.num_workers=" + value);
+    } else if (flag == "--mode") {
+      options.overrides.push_back("consistency.mode=" + value);
+    } else if (flag == "--tau") {
+      options.overrides.push_back("consistency.tau=" + value);
+    } else if (flag == "--report") {
+      options.report_path = value;
+    } else if (flag == "--bin-dir") {
+      options.bin_dir = value;
+    } else if (flag == "--run-dir") {
+      options.run_dir = value;
+    } else if (flag == "--timeout_s") {
+      if (!absl::SimpleAtod(value, &options.timeout_s) ||
+          !(options.timeout_s >= 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --timeout_s wants seconds >= 0, got '", value, "'"));
+      }
+    }
+  }
+  if (options.config_path.empty() && !options.help) {
+    return absl::InvalidArgumentError("flag --config is required");
+  }
+  return options;
+}
+
+absl::StatusOr<JobConfig> ResolveJobConfig(const LaunchOptions& options) {
+  PS_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(options.config_path));
+  for (const auto& assignment : options.overrides) {
+    PS_RETURN_IF_ERROR(ApplyOverride(&config, assignment));
+  }
+  PS_RETURN_IF_ERROR(Validate(config));
+  return config;
+}
+
+std::string RandomHexToken() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n <= 0) break;
+    got += n;
+  }
+  if (got < sizeof(bytes)) {  // no getrandom: fall back
+    std::random_device rd;
+    for (auto& b : bytes) b = static_cast<unsigned char>(rd());
+  }
+  std::string hex;
+  for (unsigned char b : bytes) absl::StrAppend(&hex, absl::Hex(b, absl::kZeroPad2));
+  return hex;
+}
+
+std::string SelfExeDir() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  return exe.parent_path().string();
+}
+
+// ---------------------------------------------------------------------------
+// Launcher
+
+namespace {
+
+absl::Status WriteFilePrivate(const std::string& path,
+                                const std::string& text) {
+  // 0600: the file may hold cluster.auth_token.
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::InternalError(ErrnoMessage(path.c_str()));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      absl::Status status = absl::InternalError(ErrnoMessage(path.c_str()));
+      close(fd);
+      return status;
+    }
+    done += n;
+  }
+  if (close(fd) != 0) return absl::InternalError(ErrnoMessage(path.c_str()));
+  return absl::OkStatus();
+}
+
+const char* SignalName(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return "signal";
+  }
+}
+
+}  // namespace
+
+Launcher::Launcher(LaunchOptions options, Output out)
+    : options_(std::move(options)), out_(std::move(out)) {}
+
+void Launcher::Emit(absl::string_view line) {
+  // The lock only serialises whole lines; `out_` is the output itself.
+  absl::MutexLock lock(&out_mu_);
+  out_(line);
+}
+
+void Launcher::Say(absl::string_view line) {
+  Emit(absl::StrCat("ps_launch: ", line));
+}
+
+int Launcher::Run(const std::atomic<int>* stop) {
+  const absl::Time start = absl::Now();
+
+  // 1. The job config.
+  absl::StatusOr<JobConfig> resolved = ResolveJobConfig(options_);
+  if (!resolved.ok()) {
+    Say(resolved.status().message());
+    return kExitUsage;
+  }
+  JobConfig config = *std::move(resolved);
+
+  // 2. The scheduler's address.
+  std::string host;
+  int port = 0;
+  if (absl::Status s = SplitHostPort(config.cluster.scheduler, &host, &port);
+      !s.ok()) {
+    Say(absl::StrCat("config field cluster.scheduler: ", s.message()));
+    return kExitUsage;
+  }
+  if (port == 0) {
+    absl::StatusOr<int> picked = PickFreePort(host);
+    if (!picked.ok()) {
+      Say(absl::StrCat("config field cluster.scheduler: cannot pick a port: ",
+                       picked.status().message()));
+      return kExitUsage;
+    }
+    port = *picked;
+  }
+  config.cluster.scheduler = absl::StrCat(host, ":", port);
+  // Where the others connect: a wildcard listen address is reached locally.
+  const std::string connect_host =
+      (host == "0.0.0.0" || host.empty()) ? "127.0.0.1" : host;
+  scheduler_address_ = absl::StrCat(connect_host, ":", port);
+
+  // 3. The binaries, checked before anything is started.
+  const std::string bin_dir =
+      options_.bin_dir.empty() ? SelfExeDir() : options_.bin_dir;
+  auto bin = [&](const char* name) {
+    return (std::filesystem::path(bin_dir) / name).string();
+  };
+  std::vector<std::string> needed = {bin("ps_scheduler")};
+  if (config.cluster.num_servers > 0) needed.push_back(bin("ps_server"));
+  if (config.cluster.num_workers > 0) needed.push_back(bin("ps_worker"));
+  for (const auto& path : needed) {
+    if (access(path.c_str(), X_OK) != 0) {
+      Say(absl::StrCat("cannot execute ", path, " (", strerror(errno),
+                       "); point --bin-dir at the directory holding it"));
+      return kExitUsage;
+    }
+  }
+
+  // 4. The run directory and the resolved config.
+  run_dir_ = options_.run_dir;
+  if (run_dir_.empty()) {
+    run_dir_ = absl::StrCat(
+        "runs/", absl::FormatTime("%Y%m%d-%H%M%S", start, absl::LocalTimeZone()),
+        "-", getpid());
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(run_dir_, ec);
+  if (ec) {
+    Say(absl::StrCat("cannot create run dir ", run_dir_, ": ", ec.message()));
+    return kExitSetupError;
+  }
+  const std::string job_yaml =
+      std::filesystem::absolute(std::filesystem::path(run_dir_) / "job.yaml")
+          .string();
+  if (absl::Status s = WriteFilePrivate(job_yaml, ToYaml(config)); !s.ok()) {
+    Say(absl::StrCat("cannot write ", s.message()));
+    return kExitSetupError;
+  }
+
+  const int64_t tau = config.EffectiveTau();
+  Say(absl::StrFormat(
+      "mode=%s tau=%s servers=%d workers=%d scheduler=%s run_dir=%s",
+      ModeName(config.consistency.mode),
+      tau < 0 ? std::string("inf") : absl::StrCat(tau),
+      config.cluster.num_servers, config.cluster.num_workers,
+      scheduler_address_, run_dir_));
+
+  // 5. The children.
+  const std::string token = config.cluster.auth_token.empty()
+                                ? RandomHexToken()
+                                : config.cluster.auth_token;
+  const std::vector<std::string> env = {"PS_AUTH_TOKEN=" + token};
+  std::vector<ChildSpec> specs;
+  {
+    ChildSpec h{"H", {bin("ps_scheduler"), "--config", job_yaml, "--port",
+                      absl::StrCat(port)}, env};
+    if (!options_.report_path.empty()) {
+      h.argv.push_back("--report");
+      h.argv.push_back(options_.report_path);
+    }
+    specs.push_back(std::move(h));
+  }
+  for (int i = 0; i < config.cluster.num_servers; ++i) {
+    specs.push_back(ChildSpec{absl::StrCat("S[", i, "]"),
+                              {bin("ps_server"), "--scheduler",
+                               scheduler_address_, "--id", absl::StrCat(i)},
+                              env});
+  }
+  for (int i = 0; i < config.cluster.num_workers; ++i) {
+    specs.push_back(ChildSpec{absl::StrCat("W[", i, "]"),
+                              {bin("ps_worker"), "--scheduler",
+                               scheduler_address_, "--id", absl::StrCat(i)},
+                              env});
+  }
+
+  int code = kExitOk;
+  {
+    ProcessGroup group([this](const std::string& name, absl::string_view line) {
+      Emit(absl::StrCat(name, " ", line));
+    });
+    auto finish = [&](int c) {
+      group.TerminateAll(options_.kill_grace);
+      code = c;
+    };
+    bool done = false;
+    for (const auto& spec : specs) {
+      absl::StatusOr<pid_t> pid = group.Start(spec);
+      if (!pid.ok()) {
+        Say(absl::StrCat("cannot start ", spec.name, ": ",
+                         pid.status().message(), "; stopping the others"));
+        finish(kExitSetupError);
+        done = true;
+        break;
+      }
+    }
+
+    // 6. Supervision.
+    const absl::Time timeout_deadline =
+        options_.timeout_s > 0 ? start + absl::Seconds(options_.timeout_s)
+                               : absl::InfiniteFuture();
+    absl::Time shutdown_deadline = absl::InfiniteFuture();
+    while (!done) {
+      ProcessGroup::WaitResult r =
+          group.WaitNext(std::min(timeout_deadline, shutdown_deadline), stop);
+      switch (r.event) {
+        case ProcessGroup::Event::kChildExited:
+          if (!r.exit.ok()) {
+            Say(absl::StrCat(r.exit.Describe(), "; stopping the others"));
+            finish(r.exit.ShellCode());
+            done = true;
+          } else if (r.exit.name == "H" && group.running() > 0) {
+            shutdown_deadline = absl::Now() + options_.shutdown_grace;
+          }
+          break;
+        case ProcessGroup::Event::kAllExited:
+          done = true;
+          break;
+        case ProcessGroup::Event::kStopped:
+          Say(absl::StrCat("received ", SignalName(r.stop_signal), " (",
+                           r.stop_signal, "); stopping all processes"));
+          finish(128 + r.stop_signal);
+          done = true;
+          break;
+        case ProcessGroup::Event::kDeadline:
+          if (absl::Now() >= timeout_deadline) {
+            Say(absl::StrFormat("timeout of %g s exceeded; stopping %s",
+                                options_.timeout_s,
+                                absl::StrJoin(group.RunningNames(), ", ")));
+            finish(kExitTimeout);
+          } else {
+            Say(absl::StrCat(
+                "the scheduler finished but ",
+                absl::StrJoin(group.RunningNames(), ", "),
+                " still running after ",
+                absl::FormatDuration(options_.shutdown_grace),
+                "; stopping them"));
+            finish(1);
+          }
+          done = true;
+          break;
+      }
+    }
+  }  // ~ProcessGroup: output drained, pump thread stopped.
+
+  Say(absl::StrFormat("finished in %.1f s, exit status %d",
+                      absl::ToDoubleSeconds(absl::Now() - start), code));
+  return code;
+}
+
+}  // namespace ps

@@ -1,0 +1,620 @@
+#include "deploy/launcher.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const char kFake[] = PS_FAKE_NODE_PATH;
+
+// True while `pid` exists and is not a zombie (a killed grandchild is
+// reparented and may stay a zombie until its new parent reaps it).
+bool IsAlive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string content((std::istreambuf_iterator<char>(stat)),
+                      std::istreambuf_iterator<char>());
+  auto paren = content.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= content.size()) return false;
+  char state = content[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+// Collects output lines; thread-safe.
+class Lines {
+ public:
+  void Add(std::string line) {
+    absl::MutexLock lock(&mu_);
+    lines_.push_back(std::move(line));
+  }
+  std::vector<std::string> Get() const {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+  std::string Joined() const { return absl::StrJoin(Get(), "\n"); }
+  // Waits (up to 10 s) for a line equal to `line`.
+  bool WaitFor(const std::string& line) const {
+    absl::MutexLock lock(&mu_);
+    auto seen = [&] {
+      for (const auto& l : lines_) {
+        if (l == line) return true;
+      }
+      return false;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&seen), absl::Seconds(10));
+  }
+  // Pids from lines "<prefix>pid=N" / "<prefix>grandchild=N".
+  std::vector<pid_t> Pids(const std::string& key = "pid=") const {
+    std::vector<pid_t> pids;
+    for (const auto& l : Get()) {
+      auto at = l.find(key);
+      int pid;
+      if (at != std::string::npos &&
+          absl::SimpleAtoi(l.substr(at + key.size()), &pid)) {
+        pids.push_back(pid);
+      }
+    }
+    return pids;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+};
+
+ProcessGroup::LineSink SinkTo(Lines* lines) {
+  return [lines](const std::string& name, absl::string_view line) {
+    lines->Add(absl::StrCat(name, " ", line));
+  };
+}
+
+ChildSpec Fake(std::string name, std::vector<std::string> flags) {
+  ChildSpec spec{std::move(name), {kFake}, {}};
+  spec.argv.insert(spec.argv.end(), flags.begin(), flags.end());
+  return spec;
+}
+
+// ---------------------------------------------------------------------------
+// ProcessGroup
+
+TEST(ProcessGroupTest, PrefixesWholeLinesFromStdoutAndStderr) {
+  Lines lines;
+  {
+    ProcessGroup group(SinkTo(&lines));
+    ASSERT_TRUE(group.Start(Fake("W[1]", {"--print", "hello", "--stderr",
+                                          "oops", "--print", "world",
+                                          "--partial", "tail"}))
+                    .ok());
+    auto r = group.WaitNext(absl::Now() + absl::Seconds(10));
+    ASSERT_EQ(r.event, ProcessGroup::Event::kChildExited);
+    EXPECT_TRUE(r.exit.ok()) << r.exit.Describe();
+    // The exit is reported only after the child's output is through.
+    auto got = lines.Get();
+    EXPECT_THAT(got, Contains("W[1] hello"));
+    EXPECT_THAT(got, Contains("W[1] world"));
+    EXPECT_THAT(got, Contains("W[1] oops"));
+    EXPECT_THAT(got, Contains("W[1] tail"));
+    EXPECT_EQ(got.size(), 4u);
+    EXPECT_EQ(group.WaitNext(absl::Now()).event,
+              ProcessGroup::Event::kAllExited);
+  }
+}
+
+TEST(ProcessGroupTest, StdoutLinesKeepTheirOrder) {
+  Lines lines;
+  ProcessGroup group(SinkTo(&lines));
+  std::vector<std::string> flags;
+  std::vector<std::string> want;
+  for (int i = 0; i < 200; ++i) {
+    flags.push_back("--print");
+    flags.push_back(absl::StrCat("line-", i));
+    want.push_back(absl::StrCat("H line-", i));
+  }
+  ASSERT_TRUE(group.Start(Fake("H", flags)).ok());
+  auto r = group.WaitNext(absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(r.event, ProcessGroup::Event::kChildExited);
+  EXPECT_EQ(lines.Get(), want);
+}
+
+TEST(ProcessGroupTest, AllZeroExitsSucceed) {
+  Lines lines;
+  ProcessGroup group(SinkTo(&lines));
+  for (const char* name : {"H", "S[0]", "W[0]"}) {
+    ASSERT_TRUE(group.Start(Fake(name, {"--sleep-ms", "20"})).ok());
+  }
+  int exited = 0;
+  for (;;) {
+    auto r = group.WaitNext(absl::Now() + absl::Seconds(10));
+    if (r.event == ProcessGroup::Event::kAllExited) break;
+    ASSERT_EQ(r.event, ProcessGroup::Event::kChildExited);
+    EXPECT_TRUE(r.exit.ok()) << r.exit.Describe();
+    ++exited;
+  }
+  EXPECT_EQ(exited, 3);
+  EXPECT_EQ(group.running(), 0u);
+}
+
+TEST(ProcessGroupTest, FailureIsReportedAndTheOthersAreKilledPromptly) {
+  Lines lines;
+  ProcessGroup group(SinkTo(&lines));
+  auto sleeper = group.Start(Fake("S[0]", {"--sleep-ms", "60000"}));
+  auto failer = group.Start(Fake("W[1]", {"--sleep-ms", "50", "--exit-code", "3"}));
+  ASSERT_TRUE(sleeper.ok() && failer.ok());
+  auto r = group.WaitNext(absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(r.event, ProcessGroup::Event::kChildExited);
+  EXPECT_EQ(r.exit.pid, *failer);
+  EXPECT_FALSE(r.exit.ok());
+  EXPECT_EQ(r.exit.ShellCode(), 3);
+  EXPECT_EQ(r.exit.Describe(), "W[1] exited with status 3");
+
+  absl::Time start = absl::Now();
+  auto killed = group.TerminateAll(absl::Seconds(3));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // SIGTERM sufficed
+  ASSERT_EQ(killed.size(), 1u);
+  EXPECT_EQ(killed[0].name, "S[0]");
+  EXPECT_TRUE(killed[0].signaled);
+  EXPECT_EQ(killed[0].code, SIGTERM);
+  EXPECT_FALSE(IsAlive(*sleeper));
+  EXPECT_EQ(group.running(), 0u);
+}
+
+TEST(ProcessGroupTest, ChildIgnoringSigtermIsKilled) {
+  Lines lines;
+  ProcessGroup group(SinkTo(&lines));
+  auto pid = group.Start(
+      Fake("W[0]", {"--ignore-sigterm", "--print", "ready", "--sleep-ms", "60000"}));
+  ASSERT_TRUE(pid.ok());
+  ASSERT_TRUE(lines.WaitFor("W[0] ready"));
+  absl::Time start = absl::Now();
+  auto killed = group.TerminateAll(absl::Milliseconds(200));
+  absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(200));
+  EXPECT_LT(took, absl::Seconds(3));
+  ASSERT_EQ(killed.size(), 1u);
+  EXPECT_TRUE(killed[0].signaled);
+  EXPECT_EQ(killed[0].code, SIGKILL);
+  EXPECT_EQ(killed[0].ShellCode(), 137);
+  EXPECT_FALSE(IsAlive(*pid));
+}
+
+TEST(ProcessGroupTest, GrandchildrenDieWithTheirGroup) {
+  Lines lines;
+  ProcessGroup group(SinkTo(&lines));
+  ASSERT_TRUE(group.Start(Fake("S[1]", {"--spawn-grandchild", "--print",
+                                        "ready", "--sleep-ms", "60000"}))
+                  .ok());
+  ASSERT_TRUE(lines.WaitFor("S[1] ready"));
+  auto grandchildren = lines.Pids("grandchild=");
+  ASSERT_EQ(grandchildren.size(), 1u);
+  EXPECT_TRUE(IsAlive(grandchildren[0]));
+  group.TerminateAll(absl::Seconds(3));
+  // The orphan is reaped by init whenever; dead means gone or a zombie.
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (IsAlive(grandchildren[0]) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_FALSE(IsAlive(grandchildren[0]));
+}
+
+TEST(ProcessGroupTest, KilledBySignalIsDescribed) {
+  Lines lines;
+  ProcessGroup group(SinkTo(&lines));
+  ASSERT_TRUE(group.Start(Fake("S[2]", {"--kill-self", "9"})).ok());
+  auto r = group.WaitNext(absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(r.event, ProcessGroup::Event::kChildExited);
+  EXPECT_TRUE(r.exit.signaled);
+  EXPECT_EQ(r.exit.ShellCode(), 128 + 9);
+  EXPECT_THAT(r.exit.Describe(), HasSubstr("S[2] killed by signal 9"));
+}
+
+TEST(ProcessGroupTest, MissingProgramIsNotFound) {
+  Lines lines;
+  ProcessGroup group(SinkTo(&lines));
+  auto pid = group.Start(ChildSpec{"W[0]", {"/nonexistent/ps_worker"}, {}});
+  EXPECT_EQ(pid.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(pid.status().message()),
+              HasSubstr("/nonexistent/ps_worker"));
+  EXPECT_EQ(group.running(), 0u);
+}
+
+TEST(ProcessGroupTest, EnvironmentIsAddedAndReplaced) {
+  Lines lines;
+  setenv("PS_LAUNCHER_TEST_A", "outer", 1);
+  ProcessGroup group(SinkTo(&lines));
+  ChildSpec spec = Fake("H", {"--print-env", "PS_LAUNCHER_TEST_A",
+                              "--print-env", "PS_LAUNCHER_TEST_B", "--print-env",
+                              "HOME"});
+  spec.env = {"PS_LAUNCHER_TEST_A=inner", "PS_LAUNCHER_TEST_B=b"};
+  ASSERT_TRUE(group.Start(spec).ok());
+  group.WaitNext(absl::Now() + absl::Seconds(10));
+  unsetenv("PS_LAUNCHER_TEST_A");
+  auto got = lines.Get();
+  EXPECT_THAT(got, Contains("H PS_LAUNCHER_TEST_A=inner"));
+  EXPECT_THAT(got, Contains("H PS_LAUNCHER_TEST_B=b"));
+  const char* home = getenv("HOME");
+  if (home != nullptr) EXPECT_THAT(got, Contains(absl::StrCat("H HOME=", home)));
+}
+
+TEST(ProcessGroupTest, WaitStopsAtDeadlineAndOnStopSignal) {
+  Lines lines;
+  ProcessGroup group(SinkTo(&lines));
+  ASSERT_TRUE(group.Start(Fake("W[0]", {"--sleep-ms", "60000"})).ok());
+  absl::Time start = absl::Now();
+  auto r = group.WaitNext(start + absl::Milliseconds(100));
+  EXPECT_EQ(r.event, ProcessGroup::Event::kDeadline);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+
+  std::atomic<int> stop{SIGINT};
+  r = group.WaitNext(absl::Now() + absl::Seconds(10), &stop);
+  EXPECT_EQ(r.event, ProcessGroup::Event::kStopped);
+  EXPECT_EQ(r.stop_signal, SIGINT);
+  // The destructor cleans up the sleeper.
+}
+
+// ---------------------------------------------------------------------------
+// Flags and config
+
+TEST(ParseLaunchArgsTest, ShortcutsBecomeOverridesInOrder) {
+  auto options = ParseLaunchArgs(
+      {"--config", "job.yaml", "--servers", "3", "--set",
+       "training.minibatch=7", "--mode=bsp", "--tau", "2", "--workers=5",
+       "--set=cluster.num_servers=4", "--report", "r.json", "--bin-dir", "/b",
+       "--run-dir", "/r", "--timeout_s", "1.5"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->config_path, "job.yaml");
+  EXPECT_THAT(options->overrides,
+              ElementsAre("cluster.num_servers=3", "training.minibatch=7",
+                          "consistency.mode=bsp", "consistency.tau=2",
+                          "cluster.num_workers=5", "cluster.num_servers=4"));
+  EXPECT_EQ(options->report_path, "r.json");
+  EXPECT_EQ(options->bin_dir, "/b");
+  EXPECT_EQ(options->run_dir, "/r");
+  EXPECT_DOUBLE_EQ(options->timeout_s, 1.5);
+  EXPECT_FALSE(options->help);
+}
+
+TEST(ParseLaunchArgsTest, FlagErrorsNameTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string want;
+  };
+  for (const auto& c : std::vector<Case>{
+           {{"--config", "a", "--bogus", "1"}, "--bogus"},
+           {{"--config"}, "--config needs a value"},
+           {{"--servers", "2"}, "--config is required"},
+           {{"--config", "a", "--set", "cluster.num_servers"}, "--set"},
+           {{"--config", "a", "--timeout_s", "-1"}, "--timeout_s"},
+           {{"--config", "a", "--timeout_s", "soon"}, "--timeout_s"},
+           {{"--config", "a", "extra"}, "extra"},
+       }) {
+    auto options = ParseLaunchArgs(c.args);
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument)
+        << absl::StrJoin(c.args, " ");
+    EXPECT_THAT(std::string(options.status().message()), HasSubstr(c.want));
+  }
+  auto help = ParseLaunchArgs({"--help"});
+  ASSERT_TRUE(help.ok());
+  EXPECT_TRUE(help->help);
+}
+
+// A scratch directory per test, removed afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::path(::testing::TempDir()) /
+                        "launcher_test.XXXXXX")
+                           .string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string WriteConfig(const std::string& text) {
+    std::string path = (dir_ / "config.yaml").string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::filesystem::path dir_;
+};
+
+using ResolveJobConfigTest = TempDirTest;
+
+TEST_F(ResolveJobConfigTest, CliShortcutsAndSetApplyInOrder) {
+  auto options = ParseLaunchArgs(
+      {"--config", WriteConfig("cluster:\n  num_servers: 1\n"), "--servers",
+       "3", "--workers", "5", "--mode", "bsp", "--set",
+       "training.minibatch=7", "--set", "cluster.num_workers=6"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  auto config = ResolveJobConfig(*options);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->cluster.num_servers, 3);
+  EXPECT_EQ(config->cluster.num_workers, 6);  // the later --set wins
+  EXPECT_EQ(config->consistency.mode, Mode::kBsp);
+  EXPECT_EQ(config->training.minibatch, 7);
+
+  options = ParseLaunchArgs({"--config", WriteConfig("training:\n  epochs: 1\n"),
+                             "--mode", "asp", "--tau", "9"});
+  ASSERT_TRUE(options.ok());
+  config = ResolveJobConfig(*options);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->consistency.mode, Mode::kAsp);
+  EXPECT_EQ(config->consistency.tau, 9);
+}
+
+TEST_F(ResolveJobConfigTest, ErrorsNameTheField) {
+  LaunchOptions options;
+  options.config_path = WriteConfig("cluster:\n  num_servers: 1\n");
+  for (const auto& [assignment, field] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"training.minibatch=0", "training.minibatch"},
+           {"cluster.num_workers=many", "cluster.num_workers"},
+           {"consistency.mode=eventual", "consistency.mode"},
+           {"cluster.bogus=1", "cluster.bogus"},
+       }) {
+    options.overrides = {assignment};
+    auto config = ResolveJobConfig(options);
+    EXPECT_FALSE(config.ok()) << assignment;
+    EXPECT_THAT(std::string(config.status().message()), HasSubstr(field));
+  }
+  options.overrides.clear();
+  options.config_path = (dir_ / "missing.yaml").string();
+  auto config = ResolveJobConfig(options);
+  EXPECT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("missing.yaml"));
+}
+
+TEST(RandomHexTokenTest, Is32HexCharsAndVaries) {
+  std::string a = RandomHexToken(), b = RandomHexToken();
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(a, b);
+}
+
+// ---------------------------------------------------------------------------
+// Launcher, end to end with fake nodes
+
+class LauncherTest : public TempDirTest {
+ protected:
+  void SetUp() override {
+    TempDirTest::SetUp();
+    bin_ = dir_ / "bin";
+    std::filesystem::create_directories(bin_);
+    for (const char* name : {"ps_scheduler", "ps_server", "ps_worker"}) {
+      std::filesystem::create_symlink(kFake, bin_ / name);
+    }
+    options_.config_path = WriteConfig(
+        "cluster:\n  num_servers: 2\n  num_workers: 2\n");
+    options_.bin_dir = bin_.string();
+    options_.run_dir = (dir_ / "run").string();
+    options_.kill_grace = absl::Milliseconds(500);
+  }
+  void TearDown() override {
+    for (const auto& var : env_set_) unsetenv(var.c_str());
+    TempDirTest::TearDown();
+  }
+  // Extra flags for the fake nodes of one program (and optionally one id).
+  void Steer(const std::string& program, const std::string& flags) {
+    std::string var = "FAKE_NODE_FLAGS_" + program;
+    setenv(var.c_str(), flags.c_str(), 1);
+    env_set_.push_back(var);
+  }
+  int Run(const std::atomic<int>* stop = nullptr) {
+    Launcher launcher(options_, [this](absl::string_view line) {
+      lines_.Add(std::string(line));
+    });
+    int code = launcher.Run(stop);
+    run_dir_ = launcher.run_dir();
+    scheduler_ = launcher.scheduler_address();
+    return code;
+  }
+  // Output lines starting with `prefix`.
+  std::vector<std::string> With(const std::string& prefix) {
+    std::vector<std::string> out;
+    for (const auto& l : lines_.Get()) {
+      if (absl::StartsWith(l, prefix)) out.push_back(l);
+    }
+    return out;
+  }
+
+  std::filesystem::path bin_;
+  LaunchOptions options_;
+  Lines lines_;
+  std::string run_dir_, scheduler_;
+  std::vector<std::string> env_set_;
+};
+
+TEST_F(LauncherTest, AllExitZeroSucceedsWithPrefixedOutput) {
+  Steer("ps_scheduler", "--echo-args --print-env PS_AUTH_TOKEN");
+  Steer("ps_server", "--echo-args --print-env PS_AUTH_TOKEN");
+  Steer("ps_worker", "--echo-args --print-env PS_AUTH_TOKEN");
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+
+  // Summary first, wall time last.
+  auto all = lines_.Get();
+  ASSERT_GE(all.size(), 2u);
+  EXPECT_THAT(all.front(), HasSubstr("ps_launch: mode=ssp tau=4 servers=2 "
+                                     "workers=2 scheduler=127.0.0.1:"));
+  EXPECT_THAT(all.front(), HasSubstr("run_dir=" + options_.run_dir));
+  EXPECT_THAT(all.back(), HasSubstr("ps_launch: finished in"));
+
+  // Command lines per the node contract.
+  std::string job_yaml =
+      std::filesystem::absolute(std::filesystem::path(run_dir_) / "job.yaml");
+  std::string port = scheduler_.substr(scheduler_.rfind(':') + 1);
+  EXPECT_THAT(With("H args:"),
+              ElementsAre("H args: --config " + job_yaml + " --port " + port));
+  EXPECT_THAT(With("S[0] args:"),
+              ElementsAre("S[0] args: --scheduler " + scheduler_ + " --id 0"));
+  EXPECT_THAT(With("S[1] args:"),
+              ElementsAre("S[1] args: --scheduler " + scheduler_ + " --id 1"));
+  EXPECT_THAT(With("W[0] args:"),
+              ElementsAre("W[0] args: --scheduler " + scheduler_ + " --id 0"));
+  EXPECT_THAT(With("W[1] args:"),
+              ElementsAre("W[1] args: --scheduler " + scheduler_ + " --id 1"));
+  EXPECT_TRUE(With("W[2]").empty());
+
+  // One random token, the same for every node.
+  std::set<std::string> distinct;
+  for (const auto& l : lines_.Get()) {
+    auto at = l.find(" PS_AUTH_TOKEN=");
+    if (at != std::string::npos) distinct.insert(l.substr(at + 15));
+  }
+  ASSERT_EQ(distinct.size(), 1u);
+  EXPECT_EQ(distinct.begin()->size(), 32u);
+
+  // The resolved config holds the chosen address and parses back.
+  std::ifstream in(job_yaml);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto parsed = ParseJobConfig(text.str());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->cluster.scheduler, scheduler_);
+  EXPECT_EQ(parsed->cluster.num_servers, 2);
+  EXPECT_EQ(std::filesystem::status(job_yaml).permissions() &
+                std::filesystem::perms::others_read,
+            std::filesystem::perms::none);
+}
+
+TEST_F(LauncherTest, ConfiguredTokenAndPortAndReportArePassed) {
+  options_.config_path = WriteConfig(
+      "cluster:\n  num_servers: 1\n  num_workers: 1\n  scheduler: "
+      "127.0.0.1:45678\n  auth_token: sekrit\n");
+  options_.report_path = "report.json";
+  Steer("ps_scheduler", "--echo-args --print-env PS_AUTH_TOKEN");
+  Steer("ps_server", "--print-env PS_AUTH_TOKEN");
+  Steer("ps_worker", "--print-env PS_AUTH_TOKEN");
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+  EXPECT_EQ(scheduler_, "127.0.0.1:45678");
+  EXPECT_THAT(lines_.Get(), Contains("H PS_AUTH_TOKEN=sekrit"));
+  EXPECT_THAT(lines_.Get(), Contains("S[0] PS_AUTH_TOKEN=sekrit"));
+  EXPECT_THAT(lines_.Get(), Contains("W[0] PS_AUTH_TOKEN=sekrit"));
+  auto args = With("H args:");
+  ASSERT_EQ(args.size(), 1u);
+  EXPECT_THAT(args[0], HasSubstr("--port 45678 --report report.json"));
+  EXPECT_TRUE(With("S[1]").empty());
+  EXPECT_TRUE(With("W[1]").empty());
+}
+
+TEST_F(LauncherTest, FailingNodeStopsTheOthersAndItsStatusIsReturned) {
+  Steer("ps_scheduler", "--print-pid --sleep-ms 60000");
+  Steer("ps_server", "--print-pid --sleep-ms 60000");
+  Steer("ps_worker", "--print-pid --sleep-ms 60000");
+  // The id-specific flags come later and win.
+  Steer("ps_worker_1", "--print bye --sleep-ms 300 --exit-code 3");
+  absl::Time start = absl::Now();
+  EXPECT_EQ(Run(), 3) << lines_.Joined();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(lines_.Get(),
+              Contains("ps_launch: W[1] exited with status 3; stopping the "
+                       "others"));
+  // Its last line comes before the report of its exit.
+  auto all = lines_.Get();
+  auto bye = std::find(all.begin(), all.end(), "W[1] bye");
+  auto report = std::find_if(all.begin(), all.end(), [](const std::string& l) {
+    return absl::StrContains(l, "W[1] exited");
+  });
+  EXPECT_LT(bye, report);
+  auto pids = lines_.Pids();
+  EXPECT_EQ(pids.size(), 5u);
+  for (pid_t pid : pids) EXPECT_FALSE(IsAlive(pid)) << pid;
+}
+
+TEST_F(LauncherTest, NodeKilledBySignalGives128PlusSignal) {
+  Steer("ps_server", "--sleep-ms 60000");
+  Steer("ps_scheduler", "--sleep-ms 60000");
+  Steer("ps_worker_0", "--kill-self 10");  // SIGUSR1: no core dump
+  EXPECT_EQ(Run(), 128 + SIGUSR1) << lines_.Joined();
+  EXPECT_FALSE(With("ps_launch: W[0] killed by signal 10").empty())
+      << lines_.Joined();
+}
+
+TEST_F(LauncherTest, NodeIgnoringSigtermIsKilled) {
+  Steer("ps_scheduler", "--print-pid --sleep-ms 60000");
+  Steer("ps_server", "--print-pid --ignore-sigterm --sleep-ms 60000");
+  Steer("ps_worker", "--print-pid --sleep-ms 60000");
+  Steer("ps_worker_0", "--sleep-ms 200 --exit-code 5");
+  EXPECT_EQ(Run(), 5) << lines_.Joined();
+  auto pids = lines_.Pids();
+  EXPECT_EQ(pids.size(), 5u);
+  for (pid_t pid : pids) EXPECT_FALSE(IsAlive(pid)) << pid;
+}
+
+TEST_F(LauncherTest, TimeoutExits124) {
+  Steer("ps_scheduler", "--print-pid --sleep-ms 60000");
+  Steer("ps_server", "--print-pid --sleep-ms 60000");
+  Steer("ps_worker", "--print-pid --sleep-ms 60000");
+  options_.timeout_s = 0.3;
+  absl::Time start = absl::Now();
+  EXPECT_EQ(Run(), kExitTimeout) << lines_.Joined();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_FALSE(With("ps_launch: timeout of 0.3 s exceeded").empty())
+      << lines_.Joined();
+  for (pid_t pid : lines_.Pids()) EXPECT_FALSE(IsAlive(pid)) << pid;
+}
+
+TEST_F(LauncherTest, StopSignalExits128PlusSignal) {
+  Steer("ps_scheduler", "--print-pid --sleep-ms 60000");
+  Steer("ps_server", "--print-pid --sleep-ms 60000");
+  Steer("ps_worker", "--print-pid --sleep-ms 60000");
+  std::atomic<int> stop{0};
+  std::thread signaller([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    stop.store(SIGTERM);
+  });
+  EXPECT_EQ(Run(&stop), 128 + SIGTERM) << lines_.Joined();
+  signaller.join();
+  EXPECT_FALSE(With("ps_launch: received SIGTERM").empty());
+  for (pid_t pid : lines_.Pids()) EXPECT_FALSE(IsAlive(pid)) << pid;
+}
+
+TEST_F(LauncherTest, StragglersAfterSchedulerExitAreStopped) {
+  Steer("ps_scheduler", "--sleep-ms 50");
+  Steer("ps_server", "--sleep-ms 50");
+  Steer("ps_worker", "--sleep-ms 50");
+  Steer("ps_worker_1", "--sleep-ms 60000");
+  options_.shutdown_grace = absl::Milliseconds(300);
+  EXPECT_EQ(Run(), 1) << lines_.Joined();
+  EXPECT_FALSE(With("ps_launch: the scheduler finished but W[1]").empty())
+      << lines_.Joined();
+}
+
+TEST_F(LauncherTest, ConfigErrorExits2NamingTheField) {
+  options_.overrides = {"training.minibatch=0"};
+  EXPECT_EQ(Run(), kExitUsage);
+  EXPECT_THAT(lines_.Joined(), HasSubstr("training.minibatch"));
+  EXPECT_FALSE(std::filesystem::exists(options_.run_dir));  // nothing started
+}
+
+TEST_F(LauncherTest, MissingBinariesExit2BeforeAnythingStarts) {
+  std::filesystem::remove(bin_ / "ps_worker");
+  EXPECT_EQ(Run(), kExitUsage);
+  EXPECT_THAT(lines_.Joined(), HasSubstr("ps_worker"));
+  EXPECT_THAT(lines_.Joined(), HasSubstr("--bin-dir"));
+  EXPECT_TRUE(With("H ").empty());
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,93 @@
+// Numeric kernels for sparse logistic regression behind a small interface, so
+// the worker can run the same minibatch on the CPU or (later) on a GPU.
+//
+// The interface speaks only plain C++ types (no CUDA types), so code that
+// includes this header builds with or without CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace ps {
+
+// A minibatch in CSR form, columns remapped to the minibatch's unique keys.
+//
+// Well-formed means: row_ptr has rows()+1 entries, starts at 0, is
+// non-decreasing and ends at nnz(); cols and vals have nnz() entries; every
+// cols[k] < num_cols(); labels has rows() entries, each 0 or 1.
+struct CsrBatch {
+  std::vector<uint64_t> keys;       // unique keys, ascending; column j <-> keys[j]
+  std::vector<int64_t> row_ptr{0};  // size rows+1
+  std::vector<uint32_t> cols;       // column index per non-zero
+  std::vector<float> vals;          // value per non-zero
+  std::vector<float> labels;        // 0 or 1 per row
+
+  size_t rows() const { return row_ptr.empty() ? 0 : row_ptr.size() - 1; }
+  size_t nnz() const { return cols.size(); }
+  size_t num_cols() const { return keys.size(); }
+  // Empties the batch but keeps the vectors' capacity for reuse.
+  void Clear();
+};
+
+// Returns OK if `batch` is well-formed (see CsrBatch), otherwise
+// INVALID_ARGUMENT saying what is wrong. O(rows + nnz).
+absl::Status ValidateCsrBatch(const CsrBatch& batch);
+
+// Numerically stable helpers shared by all backends (and tests).
+// Sigmoid(m) = 1 / (1 + exp(-m)), never overflowing.
+double StableSigmoid(double m);
+// The log loss of margin m for label y (0 or 1):
+// -[y log s(m) + (1-y) log(1-s(m))], computed as softplus(+-m).
+double LogisticLoss(double margin, float label);
+
+// One compute device. An instance is NOT thread-safe: one caller at a time
+// (it reuses internal scratch buffers between calls). It may use threads of
+// its own inside a call.
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+  virtual std::string name() const = 0;
+
+  // grad[j] = sum_i (sigmoid(x_i . w) - y_i) * x_ij  (a SUM over rows, not a
+  // mean); *loss_sum = sum over rows of the log loss (numerically stable,
+  // finite for any finite margin). w and grad have num_cols() entries; grad
+  // is overwritten. loss_sum may be null. Results are bitwise identical for
+  // any thread count.
+  // Errors: INVALID_ARGUMENT on a size mismatch or a malformed batch (then
+  // grad and *loss_sum are unspecified).
+  virtual absl::Status LogisticGradient(const CsrBatch& batch,
+                                        absl::Span<const float> w,
+                                        absl::Span<float> grad,
+                                        double* loss_sum) = 0;
+
+  // prob[i] = sigmoid(x_i . w) for each row i; prob has rows() entries.
+  // Errors: INVALID_ARGUMENT on a size mismatch or a malformed batch.
+  virtual absl::Status LogisticPredict(const CsrBatch& batch,
+                                       absl::Span<const float> w,
+                                       absl::Span<float> prob) = 0;
+};
+
+// "cpu" -> the CPU backend using `threads` threads (<= 1: the caller's thread
+// only). "auto" -> the best available backend (the CPU one in this build).
+// "cuda" -> UNAVAILABLE "built without CUDA support" in a CPU-only build.
+// Anything else -> INVALID_ARGUMENT naming the backend.
+absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(
+    const std::string& name, int threads);
+
+// The CPU backend with an explicit parallelism threshold: a call whose batch
+// has fewer than `min_parallel_nnz` non-zeros runs on the caller's thread
+// only (starting threads costs more than it saves on tiny batches). Results
+// do not depend on `threads` or the threshold. CreateBackend("cpu", t) uses
+// kDefaultMinParallelNnz.
+inline constexpr int64_t kDefaultMinParallelNnz = 1 << 16;
+std::unique_ptr<ComputeBackend> CreateCpuBackend(int threads,
+                                                 int64_t min_parallel_nnz);
+
+}  // namespace ps

@@ -1,0 +1,87 @@
+#include "scheduler/scheduler_runner.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/grpc_transport.h"
+#include "common/logging.h"
+#include "common/net.h"
+#include "common/status_macros.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/scheduler_service.h"
+
+namespace ps {
+
+absl::StatusOr<JobConfig> LoadConfigWithOverrides(
+    const std::string& path, const std::vector<std::string>& overrides) {
+  JobConfig config;
+  if (!path.empty()) {
+    PS_ASSIGN_OR_RETURN(config, LoadJobConfig(path));
+  }
+  for (const std::string& o : overrides) {
+    PS_RETURN_IF_ERROR(ApplyOverride(&config, o));
+  }
+  PS_RETURN_IF_ERROR(Validate(config));
+  return config;
+}
+
+absl::Status RunScheduler(const SchedulerRunOptions& options) {
+  PS_ASSIGN_OR_RETURN(JobConfig config,
+                      LoadConfigWithOverrides(options.config_path,
+                                              options.overrides));
+  InitLogging("H", config.output.log_level);
+  std::string host;
+  int port = 0;
+  PS_RETURN_IF_ERROR(SplitHostPort(config.cluster.scheduler, &host, &port));
+  if (options.port >= 0) port = options.port;
+  const std::string token = TokenFromEnv(config.cluster.auth_token);
+
+  GrpcClientFactory clients(GrpcTransportOptions{token, 1});
+  SchedulerOptions so;
+  so.config = config;
+  so.report_path = options.report_path;
+  so.clients = &clients;
+  SchedulerCore core(so);
+  SchedulerService service(&core, token);
+
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(&builder);
+  int selected = 0;
+  builder.AddListeningPort(absl::StrCat(host, ":", port),
+                           grpc::InsecureServerCredentials(), &selected);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || selected == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", host, ":", port));
+  }
+  PS_LOG_INFO("scheduler listening on {}:{}, waiting for {} servers and {} "
+              "workers",
+              host, selected, config.cluster.num_servers,
+              config.cluster.num_workers);
+
+  absl::Notification stop;
+  std::thread checker([&] {
+    while (!stop.WaitForNotificationWithTimeout(
+        absl::Milliseconds(config.cluster.heartbeat_ms))) {
+      core.CheckHeartbeats();
+    }
+  });
+  // Registration must finish in time, then the job may run as long as it
+  // needs (failures end it through heartbeats).
+  absl::Status result = core.WaitForEnd(absl::InfiniteFuture());
+  stop.Notify();
+  checker.join();
+  if (result.ok()) {
+    PS_LOG_INFO("job done\n{}", core.ReportJson());
+  }
+  // Let workers and servers see the end through their heartbeats.
+  absl::SleepFor(absl::Milliseconds(
+      std::min(2000, 2 * config.cluster.heartbeat_ms)));
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(500));
+  return result;
+}
+
+}  // namespace ps

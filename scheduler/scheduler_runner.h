@@ -1,0 +1,29 @@
+// Runs a scheduler process: loads the config, serves gRPC, detects failures,
+// returns when the job has ended.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/config.h"
+
+namespace ps {
+
+struct SchedulerRunOptions {
+  std::string config_path;             // empty: defaults
+  std::vector<std::string> overrides;  // "section.field=value"
+  int port = -1;                       // -1: from cluster.scheduler
+  std::string report_path;
+};
+
+// Loads `path` (defaults when empty) and applies the overrides in order;
+// errors name the file and field.
+absl::StatusOr<JobConfig> LoadConfigWithOverrides(
+    const std::string& path, const std::vector<std::string>& overrides);
+
+// OK when the job finished; the failure otherwise (INVALID_ARGUMENT for a
+// bad config).
+absl::Status RunScheduler(const SchedulerRunOptions& options);
+
+}  // namespace ps

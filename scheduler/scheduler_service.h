@@ -1,0 +1,50 @@
+// gRPC face of the SchedulerCore: converts and authenticates, nothing else.
+#pragma once
+
+#include <string>
+
+#include "proto/ps.grpc.pb.h"
+#include "scheduler/scheduler.h"
+
+namespace ps {
+
+class SchedulerService final : public proto::Scheduler::Service {
+ public:
+  // `core` must outlive the service.
+  SchedulerService(SchedulerCore* core, std::string token)
+      : core_(core), token_(std::move(token)) {}
+
+  grpc::Status Register(grpc::ServerContext* ctx,
+                        const proto::RegisterRequest* req,
+                        proto::RegisterResponse* resp) override;
+  grpc::Status GetView(grpc::ServerContext* ctx,
+                       const proto::GetViewRequest* req,
+                       proto::GetViewResponse* resp) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx,
+                         const proto::HeartbeatRequest* req,
+                         proto::HeartbeatResponse* resp) override;
+  grpc::Status GetShard(grpc::ServerContext* ctx,
+                        const proto::GetShardRequest* req,
+                        proto::GetShardResponse* resp) override;
+  grpc::Status Barrier(grpc::ServerContext* ctx,
+                       const proto::BarrierRequest* req,
+                       proto::BarrierResponse* resp) override;
+  grpc::Status WorkerDone(grpc::ServerContext* ctx,
+                          const proto::WorkerDoneRequest* req,
+                          proto::WorkerDoneResponse* resp) override;
+  grpc::Status ServerDone(grpc::ServerContext* ctx,
+                          const proto::ServerDoneRequest* req,
+                          proto::ServerDoneResponse* resp) override;
+  grpc::Status SetConsistency(grpc::ServerContext* ctx,
+                              const proto::SetConsistencyRequest* req,
+                              proto::SetConsistencyResponse* resp) override;
+  grpc::Status Status(grpc::ServerContext* ctx,
+                      const proto::StatusRequest* req,
+                      proto::StatusResponse* resp) override;
+
+ private:
+  SchedulerCore* const core_;
+  const std::string token_;
+};
+
+}  // namespace ps

@@ -1,0 +1,59 @@
+// ps_status: prints a running cluster as a table.
+//   ps_status --scheduler host:port
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/grpc_transport.h"
+
+ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  ps::GrpcClientFactory clients(
+      ps::GrpcTransportOptions{ps::TokenFromEnv(""), 1});
+  auto s = clients.Scheduler(absl::GetFlag(FLAGS_scheduler))
+               ->Status(ps::proto::StatusRequest(),
+                        absl::Now() + absl::Seconds(5));
+  if (!s.ok()) {
+    std::fprintf(stderr, "ps_status: %s\n", s.status().ToString().c_str());
+    return 1;
+  }
+  const auto& v = s->view();
+  std::printf("phase %s, epoch %lld, mode %s tau %lld, %d key ranges\n\n",
+              s->phase().c_str(), static_cast<long long>(v.epoch()),
+              ps::proto::ConsistencyMode_Name(v.consistency().mode()).c_str(),
+              static_cast<long long>(v.consistency().tau()),
+              v.routing().range_begin_size());
+  std::printf("%-6s %-8s %-22s %-9s %8s %12s %10s %s\n", "node", "role",
+              "address", "state", "clock", "examples", "hb_age_ms",
+              "ranges/keys/clocks");
+  for (const auto& n : s->nodes()) {
+    const bool server = n.role() == ps::proto::ROLE_SERVER;
+    std::string name = (server ? "S[" : "W[") + std::to_string(n.id()) + "]";
+    std::string extra;
+    if (server) {
+      for (const auto& ss : s->servers()) {
+        if (ss.id() != n.id()) continue;
+        extra = std::to_string(ss.ranges()) + " ranges, " +
+                std::to_string(ss.keys()) + " keys, worker clocks [" +
+                absl::StrJoin(ss.worker_clocks(), ",") + "]";
+      }
+    }
+    std::string state = ps::proto::NodeState_Name(n.state());
+    if (state.rfind("NODE_", 0) == 0) state = state.substr(5);
+    std::printf("%-6s %-8s %-22s %-9s %8lld %12lld %10lld %s\n", name.c_str(),
+                server ? "server" : "worker",
+                n.address().empty() ? "-" : n.address().c_str(), state.c_str(),
+                static_cast<long long>(n.clock()),
+                static_cast<long long>(n.examples()),
+                n.last_heartbeat_ms() > 0
+                    ? static_cast<long long>(s->now_ms() - n.last_heartbeat_ms())
+                    : -1LL,
+                extra.c_str());
+  }
+  return 0;
+}

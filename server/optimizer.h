@@ -1,0 +1,241 @@
+// Server-side update rules: how an averaged gradient changes a stored value.
+//
+// Every rule works element-wise over a contiguous run of value elements plus
+// that run's optimizer state. The rules are small structs with inline
+// Init/Apply; `Optimizer` holds one of each and switches on its kind once per
+// call (or once per batch through `Visit`), so a table applying a gradient to
+// many keys never makes a per-key virtual call.
+//
+// State layout: element i of a run owns state[i * state_floats() ...
+// (i + 1) * state_floats()) (interleaved per element), so the state of a key's
+// `dim` elements is one contiguous block of dim * state_floats() floats.
+//
+// Arithmetic is done per element in double and stored as float; results are
+// a pure function of (config, stored value, stored state, gradient), so two
+// servers applying the same gradients in the same order hold identical bits.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/config.h"
+
+namespace ps {
+
+enum class OptimizerKind { kSgd, kAdagrad, kFtrl, kAdam };
+
+// "sgd", "adagrad", "ftrl", "adam".
+const char* OptimizerKindName(OptimizerKind kind);
+
+namespace optimizer_internal {
+
+// Proximal step of L1 (soft thresholding): shrinks |w| by `t`, stopping at 0.
+inline double SoftThreshold(double w, double t) {
+  if (w > t) return w - t;
+  if (w < -t) return w + t;
+  return 0.0;
+}
+
+// w -= lr * (g + l2 * w); then, when l1 > 0, w = sign(w) * max(|w| - lr*l1, 0).
+// No state.
+struct SgdRule {
+  static constexpr int kStateFloats = 0;
+  double lr = 0, l1 = 0, l2 = 0;
+
+  void Init(float* w, float* /*state*/, size_t n) const {
+    for (size_t i = 0; i < n; ++i) w[i] = 0.0f;
+  }
+  void Apply(float* w, float* /*state*/, const float* g, float scale,
+             size_t n) const {
+    for (size_t i = 0; i < n; ++i) {
+      double wi = w[i];
+      double gi = static_cast<double>(scale) * g[i] + l2 * wi;
+      wi -= lr * gi;
+      if (l1 > 0) wi = SoftThreshold(wi, lr * l1);
+      w[i] = static_cast<float>(wi);
+    }
+  }
+};
+
+// State per element: accumulator n, initialised to initial_accumulator.
+// g' = g + l2*w; n += g'^2; eta = lr / sqrt(n); w -= eta * g'; then, when
+// l1 > 0, w = sign(w) * max(|w| - eta*l1, 0).
+struct AdagradRule {
+  static constexpr int kStateFloats = 1;
+  double lr = 0, l1 = 0, l2 = 0, initial_accumulator = 0;
+
+  void Init(float* w, float* state, size_t n) const {
+    for (size_t i = 0; i < n; ++i) {
+      w[i] = 0.0f;
+      state[i] = static_cast<float>(initial_accumulator);
+    }
+  }
+  void Apply(float* w, float* state, const float* g, float scale,
+             size_t n) const {
+    for (size_t i = 0; i < n; ++i) {
+      double wi = w[i];
+      double gi = static_cast<double>(scale) * g[i] + l2 * wi;
+      double acc = static_cast<double>(state[i]) + gi * gi;
+      double eta = lr / std::sqrt(acc);
+      wi -= eta * gi;
+      if (l1 > 0) wi = SoftThreshold(wi, eta * l1);
+      state[i] = static_cast<float>(acc);
+      w[i] = static_cast<float>(wi);
+    }
+  }
+};
+
+// FTRL-Proximal (McMahan et al., KDD 2013, Algorithm 1). State per element:
+// [z, n], both starting at 0.
+//   sigma = (sqrt(n + g^2) - sqrt(n)) / alpha;  z += g - sigma * w;  n += g^2
+//   w = 0                                               if |z| <= l1
+//   w = -(z - sign(z) * l1) / ((beta + sqrt(n)) / alpha + l2)  otherwise
+// The weight is a function of (z, n) alone: a key starts at w = 0.
+struct FtrlRule {
+  static constexpr int kStateFloats = 2;
+  double alpha = 0, beta = 0, l1 = 0, l2 = 0;
+
+  void Init(float* w, float* state, size_t n) const {
+    for (size_t i = 0; i < n; ++i) {
+      w[i] = 0.0f;
+      state[2 * i] = 0.0f;
+      state[2 * i + 1] = 0.0f;
+    }
+  }
+  void Apply(float* w, float* state, const float* g, float scale,
+             size_t n) const {
+    for (size_t i = 0; i < n; ++i) {
+      double gi = static_cast<double>(scale) * g[i];
+      double z = state[2 * i];
+      double acc = state[2 * i + 1];
+      double acc_new = acc + gi * gi;
+      double sqrt_new = std::sqrt(acc_new);
+      double sigma = (sqrt_new - std::sqrt(acc)) / alpha;
+      z += gi - sigma * static_cast<double>(w[i]);
+      double wi = 0.0;
+      if (std::abs(z) > l1) {
+        double sign_z = z < 0 ? -1.0 : 1.0;
+        wi = -(z - sign_z * l1) / ((beta + sqrt_new) / alpha + l2);
+      }
+      state[2 * i] = static_cast<float>(z);
+      state[2 * i + 1] = static_cast<float>(acc_new);
+      w[i] = static_cast<float>(wi);
+    }
+  }
+};
+
+// Adam (Kingma & Ba) with bias correction; beta1 = 0.9, beta2 = 0.999,
+// eps = 1e-8. State per element: [m, v, t], all starting at 0; t is the
+// element's step count kept as a float (exact up to 2^24 steps; beyond that
+// the bias corrections are 1 to float precision anyway). g' = g + l2*w.
+// L1 is not applied by this rule.
+struct AdamRule {
+  static constexpr int kStateFloats = 3;
+  static constexpr double kBeta1 = 0.9;
+  static constexpr double kBeta2 = 0.999;
+  static constexpr double kEps = 1e-8;
+  double lr = 0, l2 = 0;
+
+  void Init(float* w, float* state, size_t n) const {
+    for (size_t i = 0; i < n * kStateFloats; ++i) state[i] = 0.0f;
+    for (size_t i = 0; i < n; ++i) w[i] = 0.0f;
+  }
+  void Apply(float* w, float* state, const float* g, float scale,
+             size_t n) const {
+    // The elements of one key share their step count, so the two pow()
+    // calls run once per key rather than once per element.
+    float cached_t = -1.0f;
+    double corr1 = 1.0, corr2 = 1.0;
+    for (size_t i = 0; i < n; ++i) {
+      float* s = state + kStateFloats * i;
+      double wi = w[i];
+      double gi = static_cast<double>(scale) * g[i] + l2 * wi;
+      double m = kBeta1 * s[0] + (1.0 - kBeta1) * gi;
+      double v = kBeta2 * s[1] + (1.0 - kBeta2) * gi * gi;
+      float t = s[2] + 1.0f;
+      if (t != cached_t) {
+        cached_t = t;
+        corr1 = 1.0 - std::pow(kBeta1, static_cast<double>(t));
+        corr2 = 1.0 - std::pow(kBeta2, static_cast<double>(t));
+      }
+      wi -= lr * (m / corr1) / (std::sqrt(v / corr2) + kEps);
+      s[0] = static_cast<float>(m);
+      s[1] = static_cast<float>(v);
+      s[2] = t;
+      w[i] = static_cast<float>(wi);
+    }
+  }
+};
+
+}  // namespace optimizer_internal
+
+// One configured update rule. Immutable after Create; thread-safe (all
+// methods are const and touch only the caller's buffers).
+class Optimizer {
+ public:
+  // Builds the rule named cfg.name ("sgd", "adagrad", "ftrl", "adam").
+  // INVALID_ARGUMENT, naming the field ("optimizer.name",
+  // "optimizer.learning_rate", ...), for an unknown name or a parameter out
+  // of range: learning_rate (sgd, adagrad, adam) and alpha (ftrl) must be
+  // > 0, beta >= 0, l1 >= 0, l2 >= 0, initial_accumulator (adagrad) > 0, all
+  // finite.
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
+      const OptimizerConfig& cfg);
+
+  OptimizerKind kind() const { return kind_; }
+
+  // State floats per value element: sgd 0, adagrad 1 (n), ftrl 2 (z, n),
+  // adam 3 (m, v, step count).
+  int state_floats() const;
+
+  // Initialises the value (to 0) and optimizer state of n elements.
+  // `state` holds n * state_floats() floats (may be null when that is 0).
+  void Init(float* w, float* state, size_t n) const;
+
+  // Applies the averaged gradient g to n elements: w and state are updated
+  // in place. Same as Apply(w, state, g, 1.0f, n).
+  void Apply(float* w, float* state, const float* g, size_t n) const {
+    Apply(w, state, g, 1.0f, n);
+  }
+  // Applies the gradient scale * g (the caller's averaging factor folded in,
+  // so no scaled copy of g is needed).
+  void Apply(float* w, float* state, const float* g, float scale,
+             size_t n) const;
+
+  // Calls fn(rule) once with the configured rule struct (one of the
+  // optimizer_internal::*Rule types, by const reference). Callers that update
+  // many keys put their key loop inside fn, so the switch on the kind happens
+  // once per batch and Rule::Apply inlines into the loop. fn must return
+  // void.
+  template <typename Fn>
+  void Visit(Fn&& fn) const {
+    switch (kind_) {
+      case OptimizerKind::kSgd:
+        fn(sgd_);
+        return;
+      case OptimizerKind::kAdagrad:
+        fn(adagrad_);
+        return;
+      case OptimizerKind::kFtrl:
+        fn(ftrl_);
+        return;
+      case OptimizerKind::kAdam:
+        fn(adam_);
+        return;
+    }
+  }
+
+ private:
+  Optimizer() = default;
+
+  OptimizerKind kind_ = OptimizerKind::kSgd;
+  // Only the member matching kind_ is meaningful.
+  optimizer_internal::SgdRule sgd_;
+  optimizer_internal::AdagradRule adagrad_;
+  optimizer_internal::FtrlRule ftrl_;
+  optimizer_internal::AdamRule adam_;
+};
+
+}  // namespace ps

@@ -1,0 +1,32 @@
+// ps_server: one parameter server.
+//   ps_server --scheduler host:port [--id N] [--bind 0.0.0.0 --advertise h]
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "common/logging.h"
+#include "server/server_runner.h"
+
+ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
+ABSL_FLAG(int, id, -1, "requested server id (-1: any)");
+ABSL_FLAG(std::string, bind, "127.0.0.1", "interface to listen on");
+ABSL_FLAG(int, port, 0, "port to listen on (0: any free one)");
+ABSL_FLAG(std::string, advertise, "",
+          "host other nodes reach this server at (default: --bind)");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  ps::InitLogging("S[?]");
+  ps::ServerRunOptions o;
+  o.scheduler = absl::GetFlag(FLAGS_scheduler);
+  o.requested_id = absl::GetFlag(FLAGS_id);
+  o.bind_host = absl::GetFlag(FLAGS_bind);
+  o.port = absl::GetFlag(FLAGS_port);
+  o.advertise_host = absl::GetFlag(FLAGS_advertise);
+  absl::Status s = ps::RunServer(o);
+  if (!s.ok()) {
+    PS_LOG_ERROR("server failed: {}", s.ToString());
+    return 1;
+  }
+  return 0;
+}

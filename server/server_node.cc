@@ -1,0 +1,504 @@
+#include "server/server_node.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/bytes.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/transport.h"
+
+namespace ps {
+namespace {
+
+int64_t TauOf(const proto::ConsistencyConfig& c) {
+  switch (c.mode()) {
+    case proto::MODE_BSP:
+      return 0;
+    case proto::MODE_ASP:
+      return kInfiniteTau;
+    default:
+      return c.tau() < 0 ? kInfiniteTau : c.tau();
+  }
+}
+
+OptimizerConfig FromProto(const proto::OptimizerConfig& p) {
+  OptimizerConfig c;
+  c.name = p.name();
+  c.learning_rate = p.learning_rate();
+  c.alpha = p.alpha();
+  c.beta = p.beta();
+  c.l1 = p.l1();
+  c.l2 = p.l2();
+  c.initial_accumulator = p.initial_accumulator();
+  return c;
+}
+
+}  // namespace
+
+ServerNode::ServerNode(Clock* clock) : clock_(clock) {}
+
+ServerNode::~ServerNode() {
+  CancelAll(absl::CancelledError("server shutting down"));
+}
+
+int ServerNode::id() const {
+  absl::MutexLock l(&mu_);
+  return id_;
+}
+
+int64_t ServerNode::epoch() const {
+  absl::MutexLock l(&mu_);
+  return epoch_;
+}
+
+const Table* ServerNode::table(int id) const {
+  absl::MutexLock l(&mu_);
+  if (id < 0 || id >= static_cast<int>(tables_.size())) return nullptr;
+  return tables_[id].get();
+}
+
+absl::Status ServerNode::Configure(int server_id,
+                                   const proto::ClusterView& view) {
+  PS_ASSIGN_OR_RETURN(Routing routing, Routing::FromProto(view.routing()));
+  if (view.workers_size() == 0) {
+    return absl::InvalidArgumentError("cluster view has no workers");
+  }
+  if (server_id < 0 || server_id >= std::max(1, routing.num_servers())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("server id ", server_id, " not in the view"));
+  }
+  Actions actions;
+  {
+    absl::MutexLock l(&mu_);
+    if (consistency_ == nullptr) {
+      for (int i = 0; i < view.tables_size(); ++i) {
+        const proto::TableConfig& tc = view.tables(i);
+        if (tc.id() != i) {
+          return absl::InvalidArgumentError("table ids must be 0..n-1");
+        }
+        TableSpec spec;
+        spec.id = tc.id();
+        spec.dim = tc.dim();
+        spec.optimizer = FromProto(tc.optimizer());
+        spec.init_scale = tc.optimizer().init_scale();
+        PS_ASSIGN_OR_RETURN(auto table,
+                            Table::Create(spec, routing.num_ranges()));
+        tables_.push_back(std::move(table));
+      }
+      consistency_ = std::make_unique<ConsistencyController>(
+          view.workers_size(), routing.num_ranges(),
+          TauOf(view.consistency()), clock_);
+      workers_.resize(view.workers_size());
+      mode_ = view.consistency().mode();
+    } else {
+      if (routing.num_ranges() != routing_->num_ranges() ||
+          view.workers_size() != static_cast<int>(workers_.size())) {
+        return absl::UnimplementedError(
+            "changing ranges or worker count in a running job");
+      }
+      if (view.epoch() < epoch_) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("view epoch ", view.epoch(), " older than ", epoch_));
+      }
+    }
+    id_ = server_id;
+    epoch_ = view.epoch();
+    model_dir_ = view.model_dir();
+    routing_ = std::make_shared<const Routing>(std::move(routing));
+    for (const proto::NodeInfo& w : view.workers()) {
+      if (w.id() < 0 || w.id() >= static_cast<int>(workers_.size())) continue;
+      if (w.state() == proto::NODE_DEAD && !workers_[w.id()].dead) {
+        workers_[w.id()].dead = true;
+        actions.finished.push_back(w.id());
+      }
+    }
+    if (mode_ == proto::MODE_BSP) ApplyCompleteBspClocks(&actions);
+  }
+  Publish(actions);
+  return absl::OkStatus();
+}
+
+absl::Status ServerNode::CheckRequest(int worker_id, int64_t epoch, int table,
+                                      const std::string& keys,
+                                      Table** t) const {
+  if (consistency_ == nullptr) {
+    return absl::UnavailableError("server not configured yet");
+  }
+  if (worker_id < 0 || worker_id >= static_cast<int>(workers_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown worker id ", worker_id));
+  }
+  if (table < 0 || table >= static_cast<int>(tables_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown table ", table));
+  }
+  if (epoch != epoch_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kStaleEpoch, ": request epoch ", epoch,
+                     ", server epoch ", epoch_));
+  }
+  if (!ByteCountOk<uint64_t>(keys)) {
+    return absl::InvalidArgumentError("keys: byte count not a multiple of 8");
+  }
+  absl::Span<const uint64_t> k = ViewAs<uint64_t>(keys);
+  for (size_t i = 1; i < k.size(); ++i) {
+    if (k[i] <= k[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("keys not ascending and unique at index ", i));
+    }
+  }
+  bool owned = true;
+  routing_->ForEachRangeRun(k, [&](int range, size_t, size_t) {
+    if (routing_->OwnerOfRange(range) != id_) owned = false;
+  });
+  if (!owned) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kStaleEpoch, ": keys not owned by server ", id_));
+  }
+  *t = tables_[table].get();
+  return absl::OkStatus();
+}
+
+bool ServerNode::MarkSeq(WorkerState* w, uint64_t seq) {
+  if (seq <= w->watermark || w->above.contains(seq)) return false;
+  w->above.insert(seq);
+  while (w->above.erase(w->watermark + 1) > 0) ++w->watermark;
+  return true;
+}
+
+void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
+                      Done done) {
+  Table* t = nullptr;
+  Actions actions;
+  std::shared_ptr<const Routing> routing;
+  bool apply_now = false;
+  absl::Status s = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
+    absl::MutexLock l(&mu_);
+    PS_RETURN_IF_ERROR(CheckRequest(req.worker_id(), req.epoch(), req.table(),
+                                    req.keys(), &t));
+    const size_t expect = req.keys().size() / 8 * t->dim();
+    if (req.vals().size() != expect * sizeof(float)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vals: expected ", expect, " floats, got ",
+                       req.vals().size() / 4.0));
+    }
+    if (req.clock() < 0) return absl::InvalidArgumentError("negative clock");
+    WorkerState& w = workers_[req.worker_id()];
+    if (req.seq() <= w.watermark || w.above.contains(req.seq())) {
+      resp->set_duplicate(true);  // a replay: applied once already
+      return absl::OkStatus();
+    }
+    if (req.clock() < w.completed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("push for clock ", req.clock(), " after worker ",
+                       req.worker_id(), " completed it"));
+    }
+    MarkSeq(&w, req.seq());
+    ++pushes_;
+    if (mode_ == proto::MODE_BSP) {
+      bsp_[req.clock()].pushes[req.worker_id()][req.table()].push_back(
+          BufferedPush{0, req.keys(), req.vals()});
+      ++w.received[req.clock()];
+      AdvanceCompleted(req.worker_id(), &actions);
+    } else {
+      apply_now = true;
+      routing = routing_;
+    }
+    return absl::OkStatus();
+  }();
+  if (s.ok() && apply_now) {
+    absl::Span<const uint64_t> keys = ViewAs<uint64_t>(req.keys());
+    const float* g = reinterpret_cast<const float*>(req.vals().data());
+    const float scale =
+        req.num_examples() > 0 ? 1.0f / req.num_examples() : 1.0f;
+    const int dim = t->dim();
+    routing->ForEachRangeRun(keys, [&](int range, size_t first, size_t last) {
+      t->Push(range, keys.subspan(first, last - first), g + first * dim,
+              scale);
+    });
+    absl::MutexLock l(&mu_);
+    ++workers_[req.worker_id()].received[req.clock()];
+    AdvanceCompleted(req.worker_id(), &actions);
+  }
+  Publish(actions);
+  done(s);
+}
+
+void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
+                      Done done) {
+  Table* t = nullptr;
+  std::shared_ptr<const Routing> routing;
+  std::vector<int> ranges;
+  absl::Time deadline;
+  absl::Status early;
+  do {
+    absl::MutexLock l(&mu_);
+    early = CheckRequest(req.worker_id(), req.epoch(), req.table(),
+                         req.keys(), &t);
+    if (!early.ok()) break;
+    ++pulls_;
+    routing = routing_;
+    routing->ForEachRangeRun(
+        ViewAs<uint64_t>(req.keys()),
+        [&](int range, size_t, size_t) { ranges.push_back(range); });
+    int64_t wait_ms = req.wait_ms() > 0 ? req.wait_ms() : default_wait_ms_;
+    deadline = clock_->Now() + absl::Milliseconds(wait_ms);
+  } while (false);
+  if (!early.ok()) {
+    done(early);
+    return;
+  }
+  if (ranges.empty()) {  // no keys: nothing to wait for
+    done(absl::OkStatus());
+    return;
+  }
+  consistency_->WaitPull(
+      req.worker_id(), req.clock(), std::move(ranges), deadline,
+      [t, routing, &req, resp, done = std::move(done)](const absl::Status& s) {
+        if (!s.ok()) {
+          done(s);
+          return;
+        }
+        absl::Span<const uint64_t> keys = ViewAs<uint64_t>(req.keys());
+        const int dim = t->dim();
+        resp->mutable_vals()->resize(keys.size() * dim * sizeof(float));
+        float* out = reinterpret_cast<float*>(resp->mutable_vals()->data());
+        routing->ForEachRangeRun(keys,
+                                 [&](int range, size_t first, size_t last) {
+                                   t->Pull(range,
+                                           keys.subspan(first, last - first),
+                                           out + first * dim);
+                                 });
+        done(absl::OkStatus());
+      });
+}
+
+absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {
+  Actions actions;
+  {
+    absl::MutexLock l(&mu_);
+    if (consistency_ == nullptr) {
+      return absl::UnavailableError("server not configured yet");
+    }
+    if (req.worker_id() < 0 ||
+        req.worker_id() >= static_cast<int>(workers_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown worker id ", req.worker_id()));
+    }
+    if (req.clock() < 0 || req.pushes() < 0 || req.num_examples() < 0) {
+      return absl::InvalidArgumentError("negative clock, pushes or examples");
+    }
+    WorkerState& w = workers_[req.worker_id()];
+    if (req.settled_seq() > w.watermark) {
+      for (auto it = w.above.begin(); it != w.above.end();) {
+        if (*it <= req.settled_seq()) {
+          w.above.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+      w.watermark = req.settled_seq();
+      while (w.above.erase(w.watermark + 1) > 0) ++w.watermark;
+    }
+    if (req.clock() < w.completed) return absl::OkStatus();  // a replay
+    w.announced[req.clock()] = {req.pushes(), req.num_examples()};
+    AdvanceCompleted(req.worker_id(), &actions);
+  }
+  Publish(actions);
+  return absl::OkStatus();
+}
+
+absl::Status ServerNode::Finish(const proto::FinishRequest& req) {
+  Actions actions;
+  {
+    absl::MutexLock l(&mu_);
+    if (consistency_ == nullptr) {
+      return absl::UnavailableError("server not configured yet");
+    }
+    if (req.worker_id() < 0 ||
+        req.worker_id() >= static_cast<int>(workers_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown worker id ", req.worker_id()));
+    }
+    WorkerState& w = workers_[req.worker_id()];
+    w.final_clock = req.final_clock();
+    AdvanceCompleted(req.worker_id(), &actions);
+    if (!w.finished) {
+      PS_LOG_WARN("worker {} finished at clock {} but completed only {} here",
+                  req.worker_id(), req.final_clock(), w.completed);
+    }
+  }
+  Publish(actions);
+  return absl::OkStatus();
+}
+
+void ServerNode::AdvanceCompleted(int worker, Actions* actions) {
+  WorkerState& w = workers_[worker];
+  const bool bsp = mode_ == proto::MODE_BSP;
+  for (;;) {
+    auto a = w.announced.find(w.completed);
+    if (a == w.announced.end()) break;
+    auto r = w.received.find(w.completed);
+    int64_t got = r == w.received.end() ? 0 : r->second;
+    if (got < a->second.first) break;
+    if (bsp) bsp_[w.completed].examples += a->second.second;
+    if (r != w.received.end()) w.received.erase(r);
+    w.announced.erase(a);
+    ++w.completed;
+    if (!bsp) actions->advanced.emplace_back(worker, w.completed);
+  }
+  if (!w.finished && w.final_clock >= 0 && w.completed >= w.final_clock) {
+    w.finished = true;
+    actions->finished.push_back(worker);
+  }
+  if (bsp) ApplyCompleteBspClocks(actions);
+}
+
+void ServerNode::ApplyCompleteBspClocks(Actions* actions) {
+  for (;;) {
+    const int64_t c = bsp_applied_;
+    bool all = true;
+    bool any = false;
+    for (const WorkerState& w : workers_) {
+      if (w.completed > c) {
+        any = true;
+      } else if (!w.finished && !w.dead) {
+        all = false;
+        break;
+      }
+    }
+    if (!all || !any) return;
+    auto it = bsp_.find(c);
+    if (it != bsp_.end()) {
+      const float scale =
+          it->second.examples > 0 ? 1.0f / it->second.examples : 1.0f;
+      for (size_t ti = 0; ti < tables_.size(); ++ti) {
+        Table* t = tables_[ti].get();
+        GradAccumulator acc(t->dim(), routing_->num_ranges());
+        bool touched = false;
+        // std::map iterates workers in id order: a deterministic sum.
+        for (auto& [worker, by_table] : it->second.pushes) {
+          auto pt = by_table.find(static_cast<int>(ti));
+          if (pt == by_table.end()) continue;
+          for (const BufferedPush& p : pt->second) {
+            absl::Span<const uint64_t> keys = ViewAs<uint64_t>(p.keys);
+            const float* g = reinterpret_cast<const float*>(p.vals.data());
+            routing_->ForEachRangeRun(
+                keys, [&](int range, size_t first, size_t last) {
+                  acc.Add(range, keys.subspan(first, last - first),
+                          g + first * t->dim());
+                });
+            touched = true;
+          }
+        }
+        if (touched) acc.ApplyTo(t, scale);
+      }
+      bsp_.erase(it);
+    }
+    ++bsp_applied_;
+    for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
+      if (workers_[w].completed > c) actions->advanced.emplace_back(w, c + 1);
+    }
+  }
+}
+
+void ServerNode::Publish(const Actions& actions) {
+  if (consistency_ == nullptr) return;
+  for (const auto& [worker, entry] : actions.advanced) {
+    consistency_->AdvanceClock(worker, entry - 1, {});
+  }
+  for (int worker : actions.finished) consistency_->SetWorkerFinished(worker);
+}
+
+absl::Status ServerNode::SetConsistency(const proto::ConsistencyConfig& c) {
+  if (c.mode() == proto::MODE_UNKNOWN) {
+    return absl::InvalidArgumentError("consistency.mode not set");
+  }
+  if (c.mode() == proto::MODE_SSP && c.tau() < 0) {
+    return absl::InvalidArgumentError("consistency.tau must be >= 0 for ssp");
+  }
+  {
+    absl::MutexLock l(&mu_);
+    if (consistency_ == nullptr) {
+      return absl::UnavailableError("server not configured yet");
+    }
+    if ((mode_ == proto::MODE_BSP) != (c.mode() == proto::MODE_BSP)) {
+      return absl::FailedPreconditionError(
+          "switching to or from bsp while running is not supported; "
+          "change tau instead");
+    }
+    mode_ = c.mode();
+  }
+  consistency_->SetTau(TauOf(c));
+  return absl::OkStatus();
+}
+
+absl::Status ServerNode::SaveModel(const std::string& dir_arg,
+                                   proto::ServerControlResponse* resp) {
+  std::string dir = dir_arg;
+  if (dir.empty()) {
+    absl::MutexLock l(&mu_);
+    dir = model_dir_.empty() ? "." : model_dir_;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create model dir ", dir, ": ", ec.message()));
+  }
+  absl::MutexLock l(&mu_);
+  int64_t keys = 0, nonzeros = 0;
+  std::string first_path;
+  for (const auto& t : tables_) {
+    std::string base =
+        absl::StrCat(dir, "/table-", t->id(), ".server-", id_);
+    size_t k = 0, nz = 0;
+    PS_RETURN_IF_ERROR(t->SaveBinary(base + ".bin", &k));
+    PS_RETURN_IF_ERROR(t->SaveText(base + ".txt", &nz));
+    keys += k;
+    nonzeros += nz;
+    if (first_path.empty()) first_path = base + ".bin";
+  }
+  resp->set_model_path(first_path);
+  resp->set_keys(keys);
+  resp->set_nonzeros(nonzeros);
+  return absl::OkStatus();
+}
+
+proto::ServerStatus ServerNode::Status() const {
+  proto::ServerStatus s;
+  absl::MutexLock l(&mu_);
+  s.set_id(id_);
+  int64_t keys = 0;
+  for (const auto& t : tables_) keys += t->size();
+  s.set_keys(keys);
+  s.set_pushes(pushes_);
+  s.set_pulls(pulls_);
+  if (routing_) s.set_ranges(routing_->RangesOf(id_).size());
+  if (consistency_) {
+    for (int64_t c : consistency_->MinClockPerWorker()) s.add_worker_clocks(c);
+  }
+  return s;
+}
+
+void ServerNode::Tick() {
+  ConsistencyController* c;
+  {
+    absl::MutexLock l(&mu_);
+    c = consistency_.get();
+  }
+  if (c != nullptr) c->ExpireWaits();
+}
+
+void ServerNode::CancelAll(const absl::Status& status) {
+  ConsistencyController* c;
+  {
+    absl::MutexLock l(&mu_);
+    c = consistency_.get();
+  }
+  if (c != nullptr) c->CancelAll(status);
+}
+
+}  // namespace ps

@@ -1,0 +1,147 @@
+// The logic of one parameter server, free of any RPC framework: the gRPC
+// service (server_service.h) and the in-process transport both call it.
+//
+// A server holds the key ranges the routing table gives it, one Table per
+// configured table, and a ConsistencyController with a vector clock per
+// range. Push semantics depend on the consistency mode:
+//   BSP      the pushes of one clock are buffered and, once every live
+//            worker has completed that clock, summed in worker-id order and
+//            applied once (deterministic; equals SGD on the combined batch);
+//   SSP/ASP  each push is applied on arrival.
+// Gradients are sums over examples; they are divided by the number of
+// examples behind them (the whole clock's in BSP, the push's otherwise).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/routing.h"
+#include "consistency/controller.h"
+#include "proto/ps.pb.h"
+#include "server/table.h"
+
+namespace ps {
+
+class ServerNode {
+ public:
+  using Done = std::function<void(const absl::Status&)>;
+
+  // `clock` must outlive the node.
+  explicit ServerNode(Clock* clock = Clock::Real());
+  ~ServerNode();
+
+  ServerNode(const ServerNode&) = delete;
+  ServerNode& operator=(const ServerNode&) = delete;
+
+  // Installs the cluster view. The first call creates the tables and the
+  // consistency state; a later call with a newer epoch replaces routing and
+  // consistency settings (ranges must keep their owners for now: moving
+  // ranges between servers is the recovery issue's work). Errors:
+  // INVALID_ARGUMENT for a malformed view.
+  absl::Status Configure(int server_id, const proto::ClusterView& view);
+
+  // Data plane. `done` runs exactly once, possibly on the caller's thread
+  // before the call returns; `resp` must stay valid until then. Remote input
+  // is validated: a malformed request gets INVALID_ARGUMENT, a request for a
+  // server that is not configured yet UNAVAILABLE, a wrong routing epoch or
+  // a key this server does not own FAILED_PRECONDITION "stale-epoch".
+  void Push(const proto::PushRequest& req, proto::PushResponse* resp,
+            Done done);
+  void Pull(const proto::PullRequest& req, proto::PullResponse* resp,
+            Done done);
+  absl::Status ClockTick(const proto::ClockRequest& req);
+  absl::Status Finish(const proto::FinishRequest& req);
+
+  // Control plane.
+  absl::Status SetConsistency(const proto::ConsistencyConfig& c);
+  // Writes this server's shard of every table under `dir` (empty: the
+  // view's model_dir) as table-<t>.server-<s>.bin and .txt. Fills paths and
+  // counts.
+  absl::Status SaveModel(const std::string& dir,
+                         proto::ServerControlResponse* resp);
+  proto::ServerStatus Status() const;
+
+  // Expires consistency waits past their deadline; call periodically.
+  void Tick();
+  // Fails every waiting pull with `status` (shutdown).
+  void CancelAll(const absl::Status& status);
+
+  // Tests and tools. nullptr when no such table.
+  const Table* table(int id) const;
+  int id() const;
+  int64_t epoch() const;
+
+ private:
+  struct WorkerState {
+    // Exactly-once pushes: seqs <= watermark and those in `above` were seen.
+    uint64_t watermark = 0;
+    absl::flat_hash_set<uint64_t> above;
+    // clock -> pushes applied (or buffered) with that clock
+    std::map<int64_t, int64_t> received;
+    // clock -> (pushes announced by the ClockRequest, examples)
+    std::map<int64_t, std::pair<int64_t, int32_t>> announced;
+    int64_t completed = 0;  // contiguous clocks completed here
+    int64_t final_clock = -1;  // set by Finish
+    bool finished = false;
+    bool dead = false;
+  };
+  struct BufferedPush {
+    int range;
+    std::string keys;
+    std::string vals;
+  };
+  struct ClockBuffer {
+    // worker -> table -> pushes in arrival order
+    std::map<int, std::map<int, std::vector<BufferedPush>>> pushes;
+    int64_t examples = 0;
+  };
+
+  // Checks the parts of a data-plane request every kind shares.
+  absl::Status CheckRequest(int worker_id, int64_t epoch, int table,
+                            const std::string& keys, Table** t) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Records a seq; false if it was seen before.
+  static bool MarkSeq(WorkerState* w, uint64_t seq);
+  // Moves clocks to completed where all their pushes arrived; returns the
+  // workers whose completion advanced (their new count), for the caller to
+  // publish outside mu_. BSP: applies buffers that became complete.
+  struct Actions {
+    std::vector<std::pair<int, int64_t>> advanced;  // (worker, entry value)
+    std::vector<int> finished;
+  };
+  void AdvanceCompleted(int worker, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BSP: applies every clock all live workers completed.
+  void ApplyCompleteBspClocks(Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the consistency controller, outside mu_ (it runs callbacks).
+  void Publish(const Actions& actions);
+
+  Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  int id_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string model_dir_ ABSL_GUARDED_BY(mu_);
+  proto::ConsistencyMode mode_ ABSL_GUARDED_BY(mu_) = proto::MODE_SSP;
+  std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ConsistencyController> consistency_;  // set once
+  std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, ClockBuffer> bsp_ ABSL_GUARDED_BY(mu_);
+  int64_t bsp_applied_ ABSL_GUARDED_BY(mu_) = 0;  // clocks applied in BSP
+  int64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t default_wait_ms_ ABSL_GUARDED_BY(mu_) = 120000;
+};
+
+}  // namespace ps

@@ -1,0 +1,129 @@
+#include "server/server_runner.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/config.h"
+#include "common/grpc_transport.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "server/server_node.h"
+#include "server/server_service.h"
+
+namespace ps {
+
+absl::Status RunServer(const ServerRunOptions& options) {
+  const std::string token = TokenFromEnv("");
+  ServerNode node;
+  absl::Notification exit_requested;
+  ServerService service(&node, token, [&] { exit_requested.Notify(); });
+
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(&builder);
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(options.bind_host, ":", options.port),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.bind_host, ":", options.port));
+  }
+  const std::string address = absl::StrCat(
+      options.advertise_host.empty() ? options.bind_host
+                                     : options.advertise_host,
+      ":", port);
+
+  GrpcClientFactory clients(GrpcTransportOptions{token, 1});
+  std::shared_ptr<SchedulerClient> scheduler =
+      clients.Scheduler(options.scheduler);
+  proto::RegisterRequest reg;
+  reg.set_role(proto::ROLE_SERVER);
+  reg.set_address(address);
+  reg.set_requested_id(options.requested_id);
+  const absl::Time reg_deadline =
+      absl::Now() + absl::Milliseconds(options.register_timeout_ms);
+  absl::StatusOr<proto::RegisterResponse> r;
+  for (;;) {
+    r = scheduler->Register(reg, absl::Now() + absl::Seconds(5));
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
+        absl::Now() > reg_deadline) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("register with scheduler ",
+                                     options.scheduler, ": ",
+                                     r.status().message()));
+  }
+  const int id = r->id();
+  InitLogging(absl::StrCat("S[", id, "]"));
+  PS_LOG_INFO("serving on {}", address);
+
+  proto::ClusterView view = r->view();
+  while (view.epoch() == 0) {
+    proto::GetViewRequest gv;
+    gv.set_known_epoch(0);
+    gv.set_wait_ms(1000);
+    auto v = scheduler->GetView(gv, absl::Now() + absl::Seconds(5));
+    if (v.ok() && v->ready()) view = v->view();
+    if (!v.ok() && v.status().code() != absl::StatusCode::kUnavailable &&
+        v.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      return v.status();
+    }
+    if (absl::Now() > reg_deadline) {
+      return absl::DeadlineExceededError("cluster view never became ready");
+    }
+  }
+  PS_RETURN_IF_ERROR(node.Configure(id, view));
+  auto config = ParseJobConfig(view.job_config_yaml());
+  if (!config.ok()) return config.status();
+  InitLogging(absl::StrCat("S[", id, "]"), config->output.log_level);
+  PS_LOG_INFO("configured: epoch {}, {} of {} ranges", view.epoch(),
+              node.Status().ranges(), view.routing().range_begin_size());
+
+  absl::Notification stop;
+  std::thread ticker([&] {
+    while (!stop.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+      node.Tick();
+    }
+  });
+  // Heartbeats until told to save and exit, the job ends, or the scheduler
+  // stays unreachable for the heartbeat timeout.
+  absl::Status result;
+  absl::Time last_ok = absl::Now();
+  const absl::Duration hb = absl::Milliseconds(config->cluster.heartbeat_ms);
+  const absl::Duration hb_timeout =
+      absl::Milliseconds(config->cluster.heartbeat_timeout_ms);
+  while (!exit_requested.WaitForNotificationWithTimeout(hb)) {
+    proto::HeartbeatRequest req;
+    req.set_role(proto::ROLE_SERVER);
+    req.set_id(id);
+    auto resp = scheduler->Heartbeat(req, absl::Now() + hb_timeout / 2);
+    if (resp.ok()) {
+      last_ok = absl::Now();
+      if (resp->shutdown()) {
+        PS_LOG_INFO("scheduler says the job is over");
+        break;
+      }
+    } else if (absl::Now() - last_ok > hb_timeout) {
+      result = absl::UnavailableError(absl::StrCat(
+          "scheduler unreachable for ", absl::FormatDuration(hb_timeout),
+          ": ", resp.status().message()));
+      break;
+    }
+  }
+  stop.Notify();
+  ticker.join();
+  node.CancelAll(absl::CancelledError("server shutting down"));
+  // Give the save_and_exit reply time to leave before tearing down.
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::seconds(2));
+  PS_LOG_INFO("exiting");
+  return result;
+}
+
+}  // namespace ps

@@ -1,0 +1,95 @@
+#include "server/server_service.h"
+
+#include "common/grpc_transport.h"
+#include "common/logging.h"
+
+namespace ps {
+
+namespace {
+// Finishes `ctx`'s default reactor with `s`.
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
+                                const absl::Status& s) {
+  auto* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(s));
+  return r;
+}
+}  // namespace
+
+ServerService::ServerService(ServerNode* node, std::string token,
+                             std::function<void()> on_save_and_exit)
+    : node_(node),
+      token_(std::move(token)),
+      on_save_and_exit_(std::move(on_save_and_exit)) {}
+
+grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* ctx,
+                                              const proto::PushRequest* req,
+                                              proto::PushResponse* resp) {
+  absl::Status auth = CheckToken(*ctx, token_);
+  if (!auth.ok()) return Reply(ctx, auth);
+  auto* r = ctx->DefaultReactor();
+  node_->Push(*req, resp,
+              [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); });
+  return r;
+}
+
+grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* ctx,
+                                              const proto::PullRequest* req,
+                                              proto::PullResponse* resp) {
+  absl::Status auth = CheckToken(*ctx, token_);
+  if (!auth.ok()) return Reply(ctx, auth);
+  auto* r = ctx->DefaultReactor();
+  node_->Pull(*req, resp,
+              [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); });
+  return r;
+}
+
+grpc::ServerUnaryReactor* ServerService::Clock(grpc::CallbackServerContext* ctx,
+                                               const proto::ClockRequest* req,
+                                               proto::ClockResponse*) {
+  absl::Status auth = CheckToken(*ctx, token_);
+  if (!auth.ok()) return Reply(ctx, auth);
+  return Reply(ctx, node_->ClockTick(*req));
+}
+
+grpc::ServerUnaryReactor* ServerService::Finish(
+    grpc::CallbackServerContext* ctx, const proto::FinishRequest* req,
+    proto::FinishResponse*) {
+  absl::Status auth = CheckToken(*ctx, token_);
+  if (!auth.ok()) return Reply(ctx, auth);
+  return Reply(ctx, node_->Finish(*req));
+}
+
+grpc::ServerUnaryReactor* ServerService::Control(
+    grpc::CallbackServerContext* ctx, const proto::ServerControlRequest* req,
+    proto::ServerControlResponse* resp) {
+  absl::Status auth = CheckToken(*ctx, token_);
+  if (!auth.ok()) return Reply(ctx, auth);
+  switch (req->cmd_case()) {
+    case proto::ServerControlRequest::kSetConsistency:
+      return Reply(ctx, node_->SetConsistency(req->set_consistency()));
+    case proto::ServerControlRequest::kNewView:
+      return Reply(ctx, node_->Configure(node_->id(), req->new_view()));
+    case proto::ServerControlRequest::kSaveAndExit: {
+      absl::Status s = node_->SaveModel("", resp);
+      if (s.ok()) {
+        PS_LOG_INFO("model shard written: {} ({} keys, {} non-zero)",
+                    resp->model_path(), resp->keys(), resp->nonzeros());
+        if (on_save_and_exit_) on_save_and_exit_();
+      }
+      return Reply(ctx, s);
+    }
+    default:
+      return Reply(ctx, absl::InvalidArgumentError("empty control command"));
+  }
+}
+
+grpc::ServerUnaryReactor* ServerService::GetStatus(
+    grpc::CallbackServerContext* ctx, const proto::ServerStatusRequest*,
+    proto::ServerStatus* resp) {
+  absl::Status auth = CheckToken(*ctx, token_);
+  if (!auth.ok()) return Reply(ctx, auth);
+  *resp = node_->Status();
+  return Reply(ctx, absl::OkStatus());
+}
+
+}  // namespace ps

@@ -1,0 +1,46 @@
+// gRPC face of a ServerNode: converts between the wire and ServerNode calls,
+// checks the cluster token, nothing else.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "proto/ps.grpc.pb.h"
+#include "server/server_node.h"
+
+namespace ps {
+
+class ServerService final : public proto::Server::CallbackService {
+ public:
+  // `node` must outlive the service. `on_save_and_exit` runs (on an RPC
+  // thread, after the reply is sent) when the scheduler asks the server to
+  // write its model and leave.
+  ServerService(ServerNode* node, std::string token,
+                std::function<void()> on_save_and_exit);
+
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx,
+                                 const proto::PushRequest* req,
+                                 proto::PushResponse* resp) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx,
+                                 const proto::PullRequest* req,
+                                 proto::PullResponse* resp) override;
+  grpc::ServerUnaryReactor* Clock(grpc::CallbackServerContext* ctx,
+                                  const proto::ClockRequest* req,
+                                  proto::ClockResponse* resp) override;
+  grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx,
+                                   const proto::FinishRequest* req,
+                                   proto::FinishResponse* resp) override;
+  grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* ctx,
+                                    const proto::ServerControlRequest* req,
+                                    proto::ServerControlResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const proto::ServerStatusRequest* req,
+                                      proto::ServerStatus* resp) override;
+
+ private:
+  ServerNode* const node_;
+  const std::string token_;
+  std::function<void()> on_save_and_exit_;
+};
+
+}  // namespace ps

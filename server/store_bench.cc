@@ -1,0 +1,135 @@
+// Micro-benchmark of Table::Push / Table::Pull: ftrl, dim 1, 1M random keys
+// by default, sent as sorted batches split into per-range runs the way the
+// server receives them.
+//
+//   store_bench [num_keys=1000000] [batch=10000] [threads=1]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/hash.h"
+#include "server/table.h"
+
+namespace {
+
+constexpr int kRangeBits = 4;  // 16 ranges: range = key >> 60
+constexpr int kRanges = 1 << kRangeBits;
+
+double Seconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                       start)
+      .count();
+}
+
+// Runs fn(range, keys_span, offset) for every per-range run of every batch
+// owned by thread `t` of `threads`.
+template <typename Fn>
+void ForEachRun(const std::vector<std::vector<uint64_t>>& batches, int t,
+                int threads, Fn&& fn) {
+  for (size_t b = t; b < batches.size(); b += threads) {
+    const std::vector<uint64_t>& keys = batches[b];
+    size_t i = 0;
+    while (i < keys.size()) {
+      int r = static_cast<int>(keys[i] >> (64 - kRangeBits));
+      size_t j = i + 1;
+      while (j < keys.size() &&
+             static_cast<int>(keys[j] >> (64 - kRangeBits)) == r) {
+        ++j;
+      }
+      fn(r, absl::MakeConstSpan(keys.data() + i, j - i), i);
+      i = j;
+    }
+  }
+}
+
+template <typename Fn>
+double Timed(int threads, Fn&& fn) {
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(fn, t);
+  for (auto& th : pool) th.join();
+  return Seconds(start);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t num_keys = argc > 1 ? std::strtoull(argv[1], nullptr, 10)
+                                   : 1000000;
+  const size_t batch = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 10000;
+  const int threads = argc > 3 ? std::atoi(argv[3]) : 1;
+  if (num_keys == 0 || batch == 0 || threads < 1) {
+    std::fprintf(stderr, "usage: store_bench [num_keys] [batch] [threads]\n");
+    return 2;
+  }
+
+  ps::TableSpec spec;
+  spec.dim = 1;
+  spec.optimizer.name = "ftrl";
+  spec.optimizer.l1 = 0.01;  // small enough that most weights are non-zero
+  std::unique_ptr<ps::Table> table_ptr;
+  auto new_table = [&]() -> bool {
+    auto table_or = ps::Table::Create(spec, kRanges);
+    if (!table_or.ok()) {
+      std::fprintf(stderr, "%s\n", table_or.status().ToString().c_str());
+      return false;
+    }
+    table_ptr = std::move(table_or).value();
+    return true;
+  };
+
+  // Distinct random keys, in sorted batches.
+  std::vector<std::vector<uint64_t>> batches;
+  for (size_t start = 0; start < num_keys; start += batch) {
+    size_t n = std::min(batch, num_keys - start);
+    std::vector<uint64_t> keys(n);
+    for (size_t i = 0; i < n; ++i) keys[i] = ps::Mix64(start + i);
+    std::sort(keys.begin(), keys.end());
+    batches.push_back(std::move(keys));
+  }
+  std::vector<float> grads(batch);
+  for (size_t i = 0; i < batch; ++i) {
+    grads[i] = static_cast<float>(ps::Mix64(i) % 2000) / 1000.0f - 1.0f;
+  }
+
+  auto push = [&](int t) {
+    ForEachRun(batches, t, threads,
+               [&](int r, absl::Span<const uint64_t> keys, size_t offset) {
+                 table_ptr->Push(r, keys, grads.data() + offset, 0.5f);
+               });
+  };
+  auto pull = [&](int t) {
+    std::vector<float> out(batch);
+    ForEachRun(batches, t, threads,
+               [&](int r, absl::Span<const uint64_t> keys, size_t offset) {
+                 table_ptr->Pull(r, keys, out.data() + offset);
+               });
+  };
+
+  const double n = static_cast<double>(num_keys);
+  std::printf("store_bench: ftrl dim 1, %zu random keys, batches of %zu, "
+              "%d ranges, %d thread(s)\n",
+              num_keys, batch, kRanges, threads);
+  // Best of kReps runs (the machine is shared), a fresh table each time.
+  constexpr int kReps = 3;
+  double t_insert = 1e30, t_update = 1e30, t_pull = 1e30;
+  for (int rep = 0; rep < kReps; ++rep) {
+    if (!new_table()) return 1;
+    t_insert = std::min(t_insert, Timed(threads, push));
+    t_update = std::min(t_update, Timed(threads, push));
+    t_pull = std::min(t_pull, Timed(threads, pull));
+  }
+  std::printf("  push (creating keys): %8.2f Mkeys/s  (%.3f s)\n",
+              n / t_insert / 1e6, t_insert);
+  std::printf("  push (existing keys): %8.2f Mkeys/s  (%.3f s)\n",
+              n / t_update / 1e6, t_update);
+  std::printf("  pull:                 %8.2f Mkeys/s  (%.3f s)\n",
+              n / t_pull / 1e6, t_pull);
+  std::printf("  table: %zu keys, %zu non-zero (best of %d runs)\n",
+              table_ptr->size(), table_ptr->nonzeros(), kReps);
+  return 0;
+}

@@ -1,0 +1,512 @@
+#include "server/table.h"
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include "absl/base/internal/raw_logging.h"
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+#include "common/status_macros.h"
+
+namespace ps {
+namespace {
+
+constexpr char kMagic[4] = {'P', 'S', 'T', 'B'};
+constexpr uint32_t kFormatVersion = 1;
+// magic, version, table id, dim, count.
+constexpr size_t kHeaderBytes = 4 + 4 + 4 + 4 + 8;
+// Target chunk size in floats (64 KiB): big enough that allocation is rare,
+// small enough that a table with many near-empty ranges stays small.
+constexpr size_t kChunkTargetFloats = 16384;
+// Push/Pull prefetch the hash-map probe of the key this many positions ahead,
+// overlapping the cache misses of a large table's random lookups.
+constexpr size_t kPrefetchDistance = 8;
+
+absl::Status ErrnoError(int err, const std::string& what,
+                        const std::string& path) {
+  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));
+}
+
+// A FILE* that closes itself; Close() reports the error of the final flush.
+class File {
+ public:
+  File() = default;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File() {
+    if (f_ != nullptr) std::fclose(f_);
+  }
+
+  absl::Status Open(const std::string& path, const char* mode) {
+    path_ = path;
+    f_ = std::fopen(path.c_str(), mode);
+    if (f_ == nullptr) return ErrnoError(errno, "cannot open", path);
+    // Large buffer: records are written a few bytes at a time.
+    std::setvbuf(f_, nullptr, _IOFBF, 1 << 20);
+    return absl::OkStatus();
+  }
+  absl::Status Write(const void* data, size_t n) {
+    if (n != 0 && std::fwrite(data, 1, n, f_) != n) {
+      return ErrnoError(errno, "cannot write", path_);
+    }
+    return absl::OkStatus();
+  }
+  // Reads exactly n bytes; DATA_LOSS at end of file.
+  absl::Status Read(void* data, size_t n) {
+    if (n != 0 && std::fread(data, 1, n, f_) != n) {
+      if (std::ferror(f_)) return ErrnoError(errno, "cannot read", path_);
+      return absl::DataLossError(
+          absl::StrCat("table file ", path_, ": truncated"));
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<int64_t> Size() {
+    if (std::fseek(f_, 0, SEEK_END) != 0) {
+      return ErrnoError(errno, "cannot seek", path_);
+    }
+    long size = std::ftell(f_);
+    if (size < 0 || std::fseek(f_, 0, SEEK_SET) != 0) {
+      return ErrnoError(errno, "cannot seek", path_);
+    }
+    return static_cast<int64_t>(size);
+  }
+  absl::Status Close() {
+    FILE* f = f_;
+    f_ = nullptr;
+    if (std::fclose(f) != 0) return ErrnoError(errno, "cannot write", path_);
+    return absl::OkStatus();
+  }
+
+ private:
+  FILE* f_ = nullptr;
+  std::string path_;
+};
+
+// Writes a file through `write_body` into path + ".tmp", then renames it
+// over `path`. On failure the temporary file is removed.
+template <typename WriteBody>
+absl::Status WriteAtomically(const std::string& path, WriteBody write_body) {
+  const std::string tmp = path + ".tmp";
+  absl::Status status = [&]() -> absl::Status {
+    File file;
+    PS_RETURN_IF_ERROR(file.Open(tmp, "wb"));
+    PS_RETURN_IF_ERROR(write_body(file));
+    return file.Close();
+  }();
+  if (status.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    status = ErrnoError(errno, "cannot rename into", path);
+  }
+  if (!status.ok()) std::remove(tmp.c_str());
+  return status;
+}
+
+bool AllZero(const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (v[i] != 0.0f) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Table
+
+absl::StatusOr<std::unique_ptr<Table>> Table::Create(const TableSpec& spec,
+                                                     int num_ranges) {
+  if (spec.dim < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec.id, ": dim must be >= 1, got ", spec.dim));
+  }
+  if (num_ranges < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec.id, ": num_ranges must be >= 1, got ", num_ranges));
+  }
+  if (!std::isfinite(spec.init_scale) || spec.init_scale < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec.id, ": init_scale must be >= 0, got ",
+                     spec.init_scale));
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+                      Optimizer::Create(spec.optimizer));
+  if (optimizer->kind() == OptimizerKind::kFtrl && spec.init_scale != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec.id,
+        ": init_scale must be 0 with ftrl (its weights start at 0)"));
+  }
+  return std::unique_ptr<Table>(
+      new Table(spec, num_ranges, std::move(optimizer)));
+}
+
+namespace {
+int ChunkShift(size_t stride) {
+  size_t slots = std::max<size_t>(1, kChunkTargetFloats / stride);
+  return std::bit_width(slots) - 1;  // floor(log2(slots))
+}
+}  // namespace
+
+Table::Table(const TableSpec& spec, int num_ranges,
+             std::unique_ptr<Optimizer> optimizer)
+    : spec_(spec),
+      num_ranges_(num_ranges),
+      optimizer_(std::move(optimizer)),
+      stride_(static_cast<size_t>(spec.dim) *
+              (1 + optimizer_->state_floats())),
+      chunk_shift_(ChunkShift(stride_)),
+      chunk_mask_((uint32_t{1} << chunk_shift_) - 1),
+      init_seed_(Mix64(static_cast<uint64_t>(spec.id) ^ 0x7ab1e5eedULL)),
+      partitions_(new Partition[num_ranges]) {}
+
+Table::~Table() = default;
+
+Table::Partition& Table::partition(int range) const {
+  ABSL_RAW_CHECK(range >= 0 && range < num_ranges_,
+                 "Table: range index out of bounds");
+  return partitions_[range];
+}
+
+float* Table::SlotData(const Partition& p, uint32_t slot) const {
+  return p.chunks[slot >> chunk_shift_].get() +
+         static_cast<size_t>(slot & chunk_mask_) * stride_;
+}
+
+uint32_t Table::NewSlot(Partition& p) {
+  uint32_t slot = p.num_slots++;
+  ABSL_RAW_CHECK(p.num_slots != 0, "Table: more than 2^32 keys in a range");
+  if ((slot >> chunk_shift_) >= p.chunks.size()) {
+    // Uninitialised: every slot is initialised when it is handed out.
+    p.chunks.emplace_back(new float[(size_t{chunk_mask_} + 1) * stride_]);
+  }
+  return slot;
+}
+
+void Table::InitialValue(uint64_t key, float* w) const {
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  if (spec_.init_scale == 0) {
+    std::fill(w, w + dim, 0.0f);
+    return;
+  }
+  const uint64_t h = Mix64(key ^ init_seed_);
+  const float s = spec_.init_scale;
+  for (size_t j = 0; j < dim; ++j) {
+    // 24 random bits -> u in [0, 1), exactly representable.
+    float u = static_cast<float>(Mix64(h + j) >> 40) * 0x1.0p-24f;
+    w[j] = s * (2.0f * u - 1.0f);
+  }
+}
+
+void Table::Pull(int range, absl::Span<const uint64_t> keys,
+                 float* out) const {
+  const Partition& p = partition(range);
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  absl::ReaderMutexLock l(&p.mu);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kPrefetchDistance < keys.size()) {
+      p.slots.prefetch(keys[i + kPrefetchDistance]);
+    }
+    float* dst = out + i * dim;
+    auto it = p.slots.find(keys[i]);
+    if (it == p.slots.end()) {
+      InitialValue(keys[i], dst);
+    } else {
+      std::memcpy(dst, SlotData(p, it->second), dim * sizeof(float));
+    }
+  }
+}
+
+void Table::Push(int range, absl::Span<const uint64_t> keys,
+                 const float* grads, float scale) {
+  Partition& p = partition(range);
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  absl::MutexLock l(&p.mu);
+  // One switch on the rule for the whole batch; Rule::Apply inlines here.
+  optimizer_->Visit([&](const auto& rule) {
+    p.mu.AssertHeld();  // tells the analysis the lambda runs under the lock
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (i + kPrefetchDistance < keys.size()) {
+        p.slots.prefetch(keys[i + kPrefetchDistance]);
+      }
+      auto [it, inserted] = p.slots.try_emplace(keys[i], 0);
+      float* data;
+      if (inserted) {
+        it->second = NewSlot(p);
+        data = SlotData(p, it->second);
+        rule.Init(data, data + dim, dim);
+        if (spec_.init_scale != 0) InitialValue(keys[i], data);
+      } else {
+        data = SlotData(p, it->second);
+      }
+      rule.Apply(data, data + dim, grads + i * dim, scale, dim);
+    }
+  });
+}
+
+size_t Table::size() const {
+  size_t n = 0;
+  for (int r = 0; r < num_ranges_; ++r) {
+    absl::ReaderMutexLock l(&partitions_[r].mu);
+    n += partitions_[r].slots.size();
+  }
+  return n;
+}
+
+size_t Table::nonzeros() const {
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  size_t n = 0;
+  for (int r = 0; r < num_ranges_; ++r) {
+    const Partition& p = partitions_[r];
+    absl::ReaderMutexLock l(&p.mu);
+    for (uint32_t s = 0; s < p.num_slots; ++s) {
+      if (!AllZero(SlotData(p, s), dim)) ++n;
+    }
+  }
+  return n;
+}
+
+void Table::Gather(bool nonzero_only, std::vector<uint64_t>* keys,
+                   std::vector<float>* values) const {
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  std::vector<uint64_t> raw_keys;
+  std::vector<float> raw_values;
+  for (int r = 0; r < num_ranges_; ++r) {
+    const Partition& p = partitions_[r];
+    absl::ReaderMutexLock l(&p.mu);
+    raw_keys.reserve(raw_keys.size() + p.slots.size());
+    raw_values.reserve(raw_values.size() + p.slots.size() * dim);
+    for (const auto& [key, slot] : p.slots) {
+      const float* v = SlotData(p, slot);
+      if (nonzero_only && AllZero(v, dim)) continue;
+      raw_keys.push_back(key);
+      raw_values.insert(raw_values.end(), v, v + dim);
+    }
+  }
+  // Ties (a key wrongly used with two ranges) break by gather position, so
+  // the output stays deterministic.
+  std::vector<size_t> order(raw_keys.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return raw_keys[a] != raw_keys[b] ? raw_keys[a] < raw_keys[b] : a < b;
+  });
+  keys->resize(order.size());
+  values->resize(order.size() * dim);
+  for (size_t i = 0; i < order.size(); ++i) {
+    (*keys)[i] = raw_keys[order[i]];
+    std::memcpy(values->data() + i * dim, raw_values.data() + order[i] * dim,
+                dim * sizeof(float));
+  }
+}
+
+std::vector<std::pair<uint64_t, std::vector<float>>> Table::Snapshot() const {
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  std::vector<uint64_t> keys;
+  std::vector<float> values;
+  Gather(/*nonzero_only=*/false, &keys, &values);
+  std::vector<std::pair<uint64_t, std::vector<float>>> out;
+  out.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    out.emplace_back(keys[i], std::vector<float>(values.begin() + i * dim,
+                                                 values.begin() + (i + 1) * dim));
+  }
+  return out;
+}
+
+absl::Status Table::SaveBinary(const std::string& path,
+                               size_t* keys_written) const {
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  std::vector<uint64_t> keys;
+  std::vector<float> values;
+  Gather(/*nonzero_only=*/false, &keys, &values);
+  PS_RETURN_IF_ERROR(WriteAtomically(path, [&](File& f) -> absl::Status {
+    const uint32_t version = kFormatVersion;
+    const int32_t table_id = spec_.id;
+    const uint32_t dim32 = static_cast<uint32_t>(dim);
+    const uint64_t count = keys.size();
+    PS_RETURN_IF_ERROR(f.Write(kMagic, sizeof(kMagic)));
+    PS_RETURN_IF_ERROR(f.Write(&version, sizeof(version)));
+    PS_RETURN_IF_ERROR(f.Write(&table_id, sizeof(table_id)));
+    PS_RETURN_IF_ERROR(f.Write(&dim32, sizeof(dim32)));
+    PS_RETURN_IF_ERROR(f.Write(&count, sizeof(count)));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      PS_RETURN_IF_ERROR(f.Write(&keys[i], sizeof(uint64_t)));
+      PS_RETURN_IF_ERROR(f.Write(values.data() + i * dim, dim * sizeof(float)));
+    }
+    return absl::OkStatus();
+  }));
+  if (keys_written != nullptr) *keys_written = keys.size();
+  return absl::OkStatus();
+}
+
+absl::Status Table::SaveText(const std::string& path,
+                             size_t* nonzeros_written) const {
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  std::vector<uint64_t> keys;
+  std::vector<float> values;
+  Gather(/*nonzero_only=*/true, &keys, &values);
+  PS_RETURN_IF_ERROR(WriteAtomically(path, [&](File& f) -> absl::Status {
+    // One line at a time in a reused buffer: no allocation per key.
+    std::string line;
+    char num[64];
+    for (size_t i = 0; i < keys.size(); ++i) {
+      line.clear();
+      auto r = std::to_chars(num, num + sizeof(num), keys[i]);
+      line.append(num, r.ptr);
+      for (size_t j = 0; j < dim; ++j) {
+        line.push_back(j == 0 ? '\t' : ' ');
+        r = std::to_chars(num, num + sizeof(num), values[i * dim + j]);
+        line.append(num, r.ptr);
+      }
+      line.push_back('\n');
+      PS_RETURN_IF_ERROR(f.Write(line.data(), line.size()));
+    }
+    return absl::OkStatus();
+  }));
+  if (nonzeros_written != nullptr) *nonzeros_written = keys.size();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TableFile> Table::ReadBinaryFile(const std::string& path) {
+  File f;
+  PS_RETURN_IF_ERROR(f.Open(path, "rb"));
+  PS_ASSIGN_OR_RETURN(int64_t file_size, f.Size());
+  if (file_size < static_cast<int64_t>(kHeaderBytes)) {
+    if (file_size >= 4) {
+      char magic[4];
+      PS_RETURN_IF_ERROR(f.Read(magic, sizeof(magic)));
+      if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": not a PSTB table file"));
+      }
+    }
+    return absl::DataLossError(
+        absl::StrCat("table file ", path, ": truncated header"));
+  }
+  char magic[4];
+  uint32_t version = 0;
+  int32_t table_id = 0;
+  uint32_t dim = 0;
+  uint64_t count = 0;
+  PS_RETURN_IF_ERROR(f.Read(magic, sizeof(magic)));
+  if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a PSTB table file"));
+  }
+  PS_RETURN_IF_ERROR(f.Read(&version, sizeof(version)));
+  if (version != kFormatVersion) {
+    return absl::UnimplementedError(absl::StrCat(
+        "table file ", path, ": format version ", version,
+        " not supported (this build reads ", kFormatVersion, ")"));
+  }
+  PS_RETURN_IF_ERROR(f.Read(&table_id, sizeof(table_id)));
+  PS_RETURN_IF_ERROR(f.Read(&dim, sizeof(dim)));
+  PS_RETURN_IF_ERROR(f.Read(&count, sizeof(count)));
+  if (dim < 1 || dim > (1u << 24)) {
+    return absl::DataLossError(
+        absl::StrCat("table file ", path, ": bad dim ", dim));
+  }
+  // Check the size before allocating, so a corrupt count cannot make us
+  // reserve absurd amounts of memory.
+  const uint64_t record_bytes = 8 + 4 * uint64_t{dim};
+  const uint64_t body = static_cast<uint64_t>(file_size) - kHeaderBytes;
+  if (count > body / record_bytes || body != count * record_bytes) {
+    return absl::DataLossError(absl::StrCat(
+        "table file ", path, ": header says ", count, " records of dim ", dim,
+        " but the file has ", body, " bytes after the header"));
+  }
+  TableFile out;
+  out.table_id = table_id;
+  out.dim = static_cast<int>(dim);
+  out.records.reserve(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t key;
+    std::vector<float> v(dim);
+    PS_RETURN_IF_ERROR(f.Read(&key, sizeof(key)));
+    PS_RETURN_IF_ERROR(f.Read(v.data(), dim * sizeof(float)));
+    if (!out.records.empty() && key <= out.records.back().first) {
+      return absl::DataLossError(absl::StrCat(
+          "table file ", path, ": keys not ascending at record ", i));
+    }
+    out.records.emplace_back(key, std::move(v));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<uint64_t, std::vector<float>>>>
+Table::LoadBinary(const std::string& path) {
+  PS_ASSIGN_OR_RETURN(TableFile file, ReadBinaryFile(path));
+  return std::move(file.records);
+}
+
+// ---------------------------------------------------------------------------
+// GradAccumulator
+
+GradAccumulator::GradAccumulator(int dim, int num_ranges)
+    : dim_(dim), num_ranges_(num_ranges), ranges_(std::max(num_ranges, 0)) {
+  ABSL_RAW_CHECK(dim >= 1 && num_ranges >= 1,
+                 "GradAccumulator: dim and num_ranges must be >= 1");
+}
+
+void GradAccumulator::Add(int range, absl::Span<const uint64_t> keys,
+                          const float* grads) {
+  ABSL_RAW_CHECK(range >= 0 && range < num_ranges_,
+                 "GradAccumulator: range index out of bounds");
+  const size_t dim = static_cast<size_t>(dim_);
+  absl::MutexLock l(&mu_);
+  RangeSums& rs = ranges_[range];
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const float* g = grads + i * dim;
+    auto [it, inserted] =
+        rs.index.try_emplace(keys[i], static_cast<uint32_t>(rs.keys.size()));
+    if (inserted) {
+      // The first gradient is copied, not added to 0, so a single push is
+      // passed through bit-exactly (0.0f + -0.0f would be +0.0f).
+      rs.keys.push_back(keys[i]);
+      rs.sums.insert(rs.sums.end(), g, g + dim);
+    } else {
+      float* sum = rs.sums.data() + static_cast<size_t>(it->second) * dim;
+      for (size_t j = 0; j < dim; ++j) sum[j] += g[j];
+    }
+  }
+}
+
+void GradAccumulator::ApplyTo(Table* table, float scale) {
+  ABSL_RAW_CHECK(table->dim() == dim_ && table->num_ranges() == num_ranges_,
+                 "GradAccumulator: table dim or num_ranges differ");
+  const size_t dim = static_cast<size_t>(dim_);
+  absl::MutexLock l(&mu_);
+  for (int r = 0; r < num_ranges_; ++r) {
+    RangeSums& rs = ranges_[r];
+    if (rs.keys.empty()) continue;
+    order_.resize(rs.keys.size());
+    std::iota(order_.begin(), order_.end(), uint32_t{0});
+    std::sort(order_.begin(), order_.end(), [&rs](uint32_t a, uint32_t b) {
+      return rs.keys[a] < rs.keys[b];
+    });
+    sorted_keys_.resize(order_.size());
+    sorted_sums_.resize(order_.size() * dim);
+    for (size_t i = 0; i < order_.size(); ++i) {
+      sorted_keys_[i] = rs.keys[order_[i]];
+      std::memcpy(sorted_sums_.data() + i * dim,
+                  rs.sums.data() + static_cast<size_t>(order_[i]) * dim,
+                  dim * sizeof(float));
+    }
+    table->Push(r, sorted_keys_, sorted_sums_.data(), scale);
+    rs.index.clear();
+    rs.keys.clear();
+    rs.sums.clear();
+  }
+}
+
+size_t GradAccumulator::pending_keys() const {
+  absl::MutexLock l(&mu_);
+  size_t n = 0;
+  for (const RangeSums& rs : ranges_) n += rs.keys.size();
+  return n;
+}
+
+}  // namespace ps

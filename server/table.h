@@ -1,0 +1,214 @@
+// Server-side parameter storage: a table maps 64-bit keys to fixed-length
+// float vectors plus their optimizer state, and applies pushed gradients with
+// the table's update rule (server/optimizer.h).
+//
+// Storage is split into `num_ranges` partitions, one per key range of the
+// routing table (common/routing.h), each with its own lock, so pushes to
+// different ranges proceed in parallel. A partition keeps a hash map from key
+// to slot and the slots' floats in fixed-size chunks (value then state,
+// contiguous per key), so a push or pull allocates nothing per key except
+// when it creates keys.
+//
+// Also here: GradAccumulator, which sums the pushes of one BSP clock so that
+// they can be applied as one averaged gradient in a deterministic order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/config.h"
+#include "server/optimizer.h"
+
+namespace ps {
+
+struct TableSpec {
+  int id = 0;
+  int dim = 1;  // floats per key, >= 1
+  OptimizerConfig optimizer;
+  // New values are drawn from U(-init_scale, init_scale), deterministically
+  // from (table id, key, element index); 0 means zeros. Must be 0 with ftrl,
+  // whose weight is a function of its state (which starts at 0).
+  float init_scale = 0;
+};
+
+// The contents of a binary table file (see Table::SaveBinary).
+struct TableFile {
+  int table_id = 0;
+  int dim = 0;
+  std::vector<std::pair<uint64_t, std::vector<float>>> records;  // by key
+};
+
+// Thread-safe: every method may be called concurrently from any thread.
+// Calls on different ranges do not contend; pulls of one range share its
+// lock, pushes to one range are serialised.
+class Table {
+ public:
+  // INVALID_ARGUMENT when dim < 1, num_ranges < 1, init_scale is negative
+  // or not finite, init_scale != 0 with ftrl, or the optimizer config is
+  // invalid (the message names the field, see Optimizer::Create).
+  static absl::StatusOr<std::unique_ptr<Table>> Create(const TableSpec& spec,
+                                                       int num_ranges);
+
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
+  ~Table();
+
+  int id() const { return spec_.id; }
+  int dim() const { return spec_.dim; }
+  int num_ranges() const { return num_ranges_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
+
+  // Writes the values of `keys` to out[i*dim ... (i+1)*dim). A key never
+  // pushed reads as its initial value and is not inserted.
+  // Preconditions: 0 <= range < num_ranges() (checked: aborts, since a bad
+  // index is the caller's routing bug, not remote input; validate indices
+  // taken from a request against num_ranges() first); a given key is always
+  // used with the same range (not checked: otherwise it is stored twice).
+  // Keys may come in any order (routing produces them ascending); out has
+  // keys.size()*dim floats.
+  void Pull(int range, absl::Span<const uint64_t> keys, float* out) const;
+
+  // Applies the gradient scale * grads[i*dim ... (i+1)*dim) to each keys[i]
+  // with the optimizer, creating missing keys (initial value, then the
+  // update). A key repeated within one call is updated once per occurrence,
+  // in order. Preconditions as for Pull.
+  void Push(int range, absl::Span<const uint64_t> keys, const float* grads,
+            float scale);
+
+  // Number of keys stored (created by a push).
+  size_t size() const;
+  // Number of keys with at least one non-zero value element. O(size * dim).
+  size_t nonzeros() const;
+
+  // The contents below are gathered one partition at a time: each partition
+  // is read atomically, but pushes running concurrently to other ranges may
+  // or may not be included. Quiesce pushes for a consistent cut.
+
+  // Writes all keys and values (not optimizer state) in the binary format:
+  //   "PSTB", u32 version (1), i32 table id, u32 dim, u64 count,
+  //   then count records of (u64 key, dim x f32), ascending by key;
+  // all little-endian (host layout). Equal contents give byte-identical
+  // files. The file is written beside `path` and renamed over it, so a
+  // reader never sees a partial file. Sets *keys_written (may be null).
+  // Errors name the path; codes follow errno (NOT_FOUND for a missing
+  // directory, PERMISSION_DENIED, RESOURCE_EXHAUSTED for a full disk, ...).
+  absl::Status SaveBinary(const std::string& path, size_t* keys_written) const;
+
+  // Writes the keys with any non-zero value as text lines
+  // "key<TAB>v1 v2 ... vdim\n", key in decimal, values in shortest
+  // round-trip form, ascending by key. Sets *nonzeros_written (may be null).
+  // Errors as for SaveBinary.
+  absl::Status SaveText(const std::string& path,
+                        size_t* nonzeros_written) const;
+
+  // Reads a file written by SaveBinary. NOT_FOUND (etc., from errno) when
+  // it cannot be opened, INVALID_ARGUMENT when it is not a PSTB file,
+  // UNIMPLEMENTED for another format version, DATA_LOSS when it is
+  // truncated or inconsistent. Errors name the path.
+  static absl::StatusOr<TableFile> ReadBinaryFile(const std::string& path);
+  // ReadBinaryFile without the header fields.
+  static absl::StatusOr<std::vector<std::pair<uint64_t, std::vector<float>>>>
+  LoadBinary(const std::string& path);
+
+  // All (key, value) pairs, ascending by key. Allocates per key: for tests
+  // and model comparison, not for hot paths.
+  std::vector<std::pair<uint64_t, std::vector<float>>> Snapshot() const;
+
+ private:
+  // One range's storage. Slot s lives in chunks[s >> chunk_shift_] at float
+  // offset (s & chunk_mask_) * stride_: dim value floats, then
+  // dim * state_floats state floats.
+  struct Partition {
+    mutable absl::Mutex mu;
+    absl::flat_hash_map<uint64_t, uint32_t> slots ABSL_GUARDED_BY(mu);
+    std::vector<std::unique_ptr<float[]>> chunks ABSL_GUARDED_BY(mu);
+    uint32_t num_slots ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  Table(const TableSpec& spec, int num_ranges,
+        std::unique_ptr<Optimizer> optimizer);
+
+  Partition& partition(int range) const;
+  // The floats of slot `slot` of `p`.
+  float* SlotData(const Partition& p, uint32_t slot) const
+      ABSL_SHARED_LOCKS_REQUIRED(p.mu);
+  // Allocates a new slot in `p` (storage uninitialised).
+  uint32_t NewSlot(Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Writes the initial value of `key` (dim floats) to `w`.
+  void InitialValue(uint64_t key, float* w) const;
+
+  // Copies keys and values (dim floats each) of every stored key into
+  // *keys / *values, ascending by key. With nonzero_only, skips keys whose
+  // values are all zero.
+  void Gather(bool nonzero_only, std::vector<uint64_t>* keys,
+              std::vector<float>* values) const;
+
+  // Constant after construction.
+  const TableSpec spec_;
+  const int num_ranges_;
+  const std::unique_ptr<Optimizer> optimizer_;
+  const size_t stride_;        // floats per slot: dim * (1 + state_floats)
+  const int chunk_shift_;      // log2(slots per chunk)
+  const uint32_t chunk_mask_;  // slots per chunk - 1
+  const uint64_t init_seed_;   // mixes the table id into initial values
+  // One per range; each guards itself.
+  const std::unique_ptr<Partition[]> partitions_;
+};
+
+// Sums the gradients pushed during one BSP clock, then applies them as one
+// update. For a key, the sum adds the pushes' gradients in the order of the
+// Add calls; keys are applied in ascending order per range. Callers Add the
+// pushes in worker-id order, which makes the result independent of the
+// order in which pushes arrived. Thread-safe (one internal lock).
+class GradAccumulator {
+ public:
+  // dim and num_ranges as for the table it will be applied to.
+  GradAccumulator(int dim, int num_ranges);
+
+  GradAccumulator(const GradAccumulator&) = delete;
+  GradAccumulator& operator=(const GradAccumulator&) = delete;
+
+  int dim() const { return dim_; }
+  int num_ranges() const { return num_ranges_; }
+
+  // Adds grads[i*dim ... (i+1)*dim) to the sum of keys[i].
+  // Precondition (checked, abort): 0 <= range < num_ranges().
+  void Add(int range, absl::Span<const uint64_t> keys, const float* grads);
+
+  // Pushes every range's summed gradients to `table` with `scale` (e.g.
+  // 1 / number of workers), keys ascending, one Push per range, then
+  // clears the sums. Precondition (checked, abort): table->dim() == dim()
+  // and table->num_ranges() == num_ranges().
+  void ApplyTo(Table* table, float scale);
+
+  // Distinct (range, key) pairs summed since the last ApplyTo.
+  size_t pending_keys() const;
+
+ private:
+  struct RangeSums {
+    absl::flat_hash_map<uint64_t, uint32_t> index;  // key -> entry
+    std::vector<uint64_t> keys;                     // entry -> key
+    std::vector<float> sums;                        // entry * dim floats
+  };
+
+  const int dim_;
+  const int num_ranges_;
+  mutable absl::Mutex mu_;
+  std::vector<RangeSums> ranges_ ABSL_GUARDED_BY(mu_);
+  // Scratch for ApplyTo, kept to avoid reallocating every clock.
+  std::vector<uint32_t> order_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> sorted_keys_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> sorted_sums_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ps

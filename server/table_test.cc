@@ -1,0 +1,390 @@
+#include "server/table.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+// sgd with lr 1 and no regularisation: w = -sum(scale * g).
+TableSpec PlainSgd(int dim = 1) {
+  TableSpec spec;
+  spec.id = 7;
+  spec.dim = dim;
+  spec.optimizer.name = "sgd";
+  spec.optimizer.learning_rate = 1.0;
+  spec.optimizer.l1 = 0;
+  spec.optimizer.l2 = 0;
+  return spec;
+}
+
+std::unique_ptr<Table> MakeTable(const TableSpec& spec, int num_ranges) {
+  auto t = Table::Create(spec, num_ranges);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(t).value();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string TempPath(const std::string& name) {
+  return testing::TempDir() + "/store_test_" + name;
+}
+
+TEST(TableTest, CreateRejectsBadSpecs) {
+  TableSpec spec = PlainSgd();
+  spec.dim = 0;
+  EXPECT_EQ(Table::Create(spec, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Table::Create(PlainSgd(), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  spec = PlainSgd();
+  spec.init_scale = -1;
+  EXPECT_EQ(Table::Create(spec, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  spec = PlainSgd();
+  spec.optimizer.name = "ftrl";
+  spec.init_scale = 0.1f;
+  EXPECT_EQ(Table::Create(spec, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  spec.optimizer.name = "nope";
+  auto t = Table::Create(spec, 1);
+  ASSERT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("optimizer.name"), std::string::npos);
+}
+
+TEST(TableTest, PullOfUnknownKeyReturnsZerosWithoutInserting) {
+  auto table = MakeTable(PlainSgd(2), 2);
+  const uint64_t keys[] = {5, 9};
+  float out[4] = {1, 1, 1, 1};
+  table->Pull(1, keys, out);
+  for (float v : out) EXPECT_EQ(v, 0.0f);
+  EXPECT_EQ(table->size(), 0u);
+  EXPECT_TRUE(table->Snapshot().empty());
+}
+
+TEST(TableTest, RandomInitIsDeterministicAndUsedOnPush) {
+  TableSpec spec = PlainSgd(4);
+  spec.init_scale = 0.5f;
+  auto a = MakeTable(spec, 1);
+  auto b = MakeTable(spec, 3);
+  const uint64_t keys[] = {1, 2, 1ull << 63};
+  std::vector<float> va(12), vb(12);
+  a->Pull(0, keys, va.data());
+  b->Pull(2, keys, vb.data());
+  EXPECT_EQ(va, vb);  // depends on (table id, key, element), not the range
+  for (float v : va) {
+    EXPECT_GE(v, -0.5f);
+    EXPECT_LT(v, 0.5f);
+  }
+  EXPECT_NE(va[0], va[1]);  // elements differ
+  EXPECT_NE(va[0], va[4]);  // keys differ
+  EXPECT_EQ(a->size(), 0u);
+
+  // A zero gradient leaves the initial value in place once inserted.
+  std::vector<float> zero(12, 0.0f), after(12);
+  a->Push(0, keys, zero.data(), 1.0f);
+  EXPECT_EQ(a->size(), 3u);
+  a->Pull(0, keys, after.data());
+  EXPECT_EQ(after, va);
+
+  spec.id = 8;  // another table draws other values
+  auto c = MakeTable(spec, 1);
+  std::vector<float> vc(12);
+  c->Pull(0, keys, vc.data());
+  EXPECT_NE(vc, va);
+}
+
+TEST(TableTest, PushCreatesKeysWithDimGreaterThanOne) {
+  auto table = MakeTable(PlainSgd(3), 2);
+  const uint64_t keys[] = {10, 20};
+  const float g[] = {1, 2, 3, 4, 5, 6};
+  table->Push(0, keys, g, 0.5f);
+  EXPECT_EQ(table->size(), 2u);
+  float out[6];
+  table->Pull(0, keys, out);
+  const float expected[] = {-0.5f, -1, -1.5f, -2, -2.5f, -3};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], expected[i]) << i;
+
+  // Update one existing key and create one more in the same push.
+  const uint64_t keys2[] = {20, 30};
+  const float g2[] = {1, 1, 1, 2, 2, 2};
+  table->Push(0, keys2, g2, 1.0f);
+  EXPECT_EQ(table->size(), 3u);
+  auto snap = table->Snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_EQ(snap[1].first, 20u);
+  EXPECT_EQ(snap[1].second, (std::vector<float>{-3, -3.5f, -4}));
+  EXPECT_EQ(snap[2].second, (std::vector<float>{-2, -2, -2}));
+}
+
+TEST(TableTest, RepeatedKeyInOnePushAppliesEachOccurrence) {
+  auto table = MakeTable(PlainSgd(), 1);
+  const uint64_t keys[] = {4, 4};
+  const float g[] = {1, 2};
+  table->Push(0, keys, g, 1.0f);
+  EXPECT_EQ(table->size(), 1u);
+  float out;
+  table->Pull(0, absl::MakeConstSpan(keys, 1), &out);
+  EXPECT_EQ(out, -3.0f);
+}
+
+TEST(TableTest, ManyKeysSpanSeveralChunks) {
+  // More keys than one storage chunk holds (16384 slots for dim 1 sgd).
+  auto table = MakeTable(PlainSgd(), 1);
+  std::vector<uint64_t> keys(40000);
+  std::vector<float> g(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = i * 3;
+    g[i] = static_cast<float>(i % 1000);
+  }
+  table->Push(0, keys, g.data(), 1.0f);
+  table->Push(0, keys, g.data(), 1.0f);
+  std::vector<float> out(keys.size());
+  table->Pull(0, keys, out.data());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(out[i], -2.0f * g[i]) << i;
+  }
+  EXPECT_EQ(table->size(), keys.size());
+  EXPECT_EQ(table->nonzeros(), keys.size() - keys.size() / 1000);
+}
+
+TEST(TableTest, ConcurrentPushesSumCorrectly) {
+  constexpr int kThreads = 4;
+  constexpr int kRanges = 4;
+  constexpr int kKeysPerRange = 500;
+  constexpr int kRounds = 50;
+  auto table = MakeTable(PlainSgd(2), kRanges);
+  // Range r holds keys r*1000 .. r*1000+499. Each thread pushes gradient
+  // (t+1, -(t+1)) to every key of every range, visiting ranges in a rotated
+  // order so threads both run in parallel and contend on the same range.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&table, t] {
+      std::vector<uint64_t> keys(kKeysPerRange);
+      std::vector<float> g(2 * kKeysPerRange);
+      for (int i = 0; i < kKeysPerRange; ++i) {
+        g[2 * i] = static_cast<float>(t + 1);
+        g[2 * i + 1] = -static_cast<float>(t + 1);
+      }
+      for (int round = 0; round < kRounds; ++round) {
+        for (int k = 0; k < kRanges; ++k) {
+          int r = (t + k) % kRanges;
+          for (int i = 0; i < kKeysPerRange; ++i) keys[i] = r * 1000 + i;
+          table->Push(r, keys, g.data(), 1.0f);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  // sum over threads of (t+1) = 10, times kRounds; small integers add
+  // exactly in any order.
+  const float expected = -10.0f * kRounds;
+  auto snap = table->Snapshot();
+  ASSERT_EQ(snap.size(), static_cast<size_t>(kRanges * kKeysPerRange));
+  for (const auto& [key, v] : snap) {
+    ASSERT_EQ(v[0], expected) << key;
+    ASSERT_EQ(v[1], -expected) << key;
+  }
+}
+
+TEST(TableTest, SaveAndLoadBinaryRoundTrip) {
+  TableSpec spec = PlainSgd(2);
+  spec.optimizer.name = "adagrad";
+  auto table = MakeTable(spec, 3);
+  const uint64_t k0[] = {300, 100};
+  const uint64_t k2[] = {~0ull, 200};
+  const float g[] = {1, -2, 3, 0.25f};
+  table->Push(0, k0, g, 1.0f);
+  table->Push(2, k2, g, 0.5f);
+
+  const std::string path = TempPath("roundtrip.bin");
+  size_t written = 0;
+  ASSERT_TRUE(table->SaveBinary(path, &written).ok());
+  EXPECT_EQ(written, 4u);
+  auto file = Table::ReadBinaryFile(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->table_id, 7);
+  EXPECT_EQ(file->dim, 2);
+  EXPECT_EQ(file->records, table->Snapshot());
+  auto loaded = Table::LoadBinary(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 4u);
+  EXPECT_EQ((*loaded)[0].first, 100u);
+  EXPECT_EQ((*loaded)[3].first, ~0ull);
+  // Header (24 bytes) + 4 records of 8 + 2*4 bytes.
+  EXPECT_EQ(ReadFile(path).size(), 24u + 4 * 16);
+  EXPECT_EQ(ReadFile(path).substr(0, 4), "PSTB");
+  std::remove(path.c_str());
+}
+
+TEST(TableTest, EqualContentsGiveByteIdenticalFiles) {
+  // Same model, built with different partitioning and push order.
+  auto a = MakeTable(PlainSgd(3), 1);
+  auto b = MakeTable(PlainSgd(3), 5);
+  std::vector<uint64_t> keys;
+  std::vector<float> g;
+  for (uint64_t k = 0; k < 100; ++k) {
+    keys.push_back(k * 7919);
+    for (int j = 0; j < 3; ++j) g.push_back(static_cast<float>(k + j) / 8);
+  }
+  a->Push(0, keys, g.data(), 1.0f);
+  for (int i = 99; i >= 0; --i) {  // reverse order, spread over ranges
+    b->Push(i % 5, absl::MakeConstSpan(&keys[i], 1), &g[3 * i], 1.0f);
+  }
+  const std::string pa = TempPath("a.bin"), pb = TempPath("b.bin");
+  ASSERT_TRUE(a->SaveBinary(pa, nullptr).ok());
+  ASSERT_TRUE(b->SaveBinary(pb, nullptr).ok());
+  EXPECT_EQ(ReadFile(pa), ReadFile(pb));
+  const std::string ta = TempPath("a.txt"), tb = TempPath("b.txt");
+  ASSERT_TRUE(a->SaveText(ta, nullptr).ok());
+  ASSERT_TRUE(b->SaveText(tb, nullptr).ok());
+  EXPECT_EQ(ReadFile(ta), ReadFile(tb));
+  for (const auto& p : {pa, pb, ta, tb}) std::remove(p.c_str());
+}
+
+TEST(TableTest, SaveTextWritesOnlyNonZeros) {
+  TableSpec spec = PlainSgd(2);
+  spec.optimizer.learning_rate = 0.5;
+  spec.optimizer.l1 = 1.0;  // shrinks |w| by 0.5 per step
+  auto table = MakeTable(spec, 2);
+  const uint64_t keys[] = {12, 3, 40};
+  // key 12: w = (-1, -0.2), shrunk by 0.5 -> (-0.5, 0)
+  // key 3:  w = (-0.25, 0.25) -> (0, 0): all zero, not written
+  // key 40: w = (-2, 3) -> (-1.5, 2.5)
+  const float g[] = {2, 0.4f, 0.5f, -0.5f, 4, -6};
+  table->Push(1, keys, g, 1.0f);
+  EXPECT_EQ(table->size(), 3u);
+  EXPECT_EQ(table->nonzeros(), 2u);
+  const std::string path = TempPath("model.txt");
+  size_t nnz = 0;
+  ASSERT_TRUE(table->SaveText(path, &nnz).ok());
+  EXPECT_EQ(nnz, 2u);
+  EXPECT_EQ(ReadFile(path), "12\t-0.5 0\n40\t-1.5 2.5\n");
+  std::remove(path.c_str());
+}
+
+TEST(TableTest, FileErrorsNameThePathAndCarryCodes) {
+  auto table = MakeTable(PlainSgd(), 1);
+  const std::string bad_dir = TempPath("no_such_dir") + "/x.bin";
+  absl::Status s = table->SaveBinary(bad_dir, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find(bad_dir), std::string::npos) << s;
+  s = table->SaveText(bad_dir, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+
+  auto missing = Table::LoadBinary(TempPath("missing.bin"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("missing.bin"), std::string::npos);
+
+  const std::string garbage = TempPath("garbage.bin");
+  {
+    std::ofstream out(garbage, std::ios::binary);
+    out << "this is not a table file at all";
+  }
+  EXPECT_EQ(Table::LoadBinary(garbage).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // A valid file cut short by one byte.
+  const uint64_t keys[] = {1, 2};
+  const float g[] = {1, 2};
+  table->Push(0, keys, g, 1.0f);
+  const std::string good = TempPath("good.bin");
+  ASSERT_TRUE(table->SaveBinary(good, nullptr).ok());
+  std::string bytes = ReadFile(good);
+  {
+    std::ofstream out(garbage, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), bytes.size() - 1);
+  }
+  auto truncated = Table::LoadBinary(garbage);
+  EXPECT_EQ(truncated.status().code(), absl::StatusCode::kDataLoss)
+      << truncated.status();
+  // Another version.
+  bytes[4] = 9;
+  {
+    std::ofstream out(garbage, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), bytes.size());
+  }
+  EXPECT_EQ(Table::LoadBinary(garbage).status().code(),
+            absl::StatusCode::kUnimplemented);
+  std::remove(garbage.c_str());
+  std::remove(good.c_str());
+}
+
+TEST(GradAccumulatorTest, EqualsApplyingTheSummedGradient) {
+  TableSpec spec = PlainSgd(2);
+  spec.optimizer.name = "adagrad";
+  spec.optimizer.l1 = 0.01;
+  spec.optimizer.l2 = 0.1;
+  auto via_acc = MakeTable(spec, 2);
+  auto direct = MakeTable(spec, 2);
+
+  // Three workers' pushes for one clock (range 0 and 1), overlapping keys,
+  // in unsorted order within a worker.
+  const std::vector<uint64_t> w0_r0 = {5, 1}, w1_r0 = {1, 9}, w2_r1 = {50};
+  const std::vector<float> g0 = {0.1f, 0.2f, 0.3f, 0.4f};
+  const std::vector<float> g1 = {1.5f, -0.7f, 0.9f, 0.01f};
+  const std::vector<float> g2 = {-3.0f, 2.0f};
+  const std::vector<uint64_t> w0_r1 = {50};
+  const std::vector<float> g3 = {0.125f, 0.0625f};
+
+  GradAccumulator acc(2, 2);
+  acc.Add(0, w0_r0, g0.data());
+  acc.Add(1, w0_r1, g3.data());
+  acc.Add(0, w1_r0, g1.data());
+  acc.Add(1, w2_r1, g2.data());
+  EXPECT_EQ(acc.pending_keys(), 4u);
+  acc.ApplyTo(via_acc.get(), 1.0f / 3);
+  EXPECT_EQ(acc.pending_keys(), 0u);
+
+  // The same sums, in the same per-key order, pushed directly.
+  const uint64_t r0_keys[] = {1, 5, 9};
+  const float r0_sums[] = {0.3f + 1.5f, 0.4f + -0.7f, 0.1f, 0.2f,
+                           0.9f, 0.01f};
+  const uint64_t r1_keys[] = {50};
+  const float r1_sums[] = {0.125f + -3.0f, 0.0625f + 2.0f};
+  direct->Push(0, r0_keys, r0_sums, 1.0f / 3);
+  direct->Push(1, r1_keys, r1_sums, 1.0f / 3);
+  EXPECT_EQ(via_acc->Snapshot(), direct->Snapshot());
+
+  // A second clock reuses the cleared accumulator.
+  acc.Add(0, w1_r0, g1.data());
+  acc.ApplyTo(via_acc.get(), 1.0f);
+  direct->Push(0, {1, 9}, g1.data(), 1.0f);
+  EXPECT_EQ(via_acc->Snapshot(), direct->Snapshot());
+}
+
+TEST(GradAccumulatorTest, ResultIndependentOfKeyArrivalOrder) {
+  // Pushes whose keys arrive in different orders (but with the same
+  // per-key order of contributions) give bit-identical tables.
+  TableSpec spec = PlainSgd();
+  spec.optimizer.name = "ftrl";
+  auto a = MakeTable(spec, 1);
+  auto b = MakeTable(spec, 1);
+  GradAccumulator acc_a(1, 1), acc_b(1, 1);
+  const float ga[] = {0.1f, 0.7f, -0.3f};
+  const float gb[] = {0.2f, -0.9f};
+  acc_a.Add(0, {1, 2, 3}, ga);
+  acc_a.Add(0, {3, 1}, gb);
+  const float ga_rev[] = {-0.3f, 0.7f, 0.1f};
+  const float gb_rev[] = {-0.9f, 0.2f};
+  acc_b.Add(0, {3, 2, 1}, ga_rev);
+  acc_b.Add(0, {1, 3}, gb_rev);
+  acc_a.ApplyTo(a.get(), 0.5f);
+  acc_b.ApplyTo(b.get(), 0.5f);
+  EXPECT_EQ(a->Snapshot(), b->Snapshot());
+  EXPECT_EQ(a->size(), 3u);
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,422 @@
+#include "worker/data.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/hash.h"
+#include "gtest/gtest.h"
+#include "worker/metrics.h"
+
+namespace ps {
+namespace {
+
+std::string DataPath(const std::string& rel) {
+  return std::string(PS_SOURCE_DIR) + "/../shared/data/" + rel;
+}
+
+#define SKIP_IF_MISSING(path)                                   \
+  if (!FileSize(path).ok()) GTEST_SKIP() << "data set missing: " << (path)
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// Reads the whole reader in blocks of `block` rows.
+RowBlock ReadAll(RowReader* reader, size_t block = 1000) {
+  RowBlock all;
+  while (true) {
+    auto n = reader->Next(block, &all);
+    EXPECT_TRUE(n.ok()) << n.status();
+    if (!n.ok() || *n == 0) break;
+  }
+  return all;
+}
+
+void ExpectSameBlocks(const RowBlock& a, const RowBlock& b) {
+  EXPECT_EQ(a.row_ptr, b.row_ptr);
+  EXPECT_EQ(a.keys, b.keys);
+  EXPECT_EQ(a.vals, b.vals);
+  EXPECT_EQ(a.labels, b.labels);
+}
+
+TEST(RowBlock, AppendRowAndClear) {
+  RowBlock src;
+  src.keys = {1, 2, 3};
+  src.vals = {1, 2, 3};
+  src.row_ptr = {0, 2, 2, 3};
+  src.labels = {1, 0, 1};
+  RowBlock dst;
+  dst.AppendRow(src, 2);
+  dst.AppendRow(src, 1);
+  dst.AppendRow(src, 0);
+  EXPECT_EQ(dst.rows(), 3u);
+  EXPECT_EQ(dst.row_ptr, (std::vector<int64_t>{0, 1, 1, 3}));
+  EXPECT_EQ(dst.keys, (std::vector<uint64_t>{3, 1, 2}));
+  EXPECT_EQ(dst.labels, (std::vector<float>{1, 0, 1}));
+  dst.Clear();
+  EXPECT_EQ(dst.rows(), 0u);
+  EXPECT_EQ(dst.row_ptr, std::vector<int64_t>{0});
+}
+
+TEST(Libsvm, ParsesNormalAndEdgeLines) {
+  const std::string path = WriteTemp(
+      "edge.libsvm",
+      "+1 1:0.5 3:2\n"
+      "-1 2:1   \n"
+      "1 4:1\r\n"
+      "0\n"
+      "# only a comment\n"
+      "\n"
+      "   \t \n"
+      "1 qid:3 5:1 # trailing comment 6:1\n"
+      "-1\t7:-1.5e-1  8:+2\n"
+      "0.0 9:1");  // no final newline
+  auto reader = OpenLibsvm(path, 0, -1, false);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  RowBlock b = ReadAll(reader->get());
+  ASSERT_EQ(b.rows(), 7u);
+  EXPECT_EQ(b.labels, (std::vector<float>{1, 0, 1, 0, 1, 0, 0}));
+  EXPECT_EQ(b.row_ptr, (std::vector<int64_t>{0, 2, 3, 4, 4, 5, 7, 8}));
+  EXPECT_EQ(b.keys, (std::vector<uint64_t>{
+                        FeatureKey(1, 0), FeatureKey(3, 0), FeatureKey(2, 0),
+                        FeatureKey(4, 0), FeatureKey(5, 0), FeatureKey(7, 0),
+                        FeatureKey(8, 0), FeatureKey(9, 0)}));
+  EXPECT_EQ(b.vals, (std::vector<float>{0.5f, 2, 1, 1, 1, -0.15f, 2, 1}));
+  const ReadStats& s = (*reader)->stats();
+  EXPECT_EQ(s.lines, 10);
+  EXPECT_EQ(s.rows, 7);
+  EXPECT_EQ(s.skipped, 0);
+
+  // Reset rewinds and zeroes the stats.
+  ASSERT_TRUE((*reader)->Reset().ok());
+  EXPECT_EQ((*reader)->stats().rows, 0);
+  ExpectSameBlocks(ReadAll(reader->get(), 3), b);
+}
+
+TEST(Libsvm, MalformedLineNamesFileAndLine) {
+  const std::string path = WriteTemp(
+      "bad.libsvm", "1 1:1\n1 x:1\n1 2:abc\nfoo 1:1\n1 3:1\n1 4:nan\n1 5\n");
+  auto reader = OpenLibsvm(path, 0, -1, false);
+  ASSERT_TRUE(reader.ok());
+  RowBlock b;
+  auto n = (*reader)->Next(100, &b);
+  ASSERT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(n.status().message(), path + ":2: bad feature 'x:1'");
+  EXPECT_EQ(b.rows(), 1u);  // the good row before it stays
+  n = (*reader)->Next(100, &b);
+  EXPECT_EQ(n.status().message(), path + ":3: bad feature '2:abc'");
+  n = (*reader)->Next(100, &b);
+  EXPECT_EQ(n.status().message(), path + ":4: bad label 'foo'");
+  EXPECT_EQ(b.nnz(), 1u);  // nothing of the bad rows leaked in
+
+  auto skip = OpenLibsvm(path, 0, -1, true);
+  ASSERT_TRUE(skip.ok());
+  RowBlock all = ReadAll(skip->get());
+  EXPECT_EQ(all.rows(), 2u);
+  EXPECT_EQ(all.keys, (std::vector<uint64_t>{FeatureKey(1, 0), FeatureKey(3, 0)}));
+  EXPECT_EQ((*skip)->stats().skipped, 5);
+  EXPECT_EQ((*skip)->stats().rows, 2);
+  EXPECT_EQ((*skip)->stats().lines, 7);
+
+  // A shard not starting at 0 names the byte offset of the bad line.
+  auto shard = OpenLibsvm(path, 3, -1, false);  // starts at line 2 (byte 6)
+  ASSERT_TRUE(shard.ok());
+  RowBlock c;
+  n = (*shard)->Next(100, &c);
+  EXPECT_EQ(n.status().message(), path + ":byte 6: bad feature 'x:1'");
+}
+
+TEST(Libsvm, OpenErrors) {
+  const std::string missing = ::testing::TempDir() + "/no_such_file.libsvm";
+  auto r = OpenLibsvm(missing, 0, -1, false);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find(missing), std::string::npos);
+  EXPECT_EQ(FileSize(missing).status().code(), absl::StatusCode::kNotFound);
+  const std::string path = WriteTemp("x.libsvm", "1 1:1\n");
+  EXPECT_EQ(OpenLibsvm(path, -1, -1, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenLibsvm(path, 5, 4, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto size = FileSize(path);
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(*size, 6);
+  // A shard past the end is empty.
+  auto past = OpenLibsvm(path, 100, -1, false);
+  ASSERT_TRUE(past.ok());
+  EXPECT_EQ(ReadAll(past->get()).rows(), 0u);
+}
+
+// Every two-way split point of a small file with awkward lines.
+TEST(Libsvm, EveryTwoWaySplitCoversEachLineOnce) {
+  const std::string text = "1 1:1\n\n0 2:1\r\n1\n# c\n0 3:1 4:2\n1 5:1";
+  const std::string path = WriteTemp("split.libsvm", text);
+  auto whole = OpenLibsvm(path, 0, -1, false);
+  ASSERT_TRUE(whole.ok());
+  RowBlock expected = ReadAll(whole->get());
+  ASSERT_EQ(expected.rows(), 5u);
+  for (int64_t cut = 0; cut <= static_cast<int64_t>(text.size()) + 1; ++cut) {
+    auto a = OpenLibsvm(path, 0, cut, false);
+    auto b = OpenLibsvm(path, cut, -1, false);
+    ASSERT_TRUE(a.ok() && b.ok());
+    RowBlock got = ReadAll(a->get());
+    RowBlock tail = ReadAll(b->get());
+    for (size_t i = 0; i < tail.rows(); ++i) got.AppendRow(tail, i);
+    SCOPED_TRACE(cut);
+    ExpectSameBlocks(got, expected);
+  }
+}
+
+TEST(Libsvm, A9aShardsGiveTheSameRows) {
+  const std::string path = DataPath("a9a/a9a.train");
+  SKIP_IF_MISSING(path);
+  const int64_t size = *FileSize(path);
+  auto whole = OpenLibsvm(path, 0, -1, false);
+  ASSERT_TRUE(whole.ok());
+  RowBlock expected = ReadAll(whole->get(), 4096);
+  ASSERT_EQ(expected.rows(), 32561u);
+  EXPECT_EQ((*whole)->stats().rows, 32561);
+  for (int shards = 1; shards <= 7; ++shards) {
+    RowBlock got;
+    int64_t rows = 0;
+    for (int s = 0; s < shards; ++s) {
+      const int64_t begin = size * s / shards;
+      const int64_t end = s + 1 == shards ? -1 : size * (s + 1) / shards;
+      auto r = OpenLibsvm(path, begin, end, false);
+      ASSERT_TRUE(r.ok()) << r.status();
+      RowBlock part = ReadAll(r->get(), 777);
+      rows += (*r)->stats().rows;
+      for (size_t i = 0; i < part.rows(); ++i) got.AppendRow(part, i);
+    }
+    EXPECT_EQ(rows, 32561) << shards;
+    ExpectSameBlocks(got, expected);
+  }
+}
+
+TEST(Criteo, ParsesFieldsAndBuckets) {
+  // label, 13 integers, 26 categoricals.
+  std::string line = "1\t5\t\t-3\t2\t0\t1000";
+  for (int i = 6; i < 13; ++i) line += "\t";
+  line += "\tabc";
+  for (int j = 1; j < 26; ++j) line += "\t";
+  const std::string path = WriteTemp("c.tsv", line + "\r\n" + line + "\n");
+  auto r = OpenCriteo(path, 0, -1, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  RowBlock b = ReadAll(r->get());
+  ASSERT_EQ(b.rows(), 2u);
+  EXPECT_EQ(b.labels[0], 1.0f);
+  const std::vector<uint64_t> want = {
+      FeatureKey(2, 0),                        // floor(ln(5)^2) = 2
+      FeatureKey(static_cast<uint64_t>(-3), 2),  // negative: own bucket
+      FeatureKey(2, 3),                        // v <= 2 kept
+      FeatureKey(0, 4),
+      FeatureKey(47, 5),                       // floor(ln(1000)^2) = 47
+      FeatureKey(HashBytes("abc"), 13)};
+  EXPECT_EQ(std::vector<uint64_t>(b.keys.begin(), b.keys.begin() + 6), want);
+  EXPECT_EQ(b.row_ptr, (std::vector<int64_t>{0, 6, 12}));
+  EXPECT_EQ(b.vals, std::vector<float>(12, 1.0f));
+}
+
+TEST(Criteo, MalformedLines) {
+  const std::string good = "0" + std::string(39, '\t');
+  const std::string path = WriteTemp(
+      "cbad.tsv", good + "\n" + "0" + std::string(38, '\t') + "\n" +  // 39 fields
+                      "x" + std::string(39, '\t') + "\n" +               // bad label
+                      "0\t1.5" + std::string(38, '\t') + "\n" +          // bad integer
+                      good + "\t\n" + good + "\n");                      // 41 fields
+  auto r = OpenCriteo(path, 0, -1, false);
+  ASSERT_TRUE(r.ok());
+  RowBlock b;
+  auto n = (*r)->Next(100, &b);
+  EXPECT_EQ(n.status().message(), path + ":2: expected 40 tab-separated fields, got 39");
+  n = (*r)->Next(100, &b);
+  EXPECT_EQ(n.status().message(), path + ":3: bad label 'x'");
+  n = (*r)->Next(100, &b);
+  EXPECT_EQ(n.status().message(), path + ":4: bad integer '1.5' in field I1");
+  n = (*r)->Next(100, &b);
+  EXPECT_EQ(n.status().message(), path + ":5: expected 40 tab-separated fields, got 41");
+  auto skip = OpenCriteo(path, 0, -1, true);
+  ASSERT_TRUE(skip.ok());
+  EXPECT_EQ(ReadAll(skip->get()).rows(), 2u);
+  EXPECT_EQ((*skip)->stats().skipped, 4);
+}
+
+TEST(Criteo, ReadsCriteo10k) {
+  const std::string path = DataPath("criteo-10k/train.tsv");
+  SKIP_IF_MISSING(path);
+  auto r = OpenCriteo(path, 0, -1, false);
+  ASSERT_TRUE(r.ok());
+  RowBlock b = ReadAll(r->get());
+  ASSERT_EQ(b.rows(), 8000u);
+  int64_t max_nnz = 0, positives = 0;
+  for (size_t i = 0; i < b.rows(); ++i) {
+    max_nnz = std::max(max_nnz, b.row_ptr[i + 1] - b.row_ptr[i]);
+    positives += b.labels[i] > 0.5f;
+  }
+  EXPECT_EQ(max_nnz, 39);
+  EXPECT_GT(positives, 500);   // ~25% clicks in Criteo
+  EXPECT_LT(positives, 4000);
+  // Sharded read gives the same rows.
+  const int64_t size = *FileSize(path);
+  RowBlock got;
+  for (int s = 0; s < 3; ++s) {
+    auto part = OpenCriteo(path, size * s / 3, s == 2 ? -1 : size * (s + 1) / 3, false);
+    ASSERT_TRUE(part.ok());
+    RowBlock p = ReadAll(part->get());
+    for (size_t i = 0; i < p.rows(); ++i) got.AppendRow(p, i);
+  }
+  ExpectSameBlocks(got, b);
+}
+
+SyntheticConfig SmallConfig() {
+  SyntheticConfig cfg;
+  cfg.features = 10000;
+  cfg.nnz_per_row = 20;
+  cfg.seed = 7;
+  return cfg;
+}
+
+TEST(Synthetic, DeterministicAndShardable) {
+  const SyntheticConfig cfg = SmallConfig();
+  auto a = OpenSynthetic(cfg, 0, 3000, false);
+  auto b = OpenSynthetic(cfg, 0, 3000, false);
+  ASSERT_TRUE(a.ok() && b.ok());
+  RowBlock ra = ReadAll(a->get(), 512);
+  ExpectSameBlocks(ra, ReadAll(b->get(), 1000));
+  ASSERT_EQ(ra.rows(), 3000u);
+  EXPECT_EQ((*a)->stats().rows, 3000);
+
+  RowBlock got;
+  const int64_t cuts[] = {0, 1, 1000, 2999, 3000};
+  for (int s = 0; s + 1 < 5; ++s) {
+    auto r = OpenSynthetic(cfg, cuts[s], cuts[s + 1], false);
+    ASSERT_TRUE(r.ok());
+    RowBlock p = ReadAll(r->get(), 333);
+    for (size_t i = 0; i < p.rows(); ++i) got.AppendRow(p, i);
+  }
+  ExpectSameBlocks(got, ra);
+
+  // Reset replays; the test stream and another seed differ.
+  ASSERT_TRUE((*a)->Reset().ok());
+  ExpectSameBlocks(ReadAll(a->get()), ra);
+  auto t = OpenSynthetic(cfg, 0, 3000, true);
+  ASSERT_TRUE(t.ok());
+  EXPECT_NE(ReadAll(t->get()).keys, ra.keys);
+  SyntheticConfig other = cfg;
+  other.seed = 8;
+  auto o = OpenSynthetic(other, 0, 3000, false);
+  ASSERT_TRUE(o.ok());
+  EXPECT_NE(ReadAll(o->get()).keys, ra.keys);
+}
+
+TEST(Synthetic, RowsHaveDistinctPowerLawFeaturesAndSaneLabels) {
+  SyntheticConfig cfg;  // defaults
+  auto r = OpenSynthetic(cfg, 0, 20000, false);
+  ASSERT_TRUE(r.ok());
+  RowBlock b = ReadAll(r->get(), 4096);
+  ASSERT_EQ(b.rows(), 20000u);
+  std::unordered_map<uint64_t, int64_t> id_of;
+  for (int64_t f = 0; f < cfg.features; ++f) id_of[FeatureKey(f, 0)] = f;
+  std::vector<int64_t> count(cfg.features, 0);
+  std::vector<float> prob(b.rows());
+  int64_t positives = 0;
+  for (size_t i = 0; i < b.rows(); ++i) {
+    ASSERT_EQ(b.row_ptr[i + 1] - b.row_ptr[i], cfg.nnz_per_row);
+    std::unordered_set<uint64_t> seen;
+    double margin = 0;
+    for (int64_t k = b.row_ptr[i]; k < b.row_ptr[i + 1]; ++k) {
+      ASSERT_TRUE(seen.insert(b.keys[k]).second) << "duplicate key in row " << i;
+      ASSERT_EQ(b.vals[k], 1.0f);
+      auto it = id_of.find(b.keys[k]);
+      ASSERT_NE(it, id_of.end());
+      ++count[it->second];
+      margin += SyntheticTrueWeight(cfg, it->second);
+    }
+    prob[i] = static_cast<float>(1.0 / (1.0 + std::exp(-margin)));
+    positives += b.labels[i] > 0.5f;
+  }
+  const double pos_share = static_cast<double>(positives) / b.rows();
+  EXPECT_GT(pos_share, 0.3);
+  EXPECT_LT(pos_share, 0.7);
+  // Power law: low ids far more popular than high ones.
+  EXPECT_GT(count[0], 10 * (count[5000] + 1));
+  EXPECT_GT(count[10], count[1000]);
+  // About true_sparsity of the features carry weight.
+  int nonzero = 0;
+  for (int64_t f = 0; f < cfg.features; ++f) nonzero += SyntheticTrueWeight(cfg, f) != 0;
+  EXPECT_NEAR(nonzero / static_cast<double>(cfg.features), cfg.true_sparsity, 0.01);
+  // The Bayes-optimal classifier's AUC is in the intended range.
+  const EvalMetrics m = Evaluate(prob, b.labels);
+  std::printf("synthetic defaults: positives %.3f, Bayes AUC %.4f, logloss %.4f\n",
+              pos_share, m.auc, m.logloss);
+  EXPECT_GT(m.auc, 0.8);
+  EXPECT_LT(m.auc, 0.92);
+}
+
+TEST(Synthetic, SmallFeatureSpaceAndNoise) {
+  SyntheticConfig cfg = SmallConfig();
+  cfg.features = 5;
+  cfg.nnz_per_row = 8;  // capped at 5 distinct
+  cfg.label_noise = 1.0;
+  auto r = OpenSynthetic(cfg, 0, 100, false);
+  ASSERT_TRUE(r.ok());
+  RowBlock b = ReadAll(r->get());
+  for (size_t i = 0; i < b.rows(); ++i) EXPECT_EQ(b.row_ptr[i + 1] - b.row_ptr[i], 5);
+}
+
+TEST(Synthetic, InvalidConfig) {
+  SyntheticConfig cfg = SmallConfig();
+  cfg.features = 0;
+  auto r = OpenSynthetic(cfg, 0, 10, false);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("features"), std::string::npos);
+  cfg = SmallConfig();
+  cfg.true_sparsity = 1.5;
+  EXPECT_EQ(OpenSynthetic(cfg, 0, 10, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  cfg = SmallConfig();
+  cfg.label_noise = -0.1;
+  EXPECT_EQ(OpenSynthetic(cfg, 0, 10, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenSynthetic(SmallConfig(), 10, 5, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenSynthetic(SmallConfig(), -1, 5, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Not a correctness test: prints parse throughput for information.
+TEST(ParseSpeed, PrintsMegabytesPerSecond) {
+  for (const char* rel : {"a9a/a9a.train", "news20-compsci/train.libsvm"}) {
+    const std::string path = DataPath(rel);
+    if (!FileSize(path).ok()) continue;
+    const double mb = static_cast<double>(*FileSize(path)) / (1 << 20);
+    auto r = OpenLibsvm(path, 0, -1, false);
+    ASSERT_TRUE(r.ok());
+    RowBlock block;
+    double best = 1e9;
+    for (int rep = 0; rep < 3; ++rep) {
+      ASSERT_TRUE((*r)->Reset().ok());
+      const auto t0 = std::chrono::steady_clock::now();
+      while (true) {
+        block.Clear();
+        auto n = (*r)->Next(4096, &block);
+        ASSERT_TRUE(n.ok());
+        if (*n == 0) break;
+      }
+      best = std::min(best, std::chrono::duration<double>(
+                                std::chrono::steady_clock::now() - t0).count());
+    }
+    std::printf("parse %s: %.1f MB in %.3f s = %.0f MB/s (%lld rows)\n", rel, mb,
+                best, mb / best, static_cast<long long>((*r)->stats().rows));
+  }
+}
+
+}  // namespace
+}  // namespace ps

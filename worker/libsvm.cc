@@ -1,0 +1,416 @@
+// Text readers: LIBSVM and Criteo TSV, over a chunked, sharded line source.
+//
+// Hot path: a 4 MiB buffer is filled with read(2); lines are string_views
+// into it; numbers are parsed with std::from_chars. Nothing is allocated per
+// line except on the error path.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+#include "common/status_macros.h"
+#include "worker/data.h"
+
+namespace ps {
+
+void RowBlock::Clear() {
+  row_ptr.assign(1, 0);
+  keys.clear();
+  vals.clear();
+  labels.clear();
+}
+
+void RowBlock::AppendRow(const RowBlock& src, size_t row) {
+  const int64_t b = src.row_ptr[row];
+  const int64_t e = src.row_ptr[row + 1];
+  keys.insert(keys.end(), src.keys.begin() + b, src.keys.begin() + e);
+  vals.insert(vals.end(), src.vals.begin() + b, src.vals.begin() + e);
+  labels.push_back(src.labels[row]);
+  row_ptr.push_back(static_cast<int64_t>(keys.size()));
+}
+
+namespace {
+
+absl::Status IoError(const std::string& what, const std::string& path, int err) {
+  std::string msg = absl::StrCat(path, ": ", what, ": ", std::strerror(err));
+  if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(msg);
+  return absl::UnavailableError(msg);
+}
+
+// The lines of one byte shard of a file (see OpenLibsvm for the rule).
+class LineSource {
+ public:
+  static constexpr size_t kChunk = 4 << 20;
+
+  LineSource(std::string path, int fd, int64_t begin, int64_t end)
+      : path_(std::move(path)), fd_(fd), begin_(begin), end_(end) {
+    buf_.resize(kChunk);
+  }
+  ~LineSource() { ::close(fd_); }
+  LineSource(const LineSource&) = delete;
+  LineSource& operator=(const LineSource&) = delete;
+
+  const std::string& path() const { return path_; }
+  int64_t begin() const { return begin_; }
+  // 1-based number of the last line returned (file-global iff begin() == 0).
+  int64_t line_number() const { return line_number_; }
+
+  // Positions at the first line starting at or after begin_.
+  absl::Status Rewind() {
+    pos_ = len_ = 0;
+    eof_ = done_ = false;
+    line_number_ = 0;
+    buf_offset_ = begin_ > 0 ? begin_ - 1 : 0;
+    if (::lseek(fd_, buf_offset_, SEEK_SET) < 0) {
+      return IoError("seek", path_, errno);
+    }
+    if (begin_ > 0) {
+      // Drop everything through the first '\n' at or after begin_-1: the
+      // line it ends started before begin_ and belongs to the previous shard.
+      while (true) {
+        const char* nl = static_cast<const char*>(
+            std::memchr(buf_.data() + pos_, '\n', len_ - pos_));
+        if (nl != nullptr) {
+          pos_ = nl - buf_.data() + 1;
+          break;
+        }
+        if (eof_) {
+          pos_ = len_;
+          break;
+        }
+        pos_ = len_;
+        PS_RETURN_IF_ERROR(Fill());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Sets *line (without "\n") and *offset (its first byte in the file).
+  // Returns false at the end of the shard.
+  absl::StatusOr<bool> NextLine(std::string_view* line, int64_t* offset) {
+    if (done_) return false;
+    while (true) {
+      const int64_t start = buf_offset_ + static_cast<int64_t>(pos_);
+      if (end_ >= 0 && start >= end_) break;
+      const char* nl = static_cast<const char*>(
+          std::memchr(buf_.data() + pos_, '\n', len_ - pos_));
+      if (nl != nullptr) {
+        *line = std::string_view(buf_.data() + pos_, nl - (buf_.data() + pos_));
+        *offset = start;
+        pos_ = nl - buf_.data() + 1;
+        ++line_number_;
+        return true;
+      }
+      if (eof_) {
+        if (pos_ == len_) break;
+        *line = std::string_view(buf_.data() + pos_, len_ - pos_);  // no final '\n'
+        *offset = start;
+        pos_ = len_;
+        ++line_number_;
+        return true;
+      }
+      PS_RETURN_IF_ERROR(Fill());
+    }
+    done_ = true;
+    return false;
+  }
+
+ private:
+  // Keeps the unread bytes [pos_, len_), moving them to the front (growing
+  // the buffer when a single line fills it), and reads more after them.
+  absl::Status Fill() {
+    if (pos_ > 0) {
+      std::memmove(buf_.data(), buf_.data() + pos_, len_ - pos_);
+      buf_offset_ += static_cast<int64_t>(pos_);
+      len_ -= pos_;
+      pos_ = 0;
+    }
+    if (len_ == buf_.size()) buf_.resize(buf_.size() * 2);
+    while (true) {
+      const ssize_t n = ::read(fd_, buf_.data() + len_, buf_.size() - len_);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return IoError("read", path_, errno);
+      }
+      if (n == 0) eof_ = true;
+      len_ += static_cast<size_t>(n);
+      return absl::OkStatus();
+    }
+  }
+
+  // Constant after construction.
+  const std::string path_;
+  const int fd_;
+  const int64_t begin_;
+  const int64_t end_;  // -1: end of file
+
+  std::vector<char> buf_;
+  size_t pos_ = 0;          // next unread byte in buf_
+  size_t len_ = 0;          // valid bytes in buf_
+  int64_t buf_offset_ = 0;  // file offset of buf_[0]
+  bool eof_ = false;
+  bool done_ = false;
+  int64_t line_number_ = 0;
+};
+
+enum class LineKind { kRow, kBlank, kBad };
+
+// A parse function appends one row to *out (returning kRow), returns kBlank
+// for a line that holds no row, or kBad with *reason set (and *out untouched).
+using ParseFn = LineKind (*)(std::string_view line, RowBlock* out,
+                             std::string* reason);
+
+inline bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+std::string Quote(std::string_view sv) {
+  constexpr size_t kMax = 64;
+  // absl::string_view is not std::string_view in this Abseil build.
+  const absl::string_view s(sv.data(), std::min(sv.size(), kMax));
+  return absl::StrCat("'", s, sv.size() > kMax ? "...'" : "'");
+}
+
+// Parses all of [b, e) as a finite float (an optional leading '+' allowed).
+inline bool ParseFloat(const char* b, const char* e, float* v) {
+  // Fast path for one digit ("1", "0"): one-hot data sets are mostly that.
+  if (e - b == 1 && *b >= '0' && *b <= '9') {
+    *v = static_cast<float>(*b - '0');
+    return true;
+  }
+  if (b < e && *b == '+') ++b;
+  if (b == e || *b == '+') return false;
+  auto [p, ec] = std::from_chars(b, e, *v);
+  return ec == std::errc() && p == e && std::isfinite(*v);
+}
+
+// Parses all of [b, e) as an integer (an optional leading '+' allowed).
+template <typename Int>
+inline bool ParseInt(const char* b, const char* e, Int* v) {
+  if (b < e && *b == '+') ++b;
+  if (b == e || *b == '+') return false;
+  auto [p, ec] = std::from_chars(b, e, *v);
+  return ec == std::errc() && p == e;
+}
+
+void Rollback(RowBlock* out, size_t nnz) {
+  out->keys.resize(nnz);
+  out->vals.resize(nnz);
+}
+
+LineKind ParseLibsvmLine(std::string_view line, RowBlock* out,
+                         std::string* reason) {
+  const char* p = line.data();
+  const char* e = p + line.size();
+  if (const void* hash = std::memchr(p, '#', line.size())) {
+    e = static_cast<const char*>(hash);
+  }
+  while (p < e && IsSpace(*p)) ++p;
+  if (p == e) return LineKind::kBlank;
+  const char* t = p;
+  while (p < e && !IsSpace(*p)) ++p;
+  float label;
+  if (!ParseFloat(t, p, &label)) {
+    *reason = absl::StrCat("bad label ", Quote(std::string_view(t, p - t)));
+    return LineKind::kBad;
+  }
+  const size_t nnz0 = out->keys.size();
+  while (true) {
+    while (p < e && IsSpace(*p)) ++p;
+    if (p == e) break;
+    t = p;
+    while (p < e && !IsSpace(*p)) ++p;
+    const std::string_view tok(t, p - t);
+    const char* colon = static_cast<const char*>(std::memchr(t, ':', p - t));
+    uint64_t idx;
+    float val;
+    if (colon == nullptr || !ParseInt(t, colon, &idx) ||
+        !ParseFloat(colon + 1, p, &val)) {
+      if (colon != nullptr && tok.substr(0, 4) == "qid:") continue;
+      Rollback(out, nnz0);
+      *reason = absl::StrCat("bad feature ", Quote(tok));
+      return LineKind::kBad;
+    }
+    out->keys.push_back(FeatureKey(idx, 0));
+    out->vals.push_back(val);
+  }
+  out->labels.push_back(label > 0 ? 1.0f : 0.0f);
+  out->row_ptr.push_back(static_cast<int64_t>(out->keys.size()));
+  return LineKind::kRow;
+}
+
+constexpr int kCriteoIntFields = 13;
+constexpr int kCriteoCatFields = 26;
+constexpr int kCriteoFields = 1 + kCriteoIntFields + kCriteoCatFields;
+
+LineKind ParseCriteoLine(std::string_view line, RowBlock* out,
+                         std::string* reason) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  if (line.empty()) return LineKind::kBlank;
+  const size_t nnz0 = out->keys.size();
+  const char* p = line.data();
+  const char* e = p + line.size();
+  float label = 0;
+  int field = 0;
+  while (true) {
+    const char* t = p;
+    const char* tab = static_cast<const char*>(std::memchr(p, '\t', e - p));
+    const char* fe = tab != nullptr ? tab : e;
+    if (field >= kCriteoFields) {
+      field = kCriteoFields + 1;
+      for (const char* q = fe; q < e; ++q) field += (*q == '\t');
+      break;
+    }
+    if (field == 0) {
+      int64_t y;
+      if (!ParseInt(t, fe, &y)) {
+        Rollback(out, nnz0);
+        *reason = absl::StrCat("bad label ", Quote(std::string_view(t, fe - t)));
+        return LineKind::kBad;
+      }
+      label = y > 0 ? 1.0f : 0.0f;
+    } else if (t < fe && field <= kCriteoIntFields) {
+      int64_t v;
+      if (!ParseInt(t, fe, &v)) {
+        Rollback(out, nnz0);
+        *reason = absl::StrCat("bad integer ", Quote(std::string_view(t, fe - t)),
+                               " in field I", field);
+        return LineKind::kBad;
+      }
+      int64_t bucket = v;
+      if (v > 2) {
+        const double l = std::log(static_cast<double>(v));
+        bucket = static_cast<int64_t>(std::floor(l * l));
+      }
+      out->keys.push_back(FeatureKey(static_cast<uint64_t>(bucket), field - 1));
+      out->vals.push_back(1.0f);
+    } else if (t < fe) {
+      const int j = field - 1 - kCriteoIntFields;
+      out->keys.push_back(FeatureKey(HashBytes(std::string_view(t, fe - t)),
+                                     kCriteoIntFields + j));
+      out->vals.push_back(1.0f);
+    }
+    ++field;
+    if (tab == nullptr) break;
+    p = tab + 1;
+  }
+  if (field != kCriteoFields) {
+    Rollback(out, nnz0);
+    *reason = absl::StrCat("expected ", kCriteoFields,
+                           " tab-separated fields, got ", field);
+    return LineKind::kBad;
+  }
+  out->labels.push_back(label);
+  out->row_ptr.push_back(static_cast<int64_t>(out->keys.size()));
+  return LineKind::kRow;
+}
+
+class TextReader final : public RowReader {
+ public:
+  TextReader(std::unique_ptr<LineSource> src, ParseFn parse, bool skip_malformed)
+      : src_(std::move(src)), parse_(parse), skip_malformed_(skip_malformed) {}
+
+  absl::StatusOr<size_t> Next(size_t max_rows, RowBlock* out) override {
+    size_t appended = 0;
+    std::string_view line;
+    int64_t offset = 0;
+    while (appended < max_rows) {
+      PS_ASSIGN_OR_RETURN(bool more, src_->NextLine(&line, &offset));
+      if (!more) break;
+      ++stats_.lines;
+      switch (parse_(line, out, &reason_)) {
+        case LineKind::kRow:
+          ++appended;
+          ++stats_.rows;
+          break;
+        case LineKind::kBlank:
+          break;
+        case LineKind::kBad:
+          if (skip_malformed_) {
+            ++stats_.skipped;
+            break;
+          }
+          return absl::InvalidArgumentError(
+              src_->begin() == 0
+                  ? absl::StrCat(src_->path(), ":", src_->line_number(), ": ",
+                                 reason_)
+                  : absl::StrCat(src_->path(), ":byte ", offset, ": ", reason_));
+      }
+    }
+    return appended;
+  }
+
+  absl::Status Reset() override {
+    stats_ = ReadStats();
+    return src_->Rewind();
+  }
+
+  const ReadStats& stats() const override { return stats_; }
+
+ private:
+  std::unique_ptr<LineSource> src_;
+  const ParseFn parse_;
+  const bool skip_malformed_;
+  ReadStats stats_;
+  std::string reason_;  // scratch for the error path
+};
+
+absl::StatusOr<std::unique_ptr<RowReader>> OpenText(const std::string& path,
+                                                    int64_t begin_byte,
+                                                    int64_t end_byte,
+                                                    bool skip_malformed,
+                                                    ParseFn parse) {
+  if (begin_byte < 0 || (end_byte != -1 && end_byte < begin_byte)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": bad byte range [", begin_byte, ", ", end_byte, ")"));
+  }
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return IoError("open", path, errno);
+  auto src = std::make_unique<LineSource>(path, fd, begin_byte, end_byte);
+  PS_RETURN_IF_ERROR(src->Rewind());
+  return std::unique_ptr<RowReader>(
+      std::make_unique<TextReader>(std::move(src), parse, skip_malformed));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RowReader>> OpenLibsvm(const std::string& path,
+                                                      int64_t begin_byte,
+                                                      int64_t end_byte,
+                                                      bool skip_malformed) {
+  return OpenText(path, begin_byte, end_byte, skip_malformed, &ParseLibsvmLine);
+}
+
+absl::StatusOr<std::unique_ptr<RowReader>> OpenCriteo(const std::string& path,
+                                                      int64_t begin_byte,
+                                                      int64_t end_byte,
+                                                      bool skip_malformed) {
+  return OpenText(path, begin_byte, end_byte, skip_malformed, &ParseCriteoLine);
+}
+
+absl::StatusOr<int64_t> FileSize(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return IoError("stat", path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  return static_cast<int64_t>(st.st_size);
+}
+
+}  // namespace ps

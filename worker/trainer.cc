@@ -1,0 +1,154 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace ps {
+
+uint64_t BiasKey() { return FeatureKey(0, 0xb1a5); }
+
+void BuildBatch(const RowBlock& block, size_t first, size_t last,
+                CsrBatch* batch) {
+  batch->Clear();
+  const int64_t nz_begin = block.row_ptr[first];
+  const int64_t nz_end = block.row_ptr[last];
+  const uint64_t bias = BiasKey();
+  batch->keys.assign(block.keys.begin() + nz_begin,
+                     block.keys.begin() + nz_end);
+  batch->keys.push_back(bias);
+  std::sort(batch->keys.begin(), batch->keys.end());
+  batch->keys.erase(std::unique(batch->keys.begin(), batch->keys.end()),
+                    batch->keys.end());
+  const auto col_of = [&](uint64_t k) {
+    return static_cast<uint32_t>(
+        std::lower_bound(batch->keys.begin(), batch->keys.end(), k) -
+        batch->keys.begin());
+  };
+  const uint32_t bias_col = col_of(bias);
+  batch->row_ptr.assign(1, 0);
+  batch->cols.reserve(nz_end - nz_begin + (last - first));
+  batch->vals.reserve(nz_end - nz_begin + (last - first));
+  for (size_t r = first; r < last; ++r) {
+    for (int64_t j = block.row_ptr[r]; j < block.row_ptr[r + 1]; ++j) {
+      batch->cols.push_back(col_of(block.keys[j]));
+      batch->vals.push_back(block.vals[j]);
+    }
+    batch->cols.push_back(bias_col);
+    batch->vals.push_back(1.0f);
+    batch->row_ptr.push_back(static_cast<int64_t>(batch->cols.size()));
+    batch->labels.push_back(block.labels[r]);
+  }
+}
+
+Trainer::Trainer(int worker_id, const JobConfig& config, KVWorker* kv,
+                 ComputeBackend* backend)
+    : worker_id_(worker_id), config_(config), kv_(kv), backend_(backend) {}
+
+absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
+  const TrainingConfig& tc = config_.training;
+  const absl::Time start = absl::Now();
+  absl::Time last_report = start;
+  absl::Time last_eval = start;
+  int64_t report_examples = 0;
+  double report_loss = 0, report_compute = 0, report_wait = 0;
+  RowBlock block;
+  CsrBatch batch;
+  std::vector<float> w, grad;
+  const absl::Duration timeout = absl::Seconds(600);
+  for (int epoch = 0; epoch < tc.epochs; ++epoch) {
+    if (epoch > 0) PS_RETURN_IF_ERROR(reader->Reset());
+    for (;;) {
+      block.Clear();
+      PS_ASSIGN_OR_RETURN(size_t n, reader->Next(tc.minibatch, &block));
+      if (n == 0) break;
+      BuildBatch(block, 0, block.rows(), &batch);
+
+      absl::Time t0 = absl::Now();
+      int64_t ts = kv_->Pull(0, batch.keys, &w);
+      PS_RETURN_IF_ERROR(kv_->Wait(ts, absl::Now() + timeout));
+      absl::Time t1 = absl::Now();
+      grad.assign(batch.keys.size(), 0.0f);
+      double loss = 0;
+      PS_RETURN_IF_ERROR(
+          backend_->LogisticGradient(batch, w, absl::MakeSpan(grad), &loss));
+      absl::Time t2 = absl::Now();
+      if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
+        absl::SleepFor((t2 - t1) * (tc.straggler_factor - 1.0));
+        t2 = absl::Now();
+      }
+      kv_->Push(0, batch.keys, grad, static_cast<int>(n));
+      kv_->Clock(static_cast<int>(n));
+
+      const double wait_s = absl::ToDoubleSeconds(t1 - t0);
+      const double compute_s = absl::ToDoubleSeconds(t2 - t1);
+      stats_.wait_seconds += wait_s;
+      stats_.compute_seconds += compute_s;
+      stats_.examples += n;
+      stats_.loss_sum += loss;
+      examples_.store(stats_.examples);
+      report_examples += n;
+      report_loss += loss;
+      report_compute += compute_s;
+      report_wait += wait_s;
+
+      const absl::Time now = absl::Now();
+      if (now - last_report >= absl::Seconds(tc.progress_interval_s)) {
+        const double secs = absl::ToDoubleSeconds(now - last_report);
+        const double busy = report_compute + report_wait;
+        PS_LOG_INFO(
+            "epoch {} clock {}: {:.0f} examples/s, train loss {:.4f}, "
+            "compute {:.0f}% / wait {:.0f}%",
+            epoch, kv_->clock(), report_examples / secs,
+            report_loss / std::max<int64_t>(1, report_examples),
+            busy > 0 ? 100 * report_compute / busy : 0,
+            busy > 0 ? 100 * report_wait / busy : 0);
+        last_report = now;
+        report_examples = 0;
+        report_loss = report_compute = report_wait = 0;
+      }
+      if (eval != nullptr && tc.eval_interval_s > 0 &&
+          now - last_eval >= absl::Seconds(tc.eval_interval_s)) {
+        PS_RETURN_IF_ERROR(eval->Reset());
+        PS_ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(eval));
+        proto::EvalPoint p;
+        p.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+        p.set_logloss(m.logloss);
+        p.set_auc(m.auc);
+        p.set_examples(stats_.examples);
+        stats_.curve.push_back(p);
+        last_eval = absl::Now();
+      }
+    }
+  }
+  stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EvalMetrics> Trainer::Evaluate(RowReader* reader) {
+  RowBlock block;
+  CsrBatch batch;
+  std::vector<float> w, prob, all_prob, all_labels;
+  for (;;) {
+    block.Clear();
+    PS_ASSIGN_OR_RETURN(size_t n, reader->Next(20000, &block));
+    if (n == 0) break;
+    BuildBatch(block, 0, block.rows(), &batch);
+    int64_t ts = kv_->Pull(0, batch.keys, &w);
+    PS_RETURN_IF_ERROR(kv_->Wait(ts, absl::Now() + absl::Seconds(600)));
+    prob.assign(batch.rows(), 0.0f);
+    PS_RETURN_IF_ERROR(
+        backend_->LogisticPredict(batch, w, absl::MakeSpan(prob)));
+    all_prob.insert(all_prob.end(), prob.begin(), prob.end());
+    all_labels.insert(all_labels.end(), batch.labels.begin(),
+                      batch.labels.end());
+  }
+  return ps::Evaluate(all_prob, all_labels);
+}
+
+}  // namespace ps

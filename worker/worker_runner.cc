@@ -1,0 +1,193 @@
+#include "worker/worker_runner.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/grpc_transport.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "kernels/backend.h"
+#include "worker/kv_worker.h"
+#include "worker/trainer.h"
+
+namespace ps {
+
+absl::StatusOr<std::unique_ptr<RowReader>> OpenTrainShard(
+    const JobConfig& config, const proto::DataShard& shard) {
+  const DataConfig& d = config.data;
+  if (d.format == "synthetic") {
+    return OpenSynthetic(d.synthetic, shard.row_begin(), shard.row_end(),
+                         /*test=*/false);
+  }
+  int64_t begin = shard.begin_byte(), end = shard.end_byte();
+  if (begin < 0) {  // cut here: the scheduler could not see the file
+    PS_ASSIGN_OR_RETURN(int64_t size, FileSize(shard.path()));
+    begin = size * shard.part() / shard.num_parts();
+    end = shard.part() + 1 == shard.num_parts()
+              ? -1
+              : size * (shard.part() + 1) / shard.num_parts();
+  }
+  if (d.format == "libsvm") {
+    return OpenLibsvm(shard.path(), begin, end, d.skip_malformed);
+  }
+  if (d.format == "criteo") {
+    return OpenCriteo(shard.path(), begin, end, d.skip_malformed);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("config field data.format: unknown format '", d.format,
+                   "'"));
+}
+
+absl::StatusOr<std::unique_ptr<RowReader>> OpenTestSet(
+    const JobConfig& config) {
+  const DataConfig& d = config.data;
+  if (d.format == "synthetic") {
+    if (d.synthetic.test_rows == 0) return std::unique_ptr<RowReader>();
+    return OpenSynthetic(d.synthetic, 0, d.synthetic.test_rows, /*test=*/true);
+  }
+  if (d.test.empty()) return std::unique_ptr<RowReader>();
+  if (d.format == "libsvm") return OpenLibsvm(d.test, 0, -1, d.skip_malformed);
+  if (d.format == "criteo") return OpenCriteo(d.test, 0, -1, d.skip_malformed);
+  return absl::InvalidArgumentError(
+      absl::StrCat("config field data.format: unknown format '", d.format,
+                   "'"));
+}
+
+absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
+                           ClientFactory* clients, SchedulerClient* scheduler) {
+  PS_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(view.job_config_yaml()));
+  const absl::Duration rpc = absl::Seconds(30);
+  proto::GetShardRequest sreq;
+  sreq.set_worker_id(worker_id);
+  PS_ASSIGN_OR_RETURN(proto::GetShardResponse shard,
+                      scheduler->GetShard(sreq, absl::Now() + rpc));
+  if (shard.train_size() == 0) {
+    return absl::InternalError("scheduler assigned no data shard");
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<RowReader> train,
+                      OpenTrainShard(config, shard.train(0)));
+  std::unique_ptr<RowReader> test;
+  if (worker_id == 0) {
+    PS_ASSIGN_OR_RETURN(test, OpenTestSet(config));
+  }
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<ComputeBackend> backend,
+      CreateBackend(config.training.backend, config.training.threads));
+
+  KVWorkerOptions ko;
+  ko.worker_id = worker_id;
+  ko.pull_wait = absl::Milliseconds(config.consistency.pull_timeout_ms);
+  ko.request_timeout = ko.pull_wait + absl::Seconds(30);
+  KVWorker kv(ko, view, clients, scheduler);
+  Trainer trainer(worker_id, config, &kv, backend.get());
+
+  // Heartbeats carry the clock and progress, for ps_status and failure
+  // detection.
+  absl::Notification stop;
+  std::thread heartbeat([&] {
+    const absl::Duration every = absl::Milliseconds(config.cluster.heartbeat_ms);
+    while (!stop.WaitForNotificationWithTimeout(every)) {
+      proto::HeartbeatRequest hb;
+      hb.set_role(proto::ROLE_WORKER);
+      hb.set_id(worker_id);
+      hb.set_clock(kv.clock());
+      hb.set_examples(trainer.examples_so_far());
+      auto r = scheduler->Heartbeat(hb, absl::Now() + every * 4);
+      if (!r.ok()) PS_LOG_DEBUG("heartbeat: {}", r.status().ToString());
+    }
+  });
+  auto finish = [&](absl::Status s) {
+    stop.Notify();
+    heartbeat.join();
+    return s;
+  };
+
+  PS_LOG_INFO("training: {} epochs, minibatch {}, backend {}",
+              config.training.epochs, config.training.minibatch,
+              backend->name());
+  absl::Status s = trainer.Train(train.get(), test.get());
+  if (s.ok()) s = kv.Finish(absl::Now() + absl::Seconds(600));
+  if (!s.ok()) return finish(s);
+  const TrainerStats& st = trainer.stats();
+  PS_LOG_INFO("trained {} examples in {:.2f}s (compute {:.2f}s, wait {:.2f}s)",
+              st.examples, st.wall_seconds, st.compute_seconds,
+              st.wait_seconds);
+
+  // Evaluate once every worker has pushed everything.
+  proto::BarrierRequest b;
+  b.set_name("trained");
+  b.set_role(proto::ROLE_WORKER);
+  b.set_id(worker_id);
+  s = scheduler->Barrier(b, absl::Now() + absl::Seconds(3600));
+  if (!s.ok()) return finish(s);
+
+  proto::WorkerDoneRequest done;
+  done.set_worker_id(worker_id);
+  done.set_compute_seconds(st.compute_seconds);
+  done.set_wait_seconds(st.wait_seconds);
+  done.set_examples(st.examples);
+  done.set_train_loss(st.examples > 0 ? st.loss_sum / st.examples : 0);
+  done.set_wall_seconds(st.wall_seconds);
+  for (const auto& p : st.curve) *done.add_curve() = p;
+  if (test != nullptr) {
+    s = test->Reset();
+    if (!s.ok()) return finish(s);
+    auto m = trainer.Evaluate(test.get());
+    if (!m.ok()) return finish(m.status());
+    PS_LOG_INFO("test: AUC {:.4f}, log loss {:.4f}, accuracy {:.4f} ({} rows)",
+                m->auc, m->logloss, m->accuracy, m->n);
+    done.set_has_eval(true);
+    done.set_test_auc(m->auc);
+    done.set_test_logloss(m->logloss);
+    done.set_test_accuracy(m->accuracy);
+    done.set_test_rows(m->n);
+  }
+  s = scheduler->WorkerDone(done, absl::Now() + absl::Seconds(600));
+  return finish(s);
+}
+
+absl::Status RunWorker(const WorkerRunOptions& options) {
+  GrpcClientFactory clients(GrpcTransportOptions{TokenFromEnv(""), 2});
+  std::shared_ptr<SchedulerClient> scheduler =
+      clients.Scheduler(options.scheduler);
+  proto::RegisterRequest reg;
+  reg.set_role(proto::ROLE_WORKER);
+  reg.set_requested_id(options.requested_id);
+  const absl::Time deadline =
+      absl::Now() + absl::Milliseconds(options.register_timeout_ms);
+  absl::StatusOr<proto::RegisterResponse> r;
+  for (;;) {
+    r = scheduler->Register(reg, absl::Now() + absl::Seconds(5));
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
+        absl::Now() > deadline) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("register with scheduler ",
+                                     options.scheduler, ": ",
+                                     r.status().message()));
+  }
+  const int id = r->id();
+  InitLogging(absl::StrCat("W[", id, "]"));
+  proto::ClusterView view = r->view();
+  while (view.epoch() == 0) {
+    proto::GetViewRequest gv;
+    gv.set_wait_ms(1000);
+    auto v = scheduler->GetView(gv, absl::Now() + absl::Seconds(5));
+    if (v.ok() && v->ready()) view = v->view();
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError("cluster view never became ready");
+    }
+  }
+  auto config = ParseJobConfig(view.job_config_yaml());
+  if (config.ok()) {
+    InitLogging(absl::StrCat("W[", id, "]"), config->output.log_level);
+  }
+  return RunWorkerWith(id, view, &clients, scheduler.get());
+}
+
+}  // namespace ps
