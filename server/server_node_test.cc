@@ -1,1 +1,618 @@
+// Unit tests of ServerNode: no network, no threads, a FakeClock. Every
+// callback runs on the test thread (synchronously, or from the ClockTick /
+// Finish / Tick call that releases it), so the tests can check exactly when
+// a waiting pull is answered.
+#include "server/server_node.h"
 
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/bytes.h"
+#include "common/clock.h"
+#include "common/routing.h"
+#include "common/transport.h"
+#include "gtest/gtest.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+namespace {
+
+using absl::StatusCode;
+
+constexpr int kVnodes = 8;
+
+// A view with `servers` servers on a hash ring, `workers` workers and one
+// table {id 0, dim 1, sgd lr 1}, so a pushed gradient g over n examples
+// moves a fresh value to exactly -g/n.
+proto::ClusterView MakeView(int servers, int workers,
+                            proto::ConsistencyMode mode, int64_t tau = 0,
+                            int64_t epoch = 1) {
+  proto::ClusterView v;
+  v.set_epoch(epoch);
+  std::vector<int> ids;
+  for (int i = 0; i < servers; ++i) ids.push_back(i);
+  *v.mutable_routing() = BuildHashRing(ids, kVnodes, epoch);
+  for (int i = 0; i < servers; ++i) {
+    proto::NodeInfo* s = v.mutable_routing()->add_servers();
+    s->set_id(i);
+    s->set_role(proto::ROLE_SERVER);
+    s->set_address("inproc:server:" + std::to_string(i));
+    s->set_state(proto::NODE_ALIVE);
+  }
+  for (int i = 0; i < workers; ++i) {
+    proto::NodeInfo* w = v.add_workers();
+    w->set_id(i);
+    w->set_role(proto::ROLE_WORKER);
+    w->set_state(proto::NODE_ALIVE);
+  }
+  v.mutable_consistency()->set_mode(mode);
+  v.mutable_consistency()->set_tau(tau);
+  proto::TableConfig* t = v.add_tables();
+  t->set_id(0);
+  t->set_name("weights");
+  t->set_dim(1);
+  t->mutable_optimizer()->set_name("sgd");
+  t->mutable_optimizer()->set_learning_rate(1.0f);
+  return v;
+}
+
+std::string Keys(const std::vector<uint64_t>& k) {
+  std::string s;
+  PackTo<uint64_t>(&s, k);
+  return s;
+}
+
+std::string Vals(const std::vector<float>& v) {
+  std::string s;
+  PackTo<float>(&s, v);
+  return s;
+}
+
+proto::PushRequest MakePush(int worker, uint64_t seq, int64_t clock,
+                            const std::vector<uint64_t>& keys,
+                            const std::vector<float>& grads, int examples,
+                            int64_t epoch = 1) {
+  proto::PushRequest r;
+  r.set_worker_id(worker);
+  r.set_seq(seq);
+  r.set_clock(clock);
+  r.set_epoch(epoch);
+  r.set_table(0);
+  r.set_keys(Keys(keys));
+  r.set_vals(Vals(grads));
+  r.set_num_examples(examples);
+  return r;
+}
+
+proto::ClockRequest MakeClock(int worker, int64_t clock, int64_t pushes,
+                              int examples, uint64_t settled = 0) {
+  proto::ClockRequest r;
+  r.set_worker_id(worker);
+  r.set_clock(clock);
+  r.set_epoch(1);
+  r.set_pushes(pushes);
+  r.set_num_examples(examples);
+  r.set_settled_seq(settled);
+  return r;
+}
+
+proto::FinishRequest MakeFinish(int worker, int64_t final_clock) {
+  proto::FinishRequest r;
+  r.set_worker_id(worker);
+  r.set_final_clock(final_clock);
+  return r;
+}
+
+// Pushes and returns the status; the callback must run before Push returns
+// (nothing in a push waits).
+absl::Status PushNow(ServerNode* node, const proto::PushRequest& req,
+                     proto::PushResponse* resp = nullptr) {
+  proto::PushResponse local;
+  if (resp == nullptr) resp = &local;
+  bool called = false;
+  absl::Status out = absl::InternalError("done not called");
+  node->Push(req, resp, [&](const absl::Status& s) {
+    EXPECT_FALSE(called) << "done called twice";
+    called = true;
+    out = s;
+  });
+  EXPECT_TRUE(called) << "push did not answer synchronously";
+  return out;
+}
+
+// A pull whose answer may come later: request and response stay alive here
+// (the node requires that) until the test is over.
+struct PendingPull {
+  proto::PullRequest req;
+  proto::PullResponse resp;
+  int calls = 0;
+  absl::Status status = absl::InternalError("not answered");
+
+  bool done() const { return calls > 0; }
+  std::vector<float> values() const {
+    absl::Span<const float> v = ViewAs<float>(resp.vals());
+    return std::vector<float>(v.begin(), v.end());
+  }
+};
+
+std::unique_ptr<PendingPull> StartPull(ServerNode* node, int worker,
+                                       int64_t clock,
+                                       const std::vector<uint64_t>& keys,
+                                       int64_t wait_ms = 60000,
+                                       int64_t epoch = 1, int table = 0) {
+  auto p = std::make_unique<PendingPull>();
+  p->req.set_worker_id(worker);
+  p->req.set_clock(clock);
+  p->req.set_epoch(epoch);
+  p->req.set_table(table);
+  p->req.set_keys(Keys(keys));
+  p->req.set_wait_ms(wait_ms);
+  PendingPull* raw = p.get();
+  node->Pull(raw->req, &raw->resp, [raw](const absl::Status& s) {
+    ++raw->calls;
+    raw->status = s;
+  });
+  return p;
+}
+
+// Pulls keys that must be answered at once; returns their values.
+std::vector<float> PullNow(ServerNode* node, int worker, int64_t clock,
+                           const std::vector<uint64_t>& keys) {
+  auto p = StartPull(node, worker, clock, keys);
+  EXPECT_TRUE(p->done()) << "pull at clock " << clock << " waited";
+  EXPECT_TRUE(p->status.ok()) << p->status;
+  return p->values();
+}
+
+class ServerNodeTest : public ::testing::Test {
+ protected:
+  void Configure(int servers, int workers, proto::ConsistencyMode mode,
+                 int64_t tau = 0) {
+    ASSERT_TRUE(node_.Configure(0, MakeView(servers, workers, mode, tau)).ok());
+  }
+
+  FakeClock clock_;
+  ServerNode node_{&clock_};
+};
+
+TEST_F(ServerNodeTest, NotConfiguredIsUnavailable) {
+  EXPECT_EQ(PushNow(&node_, MakePush(0, 1, 0, {1}, {1}, 1)).code(),
+            StatusCode::kUnavailable);
+  auto p = StartPull(&node_, 0, 0, {1});
+  ASSERT_TRUE(p->done());
+  EXPECT_EQ(p->status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(node_.ClockTick(MakeClock(0, 0, 0, 1)).code(),
+            StatusCode::kUnavailable);
+  EXPECT_EQ(node_.Finish(MakeFinish(0, 1)).code(), StatusCode::kUnavailable);
+  proto::ConsistencyConfig c;
+  c.set_mode(proto::MODE_ASP);
+  EXPECT_EQ(node_.SetConsistency(c).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(node_.table(0), nullptr);
+  node_.Tick();  // harmless
+}
+
+TEST_F(ServerNodeTest, ConfigureRejectsMalformedView) {
+  proto::ClusterView v = MakeView(1, 1, proto::MODE_ASP);
+  v.clear_workers();
+  EXPECT_EQ(node_.Configure(0, v).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(node_.Configure(5, MakeView(1, 1, proto::MODE_ASP)).code(),
+            StatusCode::kInvalidArgument);
+  proto::ClusterView no_routing = MakeView(1, 1, proto::MODE_ASP);
+  no_routing.clear_routing();
+  EXPECT_EQ(node_.Configure(0, no_routing).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(node_.Configure(0, MakeView(1, 1, proto::MODE_ASP)).ok());
+}
+
+TEST_F(ServerNodeTest, PushThenPullGivesMinusGradOverExamples) {
+  Configure(1, 1, proto::MODE_ASP);
+  proto::PushResponse resp;
+  ASSERT_TRUE(
+      PushNow(&node_, MakePush(0, 1, 0, {3, 10, 99}, {3, -1, 8}, 2), &resp)
+          .ok());
+  EXPECT_FALSE(resp.duplicate());
+  EXPECT_EQ(PullNow(&node_, 0, 0, {3, 10, 42, 99}),
+            (std::vector<float>{-1.5f, 0.5f, 0.0f, -4.0f}));
+  // A key never pushed reads as 0 and is not stored.
+  EXPECT_EQ(node_.table(0)->size(), 3u);
+  EXPECT_EQ(node_.Status().pushes(), 1);
+}
+
+TEST_F(ServerNodeTest, ReplayedPushIsDuplicateAndChangesNothing) {
+  Configure(1, 1, proto::MODE_ASP);
+  const proto::PushRequest req = MakePush(0, 1, 0, {5}, {4}, 1);
+  proto::PushResponse first, second;
+  ASSERT_TRUE(PushNow(&node_, req, &first).ok());
+  EXPECT_FALSE(first.duplicate());
+  ASSERT_EQ(PullNow(&node_, 0, 0, {5}), std::vector<float>{-4.0f});
+
+  ASSERT_TRUE(PushNow(&node_, req, &second).ok());
+  EXPECT_TRUE(second.duplicate());
+  EXPECT_EQ(PullNow(&node_, 0, 0, {5}), std::vector<float>{-4.0f});
+  EXPECT_EQ(node_.Status().pushes(), 1);
+
+  // The next seq is a new push.
+  proto::PushResponse third;
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 2, 0, {5}, {1}, 1), &third).ok());
+  EXPECT_FALSE(third.duplicate());
+  EXPECT_EQ(PullNow(&node_, 0, 0, {5}), std::vector<float>{-5.0f});
+}
+
+TEST_F(ServerNodeTest, DedupIsPerWorker) {
+  Configure(1, 2, proto::MODE_ASP);
+  proto::PushResponse a, b;
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {5}, {1}, 1), &a).ok());
+  ASSERT_TRUE(PushNow(&node_, MakePush(1, 1, 0, {5}, {2}, 1), &b).ok());
+  EXPECT_FALSE(a.duplicate());
+  EXPECT_FALSE(b.duplicate());
+  EXPECT_EQ(PullNow(&node_, 0, 0, {5}), std::vector<float>{-3.0f});
+}
+
+TEST_F(ServerNodeTest, OutOfOrderSeqsAreEachAppliedOnce) {
+  Configure(1, 1, proto::MODE_ASP);
+  for (uint64_t seq : {3, 1, 2}) {
+    proto::PushResponse r;
+    ASSERT_TRUE(PushNow(&node_, MakePush(0, seq, 0, {7}, {1}, 1), &r).ok());
+    EXPECT_FALSE(r.duplicate()) << seq;
+  }
+  for (uint64_t seq : {1, 2, 3}) {
+    proto::PushResponse r;
+    ASSERT_TRUE(PushNow(&node_, MakePush(0, seq, 0, {7}, {1}, 1), &r).ok());
+    EXPECT_TRUE(r.duplicate()) << seq;
+  }
+  EXPECT_EQ(PullNow(&node_, 0, 0, {7}), std::vector<float>{-3.0f});
+}
+
+TEST_F(ServerNodeTest, MalformedRequestsAreInvalidArgument) {
+  Configure(1, 1, proto::MODE_ASP);
+  auto expect_push = [&](proto::PushRequest r, const char* what) {
+    EXPECT_EQ(PushNow(&node_, r).code(), StatusCode::kInvalidArgument)
+        << what;
+  };
+  proto::PushRequest r = MakePush(0, 1, 0, {1, 2}, {1, 1}, 1);
+  r.mutable_keys()->resize(15);
+  expect_push(r, "keys not a multiple of 8");
+  expect_push(MakePush(0, 1, 0, {5, 3}, {1, 1}, 1), "unsorted keys");
+  expect_push(MakePush(0, 1, 0, {3, 3}, {1, 1}, 1), "repeated keys");
+  expect_push(MakePush(0, 1, 0, {1, 2}, {1}, 1), "too few vals");
+  expect_push(MakePush(0, 1, 0, {1, 2}, {1, 1, 1}, 1), "too many vals");
+  r = MakePush(0, 1, 0, {1, 2}, {1, 1}, 1);
+  r.mutable_vals()->resize(7);
+  expect_push(r, "vals not a multiple of 4");
+  r = MakePush(0, 1, 0, {1}, {1}, 1);
+  r.set_table(1);
+  expect_push(r, "unknown table");
+  r.set_table(-1);
+  expect_push(r, "negative table");
+  expect_push(MakePush(1, 1, 0, {1}, {1}, 1), "unknown worker");
+  expect_push(MakePush(-1, 1, 0, {1}, {1}, 1), "negative worker");
+  expect_push(MakePush(0, 1, -1, {1}, {1}, 1), "negative clock");
+
+  auto expect_pull = [&](std::unique_ptr<PendingPull> p, const char* what) {
+    ASSERT_TRUE(p->done()) << what;
+    EXPECT_EQ(p->status.code(), StatusCode::kInvalidArgument) << what;
+  };
+  expect_pull(StartPull(&node_, 0, 0, {5, 3}), "unsorted pull keys");
+  expect_pull(StartPull(&node_, 1, 0, {1}), "pull: unknown worker");
+  expect_pull(StartPull(&node_, 0, 0, {1}, 1000, 1, 3), "pull: unknown table");
+  {
+    auto p = std::make_unique<PendingPull>();
+    p->req.set_epoch(1);
+    p->req.set_keys(std::string(9, 'x'));
+    PendingPull* raw = p.get();
+    node_.Pull(raw->req, &raw->resp, [raw](const absl::Status& s) {
+      ++raw->calls;
+      raw->status = s;
+    });
+    expect_pull(std::move(p), "pull keys not a multiple of 8");
+  }
+
+  EXPECT_EQ(node_.ClockTick(MakeClock(3, 0, 0, 1)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(node_.ClockTick(MakeClock(0, -1, 0, 1)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(node_.ClockTick(MakeClock(0, 0, -2, 1)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(node_.Finish(MakeFinish(-4, 1)).code(),
+            StatusCode::kInvalidArgument);
+
+  // Nothing was applied, and no rejected push used up its seq.
+  EXPECT_EQ(node_.Status().pushes(), 0);
+  EXPECT_EQ(node_.table(0)->size(), 0u);
+  proto::PushResponse ok;
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {1}, {2}, 1), &ok).ok());
+  EXPECT_FALSE(ok.duplicate());
+  EXPECT_EQ(PullNow(&node_, 0, 0, {1}), std::vector<float>{-2.0f});
+}
+
+TEST_F(ServerNodeTest, WrongEpochIsStaleEpoch) {
+  Configure(1, 1, proto::MODE_ASP);
+  absl::Status s = PushNow(&node_, MakePush(0, 1, 0, {1}, {1}, 1, /*epoch=*/2));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("stale-epoch"), absl::string_view::npos) << s;
+  EXPECT_TRUE(IsStaleEpoch(s));
+  auto p = StartPull(&node_, 0, 0, {1}, 1000, /*epoch=*/0);
+  ASSERT_TRUE(p->done());
+  EXPECT_TRUE(IsStaleEpoch(p->status)) << p->status;
+  // The rejected push did not use up its seq.
+  proto::PushResponse r;
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {1}, {1}, 1), &r).ok());
+  EXPECT_FALSE(r.duplicate());
+}
+
+TEST_F(ServerNodeTest, KeyOfAnotherServerIsStaleEpoch) {
+  Configure(2, 1, proto::MODE_ASP);  // this node is server 0 of 2
+  auto routing = Routing::FromProto(MakeView(2, 1, proto::MODE_ASP).routing());
+  ASSERT_TRUE(routing.ok());
+  uint64_t mine = 0, theirs = 0;
+  bool have_mine = false, have_theirs = false;
+  for (uint64_t k = 1; !(have_mine && have_theirs); k += 0x0123456789abcdefULL) {
+    if (routing->ServerOf(k) == 0 && !have_mine) {
+      mine = k;
+      have_mine = true;
+    } else if (routing->ServerOf(k) == 1 && !have_theirs) {
+      theirs = k;
+      have_theirs = true;
+    }
+  }
+  std::vector<uint64_t> both = {std::min(mine, theirs), std::max(mine, theirs)};
+  absl::Status s = PushNow(&node_, MakePush(0, 1, 0, both, {1, 1}, 1));
+  EXPECT_TRUE(IsStaleEpoch(s)) << s;
+  auto p = StartPull(&node_, 0, 0, {theirs});
+  ASSERT_TRUE(p->done());
+  EXPECT_TRUE(IsStaleEpoch(p->status)) << p->status;
+  EXPECT_EQ(node_.table(0)->size(), 0u);
+  // Its own key is fine.
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {mine}, {1}, 1)).ok());
+  EXPECT_EQ(PullNow(&node_, 0, 0, {mine}), std::vector<float>{-1.0f});
+}
+
+TEST_F(ServerNodeTest, BspAppliesAClockOnlyWhenEveryWorkerCompletedIt) {
+  Configure(1, 2, proto::MODE_BSP);
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {1, 2}, {1, 2}, 1)).ok());
+  ASSERT_TRUE(PushNow(&node_, MakePush(1, 1, 0, {2, 3}, {6, 8}, 3)).ok());
+  // Pulls at clock 0 need nothing, and see nothing yet.
+  EXPECT_EQ(PullNow(&node_, 0, 0, {1, 2, 3}),
+            (std::vector<float>{0, 0, 0}));
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 1, 1)).ok());
+  EXPECT_EQ(PullNow(&node_, 1, 0, {1, 2, 3}),
+            (std::vector<float>{0, 0, 0}));
+  ASSERT_TRUE(node_.ClockTick(MakeClock(1, 0, 1, 3)).ok());
+  // Summed in worker order and divided by the clock's 1 + 3 examples.
+  EXPECT_EQ(PullNow(&node_, 0, 1, {1, 2, 3}),
+            (std::vector<float>{-0.25f, -2.0f, -2.0f}));
+  EXPECT_EQ(PullNow(&node_, 1, 1, {1, 2, 3}),
+            (std::vector<float>{-0.25f, -2.0f, -2.0f}));
+}
+
+TEST_F(ServerNodeTest, BspPullOfNextClockWaitsForEveryWorker) {
+  Configure(1, 2, proto::MODE_BSP);
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {4}, {2}, 2)).ok());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 1, 2)).ok());
+  auto p = StartPull(&node_, 0, 1, {4});
+  EXPECT_FALSE(p->done()) << "worker 1 has not completed clock 0";
+  node_.Tick();
+  EXPECT_FALSE(p->done());
+  ASSERT_TRUE(PushNow(&node_, MakePush(1, 1, 0, {4}, {6}, 2)).ok());
+  EXPECT_FALSE(p->done()) << "a push does not complete a clock";
+  ASSERT_TRUE(node_.ClockTick(MakeClock(1, 0, 1, 2)).ok());
+  ASSERT_TRUE(p->done());
+  EXPECT_EQ(p->calls, 1);
+  ASSERT_TRUE(p->status.ok()) << p->status;
+  EXPECT_EQ(p->values(), std::vector<float>{-2.0f});
+  // A replayed ClockTick is harmless.
+  EXPECT_TRUE(node_.ClockTick(MakeClock(1, 0, 1, 2)).ok());
+  EXPECT_EQ(PullNow(&node_, 1, 1, {4}), std::vector<float>{-2.0f});
+}
+
+TEST_F(ServerNodeTest, BspPushForACompletedClockIsRejected) {
+  Configure(1, 1, proto::MODE_BSP);
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());
+  absl::Status s = PushNow(&node_, MakePush(0, 1, 0, {4}, {2}, 2));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(IsStaleEpoch(s));
+  EXPECT_EQ(PullNow(&node_, 0, 1, {4}), std::vector<float>{0.0f});
+}
+
+TEST_F(ServerNodeTest, SspBoundsStalenessByTau) {
+  Configure(1, 2, proto::MODE_SSP, /*tau=*/1);
+  // SSP applies a push on arrival.
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {9}, {1}, 1)).ok());
+  EXPECT_EQ(PullNow(&node_, 1, 0, {9}), std::vector<float>{-1.0f});
+
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 1, 1)).ok());
+  // Worker 0 at clock 1 may run 1 ahead of worker 1 (still at 0).
+  EXPECT_EQ(PullNow(&node_, 0, 1, {9}), std::vector<float>{-1.0f});
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 1, 0, 1)).ok());
+  // At clock 2 it would be 2 ahead: waits.
+  auto p = StartPull(&node_, 0, 2, {9});
+  EXPECT_FALSE(p->done());
+  ASSERT_TRUE(PushNow(&node_, MakePush(1, 1, 0, {9}, {2}, 1)).ok());
+  EXPECT_FALSE(p->done());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(1, 0, 1, 1)).ok());
+  ASSERT_TRUE(p->done());
+  ASSERT_TRUE(p->status.ok()) << p->status;
+  EXPECT_EQ(p->values(), std::vector<float>{-3.0f});
+  EXPECT_EQ(node_.Status().worker_clocks(0), 2);
+  EXPECT_EQ(node_.Status().worker_clocks(1), 1);
+}
+
+TEST_F(ServerNodeTest, AspNeverWaits) {
+  Configure(1, 2, proto::MODE_ASP);
+  for (int c = 0; c < 5; ++c) {
+    ASSERT_TRUE(node_.ClockTick(MakeClock(0, c, 0, 1)).ok());
+  }
+  EXPECT_EQ(PullNow(&node_, 0, 5, {1}), std::vector<float>{0.0f});
+}
+
+TEST_F(ServerNodeTest, SetConsistencyChangesTauAndReleasesWaits) {
+  Configure(1, 2, proto::MODE_SSP, /*tau=*/0);
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());
+  auto p = StartPull(&node_, 0, 1, {1});
+  EXPECT_FALSE(p->done());
+  proto::ConsistencyConfig c;
+  c.set_mode(proto::MODE_SSP);
+  c.set_tau(1);
+  ASSERT_TRUE(node_.SetConsistency(c).ok());
+  ASSERT_TRUE(p->done());
+  EXPECT_TRUE(p->status.ok());
+  c.set_mode(proto::MODE_BSP);
+  EXPECT_EQ(node_.SetConsistency(c).code(), StatusCode::kFailedPrecondition);
+  c.set_mode(proto::MODE_UNKNOWN);
+  EXPECT_EQ(node_.SetConsistency(c).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(ServerNodeTest, TickExpiresAWaitingPullAfterItsWait) {
+  Configure(1, 2, proto::MODE_BSP);
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());
+  auto p = StartPull(&node_, 0, 1, {4}, /*wait_ms=*/1000);
+  node_.Tick();
+  EXPECT_FALSE(p->done());
+  clock_.Advance(absl::Milliseconds(999));
+  node_.Tick();
+  EXPECT_FALSE(p->done());
+  clock_.Advance(absl::Milliseconds(2));
+  node_.Tick();
+  ASSERT_TRUE(p->done());
+  EXPECT_EQ(p->calls, 1);
+  EXPECT_EQ(p->status.code(), StatusCode::kDeadlineExceeded);
+  // Answered once: a later clock does not call it again.
+  ASSERT_TRUE(node_.ClockTick(MakeClock(1, 0, 0, 1)).ok());
+  node_.Tick();
+  EXPECT_EQ(p->calls, 1);
+}
+
+TEST_F(ServerNodeTest, CancelAllAnswersWaitingPulls) {
+  Configure(1, 2, proto::MODE_BSP);
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());
+  auto p = StartPull(&node_, 0, 1, {4});
+  EXPECT_FALSE(p->done());
+  node_.CancelAll(absl::OkStatus());
+  ASSERT_TRUE(p->done());
+  EXPECT_FALSE(p->status.ok()) << "a cancelled pull must not look answered";
+}
+
+TEST_F(ServerNodeTest, FinishedWorkerReleasesOthersInBsp) {
+  Configure(1, 2, proto::MODE_BSP);
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {4}, {6}, 3)).ok());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 1, 3)).ok());
+  auto p = StartPull(&node_, 0, 1, {4});
+  EXPECT_FALSE(p->done());
+  // Worker 1 ran out of data before clock 0.
+  ASSERT_TRUE(node_.Finish(MakeFinish(1, 0)).ok());
+  ASSERT_TRUE(p->done());
+  ASSERT_TRUE(p->status.ok()) << p->status;
+  // Clock 0 was applied with worker 0's examples only.
+  EXPECT_EQ(p->values(), std::vector<float>{-2.0f});
+  // And later clocks do not wait for it either.
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 2, 1, {4}, {1}, 1)).ok());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 1, 1, 1)).ok());
+  EXPECT_EQ(PullNow(&node_, 0, 2, {4}), std::vector<float>{-3.0f});
+}
+
+TEST_F(ServerNodeTest, FinishWaitsForTheWorkersOwnClocks) {
+  Configure(1, 2, proto::MODE_BSP);
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());
+  auto p = StartPull(&node_, 0, 1, {4});
+  // Worker 1 says it did 1 clock, but its ClockTick has not arrived.
+  ASSERT_TRUE(node_.Finish(MakeFinish(1, 1)).ok());
+  EXPECT_FALSE(p->done());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(1, 0, 0, 1)).ok());
+  ASSERT_TRUE(p->done());
+  EXPECT_TRUE(p->status.ok());
+}
+
+TEST_F(ServerNodeTest, ClockWaitsForAllAnnouncedPushes) {
+  Configure(1, 1, proto::MODE_SSP, /*tau=*/0);
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {2}, {1}, 1)).ok());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, /*pushes=*/2, 2)).ok());
+  auto p = StartPull(&node_, 0, 1, {2});
+  EXPECT_FALSE(p->done()) << "the second push of clock 0 is missing";
+  EXPECT_EQ(node_.Status().worker_clocks(0), 0);
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 2, 0, {2}, {1}, 1)).ok());
+  ASSERT_TRUE(p->done());
+  ASSERT_TRUE(p->status.ok()) << p->status;
+  EXPECT_EQ(p->values(), std::vector<float>{-2.0f});
+  EXPECT_EQ(node_.Status().worker_clocks(0), 1);
+}
+
+TEST_F(ServerNodeTest, BspClockArrivingBeforeItsPushes) {
+  Configure(1, 1, proto::MODE_BSP);
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, /*pushes=*/2, 4)).ok());
+  auto p = StartPull(&node_, 0, 1, {2});
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 2, 0, {2}, {1}, 2)).ok());
+  EXPECT_FALSE(p->done());
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {2}, {3}, 2)).ok());
+  ASSERT_TRUE(p->done());
+  ASSERT_TRUE(p->status.ok()) << p->status;
+  EXPECT_EQ(p->values(), std::vector<float>{-1.0f});  // (1 + 3) / 4
+}
+
+TEST_F(ServerNodeTest, SettledSeqBoundsDedupState) {
+  Configure(1, 1, proto::MODE_ASP);
+  for (uint64_t seq : {1, 2, 5}) {
+    ASSERT_TRUE(PushNow(&node_, MakePush(0, seq, 0, {1}, {1}, 1)).ok());
+  }
+  // The worker says every seq <= 4 has its final answer (3 and 4 were
+  // rejected and resent under new seqs, say): the server forgets them.
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 3, 3, /*settled=*/4)).ok());
+  for (uint64_t seq : {1, 3, 4, 5}) {
+    proto::PushResponse r;
+    ASSERT_TRUE(PushNow(&node_, MakePush(0, seq, 1, {1}, {1}, 1), &r).ok());
+    EXPECT_TRUE(r.duplicate()) << "seq " << seq;
+  }
+  // A settled_seq below the watermark changes nothing.
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 1, 0, 1, /*settled=*/2)).ok());
+  proto::PushResponse r;
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 6, 2, {1}, {1}, 1), &r).ok());
+  EXPECT_FALSE(r.duplicate());
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 6, 2, {1}, {1}, 1), &r).ok());
+  EXPECT_TRUE(r.duplicate());
+  EXPECT_EQ(PullNow(&node_, 0, 2, {1}), std::vector<float>{-4.0f});
+  EXPECT_EQ(node_.Status().pushes(), 4);
+}
+
+TEST_F(ServerNodeTest, NewViewWithDeadWorkerReleasesBsp) {
+  Configure(1, 2, proto::MODE_BSP);
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {4}, {2}, 2)).ok());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 1, 2)).ok());
+  auto p = StartPull(&node_, 0, 1, {4});
+  EXPECT_FALSE(p->done());
+  proto::ClusterView v = MakeView(1, 2, proto::MODE_BSP, 0, /*epoch=*/2);
+  v.mutable_workers(1)->set_state(proto::NODE_DEAD);
+  ASSERT_TRUE(node_.Configure(0, v).ok());
+  EXPECT_EQ(node_.epoch(), 2);
+  ASSERT_TRUE(p->done());
+  // The pull was sliced with epoch 1; its wait was admitted before the
+  // change, so it is answered.
+  EXPECT_TRUE(p->status.ok()) << p->status;
+  EXPECT_EQ(p->values(), std::vector<float>{-1.0f});
+  // Requests with the old epoch are now stale.
+  EXPECT_TRUE(IsStaleEpoch(PushNow(&node_, MakePush(0, 2, 1, {4}, {1}, 1))));
+  // An older view is refused.
+  EXPECT_EQ(node_.Configure(0, MakeView(1, 2, proto::MODE_BSP)).code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ServerNodeTest, SaveModelWritesBinaryShard) {
+  Configure(1, 1, proto::MODE_ASP);
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {3, 8}, {1, 0}, 1)).ok());
+  const std::string dir = ::testing::TempDir() + "/server_node_test_model";
+  proto::ServerControlResponse resp;
+  ASSERT_TRUE(node_.SaveModel(dir, &resp).ok());
+  EXPECT_EQ(resp.keys(), 2);
+  EXPECT_EQ(resp.nonzeros(), 1);
+  auto loaded = Table::LoadBinary(dir + "/table-0.server-0.bin");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 2u);
+  EXPECT_EQ((*loaded)[0].first, 3u);
+  EXPECT_EQ((*loaded)[0].second, std::vector<float>{-1.0f});
+  EXPECT_EQ((*loaded)[1].second, std::vector<float>{0.0f});
+}
+
+}  // namespace
+}  // namespace ps

@@ -275,13 +275,13 @@ void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
 // ------------------------------------------------------------------- pull
 
 int64_t KVWorker::Pull(int table, absl::Span<const uint64_t> keys,
-                       std::vector<float>* out) {
+                       std::vector<float>* out, int64_t at_clock) {
   int64_t ts, clock;
   int dim = 0;
   {
     absl::MutexLock l(&mu_);
     ts = NewOp(1);
-    clock = clock_;
+    clock = at_clock >= 0 ? at_clock : clock_;
     if (table >= 0 && table < static_cast<int>(dims_.size())) {
       dim = dims_[table];
     }

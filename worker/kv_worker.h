@@ -69,9 +69,10 @@ class KVWorker {
   // Fetches the values of ascending, unique `keys` into *out (resized to
   // keys.size() * dim). *out must stay alive and untouched until Wait(ts)
   // returns. The servers answer when the consistency model allows a pull at
-  // this worker's current clock.
+  // `at_clock` (default: this worker's current clock). A prefetch for the
+  // next clock passes clock() + 1: it then waits as that clock's pull would.
   int64_t Pull(int table, absl::Span<const uint64_t> keys,
-               std::vector<float>* out);
+               std::vector<float>* out, int64_t at_clock = -1);
 
   // Blocks until operation `ts` is done: its status, the sticky error, or
   // DEADLINE_EXCEEDED.

@@ -57,73 +57,113 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
   absl::Time last_eval = start;
   int64_t report_examples = 0;
   double report_loss = 0, report_compute = 0, report_wait = 0;
-  RowBlock block;
-  CsrBatch batch;
-  std::vector<float> w, grad;
   const absl::Duration timeout = absl::Seconds(600);
-  for (int epoch = 0; epoch < tc.epochs; ++epoch) {
-    if (epoch > 0) PS_RETURN_IF_ERROR(reader->Reset());
+  // With a staleness bound of at least one clock, the pull of the next
+  // minibatch is sent before this one is computed (declared at the next
+  // clock, so the bound still holds); BSP cannot prefetch.
+  const bool prefetch = config_.EffectiveTau() != 0;
+
+  struct Slot {
+    CsrBatch batch;
+    std::vector<float> w;
+    int64_t ts = -1;
+    size_t rows = 0;
+  };
+  Slot slots[2];
+  RowBlock block;
+  int epoch = 0;
+  // Reads the next minibatch into `s`; false at the end of the last epoch.
+  auto next = [&](Slot* s) -> absl::StatusOr<bool> {
     for (;;) {
       block.Clear();
       PS_ASSIGN_OR_RETURN(size_t n, reader->Next(tc.minibatch, &block));
-      if (n == 0) break;
-      BuildBatch(block, 0, block.rows(), &batch);
-
-      absl::Time t0 = absl::Now();
-      int64_t ts = kv_->Pull(0, batch.keys, &w);
-      PS_RETURN_IF_ERROR(kv_->Wait(ts, absl::Now() + timeout));
-      absl::Time t1 = absl::Now();
-      grad.assign(batch.keys.size(), 0.0f);
-      double loss = 0;
-      PS_RETURN_IF_ERROR(
-          backend_->LogisticGradient(batch, w, absl::MakeSpan(grad), &loss));
-      absl::Time t2 = absl::Now();
-      if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
-        absl::SleepFor((t2 - t1) * (tc.straggler_factor - 1.0));
-        t2 = absl::Now();
+      if (n > 0) {
+        BuildBatch(block, 0, block.rows(), &s->batch);
+        s->rows = n;
+        return true;
       }
-      kv_->Push(0, batch.keys, grad, static_cast<int>(n));
-      kv_->Clock(static_cast<int>(n));
-
-      const double wait_s = absl::ToDoubleSeconds(t1 - t0);
-      const double compute_s = absl::ToDoubleSeconds(t2 - t1);
-      stats_.wait_seconds += wait_s;
-      stats_.compute_seconds += compute_s;
-      stats_.examples += n;
-      stats_.loss_sum += loss;
-      examples_.store(stats_.examples);
-      report_examples += n;
-      report_loss += loss;
-      report_compute += compute_s;
-      report_wait += wait_s;
-
-      const absl::Time now = absl::Now();
-      if (now - last_report >= absl::Seconds(tc.progress_interval_s)) {
-        const double secs = absl::ToDoubleSeconds(now - last_report);
-        const double busy = report_compute + report_wait;
-        PS_LOG_INFO(
-            "epoch {} clock {}: {:.0f} examples/s, train loss {:.4f}, "
-            "compute {:.0f}% / wait {:.0f}%",
-            epoch, kv_->clock(), report_examples / secs,
-            report_loss / std::max<int64_t>(1, report_examples),
-            busy > 0 ? 100 * report_compute / busy : 0,
-            busy > 0 ? 100 * report_wait / busy : 0);
-        last_report = now;
-        report_examples = 0;
-        report_loss = report_compute = report_wait = 0;
+      if (++epoch >= tc.epochs) return false;
+      PS_RETURN_IF_ERROR(reader->Reset());
+    }
+  };
+  std::vector<float> grad;
+  int cur = 0;
+  PS_ASSIGN_OR_RETURN(bool have, next(&slots[cur]));
+  if (have) slots[cur].ts = kv_->Pull(0, slots[cur].batch.keys, &slots[cur].w);
+  while (have) {
+    Slot& s = slots[cur];
+    Slot& n = slots[1 - cur];
+    absl::Time t0 = absl::Now();
+    PS_RETURN_IF_ERROR(kv_->Wait(s.ts, absl::Now() + timeout));
+    absl::Time t1 = absl::Now();
+    bool have_next = false;
+    if (prefetch) {
+      PS_ASSIGN_OR_RETURN(have_next, next(&n));
+      if (have_next) {
+        n.ts = kv_->Pull(0, n.batch.keys, &n.w, kv_->clock() + 1);
       }
-      if (eval != nullptr && tc.eval_interval_s > 0 &&
-          now - last_eval >= absl::Seconds(tc.eval_interval_s)) {
-        PS_RETURN_IF_ERROR(eval->Reset());
-        PS_ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(eval));
-        proto::EvalPoint p;
-        p.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
-        p.set_logloss(m.logloss);
-        p.set_auc(m.auc);
-        p.set_examples(stats_.examples);
-        stats_.curve.push_back(p);
-        last_eval = absl::Now();
-      }
+    }
+    absl::Time t2 = absl::Now();
+    grad.assign(s.batch.keys.size(), 0.0f);
+    double loss = 0;
+    PS_RETURN_IF_ERROR(
+        backend_->LogisticGradient(s.batch, s.w, absl::MakeSpan(grad), &loss));
+    absl::Time t3 = absl::Now();
+    if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
+      absl::SleepFor((t3 - t2) * (tc.straggler_factor - 1.0));
+      t3 = absl::Now();
+    }
+    kv_->Push(0, s.batch.keys, grad, static_cast<int>(s.rows));
+    kv_->Clock(static_cast<int>(s.rows));
+    if (!prefetch) {
+      PS_ASSIGN_OR_RETURN(have_next, next(&n));
+      if (have_next) n.ts = kv_->Pull(0, n.batch.keys, &n.w);
+    }
+
+    const double wait_s = absl::ToDoubleSeconds(t1 - t0);
+    const double compute_s = absl::ToDoubleSeconds(t3 - t1);  // data too
+    stats_.wait_seconds += wait_s;
+    stats_.compute_seconds += compute_s;
+    stats_.examples += s.rows;
+    stats_.loss_sum += loss;
+    examples_.store(stats_.examples);
+    report_examples += s.rows;
+    report_loss += loss;
+    report_compute += compute_s;
+    report_wait += wait_s;
+    cur = 1 - cur;
+    have = have_next;
+
+    const absl::Time now = absl::Now();
+    if (now - last_report >= absl::Seconds(tc.progress_interval_s)) {
+      const double secs = absl::ToDoubleSeconds(now - last_report);
+      const double busy = report_compute + report_wait;
+      PS_LOG_INFO(
+          "epoch {} clock {}: {:.0f} examples/s, train loss {:.4f}, "
+          "compute {:.0f}% / wait {:.0f}%",
+          std::min(epoch, tc.epochs - 1), kv_->clock(),
+          report_examples / secs,
+          report_loss / std::max<int64_t>(1, report_examples),
+          busy > 0 ? 100 * report_compute / busy : 0,
+          busy > 0 ? 100 * report_wait / busy : 0);
+      last_report = now;
+      report_examples = 0;
+      report_loss = report_compute = report_wait = 0;
+    }
+    if (eval != nullptr && tc.eval_interval_s > 0 &&
+        now - last_eval >= absl::Seconds(tc.eval_interval_s)) {
+      // Let the prefetched pull land first: Evaluate reuses the KVWorker.
+      if (have) PS_RETURN_IF_ERROR(kv_->Wait(slots[cur].ts, now + timeout));
+      PS_RETURN_IF_ERROR(eval->Reset());
+      PS_ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(eval));
+      proto::EvalPoint p;
+      p.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+      p.set_logloss(m.logloss);
+      p.set_auc(m.auc);
+      p.set_examples(stats_.examples);
+      stats_.curve.push_back(p);
+      last_eval = absl::Now();
+      if (have) slots[cur].ts = -1;  // already waited
     }
   }
   stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);

@@ -1,0 +1,903 @@
+// pushpull_bench: push/pull throughput and latency of the real system over
+// real gRPC on loopback, next to one iperf3 TCP stream on the same machine.
+//
+//   pushpull_bench [--cases=dense,latency,sparse] [--topologies=1x1,2x2]
+//                  [--seconds=1] [--inflight=4] [--csv=out.csv]
+//                  [--channels=2] [--client_grpc_args=name=v,...]
+//                  [--server_grpc_args=name=v,...] [--chunk_kib=0]
+//
+// Each server is a child process: this binary re-executed with --serve. The
+// child runs a ServerNode behind a ServerService on 127.0.0.1:0, writes
+// "PORT <n>" on stdout, reads its id and the ClusterView (built here:
+// BuildHashRing over S servers, W workers, one table of dim 1, ASP so pulls
+// never wait) from stdin, configures itself and answers "READY". It exits
+// when its stdin closes, so it never outlives the benchmark. The W workers
+// are threads of this process, each with its own KVWorker and its own
+// client factory (own TCP connections), as separate worker processes would.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "bench/tuned_transport.h"
+#include "common/grpc_transport.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "common/net.h"
+#include "common/routing.h"
+#include "common/status_macros.h"
+#include "server/server_node.h"
+#include "server/server_service.h"
+#include "worker/kv_worker.h"
+
+extern char** environ;
+
+ABSL_FLAG(bool, serve, false,
+          "internal: run as a benchmark server child (see the file comment)");
+ABSL_FLAG(std::string, cases, "dense,latency,sparse",
+          "comma list of: dense, latency, sparse");
+ABSL_FLAG(std::string, topologies, "1x1,2x2",
+          "comma list of SxW (servers x workers)");
+ABSL_FLAG(std::string, dense_mib, "1,4,16",
+          "dense request sizes, MiB of values per request");
+ABSL_FLAG(std::string, sparse_keys, "10000,100000,1000000",
+          "sparse request sizes, keys per request");
+ABSL_FLAG(int, inflight, 4, "requests in flight per worker (throughput)");
+ABSL_FLAG(double, seconds, 1.0, "measured seconds per throughput figure");
+ABSL_FLAG(double, warmup_seconds, 0.2, "unmeasured seconds before each");
+ABSL_FLAG(double, latency_seconds, 1.0, "seconds per latency figure");
+ABSL_FLAG(int, latency_kib, 4, "values per synchronous round trip, KiB");
+ABSL_FLAG(std::string, optimizer, "sgd", "server update rule: sgd or ftrl");
+ABSL_FLAG(int, channels, 2,
+          "gRPC channels (TCP connections) per server per worker");
+ABSL_FLAG(std::string, client_grpc_args, "",
+          "extra client channel args name=value,... (uses the benchmark's "
+          "copy of the gRPC client, bench/tuned_transport.h)");
+ABSL_FLAG(bool, tuned_client, false,
+          "use the benchmark's copy of the gRPC client even without args");
+ABSL_FLAG(std::string, server_grpc_args, "",
+          "extra server channel args name=value,...");
+ABSL_FLAG(int, chunk_kib, 0,
+          "split each dense/sparse request into KVWorker requests of at most "
+          "this many KiB of values, all in flight (0: no split)");
+ABSL_FLAG(bool, iperf, true, "measure one iperf3 loopback stream first");
+ABSL_FLAG(int, iperf_seconds, 3, "iperf3 -t");
+ABSL_FLAG(std::string, csv, "", "also write the results as CSV here");
+ABSL_FLAG(std::string, log_level, "warn", "log level of all processes");
+
+namespace ps::bench {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double SecondsSince(SteadyClock::time_point t0) {
+  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+}
+
+SteadyClock::time_point After(double seconds) {
+  return SteadyClock::now() +
+         std::chrono::duration_cast<SteadyClock::duration>(
+             std::chrono::duration<double>(seconds));
+}
+
+// ------------------------------------------------------------ pipe helpers
+
+absl::Status WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return absl::UnavailableError(absl::StrCat("write: ", strerror(errno)));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+// Blocking read of exactly n bytes; UNAVAILABLE on EOF.
+absl::Status ReadAll(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return absl::UnavailableError("end of input");
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+// One '\n'-terminated line from `fd`, waiting at most until `deadline`.
+absl::StatusOr<std::string> ReadLine(int fd, absl::Time deadline) {
+  std::string line;
+  for (;;) {
+    const int ms = static_cast<int>(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    pollfd p{fd, POLLIN, 0};
+    int rc = poll(&p, 1, ms);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) return absl::DeadlineExceededError("no line before deadline");
+    char c;
+    ssize_t r = read(fd, &c, 1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return absl::UnavailableError("child closed its output");
+    if (c == '\n') return line;
+    line.push_back(c);
+  }
+}
+
+// Spawns argv[0] with stdin/stdout connected to pipes (either may be null:
+// then /dev/null) and stderr inherited.
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, int* to_child,
+                            int* from_child) {
+  int in[2] = {-1, -1}, out[2] = {-1, -1};
+  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (to_child != nullptr) {
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  } else {
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  }
+  if (from_child != nullptr) {
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  } else {
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid;
+  int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  if (to_child != nullptr) *to_child = in[1]; else close(in[1]);
+  if (from_child != nullptr) *from_child = out[0]; else close(out[0]);
+  if (rc != 0) {
+    if (to_child != nullptr) close(*to_child);
+    if (from_child != nullptr) close(*from_child);
+    return absl::InternalError(absl::StrCat("spawn ", argv[0], ": ", strerror(rc)));
+  }
+  return pid;
+}
+
+// Waits for `pid` up to `timeout`, then kills it.
+void Reap(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (waitpid(pid, nullptr, WNOHANG) == pid) return;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+std::string SelfExe() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "pushpull_bench";
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// ------------------------------------------------------------ server child
+
+int ServeMain() {
+  InitLogging("S[?]", absl::GetFlag(FLAGS_log_level));
+  auto extra = ParseGrpcArgs(absl::GetFlag(FLAGS_server_grpc_args));
+  if (!extra.ok()) {
+    PS_LOG_ERROR("{}", extra.status().ToString());
+    return 2;
+  }
+  ServerNode node;
+  ServerService service(&node, /*token=*/"", nullptr);
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(&builder);
+  ApplyGrpcArgs(*extra, &builder);
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::printf("ERROR cannot listen\n");
+    std::fflush(stdout);
+    return 1;
+  }
+  std::printf("PORT %d\n", port);
+  std::fflush(stdout);
+
+  // Bootstrap: int32 id, uint32 length, serialized ClusterView. The read
+  // has no deadline on purpose: the parent closing the pipe (or dying) ends
+  // it.
+  int32_t id = -1;
+  uint32_t len = 0;
+  std::string bytes;
+  absl::Status s = ReadAll(0, &id, sizeof(id));
+  if (s.ok()) s = ReadAll(0, &len, sizeof(len));
+  if (s.ok()) {
+    bytes.resize(len);
+    s = ReadAll(0, bytes.data(), len);
+  }
+  proto::ClusterView view;
+  if (s.ok() && !view.ParseFromString(bytes)) {
+    s = absl::InvalidArgumentError("unparsable view");
+  }
+  if (s.ok()) s = node.Configure(id, view);
+  if (!s.ok()) {
+    std::printf("ERROR %s\n", s.ToString().c_str());
+    std::fflush(stdout);
+    server->Shutdown();
+    return 1;
+  }
+  InitLogging(absl::StrCat("S[", id, "]"), absl::GetFlag(FLAGS_log_level));
+  std::printf("READY\n");
+  std::fflush(stdout);
+
+  absl::Notification stop;
+  std::thread ticker([&] {
+    while (!stop.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+      node.Tick();
+    }
+  });
+  for (;;) {
+    char c;
+    const ssize_t r = read(0, &c, 1);
+    if (r == 0 || (r < 0 && errno != EINTR)) break;
+  }
+  stop.Notify();
+  ticker.join();
+  node.CancelAll(absl::CancelledError("benchmark over"));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return 0;
+}
+
+// One server child, seen from the parent.
+class ServerProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
+      const std::vector<std::string>& argv) {
+    auto p = std::unique_ptr<ServerProcess>(new ServerProcess);
+    PS_ASSIGN_OR_RETURN(p->pid_, Spawn(argv, &p->to_child_, &p->from_child_));
+    PS_ASSIGN_OR_RETURN(std::string line,
+                        ReadLine(p->from_child_, absl::Now() + absl::Seconds(20)));
+    if (!absl::StartsWith(line, "PORT ") ||
+        !absl::SimpleAtoi(line.substr(5), &p->port_)) {
+      return absl::InternalError(absl::StrCat("server child said: ", line));
+    }
+    return p;
+  }
+
+  ~ServerProcess() {
+    if (to_child_ >= 0) close(to_child_);  // the child's signal to exit
+    if (from_child_ >= 0) close(from_child_);
+    if (pid_ > 0) Reap(pid_, absl::Seconds(5));
+  }
+
+  int port() const { return port_; }
+
+  absl::Status Configure(int32_t id, const proto::ClusterView& view) {
+    const std::string bytes = view.SerializeAsString();
+    const uint32_t len = static_cast<uint32_t>(bytes.size());
+    PS_RETURN_IF_ERROR(WriteAll(to_child_, &id, sizeof(id)));
+    PS_RETURN_IF_ERROR(WriteAll(to_child_, &len, sizeof(len)));
+    PS_RETURN_IF_ERROR(WriteAll(to_child_, bytes.data(), bytes.size()));
+    PS_ASSIGN_OR_RETURN(std::string line,
+                        ReadLine(from_child_, absl::Now() + absl::Seconds(20)));
+    if (line != "READY") {
+      return absl::InternalError(absl::StrCat("server ", id, " said: ", line));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  ServerProcess() = default;
+  pid_t pid_ = -1;
+  int to_child_ = -1;
+  int from_child_ = -1;
+  int port_ = 0;
+};
+
+// ------------------------------------------------------------------ iperf3
+
+// Bits per second of one default iperf3 TCP stream on loopback.
+absl::StatusOr<double> MeasureIperf(int seconds) {
+  PS_ASSIGN_OR_RETURN(int port, PickFreePort("127.0.0.1"));
+  const std::string p = absl::StrCat(port);
+  PS_ASSIGN_OR_RETURN(
+      pid_t server,
+      Spawn({"iperf3", "-s", "-1", "-p", p, "-B", "127.0.0.1"}, nullptr,
+            nullptr));
+  std::string json;
+  absl::Status result = absl::UnavailableError("iperf3 client never connected");
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    absl::SleepFor(absl::Milliseconds(100));
+    const std::string cmd = absl::StrCat("iperf3 -c 127.0.0.1 -p ", p, " -t ",
+                                         seconds, " -J 2>/dev/null");
+    FILE* f = popen(cmd.c_str(), "r");
+    if (f == nullptr) break;
+    json.clear();
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) json.append(buf, n);
+    pclose(f);
+    const size_t at = json.find("\"sum_received\"");
+    if (at == std::string::npos) continue;  // server not listening yet
+    const size_t bps = json.find("\"bits_per_second\"", at);
+    const size_t colon = bps == std::string::npos ? bps : json.find(':', bps);
+    if (colon == std::string::npos) {
+      result = absl::InternalError("iperf3 JSON without bits_per_second");
+      break;
+    }
+    Reap(server, absl::Seconds(5));
+    return std::strtod(json.c_str() + colon + 1, nullptr);
+  }
+  kill(server, SIGTERM);
+  Reap(server, absl::Seconds(2));
+  return result;
+}
+
+// ---------------------------------------------------------------- cluster
+
+struct Topology {
+  int servers = 1;
+  int workers = 1;
+  std::string name() const { return absl::StrCat(servers, "S", workers, "W"); }
+};
+
+proto::ClusterView MakeView(const Topology& t,
+                            const std::vector<std::string>& addresses) {
+  proto::ClusterView v;
+  v.set_epoch(1);
+  std::vector<int> ids;
+  for (int i = 0; i < t.servers; ++i) ids.push_back(i);
+  *v.mutable_routing() = BuildHashRing(ids, /*vnodes=*/64, v.epoch());
+  for (int i = 0; i < t.servers; ++i) {
+    proto::NodeInfo* s = v.mutable_routing()->add_servers();
+    s->set_id(i);
+    s->set_role(proto::ROLE_SERVER);
+    s->set_address(addresses[i]);
+    s->set_state(proto::NODE_ALIVE);
+  }
+  for (int i = 0; i < t.workers; ++i) {
+    proto::NodeInfo* w = v.add_workers();
+    w->set_id(i);
+    w->set_role(proto::ROLE_WORKER);
+    w->set_state(proto::NODE_ALIVE);
+  }
+  v.mutable_consistency()->set_mode(proto::MODE_ASP);
+  v.mutable_consistency()->set_tau(-1);
+  proto::TableConfig* table = v.add_tables();
+  table->set_id(0);
+  table->set_name("bench");
+  table->set_dim(1);
+  proto::OptimizerConfig* o = table->mutable_optimizer();
+  o->set_name(absl::GetFlag(FLAGS_optimizer));
+  o->set_learning_rate(0.01f);
+  o->set_alpha(0.1f);
+  o->set_beta(1.0f);
+  return v;
+}
+
+// Servers (children) plus W KVWorkers, alive for one topology.
+class Cluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(const Topology& t) {
+    auto c = std::unique_ptr<Cluster>(new Cluster);
+    const std::vector<std::string> argv = {
+        SelfExe(), "--serve",
+        absl::StrCat("--server_grpc_args=", absl::GetFlag(FLAGS_server_grpc_args)),
+        absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level))};
+    std::vector<std::string> addresses;
+    for (int i = 0; i < t.servers; ++i) {
+      PS_ASSIGN_OR_RETURN(auto s, ServerProcess::Start(argv));
+      addresses.push_back(absl::StrCat("127.0.0.1:", s->port()));
+      c->servers_.push_back(std::move(s));
+    }
+    const proto::ClusterView view = MakeView(t, addresses);
+    for (int i = 0; i < t.servers; ++i) {
+      PS_RETURN_IF_ERROR(c->servers_[i]->Configure(i, view));
+    }
+    PS_ASSIGN_OR_RETURN(auto extra,
+                        ParseGrpcArgs(absl::GetFlag(FLAGS_client_grpc_args)));
+    const bool tuned = absl::GetFlag(FLAGS_tuned_client) || !extra.empty();
+    const int channels = absl::GetFlag(FLAGS_channels);
+    for (int i = 0; i < t.workers; ++i) {
+      if (tuned) {
+        c->factories_.push_back(
+            std::make_unique<TunedClientFactory>(channels, extra));
+      } else {
+        c->factories_.push_back(std::make_unique<GrpcClientFactory>(
+            GrpcTransportOptions{"", channels}));
+      }
+      KVWorkerOptions o;
+      o.worker_id = i;
+      o.request_timeout = absl::Seconds(60);
+      c->workers_.push_back(std::make_unique<KVWorker>(
+          o, view, c->factories_.back().get(), &c->scheduler_));
+    }
+    return c;
+  }
+
+  ~Cluster() {
+    workers_.clear();  // before the servers go away
+    factories_.clear();
+    servers_.clear();
+  }
+
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  KVWorker* worker(int i) { return workers_[i].get(); }
+
+ private:
+  Cluster() = default;
+  std::vector<std::unique_ptr<ServerProcess>> servers_;
+  UnreachableScheduler scheduler_;
+  std::vector<std::unique_ptr<ClientFactory>> factories_;
+  std::vector<std::unique_ptr<KVWorker>> workers_;
+};
+
+// -------------------------------------------------------------- workloads
+
+constexpr int kTable = 0;
+
+// n "dense" keys: FeatureKey(0..n-1), ascending.
+std::vector<uint64_t> DenseKeys(size_t n) {
+  std::vector<uint64_t> k(n);
+  for (size_t i = 0; i < n; ++i) k[i] = FeatureKey(i);
+  std::sort(k.begin(), k.end());
+  return k;
+}
+
+// n random 64-bit keys, ascending and unique.
+std::vector<uint64_t> RandomKeys(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> k(n);
+  for (auto& x : k) x = rng();
+  std::sort(k.begin(), k.end());
+  k.erase(std::unique(k.begin(), k.end()), k.end());
+  return k;
+}
+
+struct Throughput {
+  int64_t requests = 0;  // whole requests (all chunks) completed
+  int64_t keys = 0;
+  double seconds = 0;
+};
+
+// Keeps `inflight` requests outstanding on `w` until `until`, rotating over
+// `sets`, then drains. Counts only what completed.
+absl::Status RunWindow(KVWorker* w, const std::vector<std::vector<uint64_t>>& sets,
+                       const std::vector<float>& vals, bool push,
+                       size_t chunk_keys, int inflight,
+                       SteadyClock::time_point until, Throughput* out) {
+  struct Slot {
+    std::vector<int64_t> ts;
+    std::vector<std::vector<float>> outs;  // pull destinations, per chunk
+    size_t keys = 0;
+  };
+  std::vector<Slot> slots(std::max(1, inflight));
+  const int window = static_cast<int>(slots.size());
+  auto issue = [&](Slot& s, const std::vector<uint64_t>& keys) {
+    s.ts.clear();
+    s.keys = keys.size();
+    const size_t step = chunk_keys > 0 ? chunk_keys : keys.size();
+    size_t c = 0;
+    for (size_t f = 0; f < keys.size(); f += step, ++c) {
+      const size_t n = std::min(step, keys.size() - f);
+      auto k = absl::MakeConstSpan(keys).subspan(f, n);
+      if (push) {
+        s.ts.push_back(w->Push(kTable, k, absl::MakeConstSpan(vals).subspan(f, n),
+                               /*num_examples=*/1));
+      } else {
+        if (s.outs.size() <= c) s.outs.resize(c + 1);
+        s.ts.push_back(w->Pull(kTable, k, &s.outs[c]));
+      }
+    }
+  };
+  auto finish = [&](Slot& s) -> absl::Status {
+    for (int64_t ts : s.ts) {
+      PS_RETURN_IF_ERROR(w->Wait(ts, absl::Now() + absl::Seconds(120)));
+    }
+    ++out->requests;
+    out->keys += static_cast<int64_t>(s.keys);
+    return absl::OkStatus();
+  };
+  int next = 0, pending = 0;
+  size_t k = 0;
+  while (SteadyClock::now() < until) {
+    Slot& s = slots[next];
+    if (pending == window) {
+      PS_RETURN_IF_ERROR(finish(s));
+      --pending;
+    }
+    issue(s, sets[k++ % sets.size()]);
+    ++pending;
+    next = (next + 1) % window;
+  }
+  for (int i = (next + window - pending) % window; pending > 0;
+       i = (i + 1) % window, --pending) {
+    PS_RETURN_IF_ERROR(finish(slots[i]));
+  }
+  return absl::OkStatus();
+}
+
+// Runs RunWindow on every worker at once (after a warm-up each); the figure
+// is the sum over workers divided by the time until the last one drained.
+absl::StatusOr<Throughput> MeasureThroughput(
+    Cluster* c, const std::vector<std::vector<std::vector<uint64_t>>>& sets,
+    const std::vector<float>& vals, bool push, size_t chunk_keys) {
+  const int nw = c->num_workers();
+  const int inflight = absl::GetFlag(FLAGS_inflight);
+  std::vector<Throughput> per(nw);
+  std::vector<absl::Status> status(nw);
+  std::vector<double> end(nw, 0);
+  absl::BlockingCounter ready(nw);
+  absl::Notification go;
+  SteadyClock::time_point t0, until;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < nw; ++i) {
+    threads.emplace_back([&, i] {
+      Throughput warm;
+      status[i] = RunWindow(c->worker(i), sets[i], vals, push, chunk_keys,
+                            inflight, After(absl::GetFlag(FLAGS_warmup_seconds)),
+                            &warm);
+      ready.DecrementCount();
+      if (!go.WaitForNotificationWithTimeout(absl::Seconds(300))) return;
+      if (!status[i].ok()) return;
+      status[i] = RunWindow(c->worker(i), sets[i], vals, push, chunk_keys,
+                            inflight, until, &per[i]);
+      end[i] = SecondsSince(t0);
+    });
+  }
+  ready.Wait();
+  t0 = SteadyClock::now();
+  until = After(absl::GetFlag(FLAGS_seconds));
+  go.Notify();
+  for (auto& t : threads) t.join();
+  Throughput total;
+  for (int i = 0; i < nw; ++i) {
+    PS_RETURN_IF_ERROR(status[i]);
+    total.requests += per[i].requests;
+    total.keys += per[i].keys;
+    total.seconds = std::max(total.seconds, end[i]);
+  }
+  return total;
+}
+
+struct Latency {
+  double p50_us = 0, p99_us = 0;
+  int64_t samples = 0;
+};
+
+// Every worker does one request, then Wait, in a loop; percentiles over all
+// samples.
+absl::StatusOr<Latency> MeasureLatency(Cluster* c,
+                                       const std::vector<uint64_t>& keys,
+                                       const std::vector<float>& vals,
+                                       bool push) {
+  const int nw = c->num_workers();
+  std::vector<std::vector<double>> samples(nw);
+  std::vector<absl::Status> status(nw);
+  std::vector<std::thread> threads;
+  const SteadyClock::time_point until =
+      After(absl::GetFlag(FLAGS_latency_seconds));
+  for (int i = 0; i < nw; ++i) {
+    threads.emplace_back([&, i] {
+      KVWorker* w = c->worker(i);
+      std::vector<float> out;
+      for (int it = 0;; ++it) {
+        const bool warm = it < 50;
+        if (!warm && SteadyClock::now() >= until) break;
+        const auto t = SteadyClock::now();
+        const int64_t ts = push ? w->Push(kTable, keys, vals, 1)
+                                : w->Pull(kTable, keys, &out);
+        status[i] = w->Wait(ts, absl::Now() + absl::Seconds(60));
+        if (!status[i].ok()) return;
+        if (!warm) samples[i].push_back(SecondsSince(t) * 1e6);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<double> all;
+  for (int i = 0; i < nw; ++i) {
+    PS_RETURN_IF_ERROR(status[i]);
+    all.insert(all.end(), samples[i].begin(), samples[i].end());
+  }
+  Latency l;
+  l.samples = static_cast<int64_t>(all.size());
+  if (all.empty()) return l;
+  std::sort(all.begin(), all.end());
+  l.p50_us = all[all.size() / 2];
+  l.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  return l;
+}
+
+// ------------------------------------------------------------------ report
+
+struct Row {
+  std::string topo, kase, op, size;
+  double req_per_s = 0, mkeys_per_s = 0, gbps_vals = 0, gbps_total = 0;
+  double p50_us = 0, p99_us = 0;
+  std::string ref;  // the ps-lite reference, where there is one
+};
+
+std::string Reference(const std::string& kase, const std::string& op,
+                      const std::string& size) {
+  if (kase == "dense" && size == "4MiB") return op == "push" ? "1.47x" : "1.00x";
+  if (kase == "dense" && size == "1MiB") return op == "push" ? "0.87x" : "0.66x";
+  if (kase == "latency" && op == "push" && size == "4KiB") return "178us";
+  if (kase == "sparse" && op == "push" && size == "100k") return "303Mkeys/s";
+  return "";
+}
+
+std::string KeysLabel(size_t n) {
+  if (n % 1000000 == 0) return absl::StrCat(n / 1000000, "M");
+  if (n % 1000 == 0) return absl::StrCat(n / 1000, "k");
+  return absl::StrCat(n);
+}
+
+void PrintTable(const std::vector<Row>& rows, double iperf_gbps) {
+  std::printf("\n%-6s %-8s %-5s %-6s %10s %11s %9s %9s %7s %7s %9s %9s %11s\n",
+              "topo", "case", "op", "size", "req/s", "Mkeys/s", "GB/s val",
+              "GB/s tot", "x iperf", "(tot)", "p50 us", "p99 us", "ps-lite");
+  for (const Row& r : rows) {
+    const bool lat = r.kase == "latency";
+    std::string ratio = "-", ratio_tot = "-";
+    if (iperf_gbps > 0 && !lat) {
+      ratio = absl::StrFormat("%.2f", r.gbps_vals / iperf_gbps);
+      ratio_tot = absl::StrFormat("%.2f", r.gbps_total / iperf_gbps);
+    }
+    std::printf(
+        "%-6s %-8s %-5s %-6s %10.1f %11.2f %9.3f %9.3f %7s %7s %9s %9s %11s\n",
+        r.topo.c_str(), r.kase.c_str(), r.op.c_str(), r.size.c_str(),
+        r.req_per_s, r.mkeys_per_s, r.gbps_vals, r.gbps_total, ratio.c_str(),
+        ratio_tot.c_str(), lat ? absl::StrFormat("%.0f", r.p50_us).c_str() : "-",
+        lat ? absl::StrFormat("%.0f", r.p99_us).c_str() : "-", r.ref.c_str());
+  }
+}
+
+absl::Status WriteCsv(const std::string& path, const std::vector<Row>& rows,
+                      double iperf_gbps) {
+  std::ofstream f(path);
+  if (!f) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  f << "topo,case,op,size,req_per_s,mkeys_per_s,gbps_vals,gbps_total,"
+       "ratio_vals_to_iperf,ratio_total_to_iperf,p50_us,p99_us,iperf_gbps,"
+       "reference\n";
+  for (const Row& r : rows) {
+    const double rv = iperf_gbps > 0 ? r.gbps_vals / iperf_gbps : 0;
+    const double rt = iperf_gbps > 0 ? r.gbps_total / iperf_gbps : 0;
+    f << absl::StrFormat("%s,%s,%s,%s,%.2f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%.1f,%.3f,%s\n",
+                         r.topo, r.kase, r.op, r.size, r.req_per_s,
+                         r.mkeys_per_s, r.gbps_vals, r.gbps_total, rv, rt,
+                         r.p50_us, r.p99_us, iperf_gbps, r.ref);
+  }
+  return f.good() ? absl::OkStatus()
+                  : absl::UnavailableError(absl::StrCat("writing ", path));
+}
+
+absl::StatusOr<std::vector<size_t>> ParseSizes(const std::string& flag,
+                                               const std::string& spec) {
+  std::vector<size_t> out;
+  for (absl::string_view p : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    size_t v;
+    if (!absl::SimpleAtoi(p, &v) || v == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": bad size ", p));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<Topology>> ParseTopologies(const std::string& spec) {
+  std::vector<Topology> out;
+  for (absl::string_view p : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    std::vector<std::string> sw = absl::StrSplit(p, 'x');
+    Topology t;
+    if (sw.size() != 2 || !absl::SimpleAtoi(sw[0], &t.servers) ||
+        !absl::SimpleAtoi(sw[1], &t.workers) || t.servers < 1 || t.workers < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--topologies: expected SxW, got ", p));
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+Row ThroughputRow(const Topology& t, const std::string& kase, bool push,
+                  const std::string& size, const Throughput& th) {
+  Row r;
+  r.topo = t.name();
+  r.kase = kase;
+  r.op = push ? "push" : "pull";
+  r.size = size;
+  const double s = std::max(th.seconds, 1e-9);
+  r.req_per_s = static_cast<double>(th.requests) / s;
+  r.mkeys_per_s = static_cast<double>(th.keys) / s / 1e6;
+  // dim 1: 4 value bytes and 8 key bytes per key.
+  r.gbps_vals = static_cast<double>(th.keys) * 4 / s / 1e9;
+  r.gbps_total = static_cast<double>(th.keys) * 12 / s / 1e9;
+  r.ref = Reference(kase, r.op, size);
+  return r;
+}
+
+absl::Status RunTopology(const Topology& t, const std::vector<std::string>& cases,
+                         std::vector<Row>* rows) {
+  PS_ASSIGN_OR_RETURN(auto cluster, Cluster::Start(t));
+  auto has = [&](const char* c) {
+    return std::find(cases.begin(), cases.end(), c) != cases.end();
+  };
+  const size_t chunk_keys =
+      static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib)) * 1024 / sizeof(float);
+  const int nw = t.workers;
+  std::vector<float> vals;
+  auto ensure_vals = [&](size_t n) {
+    if (vals.size() < n) vals.assign(n, 0.001f);
+  };
+
+  if (has("dense")) {
+    PS_ASSIGN_OR_RETURN(auto sizes,
+                        ParseSizes("dense_mib", absl::GetFlag(FLAGS_dense_mib)));
+    for (size_t mib : sizes) {
+      const size_t n = mib * (1 << 20) / sizeof(float);
+      // Every worker pushes and pulls the same dense block.
+      std::vector<std::vector<std::vector<uint64_t>>> sets(nw, {DenseKeys(n)});
+      ensure_vals(n);
+      for (bool push : {true, false}) {
+        PS_ASSIGN_OR_RETURN(Throughput th, MeasureThroughput(cluster.get(), sets,
+                                                             vals, push, chunk_keys));
+        rows->push_back(ThroughputRow(t, "dense", push, absl::StrCat(mib, "MiB"), th));
+        std::fprintf(stderr, "  %s dense %zu MiB %s: %.3f GB/s values\n",
+                     t.name().c_str(), mib, push ? "push" : "pull",
+                     rows->back().gbps_vals);
+      }
+    }
+  }
+  if (has("latency")) {
+    const size_t n = static_cast<size_t>(absl::GetFlag(FLAGS_latency_kib)) * 1024 /
+                     sizeof(float);
+    const std::vector<uint64_t> keys = DenseKeys(n);
+    ensure_vals(n);
+    const std::vector<float> v(vals.begin(), vals.begin() + n);
+    for (bool push : {true, false}) {
+      PS_ASSIGN_OR_RETURN(Latency l, MeasureLatency(cluster.get(), keys, v, push));
+      Row r;
+      r.topo = t.name();
+      r.kase = "latency";
+      r.op = push ? "push" : "pull";
+      r.size = absl::StrCat(absl::GetFlag(FLAGS_latency_kib), "KiB");
+      r.p50_us = l.p50_us;
+      r.p99_us = l.p99_us;
+      r.req_per_s = l.samples / absl::GetFlag(FLAGS_latency_seconds);
+      r.ref = Reference(r.kase, r.op, r.size);
+      rows->push_back(r);
+      std::fprintf(stderr, "  %s latency %s: p50 %.0f us\n", t.name().c_str(),
+                   r.op.c_str(), l.p50_us);
+    }
+  }
+  if (has("sparse")) {
+    PS_ASSIGN_OR_RETURN(auto sizes, ParseSizes("sparse_keys",
+                                               absl::GetFlag(FLAGS_sparse_keys)));
+    for (size_t n : sizes) {
+      // Two fixed random key sets per worker, alternated: the server's tables
+      // stay bounded however long the run.
+      std::vector<std::vector<std::vector<uint64_t>>> sets(nw);
+      for (int w = 0; w < nw; ++w) {
+        for (uint64_t s = 0; s < 2; ++s) {
+          sets[w].push_back(RandomKeys(n, (static_cast<uint64_t>(w) << 32) ^ (n * 2 + s)));
+        }
+      }
+      ensure_vals(n);
+      for (bool push : {true, false}) {
+        PS_ASSIGN_OR_RETURN(Throughput th, MeasureThroughput(cluster.get(), sets,
+                                                             vals, push, chunk_keys));
+        rows->push_back(ThroughputRow(t, "sparse", push, KeysLabel(n), th));
+        std::fprintf(stderr, "  %s sparse %s %s: %.2f M keys/s\n",
+                     t.name().c_str(), KeysLabel(n).c_str(),
+                     push ? "push" : "pull", rows->back().mkeys_per_s);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+int BenchMain() {
+  InitLogging("B", absl::GetFlag(FLAGS_log_level));
+  signal(SIGPIPE, SIG_IGN);
+  const std::vector<std::string> cases =
+      absl::StrSplit(absl::GetFlag(FLAGS_cases), ',', absl::SkipEmpty());
+  auto topologies = ParseTopologies(absl::GetFlag(FLAGS_topologies));
+  if (!topologies.ok()) {
+    std::fprintf(stderr, "%s\n", topologies.status().ToString().c_str());
+    return 2;
+  }
+  const auto t0 = SteadyClock::now();
+  double iperf_gbps = 0;
+  if (absl::GetFlag(FLAGS_iperf)) {
+    auto bps = MeasureIperf(absl::GetFlag(FLAGS_iperf_seconds));
+    if (bps.ok()) {
+      iperf_gbps = *bps / 8 / 1e9;
+      std::fprintf(stderr, "iperf3, one loopback stream: %.3f GB/s (%.2f Gbit/s)\n",
+                   iperf_gbps, *bps / 1e9);
+    } else {
+      std::fprintf(stderr, "iperf3 skipped: %s\n", bps.status().ToString().c_str());
+    }
+  }
+  std::vector<Row> rows;
+  for (const Topology& t : *topologies) {
+    std::fprintf(stderr, "%s: starting %d server processes, %d worker threads\n",
+                 t.name().c_str(), t.servers, t.workers);
+    absl::Status s = RunTopology(t, cases, &rows);
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s failed: %s\n", t.name().c_str(), s.ToString().c_str());
+      PrintTable(rows, iperf_gbps);
+      return 1;
+    }
+  }
+  std::printf("pushpull_bench: gRPC on loopback, %d request(s) in flight per "
+              "worker, %d channel(s) per server%s%s%s, optimizer %s\n",
+              absl::GetFlag(FLAGS_inflight), absl::GetFlag(FLAGS_channels),
+              absl::GetFlag(FLAGS_chunk_kib) > 0
+                  ? absl::StrCat(", chunks of ", absl::GetFlag(FLAGS_chunk_kib), " KiB").c_str()
+                  : "",
+              absl::GetFlag(FLAGS_client_grpc_args).empty()
+                  ? ""
+                  : absl::StrCat(", client args ", absl::GetFlag(FLAGS_client_grpc_args)).c_str(),
+              absl::GetFlag(FLAGS_server_grpc_args).empty()
+                  ? ""
+                  : absl::StrCat(", server args ", absl::GetFlag(FLAGS_server_grpc_args)).c_str(),
+              absl::GetFlag(FLAGS_optimizer).c_str());
+  std::printf("iperf3 one stream: %.3f GB/s; ratios below are GB/s over that "
+              "(val: values only, tot: keys + values)\n", iperf_gbps);
+  PrintTable(rows, iperf_gbps);
+  std::printf("total run time %.1f s\n", SecondsSince(t0));
+  const std::string csv = absl::GetFlag(FLAGS_csv);
+  if (!csv.empty()) {
+    absl::Status s = WriteCsv(csv, rows, iperf_gbps);
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_serve)) return ps::bench::ServeMain();
+  return ps::bench::BenchMain();
+}

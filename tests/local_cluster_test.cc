@@ -1,0 +1,267 @@
+// Whole jobs inside one process (LocalCluster): training quality in each
+// consistency mode on synthetic data, and exactly-once pushes under injected
+// faults. Also the fault-injecting decorator itself.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/bytes.h"
+#include "common/logging.h"
+#include "common/routing.h"
+#include "gtest/gtest.h"
+#include "tests/inproc_cluster.h"
+
+namespace ps {
+namespace {
+
+class LocalClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { InitLogging("T", "warn"); }
+};
+
+// Small synthetic job with the tuned optimizer settings.
+JobConfig SyntheticJob(Mode mode) {
+  JobConfig c;
+  c.cluster.num_servers = 2;
+  c.cluster.num_workers = 2;
+  c.cluster.virtual_nodes = 16;
+  c.consistency.mode = mode;
+  c.consistency.tau = 2;
+  c.consistency.pull_timeout_ms = 60000;
+  c.optimizer.name = "ftrl";
+  c.optimizer.alpha = 0.5;
+  c.optimizer.beta = 0.001;
+  c.optimizer.l1 = 0.001;
+  c.optimizer.l2 = 0.001;
+  c.data.format = "synthetic";
+  c.data.synthetic.train_rows = 50000;
+  c.data.synthetic.test_rows = 10000;
+  c.data.synthetic.features = 20000;
+  c.data.synthetic.seed = 7;
+  c.training.minibatch = 500;
+  c.training.epochs = 1;
+  c.training.progress_interval_s = 1000;
+  return c;
+}
+
+class ModeTest : public LocalClusterTest,
+                 public ::testing::WithParamInterface<Mode> {};
+
+TEST_P(ModeTest, SyntheticTrainsToGoodAuc) {
+  LocalClusterOptions o;
+  o.config = SyntheticJob(GetParam());
+  o.timeout = absl::Seconds(120);
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  ASSERT_TRUE(s.ok()) << s;
+  const std::string report = cluster.ReportJson();
+  absl::StatusOr<double> auc = JsonNumber(report, "test_auc");
+  ASSERT_TRUE(auc.ok()) << auc.status() << "\n" << report;
+  EXPECT_GT(*auc, 0.7) << report;
+  absl::StatusOr<double> examples = JsonNumber(report, "examples");
+  ASSERT_TRUE(examples.ok()) << report;
+  EXPECT_EQ(*examples, 50000);
+  EXPECT_FALSE(cluster.Snapshot().empty());
+  // The model was written by every server.
+  absl::StatusOr<double> keys = JsonNumber(report, "model_keys");
+  ASSERT_TRUE(keys.ok()) << report;
+  EXPECT_EQ(*keys, static_cast<double>(cluster.Snapshot().size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, ModeTest,
+                         ::testing::Values(Mode::kBsp, Mode::kSsp, Mode::kAsp),
+                         [](const ::testing::TestParamInfo<Mode>& info) {
+                           return std::string(ModeName(info.param));
+                         });
+
+// BSP with plain SGD: the model is a pure function of the data, so a run
+// whose requests and replies get lost (and retried) must give the same bits.
+JobConfig SgdBspJob() {
+  JobConfig c = SyntheticJob(Mode::kBsp);
+  c.optimizer.name = "sgd";
+  c.optimizer.learning_rate = 0.5;
+  c.optimizer.l1 = 0;
+  c.optimizer.l2 = 0;
+  c.data.synthetic.train_rows = 20000;
+  c.data.synthetic.test_rows = 2000;
+  c.training.minibatch = 500;
+  return c;
+}
+
+TEST_F(LocalClusterTest, ExactlyOnceUnderLostRequestsAndReplies) {
+  std::vector<std::pair<uint64_t, std::vector<float>>> clean;
+  {
+    LocalClusterOptions o;
+    o.config = SgdBspJob();
+    LocalCluster cluster(o);
+    absl::Status s = cluster.Run();
+    ASSERT_TRUE(s.ok()) << s;
+    clean = cluster.Snapshot();
+  }
+  ASSERT_GT(clean.size(), 1000u);
+
+  FaultStats stats;
+  LocalClusterOptions o;
+  o.config = SgdBspJob();
+  o.worker_clients = [&stats](int worker, ClientFactory* inproc) {
+    FaultOptions f;
+    f.seed = 1000 + worker;
+    f.push = {/*drop_request=*/0.1, /*drop_reply=*/0.1, /*delay=*/0.05};
+    f.pull = {0.1, 0.1, 0.05};
+    f.clock = {0.1, 0.1, 0.05};
+    f.delay = absl::Milliseconds(3);
+    return std::make_unique<FaultyClientFactory>(inproc, f, &stats);
+  };
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_GT(stats.dropped_requests.load(), 10);
+  EXPECT_GT(stats.dropped_replies.load(), 10);
+  EXPECT_GT(stats.delayed.load(), 0);
+
+  const auto faulty = cluster.Snapshot();
+  ASSERT_EQ(faulty.size(), clean.size());
+  int64_t differ = 0;
+  for (size_t i = 0; i < clean.size(); ++i) {
+    ASSERT_EQ(faulty[i].first, clean[i].first) << i;
+    ASSERT_EQ(faulty[i].second.size(), 1u);
+    uint32_t a, b;
+    std::memcpy(&a, &clean[i].second[0], 4);
+    std::memcpy(&b, &faulty[i].second[0], 4);
+    if (a != b) ++differ;
+  }
+  EXPECT_EQ(differ, 0) << "of " << clean.size()
+                       << " weights differ: a push was lost or doubled";
+}
+
+// ------------------------------------------------- the decorator by itself
+
+proto::ClusterView OneServerView() {
+  proto::ClusterView v;
+  v.set_epoch(1);
+  *v.mutable_routing() = BuildHashRing({0}, 4, 1);
+  v.add_workers()->set_id(0);
+  v.mutable_consistency()->set_mode(proto::MODE_ASP);
+  v.mutable_consistency()->set_tau(-1);
+  proto::TableConfig* t = v.add_tables();
+  t->set_dim(1);
+  t->mutable_optimizer()->set_name("sgd");
+  t->mutable_optimizer()->set_learning_rate(1);
+  return v;
+}
+
+std::shared_ptr<const proto::PushRequest> PushOf(uint64_t seq) {
+  auto r = std::make_shared<proto::PushRequest>();
+  r->set_worker_id(0);
+  r->set_seq(seq);
+  r->set_epoch(1);
+  std::vector<uint64_t> keys = {11};
+  std::vector<float> vals = {2};
+  PackTo<uint64_t>(r->mutable_keys(), keys);
+  PackTo<float>(r->mutable_vals(), vals);
+  r->set_num_examples(1);
+  return r;
+}
+
+struct PushResult {
+  absl::Status status;
+  bool duplicate = false;
+};
+
+PushResult PushAndWait(ServerClient* c,
+                       std::shared_ptr<const proto::PushRequest> req) {
+  PushResult out;
+  absl::Notification done;
+  c->Push(req, absl::Now() + absl::Seconds(5),
+          [&](const absl::Status& s, proto::PushResponse* r) {
+            out.status = s;
+            out.duplicate = r->duplicate();
+            done.Notify();
+          });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  return out;
+}
+
+float ValueOf(const ServerNode& node, uint64_t key) {
+  for (const auto& [k, v] : node.table(0)->Snapshot()) {
+    if (k == key) return v[0];
+  }
+  return 0;
+}
+
+TEST_F(LocalClusterTest, FaultyClientTellsLostRequestFromLostReply) {
+  ServerNode node;
+  ASSERT_TRUE(node.Configure(0, OneServerView()).ok());
+  InProcClientFactory inproc;
+  inproc.AddServer(0, &node);
+  FaultOptions f;
+  const std::vector<Fault> plan = {Fault::kDropRequest, Fault::kDropReply,
+                                   Fault::kNone, Fault::kDelay};
+  f.schedule = [plan](RpcMethod m, int64_t i) {
+    return m == RpcMethod::kPush && i < static_cast<int64_t>(plan.size())
+               ? plan[i]
+               : Fault::kNone;
+  };
+  FaultyClientFactory faulty(&inproc, f);
+  std::shared_ptr<ServerClient> c = faulty.Server(InProcServerAddress(0));
+
+  // Lost on the way: UNAVAILABLE, and the server never saw it.
+  PushResult r = PushAndWait(c.get(), PushOf(1));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(node.Status().pushes(), 0);
+  EXPECT_EQ(ValueOf(node, 11), 0.0f);
+
+  // Reply lost: UNAVAILABLE too, but the server applied it.
+  r = PushAndWait(c.get(), PushOf(1));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(node.Status().pushes(), 1);
+  EXPECT_EQ(ValueOf(node, 11), -2.0f);
+
+  // The retry is recognised and changes nothing.
+  r = PushAndWait(c.get(), PushOf(1));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_TRUE(r.duplicate);
+  EXPECT_EQ(ValueOf(node, 11), -2.0f);
+
+  // Delayed: delivered later, on another thread.
+  r = PushAndWait(c.get(), PushOf(2));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_FALSE(r.duplicate);
+  EXPECT_EQ(ValueOf(node, 11), -4.0f);
+
+  EXPECT_EQ(faulty.stats().calls.load(), 4);
+  EXPECT_EQ(faulty.stats().dropped_requests.load(), 1);
+  EXPECT_EQ(faulty.stats().dropped_replies.load(), 1);
+  EXPECT_EQ(faulty.stats().delayed.load(), 1);
+}
+
+TEST_F(LocalClusterTest, InProcFactoryUnknownAddressIsUnavailable) {
+  InProcClientFactory inproc;
+  auto c = inproc.Server("inproc:server:9");
+  EXPECT_EQ(PushAndWait(c.get(), PushOf(1)).status.code(),
+            absl::StatusCode::kUnavailable);
+  auto s = inproc.Scheduler("inproc:scheduler");
+  EXPECT_EQ(s->Register(proto::RegisterRequest(), absl::Now()).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST(JsonNumberTest, ReadsNumbers) {
+  const std::string j =
+      "{\n  \"mode\": \"bsp\",\n  \"test_auc\": 0.9021,\n  \"n\": -3e2,\n"
+      "  \"x\": null\n}";
+  EXPECT_DOUBLE_EQ(*JsonNumber(j, "test_auc"), 0.9021);
+  EXPECT_DOUBLE_EQ(*JsonNumber(j, "n"), -300);
+  EXPECT_EQ(JsonNumber(j, "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(JsonNumber(j, "mode").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(JsonNumber(j, "nope").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace ps
