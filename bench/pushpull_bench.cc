@@ -78,6 +78,10 @@ ABSL_FLAG(double, warmup_seconds, 0.2, "unmeasured seconds before each");
 ABSL_FLAG(double, latency_seconds, 1.0, "seconds per latency figure");
 ABSL_FLAG(int, latency_kib, 4, "values per synchronous round trip, KiB");
 ABSL_FLAG(std::string, optimizer, "sgd", "server update rule: sgd or ftrl");
+ABSL_FLAG(bool, noop_server, false,
+          "servers answer without touching any table (pull: zeros), which "
+          "isolates transport and client costs; ps-lite's sparse reference "
+          "was measured like this");
 ABSL_FLAG(int, channels, 2,
           "gRPC channels (TCP connections) per server per worker");
 ABSL_FLAG(std::string, client_grpc_args, "",
@@ -214,6 +218,28 @@ std::string SelfExe() {
 
 // ------------------------------------------------------------ server child
 
+// --noop_server: the wire side of a server only. Push is acknowledged, Pull
+// answers zeros of the right size, nothing is stored or checked.
+class NoopService final : public proto::Server::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx,
+                                 const proto::PushRequest*,
+                                 proto::PushResponse*) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx,
+                                 const proto::PullRequest* req,
+                                 proto::PullResponse* resp) override {
+    resp->mutable_vals()->resize(req->keys().size() / sizeof(uint64_t) *
+                                 sizeof(float));
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+};
+
 int ServeMain() {
   InitLogging("S[?]", absl::GetFlag(FLAGS_log_level));
   auto extra = ParseGrpcArgs(absl::GetFlag(FLAGS_server_grpc_args));
@@ -223,13 +249,18 @@ int ServeMain() {
   }
   ServerNode node;
   ServerService service(&node, /*token=*/"", nullptr);
+  NoopService noop;
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder);
   ApplyGrpcArgs(*extra, &builder);
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                            &port);
-  builder.RegisterService(&service);
+  if (absl::GetFlag(FLAGS_noop_server)) {
+    builder.RegisterService(&noop);
+  } else {
+    builder.RegisterService(&service);
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::printf("ERROR cannot listen\n");
@@ -419,7 +450,8 @@ class Cluster {
     const std::vector<std::string> argv = {
         SelfExe(), "--serve",
         absl::StrCat("--server_grpc_args=", absl::GetFlag(FLAGS_server_grpc_args)),
-        absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level))};
+        absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level)),
+        absl::StrCat("--noop_server=", absl::GetFlag(FLAGS_noop_server))};
     std::vector<std::string> addresses;
     for (int i = 0; i < t.servers; ++i) {
       PS_ASSIGN_OR_RETURN(auto s, ServerProcess::Start(argv));
@@ -866,7 +898,7 @@ int BenchMain() {
     }
   }
   std::printf("pushpull_bench: gRPC on loopback, %d request(s) in flight per "
-              "worker, %d channel(s) per server%s%s%s, optimizer %s\n",
+              "worker, %d channel(s) per server%s%s%s, server: %s\n",
               absl::GetFlag(FLAGS_inflight), absl::GetFlag(FLAGS_channels),
               absl::GetFlag(FLAGS_chunk_kib) > 0
                   ? absl::StrCat(", chunks of ", absl::GetFlag(FLAGS_chunk_kib), " KiB").c_str()
@@ -877,7 +909,9 @@ int BenchMain() {
               absl::GetFlag(FLAGS_server_grpc_args).empty()
                   ? ""
                   : absl::StrCat(", server args ", absl::GetFlag(FLAGS_server_grpc_args)).c_str(),
-              absl::GetFlag(FLAGS_optimizer).c_str());
+              absl::GetFlag(FLAGS_noop_server)
+                  ? "no-op (no table)"
+                  : absl::StrCat("ServerNode, ", absl::GetFlag(FLAGS_optimizer)).c_str());
   std::printf("iperf3 one stream: %.3f GB/s; ratios below are GB/s over that "
               "(val: values only, tot: keys + values)\n", iperf_gbps);
   PrintTable(rows, iperf_gbps);

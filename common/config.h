@@ -41,10 +41,12 @@ struct ConsistencyConfig {
 struct OptimizerConfig {
   std::string name = "ftrl";  // sgd | adagrad | ftrl | adam
   double learning_rate = 0.1;  // sgd, adagrad
-  double alpha = 0.1;          // ftrl
+  // Defaults tuned on a9a (minibatch 100; README of the shared data): the
+  // servers average gradients over the minibatch, so L1/L2 are per example.
+  double alpha = 0.5;          // ftrl
   double beta = 1.0;           // ftrl
-  double l1 = 1.0;
-  double l2 = 1.0;
+  double l1 = 0.001;
+  double l2 = 0.001;
   double initial_accumulator = 0.1;  // adagrad
 
   bool operator==(const OptimizerConfig&) const = default;

@@ -1,5 +1,7 @@
-// ps_status: prints a running cluster as a table.
+// ps_status: prints a running cluster as a table, or changes its
+// consistency model while it runs.
 //   ps_status --scheduler host:port
+//   ps_status --scheduler host:port --set_mode ssp --set_tau 8
 #include <cstdio>
 #include <string>
 
@@ -10,13 +12,50 @@
 #include "common/grpc_transport.h"
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
+ABSL_FLAG(std::string, set_mode, "",
+          "change the consistency mode of the running job (ssp|asp; bsp "
+          "cannot be switched to or from)");
+ABSL_FLAG(int64_t, set_tau, -2, "change tau of the running job (-1: inf)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   ps::GrpcClientFactory clients(
       ps::GrpcTransportOptions{ps::TokenFromEnv(""), 1});
-  auto s = clients.Scheduler(absl::GetFlag(FLAGS_scheduler))
-               ->Status(ps::proto::StatusRequest(),
+  auto scheduler = clients.Scheduler(absl::GetFlag(FLAGS_scheduler));
+  const std::string mode = absl::GetFlag(FLAGS_set_mode);
+  const int64_t tau = absl::GetFlag(FLAGS_set_tau);
+  if (!mode.empty() || tau != -2) {
+    auto cur = scheduler->Status(ps::proto::StatusRequest(),
+                                 absl::Now() + absl::Seconds(5));
+    if (!cur.ok()) {
+      std::fprintf(stderr, "ps_status: %s\n", cur.status().ToString().c_str());
+      return 1;
+    }
+    ps::proto::SetConsistencyRequest req;
+    *req.mutable_consistency() = cur->view().consistency();
+    if (!mode.empty()) {
+      ps::proto::ConsistencyMode m = ps::proto::MODE_UNKNOWN;
+      if (mode == "bsp") m = ps::proto::MODE_BSP;
+      if (mode == "ssp") m = ps::proto::MODE_SSP;
+      if (mode == "asp") m = ps::proto::MODE_ASP;
+      if (m == ps::proto::MODE_UNKNOWN) {
+        std::fprintf(stderr, "ps_status: --set_mode must be bsp, ssp or asp\n");
+        return 2;
+      }
+      req.mutable_consistency()->set_mode(m);
+    }
+    if (tau != -2) req.mutable_consistency()->set_tau(tau);
+    auto r = scheduler->SetConsistency(req, absl::Now() + absl::Seconds(10));
+    if (!r.ok()) {
+      std::fprintf(stderr, "ps_status: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("consistency set: mode %s tau %lld\n",
+                ps::proto::ConsistencyMode_Name(req.consistency().mode()).c_str(),
+                static_cast<long long>(req.consistency().tau()));
+    return 0;
+  }
+  auto s = scheduler->Status(ps::proto::StatusRequest(),
                         absl::Now() + absl::Seconds(5));
   if (!s.ok()) {
     std::fprintf(stderr, "ps_status: %s\n", s.status().ToString().c_str());

@@ -4,6 +4,7 @@
 // a waiting pull is answered.
 #include "server/server_node.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>

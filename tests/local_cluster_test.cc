@@ -2,6 +2,7 @@
 // consistency mode on synthetic data, and exactly-once pushes under injected
 // faults. Also the fault-injecting decorator itself.
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -62,6 +63,7 @@ TEST_P(ModeTest, SyntheticTrainsToGoodAuc) {
   absl::StatusOr<double> auc = JsonNumber(report, "test_auc");
   ASSERT_TRUE(auc.ok()) << auc.status() << "\n" << report;
   EXPECT_GT(*auc, 0.7) << report;
+  std::printf("%s: test AUC %.4f\n", ModeName(GetParam()), *auc);
   absl::StatusOr<double> examples = JsonNumber(report, "examples");
   ASSERT_TRUE(examples.ok()) << report;
   EXPECT_EQ(*examples, 50000);
@@ -122,6 +124,12 @@ TEST_F(LocalClusterTest, ExactlyOnceUnderLostRequestsAndReplies) {
   EXPECT_GT(stats.dropped_requests.load(), 10);
   EXPECT_GT(stats.dropped_replies.load(), 10);
   EXPECT_GT(stats.delayed.load(), 0);
+  std::printf("faults: %lld calls, %lld requests lost, %lld replies lost, "
+              "%lld delayed\n",
+              static_cast<long long>(stats.calls.load()),
+              static_cast<long long>(stats.dropped_requests.load()),
+              static_cast<long long>(stats.dropped_replies.load()),
+              static_cast<long long>(stats.delayed.load()));
 
   const auto faulty = cluster.Snapshot();
   ASSERT_EQ(faulty.size(), clean.size());

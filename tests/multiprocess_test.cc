@@ -1,0 +1,283 @@
+// The real thing: ps_launch starts a scheduler, 2 servers and 2 workers as
+// processes talking gRPC over loopback, training on a9a. Each run takes a
+// few seconds, so the tests share runs where they can.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "server/table.h"
+#include "tests/inproc_cluster.h"
+#include "worker/data.h"
+#include "worker/trainer.h"
+
+namespace ps {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kData = PS_SOURCE_DIR "/../shared/data/a9a";
+const std::string kTrain = kData + "/a9a.train";
+const std::string kTest = kData + "/a9a.test";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string Tail(const std::string& s, size_t n) {
+  return s.size() <= n ? s : s.substr(s.size() - n);
+}
+
+// The job every test starts from: a9a, 2 servers, 2 workers, tuned FTRL.
+std::string A9aYaml(const std::string& mode, int tau) {
+  return absl::StrCat(R"(cluster:
+  num_servers: 2
+  num_workers: 2
+  virtual_nodes: 64
+consistency:
+  mode: )", mode, R"(
+  tau: )", tau, R"(
+optimizer:
+  name: ftrl
+  alpha: 0.5
+  beta: 0.001
+  l1: 0.001
+  l2: 0.001
+data:
+  format: libsvm
+  train: )", kTrain, R"(
+  test: )", kTest, R"(
+training:
+  minibatch: 100
+  epochs: 5
+output:
+  log_level: warn
+)");
+}
+
+struct LaunchResult {
+  int exit_code = -1;
+  std::string report;  // the scheduler's JSON report
+  std::string model_dir;
+  std::string log;
+};
+
+// Runs ps_launch on `yaml` plus `--set` overrides in a fresh directory.
+LaunchResult Launch(const std::string& name, const std::string& yaml,
+                    const std::vector<std::string>& sets = {}) {
+  LaunchResult r;
+  const fs::path dir =
+      fs::path(::testing::TempDir()) /
+      absl::StrCat("ps_mp_", name, "_", ::getpid());
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir);
+  const std::string config = (dir / "job.yaml").string();
+  std::ofstream(config) << yaml;
+  r.model_dir = (dir / "model").string();
+  const std::string report = (dir / "report.json").string();
+  const std::string log = (dir / "launch.log").string();
+  std::string cmd = absl::StrCat(
+      PS_BIN_DIR "/ps_launch --config ", config, " --run-dir ",
+      (dir / "run").string(), " --report ", report,
+      " --set output.model_dir=", r.model_dir, " --timeout_s 150");
+  for (const std::string& s : sets) absl::StrAppend(&cmd, " --set ", s);
+  absl::StrAppend(&cmd, " > ", log, " 2>&1");
+  const int status = std::system(cmd.c_str());
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.report = ReadFile(report);
+  r.log = ReadFile(log);
+  return r;
+}
+
+#define ASSERT_LAUNCHED(r)                                            \
+  ASSERT_EQ((r).exit_code, 0) << "ps_launch failed; log tail:\n"      \
+                              << Tail((r).log, 4000)
+
+class MultiProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    InitLogging("T", "warn");
+    if (!fs::exists(kTrain) || !fs::exists(kTest)) {
+      GTEST_SKIP() << "a9a not found under " << kData;
+    }
+  }
+};
+
+double Auc(const LaunchResult& r) {
+  absl::StatusOr<double> auc = JsonNumber(r.report, "test_auc");
+  EXPECT_TRUE(auc.ok()) << auc.status() << "\n" << r.report;
+  return auc.ok() ? *auc : 0;
+}
+
+// Every file of the model directory, by name.
+std::map<std::string, std::string> ModelFiles(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.is_regular_file()) {
+      files[e.path().filename().string()] = ReadFile(e.path().string());
+    }
+  }
+  return files;
+}
+
+TEST_F(MultiProcessTest, BspReachesAucAndIsReproducible) {
+  LaunchResult a = Launch("bsp_a", A9aYaml("bsp", 0));
+  ASSERT_LAUNCHED(a);
+  EXPECT_GE(Auc(a), 0.90) << a.report;
+
+  LaunchResult b = Launch("bsp_b", A9aYaml("bsp", 0));
+  ASSERT_LAUNCHED(b);
+  const auto fa = ModelFiles(a.model_dir);
+  const auto fb = ModelFiles(b.model_dir);
+  ASSERT_TRUE(fa.contains("table-0.server-0.bin"));
+  ASSERT_TRUE(fa.contains("table-0.server-1.bin"));
+  ASSERT_EQ(fa.size(), fb.size());
+  for (const auto& [name, bytes] : fa) {
+    ASSERT_TRUE(fb.contains(name)) << name;
+    EXPECT_TRUE(bytes == fb.at(name)) << name << " differs between runs";
+  }
+  EXPECT_EQ(Auc(a), Auc(b));
+}
+
+TEST_F(MultiProcessTest, SspReachesAuc) {
+  LaunchResult r = Launch("ssp", A9aYaml("ssp", 4));
+  ASSERT_LAUNCHED(r);
+  EXPECT_GE(Auc(r), 0.90) << r.report;
+}
+
+TEST_F(MultiProcessTest, AspReachesAuc) {
+  LaunchResult r = Launch("asp", A9aYaml("asp", 0));
+  ASSERT_LAUNCHED(r);
+  EXPECT_GE(Auc(r), 0.90) << r.report;
+}
+
+// ------------------------------------------- BSP == SGD on combined batches
+
+// The minibatches worker `w` of `n` trains on: its byte range of the file
+// (as the scheduler cuts it), read `epochs` times in minibatches of
+// `minibatch` rows.
+std::vector<RowBlock> WorkerBatches(int w, int n, int minibatch, int epochs) {
+  std::vector<RowBlock> out;
+  absl::StatusOr<int64_t> size = FileSize(kTrain);
+  EXPECT_TRUE(size.ok()) << size.status();
+  if (!size.ok()) return out;
+  const int64_t begin = *size * w / n;
+  const int64_t end = *size * (w + 1) / n;
+  auto reader = OpenLibsvm(kTrain, begin, end, false);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return out;
+  for (int e = 0; e < epochs; ++e) {
+    if (e > 0) EXPECT_TRUE((*reader)->Reset().ok());
+    for (;;) {
+      RowBlock b;
+      absl::StatusOr<size_t> got = (*reader)->Next(minibatch, &b);
+      EXPECT_TRUE(got.ok()) << got.status();
+      if (!got.ok() || *got == 0) break;
+      out.push_back(std::move(b));
+    }
+  }
+  return out;
+}
+
+TEST_F(MultiProcessTest, BspEqualsSequentialSgdOnCombinedBatches) {
+  constexpr int kMinibatch = 100;
+  constexpr int kEpochs = 2;
+  constexpr double kLr = 0.2;
+  LaunchResult r =
+      Launch("bsp_sgd", A9aYaml("bsp", 0),
+             {"optimizer.name=sgd", absl::StrCat("optimizer.learning_rate=", kLr),
+              "optimizer.l1=0", "optimizer.l2=0",
+              absl::StrCat("training.epochs=", kEpochs)});
+  ASSERT_LAUNCHED(r);
+
+  // The reference: one table, one process; minibatch t is worker 0's batch
+  // t followed by worker 1's, and the summed gradient is divided by the
+  // rows of that combined batch.
+  TableSpec spec;
+  spec.id = 0;
+  spec.dim = 1;
+  spec.optimizer.name = "sgd";
+  spec.optimizer.learning_rate = static_cast<float>(kLr);
+  spec.optimizer.l1 = 0;
+  spec.optimizer.l2 = 0;
+  auto table = Table::Create(spec, 1);
+  ASSERT_TRUE(table.ok()) << table.status();
+  auto backend = CreateBackend("cpu", 1);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::vector<RowBlock> w0 = WorkerBatches(0, 2, kMinibatch, kEpochs);
+  const std::vector<RowBlock> w1 = WorkerBatches(1, 2, kMinibatch, kEpochs);
+  ASSERT_FALSE(w0.empty());
+  ASSERT_FALSE(w1.empty());
+  RowBlock combined;
+  CsrBatch batch;
+  std::vector<float> w, grad;
+  for (size_t t = 0; t < std::max(w0.size(), w1.size()); ++t) {
+    combined.Clear();
+    for (const auto* part : {&w0, &w1}) {
+      if (t >= part->size()) continue;
+      const RowBlock& b = (*part)[t];
+      for (size_t i = 0; i < b.rows(); ++i) combined.AppendRow(b, i);
+    }
+    BuildBatch(combined, 0, combined.rows(), &batch);
+    w.assign(batch.keys.size(), 0.0f);
+    (*table)->Pull(0, batch.keys, w.data());
+    grad.assign(batch.keys.size(), 0.0f);
+    ASSERT_TRUE(
+        (*backend)->LogisticGradient(batch, w, absl::MakeSpan(grad), nullptr)
+            .ok());
+    (*table)->Push(0, batch.keys, grad.data(),
+                   1.0f / static_cast<float>(combined.rows()));
+  }
+  const auto expected = (*table)->Snapshot();
+
+  std::map<uint64_t, float> got;
+  for (int s = 0; s < 2; ++s) {
+    const std::string path =
+        absl::StrCat(r.model_dir, "/table-0.server-", s, ".bin");
+    auto records = Table::LoadBinary(path);
+    ASSERT_TRUE(records.ok()) << records.status();
+    for (const auto& [key, v] : *records) {
+      ASSERT_EQ(v.size(), 1u);
+      ASSERT_TRUE(got.emplace(key, v[0]).second) << "key on both servers";
+    }
+  }
+  ASSERT_EQ(got.size(), expected.size());
+  double max_diff = 0, max_abs = 0;
+  uint64_t worst = 0;
+  for (const auto& [key, v] : expected) {
+    auto it = got.find(key);
+    ASSERT_NE(it, got.end()) << "key " << key << " missing";
+    const double d = std::fabs(static_cast<double>(it->second) - v[0]);
+    if (d > max_diff) {
+      max_diff = d;
+      worst = key;
+    }
+    max_abs = std::max(max_abs, std::fabs(static_cast<double>(v[0])));
+  }
+  EXPECT_LE(max_diff, 1e-6) << "worst key " << worst << " of "
+                            << expected.size() << " (max |w| " << max_abs
+                            << ")";
+  EXPECT_GT(max_abs, 0.01) << "the model did not move";
+}
+
+}  // namespace
+}  // namespace ps
