@@ -7,6 +7,7 @@
 #include "common/config.h"
 #include "common/grpc_transport.h"
 #include "common/logging.h"
+#include "common/membership.h"
 #include "common/status_macros.h"
 #include "server/server_node.h"
 #include "server/server_service.h"
@@ -42,42 +43,15 @@ absl::Status RunServer(const ServerRunOptions& options) {
   reg.set_role(proto::ROLE_SERVER);
   reg.set_address(address);
   reg.set_requested_id(options.requested_id);
-  const absl::Time reg_deadline =
-      absl::Now() + absl::Milliseconds(options.register_timeout_ms);
-  absl::StatusOr<proto::RegisterResponse> r;
-  for (;;) {
-    r = scheduler->Register(reg, absl::Now() + absl::Seconds(5));
-    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
-        absl::Now() > reg_deadline) {
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  if (!r.ok()) {
-    return absl::Status(r.status().code(),
-                        absl::StrCat("register with scheduler ",
-                                     options.scheduler, ": ",
-                                     r.status().message()));
-  }
-  const int id = r->id();
+  PS_ASSIGN_OR_RETURN(
+      Membership m,
+      JoinCluster(scheduler.get(), options.scheduler, reg,
+                  absl::Now() +
+                      absl::Milliseconds(options.register_timeout_ms)));
+  const int id = m.id;
+  const proto::ClusterView& view = m.view;
   InitLogging(absl::StrCat("S[", id, "]"));
   PS_LOG_INFO("serving on {}", address);
-
-  proto::ClusterView view = r->view();
-  while (view.epoch() == 0) {
-    proto::GetViewRequest gv;
-    gv.set_known_epoch(0);
-    gv.set_wait_ms(1000);
-    auto v = scheduler->GetView(gv, absl::Now() + absl::Seconds(5));
-    if (v.ok() && v->ready()) view = v->view();
-    if (!v.ok() && v.status().code() != absl::StatusCode::kUnavailable &&
-        v.status().code() != absl::StatusCode::kDeadlineExceeded) {
-      return v.status();
-    }
-    if (absl::Now() > reg_deadline) {
-      return absl::DeadlineExceededError("cluster view never became ready");
-    }
-  }
   PS_RETURN_IF_ERROR(node.Configure(id, view));
   auto config = ParseJobConfig(view.job_config_yaml());
   if (!config.ok()) return config.status();

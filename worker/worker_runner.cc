@@ -6,6 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/grpc_transport.h"
 #include "common/logging.h"
+#include "common/membership.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
 #include "worker/kv_worker.h"
@@ -154,35 +155,14 @@ absl::Status RunWorker(const WorkerRunOptions& options) {
   proto::RegisterRequest reg;
   reg.set_role(proto::ROLE_WORKER);
   reg.set_requested_id(options.requested_id);
-  const absl::Time deadline =
-      absl::Now() + absl::Milliseconds(options.register_timeout_ms);
-  absl::StatusOr<proto::RegisterResponse> r;
-  for (;;) {
-    r = scheduler->Register(reg, absl::Now() + absl::Seconds(5));
-    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
-        absl::Now() > deadline) {
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  if (!r.ok()) {
-    return absl::Status(r.status().code(),
-                        absl::StrCat("register with scheduler ",
-                                     options.scheduler, ": ",
-                                     r.status().message()));
-  }
-  const int id = r->id();
+  PS_ASSIGN_OR_RETURN(
+      Membership m,
+      JoinCluster(scheduler.get(), options.scheduler, reg,
+                  absl::Now() +
+                      absl::Milliseconds(options.register_timeout_ms)));
+  const int id = m.id;
+  const proto::ClusterView& view = m.view;
   InitLogging(absl::StrCat("W[", id, "]"));
-  proto::ClusterView view = r->view();
-  while (view.epoch() == 0) {
-    proto::GetViewRequest gv;
-    gv.set_wait_ms(1000);
-    auto v = scheduler->GetView(gv, absl::Now() + absl::Seconds(5));
-    if (v.ok() && v->ready()) view = v->view();
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError("cluster view never became ready");
-    }
-  }
   auto config = ParseJobConfig(view.job_config_yaml());
   if (config.ok()) {
     InitLogging(absl::StrCat("W[", id, "]"), config->output.log_level);

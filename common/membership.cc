@@ -1,0 +1,49 @@
+#include "common/membership.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace ps {
+
+absl::StatusOr<Membership> JoinCluster(SchedulerClient* scheduler,
+                                       const std::string& scheduler_address,
+                                       const proto::RegisterRequest& req,
+                                       absl::Time deadline) {
+  absl::StatusOr<proto::RegisterResponse> r;
+  for (;;) {
+    r = scheduler->Register(req, absl::Now() + absl::Seconds(5));
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
+        absl::Now() > deadline) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("register with scheduler ",
+                                     scheduler_address, ": ",
+                                     r.status().message()));
+  }
+  Membership m;
+  m.id = r->id();
+  m.view = r->view();
+  while (m.view.epoch() == 0) {
+    proto::GetViewRequest gv;
+    gv.set_wait_ms(1000);
+    auto v = scheduler->GetView(gv, absl::Now() + absl::Seconds(5));
+    if (v.ok() && v->ready()) {
+      m.view = v->view();
+    } else if (!v.ok() &&
+               v.status().code() != absl::StatusCode::kUnavailable &&
+               v.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      return v.status();
+    }
+    if (m.view.epoch() == 0 && absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the cluster view from ", scheduler_address, " never became ready"));
+    }
+  }
+  return m;
+}
+
+}  // namespace ps
