@@ -109,15 +109,17 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
     PS_RETURN_IF_ERROR(
         backend_->LogisticGradient(s.batch, s.w, absl::MakeSpan(grad), &loss));
     absl::Time t3 = absl::Now();
-    if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
-      absl::SleepFor((t3 - t2) * (tc.straggler_factor - 1.0));
-      t3 = absl::Now();
-    }
     kv_->Push(0, s.batch.keys, grad, static_cast<int>(s.rows));
     kv_->Clock(static_cast<int>(s.rows));
     if (!prefetch) {
       PS_ASSIGN_OR_RETURN(have_next, next(&n));
       if (have_next) n.ts = kv_->Pull(0, n.batch.keys, &n.w);
+      t3 = absl::Now();  // reading the next minibatch is worker-local work
+    }
+    if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
+      // A straggler is slower at all of its local work (data and gradient).
+      absl::SleepFor((t3 - t1) * (tc.straggler_factor - 1.0));
+      t3 = absl::Now();
     }
 
     const double wait_s = absl::ToDoubleSeconds(t1 - t0);
