@@ -18,6 +18,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -109,9 +111,8 @@ double SecondsSince(SteadyClock::time_point t0) {
 }
 
 SteadyClock::time_point After(double seconds) {
-  return SteadyClock::now() +
-         std::chrono::duration_cast<SteadyClock::duration>(
-             std::chrono::duration<double>(seconds));
+  return SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                  std::chrono::duration<double>(seconds));
 }
 
 // ------------------------------------------------------------ pipe helpers
@@ -121,7 +122,8 @@ absl::Status WriteAll(int fd, const void* data, size_t n) {
   while (n > 0) {
     ssize_t w = write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return absl::UnavailableError(absl::StrCat("write: ", strerror(errno)));
+    if (w <= 0)
+      return absl::UnavailableError(absl::StrCat("write: ", strerror(errno)));
     p += w;
     n -= static_cast<size_t>(w);
   }
@@ -145,8 +147,8 @@ absl::Status ReadAll(int fd, void* data, size_t n) {
 absl::StatusOr<std::string> ReadLine(int fd, absl::Time deadline) {
   std::string line;
   for (;;) {
-    const int ms = static_cast<int>(
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    const int ms = static_cast<int>(std::max<int64_t>(
+        0, absl::ToInt64Milliseconds(deadline - absl::Now())));
     pollfd p{fd, POLLIN, 0};
     int rc = poll(&p, 1, ms);
     if (rc < 0 && errno == EINTR) continue;
@@ -181,19 +183,27 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, int* to_child,
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   }
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid;
   int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   close(in[0]);
   close(out[1]);
-  if (to_child != nullptr) *to_child = in[1]; else close(in[1]);
-  if (from_child != nullptr) *from_child = out[0]; else close(out[0]);
+  if (to_child != nullptr)
+    *to_child = in[1];
+  else
+    close(in[1]);
+  if (from_child != nullptr)
+    *from_child = out[0];
+  else
+    close(out[0]);
   if (rc != 0) {
     if (to_child != nullptr) close(*to_child);
     if (from_child != nullptr) close(*from_child);
-    return absl::InternalError(absl::StrCat("spawn ", argv[0], ": ", strerror(rc)));
+    return absl::InternalError(
+        absl::StrCat("spawn ", argv[0], ": ", strerror(rc)));
   }
   return pid;
 }
@@ -322,8 +332,9 @@ class ServerProcess {
       const std::vector<std::string>& argv) {
     auto p = std::unique_ptr<ServerProcess>(new ServerProcess);
     PS_ASSIGN_OR_RETURN(p->pid_, Spawn(argv, &p->to_child_, &p->from_child_));
-    PS_ASSIGN_OR_RETURN(std::string line,
-                        ReadLine(p->from_child_, absl::Now() + absl::Seconds(20)));
+    PS_ASSIGN_OR_RETURN(
+        std::string line,
+        ReadLine(p->from_child_, absl::Now() + absl::Seconds(20)));
     if (!absl::StartsWith(line, "PORT ") ||
         !absl::SimpleAtoi(line.substr(5), &p->port_)) {
       return absl::InternalError(absl::StrCat("server child said: ", line));
@@ -338,6 +349,7 @@ class ServerProcess {
   }
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
 
   absl::Status Configure(int32_t id, const proto::ClusterView& view) {
     const std::string bytes = view.SerializeAsString();
@@ -367,10 +379,9 @@ class ServerProcess {
 absl::StatusOr<double> MeasureIperf(int seconds) {
   PS_ASSIGN_OR_RETURN(int port, PickFreePort("127.0.0.1"));
   const std::string p = absl::StrCat(port);
-  PS_ASSIGN_OR_RETURN(
-      pid_t server,
-      Spawn({"iperf3", "-s", "-1", "-p", p, "-B", "127.0.0.1"}, nullptr,
-            nullptr));
+  PS_ASSIGN_OR_RETURN(pid_t server,
+                      Spawn({"iperf3", "-s", "-1", "-p", p, "-B", "127.0.0.1"},
+                            nullptr, nullptr));
   std::string json;
   absl::Status result = absl::UnavailableError("iperf3 client never connected");
   for (int attempt = 0; attempt < 50; ++attempt) {
@@ -449,7 +460,8 @@ class Cluster {
     auto c = std::unique_ptr<Cluster>(new Cluster);
     const std::vector<std::string> argv = {
         SelfExe(), "--serve",
-        absl::StrCat("--server_grpc_args=", absl::GetFlag(FLAGS_server_grpc_args)),
+        absl::StrCat("--server_grpc_args=",
+                     absl::GetFlag(FLAGS_server_grpc_args)),
         absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level)),
         absl::StrCat("--noop_server=", absl::GetFlag(FLAGS_noop_server))};
     std::vector<std::string> addresses;
@@ -485,11 +497,26 @@ class Cluster {
 
   ~Cluster() {
     workers_.clear();  // before the servers go away
-    factories_.clear();
+    // The client factories (and so their gRPC channels) are kept until the
+    // process exits, on purpose. GrpcServerClient deletes each call's
+    // ClientContext on gRPC's callback thread *after* running the callback
+    // that completes a KVWorker op; destroying the factory right after the
+    // last Wait can therefore leave that delete holding the channel's last
+    // reference, and gRPC 1.51 crashes when a channel is destroyed on its
+    // own callback thread (grpc/grpc#32584; seen here as a SIGSEGV in
+    // grpc_completion_queue_next about one run in three). Idle channels to
+    // exited servers cost nothing.
+    static auto* graveyard = new std::vector<std::unique_ptr<ClientFactory>>;
+    for (auto& f : factories_) graveyard->push_back(std::move(f));
     servers_.clear();
   }
 
   int num_workers() const { return static_cast<int>(workers_.size()); }
+  std::vector<pid_t> server_pids() const {
+    std::vector<pid_t> p;
+    for (const auto& s : servers_) p.push_back(s->pid());
+    return p;
+  }
   KVWorker* worker(int i) { return workers_[i].get(); }
 
  private:
@@ -522,15 +549,45 @@ std::vector<uint64_t> RandomKeys(size_t n, uint64_t seed) {
   return k;
 }
 
+// CPU seconds (user + system) used so far by this process and by `pids`.
+// With the machine shared, wall-clock figures swing with other load; CPU
+// per byte does not, and on an otherwise idle machine it bounds throughput.
+double CpuSeconds(const std::vector<pid_t>& pids) {
+  rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  double s = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 +
+             ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  for (pid_t pid : pids) {
+    std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(f)),
+                     std::istreambuf_iterator<char>());
+    // Fields after the ")" that ends the command name: state is field 3,
+    // utime 14 and stime 15.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> fields =
+        absl::StrSplit(stat.substr(close + 2), ' ');
+    double ut = 0, st = 0;
+    if (fields.size() > 12 && absl::SimpleAtod(fields[11], &ut) &&
+        absl::SimpleAtod(fields[12], &st)) {
+      s += (ut + st) / tick;
+    }
+  }
+  return s;
+}
+
 struct Throughput {
   int64_t requests = 0;  // whole requests (all chunks) completed
   int64_t keys = 0;
   double seconds = 0;
+  double cpu_seconds = 0;  // benchmark process + servers, measured phase
 };
 
 // Keeps `inflight` requests outstanding on `w` until `until`, rotating over
 // `sets`, then drains. Counts only what completed.
-absl::Status RunWindow(KVWorker* w, const std::vector<std::vector<uint64_t>>& sets,
+absl::Status RunWindow(KVWorker* w,
+                       const std::vector<std::vector<uint64_t>>& sets,
                        const std::vector<float>& vals, bool push,
                        size_t chunk_keys, int inflight,
                        SteadyClock::time_point until, Throughput* out) {
@@ -544,16 +601,19 @@ absl::Status RunWindow(KVWorker* w, const std::vector<std::vector<uint64_t>>& se
   auto issue = [&](Slot& s, const std::vector<uint64_t>& keys) {
     s.ts.clear();
     s.keys = keys.size();
-    const size_t step = chunk_keys > 0 ? chunk_keys : keys.size();
+    const size_t step =
+        chunk_keys > 0 ? chunk_keys : std::max<size_t>(1, keys.size());
+    // Sized before any pull starts: KVWorker keeps pointers to these.
+    if (!push) s.outs.resize((keys.size() + step - 1) / step);
     size_t c = 0;
     for (size_t f = 0; f < keys.size(); f += step, ++c) {
       const size_t n = std::min(step, keys.size() - f);
       auto k = absl::MakeConstSpan(keys).subspan(f, n);
       if (push) {
-        s.ts.push_back(w->Push(kTable, k, absl::MakeConstSpan(vals).subspan(f, n),
+        s.ts.push_back(w->Push(kTable, k,
+                               absl::MakeConstSpan(vals).subspan(f, n),
                                /*num_examples=*/1));
       } else {
-        if (s.outs.size() <= c) s.outs.resize(c + 1);
         s.ts.push_back(w->Pull(kTable, k, &s.outs[c]));
       }
     }
@@ -602,9 +662,9 @@ absl::StatusOr<Throughput> MeasureThroughput(
   for (int i = 0; i < nw; ++i) {
     threads.emplace_back([&, i] {
       Throughput warm;
-      status[i] = RunWindow(c->worker(i), sets[i], vals, push, chunk_keys,
-                            inflight, After(absl::GetFlag(FLAGS_warmup_seconds)),
-                            &warm);
+      status[i] =
+          RunWindow(c->worker(i), sets[i], vals, push, chunk_keys, inflight,
+                    After(absl::GetFlag(FLAGS_warmup_seconds)), &warm);
       ready.DecrementCount();
       if (!go.WaitForNotificationWithTimeout(absl::Seconds(300))) return;
       if (!status[i].ok()) return;
@@ -614,11 +674,14 @@ absl::StatusOr<Throughput> MeasureThroughput(
     });
   }
   ready.Wait();
+  const std::vector<pid_t> pids = c->server_pids();
+  const double cpu0 = CpuSeconds(pids);
   t0 = SteadyClock::now();
   until = After(absl::GetFlag(FLAGS_seconds));
   go.Notify();
   for (auto& t : threads) t.join();
   Throughput total;
+  total.cpu_seconds = CpuSeconds(pids) - cpu0;
   for (int i = 0; i < nw; ++i) {
     PS_RETURN_IF_ERROR(status[i]);
     total.requests += per[i].requests;
@@ -653,8 +716,8 @@ absl::StatusOr<Latency> MeasureLatency(Cluster* c,
         const bool warm = it < 50;
         if (!warm && SteadyClock::now() >= until) break;
         const auto t = SteadyClock::now();
-        const int64_t ts = push ? w->Push(kTable, keys, vals, 1)
-                                : w->Pull(kTable, keys, &out);
+        const int64_t ts =
+            push ? w->Push(kTable, keys, vals, 1) : w->Pull(kTable, keys, &out);
         status[i] = w->Wait(ts, absl::Now() + absl::Seconds(60));
         if (!status[i].ok()) return;
         if (!warm) samples[i].push_back(SecondsSince(t) * 1e6);
@@ -682,13 +745,16 @@ struct Row {
   std::string topo, kase, op, size;
   double req_per_s = 0, mkeys_per_s = 0, gbps_vals = 0, gbps_total = 0;
   double p50_us = 0, p99_us = 0;
-  std::string ref;  // the ps-lite reference, where there is one
+  double cpu_ns_per_key = 0;  // all processes' CPU over keys moved
+  std::string ref;            // the ps-lite reference, where there is one
 };
 
 std::string Reference(const std::string& kase, const std::string& op,
                       const std::string& size) {
-  if (kase == "dense" && size == "4MiB") return op == "push" ? "1.47x" : "1.00x";
-  if (kase == "dense" && size == "1MiB") return op == "push" ? "0.87x" : "0.66x";
+  if (kase == "dense" && size == "4MiB")
+    return op == "push" ? "1.47x" : "1.00x";
+  if (kase == "dense" && size == "1MiB")
+    return op == "push" ? "0.87x" : "0.66x";
   if (kase == "latency" && op == "push" && size == "4KiB") return "178us";
   if (kase == "sparse" && op == "push" && size == "100k") return "303Mkeys/s";
   return "";
@@ -701,22 +767,28 @@ std::string KeysLabel(size_t n) {
 }
 
 void PrintTable(const std::vector<Row>& rows, double iperf_gbps) {
-  std::printf("\n%-6s %-8s %-5s %-6s %10s %11s %9s %9s %7s %7s %9s %9s %11s\n",
-              "topo", "case", "op", "size", "req/s", "Mkeys/s", "GB/s val",
-              "GB/s tot", "x iperf", "(tot)", "p50 us", "p99 us", "ps-lite");
+  std::printf(
+      "\n%-6s %-8s %-5s %-6s %10s %11s %9s %9s %7s %7s %9s %9s %8s %11s\n",
+      "topo", "case", "op", "size", "req/s", "Mkeys/s", "GB/s val", "GB/s tot",
+      "x iperf", "(tot)", "p50 us", "p99 us", "cpu ns/k", "ps-lite");
   for (const Row& r : rows) {
     const bool lat = r.kase == "latency";
     std::string ratio = "-", ratio_tot = "-";
     if (iperf_gbps > 0 && !lat) {
-      ratio = absl::StrFormat("%.2f", r.gbps_vals / iperf_gbps);
-      ratio_tot = absl::StrFormat("%.2f", r.gbps_total / iperf_gbps);
+      ratio = absl::StrFormat("%.3f", r.gbps_vals / iperf_gbps);
+      ratio_tot = absl::StrFormat("%.3f", r.gbps_total / iperf_gbps);
     }
+    const std::string cpu =
+        lat ? "-" : absl::StrFormat("%.1f", r.cpu_ns_per_key);
     std::printf(
-        "%-6s %-8s %-5s %-6s %10.1f %11.2f %9.3f %9.3f %7s %7s %9s %9s %11s\n",
+        "%-6s %-8s %-5s %-6s %10.1f %11.2f %9.3f %9.3f %7s %7s %9s %9s %8s "
+        "%11s\n",
         r.topo.c_str(), r.kase.c_str(), r.op.c_str(), r.size.c_str(),
         r.req_per_s, r.mkeys_per_s, r.gbps_vals, r.gbps_total, ratio.c_str(),
-        ratio_tot.c_str(), lat ? absl::StrFormat("%.0f", r.p50_us).c_str() : "-",
-        lat ? absl::StrFormat("%.0f", r.p99_us).c_str() : "-", r.ref.c_str());
+        ratio_tot.c_str(),
+        lat ? absl::StrFormat("%.0f", r.p50_us).c_str() : "-",
+        lat ? absl::StrFormat("%.0f", r.p99_us).c_str() : "-", cpu.c_str(),
+        r.ref.c_str());
   }
 }
 
@@ -725,15 +797,16 @@ absl::Status WriteCsv(const std::string& path, const std::vector<Row>& rows,
   std::ofstream f(path);
   if (!f) return absl::UnavailableError(absl::StrCat("cannot write ", path));
   f << "topo,case,op,size,req_per_s,mkeys_per_s,gbps_vals,gbps_total,"
-       "ratio_vals_to_iperf,ratio_total_to_iperf,p50_us,p99_us,iperf_gbps,"
-       "reference\n";
+       "ratio_vals_to_iperf,ratio_total_to_iperf,p50_us,p99_us,cpu_ns_per_key,"
+       "iperf_gbps,reference\n";
   for (const Row& r : rows) {
     const double rv = iperf_gbps > 0 ? r.gbps_vals / iperf_gbps : 0;
     const double rt = iperf_gbps > 0 ? r.gbps_total / iperf_gbps : 0;
-    f << absl::StrFormat("%s,%s,%s,%s,%.2f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%.1f,%.3f,%s\n",
-                         r.topo, r.kase, r.op, r.size, r.req_per_s,
-                         r.mkeys_per_s, r.gbps_vals, r.gbps_total, rv, rt,
-                         r.p50_us, r.p99_us, iperf_gbps, r.ref);
+    f << absl::StrFormat(
+        "%s,%s,%s,%s,%.2f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%.1f,%.2f,%.3f,%s\n",
+        r.topo, r.kase, r.op, r.size, r.req_per_s, r.mkeys_per_s, r.gbps_vals,
+        r.gbps_total, rv, rt, r.p50_us, r.p99_us, r.cpu_ns_per_key, iperf_gbps,
+        r.ref);
   }
   return f.good() ? absl::OkStatus()
                   : absl::UnavailableError(absl::StrCat("writing ", path));
@@ -745,7 +818,8 @@ absl::StatusOr<std::vector<size_t>> ParseSizes(const std::string& flag,
   for (absl::string_view p : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
     size_t v;
     if (!absl::SimpleAtoi(p, &v) || v == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": bad size ", p));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": bad size ", p));
     }
     out.push_back(v);
   }
@@ -758,7 +832,8 @@ absl::StatusOr<std::vector<Topology>> ParseTopologies(const std::string& spec) {
     std::vector<std::string> sw = absl::StrSplit(p, 'x');
     Topology t;
     if (sw.size() != 2 || !absl::SimpleAtoi(sw[0], &t.servers) ||
-        !absl::SimpleAtoi(sw[1], &t.workers) || t.servers < 1 || t.workers < 1) {
+        !absl::SimpleAtoi(sw[1], &t.workers) || t.servers < 1 ||
+        t.workers < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("--topologies: expected SxW, got ", p));
     }
@@ -780,18 +855,22 @@ Row ThroughputRow(const Topology& t, const std::string& kase, bool push,
   // dim 1: 4 value bytes and 8 key bytes per key.
   r.gbps_vals = static_cast<double>(th.keys) * 4 / s / 1e9;
   r.gbps_total = static_cast<double>(th.keys) * 12 / s / 1e9;
+  r.cpu_ns_per_key =
+      th.keys > 0 ? th.cpu_seconds * 1e9 / static_cast<double>(th.keys) : 0;
   r.ref = Reference(kase, r.op, size);
   return r;
 }
 
-absl::Status RunTopology(const Topology& t, const std::vector<std::string>& cases,
+absl::Status RunTopology(const Topology& t,
+                         const std::vector<std::string>& cases,
                          std::vector<Row>* rows) {
   PS_ASSIGN_OR_RETURN(auto cluster, Cluster::Start(t));
   auto has = [&](const char* c) {
     return std::find(cases.begin(), cases.end(), c) != cases.end();
   };
   const size_t chunk_keys =
-      static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib)) * 1024 / sizeof(float);
+      static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib)) * 1024 /
+      sizeof(float);
   const int nw = t.workers;
   std::vector<float> vals;
   auto ensure_vals = [&](size_t n) {
@@ -799,17 +878,19 @@ absl::Status RunTopology(const Topology& t, const std::vector<std::string>& case
   };
 
   if (has("dense")) {
-    PS_ASSIGN_OR_RETURN(auto sizes,
-                        ParseSizes("dense_mib", absl::GetFlag(FLAGS_dense_mib)));
+    PS_ASSIGN_OR_RETURN(
+        auto sizes, ParseSizes("dense_mib", absl::GetFlag(FLAGS_dense_mib)));
     for (size_t mib : sizes) {
       const size_t n = mib * (1 << 20) / sizeof(float);
       // Every worker pushes and pulls the same dense block.
       std::vector<std::vector<std::vector<uint64_t>>> sets(nw, {DenseKeys(n)});
       ensure_vals(n);
       for (bool push : {true, false}) {
-        PS_ASSIGN_OR_RETURN(Throughput th, MeasureThroughput(cluster.get(), sets,
-                                                             vals, push, chunk_keys));
-        rows->push_back(ThroughputRow(t, "dense", push, absl::StrCat(mib, "MiB"), th));
+        PS_ASSIGN_OR_RETURN(
+            Throughput th,
+            MeasureThroughput(cluster.get(), sets, vals, push, chunk_keys));
+        rows->push_back(
+            ThroughputRow(t, "dense", push, absl::StrCat(mib, "MiB"), th));
         std::fprintf(stderr, "  %s dense %zu MiB %s: %.3f GB/s values\n",
                      t.name().c_str(), mib, push ? "push" : "pull",
                      rows->back().gbps_vals);
@@ -817,13 +898,14 @@ absl::Status RunTopology(const Topology& t, const std::vector<std::string>& case
     }
   }
   if (has("latency")) {
-    const size_t n = static_cast<size_t>(absl::GetFlag(FLAGS_latency_kib)) * 1024 /
-                     sizeof(float);
+    const size_t n = static_cast<size_t>(absl::GetFlag(FLAGS_latency_kib)) *
+                     1024 / sizeof(float);
     const std::vector<uint64_t> keys = DenseKeys(n);
     ensure_vals(n);
     const std::vector<float> v(vals.begin(), vals.begin() + n);
     for (bool push : {true, false}) {
-      PS_ASSIGN_OR_RETURN(Latency l, MeasureLatency(cluster.get(), keys, v, push));
+      PS_ASSIGN_OR_RETURN(Latency l,
+                          MeasureLatency(cluster.get(), keys, v, push));
       Row r;
       r.topo = t.name();
       r.kase = "latency";
@@ -839,21 +921,24 @@ absl::Status RunTopology(const Topology& t, const std::vector<std::string>& case
     }
   }
   if (has("sparse")) {
-    PS_ASSIGN_OR_RETURN(auto sizes, ParseSizes("sparse_keys",
-                                               absl::GetFlag(FLAGS_sparse_keys)));
+    PS_ASSIGN_OR_RETURN(
+        auto sizes,
+        ParseSizes("sparse_keys", absl::GetFlag(FLAGS_sparse_keys)));
     for (size_t n : sizes) {
       // Two fixed random key sets per worker, alternated: the server's tables
       // stay bounded however long the run.
       std::vector<std::vector<std::vector<uint64_t>>> sets(nw);
       for (int w = 0; w < nw; ++w) {
         for (uint64_t s = 0; s < 2; ++s) {
-          sets[w].push_back(RandomKeys(n, (static_cast<uint64_t>(w) << 32) ^ (n * 2 + s)));
+          sets[w].push_back(
+              RandomKeys(n, (static_cast<uint64_t>(w) << 32) ^ (n * 2 + s)));
         }
       }
       ensure_vals(n);
       for (bool push : {true, false}) {
-        PS_ASSIGN_OR_RETURN(Throughput th, MeasureThroughput(cluster.get(), sets,
-                                                             vals, push, chunk_keys));
+        PS_ASSIGN_OR_RETURN(
+            Throughput th,
+            MeasureThroughput(cluster.get(), sets, vals, push, chunk_keys));
         rows->push_back(ThroughputRow(t, "sparse", push, KeysLabel(n), th));
         std::fprintf(stderr, "  %s sparse %s %s: %.2f M keys/s\n",
                      t.name().c_str(), KeysLabel(n).c_str(),
@@ -880,40 +965,53 @@ int BenchMain() {
     auto bps = MeasureIperf(absl::GetFlag(FLAGS_iperf_seconds));
     if (bps.ok()) {
       iperf_gbps = *bps / 8 / 1e9;
-      std::fprintf(stderr, "iperf3, one loopback stream: %.3f GB/s (%.2f Gbit/s)\n",
+      std::fprintf(stderr,
+                   "iperf3, one loopback stream: %.3f GB/s (%.2f Gbit/s)\n",
                    iperf_gbps, *bps / 1e9);
     } else {
-      std::fprintf(stderr, "iperf3 skipped: %s\n", bps.status().ToString().c_str());
+      std::fprintf(stderr, "iperf3 skipped: %s\n",
+                   bps.status().ToString().c_str());
     }
   }
   std::vector<Row> rows;
   for (const Topology& t : *topologies) {
-    std::fprintf(stderr, "%s: starting %d server processes, %d worker threads\n",
+    std::fprintf(stderr,
+                 "%s: starting %d server processes, %d worker threads\n",
                  t.name().c_str(), t.servers, t.workers);
     absl::Status s = RunTopology(t, cases, &rows);
     if (!s.ok()) {
-      std::fprintf(stderr, "%s failed: %s\n", t.name().c_str(), s.ToString().c_str());
+      std::fprintf(stderr, "%s failed: %s\n", t.name().c_str(),
+                   s.ToString().c_str());
       PrintTable(rows, iperf_gbps);
       return 1;
     }
   }
-  std::printf("pushpull_bench: gRPC on loopback, %d request(s) in flight per "
-              "worker, %d channel(s) per server%s%s%s, server: %s\n",
-              absl::GetFlag(FLAGS_inflight), absl::GetFlag(FLAGS_channels),
-              absl::GetFlag(FLAGS_chunk_kib) > 0
-                  ? absl::StrCat(", chunks of ", absl::GetFlag(FLAGS_chunk_kib), " KiB").c_str()
-                  : "",
-              absl::GetFlag(FLAGS_client_grpc_args).empty()
-                  ? ""
-                  : absl::StrCat(", client args ", absl::GetFlag(FLAGS_client_grpc_args)).c_str(),
-              absl::GetFlag(FLAGS_server_grpc_args).empty()
-                  ? ""
-                  : absl::StrCat(", server args ", absl::GetFlag(FLAGS_server_grpc_args)).c_str(),
-              absl::GetFlag(FLAGS_noop_server)
-                  ? "no-op (no table)"
-                  : absl::StrCat("ServerNode, ", absl::GetFlag(FLAGS_optimizer)).c_str());
-  std::printf("iperf3 one stream: %.3f GB/s; ratios below are GB/s over that "
-              "(val: values only, tot: keys + values)\n", iperf_gbps);
+  std::printf(
+      "pushpull_bench: gRPC on loopback, %d request(s) in flight per "
+      "worker, %d channel(s) per server%s%s%s, server: %s\n",
+      absl::GetFlag(FLAGS_inflight), absl::GetFlag(FLAGS_channels),
+      absl::GetFlag(FLAGS_chunk_kib) > 0
+          ? absl::StrCat(", chunks of ", absl::GetFlag(FLAGS_chunk_kib), " KiB")
+                .c_str()
+          : "",
+      absl::GetFlag(FLAGS_client_grpc_args).empty()
+          ? ""
+          : absl::StrCat(", client args ",
+                         absl::GetFlag(FLAGS_client_grpc_args))
+                .c_str(),
+      absl::GetFlag(FLAGS_server_grpc_args).empty()
+          ? ""
+          : absl::StrCat(", server args ",
+                         absl::GetFlag(FLAGS_server_grpc_args))
+                .c_str(),
+      absl::GetFlag(FLAGS_noop_server)
+          ? "no-op (no table)"
+          : absl::StrCat("ServerNode, ", absl::GetFlag(FLAGS_optimizer))
+                .c_str());
+  std::printf(
+      "iperf3 one stream: %.3f GB/s; ratios below are GB/s over that "
+      "(val: values only, tot: keys + values)\n",
+      iperf_gbps);
   PrintTable(rows, iperf_gbps);
   std::printf("total run time %.1f s\n", SecondsSince(t0));
   const std::string csv = absl::GetFlag(FLAGS_csv);

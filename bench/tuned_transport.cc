@@ -20,8 +20,8 @@ absl::StatusOr<std::vector<GrpcArg>> ParseGrpcArgs(const std::string& spec) {
       return absl::InvalidArgumentError(
           absl::StrCat("grpc arg \"", part, "\": expected name=value"));
     }
-    out.push_back({std::string(part.substr(0, eq)),
-                   std::string(part.substr(eq + 1))});
+    out.push_back(
+        {std::string(part.substr(0, eq)), std::string(part.substr(eq + 1))});
   }
   return out;
 }
@@ -85,7 +85,8 @@ class TunedServerClient : public ServerClient {
           s->async()->Pull(ctx, rq, rs, std::move(cb));
         });
   }
-  void Clock(std::shared_ptr<const proto::ClockRequest> req, absl::Time deadline,
+  void Clock(std::shared_ptr<const proto::ClockRequest> req,
+             absl::Time deadline,
              Callback<proto::ClockResponse> done) override {
     Start<proto::ClockRequest, proto::ClockResponse>(
         std::move(req), deadline, std::move(done),
@@ -106,8 +107,7 @@ class TunedServerClient : public ServerClient {
 
  private:
   proto::Server::Stub* NextStub() {
-    return stubs_[next_.fetch_add(1, std::memory_order_relaxed) %
-                  stubs_.size()]
+    return stubs_[next_.fetch_add(1, std::memory_order_relaxed) % stubs_.size()]
         .get();
   }
 
@@ -123,8 +123,8 @@ class TunedServerClient : public ServerClient {
     auto* call = new Call;
     call->req = std::move(req);
     call->done = std::move(done);
-    call->ctx.set_deadline(absl::ToChronoTime(
-        std::min(deadline, absl::Now() + absl::Hours(24))));
+    call->ctx.set_deadline(
+        absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Hours(24))));
     fn(NextStub(), &call->ctx, call->req.get(), &call->resp,
        [call](grpc::Status s) {
          call->done(FromGrpcStatus(s), &call->resp);

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -209,6 +210,59 @@ Field BoolField(std::string path, Member<bool> m) {
   return f;
 }
 
+// A list of integers, each in [lo, hi]: a YAML sequence ([256, 128]), or a
+// scalar of comma-separated integers ("256,128", as --set gives it; "" or
+// "[]" is the empty list). Written back as "256,128".
+Field IntListField(std::string path, Member<std::vector<int>> m, int lo, int hi) {
+  Field f;
+  f.path = path;
+  f.quote = true;
+  f.set = [path, m, lo, hi](const YAML::Node& n, JobConfig* c) {
+    std::vector<std::string> items;
+    if (n.IsSequence()) {
+      for (const auto& e : n) {
+        if (!e.IsScalar()) {
+          return FieldError(path, absl::StrCat("expected integers, got ",
+                                               Describe(e)));
+        }
+        items.push_back(e.Scalar());
+      }
+    } else if (n.IsScalar() || n.IsNull()) {
+      std::string text = n.IsNull() ? "" : n.Scalar();
+      absl::string_view t = absl::StripAsciiWhitespace(text);
+      if (absl::ConsumePrefix(&t, "[") && !absl::ConsumeSuffix(&t, "]")) {
+        return FieldError(path, absl::StrCat("unbalanced '[' in '", text, "'"));
+      }
+      t = absl::StripAsciiWhitespace(t);
+      if (!t.empty()) {
+        for (absl::string_view part : absl::StrSplit(t, ',')) {
+          items.emplace_back(absl::StripAsciiWhitespace(part));
+        }
+      }
+    } else {
+      return FieldError(path, absl::StrCat("expected a list of integers, got ",
+                                           Describe(n)));
+    }
+    std::vector<int> out;
+    for (const std::string& item : items) {
+      int v = 0;
+      if (!absl::SimpleAtoi(item, &v)) {
+        return FieldError(path, absl::StrCat("expected an integer, got '",
+                                             item, "'"));
+      }
+      if (v < lo || v > hi) {
+        return FieldError(path, absl::StrCat("every entry must be in [", lo,
+                                             ", ", hi, "], got ", v));
+      }
+      out.push_back(v);
+    }
+    m(*c) = std::move(out);
+    return absl::OkStatus();
+  };
+  f.get = [m](const JobConfig& c) { return absl::StrJoin(Read(m, c), ","); };
+  return f;
+}
+
 Field ModeField() {
   Field f;
   f.path = "consistency.mode";
@@ -320,6 +374,12 @@ const std::vector<Field>& Fields() {
       Uint64Field(PS_CFG(training, seed)),
       DoubleField(PS_CFG(training, straggler_factor), {1, /*lo_open=*/false}),
       DoubleField(PS_CFG(training, eval_interval_s), kNonNegative),
+      IntField<int>(PS_CFG(mlp, embedding_dim), 1, 1024),
+      IntListField(PS_CFG(mlp, hidden), 1, 65536),
+      StringField(PS_CFG(mlp, optimizer), {"adam", "adagrad", "sgd"}),
+      DoubleField(PS_CFG(mlp, learning_rate), kPositive),
+      DoubleField(PS_CFG(mlp, l2), kNonNegative),
+      DoubleField(PS_CFG(mlp, embedding_init), kNonNegative),
       StringField(PS_CFG(output, model_dir)),
       StringField(PS_CFG(output, log_level), {"debug", "info", "warn", "error"}),
   };
@@ -331,7 +391,7 @@ const std::vector<Field>& Fields() {
 bool IsSection(absl::string_view path) {
   return path == "cluster" || path == "consistency" || path == "optimizer" ||
          path == "data" || path == "data.synthetic" || path == "training" ||
-         path == "output";
+         path == "mlp" || path == "output";
 }
 
 const Field* FindField(absl::string_view path) {

@@ -88,6 +88,24 @@ struct TrainingConfig {
   bool operator==(const TrainingConfig&) const = default;
 };
 
+// The dense CTR model (training.model: mlp; worker/mlp_trainer.h): per-field
+// embeddings of embedding_dim floats, concatenated, then fully connected
+// ReLU layers of the `hidden` widths and a logistic output. Its tables are
+// trained with their own update rule (`optimizer`, `learning_rate`, `l2`),
+// not the `optimizer` section's (FTRL suits sparse LR, not a deep model).
+struct MlpConfig {
+  int embedding_dim = 8;
+  std::vector<int> hidden = {256, 128};  // each >= 1; may be empty
+  std::string optimizer = "adam";        // adam | adagrad | sgd
+  double learning_rate = 0.001;
+  double l2 = 0;
+  // New embedding values ~ U(-s, s); layer weights use Glorot-uniform
+  // scales derived from the layer sizes.
+  double embedding_init = 0.05;
+
+  bool operator==(const MlpConfig&) const = default;
+};
+
 struct OutputConfig {
   std::string model_dir = "runs/model";
   std::string log_level = "info";
@@ -101,6 +119,7 @@ struct JobConfig {
   OptimizerConfig optimizer;
   DataConfig data;
   TrainingConfig training;
+  MlpConfig mlp;
   OutputConfig output;
 
   // tau as the consistency controller sees it: 0 for BSP, -1 (infinity)

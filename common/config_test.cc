@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -420,6 +421,64 @@ TEST(ConfigTest, LoadJobConfigNamesTheFile) {
   EXPECT_NE(s.message().find("no_such_ps_config.yaml"), std::string::npos);
   std::remove(good.c_str());
   std::remove(bad.c_str());
+}
+
+TEST(ConfigTest, MlpSection) {
+  absl::StatusOr<JobConfig> d = ParseJobConfig("");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->mlp.embedding_dim, 8);
+  EXPECT_EQ(d->mlp.hidden, (std::vector<int>{256, 128}));
+  EXPECT_EQ(d->mlp.optimizer, "adam");
+
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      "training:\n  model: mlp\n"
+      "mlp:\n  embedding_dim: 4\n  hidden: [64, 32, 16]\n"
+      "  optimizer: adagrad\n  learning_rate: 0.01\n  l2: 0.0001\n"
+      "  embedding_init: 0.1\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->training.model, "mlp");
+  EXPECT_EQ(c->mlp.embedding_dim, 4);
+  EXPECT_EQ(c->mlp.hidden, (std::vector<int>{64, 32, 16}));
+  EXPECT_EQ(c->mlp.optimizer, "adagrad");
+  EXPECT_EQ(c->mlp.learning_rate, 0.01);
+  EXPECT_EQ(c->mlp.l2, 0.0001);
+  EXPECT_EQ(c->mlp.embedding_init, 0.1);
+
+  // Round trip, including the empty list.
+  absl::StatusOr<JobConfig> back = ParseJobConfig(ToYaml(*c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == *c);
+  JobConfig e = *c;
+  e.mlp.hidden.clear();
+  back = ParseJobConfig(ToYaml(e));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->mlp.hidden.empty());
+  EXPECT_TRUE(Validate(e).ok());
+
+  // Overrides: comma-separated or bracketed.
+  JobConfig o;
+  ASSERT_TRUE(ApplyOverride(&o, "mlp.hidden=[32, 8]").ok());
+  EXPECT_EQ(o.mlp.hidden, (std::vector<int>{32, 8}));
+  ASSERT_TRUE(ApplyOverride(&o, "mlp.hidden=16,4").ok());
+  EXPECT_EQ(o.mlp.hidden, (std::vector<int>{16, 4}));
+
+  ExpectInvalid(ParseStatus("mlp:\n  hidden: [64, 0]\n"),
+                "config field mlp.hidden: every entry must be in [1, 65536], got 0");
+  ExpectInvalid(ParseStatus("mlp:\n  hidden: [64, x]\n"),
+                "config field mlp.hidden: expected an integer, got 'x'");
+  ExpectInvalid(ParseStatus("mlp:\n  hidden: {a: 1}\n"),
+                "config field mlp.hidden: expected a list of integers");
+  ExpectInvalid(ParseStatus("mlp:\n  embedding_dim: 0\n"),
+                "config field mlp.embedding_dim: must be >= 1, got 0");
+  ExpectInvalid(ParseStatus("mlp:\n  optimizer: ftrl\n"),
+                "config field mlp.optimizer: must be one of adam|adagrad|sgd");
+  ExpectInvalid(ParseStatus("mlp:\n  learning_rate: 0\n"),
+                "config field mlp.learning_rate: must be > 0");
+  ExpectInvalid(ParseStatus("mlp:\n  bogus: 1\n"),
+                "config field mlp.bogus: unknown key");
+  EXPECT_EQ(o.mlp.hidden.size(), 2u);
+  EXPECT_FALSE(ApplyOverride(&o, "mlp.hidden=[3").ok());
+  EXPECT_EQ(o.mlp.hidden, (std::vector<int>{16, 4}));  // unchanged on error
 }
 
 }  // namespace

@@ -82,7 +82,7 @@ void Prepare(grpc::ClientContext* ctx, absl::Time deadline,
 class GrpcServerClient : public ServerClient {
  public:
   GrpcServerClient(const std::string& address, const GrpcTransportOptions& o)
-      : token_(o.token) {
+      : token_(o.token), inflight_(std::make_shared<Inflight>()) {
     for (int i = 0; i < std::max(1, o.channels_per_server); ++i) {
       grpc::ChannelArguments args = DefaultChannelArgs();
       // Distinct args and a local subchannel pool give each channel its own
@@ -118,6 +118,16 @@ class GrpcServerClient : public ServerClient {
           s->async()->Clock(ctx, rq, rs, std::move(cb));
         });
   }
+  // Calls still in flight hold the channels: wait for them (bounded), so a
+  // channel is never destroyed on gRPC's own callback thread.
+  ~GrpcServerClient() override {
+    absl::MutexLock l(&inflight_->mu);
+    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(inflight_->mu) {
+      return inflight_->count == 0;
+    };
+    inflight_->mu.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
+  }
+
   absl::Status Finish(const proto::FinishRequest& req,
                       absl::Time deadline) override {
     grpc::ClientContext ctx;
@@ -164,14 +174,26 @@ class GrpcServerClient : public ServerClient {
     call->req = std::move(req);
     call->done = std::move(done);
     Prepare(&call->ctx, deadline, token_);
+    {
+      absl::MutexLock l(&inflight_->mu);
+      ++inflight_->count;
+    }
     fn(NextStub(), &call->ctx, call->req.get(), &call->resp,
-       [call](grpc::Status s) {
+       [call, inflight = inflight_](grpc::Status s) {
          call->done(FromGrpcStatus(s), &call->resp);
          delete call;
+         absl::MutexLock l(&inflight->mu);
+         --inflight->count;
        });
   }
 
+  struct Inflight {
+    absl::Mutex mu;
+    int64_t count ABSL_GUARDED_BY(mu) = 0;
+  };
+
   const std::string token_;
+  std::shared_ptr<Inflight> inflight_;
   std::vector<std::unique_ptr<proto::Server::Stub>> stubs_;
   std::atomic<uint64_t> next_{0};
 };

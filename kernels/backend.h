@@ -75,8 +75,10 @@ class ComputeBackend {
 };
 
 // "cpu" -> the CPU backend using `threads` threads (<= 1: the caller's thread
-// only). "auto" -> the best available backend (the CPU one in this build).
-// "cuda" -> UNAVAILABLE "built without CUDA support" in a CPU-only build.
+// only). "cuda" -> the CUDA backend (kernels/cuda_backend.h) on device 0;
+// UNAVAILABLE "... no CUDA device found" without a device, or "... built
+// without CUDA support" in a CPU-only build. "auto" -> the CUDA backend when
+// a device is usable, else the CPU one.
 // Anything else -> INVALID_ARGUMENT naming the backend.
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(
     const std::string& name, int threads);

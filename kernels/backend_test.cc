@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda_backend.h"
 
 namespace ps {
 namespace {
@@ -74,13 +75,24 @@ TEST(BackendFactory, Names) {
   auto cpu = CreateBackend("cpu", 2);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ((*cpu)->name(), "cpu");
+  const bool have_device = CudaDeviceAvailable().ok();
   auto autob = CreateBackend("auto", 1);
   ASSERT_TRUE(autob.ok()) << autob.status();
-  EXPECT_EQ((*autob)->name(), "cpu");
+  EXPECT_EQ((*autob)->name(), have_device ? "cuda" : "cpu");
   auto cuda = CreateBackend("cuda", 1);
-  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(cuda.status().message().find("built without CUDA support"),
-            std::string::npos);
+  if (have_device) {
+    EXPECT_TRUE(cuda.ok()) << cuda.status();
+  } else {
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kUnavailable);
+#ifdef PS_HAVE_CUDA
+    EXPECT_NE(cuda.status().message().find("no CUDA device found"),
+              std::string::npos)
+        << cuda.status();
+#else
+    EXPECT_NE(cuda.status().message().find("built without CUDA support"),
+              std::string::npos);
+#endif
+  }
   auto bad = CreateBackend("tpu", 1);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("tpu"), std::string::npos);

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_backend.h"
 
 namespace ps {
 
@@ -277,12 +278,18 @@ std::unique_ptr<ComputeBackend> CreateCpuBackend(int threads,
 
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(
     const std::string& name, int threads) {
-  if (name == "cpu" || name == "auto") {
-    return CreateCpuBackend(threads, kDefaultMinParallelNnz);
-  }
-  if (name == "cuda") {
-    return absl::UnavailableError(
-        "compute backend 'cuda': built without CUDA support");
+  if (name == "cpu") return CreateCpuBackend(threads, kDefaultMinParallelNnz);
+  if (name == "cuda" || name == "auto") {
+    // CreateCudaBackend answers UNAVAILABLE without a device (or in a build
+    // without CUDA); "auto" then falls back to the CPU.
+    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CreateCudaBackend();
+    if (cuda.ok()) return std::unique_ptr<ComputeBackend>(std::move(*cuda));
+    if (name == "auto") {
+      return CreateCpuBackend(threads, kDefaultMinParallelNnz);
+    }
+    return absl::Status(cuda.status().code(),
+                        absl::StrCat("compute backend 'cuda': ",
+                                     cuda.status().message()));
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown compute backend '", name, "' (expected cpu, cuda or auto)"));

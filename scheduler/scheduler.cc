@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/routing.h"
 #include "common/status_macros.h"
+#include "worker/mlp_trainer.h"
 
 namespace ps {
 
@@ -159,11 +160,15 @@ void SchedulerCore::BuildViewLocked() {
   *v.mutable_consistency() = view_.has_consistency()
                                  ? view_.consistency()
                                  : ps::ToProto(c.consistency);
-  proto::TableConfig* t = v.add_tables();
-  t->set_id(0);
-  t->set_name("weights");
-  t->set_dim(1);
-  *t->mutable_optimizer() = ToProto(c.optimizer);
+  if (c.training.model == "mlp") {
+    for (const proto::TableConfig& t : MlpTables(c)) *v.add_tables() = t;
+  } else {
+    proto::TableConfig* t = v.add_tables();
+    t->set_id(0);
+    t->set_name("weights");
+    t->set_dim(1);
+    *t->mutable_optimizer() = ToProto(c.optimizer);
+  }
   v.set_job_config_yaml(config_yaml_);
   v.set_model_dir(c.output.model_dir);
   view_ = std::move(v);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
@@ -71,6 +72,7 @@ absl::Status ServerNode::Configure(int server_id,
         absl::StrCat("server id ", server_id, " not in the view"));
   }
   Actions actions;
+  std::optional<int64_t> new_tau;
   {
     absl::MutexLock l(&mu_);
     if (consistency_ == nullptr) {
@@ -103,6 +105,16 @@ absl::Status ServerNode::Configure(int server_id,
         return absl::FailedPreconditionError(
             absl::StrCat("view epoch ", view.epoch(), " older than ", epoch_));
       }
+      if (view.has_consistency() &&
+          view.consistency().mode() != proto::MODE_UNKNOWN) {
+        if ((mode_ == proto::MODE_BSP) !=
+            (view.consistency().mode() == proto::MODE_BSP)) {
+          return absl::FailedPreconditionError(
+              "switching to or from bsp while running is not supported");
+        }
+        mode_ = view.consistency().mode();
+        new_tau = TauOf(view.consistency());
+      }
     }
     id_ = server_id;
     epoch_ = view.epoch();
@@ -117,6 +129,7 @@ absl::Status ServerNode::Configure(int server_id,
     }
     if (mode_ == proto::MODE_BSP) ApplyCompleteBspClocks(&actions);
   }
+  if (new_tau.has_value()) consistency_->SetTau(*new_tau);
   Publish(actions);
   return absl::OkStatus();
 }

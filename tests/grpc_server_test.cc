@@ -119,8 +119,8 @@ class GrpcServerTest : public ::testing::Test {
   }
 
   std::shared_ptr<ServerClient> Client(const std::string& token) {
-    factories_.push_back(std::make_unique<GrpcClientFactory>(
-        GrpcTransportOptions{token, 1}));
+    factories_.push_back(
+        std::make_unique<GrpcClientFactory>(GrpcTransportOptions{token, 1}));
     return factories_.back()->Server(address_);
   }
 

@@ -347,8 +347,7 @@ Fault FaultyServerClient::Decide(RpcMethod m) {
     }
     // One draw per call, whatever the rates, so the sequence of decisions
     // depends only on the seed and the call order.
-    const double u =
-        std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+    const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
     if (u < r->drop_request) {
       f = Fault::kDropRequest;
     } else if (u < r->drop_request + r->drop_reply) {
@@ -398,11 +397,10 @@ void FaultyServerClient::Async(RpcMethod m, std::shared_ptr<const Req> req,
       return;
     }
     case Fault::kDelay:
-      delayer_->After(options_.delay,
-                      [call, req = std::move(req), deadline,
-                       done = std::move(done)]() mutable {
-                        call(std::move(req), deadline, std::move(done));
-                      });
+      delayer_->After(options_.delay, [call, req = std::move(req), deadline,
+                                       done = std::move(done)]() mutable {
+        call(std::move(req), deadline, std::move(done));
+      });
       return;
     case Fault::kNone:
       call(std::move(req), deadline, std::move(done));
@@ -686,9 +684,8 @@ std::vector<std::pair<uint64_t, std::vector<float>>> LocalCluster::Snapshot(
     all.insert(all.end(), std::make_move_iterator(part.begin()),
                std::make_move_iterator(part.end()));
   }
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
-    return a.first < b.first;
-  });
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   return all;
 }
 
@@ -709,8 +706,9 @@ absl::StatusOr<double> JsonNumber(const std::string& json,
         ++p;
       }
       size_t e = p;
-      while (e < json.size() && std::string_view("+-0123456789.eE")
-                                        .find(json[e]) != std::string::npos) {
+      while (e < json.size() &&
+             std::string_view("+-0123456789.eE").find(json[e]) !=
+                 std::string::npos) {
         ++e;
       }
       double v;

@@ -222,7 +222,8 @@ class LocalCluster {
   absl::Status Start();
 
   // Runs every worker to the end and waits for the job to end: the
-  // scheduler's end status, else the first failing worker's status.
+  // scheduler's end status, else the first failing worker's status. Call
+  // once.
   absl::Status Run();
 
   // The scheduler's JSON report (after Run).

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -53,8 +54,10 @@ std::string A9aYaml(const std::string& mode, int tau) {
   num_workers: 2
   virtual_nodes: 64
 consistency:
-  mode: )", mode, R"(
-  tau: )", tau, R"(
+  mode: )",
+                      mode, R"(
+  tau: )",
+                      tau, R"(
 optimizer:
   name: ftrl
   alpha: 0.5
@@ -63,8 +66,10 @@ optimizer:
   l2: 0.001
 data:
   format: libsvm
-  train: )", kTrain, R"(
-  test: )", kTest, R"(
+  train: )",
+                      kTrain, R"(
+  test: )",
+                      kTest, R"(
 training:
   minibatch: 100
   epochs: 5
@@ -80,13 +85,10 @@ struct LaunchResult {
   std::string log;
 };
 
-// Runs ps_launch on `yaml` plus `--set` overrides in a fresh directory.
-LaunchResult Launch(const std::string& name, const std::string& yaml,
-                    const std::vector<std::string>& sets = {}) {
+// Runs ps_launch on `yaml` plus `--set` overrides in `dir` (created).
+LaunchResult RunLaunch(const fs::path& dir, const std::string& yaml,
+                       const std::vector<std::string>& sets = {}) {
   LaunchResult r;
-  const fs::path dir =
-      fs::path(::testing::TempDir()) /
-      absl::StrCat("ps_mp_", name, "_", ::getpid());
   std::error_code ec;
   fs::remove_all(dir, ec);
   fs::create_directories(dir);
@@ -95,10 +97,10 @@ LaunchResult Launch(const std::string& name, const std::string& yaml,
   r.model_dir = (dir / "model").string();
   const std::string report = (dir / "report.json").string();
   const std::string log = (dir / "launch.log").string();
-  std::string cmd = absl::StrCat(
-      PS_BIN_DIR "/ps_launch --config ", config, " --run-dir ",
-      (dir / "run").string(), " --report ", report,
-      " --set output.model_dir=", r.model_dir, " --timeout_s 150");
+  std::string cmd =
+      absl::StrCat(PS_BIN_DIR "/ps_launch --config ", config, " --run-dir ",
+                   (dir / "run").string(), " --report ", report,
+                   " --set output.model_dir=", r.model_dir, " --timeout_s 150");
   for (const std::string& s : sets) absl::StrAppend(&cmd, " --set ", s);
   absl::StrAppend(&cmd, " > ", log, " 2>&1");
   const int status = std::system(cmd.c_str());
@@ -108,8 +110,8 @@ LaunchResult Launch(const std::string& name, const std::string& yaml,
   return r;
 }
 
-#define ASSERT_LAUNCHED(r)                                            \
-  ASSERT_EQ((r).exit_code, 0) << "ps_launch failed; log tail:\n"      \
+#define ASSERT_LAUNCHED(r)                                       \
+  ASSERT_EQ((r).exit_code, 0) << "ps_launch failed; log tail:\n" \
                               << Tail((r).log, 4000)
 
 class MultiProcessTest : public ::testing::Test {
@@ -120,11 +122,27 @@ class MultiProcessTest : public ::testing::Test {
       GTEST_SKIP() << "a9a not found under " << kData;
     }
   }
+  // Run directories are kept when the test failed, for their logs.
+  void TearDown() override {
+    if (HasFailure()) return;
+    std::error_code ec;
+    for (const fs::path& d : dirs_) fs::remove_all(d, ec);
+  }
+
+  LaunchResult Launch(const std::string& name, const std::string& yaml,
+                      const std::vector<std::string>& sets = {}) {
+    dirs_.push_back(fs::path(::testing::TempDir()) /
+                    absl::StrCat("ps_mp_", name, "_", ::getpid()));
+    return RunLaunch(dirs_.back(), yaml, sets);
+  }
+
+  std::vector<fs::path> dirs_;
 };
 
 double Auc(const LaunchResult& r) {
   absl::StatusOr<double> auc = JsonNumber(r.report, "test_auc");
   EXPECT_TRUE(auc.ok()) << auc.status() << "\n" << r.report;
+  if (auc.ok()) std::printf("test AUC %.4f\n", *auc);
   return auc.ok() ? *auc : 0;
 }
 
@@ -204,9 +222,9 @@ TEST_F(MultiProcessTest, BspEqualsSequentialSgdOnCombinedBatches) {
   constexpr double kLr = 0.2;
   LaunchResult r =
       Launch("bsp_sgd", A9aYaml("bsp", 0),
-             {"optimizer.name=sgd", absl::StrCat("optimizer.learning_rate=", kLr),
-              "optimizer.l1=0", "optimizer.l2=0",
-              absl::StrCat("training.epochs=", kEpochs)});
+             {"optimizer.name=sgd",
+              absl::StrCat("optimizer.learning_rate=", kLr), "optimizer.l1=0",
+              "optimizer.l2=0", absl::StrCat("training.epochs=", kEpochs)});
   ASSERT_LAUNCHED(r);
 
   // The reference: one table, one process; minibatch t is worker 0's batch
@@ -241,9 +259,9 @@ TEST_F(MultiProcessTest, BspEqualsSequentialSgdOnCombinedBatches) {
     w.assign(batch.keys.size(), 0.0f);
     (*table)->Pull(0, batch.keys, w.data());
     grad.assign(batch.keys.size(), 0.0f);
-    ASSERT_TRUE(
-        (*backend)->LogisticGradient(batch, w, absl::MakeSpan(grad), nullptr)
-            .ok());
+    ASSERT_TRUE((*backend)
+                    ->LogisticGradient(batch, w, absl::MakeSpan(grad), nullptr)
+                    .ok());
     (*table)->Push(0, batch.keys, grad.data(),
                    1.0f / static_cast<float>(combined.rows()));
   }
@@ -273,9 +291,11 @@ TEST_F(MultiProcessTest, BspEqualsSequentialSgdOnCombinedBatches) {
     }
     max_abs = std::max(max_abs, std::fabs(static_cast<double>(v[0])));
   }
-  EXPECT_LE(max_diff, 1e-6) << "worst key " << worst << " of "
-                            << expected.size() << " (max |w| " << max_abs
-                            << ")";
+  std::printf("%zu keys, max |w| %.4f, max difference %.3g\n", expected.size(),
+              max_abs, max_diff);
+  EXPECT_LE(max_diff, 1e-6)
+      << "worst key " << worst << " of " << expected.size() << " (max |w| "
+      << max_abs << ")";
   EXPECT_GT(max_abs, 0.01) << "the model did not move";
 }
 

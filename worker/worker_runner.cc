@@ -9,10 +9,16 @@
 #include "common/membership.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "kernels/mlp.h"
 #include "worker/kv_worker.h"
+#include "worker/mlp_trainer.h"
 #include "worker/trainer.h"
 
 namespace ps {
+namespace {
+absl::Status ShardBytes(const proto::DataShard& shard, int64_t* begin,
+                        int64_t* end);
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<RowReader>> OpenTrainShard(
     const JobConfig& config, const proto::DataShard& shard) {
@@ -21,14 +27,8 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenTrainShard(
     return OpenSynthetic(d.synthetic, shard.row_begin(), shard.row_end(),
                          /*test=*/false);
   }
-  int64_t begin = shard.begin_byte(), end = shard.end_byte();
-  if (begin < 0) {  // cut here: the scheduler could not see the file
-    PS_ASSIGN_OR_RETURN(int64_t size, FileSize(shard.path()));
-    begin = size * shard.part() / shard.num_parts();
-    end = shard.part() + 1 == shard.num_parts()
-              ? -1
-              : size * (shard.part() + 1) / shard.num_parts();
-  }
+  int64_t begin, end;
+  PS_RETURN_IF_ERROR(ShardBytes(shard, &begin, &end));
   if (d.format == "libsvm") {
     return OpenLibsvm(shard.path(), begin, end, d.skip_malformed);
   }
@@ -55,34 +55,14 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenTestSet(
                    "'"));
 }
 
-absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
-                           ClientFactory* clients, SchedulerClient* scheduler) {
-  PS_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(view.job_config_yaml()));
-  const absl::Duration rpc = absl::Seconds(30);
-  proto::GetShardRequest sreq;
-  sreq.set_worker_id(worker_id);
-  PS_ASSIGN_OR_RETURN(proto::GetShardResponse shard,
-                      scheduler->GetShard(sreq, absl::Now() + rpc));
-  if (shard.train_size() == 0) {
-    return absl::InternalError("scheduler assigned no data shard");
-  }
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<RowReader> train,
-                      OpenTrainShard(config, shard.train(0)));
-  std::unique_ptr<RowReader> test;
-  if (worker_id == 0) {
-    PS_ASSIGN_OR_RETURN(test, OpenTestSet(config));
-  }
-  PS_ASSIGN_OR_RETURN(
-      std::unique_ptr<ComputeBackend> backend,
-      CreateBackend(config.training.backend, config.training.threads));
+namespace {
 
-  KVWorkerOptions ko;
-  ko.worker_id = worker_id;
-  ko.pull_wait = absl::Milliseconds(config.consistency.pull_timeout_ms);
-  ko.request_timeout = ko.pull_wait + absl::Seconds(30);
-  KVWorker kv(ko, view, clients, scheduler);
-  Trainer trainer(worker_id, config, &kv, backend.get());
-
+// Trains, finishes, waits for the other workers, evaluates (when given a
+// test set) and reports to the scheduler: the part every model shares.
+template <typename TrainerT, typename ReaderT>
+absl::Status TrainAndReport(int worker_id, const JobConfig& config,
+                            KVWorker* kv, TrainerT* trainer, ReaderT* train,
+                            ReaderT* test, SchedulerClient* scheduler) {
   // Heartbeats carry the clock and progress, for ps_status and failure
   // detection.
   absl::Notification stop;
@@ -92,8 +72,8 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
       proto::HeartbeatRequest hb;
       hb.set_role(proto::ROLE_WORKER);
       hb.set_id(worker_id);
-      hb.set_clock(kv.clock());
-      hb.set_examples(trainer.examples_so_far());
+      hb.set_clock(kv->clock());
+      hb.set_examples(trainer->examples_so_far());
       auto r = scheduler->Heartbeat(hb, absl::Now() + every * 4);
       if (!r.ok()) PS_LOG_DEBUG("heartbeat: {}", r.status().ToString());
     }
@@ -104,13 +84,10 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
     return s;
   };
 
-  PS_LOG_INFO("training: {} epochs, minibatch {}, backend {}",
-              config.training.epochs, config.training.minibatch,
-              backend->name());
-  absl::Status s = trainer.Train(train.get(), test.get());
-  if (s.ok()) s = kv.Finish(absl::Now() + absl::Seconds(600));
+  absl::Status s = trainer->Train(train, test);
+  if (s.ok()) s = kv->Finish(absl::Now() + absl::Seconds(600));
   if (!s.ok()) return finish(s);
-  const TrainerStats& st = trainer.stats();
+  const TrainerStats& st = trainer->stats();
   PS_LOG_INFO("trained {} examples in {:.2f}s (compute {:.2f}s, wait {:.2f}s)",
               st.examples, st.wall_seconds, st.compute_seconds,
               st.wait_seconds);
@@ -134,7 +111,7 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   if (test != nullptr) {
     s = test->Reset();
     if (!s.ok()) return finish(s);
-    auto m = trainer.Evaluate(test.get());
+    auto m = trainer->Evaluate(test);
     if (!m.ok()) return finish(m.status());
     PS_LOG_INFO("test: AUC {:.4f}, log loss {:.4f}, accuracy {:.4f} ({} rows)",
                 m->auc, m->logloss, m->accuracy, m->n);
@@ -146,6 +123,83 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   }
   s = scheduler->WorkerDone(done, absl::Now() + absl::Seconds(600));
   return finish(s);
+}
+
+// The byte range of a file shard; cut here when the scheduler could not.
+absl::Status ShardBytes(const proto::DataShard& shard, int64_t* begin,
+                        int64_t* end) {
+  *begin = shard.begin_byte();
+  *end = shard.end_byte();
+  if (*begin < 0) {
+    PS_ASSIGN_OR_RETURN(int64_t size, FileSize(shard.path()));
+    *begin = size * shard.part() / shard.num_parts();
+    *end = shard.part() + 1 == shard.num_parts()
+               ? -1
+               : size * (shard.part() + 1) / shard.num_parts();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
+                           ClientFactory* clients, SchedulerClient* scheduler) {
+  PS_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(view.job_config_yaml()));
+  const absl::Duration rpc = absl::Seconds(30);
+  proto::GetShardRequest sreq;
+  sreq.set_worker_id(worker_id);
+  PS_ASSIGN_OR_RETURN(proto::GetShardResponse shard,
+                      scheduler->GetShard(sreq, absl::Now() + rpc));
+  if (shard.train_size() == 0) {
+    return absl::InternalError("scheduler assigned no data shard");
+  }
+  KVWorkerOptions ko;
+  ko.worker_id = worker_id;
+  ko.pull_wait = absl::Milliseconds(config.consistency.pull_timeout_ms);
+  ko.request_timeout = ko.pull_wait + absl::Seconds(30);
+  KVWorker kv(ko, view, clients, scheduler);
+
+  if (config.training.model == "mlp") {
+    const DataConfig& d = config.data;
+    if (d.format != "criteo") {
+      return absl::InvalidArgumentError(
+          "config field data.format: the mlp model needs criteo data");
+    }
+    int64_t begin, end;
+    PS_RETURN_IF_ERROR(ShardBytes(shard.train(0), &begin, &end));
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<FieldReader> train,
+                        OpenCriteoFields(shard.train(0).path(), begin, end,
+                                         d.skip_malformed));
+    std::unique_ptr<FieldReader> test;
+    if (worker_id == 0 && !d.test.empty()) {
+      PS_ASSIGN_OR_RETURN(test,
+                          OpenCriteoFields(d.test, 0, -1, d.skip_malformed));
+    }
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<MlpBackend> backend,
+                        CreateMlpBackend(config.training.backend));
+    KVWorkerParamClient params(&kv);
+    MlpTrainer trainer(worker_id, config, &params, backend.get());
+    PS_LOG_INFO("training mlp: {} epochs, minibatch {}",
+                config.training.epochs, config.training.minibatch);
+    return TrainAndReport(worker_id, config, &kv, &trainer, train.get(),
+                          test.get(), scheduler);
+  }
+
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<RowReader> train,
+                      OpenTrainShard(config, shard.train(0)));
+  std::unique_ptr<RowReader> test;
+  if (worker_id == 0) {
+    PS_ASSIGN_OR_RETURN(test, OpenTestSet(config));
+  }
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<ComputeBackend> backend,
+      CreateBackend(config.training.backend, config.training.threads));
+  Trainer trainer(worker_id, config, &kv, backend.get());
+  PS_LOG_INFO("training: {} epochs, minibatch {}, backend {}",
+              config.training.epochs, config.training.minibatch,
+              backend->name());
+  return TrainAndReport(worker_id, config, &kv, &trainer, train.get(),
+                        test.get(), scheduler);
 }
 
 absl::Status RunWorker(const WorkerRunOptions& options) {

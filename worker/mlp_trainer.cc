@@ -1,0 +1,347 @@
+#include "worker/mlp_trainer.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace ps {
+
+namespace {
+
+constexpr int kIntFields = 13;
+constexpr int kTsvFields = 1 + kCriteoNumFields;  // label + 39
+
+bool ParseInt64(std::string_view s, int64_t* v) {
+  if (s.empty()) return false;
+  const char* b = s.data();
+  if (*b == '+') ++b;
+  auto [p, ec] = std::from_chars(b, s.data() + s.size(), *v);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// Parses one Criteo line into 39 keys + a label. False (with *reason) for a
+// malformed line; then nothing is appended.
+bool ParseCriteoFields(std::string_view line, FieldBlock* out,
+                       std::string* reason) {
+  std::string_view fields[kTsvFields];
+  int n = 0;
+  size_t start = 0;
+  while (true) {
+    const size_t tab = line.find('\t', start);
+    const std::string_view f = line.substr(
+        start, tab == std::string_view::npos ? std::string_view::npos : tab - start);
+    if (n < kTsvFields) fields[n] = f;
+    ++n;
+    if (tab == std::string_view::npos) break;
+    start = tab + 1;
+  }
+  if (n != kTsvFields) {
+    *reason = absl::StrCat("expected ", kTsvFields, " tab-separated fields, got ", n);
+    return false;
+  }
+  int64_t y = 0;
+  if (!ParseInt64(fields[0], &y)) {
+    *reason = absl::StrCat("bad label '", std::string(fields[0]), "'");
+    return false;
+  }
+  uint64_t keys[kCriteoNumFields];
+  for (int i = 0; i < kCriteoNumFields; ++i) {
+    const std::string_view f = fields[1 + i];
+    if (f.empty()) {
+      keys[i] = MissingFieldKey(i);
+    } else if (i < kIntFields) {
+      int64_t v = 0;
+      if (!ParseInt64(f, &v)) {
+        *reason = absl::StrCat("bad integer '", std::string(f), "' in field I", i + 1);
+        return false;
+      }
+      int64_t bucket = v;
+      if (v > 2) {
+        const double l = std::log(static_cast<double>(v));
+        bucket = static_cast<int64_t>(std::floor(l * l));
+      }
+      keys[i] = FeatureKey(static_cast<uint64_t>(bucket), i);
+    } else {
+      keys[i] = FeatureKey(HashBytes(f), i);
+    }
+  }
+  out->keys.insert(out->keys.end(), keys, keys + kCriteoNumFields);
+  out->labels.push_back(y > 0 ? 1.0f : 0.0f);
+  return true;
+}
+
+class CriteoFieldReader final : public FieldReader {
+ public:
+  CriteoFieldReader(std::string path, int64_t begin, int64_t end, bool skip)
+      : path_(std::move(path)), begin_(begin), end_(end), skip_(skip) {}
+
+  absl::Status Reset() override {
+    in_.close();
+    in_.clear();
+    in_.open(path_, std::ios::binary);
+    if (!in_) return absl::NotFoundError(absl::StrCat(path_, ": cannot open"));
+    offset_ = begin_;
+    if (begin_ > 0) {
+      // The shard starts at the first line that starts at or after begin_.
+      in_.seekg(begin_ - 1);
+      char c = 0;
+      if (!in_.get(c)) {
+        offset_ = INT64_MAX;  // past the end: empty shard
+        return absl::OkStatus();
+      }
+      if (c != '\n') {
+        std::getline(in_, line_);
+        offset_ = begin_ + static_cast<int64_t>(line_.size()) + 1;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<size_t> Next(size_t max_rows, FieldBlock* out) override {
+    size_t appended = 0;
+    std::string reason;
+    while (appended < max_rows) {
+      if (end_ >= 0 && offset_ >= end_) break;
+      if (offset_ == INT64_MAX || !std::getline(in_, line_)) break;
+      const int64_t line_start = offset_;
+      offset_ += static_cast<int64_t>(line_.size()) + 1;
+      std::string_view line = line_;
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (line.empty()) continue;
+      if (ParseCriteoFields(line, out, &reason)) {
+        ++appended;
+      } else if (!skip_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path_, ":byte ", line_start, ": ", reason));
+      }
+    }
+    if (in_.bad()) {
+      return absl::UnavailableError(absl::StrCat(path_, ": read error"));
+    }
+    return appended;
+  }
+
+ private:
+  const std::string path_;
+  const int64_t begin_, end_;
+  const bool skip_;
+  std::ifstream in_;
+  std::string line_;
+  int64_t offset_ = 0;
+};
+
+proto::OptimizerConfig MlpOptimizer(const MlpConfig& m, float init_scale) {
+  proto::OptimizerConfig o;
+  o.set_name(m.optimizer);
+  o.set_learning_rate(static_cast<float>(m.learning_rate));
+  o.set_l2(static_cast<float>(m.l2));
+  o.set_initial_accumulator(0.1f);  // adagrad
+  o.set_init_scale(init_scale);
+  return o;
+}
+
+}  // namespace
+
+uint64_t MissingFieldKey(int field) {
+  return FeatureKey(0x6d697373696e67ULL /* "missing" */ ^ 0xffff000000000000ULL,
+                    static_cast<uint64_t>(field));
+}
+
+absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
+    const std::string& path, int64_t begin_byte, int64_t end_byte,
+    bool skip_malformed) {
+  if (begin_byte < 0 || (end_byte != -1 && end_byte < begin_byte)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": bad byte range [", begin_byte, ", ", end_byte, ")"));
+  }
+  auto r = std::make_unique<CriteoFieldReader>(path, begin_byte, end_byte,
+                                               skip_malformed);
+  PS_RETURN_IF_ERROR(r->Reset());
+  return std::unique_ptr<FieldReader>(std::move(r));
+}
+
+MlpShape MlpShapeOf(const JobConfig& config) {
+  MlpShape s;
+  s.num_fields = kCriteoNumFields;
+  s.embedding_dim = config.mlp.embedding_dim;
+  s.hidden = config.mlp.hidden;
+  return s;
+}
+
+std::vector<proto::TableConfig> MlpTables(const JobConfig& config) {
+  const MlpShape shape = MlpShapeOf(config);
+  std::vector<proto::TableConfig> tables;
+  proto::TableConfig emb;
+  emb.set_id(kMlpEmbeddingTable);
+  emb.set_name("mlp_embeddings");
+  emb.set_dim(shape.embedding_dim);
+  *emb.mutable_optimizer() =
+      MlpOptimizer(config.mlp, static_cast<float>(config.mlp.embedding_init));
+  tables.push_back(emb);
+  for (int l = 0; l < shape.num_layers(); ++l) {
+    proto::TableConfig t;
+    t.set_id(kMlpFirstLayerTable + l);
+    t.set_name(absl::StrCat("mlp_layer", l));
+    t.set_dim(shape.fan_in(l) + 1);
+    const float scale = static_cast<float>(
+        std::sqrt(6.0 / (shape.fan_in(l) + shape.fan_out(l))));
+    *t.mutable_optimizer() = MlpOptimizer(config.mlp, scale);
+    tables.push_back(t);
+  }
+  return tables;
+}
+
+void BuildMlpBatch(const FieldBlock& block, MlpBatch* batch) {
+  batch->Clear();
+  batch->keys.assign(block.keys.begin(), block.keys.end());
+  std::sort(batch->keys.begin(), batch->keys.end());
+  batch->keys.erase(std::unique(batch->keys.begin(), batch->keys.end()),
+                    batch->keys.end());
+  batch->slots.resize(block.keys.size());
+  for (size_t k = 0; k < block.keys.size(); ++k) {
+    batch->slots[k] = static_cast<uint32_t>(
+        std::lower_bound(batch->keys.begin(), batch->keys.end(),
+                         block.keys[k]) -
+        batch->keys.begin());
+  }
+  batch->labels.assign(block.labels.begin(), block.labels.end());
+}
+
+MlpTrainer::MlpTrainer(int worker_id, const JobConfig& config,
+                       ParamClient* params, MlpBackend* backend)
+    : worker_id_(worker_id),
+      config_(config),
+      params_(params),
+      backend_(backend),
+      shape_(MlpShapeOf(config)) {
+  for (int l = 0; l < shape_.num_layers(); ++l) {
+    std::vector<uint64_t> keys(shape_.fan_out(l));
+    for (size_t o = 0; o < keys.size(); ++o) keys[o] = o;
+    layer_keys_.push_back(std::move(keys));
+  }
+  layers_.resize(shape_.num_layers());
+  glayers_.resize(shape_.num_layers());
+  for (int l = 0; l < shape_.num_layers(); ++l) {
+    glayers_[l].resize(shape_.layer_floats(l));
+  }
+}
+
+absl::Status MlpTrainer::PullParams(const MlpBatch& batch) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(600);
+  std::vector<int64_t> ts;
+  ts.push_back(params_->Pull(kMlpEmbeddingTable, batch.keys, &emb_));
+  for (int l = 0; l < shape_.num_layers(); ++l) {
+    ts.push_back(params_->Pull(kMlpFirstLayerTable + l, layer_keys_[l],
+                               &layers_[l]));
+  }
+  for (int64_t t : ts) PS_RETURN_IF_ERROR(params_->Wait(t, deadline));
+  return absl::OkStatus();
+}
+
+absl::Status MlpTrainer::Train(FieldReader* reader, FieldReader* eval) {
+  const TrainingConfig& tc = config_.training;
+  PS_RETURN_IF_ERROR(ValidateMlpShape(shape_));
+  const absl::Time start = absl::Now();
+  absl::Time last_report = start, last_eval = start;
+  int64_t report_examples = 0;
+  double report_loss = 0;
+  FieldBlock block;
+  MlpBatch batch;
+  for (int epoch = 0; epoch < tc.epochs; ++epoch) {
+    if (epoch > 0) PS_RETURN_IF_ERROR(reader->Reset());
+    for (;;) {
+      block.Clear();
+      PS_ASSIGN_OR_RETURN(size_t n, reader->Next(tc.minibatch, &block));
+      if (n == 0) break;
+      BuildMlpBatch(block, &batch);
+      const absl::Time t0 = absl::Now();
+      PS_RETURN_IF_ERROR(PullParams(batch));
+      const absl::Time t1 = absl::Now();
+      gemb_.resize(emb_.size());
+      MlpParams p;
+      p.emb = emb_;
+      MlpGrads g;
+      g.emb = absl::MakeSpan(gemb_);
+      for (int l = 0; l < shape_.num_layers(); ++l) {
+        p.layers.push_back(layers_[l]);
+        g.layers.push_back(absl::MakeSpan(glayers_[l]));
+      }
+      double loss = 0;
+      PS_RETURN_IF_ERROR(backend_->Gradient(shape_, batch, p, g, &loss));
+      absl::Time t2 = absl::Now();
+      if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
+        absl::SleepFor((t2 - t1) * (tc.straggler_factor - 1.0));
+        t2 = absl::Now();
+      }
+      const int rows = static_cast<int>(n);
+      params_->Push(kMlpEmbeddingTable, batch.keys, gemb_, rows);
+      for (int l = 0; l < shape_.num_layers(); ++l) {
+        params_->Push(kMlpFirstLayerTable + l, layer_keys_[l], glayers_[l], rows);
+      }
+      params_->Clock(rows);
+
+      stats_.wait_seconds += absl::ToDoubleSeconds(t1 - t0);
+      stats_.compute_seconds += absl::ToDoubleSeconds(t2 - t1);
+      stats_.examples += rows;
+      stats_.loss_sum += loss;
+      examples_.store(stats_.examples);
+      report_examples += rows;
+      report_loss += loss;
+      const absl::Time now = absl::Now();
+      if (now - last_report >= absl::Seconds(tc.progress_interval_s)) {
+        PS_LOG_INFO("mlp epoch {} clock {}: {:.0f} examples/s, train loss {:.4f}",
+                    epoch, params_->clock(),
+                    report_examples / absl::ToDoubleSeconds(now - last_report),
+                    report_loss / std::max<int64_t>(1, report_examples));
+        last_report = now;
+        report_examples = 0;
+        report_loss = 0;
+      }
+      if (eval != nullptr && tc.eval_interval_s > 0 &&
+          now - last_eval >= absl::Seconds(tc.eval_interval_s)) {
+        PS_RETURN_IF_ERROR(eval->Reset());
+        PS_ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(eval));
+        proto::EvalPoint pt;
+        pt.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+        pt.set_logloss(m.logloss);
+        pt.set_auc(m.auc);
+        pt.set_examples(stats_.examples);
+        stats_.curve.push_back(pt);
+        last_eval = absl::Now();
+      }
+    }
+  }
+  stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EvalMetrics> MlpTrainer::Evaluate(FieldReader* reader) {
+  FieldBlock block;
+  MlpBatch batch;
+  std::vector<float> prob, all_prob, all_labels;
+  for (;;) {
+    block.Clear();
+    PS_ASSIGN_OR_RETURN(size_t n, reader->Next(5000, &block));
+    if (n == 0) break;
+    BuildMlpBatch(block, &batch);
+    PS_RETURN_IF_ERROR(PullParams(batch));
+    MlpParams p;
+    p.emb = emb_;
+    for (const auto& v : layers_) p.layers.push_back(v);
+    prob.assign(batch.rows(), 0.0f);
+    PS_RETURN_IF_ERROR(backend_->Predict(shape_, batch, p, absl::MakeSpan(prob)));
+    all_prob.insert(all_prob.end(), prob.begin(), prob.end());
+    all_labels.insert(all_labels.end(), batch.labels.begin(), batch.labels.end());
+  }
+  return ps::Evaluate(all_prob, all_labels);
+}
+
+}  // namespace ps

@@ -1,0 +1,171 @@
+// The dense CTR model's training app (training.model: mlp): per minibatch it
+// pulls the embeddings of the batch's keys and every MLP layer from the
+// parameter servers, computes the gradient on an MlpBackend (kernels/mlp.h)
+// and pushes it, each push carrying the minibatch's example count (the
+// servers average and apply mlp.optimizer: Adam, AdaGrad or SGD).
+//
+// Inputs: Criteo rows WITH field identity. The generic RowReader drops which
+// field a key came from (empty fields are skipped), and the MLP needs it to
+// place each embedding in the concatenated input, so Criteo files are read
+// here by OpenCriteoFields: 39 keys per row, the same keys OpenCriteo gives
+// (integer field i -> FeatureKey(bucket, i), categorical field j ->
+// FeatureKey(HashBytes(s), 13 + j)), and an empty field gets its own
+// learned "missing" key MissingFieldKey(field).
+//
+// Integer features are embedded like categorical ones (their log^2 buckets
+// are categories), so every one of the 39 fields is an embedding lookup and
+// the MLP input is 39 * embedding_dim wide.
+//
+// Parameter-server tables (MlpTables): table 0 "mlp_embeddings", dim
+// embedding_dim, one key per (field, value) — the keys already carry the
+// field namespace, so this one table is the 39 per-field tables without 39
+// pushes per minibatch; tables 1..L "mlp_layer<l>", dim fan_in + 1, key o =
+// output unit o, value = [weights..., bias] (the layout of kernels/mlp.h).
+// Servers initialise the values randomly (TableConfig optimizer.init_scale),
+// which breaks the symmetry of the hidden units.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/config.h"
+#include "kernels/mlp.h"
+#include "proto/ps.pb.h"
+#include "worker/kv_worker.h"
+#include "worker/metrics.h"
+#include "worker/trainer.h"
+
+namespace ps {
+
+inline constexpr int kCriteoNumFields = 39;  // 13 integer + 26 categorical
+inline constexpr int kMlpEmbeddingTable = 0;
+// Layer l is table kMlpFirstLayerTable + l.
+inline constexpr int kMlpFirstLayerTable = 1;
+
+// The key standing for an empty field `field`.
+uint64_t MissingFieldKey(int field);
+
+// Rows with exactly num_fields keys each: row b's field f is
+// keys[b * num_fields + f].
+struct FieldBlock {
+  int num_fields = kCriteoNumFields;
+  std::vector<uint64_t> keys;
+  std::vector<float> labels;  // 0 or 1
+
+  size_t rows() const { return labels.size(); }
+  void Clear() {
+    keys.clear();
+    labels.clear();
+  }
+};
+
+// Streams field rows from one shard. Not thread-safe. Semantics of Next and
+// Reset as RowReader's (worker/data.h): Next appends up to max_rows rows and
+// returns how many (0 at the end of the shard).
+class FieldReader {
+ public:
+  virtual ~FieldReader() = default;
+  virtual absl::StatusOr<size_t> Next(size_t max_rows, FieldBlock* out) = 0;
+  virtual absl::Status Reset() = 0;
+};
+
+// Criteo TSV (see OpenCriteo in worker/data.h: the same keys, sharding by
+// [begin_byte, end_byte) line starts, and errors: NOT_FOUND / UNAVAILABLE
+// naming the path, INVALID_ARGUMENT "PATH:byte N: reason" for a malformed
+// line unless skip_malformed).
+absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
+    const std::string& path, int64_t begin_byte, int64_t end_byte,
+    bool skip_malformed);
+
+// The model shape of a job: 39 fields, mlp.embedding_dim, mlp.hidden.
+MlpShape MlpShapeOf(const JobConfig& config);
+
+// The tables the scheduler must publish for training.model: mlp (see the
+// file comment), with mlp.optimizer / learning_rate / l2 as their update
+// rule and init scales: embeddings mlp.embedding_init, layer l
+// sqrt(6 / (fan_in + fan_out)) (Glorot uniform).
+std::vector<proto::TableConfig> MlpTables(const JobConfig& config);
+
+// Turns a block into a minibatch: unique keys ascending, slots into them.
+void BuildMlpBatch(const FieldBlock& block, MlpBatch* batch);
+
+// What the trainer needs from the parameter servers: KVWorker's calls, so
+// tests can run the trainer against an in-memory store.
+class ParamClient {
+ public:
+  virtual ~ParamClient() = default;
+  virtual int64_t Pull(int table, absl::Span<const uint64_t> keys,
+                       std::vector<float>* out) = 0;
+  virtual int64_t Push(int table, absl::Span<const uint64_t> keys,
+                       absl::Span<const float> vals, int num_examples) = 0;
+  virtual absl::Status Wait(int64_t ts, absl::Time deadline) = 0;
+  virtual int64_t Clock(int num_examples) = 0;
+  virtual int64_t clock() const = 0;
+};
+
+// Forwards to a KVWorker (which must outlive it).
+class KVWorkerParamClient final : public ParamClient {
+ public:
+  explicit KVWorkerParamClient(KVWorker* kv) : kv_(kv) {}
+  int64_t Pull(int table, absl::Span<const uint64_t> keys,
+               std::vector<float>* out) override {
+    return kv_->Pull(table, keys, out);
+  }
+  int64_t Push(int table, absl::Span<const uint64_t> keys,
+               absl::Span<const float> vals, int num_examples) override {
+    return kv_->Push(table, keys, vals, num_examples);
+  }
+  absl::Status Wait(int64_t ts, absl::Time deadline) override {
+    return kv_->Wait(ts, deadline);
+  }
+  int64_t Clock(int num_examples) override { return kv_->Clock(num_examples); }
+  int64_t clock() const override { return kv_->clock(); }
+
+ private:
+  KVWorker* const kv_;
+};
+
+class MlpTrainer {
+ public:
+  // Everything passed must outlive the trainer.
+  MlpTrainer(int worker_id, const JobConfig& config, ParamClient* params,
+             MlpBackend* backend);
+
+  // Trains training.epochs passes over `reader`, one clock per minibatch of
+  // training.minibatch rows; with `eval`, records the test curve every
+  // training.eval_interval_s. Errors: the reader's, the backend's, or a
+  // pull/push failure (including DEADLINE_EXCEEDED after 600 s).
+  absl::Status Train(FieldReader* reader, FieldReader* eval = nullptr);
+
+  // Test metrics of the current model over all rows of `reader`.
+  absl::StatusOr<EvalMetrics> Evaluate(FieldReader* reader);
+
+  const TrainerStats& stats() const { return stats_; }
+  // Safe from other threads (heartbeats).
+  int64_t examples_so_far() const { return examples_.load(); }
+
+ private:
+  // Pulls the batch's embeddings and all layers into emb_ / layers_.
+  absl::Status PullParams(const MlpBatch& batch);
+
+  const int worker_id_;
+  const JobConfig& config_;
+  ParamClient* const params_;
+  MlpBackend* const backend_;
+  const MlpShape shape_;
+  std::vector<std::vector<uint64_t>> layer_keys_;  // 0..fan_out-1 per layer
+
+  std::vector<float> emb_, gemb_;
+  std::vector<std::vector<float>> layers_, glayers_;
+  TrainerStats stats_;
+  std::atomic<int64_t> examples_{0};
+};
+
+}  // namespace ps
