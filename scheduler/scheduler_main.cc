@@ -12,7 +12,8 @@
 
 ABSL_FLAG(std::string, config, "", "job config (YAML); defaults when empty");
 ABSL_FLAG(std::vector<std::string>, set, {},
-          "overrides, section.field=value (comma-separated or repeated)");
+          "overrides, section.field=value, comma-separated (a repeated --set "
+          "replaces the previous one)");
 ABSL_FLAG(int, port, -1, "port to serve on (default: cluster.scheduler's)");
 ABSL_FLAG(std::string, report, "", "write the JSON job report here");
 

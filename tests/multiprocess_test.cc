@@ -61,7 +61,7 @@ consistency:
 optimizer:
   name: ftrl
   alpha: 0.5
-  beta: 0.001
+  beta: 1.0
   l1: 0.001
   l2: 0.001
 data:
