@@ -87,10 +87,8 @@ ABSL_FLAG(bool, noop_server, false,
 ABSL_FLAG(int, channels, 2,
           "gRPC channels (TCP connections) per server per worker");
 ABSL_FLAG(std::string, client_grpc_args, "",
-          "extra client channel args name=value,... (uses the benchmark's "
-          "copy of the gRPC client, bench/tuned_transport.h)");
-ABSL_FLAG(bool, tuned_client, false,
-          "use the benchmark's copy of the gRPC client even without args");
+          "extra client channel args name=value,... "
+          "(GrpcTransportOptions.extra_channel_args)");
 ABSL_FLAG(std::string, server_grpc_args, "",
           "extra server channel args name=value,...");
 ABSL_FLAG(int, chunk_kib, 0,
@@ -476,16 +474,10 @@ class Cluster {
     }
     PS_ASSIGN_OR_RETURN(auto extra,
                         ParseGrpcArgs(absl::GetFlag(FLAGS_client_grpc_args)));
-    const bool tuned = absl::GetFlag(FLAGS_tuned_client) || !extra.empty();
     const int channels = absl::GetFlag(FLAGS_channels);
     for (int i = 0; i < t.workers; ++i) {
-      if (tuned) {
-        c->factories_.push_back(
-            std::make_unique<TunedClientFactory>(channels, extra));
-      } else {
-        c->factories_.push_back(std::make_unique<GrpcClientFactory>(
-            GrpcTransportOptions{"", channels}));
-      }
+      c->factories_.push_back(std::make_unique<GrpcClientFactory>(
+          GrpcTransportOptions{"", channels, extra}));
       KVWorkerOptions o;
       o.worker_id = i;
       o.request_timeout = absl::Seconds(60);

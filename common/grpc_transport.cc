@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace ps {
@@ -59,6 +60,30 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
 }
 
+void ApplyGrpcArgs(const std::vector<GrpcArg>& args,
+                   grpc::ChannelArguments* base) {
+  for (const GrpcArg& a : args) {
+    int v;
+    if (absl::SimpleAtoi(a.value, &v)) {
+      base->SetInt(a.name, v);
+    } else {
+      base->SetString(a.name, a.value);
+    }
+  }
+}
+
+void ApplyGrpcArgs(const std::vector<GrpcArg>& args,
+                   grpc::ServerBuilder* builder) {
+  for (const GrpcArg& a : args) {
+    int v;
+    if (absl::SimpleAtoi(a.value, &v)) {
+      builder->AddChannelArgument(a.name, v);
+    } else {
+      builder->AddChannelArgument(a.name, a.value);
+    }
+  }
+}
+
 std::string TokenFromEnv(const std::string& fallback) {
   const char* t = std::getenv("PS_AUTH_TOKEN");
   if (t != nullptr && *t != '\0') return t;
@@ -89,6 +114,7 @@ class GrpcServerClient : public ServerClient {
       // TCP connection.
       args.SetInt("ps.channel_index", i);
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      ApplyGrpcArgs(o.extra_channel_args, &args);
       stubs_.push_back(proto::Server::NewStub(grpc::CreateCustomChannel(
           address, grpc::InsecureChannelCredentials(), args)));
     }

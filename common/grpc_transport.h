@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -33,9 +34,21 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder);
 // The token the processes of a job share: $PS_AUTH_TOKEN, else `fallback`.
 std::string TokenFromEnv(const std::string& fallback);
 
+// A gRPC channel argument set on top of DefaultChannelArgs(): an integer
+// when the value parses as one, a string otherwise.
+struct GrpcArg {
+  std::string name;
+  std::string value;
+};
+void ApplyGrpcArgs(const std::vector<GrpcArg>& args,
+                   grpc::ChannelArguments* base);
+void ApplyGrpcArgs(const std::vector<GrpcArg>& args,
+                   grpc::ServerBuilder* builder);
+
 struct GrpcTransportOptions {
   std::string token;
   int channels_per_server = 2;  // separate TCP connections, round-robin
+  std::vector<GrpcArg> extra_channel_args;  // for server channels (tuning)
 };
 
 class GrpcClientFactory : public ClientFactory {

@@ -40,6 +40,12 @@ struct CsrBatch {
 // INVALID_ARGUMENT saying what is wrong. O(rows + nnz).
 absl::Status ValidateCsrBatch(const CsrBatch& batch);
 
+// The argument checks every backend's LogisticPredict makes: sizes of `w`
+// and `prob` against the batch, then ValidateCsrBatch.
+absl::Status ValidatePredictArgs(const CsrBatch& batch,
+                                 absl::Span<const float> w,
+                                 absl::Span<float> prob);
+
 // Numerically stable helpers shared by all backends (and tests).
 // Sigmoid(m) = 1 / (1 + exp(-m)), never overflowing.
 double StableSigmoid(double m);

@@ -78,6 +78,18 @@ absl::Status ValidateCsrBatch(const CsrBatch& batch) {
   return absl::OkStatus();
 }
 
+absl::Status ValidatePredictArgs(const CsrBatch& batch,
+                                 absl::Span<const float> w,
+                                 absl::Span<float> prob) {
+  if (w.size() != batch.num_cols() || prob.size() != batch.rows()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LogisticPredict: batch has ", batch.num_cols(), " columns and ",
+        batch.rows(), " rows but w has ", w.size(), " and prob ", prob.size(),
+        " entries"));
+  }
+  return ValidateCsrBatch(batch);
+}
+
 double StableSigmoid(double m) {
   if (m >= 0) return 1.0 / (1.0 + std::exp(-m));
   const double e = std::exp(m);
@@ -159,13 +171,9 @@ class CpuBackend final : public ComputeBackend {
 
   absl::Status LogisticPredict(const CsrBatch& batch, absl::Span<const float> w,
                                absl::Span<float> prob) override {
-    if (w.size() != batch.num_cols() || prob.size() != batch.rows()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LogisticPredict: batch has ", batch.num_cols(), " columns and ",
-          batch.rows(), " rows but w has ", w.size(), " and prob ", prob.size(),
-          " entries"));
+    if (absl::Status s = ValidatePredictArgs(batch, w, prob); !s.ok()) {
+      return s;
     }
-    if (absl::Status s = ValidateCsrBatch(batch); !s.ok()) return s;
     const int parts = Parts(batch);
     SplitByWeight(batch.row_ptr.data(), batch.rows(), parts, &row_bounds_);
     RunParts(parts, [&](int t) {

@@ -83,13 +83,9 @@ class CudaBackendImpl final : public CudaBackend {
 
   absl::Status LogisticPredict(const CsrBatch& batch, absl::Span<const float> w,
                                absl::Span<float> prob) override {
-    if (w.size() != batch.num_cols() || prob.size() != batch.rows()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LogisticPredict: batch has ", batch.num_cols(), " columns and ",
-          batch.rows(), " rows but w has ", w.size(), " and prob ", prob.size(),
-          " entries"));
+    if (absl::Status s = ValidatePredictArgs(batch, w, prob); !s.ok()) {
+      return s;
     }
-    if (absl::Status s = ValidateCsrBatch(batch); !s.ok()) return s;
     Slot* s = FreeSlot();
     if (s == nullptr) {
       return absl::FailedPreconditionError(

@@ -134,9 +134,8 @@ absl::Status ServerNode::Configure(int server_id,
   return absl::OkStatus();
 }
 
-absl::Status ServerNode::CheckRequest(int worker_id, int64_t epoch, int table,
-                                      const std::string& keys,
-                                      Table** t) const {
+absl::Status ServerNode::Admit(int worker_id, int64_t epoch, int table,
+                              Admitted* a) const {
   if (consistency_ == nullptr) {
     return absl::UnavailableError("server not configured yet");
   }
@@ -152,6 +151,15 @@ absl::Status ServerNode::CheckRequest(int worker_id, int64_t epoch, int table,
         absl::StrCat(kStaleEpoch, ": request epoch ", epoch,
                      ", server epoch ", epoch_));
   }
+  a->table = tables_[table].get();
+  a->routing = routing_;
+  a->id = id_;
+  a->bsp = mode_ == proto::MODE_BSP;
+  return absl::OkStatus();
+}
+
+absl::Status ServerNode::CheckKeys(const std::string& keys, const Admitted& a,
+                                   std::vector<int>* ranges) {
   if (!ByteCountOk<uint64_t>(keys)) {
     return absl::InvalidArgumentError("keys: byte count not a multiple of 8");
   }
@@ -163,14 +171,14 @@ absl::Status ServerNode::CheckRequest(int worker_id, int64_t epoch, int table,
     }
   }
   bool owned = true;
-  routing_->ForEachRangeRun(k, [&](int range, size_t, size_t) {
-    if (routing_->OwnerOfRange(range) != id_) owned = false;
+  a.routing->ForEachRangeRun(k, [&](int range, size_t, size_t) {
+    if (a.routing->OwnerOfRange(range) != a.id) owned = false;
+    if (ranges != nullptr) ranges->push_back(range);
   });
   if (!owned) {
     return absl::FailedPreconditionError(
-        absl::StrCat(kStaleEpoch, ": keys not owned by server ", id_));
+        absl::StrCat(kStaleEpoch, ": keys not owned by server ", a.id));
   }
-  *t = tables_[table].get();
   return absl::OkStatus();
 }
 
@@ -183,21 +191,36 @@ bool ServerNode::MarkSeq(WorkerState* w, uint64_t seq) {
 
 void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
                       Done done) {
-  Table* t = nullptr;
-  Actions actions;
-  std::shared_ptr<const Routing> routing;
-  bool apply_now = false;
-  absl::Status s = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
+  Admitted adm;
+  absl::Status s;
+  {
     absl::MutexLock l(&mu_);
-    PS_RETURN_IF_ERROR(CheckRequest(req.worker_id(), req.epoch(), req.table(),
-                                    req.keys(), &t));
-    const size_t expect = req.keys().size() / 8 * t->dim();
+    s = Admit(req.worker_id(), req.epoch(), req.table(), &adm);
+  }
+  // The O(keys) work stays outside mu_, which every request takes.
+  if (s.ok()) s = CheckKeys(req.keys(), adm, nullptr);
+  if (s.ok()) {
+    const size_t expect = req.keys().size() / 8 * adm.table->dim();
     if (req.vals().size() != expect * sizeof(float)) {
-      return absl::InvalidArgumentError(
+      s = absl::InvalidArgumentError(
           absl::StrCat("vals: expected ", expect, " floats, got ",
                        req.vals().size() / 4.0));
+    } else if (req.clock() < 0) {
+      s = absl::InvalidArgumentError("negative clock");
     }
-    if (req.clock() < 0) return absl::InvalidArgumentError("negative clock");
+  }
+  if (!s.ok()) {
+    done(s);
+    return;
+  }
+  BufferedPush buffered;
+  if (adm.bsp) buffered = BufferedPush{req.keys(), req.vals()};
+  Table* const t = adm.table;
+  const std::shared_ptr<const Routing>& routing = adm.routing;
+  Actions actions;
+  bool apply_now = false;
+  s = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
+    absl::MutexLock l(&mu_);
     WorkerState& w = workers_[req.worker_id()];
     if (req.seq() <= w.watermark || w.above.contains(req.seq())) {
       resp->set_duplicate(true);  // a replay: applied once already
@@ -210,14 +233,13 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
     }
     MarkSeq(&w, req.seq());
     ++pushes_;
-    if (mode_ == proto::MODE_BSP) {
+    if (adm.bsp) {
       bsp_[req.clock()].pushes[req.worker_id()][req.table()].push_back(
-          BufferedPush{0, req.keys(), req.vals()});
+          std::move(buffered));
       ++w.received[req.clock()];
       AdvanceCompleted(req.worker_id(), &actions);
     } else {
       apply_now = true;
-      routing = routing_;
     }
     return absl::OkStatus();
   }();
@@ -241,28 +263,27 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
 
 void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
                       Done done) {
-  Table* t = nullptr;
-  std::shared_ptr<const Routing> routing;
-  std::vector<int> ranges;
+  Admitted adm;
+  absl::Status s;
   absl::Time deadline;
-  absl::Status early;
-  do {
+  {
     absl::MutexLock l(&mu_);
-    early = CheckRequest(req.worker_id(), req.epoch(), req.table(),
-                         req.keys(), &t);
-    if (!early.ok()) break;
-    ++pulls_;
-    routing = routing_;
-    routing->ForEachRangeRun(
-        ViewAs<uint64_t>(req.keys()),
-        [&](int range, size_t, size_t) { ranges.push_back(range); });
-    int64_t wait_ms = req.wait_ms() > 0 ? req.wait_ms() : default_wait_ms_;
-    deadline = clock_->Now() + absl::Milliseconds(wait_ms);
-  } while (false);
-  if (!early.ok()) {
-    done(early);
+    s = Admit(req.worker_id(), req.epoch(), req.table(), &adm);
+    if (s.ok()) {
+      ++pulls_;
+      const int64_t wait_ms =
+          req.wait_ms() > 0 ? req.wait_ms() : default_wait_ms_;
+      deadline = clock_->Now() + absl::Milliseconds(wait_ms);
+    }
+  }
+  std::vector<int> ranges;
+  if (s.ok()) s = CheckKeys(req.keys(), adm, &ranges);
+  if (!s.ok()) {
+    done(s);
     return;
   }
+  Table* const t = adm.table;
+  std::shared_ptr<const Routing> routing = adm.routing;
   if (ranges.empty()) {  // no keys: nothing to wait for
     done(absl::OkStatus());
     return;

@@ -95,7 +95,6 @@ class ServerNode {
     bool dead = false;
   };
   struct BufferedPush {
-    int range;
     std::string keys;
     std::string vals;
   };
@@ -105,10 +104,21 @@ class ServerNode {
     int64_t examples = 0;
   };
 
-  // Checks the parts of a data-plane request every kind shares.
-  absl::Status CheckRequest(int worker_id, int64_t epoch, int table,
-                            const std::string& keys, Table** t) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // What a data-plane request may use once admitted; valid without mu_
+  // (tables and routing tables are never freed while the node lives).
+  struct Admitted {
+    Table* table = nullptr;
+    std::shared_ptr<const Routing> routing;
+    int id = -1;
+    bool bsp = false;
+  };
+  // The cheap checks every data-plane request needs, under mu_.
+  absl::Status Admit(int worker_id, int64_t epoch, int table,
+                     Admitted* a) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The O(keys) checks, without mu_: ascending, unique, owned by this
+  // server. Appends the touched ranges to *ranges when it is not null.
+  static absl::Status CheckKeys(const std::string& keys, const Admitted& a,
+                                std::vector<int>* ranges);
   // Records a seq; false if it was seen before.
   static bool MarkSeq(WorkerState* w, uint64_t seq);
   // Moves clocks to completed where all their pushes arrived; returns the

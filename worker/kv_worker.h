@@ -20,9 +20,7 @@
 // loop normally drives one KVWorker from one thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <set>

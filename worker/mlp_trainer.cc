@@ -309,12 +309,8 @@ absl::Status MlpTrainer::Train(FieldReader* reader, FieldReader* eval) {
           now - last_eval >= absl::Seconds(tc.eval_interval_s)) {
         PS_RETURN_IF_ERROR(eval->Reset());
         PS_ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(eval));
-        proto::EvalPoint pt;
-        pt.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
-        pt.set_logloss(m.logloss);
-        pt.set_auc(m.auc);
-        pt.set_examples(stats_.examples);
-        stats_.curve.push_back(pt);
+        stats_.curve.push_back(
+            MakeEvalPoint(absl::Now() - start, m, stats_.examples));
         last_eval = absl::Now();
       }
     }

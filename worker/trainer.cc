@@ -46,6 +46,16 @@ void BuildBatch(const RowBlock& block, size_t first, size_t last,
   }
 }
 
+proto::EvalPoint MakeEvalPoint(absl::Duration elapsed, const EvalMetrics& m,
+                               int64_t examples) {
+  proto::EvalPoint p;
+  p.set_seconds(absl::ToDoubleSeconds(elapsed));
+  p.set_logloss(m.logloss);
+  p.set_auc(m.auc);
+  p.set_examples(examples);
+  return p;
+}
+
 Trainer::Trainer(int worker_id, const JobConfig& config, KVWorker* kv,
                  ComputeBackend* backend)
     : worker_id_(worker_id), config_(config), kv_(kv), backend_(backend) {}
@@ -158,12 +168,8 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
       if (have) PS_RETURN_IF_ERROR(kv_->Wait(slots[cur].ts, now + timeout));
       PS_RETURN_IF_ERROR(eval->Reset());
       PS_ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(eval));
-      proto::EvalPoint p;
-      p.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
-      p.set_logloss(m.logloss);
-      p.set_auc(m.auc);
-      p.set_examples(stats_.examples);
-      stats_.curve.push_back(p);
+      stats_.curve.push_back(
+          MakeEvalPoint(absl::Now() - start, m, stats_.examples));
       last_eval = absl::Now();
       if (have) slots[cur].ts = -1;  // already waited
     }

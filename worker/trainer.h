@@ -26,6 +26,10 @@ uint64_t BiasKey();
 void BuildBatch(const RowBlock& block, size_t first, size_t last,
                 CsrBatch* batch);
 
+// A point of the test curve: metrics after `elapsed` and `examples`.
+proto::EvalPoint MakeEvalPoint(absl::Duration elapsed, const EvalMetrics& m,
+                               int64_t examples);
+
 struct TrainerStats {
   double compute_seconds = 0;  // gradient computation
   double wait_seconds = 0;     // blocked on pulls (the network + consistency)
