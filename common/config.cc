@@ -380,6 +380,9 @@ const std::vector<Field>& Fields() {
       DoubleField(PS_CFG(mlp, learning_rate), kPositive),
       DoubleField(PS_CFG(mlp, l2), kNonNegative),
       DoubleField(PS_CFG(mlp, embedding_init), kNonNegative),
+      DoubleField(PS_CFG(mlp, dropout),
+                  {0, /*lo_open=*/false, /*has_hi=*/true, 1, /*hi_open=*/true}),
+      BoolField(PS_CFG(mlp, wide)),
       StringField(PS_CFG(output, model_dir)),
       StringField(PS_CFG(output, log_level), {"debug", "info", "warn", "error"}),
   };
@@ -586,6 +589,30 @@ absl::Status Validate(const JobConfig& config) {
                                                  config.data.format));
   }
   return absl::OkStatus();
+}
+
+proto::OptimizerConfig OptimizerProto(const OptimizerConfig& o) {
+  proto::OptimizerConfig p;
+  p.set_name(o.name);
+  p.set_learning_rate(o.learning_rate);
+  p.set_alpha(o.alpha);
+  p.set_beta(o.beta);
+  p.set_l1(o.l1);
+  p.set_l2(o.l2);
+  p.set_initial_accumulator(o.initial_accumulator);
+  return p;
+}
+
+OptimizerConfig OptimizerFromProto(const proto::OptimizerConfig& p) {
+  OptimizerConfig c;
+  c.name = p.name();
+  c.learning_rate = p.learning_rate();
+  c.alpha = p.alpha();
+  c.beta = p.beta();
+  c.l1 = p.l1();
+  c.l2 = p.l2();
+  c.initial_accumulator = p.initial_accumulator();
+  return c;
 }
 
 }  // namespace ps

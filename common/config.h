@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/ps.pb.h"
 
 namespace ps {
 
@@ -102,6 +103,13 @@ struct MlpConfig {
   // New embedding values ~ U(-s, s); layer weights use Glorot-uniform
   // scales derived from the layer sizes.
   double embedding_init = 0.05;
+  // Inverted dropout after every hidden ReLU while training, [0, 1).
+  double dropout = 0;
+  // Wide & deep: also learn a linear model over the same 39 keys (one
+  // weight per key, updated by the `optimizer` section's rule, FTRL by
+  // default, as logistic regression's) whose output is added to the MLP's
+  // logit; both parts are trained jointly on the same loss.
+  bool wide = false;
 
   bool operator==(const MlpConfig&) const = default;
 };
@@ -151,5 +159,10 @@ absl::Status Validate(const JobConfig& config);
 
 // "bsp", "ssp" or "asp".
 const char* ModeName(Mode mode);
+
+// The update rule a table of the servers runs (proto/ps.proto).
+proto::OptimizerConfig OptimizerProto(const OptimizerConfig& o);
+// The inverse (init_scale, a table's and not the rule's, is left out).
+OptimizerConfig OptimizerFromProto(const proto::OptimizerConfig& p);
 
 }  // namespace ps

@@ -72,6 +72,22 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
   EXPECT_EQ(bad, 0) << what;
 }
 
+// The relative error of the whole vector: ||got - want|| / ||want|| <= rel
+// (the "1e-5 relative" for gradients, which element-wise would ask
+// sums that cancel to ~0 for digits FP32 does not carry).
+void ExpectNormClose(const std::vector<float>& got,
+                     const std::vector<float>& want, double rel,
+                     const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double diff = 0, norm = 0;
+  for (size_t j = 0; j < got.size(); ++j) {
+    const double d = static_cast<double>(got[j]) - want[j];
+    diff += d * d;
+    norm += static_cast<double>(want[j]) * want[j];
+  }
+  EXPECT_LE(std::sqrt(diff), rel * std::sqrt(norm)) << what;
+}
+
 class LrParity : public ::testing::TestWithParam<GradientAlgo> {};
 
 TEST_P(LrParity, GradientAndLossMatchCpu) {
@@ -200,11 +216,14 @@ TEST(MlpParity, GradientAndPredictMatchCpu) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   auto cpu = CreateCpuMlpBackend();
   for (const MlpShape& shape :
-       {MlpShape{3, 2, {5}}, MlpShape{39, 8, {256, 128}}, MlpShape{4, 3, {}}}) {
+       {MlpShape{3, 2, {5}}, MlpShape{39, 8, {256, 128}}, MlpShape{4, 3, {}},
+        MlpShape{39, 8, {256, 128}, 0.5f}}) {
     for (size_t rows : {size_t{1}, size_t{64}, size_t{1000}}) {
       SCOPED_TRACE(testing::Message() << "fields " << shape.num_fields
-                                      << " rows " << rows);
+                                      << " rows " << rows << " dropout "
+                                      << shape.dropout);
       MlpBatch b = RandomMlpBatch(shape, rows, 50 + rows, 3 + rows);
+      b.seed = 77 + rows;  // the dropout mask, where shape.dropout > 0
       std::vector<float> emb =
           RandomVector(b.num_embeddings() * shape.embedding_dim, 0.5f, 9);
       std::vector<std::vector<float>> layers;
@@ -212,14 +231,19 @@ TEST(MlpParity, GradientAndPredictMatchCpu) {
         layers.push_back(RandomVector(shape.layer_floats(l),
                                       1.0f / std::sqrt(shape.fan_in(l)), 10 + l));
       }
+      // A wide part's logit offset, and its gradient back.
+      const std::vector<float> offset = RandomVector(rows, 1.0f, 11);
       MlpParams p;
       p.emb = emb;
       for (auto& v : layers) p.layers.push_back(v);
+      p.logit_offset = offset;
+      std::vector<float> dlogit_c(rows), dlogit_g(rows);
       auto run = [&](MlpBackend* be, std::vector<float>* gemb,
                      std::vector<std::vector<float>>* gl, double* loss) {
         gemb->assign(emb.size(), 0);
         gl->clear();
         MlpGrads g;
+        g.logit = absl::MakeSpan(be == cpu.get() ? dlogit_c : dlogit_g);
         g.emb = absl::MakeSpan(*gemb);
         for (int l = 0; l < shape.num_layers(); ++l) {
           gl->emplace_back(shape.layer_floats(l));
@@ -240,7 +264,9 @@ TEST(MlpParity, GradientAndPredictMatchCpu) {
         double mx = 0;
         for (float x : want) mx = std::max(mx, std::abs(static_cast<double>(x)));
         ExpectClose(got, want, 1e-4, mx, what);
+        ExpectNormClose(got, want, 1e-5, what);
       };
+      check(dlogit_g, dlogit_c, "logit grad");
       check(ge_g, ge_c, "emb grad");
       for (int l = 0; l < shape.num_layers(); ++l) check(gl_g[l], gl_c[l], "layer grad");
       EXPECT_NEAR(l_g, l_c, 1e-5 * std::max(1.0, l_c));

@@ -65,10 +65,17 @@ cudaError_t LaunchAddBias(const float* w, int in, int out, int64_t rows,
 // gw[o*(in+1) + in] = sum_b dz[b*out + o]   (the bias gradient).
 cudaError_t LaunchBiasGrad(const float* dz, int in, int out, int64_t rows,
                            float* gw, cudaStream_t stream);
-// Output layer: per row, p = sigmoid(z[b]), dz[b] = p - labels[b],
-// row_loss[b] = log loss (double), prob[b] = p when prob != null.
-cudaError_t LaunchLogisticHead(const float* z, const float* labels,
-                               int64_t rows, float* dz, double* row_loss,
-                               float* prob, cudaStream_t stream);
+// Inverted dropout of a hidden layer's output or gradient, in place:
+// x[k] = DropoutUniform(seed, layer, k) >= rate ? x[k] / (1 - rate) : 0 for
+// k < n (kernels/dropout.h; the same units as the CPU backend).
+cudaError_t LaunchDropout(float* x, int64_t n, int layer, uint64_t seed,
+                          float rate, cudaStream_t stream);
+// Output layer: per row, with m = z[b] + (offset ? offset[b] : 0) in
+// double, p = sigmoid(m); dz[b] = p - labels[b], row_loss[b] = log loss
+// (double), prob[b] = p, each when its pointer is not null.
+cudaError_t LaunchLogisticHead(const float* z, const float* offset,
+                               const float* labels, int64_t rows, float* dz,
+                               double* row_loss, float* prob,
+                               cudaStream_t stream);
 
 }  // namespace ps::cuda_internal

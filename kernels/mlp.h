@@ -11,7 +11,11 @@
 //    row o = [W[o][0] ... W[o][fan_in-1], bias[o]] (row-major, bias last).
 // Layer 0 reads the concatenated embeddings (num_fields * embedding_dim
 // inputs), hidden layer widths are `hidden`, the last layer has one output:
-// the logit. Every hidden layer is followed by ReLU.
+// the logit. Every hidden layer is followed by ReLU, and in Gradient (never
+// in Predict) by inverted dropout: unit o of row b in hidden layer l is kept
+// iff DropoutUniform(batch.seed, l, b * width + o) >= dropout, and a kept
+// unit is scaled by 1 / (1 - dropout). The mask is a pure function of its
+// arguments, so the CPU and CUDA backends drop the same units.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/dropout.h"
 
 namespace ps {
 
@@ -30,6 +35,7 @@ struct MlpShape {
   int num_fields = 39;
   int embedding_dim = 8;
   std::vector<int> hidden = {256, 128};
+  float dropout = 0.0f;  // share of hidden units dropped in Gradient, [0, 1)
 
   int input_dim() const { return num_fields * embedding_dim; }
   int num_layers() const { return static_cast<int>(hidden.size()) + 1; }
@@ -44,8 +50,9 @@ struct MlpShape {
 };
 
 // OK, or INVALID_ARGUMENT naming the bad field: num_fields, embedding_dim
-// and every hidden width must be >= 1.
+// and every hidden width must be >= 1, dropout in [0, 1).
 absl::Status ValidateMlpShape(const MlpShape& shape);
+
 
 // A minibatch: row b's field f uses embedding row slots[b * num_fields + f]
 // of the batch's unique keys (keys ascending; slot j <-> keys[j]).
@@ -53,6 +60,7 @@ struct MlpBatch {
   std::vector<uint64_t> keys;    // unique embedding keys, ascending
   std::vector<uint32_t> slots;   // rows * num_fields entries, each < keys.size()
   std::vector<float> labels;     // 0 or 1 per row
+  uint64_t seed = 0;             // picks the dropout mask (MlpShape::dropout)
 
   size_t rows() const { return labels.size(); }
   size_t num_embeddings() const { return keys.size(); }
@@ -72,11 +80,19 @@ absl::Status ValidateMlpBatch(const MlpShape& shape, const MlpBatch& batch);
 struct MlpParams {
   absl::Span<const float> emb;
   std::vector<absl::Span<const float>> layers;
+  // Optional, empty or rows() floats: added to row b's logit before the
+  // sigmoid. The "wide" part of a wide & deep model (a linear model over the
+  // same keys, worker/mlp_trainer.h) enters the network here.
+  absl::Span<const float> logit_offset;
 };
 // Gradient outputs, same sizes as MlpParams; overwritten.
 struct MlpGrads {
   absl::Span<float> emb;
   std::vector<absl::Span<float>> layers;
+  // Optional, empty or rows() floats: d loss / d logit of row b
+  // (= sigmoid(logit) - label), from which the caller forms the gradient of
+  // whatever produced logit_offset.
+  absl::Span<float> logit;
 };
 
 // One device. Not thread-safe (scratch buffers are reused between calls).

@@ -31,6 +31,10 @@ absl::Status ValidateMlpShape(const MlpShape& shape) {
           "MlpShape.hidden[", i, "] must be >= 1, got ", shape.hidden[i]));
     }
   }
+  if (!(shape.dropout >= 0.0f && shape.dropout < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MlpShape.dropout must be in [0, 1), got ", shape.dropout));
+  }
   return absl::OkStatus();
 }
 
@@ -77,7 +81,14 @@ absl::Status CheckMlpSizes(const MlpShape& shape, const MlpBatch& batch,
                       params.layers[l].size());
     }
   }
+  if (!params.logit_offset.empty() && params.logit_offset.size() != batch.rows()) {
+    return mismatch("params.logit_offset", batch.rows(),
+                    params.logit_offset.size());
+  }
   if (grads != nullptr) {
+    if (!grads->logit.empty() && grads->logit.size() != batch.rows()) {
+      return mismatch("grads.logit", batch.rows(), grads->logit.size());
+    }
     if (grads->emb.size() != emb) return mismatch("grads.emb", emb, grads->emb.size());
     if (grads->layers.size() != layers) {
       return mismatch("grads.layers (count)", layers, grads->layers.size());
@@ -104,9 +115,10 @@ class CpuMlpBackend final : public MlpBackend {
     if (absl::Status s = CheckMlpSizes(shape, batch, params, &grads); !s.ok()) {
       return s;
     }
-    Forward(shape, batch, params);
+    Forward(shape, batch, params, /*train=*/true);
     const int L = shape.num_layers();
     const size_t B = batch.rows();
+    const double inv_keep = 1.0 / (1.0 - shape.dropout);
     // Output: d loss / d logit = sigmoid(z) - y.
     double loss = 0;
     std::vector<double>& logits = act_[L];
@@ -115,6 +127,7 @@ class CpuMlpBackend final : public MlpBackend {
       const double z = logits[b];
       loss += LogisticLoss(z, batch.labels[b]);
       delta_[b] = StableSigmoid(z) - batch.labels[b];
+      if (!grads.logit.empty()) grads.logit[b] = static_cast<float>(delta_[b]);
     }
     // Backward, layer by layer: delta_ holds d loss / d pre-activation.
     for (int l = L - 1; l >= 0; --l) {
@@ -141,10 +154,12 @@ class CpuMlpBackend final : public MlpBackend {
       float* gout = grads.layers[l].data();
       for (size_t k = 0; k < gw_.size(); ++k) gout[k] = static_cast<float>(gw_[k]);
       if (l > 0) {
-        // Through the ReLU of layer l-1: pre-activation > 0 <=> output > 0.
+        // Through the dropout and ReLU of layer l-1: output > 0 <=> the
+        // unit was kept and its pre-activation > 0, and then
+        // output = pre-activation * inv_keep.
         delta_.assign(B * in, 0.0);
         for (size_t k = 0; k < B * in; ++k) {
-          delta_[k] = a[k] > 0.0 ? da_[k] : 0.0;
+          delta_[k] = a[k] > 0.0 ? da_[k] * inv_keep : 0.0;
         }
       }
     }
@@ -175,7 +190,7 @@ class CpuMlpBackend final : public MlpBackend {
       return absl::InvalidArgumentError(absl::StrCat(
           "MLP Predict: ", batch.rows(), " rows but prob has ", prob.size()));
     }
-    Forward(shape, batch, params);
+    Forward(shape, batch, params, /*train=*/false);
     const std::vector<double>& logits = act_[shape.num_layers()];
     for (size_t b = 0; b < batch.rows(); ++b) {
       prob[b] = static_cast<float>(StableSigmoid(logits[b]));
@@ -185,9 +200,12 @@ class CpuMlpBackend final : public MlpBackend {
 
  private:
   // act_[0] = gathered embeddings (B x input_dim); act_[l+1] = output of
-  // layer l (after ReLU for hidden layers; the raw logit for the last).
+  // layer l (after ReLU for hidden layers; for the last, the logit plus
+  // params.logit_offset).
   void Forward(const MlpShape& shape, const MlpBatch& batch,
-               const MlpParams& params) {
+               const MlpParams& params, bool train) {
+    const bool drop = train && shape.dropout > 0.0f;
+    const double inv_keep = 1.0 / (1.0 - shape.dropout);
     const int L = shape.num_layers();
     const size_t B = batch.rows();
     const int F = shape.num_fields, d = shape.embedding_dim;
@@ -215,6 +233,16 @@ class CpuMlpBackend final : public MlpBackend {
           y[b * out + o] = relu ? std::max(z, 0.0) : z;
         }
       }
+      if (drop && relu) {
+        for (size_t k = 0; k < B * out; ++k) {
+          y[k] = DropoutUniform(batch.seed, l, k) >= shape.dropout
+                     ? y[k] * inv_keep
+                     : 0.0;
+        }
+      }
+    }
+    if (!params.logit_offset.empty()) {
+      for (size_t b = 0; b < B; ++b) act_[L][b] += params.logit_offset[b];
     }
   }
 

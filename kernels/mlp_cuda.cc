@@ -3,6 +3,11 @@
 // embedding gather/scatter, biases and the logistic head. One stream; each
 // call is synchronous.
 //
+// Dropout (training only) multiplies each hidden layer's ReLU output in
+// place by its mask / (1 - rate), and the gradient arriving at that output
+// by the same before the ReLU backward; cuDNN's ReLU backward then sees a
+// dropped unit's y = 0 and dy = 0.
+//
 // Row-major matrices are handed to column-major cuBLAS as their transposes:
 // activations A (B x in, row-major) are the column-major in x B matrix A^T;
 // a layer block (out x (in+1), row-major, bias last) is the column-major
@@ -91,7 +96,7 @@ class CudaMlpBackend final : public MlpBackend {
                         const MlpParams& params, const MlpGrads& grads,
                         double* loss_sum) override {
     PS_RETURN_IF_ERROR(CheckMlpSizes(shape, batch, params, &grads));
-    PS_RETURN_IF_ERROR(Forward(shape, batch, params));
+    PS_RETURN_IF_ERROR(Forward(shape, batch, params, /*train=*/true));
     const int L = shape.num_layers();
     const int64_t B = static_cast<int64_t>(batch.rows());
     PS_RETURN_IF_ERROR(d_row_loss_.Reserve(sizeof(double) * (B + 1)));
@@ -103,10 +108,17 @@ class CudaMlpBackend final : public MlpBackend {
     PS_RETURN_IF_ERROR(d_dz_.Reserve(sizeof(float) * (MaxWidth(shape) * B + 1)));
     PS_RETURN_IF_ERROR(d_da_.Reserve(sizeof(float) * (MaxWidth(shape) * B + 1)));
     PS_CUDA_RETURN(cuda_internal::LaunchLogisticHead(
-                       d_z_[L - 1].as<float>(), d_labels_.as<float>(), B,
-                       d_dz_.as<float>(), d_row_loss_.as<double>(), nullptr,
-                       stream_),
+                       d_z_[L - 1].as<float>(), Offset(params),
+                       d_labels_.as<float>(), B, d_dz_.as<float>(),
+                       d_row_loss_.as<double>(), nullptr, stream_),
                    "logistic head");
+    if (!grads.logit.empty() && B > 0) {
+      // Before the backward pass below reuses d_dz_ (same stream: ordered).
+      PS_CUDA_RETURN(cudaMemcpyAsync(grads.logit.data(), d_dz_.as<float>(),
+                                     sizeof(float) * B, cudaMemcpyDeviceToHost,
+                                     stream_),
+                     "cudaMemcpy D2H");
+    }
     PS_CUDA_RETURN(cuda_internal::LaunchSum(d_row_loss_.as<double>(), B,
                                             d_loss_.as<double>(), stream_),
                    "loss sum");
@@ -135,8 +147,16 @@ class CudaMlpBackend final : public MlpBackend {
                                                    gw, stream_),
                      "bias grad");
       if (l > 0 && B > 0) {
+        if (shape.dropout > 0.0f) {
+          // Back through layer l-1's dropout: the same mask and scale.
+          PS_CUDA_RETURN(cuda_internal::LaunchDropout(
+                             d_da_.as<float>(), B * in, l - 1, batch.seed,
+                             shape.dropout, stream_),
+                         "dropout backward");
+        }
         // dZ_{l-1} = relu'(Z_{l-1}) * dA; written over dz_ (dz_ of layer l
-        // is no longer needed once dA and dW are formed).
+        // is no longer needed once dA and dW are formed). A dropped unit
+        // has dA = 0 already.
         PS_RETURN_IF_ERROR(SetTensor(B * in));
         PS_CUDNN_RETURN(cudnnActivationBackward(
                             cudnn_, act_desc_, &one, tensor_desc_,
@@ -189,11 +209,11 @@ class CudaMlpBackend final : public MlpBackend {
       return absl::InvalidArgumentError(absl::StrCat(
           "MLP Predict: ", batch.rows(), " rows but prob has ", prob.size()));
     }
-    PS_RETURN_IF_ERROR(Forward(shape, batch, params));
+    PS_RETURN_IF_ERROR(Forward(shape, batch, params, /*train=*/false));
     const int64_t B = static_cast<int64_t>(batch.rows());
     PS_RETURN_IF_ERROR(d_prob_.Reserve(sizeof(float) * (B + 1)));
     PS_CUDA_RETURN(cuda_internal::LaunchLogisticHead(
-                       d_z_[shape.num_layers() - 1].as<float>(),
+                       d_z_[shape.num_layers() - 1].as<float>(), Offset(params),
                        d_labels_.as<float>(), B, nullptr, nullptr,
                        d_prob_.as<float>(), stream_),
                    "logistic head");
@@ -212,6 +232,11 @@ class CudaMlpBackend final : public MlpBackend {
     int64_t w = shape.input_dim();
     for (int h : shape.hidden) w = std::max<int64_t>(w, h);
     return w;
+  }
+
+  // The device copy of params.logit_offset made by Forward, or null.
+  const float* Offset(const MlpParams& params) {
+    return params.logit_offset.empty() ? nullptr : d_offset_.as<float>();
   }
 
   absl::Status SetTensor(int64_t n) {
@@ -233,7 +258,7 @@ class CudaMlpBackend final : public MlpBackend {
   // Uploads the batch and parameters and runs the layers: d_z_[l] holds
   // layer l's pre-activation, d_a_[l] its ReLU output (hidden layers).
   absl::Status Forward(const MlpShape& shape, const MlpBatch& batch,
-                       const MlpParams& params) {
+                       const MlpParams& params, bool train) {
     const int L = shape.num_layers();
     const int64_t B = static_cast<int64_t>(batch.rows());
     d_w_.resize(L);
@@ -253,6 +278,11 @@ class CudaMlpBackend final : public MlpBackend {
                               sizeof(uint32_t) * batch.slots.size()));
     PS_RETURN_IF_ERROR(
         Upload(d_labels_.as<void>(), batch.labels.data(), sizeof(float) * B));
+    if (!params.logit_offset.empty()) {
+      PS_RETURN_IF_ERROR(d_offset_.Reserve(sizeof(float) * (B + 1)));
+      PS_RETURN_IF_ERROR(Upload(d_offset_.as<void>(), params.logit_offset.data(),
+                                sizeof(float) * B));
+    }
     for (int l = 0; l < L; ++l) {
       const size_t n = shape.layer_floats(l);
       PS_RETURN_IF_ERROR(d_w_[l].Reserve(sizeof(float) * n));
@@ -290,6 +320,12 @@ class CudaMlpBackend final : public MlpBackend {
                                                &zero, tensor_desc_,
                                                d_a_[l].as<float>()),
                         "cudnnActivationForward");
+        if (train && shape.dropout > 0.0f) {
+          PS_CUDA_RETURN(cuda_internal::LaunchDropout(
+                             d_a_[l].as<float>(), B * out, l, batch.seed,
+                             shape.dropout, stream_),
+                         "dropout");
+        }
       }
     }
     return absl::OkStatus();
@@ -302,7 +338,7 @@ class CudaMlpBackend final : public MlpBackend {
   cudnnActivationDescriptor_t act_desc_ = nullptr;
 
   DeviceBuffer d_emb_, d_slots_, d_labels_, d_x_, d_dz_, d_da_, d_gemb_,
-      d_row_loss_, d_loss_, d_prob_;
+      d_row_loss_, d_loss_, d_prob_, d_offset_;
   std::vector<DeviceBuffer> d_w_, d_gw_, d_z_, d_a_;
 };
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_internal.h"
+#include "kernels/dropout.h"
 
 namespace ps::cuda_internal {
 namespace {
@@ -72,13 +73,25 @@ __global__ void BiasGradKernel(const float* __restrict__ dz, int in, int out,
   }
 }
 
+__global__ void DropoutKernel(float* x, int64_t n, int layer, uint64_t seed,
+                              float rate, float inv_keep) {
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       t < n; t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[t] = DropoutUniform(seed, layer, static_cast<uint64_t>(t)) >= rate
+               ? x[t] * inv_keep
+               : 0.0f;
+  }
+}
+
 __global__ void LogisticHeadKernel(const float* __restrict__ z,
+                                   const float* __restrict__ offset,
                                    const float* __restrict__ labels,
                                    int64_t rows, float* dz, double* row_loss,
                                    float* prob) {
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        b < rows; b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const double m = z[b];
+    double m = z[b];
+    if (offset != nullptr) m += offset[b];
     double s;
     if (m >= 0) {
       s = 1.0 / (1.0 + exp(-m));
@@ -132,12 +145,24 @@ cudaError_t LaunchBiasGrad(const float* dz, int in, int out, int64_t rows,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchLogisticHead(const float* z, const float* labels,
-                               int64_t rows, float* dz, double* row_loss,
-                               float* prob, cudaStream_t stream) {
+cudaError_t LaunchDropout(float* x, int64_t n, int layer, uint64_t seed,
+                          float rate, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  // The CPU backend multiplies in double by 1 / (1 - rate); the float
+  // product differs from it by at most one rounding.
+  const float inv_keep = static_cast<float>(1.0 / (1.0 - rate));
+  DropoutKernel<<<Grid(n), kBlock, 0, stream>>>(x, n, layer, seed, rate,
+                                                inv_keep);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLogisticHead(const float* z, const float* offset,
+                               const float* labels, int64_t rows, float* dz,
+                               double* row_loss, float* prob,
+                               cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  LogisticHeadKernel<<<Grid(rows), kBlock, 0, stream>>>(z, labels, rows, dz,
-                                                        row_loss, prob);
+  LogisticHeadKernel<<<Grid(rows), kBlock, 0, stream>>>(
+      z, offset, labels, rows, dz, row_loss, prob);
   return cudaGetLastError();
 }
 

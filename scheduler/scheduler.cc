@@ -37,18 +37,6 @@ proto::ConsistencyConfig ToProto(const ConsistencyConfig& c) {
 
 namespace {
 
-proto::OptimizerConfig ToProto(const OptimizerConfig& o) {
-  proto::OptimizerConfig p;
-  p.set_name(o.name);
-  p.set_learning_rate(o.learning_rate);
-  p.set_alpha(o.alpha);
-  p.set_beta(o.beta);
-  p.set_l1(o.l1);
-  p.set_l2(o.l2);
-  p.set_initial_accumulator(o.initial_accumulator);
-  return p;
-}
-
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -167,7 +155,7 @@ void SchedulerCore::BuildViewLocked() {
     t->set_id(0);
     t->set_name("weights");
     t->set_dim(1);
-    *t->mutable_optimizer() = ToProto(c.optimizer);
+    *t->mutable_optimizer() = OptimizerProto(c.optimizer);
   }
   v.set_job_config_yaml(config_yaml_);
   v.set_model_dir(c.output.model_dir);

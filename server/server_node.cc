@@ -25,18 +25,6 @@ int64_t TauOf(const proto::ConsistencyConfig& c) {
   }
 }
 
-OptimizerConfig FromProto(const proto::OptimizerConfig& p) {
-  OptimizerConfig c;
-  c.name = p.name();
-  c.learning_rate = p.learning_rate();
-  c.alpha = p.alpha();
-  c.beta = p.beta();
-  c.l1 = p.l1();
-  c.l2 = p.l2();
-  c.initial_accumulator = p.initial_accumulator();
-  return c;
-}
-
 }  // namespace
 
 ServerNode::ServerNode(Clock* clock) : clock_(clock) {}
@@ -84,7 +72,7 @@ absl::Status ServerNode::Configure(int server_id,
         TableSpec spec;
         spec.id = tc.id();
         spec.dim = tc.dim();
-        spec.optimizer = FromProto(tc.optimizer());
+        spec.optimizer = OptimizerFromProto(tc.optimizer());
         spec.init_scale = tc.optimizer().init_scale();
         PS_ASSIGN_OR_RETURN(auto table,
                             Table::Create(spec, routing.num_ranges()));

@@ -299,5 +299,45 @@ TEST_F(MultiProcessTest, BspEqualsSequentialSgdOnCombinedBatches) {
   EXPECT_GT(max_abs, 0.01) << "the model did not move";
 }
 
+// ------------------------------------------------ the MLP on criteo-10k
+
+// deploy/configs/criteo_mlp.yaml (wide & deep, CPU backend) through the
+// cluster in BSP (deterministic), against the logistic-regression bar on the
+// same data: LIBLINEAR's best L2-regularised LR reaches test AUC 0.745
+// (../shared/data/README.md). The job's own FTRL LR is run too and printed.
+TEST(MultiProcessMlp, WideAndDeepReachesLogisticRegressionAuc) {
+  InitLogging("T", "warn");
+  const std::string data = PS_SOURCE_DIR "/../shared/data/criteo-10k";
+  if (!fs::exists(data + "/train.tsv")) GTEST_SKIP() << "missing " << data;
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / absl::StrCat("ps_mp_mlp_", ::getpid());
+  const std::vector<std::string> sets = {
+      "consistency.mode=bsp", "data.train=" + data + "/train.tsv",
+      "data.test=" + data + "/test.tsv", "output.log_level=warn"};
+  const std::string mlp_yaml =
+      ReadFile(PS_SOURCE_DIR "/deploy/configs/criteo_mlp.yaml");
+  ASSERT_FALSE(mlp_yaml.empty());
+  LaunchResult mlp = RunLaunch(dir / "mlp", mlp_yaml, sets);
+  ASSERT_LAUNCHED(mlp);
+  LaunchResult lr = RunLaunch(
+      dir / "lr", ReadFile(PS_SOURCE_DIR "/deploy/configs/criteo.yaml"), sets);
+  ASSERT_LAUNCHED(lr);
+  const double mlp_auc = Auc(mlp), lr_auc = Auc(lr);
+  std::printf("criteo-10k BSP: wide & deep MLP AUC %.4f, FTRL LR AUC %.4f\n",
+              mlp_auc, lr_auc);
+  EXPECT_GE(mlp_auc, 0.745) << mlp.report;
+  EXPECT_GE(lr_auc, 0.74) << lr.report;
+  // Every table was saved: embeddings, 3 layers, the wide part.
+  const auto files = ModelFiles(mlp.model_dir);
+  for (int t = 0; t <= 4; ++t) {
+    EXPECT_TRUE(files.contains(absl::StrCat("table-", t, ".server-0.bin")))
+        << "table " << t;
+  }
+  if (!HasFailure()) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+}
+
 }  // namespace
 }  // namespace ps

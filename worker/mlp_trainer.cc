@@ -173,6 +173,7 @@ MlpShape MlpShapeOf(const JobConfig& config) {
   s.num_fields = kCriteoNumFields;
   s.embedding_dim = config.mlp.embedding_dim;
   s.hidden = config.mlp.hidden;
+  s.dropout = static_cast<float>(config.mlp.dropout);
   return s;
 }
 
@@ -194,6 +195,14 @@ std::vector<proto::TableConfig> MlpTables(const JobConfig& config) {
     const float scale = static_cast<float>(
         std::sqrt(6.0 / (shape.fan_in(l) + shape.fan_out(l))));
     *t.mutable_optimizer() = MlpOptimizer(config.mlp, scale);
+    tables.push_back(t);
+  }
+  if (config.mlp.wide) {
+    proto::TableConfig t;
+    t.set_id(MlpWideTable(shape));
+    t.set_name("mlp_wide");
+    t.set_dim(1);
+    *t.mutable_optimizer() = OptimizerProto(config.optimizer);
     tables.push_back(t);
   }
   return tables;
@@ -221,7 +230,8 @@ MlpTrainer::MlpTrainer(int worker_id, const JobConfig& config,
       config_(config),
       params_(params),
       backend_(backend),
-      shape_(MlpShapeOf(config)) {
+      shape_(MlpShapeOf(config)),
+      wide_(config.mlp.wide) {
   for (int l = 0; l < shape_.num_layers(); ++l) {
     std::vector<uint64_t> keys(shape_.fan_out(l));
     for (size_t o = 0; o < keys.size(); ++o) keys[o] = o;
@@ -242,8 +252,28 @@ absl::Status MlpTrainer::PullParams(const MlpBatch& batch) {
     ts.push_back(params_->Pull(kMlpFirstLayerTable + l, layer_keys_[l],
                                &layers_[l]));
   }
+  if (wide_) {
+    ts.push_back(params_->Pull(MlpWideTable(shape_), batch.keys, &wide_w_));
+  }
   for (int64_t t : ts) PS_RETURN_IF_ERROR(params_->Wait(t, deadline));
+  if (wide_) {
+    const size_t F = shape_.num_fields;
+    offset_.assign(batch.rows(), 0.0f);
+    for (size_t b = 0; b < batch.rows(); ++b) {
+      double z = 0;
+      for (size_t f = 0; f < F; ++f) z += wide_w_[batch.slots[b * F + f]];
+      offset_[b] = static_cast<float>(z);
+    }
+  }
   return absl::OkStatus();
+}
+
+MlpParams MlpTrainer::Params() const {
+  MlpParams p;
+  p.emb = emb_;
+  for (const auto& v : layers_) p.layers.push_back(v);
+  if (wide_) p.logit_offset = offset_;
+  return p;
 }
 
 absl::Status MlpTrainer::Train(FieldReader* reader, FieldReader* eval) {
@@ -262,20 +292,34 @@ absl::Status MlpTrainer::Train(FieldReader* reader, FieldReader* eval) {
       PS_ASSIGN_OR_RETURN(size_t n, reader->Next(tc.minibatch, &block));
       if (n == 0) break;
       BuildMlpBatch(block, &batch);
+      // Each (worker, clock) its own dropout mask, the same on every run.
+      batch.seed = Mix64(tc.seed ^ Mix64((static_cast<uint64_t>(worker_id_) << 40) ^
+                                         static_cast<uint64_t>(params_->clock())));
       const absl::Time t0 = absl::Now();
       PS_RETURN_IF_ERROR(PullParams(batch));
       const absl::Time t1 = absl::Now();
       gemb_.resize(emb_.size());
-      MlpParams p;
-      p.emb = emb_;
       MlpGrads g;
       g.emb = absl::MakeSpan(gemb_);
       for (int l = 0; l < shape_.num_layers(); ++l) {
-        p.layers.push_back(layers_[l]);
         g.layers.push_back(absl::MakeSpan(glayers_[l]));
       }
+      if (wide_) {
+        dlogit_.resize(batch.rows());
+        g.logit = absl::MakeSpan(dlogit_);
+      }
       double loss = 0;
-      PS_RETURN_IF_ERROR(backend_->Gradient(shape_, batch, p, g, &loss));
+      PS_RETURN_IF_ERROR(backend_->Gradient(shape_, batch, Params(), g, &loss));
+      if (wide_) {
+        // d loss / d w_key = sum over the rows holding key of d loss / d logit.
+        const size_t F = shape_.num_fields;
+        wide_g_.assign(batch.keys.size(), 0.0f);
+        for (size_t b = 0; b < batch.rows(); ++b) {
+          for (size_t f = 0; f < F; ++f) {
+            wide_g_[batch.slots[b * F + f]] += dlogit_[b];
+          }
+        }
+      }
       absl::Time t2 = absl::Now();
       if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
         absl::SleepFor((t2 - t1) * (tc.straggler_factor - 1.0));
@@ -286,6 +330,7 @@ absl::Status MlpTrainer::Train(FieldReader* reader, FieldReader* eval) {
       for (int l = 0; l < shape_.num_layers(); ++l) {
         params_->Push(kMlpFirstLayerTable + l, layer_keys_[l], glayers_[l], rows);
       }
+      if (wide_) params_->Push(MlpWideTable(shape_), batch.keys, wide_g_, rows);
       params_->Clock(rows);
 
       stats_.wait_seconds += absl::ToDoubleSeconds(t1 - t0);
@@ -329,11 +374,9 @@ absl::StatusOr<EvalMetrics> MlpTrainer::Evaluate(FieldReader* reader) {
     if (n == 0) break;
     BuildMlpBatch(block, &batch);
     PS_RETURN_IF_ERROR(PullParams(batch));
-    MlpParams p;
-    p.emb = emb_;
-    for (const auto& v : layers_) p.layers.push_back(v);
     prob.assign(batch.rows(), 0.0f);
-    PS_RETURN_IF_ERROR(backend_->Predict(shape_, batch, p, absl::MakeSpan(prob)));
+    PS_RETURN_IF_ERROR(
+        backend_->Predict(shape_, batch, Params(), absl::MakeSpan(prob)));
     all_prob.insert(all_prob.end(), prob.begin(), prob.end());
     all_labels.insert(all_labels.end(), batch.labels.begin(), batch.labels.end());
   }

@@ -22,7 +22,13 @@
 // pushes per minibatch; tables 1..L "mlp_layer<l>", dim fan_in + 1, key o =
 // output unit o, value = [weights..., bias] (the layout of kernels/mlp.h).
 // Servers initialise the values randomly (TableConfig optimizer.init_scale),
-// which breaks the symmetry of the hidden units.
+// which breaks the symmetry of the hidden units. With mlp.wide (wide &
+// deep), table L+1 "mlp_wide", dim 1, holds one linear weight per
+// embedding key, updated by the `optimizer` section's rule (FTRL by default,
+// as logistic regression) and initialised to 0; row b's logit is the MLP's
+// plus the sum of its 39 keys' wide weights (MlpParams::logit_offset), and
+// a key's wide gradient is the sum of d loss / d logit over the rows that
+// hold it.
 #pragma once
 
 #include <atomic>
@@ -48,6 +54,10 @@ inline constexpr int kCriteoNumFields = 39;  // 13 integer + 26 categorical
 inline constexpr int kMlpEmbeddingTable = 0;
 // Layer l is table kMlpFirstLayerTable + l.
 inline constexpr int kMlpFirstLayerTable = 1;
+// The wide part's table (mlp.wide), after the last layer.
+inline int MlpWideTable(const MlpShape& shape) {
+  return kMlpFirstLayerTable + shape.num_layers();
+}
 
 // The key standing for an empty field `field`.
 uint64_t MissingFieldKey(int field);
@@ -90,7 +100,8 @@ MlpShape MlpShapeOf(const JobConfig& config);
 // The tables the scheduler must publish for training.model: mlp (see the
 // file comment), with mlp.optimizer / learning_rate / l2 as their update
 // rule and init scales: embeddings mlp.embedding_init, layer l
-// sqrt(6 / (fan_in + fan_out)) (Glorot uniform).
+// sqrt(6 / (fan_in + fan_out)) (Glorot uniform); with mlp.wide, the wide
+// table with the `optimizer` section's rule.
 std::vector<proto::TableConfig> MlpTables(const JobConfig& config);
 
 // Turns a block into a minibatch: unique keys ascending, slots into them.
@@ -152,8 +163,11 @@ class MlpTrainer {
   int64_t examples_so_far() const { return examples_.load(); }
 
  private:
-  // Pulls the batch's embeddings and all layers into emb_ / layers_.
+  // Pulls the batch's embeddings and all layers into emb_ / layers_, and
+  // with the wide part its weights, summed per row into offset_.
   absl::Status PullParams(const MlpBatch& batch);
+  // The parameters just pulled, as the backend reads them.
+  MlpParams Params() const;
 
   const int worker_id_;
   const JobConfig& config_;
@@ -162,8 +176,10 @@ class MlpTrainer {
   const MlpShape shape_;
   std::vector<std::vector<uint64_t>> layer_keys_;  // 0..fan_out-1 per layer
 
+  const bool wide_;
   std::vector<float> emb_, gemb_;
   std::vector<std::vector<float>> layers_, glayers_;
+  std::vector<float> wide_w_, wide_g_, offset_, dlogit_;  // wide part
   TrainerStats stats_;
   std::atomic<int64_t> examples_{0};
 };
