@@ -434,8 +434,12 @@ TEST(ConfigTest, MlpSection) {
       "training:\n  model: mlp\n"
       "mlp:\n  embedding_dim: 4\n  hidden: [64, 32, 16]\n"
       "  optimizer: adagrad\n  learning_rate: 0.01\n  l2: 0.0001\n"
-      "  embedding_init: 0.1\n");
+      "  embedding_init: 0.1\n  dropout: 0.25\n  wide: true\n");
   ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->mlp.dropout, 0.25);
+  EXPECT_TRUE(c->mlp.wide);
+  EXPECT_FALSE(d->mlp.wide);
+  EXPECT_EQ(d->mlp.dropout, 0);
   EXPECT_EQ(c->training.model, "mlp");
   EXPECT_EQ(c->mlp.embedding_dim, 4);
   EXPECT_EQ(c->mlp.hidden, (std::vector<int>{64, 32, 16}));
@@ -462,6 +466,9 @@ TEST(ConfigTest, MlpSection) {
   ASSERT_TRUE(ApplyOverride(&o, "mlp.hidden=16,4").ok());
   EXPECT_EQ(o.mlp.hidden, (std::vector<int>{16, 4}));
 
+  ExpectInvalid(ParseStatus("mlp:\n  dropout: 1\n"),
+                "config field mlp.dropout: must be in [0, 1), got 1");
+  ExpectInvalid(ParseStatus("mlp:\n  wide: maybe\n"), "config field mlp.wide");
   ExpectInvalid(ParseStatus("mlp:\n  hidden: [64, 0]\n"),
                 "config field mlp.hidden: every entry must be in [1, 65536], got 0");
   ExpectInvalid(ParseStatus("mlp:\n  hidden: [64, x]\n"),
