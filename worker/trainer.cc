@@ -8,6 +8,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/cuda_backend.h"
 
 namespace ps {
 
@@ -72,6 +73,7 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
   // minibatch is sent before this one is computed (declared at the next
   // clock, so the bound still holds); BSP cannot prefetch.
   const bool prefetch = config_.EffectiveTau() != 0;
+  auto* pipelined = dynamic_cast<CudaBackend*>(backend_);
 
   struct Slot {
     CsrBatch batch;
@@ -106,23 +108,39 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
     absl::Time t0 = absl::Now();
     PS_RETURN_IF_ERROR(kv_->Wait(s.ts, absl::Now() + timeout));
     absl::Time t1 = absl::Now();
+    // On a CUDA backend the gradient is submitted first and collected after
+    // the worker's own work for the next minibatch (reading and parsing it,
+    // sending its prefetch pull), which then overlaps the device's copy and
+    // kernels. The same weights and batch either way.
+    int64_t ticket = -1;
+    if (pipelined != nullptr) {
+      PS_ASSIGN_OR_RETURN(ticket, pipelined->SubmitGradient(s.batch, s.w));
+    }
     bool have_next = false;
-    if (prefetch) {
+    bool read_next = false;
+    if (prefetch || pipelined != nullptr) {
       PS_ASSIGN_OR_RETURN(have_next, next(&n));
-      if (have_next) {
+      read_next = true;
+      if (prefetch && have_next) {
         n.ts = kv_->Pull(0, n.batch.keys, &n.w, kv_->clock() + 1);
       }
     }
-    absl::Time t2 = absl::Now();
     grad.assign(s.batch.keys.size(), 0.0f);
     double loss = 0;
-    PS_RETURN_IF_ERROR(
-        backend_->LogisticGradient(s.batch, s.w, absl::MakeSpan(grad), &loss));
+    if (pipelined != nullptr) {
+      PS_RETURN_IF_ERROR(
+          pipelined->CollectGradient(ticket, absl::MakeSpan(grad), &loss));
+    } else {
+      PS_RETURN_IF_ERROR(backend_->LogisticGradient(
+          s.batch, s.w, absl::MakeSpan(grad), &loss));
+    }
     absl::Time t3 = absl::Now();
     kv_->Push(0, s.batch.keys, grad, static_cast<int>(s.rows));
     kv_->Clock(static_cast<int>(s.rows));
     if (!prefetch) {
-      PS_ASSIGN_OR_RETURN(have_next, next(&n));
+      if (!read_next) {
+        PS_ASSIGN_OR_RETURN(have_next, next(&n));
+      }
       if (have_next) n.ts = kv_->Pull(0, n.batch.keys, &n.w);
       t3 = absl::Now();  // reading the next minibatch is worker-local work
     }
