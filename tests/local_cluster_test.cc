@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/routing.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda_backend.h"
 #include "tests/inproc_cluster.h"
 
 namespace ps {
@@ -88,6 +89,41 @@ INSTANTIATE_TEST_SUITE_P(AllModes, ModeTest,
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            return i.param;
                          });
+
+// The same BSP job with training.backend cuda (the Trainer pipelines the
+// CUDA backend's Submit/Collect) and cpu: the models agree to FP32 noise.
+// Skips with "no CUDA device found" where there is none.
+TEST_F(LocalClusterTest, CudaBackendTrainsAsCpu) {
+  if (absl::Status dev = CudaDeviceAvailable(); !dev.ok()) {
+    GTEST_SKIP() << dev.message();
+  }
+  std::vector<std::pair<uint64_t, std::vector<float>>> models[2];
+  double aucs[2] = {0, 0};
+  const char* backends[2] = {"cpu", "cuda"};
+  for (int i = 0; i < 2; ++i) {
+    LocalClusterOptions o;
+    o.config = SyntheticJob(Mode::kBsp);
+    o.config.training.backend = backends[i];
+    LocalCluster cluster(o);
+    absl::Status s = cluster.Run();
+    ASSERT_TRUE(s.ok()) << backends[i] << ": " << s;
+    absl::StatusOr<double> auc = JsonNumber(cluster.ReportJson(), "test_auc");
+    ASSERT_TRUE(auc.ok()) << auc.status();
+    aucs[i] = *auc;
+    models[i] = cluster.Snapshot();
+  }
+  std::printf("BSP test AUC: cpu %.5f, cuda %.5f\n", aucs[0], aucs[1]);
+  EXPECT_NEAR(aucs[0], aucs[1], 1e-3);
+  ASSERT_EQ(models[0].size(), models[1].size());
+  double diff = 0, norm = 0;
+  for (size_t k = 0; k < models[0].size(); ++k) {
+    ASSERT_EQ(models[0][k].first, models[1][k].first);
+    const double a = models[0][k].second[0], b = models[1][k].second[0];
+    diff += (a - b) * (a - b);
+    norm += a * a;
+  }
+  EXPECT_LE(std::sqrt(diff), 1e-3 * std::sqrt(norm));
+}
 
 // BSP with plain SGD: the model is a pure function of the data, so a run
 // whose requests and replies get lost (and retried) must give the same bits.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda_backend.h"
 #include "server/table.h"
 #include "worker/data.h"
 
@@ -194,6 +195,40 @@ TEST(MlpTrainer, LearnsCriteo10k) {
   std::printf("MLP on criteo-10k: test AUC %.4f, log loss %.4f\n", m->auc,
               m->logloss);
   EXPECT_GE(m->auc, 0.745);
+}
+
+// One epoch of the same model on the CUDA and the CPU backend: the same test
+// AUC to FP32 noise. Skips with "no CUDA device found" where there is none.
+TEST(MlpTrainer, CudaBackendTrainsAsCpu) {
+  if (absl::Status dev = CudaDeviceAvailable(); !dev.ok()) {
+    GTEST_SKIP() << dev.message();
+  }
+  const std::string train = DataPath("criteo-10k/train.tsv");
+  const std::string test = DataPath("criteo-10k/test.tsv");
+  if (!Exists(train) || !Exists(test)) GTEST_SKIP() << "missing criteo-10k";
+  absl::StatusOr<JobConfig> loaded =
+      LoadJobConfig(std::string(PS_SOURCE_DIR) + "/deploy/configs/criteo_mlp.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  JobConfig c = *loaded;
+  c.training.epochs = 1;
+  c.training.progress_interval_s = 1000;
+  double auc[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::unique_ptr<MlpBackend>> backend =
+        CreateMlpBackend(i == 0 ? "cpu" : "cuda");
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    InMemoryParams params(MlpTables(c));
+    MlpTrainer trainer(0, c, &params, backend->get());
+    auto tr = OpenCriteoFields(train, 0, -1, false);
+    auto te = OpenCriteoFields(test, 0, -1, false);
+    ASSERT_TRUE(tr.ok() && te.ok());
+    ASSERT_TRUE(trainer.Train(tr->get()).ok());
+    auto m = trainer.Evaluate(te->get());
+    ASSERT_TRUE(m.ok()) << m.status();
+    auc[i] = m->auc;
+  }
+  std::printf("MLP 1 epoch: test AUC cpu %.5f, cuda %.5f\n", auc[0], auc[1]);
+  EXPECT_NEAR(auc[0], auc[1], 2e-3);
 }
 
 // The wide part's gradient reaches its table: one minibatch of two rows
