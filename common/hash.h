@@ -5,11 +5,18 @@
 #include <cstdint>
 #include <string_view>
 
+// Functions marked so also compile for CUDA devices (kernels/dropout.h).
+#if defined(__CUDACC__)
+#define PS_HOST_DEVICE __host__ __device__
+#else
+#define PS_HOST_DEVICE
+#endif
+
 namespace ps {
 
 // A bijective 64-bit mixer (splitmix64 finaliser): distinct inputs stay
 // distinct, nearby inputs land far apart.
-inline uint64_t Mix64(uint64_t x) {
+PS_HOST_DEVICE inline uint64_t Mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;

@@ -239,11 +239,12 @@ TEST(MlpParity, GradientAndPredictMatchCpu) {
       p.logit_offset = offset;
       std::vector<float> dlogit_c(rows), dlogit_g(rows);
       auto run = [&](MlpBackend* be, std::vector<float>* gemb,
-                     std::vector<std::vector<float>>* gl, double* loss) {
+                     std::vector<std::vector<float>>* gl,
+                     std::vector<float>* dlogit, double* loss) {
         gemb->assign(emb.size(), 0);
         gl->clear();
         MlpGrads g;
-        g.logit = absl::MakeSpan(be == cpu.get() ? dlogit_c : dlogit_g);
+        g.logit = absl::MakeSpan(*dlogit);
         g.emb = absl::MakeSpan(*gemb);
         for (int l = 0; l < shape.num_layers(); ++l) {
           gl->emplace_back(shape.layer_floats(l));
@@ -254,8 +255,8 @@ TEST(MlpParity, GradientAndPredictMatchCpu) {
       std::vector<float> ge_c, ge_g;
       std::vector<std::vector<float>> gl_c, gl_g;
       double l_c = 0, l_g = 0;
-      ASSERT_TRUE(run(cpu.get(), &ge_c, &gl_c, &l_c).ok());
-      absl::Status s = run(gpu->get(), &ge_g, &gl_g, &l_g);
+      ASSERT_TRUE(run(cpu.get(), &ge_c, &gl_c, &dlogit_c, &l_c).ok());
+      absl::Status s = run(gpu->get(), &ge_g, &gl_g, &dlogit_g, &l_g);
       ASSERT_TRUE(s.ok()) << s;
       // FP32 GEMMs vs double loops: compare against the largest entry
       // (sums that cancel carry absolute, not relative, error).

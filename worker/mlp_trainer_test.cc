@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda_backend.h"
 #include "server/table.h"
@@ -162,39 +163,63 @@ TEST(CriteoFields, MalformedLine) {
 }
 
 // The goal of issue 4: the MLP reaches at least logistic regression's test
+const std::string kCriteoTrain = DataPath("criteo-10k/train.tsv");
+const std::string kCriteoTest = DataPath("criteo-10k/test.tsv");
+
+// deploy/configs/criteo_mlp.yaml with progress reports off.
+absl::StatusOr<JobConfig> CriteoMlpConfig() {
+  PS_ASSIGN_OR_RETURN(
+      JobConfig c,
+      LoadJobConfig(std::string(PS_SOURCE_DIR) + "/deploy/configs/criteo_mlp.yaml"));
+  c.training.progress_interval_s = 1000;
+  return c;
+}
+
+struct CriteoRun {
+  EvalMetrics metrics;  // on the test split
+  int64_t examples = 0;
+  int64_t clocks = 0;
+};
+
+// Trains `c` on criteo-10k's training split as one worker against in-memory
+// tables, then evaluates on the test split.
+absl::StatusOr<CriteoRun> TrainOnCriteo10k(const JobConfig& c,
+                                           MlpBackend* backend) {
+  InMemoryParams params(MlpTables(c));
+  MlpTrainer trainer(0, c, &params, backend);
+  PS_ASSIGN_OR_RETURN(auto train, OpenCriteoFields(kCriteoTrain, 0, -1, false));
+  PS_ASSIGN_OR_RETURN(auto test, OpenCriteoFields(kCriteoTest, 0, -1, false));
+  PS_RETURN_IF_ERROR(trainer.Train(train.get()));
+  CriteoRun run;
+  PS_ASSIGN_OR_RETURN(run.metrics, trainer.Evaluate(test.get()));
+  run.examples = trainer.stats().examples;
+  run.clocks = params.clock();
+  return run;
+}
+
 // deploy/configs/criteo_mlp.yaml's model (wide & deep with dropout) on
 // criteo-10k, training as a one-worker BSP cluster would (server-side Adam
 // and FTRL over averaged pushes), CPU backend: at least the AUC of
 // LIBLINEAR's best logistic regression on the same data, 0.745
 // (../shared/data/README.md).
 TEST(MlpTrainer, LearnsCriteo10k) {
-  const std::string train = DataPath("criteo-10k/train.tsv");
-  const std::string test = DataPath("criteo-10k/test.tsv");
-  if (!Exists(train) || !Exists(test)) GTEST_SKIP() << "missing criteo-10k";
-  absl::StatusOr<JobConfig> loaded =
-      LoadJobConfig(std::string(PS_SOURCE_DIR) + "/deploy/configs/criteo_mlp.yaml");
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  JobConfig c = *loaded;
-  ASSERT_EQ(c.training.model, "mlp");
-  ASSERT_TRUE(c.mlp.wide);
+  if (!Exists(kCriteoTrain) || !Exists(kCriteoTest)) {
+    GTEST_SKIP() << "missing criteo-10k";
+  }
+  absl::StatusOr<JobConfig> c = CriteoMlpConfig();
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->training.model, "mlp");
+  ASSERT_TRUE(c->mlp.wide);
   // One worker takes the minibatch of all the config's workers.
-  c.training.minibatch *= c.cluster.num_workers;
-  c.training.progress_interval_s = 1000;
-  InMemoryParams params(MlpTables(c));
+  c->training.minibatch *= c->cluster.num_workers;
   auto backend = CreateCpuMlpBackend();
-  MlpTrainer trainer(0, c, &params, backend.get());
-  auto tr = OpenCriteoFields(train, 0, -1, false);
-  auto te = OpenCriteoFields(test, 0, -1, false);
-  ASSERT_TRUE(tr.ok() && te.ok());
-  ASSERT_TRUE(trainer.Train(tr->get()).ok());
-  EXPECT_EQ(trainer.stats().examples, c.training.epochs * 8000);
-  EXPECT_EQ(params.clock(),
-            c.training.epochs * (8000 / c.training.minibatch));
-  auto m = trainer.Evaluate(te->get());
-  ASSERT_TRUE(m.ok()) << m.status();
-  std::printf("MLP on criteo-10k: test AUC %.4f, log loss %.4f\n", m->auc,
-              m->logloss);
-  EXPECT_GE(m->auc, 0.745);
+  absl::StatusOr<CriteoRun> run = TrainOnCriteo10k(*c, backend.get());
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->examples, c->training.epochs * 8000);
+  EXPECT_EQ(run->clocks, c->training.epochs * (8000 / c->training.minibatch));
+  std::printf("MLP on criteo-10k: test AUC %.4f, log loss %.4f\n",
+              run->metrics.auc, run->metrics.logloss);
+  EXPECT_GE(run->metrics.auc, 0.745);
 }
 
 // One epoch of the same model on the CUDA and the CPU backend: the same test
@@ -203,29 +228,20 @@ TEST(MlpTrainer, CudaBackendTrainsAsCpu) {
   if (absl::Status dev = CudaDeviceAvailable(); !dev.ok()) {
     GTEST_SKIP() << dev.message();
   }
-  const std::string train = DataPath("criteo-10k/train.tsv");
-  const std::string test = DataPath("criteo-10k/test.tsv");
-  if (!Exists(train) || !Exists(test)) GTEST_SKIP() << "missing criteo-10k";
-  absl::StatusOr<JobConfig> loaded =
-      LoadJobConfig(std::string(PS_SOURCE_DIR) + "/deploy/configs/criteo_mlp.yaml");
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  JobConfig c = *loaded;
-  c.training.epochs = 1;
-  c.training.progress_interval_s = 1000;
+  if (!Exists(kCriteoTrain) || !Exists(kCriteoTest)) {
+    GTEST_SKIP() << "missing criteo-10k";
+  }
+  absl::StatusOr<JobConfig> c = CriteoMlpConfig();
+  ASSERT_TRUE(c.ok()) << c.status();
+  c->training.epochs = 1;
   double auc[2] = {0, 0};
   for (int i = 0; i < 2; ++i) {
     absl::StatusOr<std::unique_ptr<MlpBackend>> backend =
         CreateMlpBackend(i == 0 ? "cpu" : "cuda");
     ASSERT_TRUE(backend.ok()) << backend.status();
-    InMemoryParams params(MlpTables(c));
-    MlpTrainer trainer(0, c, &params, backend->get());
-    auto tr = OpenCriteoFields(train, 0, -1, false);
-    auto te = OpenCriteoFields(test, 0, -1, false);
-    ASSERT_TRUE(tr.ok() && te.ok());
-    ASSERT_TRUE(trainer.Train(tr->get()).ok());
-    auto m = trainer.Evaluate(te->get());
-    ASSERT_TRUE(m.ok()) << m.status();
-    auc[i] = m->auc;
+    absl::StatusOr<CriteoRun> run = TrainOnCriteo10k(*c, backend->get());
+    ASSERT_TRUE(run.ok()) << run.status();
+    auc[i] = run->metrics.auc;
   }
   std::printf("MLP 1 epoch: test AUC cpu %.5f, cuda %.5f\n", auc[0], auc[1]);
   EXPECT_NEAR(auc[0], auc[1], 2e-3);

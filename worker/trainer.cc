@@ -74,6 +74,8 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
   // clock, so the bound still holds); BSP cannot prefetch.
   const bool prefetch = config_.EffectiveTau() != 0;
   auto* pipelined = dynamic_cast<CudaBackend*>(backend_);
+  // Whether the next minibatch is read before this one's gradient is done.
+  const bool read_ahead = prefetch || pipelined != nullptr;
 
   struct Slot {
     CsrBatch batch;
@@ -117,10 +119,8 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
       PS_ASSIGN_OR_RETURN(ticket, pipelined->SubmitGradient(s.batch, s.w));
     }
     bool have_next = false;
-    bool read_next = false;
-    if (prefetch || pipelined != nullptr) {
+    if (read_ahead) {
       PS_ASSIGN_OR_RETURN(have_next, next(&n));
-      read_next = true;
       if (prefetch && have_next) {
         n.ts = kv_->Pull(0, n.batch.keys, &n.w, kv_->clock() + 1);
       }
@@ -138,7 +138,7 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
     kv_->Push(0, s.batch.keys, grad, static_cast<int>(s.rows));
     kv_->Clock(static_cast<int>(s.rows));
     if (!prefetch) {
-      if (!read_next) {
+      if (!read_ahead) {
         PS_ASSIGN_OR_RETURN(have_next, next(&n));
       }
       if (have_next) n.ts = kv_->Pull(0, n.batch.keys, &n.w);
