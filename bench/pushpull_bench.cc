@@ -52,7 +52,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "bench/tuned_transport.h"
-#include "common/grpc_transport.h"
+#include "transport/grpc_transport.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/net.h"

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/grpc_transport.h"
+#include "transport/grpc_transport.h"
 
 namespace ps::bench {
 

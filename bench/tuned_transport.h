@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/grpc_transport.h"
-#include "common/transport.h"
+#include "transport/grpc_transport.h"
+#include "transport/transport.h"
 
 namespace ps::bench {
 

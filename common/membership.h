@@ -4,7 +4,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/transport.h"
+#include "transport/transport.h"
 #include "proto/ps.pb.h"
 
 namespace ps {

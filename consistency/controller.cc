@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "transport/errors.h"
 
 namespace ps {
 
@@ -224,7 +225,9 @@ int ConsistencyController::ExpireWaits() {
       Wait& w = waits_[i];
       if (now >= w.deadline) {
         fire.emplace_back(std::move(w.ready),
-                          absl::DeadlineExceededError(LagReasonLocked(w, now)));
+                          ErrorWithReason(absl::StatusCode::kDeadlineExceeded,
+                                          proto::REASON_CONSISTENCY_TIMEOUT,
+                                          LagReasonLocked(w, now)));
       } else {
         if (keep != i) waits_[keep] = std::move(w);
         ++keep;

@@ -18,7 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/config.h"
-#include "common/transport.h"
+#include "transport/transport.h"
 #include "proto/ps.pb.h"
 
 namespace ps {

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/grpc_transport.h"
+#include "transport/grpc_transport.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/status_macros.h"

@@ -1,7 +1,7 @@
 #include "scheduler/scheduler_service.h"
 
 #include "absl/time/clock.h"
-#include "common/grpc_transport.h"
+#include "transport/grpc_transport.h"
 
 namespace ps {
 namespace {

@@ -9,7 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/grpc_transport.h"
+#include "transport/grpc_transport.h"
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
 ABSL_FLAG(std::string, set_mode, "",

@@ -9,7 +9,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "common/transport.h"
+#include "transport/transport.h"
 
 namespace ps {
 namespace {
@@ -135,9 +135,10 @@ absl::Status ServerNode::Admit(int worker_id, int64_t epoch, int table,
     return absl::InvalidArgumentError(absl::StrCat("unknown table ", table));
   }
   if (epoch != epoch_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(kStaleEpoch, ": request epoch ", epoch,
-                     ", server epoch ", epoch_));
+    return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                           proto::REASON_STALE_EPOCH,
+                           absl::StrCat("stale-epoch: request epoch ", epoch,
+                                        ", server epoch ", epoch_));
   }
   a->table = tables_[table].get();
   a->routing = routing_;
@@ -164,8 +165,9 @@ absl::Status ServerNode::CheckKeys(const std::string& keys, const Admitted& a,
     if (ranges != nullptr) ranges->push_back(range);
   });
   if (!owned) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(kStaleEpoch, ": keys not owned by server ", a.id));
+    return ErrorWithReason(
+        absl::StatusCode::kFailedPrecondition, proto::REASON_STALE_EPOCH,
+        absl::StrCat("stale-epoch: keys not owned by server ", a.id));
   }
   return absl::OkStatus();
 }

@@ -15,7 +15,7 @@
 #include "common/bytes.h"
 #include "common/clock.h"
 #include "common/routing.h"
-#include "common/transport.h"
+#include "transport/transport.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
 

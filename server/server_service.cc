@@ -1,6 +1,6 @@
 #include "server/server_service.h"
 
-#include "common/grpc_transport.h"
+#include "transport/grpc_transport.h"
 #include "common/logging.h"
 
 namespace ps {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/bytes.h"
-#include "common/grpc_transport.h"
+#include "transport/grpc_transport.h"
 #include "common/logging.h"
 #include "common/routing.h"
 #include "grpcpp/grpcpp.h"

@@ -1,6 +1,6 @@
 // A whole parameter-server job inside one process, for tests and benchmarks:
 //
-//  * InProcClientFactory: the transport seam (common/transport.h) with no
+//  * InProcClientFactory: the transport seam (transport/transport.h) with no
 //    network. "inproc:server:<i>" addresses reach ServerNode objects and
 //    "inproc:scheduler" reaches a SchedulerCore; calls go straight to their
 //    methods.
@@ -28,7 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/config.h"
-#include "common/transport.h"
+#include "transport/transport.h"
 #include "scheduler/scheduler.h"
 #include "server/server_node.h"
 

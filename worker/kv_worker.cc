@@ -15,9 +15,6 @@ absl::Duration Backoff(int attempt) {
   return absl::Milliseconds(std::min(1000, 20 * (1 << std::min(attempt, 6))));
 }
 
-absl::Status Annotate(const absl::Status& s, const std::string& what) {
-  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-}
 }  // namespace
 
 KVWorker::KVWorker(KVWorkerOptions options, const proto::ClusterView& view,
@@ -406,8 +403,7 @@ void KVWorker::SendPull(std::shared_ptr<PullSlice> slice, int attempt) {
         // A consistency wait that expired on the server is final: its
         // message says which worker is behind.
         const bool server_wait_expired =
-            s.code() == absl::StatusCode::kDeadlineExceeded &&
-            s.message().find("waited") != absl::string_view::npos;
+            ReasonOf(s) == proto::REASON_CONSISTENCY_TIMEOUT;
         if (Retriable(s) && !server_wait_expired && attempt < kMaxAttempts) {
           Later(Backoff(attempt),
                 [this, slice, attempt] { SendPull(slice, attempt + 1); });

@@ -34,7 +34,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/routing.h"
-#include "common/transport.h"
+#include "transport/transport.h"
 #include "proto/ps.pb.h"
 
 namespace ps {

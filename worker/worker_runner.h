@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/config.h"
-#include "common/transport.h"
+#include "transport/transport.h"
 #include "proto/ps.pb.h"
 #include "worker/data.h"
 

@@ -1,4 +1,4 @@
-#include "common/grpc_transport.h"
+#include "transport/grpc_transport.h"
 
 #include <atomic>
 #include <chrono>
@@ -13,13 +13,14 @@ namespace ps {
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      std::string(s.message()));
+                      std::string(s.message()), EncodeReason(s));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_message());
+  return DecodeReason(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                                   s.error_message()),
+                      s.error_details());
 }
 
 absl::Status CheckToken(const grpc::ServerContextBase& ctx,

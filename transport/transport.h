@@ -2,11 +2,16 @@
 // through these interfaces. GrpcClientFactory (grpc_transport.h) is the real
 // one; tests use an in-process factory and fault-injecting decorators.
 //
-// Status codes carry their retry meaning:
+// Status codes carry their retry meaning, refined by a typed reason
+// (transport/errors.h, proto::ErrorReason) that every transport carries:
 //   UNAVAILABLE          the peer could not be reached; retry the same request
-//   DEADLINE_EXCEEDED    no answer in time; retry is safe for pushes (dedup)
-//   FAILED_PRECONDITION  with "stale-epoch" in the message: refresh the
-//                        routing view, re-slice, retry
+//                        (reason VIEW_BEHIND: the server has not installed
+//                        the request's epoch yet; same)
+//   DEADLINE_EXCEEDED    no answer in time; retry is safe for pushes (dedup);
+//                        reason CONSISTENCY_TIMEOUT: a pull's consistency
+//                        wait expired on the server, final
+//   FAILED_PRECONDITION  reason STALE_EPOCH: refresh the routing view,
+//                        re-slice, retry
 //   INVALID_ARGUMENT     the request is malformed; never retry
 //   UNAUTHENTICATED      wrong or missing cluster token
 #pragma once
@@ -19,16 +24,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/ps.pb.h"
+#include "transport/errors.h"
 
 namespace ps {
-
-inline constexpr char kStaleEpoch[] = "stale-epoch";
-
-// True when `s` tells the client to refresh its routing view.
-inline bool IsStaleEpoch(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kFailedPrecondition &&
-         s.message().find(kStaleEpoch) != absl::string_view::npos;
-}
 
 // A client of one parameter server. Thread-safe. Asynchronous calls share
 // ownership of the request (so a retry resends it without a copy); the

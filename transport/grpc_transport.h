@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/container/flat_hash_map.h"
-#include "common/transport.h"
+#include "transport/transport.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ps {

@@ -1,0 +1,36 @@
+// Typed failure reasons (proto::ErrorReason) attached to absl::Status and
+// carried across every transport. Retry decisions read the code and the
+// reason, never the message text.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+// A status with `code`, `message` and `reason` attached.
+absl::Status ErrorWithReason(absl::StatusCode code, proto::ErrorReason reason,
+                             absl::string_view message);
+
+// `s` with `reason` attached (replacing any earlier one). OK stays OK.
+absl::Status WithReason(absl::Status s, proto::ErrorReason reason);
+
+// The reason attached to `s`; REASON_UNSPECIFIED when none.
+proto::ErrorReason ReasonOf(const absl::Status& s);
+
+// The reason as the bytes of an ErrorDetail (empty when none), and back.
+std::string EncodeReason(const absl::Status& s);
+absl::Status DecodeReason(absl::Status s, absl::string_view details);
+
+// `s` with "what: " prepended to its message; code and reason kept.
+absl::Status Annotate(const absl::Status& s, absl::string_view what);
+
+// The routing view is stale: refresh, re-slice, resend.
+inline bool IsStaleEpoch(const absl::Status& s) {
+  return ReasonOf(s) == proto::REASON_STALE_EPOCH;
+}
+
+}  // namespace ps
