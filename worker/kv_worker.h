@@ -66,8 +66,11 @@ struct KVWorkerOptions {
   // The retry budget of one operation, shared by all its slices and
   // re-slices: at most this many resends of one slice chain, and none
   // scheduled later than retry_timeout after the operation started.
+  // max_attempts is the budget that normally runs out first (backoff grows
+  // from 20 ms to 1 s); retry_timeout also covers slow answers (a pull may
+  // be held up to pull_wait before it fails and is resent).
   int max_attempts = 60;
-  absl::Duration retry_timeout = absl::Seconds(120);
+  absl::Duration retry_timeout = absl::Seconds(300);
   // Timers and request deadlines. Must outlive the worker.
   Clock* clock = Clock::Real();
 };
