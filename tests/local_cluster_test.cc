@@ -11,6 +11,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/bytes.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/routing.h"
 #include "gtest/gtest.h"
@@ -250,9 +251,12 @@ float ValueOf(const ServerNode& node, uint64_t key) {
 TEST_F(LocalClusterTest, FaultyClientTellsLostRequestFromLostReply) {
   ServerNode node;
   ASSERT_TRUE(node.Configure(0, OneServerView()).ok());
+  ServerNodeHandler handler(0, &node);
   InProcClientFactory inproc;
-  inproc.AddServer(0, &node);
+  inproc.AddServer(0, &handler);
+  FakeClock clock;
   FaultOptions f;
+  f.timers = &clock;
   const std::vector<Fault> plan = {Fault::kDropRequest, Fault::kDropReply,
                                    Fault::kNone, Fault::kDelay};
   f.schedule = [plan](RpcMethod m, int64_t i) {
@@ -281,10 +285,20 @@ TEST_F(LocalClusterTest, FaultyClientTellsLostRequestFromLostReply) {
   EXPECT_TRUE(r.duplicate);
   EXPECT_EQ(ValueOf(node, 11), -2.0f);
 
-  // Delayed: delivered later, on another thread.
-  r = PushAndWait(c.get(), PushOf(2));
-  ASSERT_TRUE(r.status.ok()) << r.status;
-  EXPECT_FALSE(r.duplicate);
+  // Delayed: delivered when the injected clock has moved by the delay.
+  bool answered = false;
+  c->Push(PushOf(2), absl::InfiniteFuture(),
+          [&](const absl::Status& s, proto::PushResponse* resp) {
+            EXPECT_TRUE(s.ok()) << s;
+            EXPECT_FALSE(resp->duplicate());
+            answered = true;
+          });
+  EXPECT_FALSE(answered);
+  EXPECT_EQ(node.Status().pushes(), 1);
+  clock.Advance(f.delay - absl::Nanoseconds(1));
+  EXPECT_FALSE(answered);
+  clock.Advance(absl::Nanoseconds(1));
+  EXPECT_TRUE(answered);
   EXPECT_EQ(ValueOf(node, 11), -4.0f);
 
   EXPECT_EQ(faulty.stats().calls.load(), 4);

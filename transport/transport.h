@@ -1,6 +1,7 @@
 // The transport seam: worker and scheduler logic talk to remote nodes only
 // through these interfaces. GrpcClientFactory (grpc_transport.h) is the real
-// one; tests use an in-process factory and fault-injecting decorators.
+// one; inproc_transport.h (no network), faulty_transport.h (fault
+// injection) and fake_transport.h (scriptable test doubles) are the others.
 //
 // Status codes carry their retry meaning, refined by a typed reason
 // (transport/errors.h, proto::ErrorReason) that every transport carries:

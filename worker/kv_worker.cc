@@ -9,41 +9,67 @@
 
 namespace ps {
 namespace {
-constexpr int kMaxAttempts = 60;
 
 absl::Duration Backoff(int attempt) {
   return absl::Milliseconds(std::min(1000, 20 * (1 << std::min(attempt, 6))));
 }
 
+// The same request may be sent again (after backoff): the peer was not
+// reached, did not answer in time, or has not installed the request's
+// epoch yet. A pull's consistency wait that expired on the server is final.
+bool Resendable(const absl::Status& s) {
+  const proto::ErrorReason reason = ReasonOf(s);
+  if (reason == proto::REASON_VIEW_BEHIND) return true;
+  if (reason == proto::REASON_CONSISTENCY_TIMEOUT) return false;
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded ||
+         s.code() == absl::StatusCode::kAborted;
+}
+
 }  // namespace
+
+template <typename F>
+auto KVWorker::Guarded(F fn) {
+  return [life = life_, fn = std::move(fn)](auto&&... args) mutable {
+    {
+      absl::MutexLock l(&life->mu);
+      if (!life->alive) return;  // the worker is gone: drop the reply
+      ++life->running;
+    }
+    fn(std::forward<decltype(args)>(args)...);
+    absl::MutexLock l(&life->mu);
+    --life->running;
+  };
+}
 
 KVWorker::KVWorker(KVWorkerOptions options, const proto::ClusterView& view,
                    ClientFactory* clients, SchedulerClient* scheduler)
-    : options_(options), clients_(clients), scheduler_(scheduler) {
-  {
-    absl::MutexLock l(&mu_);
-    InstallView(view);
-  }
-  retry_thread_ = std::thread([this] { RetryLoop(); });
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : ps::Clock::Real()),
+      clients_(clients),
+      scheduler_(scheduler),
+      life_(std::make_shared<Life>()) {
+  absl::MutexLock l(&mu_);
+  InstallView(view);
 }
 
 KVWorker::~KVWorker() {
+  std::set<ps::Clock::TimerId> timers;
   {
-    // Let callbacks still in flight land before the members go away.
     absl::MutexLock l(&mu_);
-    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      for (const auto& [ts, op] : ops_) {
-        if (op.pending > 0) return false;
-      }
-      return true;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
+    closing_ = true;  // no new retries from here on
+    timers.swap(timers_);
   }
-  {
-    absl::MutexLock l(&retry_mu_);
-    stopping_ = true;
-  }
-  retry_thread_.join();
+  for (ps::Clock::TimerId id : timers) clock_->Cancel(id);
+  // Replies still in flight are dropped from now on; wait for the
+  // callbacks already running.
+  Life* life = life_.get();
+  absl::MutexLock l(&life->mu);
+  life->alive = false;
+  auto idle = [life]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(life->mu) {
+    return life->running == 0;
+  };
+  life->mu.Await(absl::Condition(&idle));
 }
 
 void KVWorker::InstallView(const proto::ClusterView& view) {
@@ -75,12 +101,14 @@ int KVWorker::dim(int table) const {
 
 int64_t KVWorker::clock() const {
   absl::MutexLock l(&mu_);
-  return clock_;
+  return clock_count_;
 }
 
 int64_t KVWorker::NewOp(int pending) {
   int64_t ts = next_ts_++;
-  ops_[ts].pending = pending;
+  Op& op = ops_[ts];
+  op.pending = pending;
+  op.retry_deadline = clock_->Now() + options_.retry_timeout;
   return ts;
 }
 
@@ -97,36 +125,74 @@ void KVWorker::PartDone(int64_t ts, const absl::Status& s) {
     }
     if (--op.pending > 0) return;
     fn = std::move(op.on_done);
-    if (op.status.ok()) ops_.erase(it);  // failures stay for Wait
+    // Failures stay for Wait, unless Wait already gave the op up.
+    if (op.status.ok() || op.abandoned) ops_.erase(it);
   }
   if (fn) fn();
 }
 
+void KVWorker::Abandon(int64_t ts) {
+  auto it = ops_.find(ts);
+  if (it == ops_.end()) return;
+  it->second.abandoned = true;
+  if (it->second.target != nullptr) {
+    absl::MutexLock l(&it->second.target->mu);
+    it->second.target->out = nullptr;
+  }
+}
+
 absl::Status KVWorker::Wait(int64_t ts, absl::Time deadline) {
   absl::MutexLock l(&mu_);
-  auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+  if (ts < 0 || ts >= next_ts_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown timestamp ", ts));
+  }
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!sticky_.ok()) return true;
     auto it = ops_.find(ts);
     return it == ops_.end() || it->second.pending <= 0;
   };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+  const bool in_time = mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  auto it = ops_.find(ts);
+  if (it == ops_.end()) return sticky_;  // done and fine
+  if (it->second.pending <= 0) {
+    absl::Status s = it->second.status;
+    ops_.erase(it);
+    return s.ok() ? sticky_ : s;
+  }
+  // Not done (an earlier failure, or the deadline): the caller gives the
+  // operation up, so its late replies must not touch the caller's memory.
+  Abandon(ts);
+  if (!in_time) {
     return absl::DeadlineExceededError(
         absl::StrCat("operation ", ts, " not done by the deadline"));
   }
-  auto it = ops_.find(ts);
-  if (it != ops_.end() && it->second.pending <= 0) {
-    absl::Status s = it->second.status;
-    ops_.erase(it);
-    if (!s.ok()) return s;
-  }
-  if (ts >= next_ts_) return absl::InvalidArgumentError("unknown timestamp");
   return sticky_;
 }
 
-bool KVWorker::Retriable(const absl::Status& s) const {
-  return s.code() == absl::StatusCode::kUnavailable ||
-         s.code() == absl::StatusCode::kDeadlineExceeded ||
-         s.code() == absl::StatusCode::kAborted;
+bool KVWorker::MayRetry(int64_t ts, int attempt, absl::Duration backoff) {
+  absl::MutexLock l(&mu_);
+  if (closing_ || !sticky_.ok() || attempt >= options_.max_attempts) {
+    return false;
+  }
+  auto it = ops_.find(ts);
+  if (it == ops_.end() || it->second.abandoned) return false;
+  return clock_->Now() + backoff <= it->second.retry_deadline;
+}
+
+absl::Status KVWorker::GaveUp(const absl::Status& s, const char* what,
+                              int server, int attempt) const {
+  if (Resendable(s) || IsStaleEpoch(s)) {
+    {
+      // Not retried because an earlier operation failed: that failure is
+      // the one to report.
+      absl::MutexLock l(&mu_);
+      if (!sticky_.ok()) return sticky_;
+    }
+    return Annotate(s, absl::StrCat(what, " S[", server, "]: gave up after ",
+                                    attempt + 1, " attempts"));
+  }
+  return Annotate(s, absl::StrCat(what, " S[", server, "]"));
 }
 
 // ------------------------------------------------------------------- push
@@ -138,7 +204,7 @@ int64_t KVWorker::Push(int table, absl::Span<const uint64_t> keys,
   {
     absl::MutexLock l(&mu_);
     ts = NewOp(1);  // a guard part, released below
-    clock = clock_;
+    clock = clock_count_;
     ++clocks_[clock].pending_pushes;
     ops_[ts].on_done = [this, clock] {
       bool send = false;
@@ -160,14 +226,14 @@ int64_t KVWorker::Push(int table, absl::Span<const uint64_t> keys,
     PartDone(ts, bad);
     return ts;
   }
-  StartPush(ts, table, clock, keys, vals.data(), num_examples);
+  StartPush(ts, table, clock, keys, vals.data(), num_examples, 0);
   PartDone(ts, absl::OkStatus());
   return ts;
 }
 
 void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
                          absl::Span<const uint64_t> keys, const float* vals,
-                         int num_examples) {
+                         int num_examples, int attempt) {
   std::shared_ptr<const Routing> routing;
   int dim;
   int64_t epoch;
@@ -215,58 +281,72 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
       ++ops_[ts].pending;
     }
   }
-  for (auto& p : out) SendPush(p, 0);
+  for (auto& p : out) SendPush(p, attempt);
 }
 
 void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
   std::shared_ptr<ServerClient> client;
   {
     absl::MutexLock l(&mu_);
-    client = servers_.at(slice->server);
+    if (slice->server < static_cast<int>(servers_.size())) {
+      client = servers_[slice->server];
+    }
+  }
+  if (client == nullptr) {
+    OnPushReply(slice, attempt,
+                absl::InternalError("server not in the current view"));
+    return;
   }
   // The request is shared with the transport; `slice` keeps it alive.
   std::shared_ptr<const proto::PushRequest> req(slice, &slice->req);
-  client->Push(
-      req, absl::Now() + options_.request_timeout,
-      [this, slice, attempt](const absl::Status& s, proto::PushResponse*) {
-        if (s.ok()) {
-          {
-            absl::MutexLock l(&mu_);
-            inflight_[slice->server].erase(slice->req.seq());
-          }
-          PartDone(slice->ts, s);
-          return;
-        }
-        if (IsStaleEpoch(s) && attempt < kMaxAttempts) {
-          // Not applied: drop its seq and count, re-slice with a newer view.
-          Later(Backoff(attempt), [this, slice, attempt] {
-            RefreshView();
-            const proto::PushRequest& r = slice->req;
-            {
-              absl::MutexLock l(&mu_);
-              inflight_[slice->server].erase(r.seq());
-              --clocks_[r.clock()].pushes_per_server[slice->server];
-            }
-            StartPush(slice->ts, r.table(), r.clock(),
-                      ViewAs<uint64_t>(r.keys()),
-                      reinterpret_cast<const float*>(r.vals().data()),
-                      r.num_examples());
-            PartDone(slice->ts, absl::OkStatus());
-          });
-          return;
-        }
-        if (Retriable(s) && attempt < kMaxAttempts) {
-          Later(Backoff(attempt),
-                [this, slice, attempt] { SendPush(slice, attempt + 1); });
-          return;
-        }
-        {
-          absl::MutexLock l(&mu_);
-          inflight_[slice->server].erase(slice->req.seq());
-        }
-        PartDone(slice->ts,
-                 Annotate(s, absl::StrCat("push to S[", slice->server, "]")));
-      });
+  client->Push(req, clock_->Now() + options_.request_timeout,
+               Guarded([this, slice, attempt](const absl::Status& s,
+                                              proto::PushResponse*) {
+                 OnPushReply(slice, attempt, s);
+               }));
+}
+
+void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
+                           const absl::Status& s) {
+  if (s.ok()) {
+    {
+      absl::MutexLock l(&mu_);
+      inflight_[slice->server].erase(slice->req.seq());
+    }
+    PartDone(slice->ts, s);
+    return;
+  }
+  const absl::Duration backoff = Backoff(attempt);
+  if (IsStaleEpoch(s) && MayRetry(slice->ts, attempt, backoff)) {
+    // Not applied: drop its seq and count, re-slice with a newer view. The
+    // new slices continue this one's attempt count.
+    const bool queued = Later(backoff, [this, slice, attempt] {
+      RefreshView();
+      const proto::PushRequest& r = slice->req;
+      {
+        absl::MutexLock l(&mu_);
+        inflight_[slice->server].erase(r.seq());
+        --clocks_[r.clock()].pushes_per_server[slice->server];
+      }
+      StartPush(slice->ts, r.table(), r.clock(), ViewAs<uint64_t>(r.keys()),
+                reinterpret_cast<const float*>(r.vals().data()),
+                r.num_examples(), attempt + 1);
+      PartDone(slice->ts, absl::OkStatus());
+    });
+    if (queued) return;
+  }
+  if (Resendable(s) && MayRetry(slice->ts, attempt, backoff)) {
+    // Maybe applied (a lost reply): the same seq makes the server skip it.
+    if (Later(backoff,
+              [this, slice, attempt] { SendPush(slice, attempt + 1); })) {
+      return;
+    }
+  }
+  {
+    absl::MutexLock l(&mu_);
+    inflight_[slice->server].erase(slice->req.seq());
+  }
+  PartDone(slice->ts, GaveUp(s, "push to", slice->server, attempt));
 }
 
 // ------------------------------------------------------------------- pull
@@ -275,12 +355,19 @@ int64_t KVWorker::Pull(int table, absl::Span<const uint64_t> keys,
                        std::vector<float>* out, int64_t at_clock) {
   int64_t ts, clock;
   int dim = 0;
+  std::shared_ptr<PullTarget> target;
   {
     absl::MutexLock l(&mu_);
     ts = NewOp(1);
-    clock = at_clock >= 0 ? at_clock : clock_;
+    clock = at_clock >= 0 ? at_clock : clock_count_;
     if (table >= 0 && table < static_cast<int>(dims_.size())) {
       dim = dims_[table];
+    }
+    if (dim != 0) {
+      target = std::make_shared<PullTarget>();
+      absl::MutexLock t(&target->mu);
+      target->out = out;
+      ops_[ts].target = target;
     }
   }
   if (dim == 0) {
@@ -289,7 +376,7 @@ int64_t KVWorker::Pull(int table, absl::Span<const uint64_t> keys,
     return ts;
   }
   out->resize(keys.size() * dim);
-  StartPull(ts, table, clock, keys, {}, out);
+  StartPull(ts, table, clock, keys, {}, std::move(target), 0);
   PartDone(ts, absl::OkStatus());
   return ts;
 }
@@ -297,7 +384,7 @@ int64_t KVWorker::Pull(int table, absl::Span<const uint64_t> keys,
 void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
                          absl::Span<const uint64_t> keys,
                          const std::vector<size_t>& pos,
-                         std::vector<float>* out) {
+                         std::shared_ptr<PullTarget> target, int attempt) {
   std::shared_ptr<const Routing> routing;
   int dim;
   int64_t epoch;
@@ -314,7 +401,7 @@ void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
     p->ts = ts;
     p->server = ks.server;
     p->dim = dim;
-    p->out = out;
+    p->target = target;
     proto::PullRequest& r = p->req;
     r.set_worker_id(options_.worker_id);
     r.set_clock(clock);
@@ -348,70 +435,85 @@ void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
     absl::MutexLock l(&mu_);
     ops_[ts].pending += static_cast<int>(todo.size());
   }
-  for (auto& p : todo) SendPull(p, 0);
+  for (auto& p : todo) SendPull(p, attempt);
 }
 
 void KVWorker::SendPull(std::shared_ptr<PullSlice> slice, int attempt) {
   std::shared_ptr<ServerClient> client;
   {
     absl::MutexLock l(&mu_);
-    client = servers_.at(slice->server);
+    if (slice->server < static_cast<int>(servers_.size())) {
+      client = servers_[slice->server];
+    }
+  }
+  if (client == nullptr) {
+    OnPullReply(slice, attempt,
+                absl::InternalError("server not in the current view"),
+                nullptr);
+    return;
   }
   std::shared_ptr<const proto::PullRequest> req(slice, &slice->req);
-  client->Pull(
-      req, absl::Now() + options_.request_timeout,
-      [this, slice, attempt](const absl::Status& s, proto::PullResponse* resp) {
-        if (s.ok()) {
-          const size_t n = slice->req.keys().size() / sizeof(uint64_t);
-          const int dim = slice->dim;
-          if (resp->vals().size() != n * dim * sizeof(float)) {
-            PartDone(slice->ts,
-                     absl::InternalError(absl::StrCat(
-                         "pull from S[", slice->server, "]: ",
-                         resp->vals().size(), " value bytes for ", n,
-                         " keys")));
-            return;
-          }
-          const float* v = reinterpret_cast<const float*>(resp->vals().data());
-          float* out = slice->out->data();
-          size_t at = 0;
-          for (size_t i = 0; i < slice->spans_first.size(); ++i) {
-            const size_t f = slice->spans_first[i], l = slice->spans_last[i];
-            std::memcpy(out + f * dim, v + at * dim,
-                        (l - f) * dim * sizeof(float));
-            at += l - f;
-          }
-          PartDone(slice->ts, s);
-          return;
+  client->Pull(req, clock_->Now() + options_.request_timeout,
+               Guarded([this, slice, attempt](const absl::Status& s,
+                                              proto::PullResponse* resp) {
+                 OnPullReply(slice, attempt, s, resp);
+               }));
+}
+
+void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
+                           const absl::Status& s, proto::PullResponse* resp) {
+  if (s.ok()) {
+    const size_t n = slice->req.keys().size() / sizeof(uint64_t);
+    const int dim = slice->dim;
+    if (resp->vals().size() != n * dim * sizeof(float)) {
+      PartDone(slice->ts,
+               absl::InternalError(absl::StrCat(
+                   "pull from S[", slice->server, "]: ", resp->vals().size(),
+                   " value bytes for ", n, " keys")));
+      return;
+    }
+    const float* v = reinterpret_cast<const float*>(resp->vals().data());
+    {
+      // Under the target's lock: Wait clears `out` before it returns.
+      absl::MutexLock l(&slice->target->mu);
+      std::vector<float>* out = slice->target->out;
+      if (out != nullptr) {
+        size_t at = 0;
+        for (size_t i = 0; i < slice->spans_first.size(); ++i) {
+          const size_t f = slice->spans_first[i], l = slice->spans_last[i];
+          std::memcpy(out->data() + f * dim, v + at * dim,
+                      (l - f) * dim * sizeof(float));
+          at += l - f;
         }
-        if (IsStaleEpoch(s) && attempt < kMaxAttempts) {
-          Later(Backoff(attempt), [this, slice] {
-            RefreshView();
-            std::vector<size_t> pos;
-            for (size_t i = 0; i < slice->spans_first.size(); ++i) {
-              for (size_t p = slice->spans_first[i]; p < slice->spans_last[i];
-                   ++p) {
-                pos.push_back(p);
-              }
-            }
-            StartPull(slice->ts, slice->req.table(), slice->req.clock(),
-                      ViewAs<uint64_t>(slice->req.keys()), pos, slice->out);
-            PartDone(slice->ts, absl::OkStatus());
-          });
-          return;
+      }
+    }
+    PartDone(slice->ts, s);
+    return;
+  }
+  const absl::Duration backoff = Backoff(attempt);
+  if (IsStaleEpoch(s) && MayRetry(slice->ts, attempt, backoff)) {
+    const bool queued = Later(backoff, [this, slice, attempt] {
+      RefreshView();
+      std::vector<size_t> pos;
+      for (size_t i = 0; i < slice->spans_first.size(); ++i) {
+        for (size_t p = slice->spans_first[i]; p < slice->spans_last[i]; ++p) {
+          pos.push_back(p);
         }
-        // A consistency wait that expired on the server is final: its
-        // message says which worker is behind.
-        const bool server_wait_expired =
-            ReasonOf(s) == proto::REASON_CONSISTENCY_TIMEOUT;
-        if (Retriable(s) && !server_wait_expired && attempt < kMaxAttempts) {
-          Later(Backoff(attempt),
-                [this, slice, attempt] { SendPull(slice, attempt + 1); });
-          return;
-        }
-        PartDone(slice->ts,
-                 Annotate(s, absl::StrCat("pull from S[", slice->server, "]")));
-      });
+      }
+      StartPull(slice->ts, slice->req.table(), slice->req.clock(),
+                ViewAs<uint64_t>(slice->req.keys()), pos, slice->target,
+                attempt + 1);
+      PartDone(slice->ts, absl::OkStatus());
+    });
+    if (queued) return;
+  }
+  if (Resendable(s) && MayRetry(slice->ts, attempt, backoff)) {
+    if (Later(backoff,
+              [this, slice, attempt] { SendPull(slice, attempt + 1); })) {
+      return;
+    }
+  }
+  PartDone(slice->ts, GaveUp(s, "pull from", slice->server, attempt));
 }
 
 // ------------------------------------------------------------------ clock
@@ -421,7 +523,7 @@ int64_t KVWorker::Clock(int num_examples) {
   bool send;
   {
     absl::MutexLock l(&mu_);
-    c = clock_++;
+    c = clock_count_++;
     ClockState& cs = clocks_[c];
     cs.ended = true;
     cs.examples = num_examples;
@@ -455,31 +557,35 @@ void KVWorker::SendClock(int64_t clock) {
       r->set_settled_seq(in.empty() ? next_seq_[s] : *in.begin() - 1);
       reqs.emplace_back(s, std::move(r));
     }
-    ops_[ts].pending += static_cast<int>(reqs.size());
+    Op& op = ops_[ts];
+    op.pending += static_cast<int>(reqs.size());
+    op.retry_deadline = clock_->Now() + options_.retry_timeout;
     clocks_.erase(it);
   }
-  for (auto& [s, r] : reqs) {
-    auto send = std::make_shared<std::function<void(int)>>();
-    std::weak_ptr<std::function<void(int)>> weak = send;
-    std::shared_ptr<ServerClient> client = servers[s];
-    *send = [this, client, r, ts, s, weak](int attempt) {
-      auto self = weak.lock();
-      client->Clock(
-          r, absl::Now() + options_.request_timeout,
-          [this, ts, s, attempt, self](const absl::Status& st,
-                                       proto::ClockResponse*) {
-            if (!st.ok() && Retriable(st) && attempt < kMaxAttempts) {
-              Later(Backoff(attempt), [self, attempt] { (*self)(attempt + 1); });
-              return;
-            }
-            PartDone(ts, st.ok() ? st
-                                 : Annotate(st, absl::StrCat("clock to S[", s,
-                                                             "]")));
-          });
-    };
-    (*send)(0);
-  }
+  for (auto& [s, r] : reqs) SendClockTo(r, servers[s], ts, s, 0);
   PartDone(ts, absl::OkStatus());
+}
+
+void KVWorker::SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
+                           std::shared_ptr<ServerClient> client, int64_t ts,
+                           int server, int attempt) {
+  client->Clock(
+      req, clock_->Now() + options_.request_timeout,
+      Guarded([this, req, client, ts, server, attempt](
+                  const absl::Status& st, proto::ClockResponse*) {
+        if (st.ok()) {
+          PartDone(ts, st);
+          return;
+        }
+        const absl::Duration backoff = Backoff(attempt);
+        if (Resendable(st) && MayRetry(ts, attempt, backoff) &&
+            Later(backoff, [this, req, client, ts, server, attempt] {
+              SendClockTo(req, client, ts, server, attempt + 1);
+            })) {
+          return;
+        }
+        PartDone(ts, GaveUp(st, "clock to", server, attempt));
+      }));
 }
 
 absl::Status KVWorker::Finish(absl::Time deadline) {
@@ -487,7 +593,8 @@ absl::Status KVWorker::Finish(absl::Time deadline) {
   std::vector<std::shared_ptr<ServerClient>> servers;
   {
     absl::MutexLock l(&mu_);
-    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (!sticky_.ok()) return true;
       if (!clocks_.empty()) {
         for (const auto& [c, cs] : clocks_) {
           if (cs.pending_pushes > 0 || cs.ended) return false;
@@ -503,7 +610,7 @@ absl::Status KVWorker::Finish(absl::Time deadline) {
           "finish: operations still outstanding at the deadline");
     }
     if (!sticky_.ok()) return sticky_;
-    final_clock = clock_;
+    final_clock = clock_count_;
     servers = servers_;
   }
   for (size_t s = 0; s < servers.size(); ++s) {
@@ -511,11 +618,10 @@ absl::Status KVWorker::Finish(absl::Time deadline) {
     req.set_worker_id(options_.worker_id);
     req.set_final_clock(final_clock);
     absl::Status st;
-    for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
-      st = servers[s]->Finish(req, std::min(deadline, absl::Now() +
-                                                          absl::Seconds(30)));
-      if (st.ok() || !Retriable(st) || absl::Now() > deadline) break;
-      absl::SleepFor(Backoff(attempt));
+    for (int attempt = 0; attempt <= options_.max_attempts; ++attempt) {
+      st = servers[s]->Finish(req, clock_->Now() + absl::Seconds(30));
+      if (st.ok() || !Resendable(st) || absl::Now() > deadline) break;
+      clock_->SleepFor(Backoff(attempt));
     }
     if (!st.ok()) return Annotate(st, absl::StrCat("finish at S[", s, "]"));
   }
@@ -533,7 +639,7 @@ void KVWorker::RefreshView() {
   proto::GetViewRequest req;
   req.set_known_epoch(known);
   req.set_wait_ms(200);
-  auto resp = scheduler_->GetView(req, absl::Now() + absl::Seconds(5));
+  auto resp = scheduler_->GetView(req, clock_->Now() + absl::Seconds(5));
   if (!resp.ok() || !resp->ready()) return;
   absl::MutexLock l(&mu_);
   if (resp->view().epoch() > view_.epoch()) {
@@ -543,32 +649,20 @@ void KVWorker::RefreshView() {
   }
 }
 
-void KVWorker::Later(absl::Duration delay, std::function<void()> fn) {
-  absl::MutexLock l(&retry_mu_);
-  retries_.emplace(absl::Now() + delay, std::move(fn));
-}
-
-void KVWorker::RetryLoop() {
-  for (;;) {
-    std::function<void()> fn;
+bool KVWorker::Later(absl::Duration delay, std::function<void()> fn) {
+  absl::MutexLock l(&mu_);
+  if (closing_) return false;
+  auto id = std::make_shared<ps::Clock::TimerId>(0);
+  // mu_ is held until *id is set and recorded; the timer takes mu_ first.
+  *id = clock_->RunAfter(delay, Guarded([this, id, fn = std::move(fn)] {
     {
-      absl::MutexLock l(&retry_mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(retry_mu_) {
-        return stopping_ ||
-               (!retries_.empty() && retries_.begin()->first <= absl::Now());
-      };
-      absl::Time next = retries_.empty() ? absl::Now() + absl::Milliseconds(50)
-                                         : retries_.begin()->first;
-      retry_mu_.AwaitWithDeadline(absl::Condition(&ready),
-                                  std::min(next, absl::Now() +
-                                                     absl::Milliseconds(50)));
-      if (stopping_) return;
-      if (retries_.empty() || retries_.begin()->first > absl::Now()) continue;
-      fn = std::move(retries_.begin()->second);
-      retries_.erase(retries_.begin());
+      absl::MutexLock l(&mu_);
+      timers_.erase(*id);
     }
     fn();
-  }
+  }));
+  timers_.insert(*id);
+  return true;
 }
 
 }  // namespace ps

@@ -7,14 +7,32 @@
 //  * Each slice of a push carries (worker id, seq) with seq contiguous per
 //    server; a slice that failed in transit is resent with the same seq, so
 //    the server applies it exactly once.
-//  * A slice answered "stale-epoch" makes the worker fetch the newer view
-//    from the scheduler, re-slice the keys and resend them.
+//  * Retries are decided by status code and typed reason (transport.h),
+//    never by message text:
+//      FAILED_PRECONDITION + STALE_EPOCH: fetch the newer view from the
+//        scheduler, re-slice the keys and resend them;
+//      UNAVAILABLE (VIEW_BEHIND included), DEADLINE_EXCEEDED, ABORTED: resend
+//        the same request after backoff;
+//      DEADLINE_EXCEEDED + CONSISTENCY_TIMEOUT on a pull: final.
+//    An operation has ONE retry budget (max_attempts and retry_timeout from
+//    its start) shared by all its slices, re-slices included. When it runs
+//    out, the operation fails with the last error (its code and reason)
+//    annotated "push to S[i]: gave up after N attempts".
+//  * Once a permanent error is recorded (the sticky error), no operation
+//    is retried any more and every later Wait, Clock and Finish returns it.
 //  * Clock() ends the current clock: once all of its pushes are
 //    acknowledged, every server is told (with how many pushes it got), so a
 //    server advances the worker's vector-clock entry only after applying
 //    them.
-//  * The first permanent error is sticky: every later Wait, Clock and
-//    Finish returns it.
+//  * Once Wait(ts) has returned, with any status, no reply writes into the
+//    output of pull `ts` any more: the caller may free it at once.
+//  * After the destructor returns, no transport or timer callback touches
+//    the worker: queued retries are cancelled, callbacks running are waited
+//    for and later replies are dropped.
+//
+// Time: every timer (retry backoff) and request deadline comes from the
+// injected Clock (KVWorkerOptions::clock). Wait and Finish deadlines are
+// real time (they bound how long the calling thread blocks).
 //
 // Thread-safety: all methods may be called from any thread; a training
 // loop normally drives one KVWorker from one thread.
@@ -26,13 +44,13 @@
 #include <set>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/routing.h"
 #include "transport/transport.h"
 #include "proto/ps.pb.h"
@@ -45,12 +63,22 @@ struct KVWorkerOptions {
   absl::Duration request_timeout = absl::Seconds(300);
   // How long the server may hold a pull for consistency.
   absl::Duration pull_wait = absl::Seconds(240);
+  // The retry budget of one operation, shared by all its slices and
+  // re-slices: at most this many resends of one slice chain, and none
+  // scheduled later than retry_timeout after the operation started.
+  // max_attempts is the budget that normally runs out first (backoff grows
+  // from 20 ms to 1 s); retry_timeout also covers slow answers (a pull may
+  // be held up to pull_wait before it fails and is resent).
+  int max_attempts = 60;
+  absl::Duration retry_timeout = absl::Seconds(300);
+  // Timers and request deadlines. Must outlive the worker.
+  Clock* clock = Clock::Real();
 };
 
 class KVWorker {
  public:
-  // `clients` and `scheduler` must outlive the worker. `view` must be a
-  // ready cluster view.
+  // `clients`, `scheduler` and `options.clock` must outlive the worker.
+  // `view` must be a ready cluster view.
   KVWorker(KVWorkerOptions options, const proto::ClusterView& view,
            ClientFactory* clients, SchedulerClient* scheduler);
   ~KVWorker();
@@ -66,14 +94,19 @@ class KVWorker {
 
   // Fetches the values of ascending, unique `keys` into *out (resized to
   // keys.size() * dim). *out must stay alive and untouched until Wait(ts)
-  // returns. The servers answer when the consistency model allows a pull at
+  // returns; after that no reply writes into it (even when Wait failed). The servers answer when the consistency model allows a pull at
   // `at_clock` (default: this worker's current clock). A prefetch for the
   // next clock passes clock() + 1: it then waits as that clock's pull would.
   int64_t Pull(int table, absl::Span<const uint64_t> keys,
                std::vector<float>* out, int64_t at_clock = -1);
 
-  // Blocks until operation `ts` is done: its status, the sticky error, or
-  // DEADLINE_EXCEEDED.
+  // Blocks until operation `ts` is done, at most until `deadline` (real
+  // time). Returns OK when it succeeded; its own error; the sticky error
+  // (some operation failed: returns at once, without waiting for `ts`);
+  // DEADLINE_EXCEEDED when `ts` is not done by the deadline;
+  // INVALID_ARGUMENT for a timestamp never handed out. Whatever it returns,
+  // operation `ts` is given up by the caller: a pull's output is no longer
+  // written. Wait once per timestamp.
   absl::Status Wait(int64_t ts, absl::Time deadline);
 
   // Ends the current clock (see above). Returns a timestamp.
@@ -82,17 +115,29 @@ class KVWorker {
   int64_t clock() const;
 
   // Waits for every outstanding operation, then tells every server this
-  // worker has finished after clock() clocks.
+  // worker has finished after clock() clocks (retrying UNAVAILABLE with
+  // backoff until `deadline`). Returns the sticky error at once when there
+  // is one; DEADLINE_EXCEEDED when operations are still outstanding at the
+  // deadline; otherwise the first server's Finish error, annotated with it.
   absl::Status Finish(absl::Time deadline);
 
   int64_t epoch() const;
   int dim(int table) const;
 
  private:
+  // Where a pull's values go; shared by its slices. Wait clears `out`, so a
+  // reply that arrives later writes nothing.
+  struct PullTarget {
+    absl::Mutex mu;
+    std::vector<float>* out ABSL_GUARDED_BY(mu);
+  };
   struct Op {
     int pending = 0;
     absl::Status status;
     std::function<void()> on_done;  // runs once, outside mu_
+    absl::Time retry_deadline;      // no retry scheduled after it
+    bool abandoned = false;         // Wait returned before it was done
+    std::shared_ptr<PullTarget> target;  // pulls only
   };
   struct ClockState {
     int pending_pushes = 0;
@@ -112,37 +157,70 @@ class KVWorker {
     int dim;
     std::vector<size_t> spans_first;  // key index ranges in the caller's
     std::vector<size_t> spans_last;   // array, in request order
-    std::vector<float>* out;
+    std::shared_ptr<PullTarget> target;
     proto::PullRequest req;
   };
+  // Lets transport and timer callbacks reach the worker only while it
+  // lives: the destructor clears `alive` and waits until `running` is 0.
+  struct Life {
+    absl::Mutex mu;
+    bool alive ABSL_GUARDED_BY(mu) = true;
+    int running ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  // `fn` wrapped so that it does nothing once the worker is being
+  // destroyed, and the destructor waits while it runs.
+  template <typename F>
+  auto Guarded(F fn);
 
   int64_t NewOp(int pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks one part of op `ts` done with `s`; runs on_done when finished.
   void PartDone(int64_t ts, const absl::Status& s);
+  // Whether a part of op `ts` that failed with attempt `attempt` may be
+  // retried after `backoff`: budget left, no sticky error, not closing.
+  bool MayRetry(int64_t ts, int attempt, absl::Duration backoff);
+  // The final status of a part that failed with `s` and will not be
+  // retried: the sticky error when there is one (that is why), else `s`
+  // annotated with the server (and the attempts, when it was retriable).
+  absl::Status GaveUp(const absl::Status& s, const char* what, int server,
+                      int attempt) const;
   void SendPush(std::shared_ptr<PushSlice> slice, int attempt);
+  void OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
+                   const absl::Status& s);
   void SendPull(std::shared_ptr<PullSlice> slice, int attempt);
+  void OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
+                   const absl::Status& s, proto::PullResponse* resp);
   void SendClock(int64_t clock);
+  void SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
+                   std::shared_ptr<ServerClient> client, int64_t ts,
+                   int server, int attempt);
   // Slices and sends a push for `ts`; adds one part per slice to the op.
+  // New slices start at `attempt` (the op's budget carries over).
   void StartPush(int64_t ts, int table, int64_t clock,
                  absl::Span<const uint64_t> keys, const float* vals,
-                 int num_examples);
+                 int num_examples, int attempt);
   // Slices and sends a pull for `ts`; `pos[i]` is where key i's values go
-  // in *out (in units of keys); empty = identity.
+  // in the output (in units of keys); empty = identity.
   void StartPull(int64_t ts, int table, int64_t clock,
                  absl::Span<const uint64_t> keys,
-                 const std::vector<size_t>& pos, std::vector<float>* out);
+                 const std::vector<size_t>& pos,
+                 std::shared_ptr<PullTarget> target, int attempt);
   // Fetches a view newer than the current one, if the scheduler has it.
   void RefreshView();
   void InstallView(const proto::ClusterView& view)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs `fn` on the retry thread after `delay`.
-  void Later(absl::Duration delay, std::function<void()> fn);
-  void RetryLoop();
-  bool Retriable(const absl::Status& s) const;
+  // Runs `fn` on the clock's timer thread after `delay`, unless the worker
+  // is closing (then returns false and never runs it).
+  bool Later(absl::Duration delay, std::function<void()> fn);
+  // Detaches op `ts` from its caller (Wait returned).
+  void Abandon(int64_t ts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Constant after construction.
   const KVWorkerOptions options_;
+  ps::Clock* const clock_;  // "Clock" alone names the method
   ClientFactory* const clients_;
   SchedulerClient* const scheduler_;
+  const std::shared_ptr<Life> life_;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(mu_);
@@ -155,14 +233,11 @@ class KVWorker {
   std::map<int64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, ClockState> clocks_ ABSL_GUARDED_BY(mu_);
   int64_t next_ts_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t clock_count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status sticky_ ABSL_GUARDED_BY(mu_);
-
-  absl::Mutex retry_mu_;
-  std::multimap<absl::Time, std::function<void()>> retries_
-      ABSL_GUARDED_BY(retry_mu_);
-  bool stopping_ ABSL_GUARDED_BY(retry_mu_) = false;
-  std::thread retry_thread_;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  // Retry timers scheduled and not yet run (cancelled by the destructor).
+  std::set<ps::Clock::TimerId> timers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps

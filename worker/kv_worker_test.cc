@@ -1,0 +1,546 @@
+// Unit tests of KVWorker: a FakeClientFactory whose servers hold every call
+// until the test answers it, and a FakeClock whose timers (retry backoff)
+// run only when the test advances it. Everything runs on the test thread,
+// so each test decides exactly when and with what status each reply
+// arrives.
+#include "worker/kv_worker.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/bytes.h"
+#include "common/clock.h"
+#include "common/routing.h"
+#include "gtest/gtest.h"
+#include "proto/ps.pb.h"
+#include "transport/errors.h"
+#include "transport/fake_transport.h"
+
+namespace ps {
+namespace {
+
+using absl::StatusCode;
+
+constexpr int kVnodes = 8;
+constexpr int kDim = 2;
+
+std::string Address(int server) {
+  return "inproc:server:" + std::to_string(server);
+}
+
+// A view with `servers` servers on a hash ring and one table of dim kDim.
+proto::ClusterView MakeView(int servers, int64_t epoch = 1) {
+  proto::ClusterView v;
+  v.set_epoch(epoch);
+  std::vector<int> ids;
+  for (int i = 0; i < servers; ++i) ids.push_back(i);
+  *v.mutable_routing() = BuildHashRing(ids, kVnodes, epoch);
+  for (int i = 0; i < servers; ++i) {
+    proto::NodeInfo* s = v.mutable_routing()->add_servers();
+    s->set_id(i);
+    s->set_role(proto::ROLE_SERVER);
+    s->set_address(Address(i));
+    s->set_state(proto::NODE_ALIVE);
+  }
+  proto::NodeInfo* w = v.add_workers();
+  w->set_id(0);
+  w->set_role(proto::ROLE_WORKER);
+  w->set_state(proto::NODE_ALIVE);
+  v.mutable_consistency()->set_mode(proto::MODE_BSP);
+  proto::TableConfig* t = v.add_tables();
+  t->set_id(0);
+  t->set_name("weights");
+  t->set_dim(kDim);
+  return v;
+}
+
+// n keys spread over the whole key space (the ring hashes ranges of it).
+std::vector<uint64_t> Iota(uint64_t n) {
+  std::vector<uint64_t> k(n);
+  for (uint64_t i = 0; i < n; ++i) k[i] = i * (UINT64_MAX / n) + 1;
+  return k;
+}
+
+// The value a fake server holds for component j of key k.
+float KeyValue(uint64_t k, int j) {
+  return static_cast<float>(k >> 54) + static_cast<float>(j) / 10.f;
+}
+
+// The keys of `keys` that `view` routes to `server`, in order.
+std::vector<uint64_t> KeysOf(const proto::ClusterView& view, int server,
+                             const std::vector<uint64_t>& keys) {
+  absl::StatusOr<Routing> r = Routing::FromProto(view.routing());
+  EXPECT_TRUE(r.ok());
+  std::vector<uint64_t> out;
+  for (const KeySlice& ks : r->Slice(keys)) {
+    if (ks.server != server) continue;
+    for (const auto& [first, last] : ks.spans) {
+      for (size_t i = first; i < last; ++i) out.push_back(keys[i]);
+    }
+  }
+  return out;
+}
+
+std::vector<uint64_t> ReqKeys(const std::string& bytes) {
+  absl::Span<const uint64_t> s = ViewAs<uint64_t>(bytes);
+  return std::vector<uint64_t>(s.begin(), s.end());
+}
+
+// A pull answer for `req`: value of key k, component j = k + j / 10.
+proto::PullResponse Answer(const proto::PullRequest& req) {
+  std::vector<float> v;
+  for (uint64_t k : ReqKeys(req.keys())) {
+    for (int j = 0; j < kDim; ++j) v.push_back(KeyValue(k, j));
+  }
+  proto::PullResponse resp;
+  PackTo<float>(resp.mutable_vals(), v);
+  return resp;
+}
+
+absl::Status Unavailable() { return absl::UnavailableError("connection lost"); }
+absl::Status StaleEpoch() {
+  return ErrorWithReason(StatusCode::kFailedPrecondition,
+                         proto::REASON_STALE_EPOCH, "stale epoch");
+}
+absl::Status ViewBehind() {
+  return ErrorWithReason(StatusCode::kUnavailable, proto::REASON_VIEW_BEHIND,
+                         "server has not installed epoch 2 yet");
+}
+absl::Status ConsistencyTimeout() {
+  return ErrorWithReason(StatusCode::kDeadlineExceeded,
+                         proto::REASON_CONSISTENCY_TIMEOUT,
+                         "waited 240 s for W[3]");
+}
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+
+class KVWorkerTest : public ::testing::Test {
+ protected:
+  void Make(int servers, KVWorkerOptions o = KVWorkerOptions()) {
+    view_ = MakeView(servers);
+    factory_.scheduler()->set_view(view_);
+    o.clock = &clock_;
+    worker_ = std::make_unique<KVWorker>(o, view_, &factory_,
+                                         factory_.scheduler());
+  }
+  FakeServerClient* S(int i) { return factory_.server(Address(i)); }
+
+  // Pushes keys with one value per (key, dim).
+  int64_t Push(const std::vector<uint64_t>& keys, int examples = 1) {
+    std::vector<float> vals(keys.size() * kDim, 0.5f);
+    return worker_->Push(0, keys, vals, examples);
+  }
+
+  FakeClock clock_;
+  FakeClientFactory factory_;
+  proto::ClusterView view_;
+  std::unique_ptr<KVWorker> worker_;  // last: destroyed first
+};
+
+// --------------------------------------------------------------- pushes
+
+TEST_F(KVWorkerTest, PushSlicesByServerWithContiguousSeqPerServer) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(64);
+  const int64_t a = Push(keys);
+  const int64_t b = Push(keys);
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(S(s)->held_pushes(), 2u) << "S[" << s << "]";
+    for (uint64_t seq = 1; seq <= 2; ++seq) {
+      std::optional<HeldPush> p = S(s)->NextPush();
+      EXPECT_EQ(p->req->seq(), seq);
+      EXPECT_EQ(p->req->worker_id(), 0);
+      EXPECT_EQ(p->req->epoch(), 1);
+      EXPECT_EQ(p->req->clock(), 0);
+      EXPECT_EQ(ReqKeys(p->req->keys()), KeysOf(view_, s, keys));
+      EXPECT_EQ(p->req->vals().size(),
+                KeysOf(view_, s, keys).size() * kDim * sizeof(float));
+      p->Reply(absl::OkStatus());
+    }
+  }
+  EXPECT_TRUE(worker_->Wait(a, Soon()).ok());
+  EXPECT_TRUE(worker_->Wait(b, Soon()).ok());
+}
+
+TEST_F(KVWorkerTest, PushWithWrongValueCountIsInvalidArgument) {
+  Make(1);
+  std::vector<uint64_t> keys = {1, 2};
+  std::vector<float> vals(3);
+  const int64_t ts = worker_->Push(0, keys, vals, 1);
+  EXPECT_EQ(worker_->Wait(ts, Soon()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(S(0)->pushes_received(), 0);
+}
+
+TEST_F(KVWorkerTest, LostPushReplyIsResentWithTheSameSeq) {
+  Make(1);
+  const int64_t ts = Push({1, 2, 3});
+  std::optional<HeldPush> first = S(0)->NextPush();
+  first->Reply(Unavailable());  // maybe applied: the same seq must come back
+  EXPECT_EQ(S(0)->held_pushes(), 0u);  // only after backoff
+  clock_.Advance(absl::Milliseconds(20));
+  std::optional<HeldPush> again = S(0)->NextPush();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->req->seq(), first->req->seq());
+  EXPECT_EQ(again->req->keys(), first->req->keys());
+  again->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+}
+
+TEST_F(KVWorkerTest, StaleEpochReslicesWithTheRefreshedView) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(64);
+  const int64_t ts = Push(keys);
+  // The scheduler now has epoch 2 with S[0] alone.
+  proto::ClusterView v2 = MakeView(1, 2);
+  factory_.scheduler()->set_view(v2);
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  S(1)->NextPush()->Reply(StaleEpoch());
+  clock_.Advance(absl::Milliseconds(20));
+  EXPECT_EQ(factory_.scheduler()->get_view_calls(), 1);
+  EXPECT_EQ(worker_->epoch(), 2);
+  std::optional<HeldPush> p = S(0)->NextPush();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->req->epoch(), 2);
+  EXPECT_EQ(p->req->seq(), 2u);  // next seq of S[0]
+  EXPECT_EQ(ReqKeys(p->req->keys()), KeysOf(view_, 1, keys));
+  EXPECT_EQ(S(1)->held_pushes(), 0u);
+  p->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+}
+
+TEST_F(KVWorkerTest, ViewBehindResendsTheSameRequestWithoutReslicing) {
+  Make(1);
+  const int64_t ts = Push({4, 5});
+  std::optional<HeldPush> first = S(0)->NextPush();
+  first->Reply(ViewBehind());
+  clock_.Advance(absl::Milliseconds(20));
+  std::optional<HeldPush> again = S(0)->NextPush();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->req.get(), first->req.get());  // the same request
+  EXPECT_EQ(factory_.scheduler()->get_view_calls(), 0);
+  again->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+}
+
+// Issue 8 item 4: "re-slicing restarts the attempt count" -- a server that
+// never catches up made workers resend every 20 ms forever.
+TEST_F(KVWorkerTest, ReslicingRestartsTheAttemptCount) {
+  KVWorkerOptions o;
+  o.max_attempts = 5;
+  Make(1, o);
+  const int64_t ts = Push({1, 2});
+  int sent = 0;
+  while (std::optional<HeldPush> p = S(0)->NextPush()) {
+    ++sent;
+    p->Reply(StaleEpoch());  // the scheduler never has anything newer
+    clock_.Advance(absl::Seconds(2));
+  }
+  EXPECT_EQ(sent, 6);  // the first send and max_attempts re-slices
+  absl::Status s = worker_->Wait(ts, Soon());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(s), proto::REASON_STALE_EPOCH);
+  EXPECT_TRUE(absl::StrContains(s.message(), "S[0]")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "gave up after 6 attempts")) << s;
+  EXPECT_EQ(clock_.pending_timers(), 0u);
+}
+
+TEST_F(KVWorkerTest, RetryBudgetIsOneDeadlinePerOperation) {
+  KVWorkerOptions o;
+  o.max_attempts = 1000000;
+  o.retry_timeout = absl::Seconds(5);
+  Make(1, o);
+  const absl::Time start = clock_.Now();
+  const int64_t ts = Push({1});
+  while (std::optional<HeldPush> p = S(0)->NextPush()) {
+    p->Reply(ViewBehind());
+    clock_.Advance(absl::Seconds(1));
+  }
+  absl::Status s = worker_->Wait(ts, Soon());
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(ReasonOf(s), proto::REASON_VIEW_BEHIND);
+  EXPECT_TRUE(absl::StrContains(s.message(), "push to S[0]: gave up")) << s;
+  EXPECT_LE(clock_.Now() - start, absl::Seconds(6));
+}
+
+TEST_F(KVWorkerTest, InvalidArgumentIsNotRetried) {
+  Make(1);
+  const int64_t ts = Push({1});
+  S(0)->NextPush()->Reply(absl::InvalidArgumentError("bad keys"));
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_EQ(S(0)->pushes_received(), 1);
+  absl::Status s = worker_->Wait(ts, Soon());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "push to S[0]")) << s;
+}
+
+// --------------------------------------------------------------- pulls
+
+TEST_F(KVWorkerTest, PullAssemblesSlicesInKeyOrder) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(16);
+  std::vector<float> out;
+  const int64_t ts = worker_->Pull(0, keys, &out);
+  for (int s = 0; s < 2; ++s) {
+    std::optional<HeldPull> p = S(s)->NextPull();
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(ReqKeys(p->req->keys()), KeysOf(view_, s, keys));
+    p->Reply(absl::OkStatus(), Answer(*p->req));
+  }
+  ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+  ASSERT_EQ(out.size(), keys.size() * kDim);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_FLOAT_EQ(out[i * kDim], KeyValue(keys[i], 0));
+    EXPECT_FLOAT_EQ(out[i * kDim + 1], KeyValue(keys[i], 1));
+  }
+}
+
+TEST_F(KVWorkerTest, PullWithWrongValueCountIsInternal) {
+  Make(1);
+  std::vector<float> out;
+  const int64_t ts = worker_->Pull(0, {1, 2}, &out);
+  S(0)->NextPull()->Reply(absl::OkStatus(), proto::PullResponse());
+  EXPECT_EQ(worker_->Wait(ts, Soon()).code(), StatusCode::kInternal);
+}
+
+TEST_F(KVWorkerTest, ConsistencyTimeoutIsFinal) {
+  Make(1);
+  std::vector<float> out;
+  const int64_t ts = worker_->Pull(0, {1}, &out);
+  S(0)->NextPull()->Reply(ConsistencyTimeout());
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_EQ(S(0)->pulls_received(), 1);
+  absl::Status s = worker_->Wait(ts, Soon());
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ReasonOf(s), proto::REASON_CONSISTENCY_TIMEOUT);
+  EXPECT_TRUE(absl::StrContains(s.message(), "pull from S[0]")) << s;
+}
+
+TEST_F(KVWorkerTest, PullStaleEpochReslicesIntoTheSameOutput) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(16);
+  std::vector<float> out;
+  const int64_t ts = worker_->Pull(0, keys, &out);
+  factory_.scheduler()->set_view(MakeView(1, 2));
+  std::optional<HeldPull> p0 = S(0)->NextPull();
+  p0->Reply(absl::OkStatus(), Answer(*p0->req));
+  S(1)->NextPull()->Reply(StaleEpoch());
+  clock_.Advance(absl::Milliseconds(20));
+  std::optional<HeldPull> again = S(0)->NextPull();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->req->epoch(), 2);
+  EXPECT_EQ(ReqKeys(again->req->keys()), KeysOf(view_, 1, keys));
+  again->Reply(absl::OkStatus(), Answer(*again->req));
+  ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_FLOAT_EQ(out[i * kDim], KeyValue(keys[i], 0));
+  }
+}
+
+// ------------------------------------------------- sticky error, bug 1
+
+TEST_F(KVWorkerTest, StickyErrorFailsLaterWaitsAndFinish) {
+  Make(1);
+  const int64_t bad = Push({1});
+  S(0)->NextPush()->Reply(absl::InvalidArgumentError("bad keys"));
+  const int64_t later = Push({2});
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  EXPECT_EQ(worker_->Wait(later, Soon()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker_->Wait(bad, Soon()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker_->Finish(Soon()).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(S(0)->finish_requests().empty());
+}
+
+TEST_F(KVWorkerTest, NoRetryAfterStickyError) {
+  Make(1);
+  const int64_t bad = Push({1});
+  const int64_t other = Push({2});
+  S(0)->NextPush()->Reply(absl::InvalidArgumentError("bad keys"));
+  S(0)->NextPush()->Reply(Unavailable());
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_EQ(S(0)->pushes_received(), 2);  // the job failed: no resend
+  EXPECT_EQ(worker_->Wait(other, Soon()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker_->Wait(bad, Soon()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(KVWorkerTest, WaitForUnknownTimestampIsInvalidArgument) {
+  Make(1);
+  EXPECT_EQ(worker_->Wait(7, Soon()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(KVWorkerTest, WaitPastItsDeadlineIsDeadlineExceeded) {
+  Make(1);
+  std::vector<float> out;
+  const int64_t ts = worker_->Pull(0, {1}, &out);
+  EXPECT_EQ(worker_->Wait(ts, absl::Now()).code(),
+            StatusCode::kDeadlineExceeded);
+}
+
+// Issue 8 bug 1: "Workers segfault at the end of a job with pulls in
+// flight" -- Wait returned on an earlier failure and the caller freed the
+// output while the pull's reply still copied into it.
+TEST_F(KVWorkerTest, WorkersSegfaultAtEndOfJobWithPullsInFlight) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(16);
+  const int64_t bad = Push({1});
+  auto out = std::make_unique<std::vector<float>>();
+  const int64_t pull = worker_->Pull(0, keys, out.get());
+  S(0)->NextPush()->Reply(absl::InvalidArgumentError("bad keys"));
+  ASSERT_EQ(worker_->Wait(pull, Soon()).code(), StatusCode::kInvalidArgument);
+  out.reset();  // really freed: ASan reports any later write
+  for (int s = 0; s < 2; ++s) {
+    while (std::optional<HeldPull> p = S(s)->NextPull()) {
+      p->Reply(absl::OkStatus(), Answer(*p->req));
+    }
+  }
+  EXPECT_EQ(worker_->Wait(bad, Soon()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(KVWorkerTest, WorkersSegfaultAtEndOfJobWithPullsInFlight_NoWrite) {
+  Make(1);
+  const int64_t bad = Push({1});
+  std::vector<float> out;
+  const int64_t pull = worker_->Pull(0, {1, 2}, &out);
+  S(0)->NextPush()->Reply(absl::InvalidArgumentError("bad keys"));
+  ASSERT_EQ(worker_->Wait(pull, Soon()).code(), StatusCode::kInvalidArgument);
+  out.assign(out.size(), -1.0f);  // the caller reuses its buffer
+  std::optional<HeldPull> p = S(0)->NextPull();
+  p->Reply(absl::OkStatus(), Answer(*p->req));
+  for (float v : out) EXPECT_EQ(v, -1.0f);
+  (void)worker_->Wait(bad, Soon());
+}
+
+TEST_F(KVWorkerTest, NoWriteAfterWaitTimedOut) {
+  Make(1);
+  std::vector<float> out;
+  const int64_t pull = worker_->Pull(0, {1, 2}, &out);
+  ASSERT_EQ(worker_->Wait(pull, absl::Now()).code(),
+            StatusCode::kDeadlineExceeded);
+  out.assign(out.size(), -1.0f);
+  std::optional<HeldPull> p = S(0)->NextPull();
+  p->Reply(absl::OkStatus(), Answer(*p->req));
+  for (float v : out) EXPECT_EQ(v, -1.0f);
+}
+
+TEST_F(KVWorkerTest, RepliesAfterDestructionAreDropped) {
+  Make(1);
+  std::vector<float> out;
+  worker_->Pull(0, {1, 2}, &out);
+  const int64_t push = Push({3});
+  S(0)->NextPush()->Reply(Unavailable());  // a retry is queued
+  EXPECT_EQ(clock_.pending_timers(), 1u);
+  std::optional<HeldPull> p = S(0)->NextPull();
+  (void)push;
+  worker_.reset();
+  EXPECT_EQ(clock_.pending_timers(), 0u);  // the queued retry is cancelled
+  out.assign(out.size(), -1.0f);
+  p->Reply(absl::OkStatus(), Answer(*p->req));  // must not touch the worker
+  for (float v : out) EXPECT_EQ(v, -1.0f);
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_EQ(S(0)->pushes_received(), 1);
+}
+
+// ------------------------------------------------------- clock, finish
+
+TEST_F(KVWorkerTest, ClockWaitsForItsPushesThenTellsEveryServer) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(64);
+  const int64_t push = Push(keys, 8);
+  const int64_t clk = worker_->Clock(8);
+  EXPECT_EQ(worker_->clock(), 1);
+  EXPECT_EQ(S(0)->held_clocks() + S(1)->held_clocks(), 0u);  // pushes first
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  S(1)->NextPush()->Reply(absl::OkStatus());
+  for (int s = 0; s < 2; ++s) {
+    std::optional<HeldClock> c = S(s)->NextClock();
+    ASSERT_TRUE(c.has_value()) << "S[" << s << "]";
+    EXPECT_EQ(c->req->clock(), 0);
+    EXPECT_EQ(c->req->pushes(), 1);
+    EXPECT_EQ(c->req->num_examples(), 8);
+    EXPECT_EQ(c->req->settled_seq(), 1u);
+    c->Reply(absl::OkStatus());
+  }
+  EXPECT_TRUE(worker_->Wait(push, Soon()).ok());
+  EXPECT_TRUE(worker_->Wait(clk, Soon()).ok());
+}
+
+TEST_F(KVWorkerTest, ClockSettledSeqStopsBelowTheOldestUnansweredPush) {
+  Make(1);
+  Push({1});                        // seq 1, answered after the clock
+  const int64_t p2 = Push({2});     // seq 2
+  S(0)->NextPush()->Reply(Unavailable());
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  worker_->Clock(1);                // clock 0 still waits for seq 1
+  const int64_t p3 = Push({3});     // seq 3, clock 1
+  const int64_t c1 = worker_->Clock(1);
+  S(0)->NextPush()->Reply(absl::OkStatus());  // seq 3
+  std::optional<HeldClock> c = S(0)->NextClock();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->req->clock(), 1);
+  EXPECT_EQ(c->req->settled_seq(), 0u);  // seq 1 still unanswered
+  c->Reply(absl::OkStatus());
+  clock_.Advance(absl::Milliseconds(20));  // seq 1 resent
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  c = S(0)->NextClock();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->req->clock(), 0);
+  EXPECT_EQ(c->req->pushes(), 2);
+  EXPECT_EQ(c->req->settled_seq(), 3u);
+  c->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(p2, Soon()).ok());
+  EXPECT_TRUE(worker_->Wait(p3, Soon()).ok());
+  EXPECT_TRUE(worker_->Wait(c1, Soon()).ok());
+}
+
+TEST_F(KVWorkerTest, LostClockIsResent) {
+  Make(1);
+  const int64_t clk = worker_->Clock(0);
+  S(0)->NextClock()->Reply(Unavailable());
+  clock_.Advance(absl::Milliseconds(20));
+  std::optional<HeldClock> c = S(0)->NextClock();
+  ASSERT_TRUE(c.has_value());
+  c->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(clk, Soon()).ok());
+}
+
+TEST_F(KVWorkerTest, FinishTellsEveryServerTheFinalClock) {
+  Make(2);
+  worker_->Clock(0);
+  worker_->Clock(0);
+  for (int round = 0; round < 2; ++round) {
+    for (int s = 0; s < 2; ++s) S(s)->NextClock()->Reply(absl::OkStatus());
+  }
+  ASSERT_TRUE(worker_->Finish(Soon()).ok());
+  for (int s = 0; s < 2; ++s) {
+    std::vector<proto::FinishRequest> f = S(s)->finish_requests();
+    ASSERT_EQ(f.size(), 1u);
+    EXPECT_EQ(f[0].final_clock(), 2);
+    EXPECT_EQ(f[0].worker_id(), 0);
+  }
+}
+
+TEST_F(KVWorkerTest, FinishRetriesUnavailable) {
+  Make(1);
+  int calls = 0;
+  S(0)->set_finish_handler([&](const proto::FinishRequest&) {
+    return ++calls < 3 ? Unavailable() : absl::OkStatus();
+  });
+  EXPECT_TRUE(worker_->Finish(Soon()).ok());
+  EXPECT_EQ(calls, 3);
+}
+
+TEST_F(KVWorkerTest, FinishWithOutstandingOperationsIsDeadlineExceeded) {
+  Make(1);
+  Push({1});
+  EXPECT_EQ(worker_->Finish(absl::Now()).code(),
+            StatusCode::kDeadlineExceeded);
+}
+
+}  // namespace
+}  // namespace ps
