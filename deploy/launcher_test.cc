@@ -502,7 +502,8 @@ TEST_F(LauncherTest, AllExitZeroSucceedsWithPrefixedOutput) {
 TEST_F(LauncherTest, ConfiguredTokenAndPortAndReportArePassed) {
   options_.config_path = WriteConfig(
       "cluster:\n  num_servers: 1\n  num_workers: 1\n  scheduler: "
-      "127.0.0.1:45678\n  auth_token: sekrit\n");
+      "127.0.0.1:45678\n  auth_token: sekrit\n"
+      "output:\n  model_dir: model\n");
   options_.report_path = "report.json";
   Steer("ps_scheduler", "--echo-args --print-env PS_AUTH_TOKEN");
   Steer("ps_server", "--print-env PS_AUTH_TOKEN");

@@ -162,6 +162,30 @@ TEST(CriteoFields, MalformedLine) {
   EXPECT_EQ(*(*s)->Next(10, &b), 0u);
 }
 
+// Issue 8: the MLP's reader names file and line of a malformed line and,
+// with skip_malformed, counts the skipped ones like OpenCriteo.
+TEST(CriteoFields, RegressionSkippedLinesNeverCounted) {
+  const std::string good = "0" + std::string(39, '\t');
+  const std::string path = ::testing::TempDir() + "/mlp_skipcount.tsv";
+  std::ofstream(path) << good << "\n" << "x\n" << good << "\n" << "y\n";
+  auto strict = OpenCriteoFields(path, 0, -1, false);
+  ASSERT_TRUE(strict.ok());
+  FieldBlock b;
+  EXPECT_EQ((*strict)->Next(10, &b).status().message(),
+            path + ":2: expected 40 tab-separated fields, got 1");
+  auto r = OpenCriteoFields(path, 0, -1, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*(*r)->Next(10, &b), 2u);
+  EXPECT_EQ((*r)->path(), path);
+  EXPECT_EQ((*r)->stats().skipped, 2);
+  EXPECT_EQ((*r)->stats().rows, 2);
+  EXPECT_EQ((*r)->stats().lines, 4);
+  EXPECT_EQ((*r)->stats().first_bad_line, 2);
+  EXPECT_EQ((*r)->stats().first_bad_byte, 41);
+  ASSERT_TRUE((*r)->Reset().ok());
+  EXPECT_EQ((*r)->stats().skipped, 0);
+}
+
 // The goal of issue 4: the MLP reaches at least logistic regression's test
 const std::string kCriteoTrain = DataPath("criteo-10k/train.tsv");
 const std::string kCriteoTest = DataPath("criteo-10k/test.tsv");
