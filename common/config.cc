@@ -740,6 +740,10 @@ absl::Status CheckDataFile(const char* field, const std::string& path) {
     return PathError(absl::StatusCode::kInvalidArgument, field, path,
                      "not a regular file");
   }
+  if (st.st_size == 0) {
+    return PathError(absl::StatusCode::kFailedPrecondition, field, path,
+                     "is empty (0 bytes), no example to read");
+  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;

@@ -179,7 +179,8 @@ std::string ToYaml(const JobConfig& config);
 // Checks cross-field constraints (data.train set for libsvm and criteo,
 // data.synthetic.nnz_per_row <= features, cluster.heartbeat_timeout_ms >=
 // 3 * cluster.heartbeat_ms, cluster.register_timeout_ms >= 2 *
-// cluster.heartbeat_ms). Errors are INVALID_ARGUMENT naming the fields.
+// cluster.heartbeat_ms, output.model_dir not empty). Errors are
+// INVALID_ARGUMENT naming the fields.
 absl::Status Validate(const JobConfig& config);
 
 // What CheckJobResources demands of the machine.
@@ -192,8 +193,9 @@ struct ResourceCheckOptions {
 // machine (the config passed Validate, paths are absolute or relative to the
 // current directory):
 //   * data.train and data.test (when set, file formats only) exist, are
-//     regular files and readable: NOT_FOUND (missing), INVALID_ARGUMENT (a
-//     directory or other non-regular file), PERMISSION_DENIED (unreadable);
+//     regular files, not empty and readable: NOT_FOUND (missing),
+//     INVALID_ARGUMENT (a directory or other non-regular file),
+//     FAILED_PRECONDITION (0 bytes), PERMISSION_DENIED (unreadable);
 //   * output.model_dir exists or can be created, and a probe file can be
 //     written and removed in it: PERMISSION_DENIED or FAILED_PRECONDITION
 //     (read-only file system, a file in the way, ...);

@@ -674,6 +674,17 @@ TEST(ConfigTest, RegressionMissingDataFileFoundOnlyAfterStart) {
   EXPECT_NE(s.message().find("config field data.test: "), std::string::npos)
       << s;
 
+  // An empty file has nothing to train on (issue 8: "an empty data file
+  // trains 0 examples and exits 0"): found before start.
+  c.data.test = dir + "/empty.test";
+  WriteText(c.data.test, "");
+  s = CheckJobResources(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("config field data.test: " + c.data.test +
+                             ": is empty"),
+            std::string::npos)
+      << s;
+
   c.data.test = "";
   EXPECT_TRUE(CheckJobResources(c).ok()) << CheckJobResources(c);
   EXPECT_TRUE(std::filesystem::is_directory(c.output.model_dir));
