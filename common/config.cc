@@ -695,6 +695,25 @@ absl::Status Validate(const JobConfig& config) {
   if (config.output.model_dir.empty()) {
     return FieldError("output.model_dir", "must not be empty");
   }
+  // Found by the workers only after the whole cluster had started.
+  if (config.training.model == "mlp" && config.data.format != "criteo") {
+    return FieldError("training.model",
+                      absl::StrCat("mlp needs data.format criteo, got ",
+                                   config.data.format));
+  }
+  // Would silently record no curve.
+  const bool has_test = config.data.format == "synthetic"
+                            ? config.data.synthetic.test_rows > 0
+                            : !config.data.test.empty();
+  if (config.training.eval_interval_s > 0 && !has_test) {
+    return FieldError(
+        "training.eval_interval_s",
+        absl::StrCat("needs a test set (",
+                     config.data.format == "synthetic"
+                         ? "data.synthetic.test_rows > 0"
+                         : "data.test",
+                     "), got ", FormatDouble(config.training.eval_interval_s)));
+  }
   return absl::OkStatus();
 }
 

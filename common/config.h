@@ -179,8 +179,9 @@ std::string ToYaml(const JobConfig& config);
 // Checks cross-field constraints (data.train set for libsvm and criteo,
 // data.synthetic.nnz_per_row <= features, cluster.heartbeat_timeout_ms >=
 // 3 * cluster.heartbeat_ms, cluster.register_timeout_ms >= 2 *
-// cluster.heartbeat_ms, output.model_dir not empty). Errors are
-// INVALID_ARGUMENT naming the fields.
+// cluster.heartbeat_ms, output.model_dir not empty, training.model mlp only
+// with data.format criteo, training.eval_interval_s > 0 only with a test
+// set). Errors are INVALID_ARGUMENT naming the fields.
 absl::Status Validate(const JobConfig& config);
 
 // What CheckJobResources demands of the machine.

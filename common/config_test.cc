@@ -66,7 +66,7 @@ optimizer:
   l2: 0.001
   initial_accumulator: 1e-6
 data:
-  format: libsvm
+  format: criteo
   train: /data/train.svm
   test: /data/test.svm
   skip_malformed: true
@@ -116,7 +116,7 @@ output:
   EXPECT_DOUBLE_EQ(c.optimizer.l1, 0);
   EXPECT_DOUBLE_EQ(c.optimizer.l2, 0.001);
   EXPECT_DOUBLE_EQ(c.optimizer.initial_accumulator, 1e-6);
-  EXPECT_EQ(c.data.format, "libsvm");
+  EXPECT_EQ(c.data.format, "criteo");
   EXPECT_EQ(c.data.train, "/data/train.svm");
   EXPECT_EQ(c.data.test, "/data/test.svm");
   EXPECT_TRUE(c.data.skip_malformed);
@@ -362,6 +362,32 @@ TEST(ConfigTest, ValidateChecksCrossFieldConstraints) {
   ExpectInvalid(Validate(e), "config field training.threads: must be >= 1");
 }
 
+// Issue 8 ("late checks"): the workers found these only after the cluster
+// had started, or never.
+TEST(ConfigTest, RegressionMlpOnNonCriteoDataFoundAfterStart) {
+  JobConfig c;
+  c.training.model = "mlp";
+  ExpectInvalid(Validate(c), "config field training.model: mlp needs "
+                             "data.format criteo, got synthetic");
+  c.data.format = "criteo";
+  c.data.train = "/data/train.tsv";
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);
+}
+
+TEST(ConfigTest, RegressionEvalIntervalWithoutTestSetRecordsNothing) {
+  JobConfig c;
+  c.training.eval_interval_s = 5;
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);  // synthetic test rows
+  c.data.synthetic.test_rows = 0;
+  ExpectInvalid(Validate(c), "config field training.eval_interval_s: needs a "
+                             "test set (data.synthetic.test_rows > 0)");
+  c.data.format = "libsvm";
+  c.data.train = "/data/a.train";
+  ExpectInvalid(Validate(c), "needs a test set (data.test)");
+  c.data.test = "/data/a.test";
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);
+}
+
 TEST(ConfigTest, ToYamlRoundTrips) {
   JobConfig c;
   EXPECT_TRUE(*ParseJobConfig(ToYaml(c)) == c) << ToYaml(c);
@@ -460,7 +486,9 @@ TEST(ConfigTest, MlpSection) {
   back = ParseJobConfig(ToYaml(e));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(back->mlp.hidden.empty());
-  EXPECT_TRUE(Validate(e).ok());
+  e.data.format = "criteo";  // what the mlp model trains on
+  e.data.train = "/data/train.tsv";
+  EXPECT_TRUE(Validate(e).ok()) << Validate(e);
 
   // Overrides: comma-separated or bracketed.
   JobConfig o;

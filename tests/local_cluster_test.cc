@@ -386,10 +386,15 @@ TEST_F(BadDataTest, RegressionSkippedLinesNeverCountedInTheReport) {
   }
   LocalClusterOptions o;
   o.config = Job(text, 2);
+  // The test file (read by worker 0) is counted too.
+  const std::string test = dir_ + "/test.libsvm";
+  std::ofstream(test, std::ios::binary) << "1 1:1\n0 oops\n0 2:1\n";
+  o.config.data.test = test;
   LocalCluster cluster(o);
   ASSERT_TRUE(cluster.Run().ok());
   const std::string report = cluster.ReportJson();
-  EXPECT_NE(report.find(absl::StrCat("\"skipped_lines\": {\"", train_, "\": 4}")),
+  EXPECT_NE(report.find(absl::StrCat("\"skipped_lines\": {\"", test, "\": 1, \"",
+                                     train_, "\": 4}")),
             std::string::npos)
       << report;
   EXPECT_EQ(JsonNumber(report, "examples").value_or(-1), 36) << report;

@@ -62,11 +62,14 @@ void ReportSkippedLines(const TrainerStats& stats,
   for (const proto::SkippedLines* s :
        {&stats.train_skipped, &stats.test_skipped}) {
     if (s->skipped() == 0) continue;
+    // The test file is read whole: its line numbers are the file's.
+    const bool test = s == &stats.test_skipped;
     PS_LOG_WARN(
-        "{}: skipped {} malformed line(s) (data.skip_malformed); the first "
-        "is line {} of this worker's part (byte {} of the file){}",
-        s->path(), s->skipped(), s->first_bad_line(), s->first_bad_byte(),
-        s == &stats.train_skipped ? "" : " of the test file");
+        "{}{}: skipped {} malformed line(s) (data.skip_malformed); the first "
+        "at byte {} (line {}{})",
+        s->path(), test ? " (test set)" : "", s->skipped(),
+        s->first_bad_byte(), s->first_bad_line(),
+        test ? "" : " of this worker's part");
     *done->add_skipped_lines() = *s;
   }
 }
