@@ -318,5 +318,28 @@ TEST(MlpTrainer, WidePartIsTrained) {
   EXPECT_GT(w[1], 0.0f);
 }
 
+// Issue 8: "an entirely skipped data file trains 0 examples and exits 0".
+TEST(MlpTrainer, RegressionAllLinesSkippedTrainsZeroExamples) {
+  JobConfig c;
+  c.training.model = "mlp";
+  c.training.minibatch = 2;
+  c.training.progress_interval_s = 1000;
+  c.mlp.embedding_dim = 2;
+  c.mlp.hidden = {3};
+  const std::string path = ::testing::TempDir() + "/mlp_all_bad.tsv";
+  std::ofstream(path) << "x\ny\n";
+  auto reader = OpenCriteoFields(path, 0, -1, /*skip_malformed=*/true);
+  ASSERT_TRUE(reader.ok());
+  InMemoryParams params(MlpTables(c));
+  auto backend = CreateCpuMlpBackend();
+  MlpTrainer trainer(3, c, &params, backend.get());
+  absl::Status s = trainer.Train(reader->get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(),
+            "W[3] trained 0 examples from " + path + " (2 lines skipped)");
+  EXPECT_EQ(trainer.stats().train_skipped.skipped(), 2);
+  EXPECT_EQ(trainer.stats().train_skipped.first_bad_line(), 1);
+}
+
 }  // namespace
 }  // namespace ps
