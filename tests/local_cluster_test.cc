@@ -404,14 +404,21 @@ TEST_F(BadDataTest, RegressionSkippedLinesNeverCountedInTheReport) {
 // of a tiny file holds no line trains nothing and succeeds, with a warning;
 // the job succeeds because the others trained the file.
 TEST_F(BadDataTest, EmptyShardOfATinyFileIsNotAFailure) {
-  LocalClusterOptions o;
-  o.config = Job("1 1:1\n", 3);
-  LocalCluster cluster(o);
-  absl::Status s = cluster.Run();
-  ASSERT_TRUE(s.ok()) << s;
-  for (const absl::Status& w : cluster.worker_status()) EXPECT_TRUE(w.ok()) << w;
-  EXPECT_EQ(JsonNumber(cluster.ReportJson(), "examples").value_or(-1), 1)
-      << cluster.ReportJson();
+  for (Mode mode : {Mode::kSsp, Mode::kBsp}) {
+    SCOPED_TRACE(ModeName(mode));
+    LocalClusterOptions o;
+    o.config = Job("1 1:1\n", 3);
+    o.config.consistency.mode = mode;
+    o.timeout = absl::Seconds(60);
+    LocalCluster cluster(o);
+    absl::Status s = cluster.Run();
+    ASSERT_TRUE(s.ok()) << s;
+    for (const absl::Status& w : cluster.worker_status()) {
+      EXPECT_TRUE(w.ok()) << w;
+    }
+    EXPECT_EQ(JsonNumber(cluster.ReportJson(), "examples").value_or(-1), 1)
+        << cluster.ReportJson();
+  }
 }
 
 }  // namespace
