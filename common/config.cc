@@ -1,9 +1,17 @@
 #include "common/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -478,7 +486,11 @@ const char* ModeName(Mode mode) {
   return "unknown";
 }
 
-absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
+namespace {
+
+// ParseJobConfig, also telling which fields the text set (in *seen).
+absl::StatusOr<JobConfig> ParseWithFields(const std::string& yaml_text,
+                                          std::set<std::string>* seen) {
   JobConfig config;
   try {
     YAML::Node root = YAML::Load(yaml_text);
@@ -488,8 +500,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
           "config: expected a mapping of sections at the top level, got ",
           Describe(root)));
     }
-    std::set<std::string> seen;
-    PS_RETURN_IF_ERROR(ParseMap(root, "", &config, &seen));
+    PS_RETURN_IF_ERROR(ParseMap(root, "", &config, seen));
   } catch (const YAML::Exception& e) {
     return SyntaxError(e);
   }
@@ -497,23 +508,98 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
   return config;
 }
 
+}  // namespace
+
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
+  std::set<std::string> seen;
+  return ParseWithFields(yaml_text, &seen);
+}
+
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
+  // Regression (issue 8, "--config DIR runs the default job"): an ifstream
+  // opens a directory and reads it as an empty document, i.e. defaults.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const std::string msg =
+        absl::StrCat(path, ": cannot open config file: ", std::strerror(err));
+    if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(msg);
+    if (err == EACCES) return absl::PermissionDeniedError(msg);
+    return absl::InvalidArgumentError(msg);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": is a directory, not a config file (name the .yaml file)"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a regular file, cannot be a config file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(path, ": cannot open config file"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        path, ": cannot read config file: ", std::strerror(errno)));
   }
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) {
     return absl::DataLossError(absl::StrCat(path, ": read failed"));
   }
-  absl::StatusOr<JobConfig> config = ParseJobConfig(text.str());
+  std::set<std::string> seen;
+  absl::StatusOr<JobConfig> config = ParseWithFields(text.str(), &seen);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", config.status().message()));
   }
+  // Paths the file names are relative to the file, wherever it is run from.
+  std::error_code ec;
+  const std::filesystem::path folder =
+      std::filesystem::absolute(std::filesystem::path(path), ec).parent_path();
+  ForEachPathField(&*config, [&](const char* field, std::string* value) {
+    if (seen.count(field) > 0) *value = ResolvePath(folder.string(), *value);
+  });
   return config;
+}
+
+absl::StatusOr<JobConfig> LoadJobConfigWithOverrides(
+    const std::string& path, const std::vector<std::string>& overrides) {
+  JobConfig config;
+  if (!path.empty()) {
+    PS_ASSIGN_OR_RETURN(config, LoadJobConfig(path));
+  }
+  for (const std::string& o : overrides) {
+    PS_RETURN_IF_ERROR(ApplyOverride(&config, o));
+  }
+  PS_RETURN_IF_ERROR(Validate(config));
+  // What is still relative came from the command line or a default: it is
+  // relative to where the command runs. Made absolute so that the resolved
+  // config (ps_launch's job.yaml, the view sent to nodes) means the same
+  // from any folder.
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot read the current directory: ", ec.message()));
+  }
+  ForEachPathField(&config, [&](const char*, std::string* value) {
+    *value = ResolvePath(cwd, *value);
+  });
+  return config;
+}
+
+std::string ResolvePath(const std::string& base_dir, const std::string& path) {
+  if (path.empty()) return path;
+  const std::filesystem::path p(path);
+  if (p.is_absolute()) return path;
+  return (std::filesystem::path(base_dir) / p).lexically_normal().string();
+}
+
+void ForEachPathField(
+    JobConfig* config,
+    const std::function<void(const char* field, std::string* path)>& fn) {
+  fn("data.train", &config->data.train);
+  fn("data.test", &config->data.test);
+  fn("output.model_dir", &config->output.model_dir);
 }
 
 absl::Status ApplyOverride(JobConfig* config, const std::string& assignment) {
@@ -588,7 +674,167 @@ absl::Status Validate(const JobConfig& config) {
     return FieldError("data.train", absl::StrCat("required when data.format is ",
                                                  config.data.format));
   }
+  // Regression (issue 8, "heartbeat_timeout_ms below heartbeat_ms is
+  // accepted"): every node was then declared dead between two heartbeats.
+  // Three heartbeats per timeout leave room for one lost or late beat.
+  const ClusterConfig& cl = config.cluster;
+  if (int64_t{cl.heartbeat_timeout_ms} < 3 * int64_t{cl.heartbeat_ms}) {
+    return FieldError(
+        "cluster.heartbeat_timeout_ms",
+        absl::StrCat("must be >= 3 * cluster.heartbeat_ms (3 * ",
+                     cl.heartbeat_ms, " = ", 3 * int64_t{cl.heartbeat_ms},
+                     "), got ", cl.heartbeat_timeout_ms));
+  }
+  if (int64_t{cl.register_timeout_ms} < 2 * int64_t{cl.heartbeat_ms}) {
+    return FieldError(
+        "cluster.register_timeout_ms",
+        absl::StrCat("must be >= 2 * cluster.heartbeat_ms (2 * ",
+                     cl.heartbeat_ms, " = ", 2 * int64_t{cl.heartbeat_ms},
+                     "), got ", cl.register_timeout_ms));
+  }
+  if (config.output.model_dir.empty()) {
+    return FieldError("output.model_dir", "must not be empty");
+  }
+  // Found by the workers only after the whole cluster had started.
+  if (config.training.model == "mlp" && config.data.format != "criteo") {
+    return FieldError("training.model",
+                      absl::StrCat("mlp needs data.format criteo, got ",
+                                   config.data.format));
+  }
+  // Would silently record no curve.
+  const bool has_test = config.data.format == "synthetic"
+                            ? config.data.synthetic.test_rows > 0
+                            : !config.data.test.empty();
+  if (config.training.eval_interval_s > 0 && !has_test) {
+    return FieldError(
+        "training.eval_interval_s",
+        absl::StrCat("needs a test set (",
+                     config.data.format == "synthetic"
+                         ? "data.synthetic.test_rows > 0"
+                         : "data.test",
+                     "), got ", FormatDouble(config.training.eval_interval_s)));
+  }
   return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Checks against the machine, before any process starts.
+
+namespace {
+
+absl::Status PathError(absl::StatusCode code, const char* field,
+                       const std::string& path, absl::string_view what) {
+  return absl::Status(code,
+                      absl::StrCat("config field ", field, ": ", path, ": ", what));
+}
+
+absl::StatusCode CodeOfErrno(int err) {
+  switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::StatusCode::kNotFound;
+    case EACCES:
+    case EPERM:
+      return absl::StatusCode::kPermissionDenied;
+    case ENOSPC:
+    case EDQUOT:
+      return absl::StatusCode::kResourceExhausted;
+    default:
+      return absl::StatusCode::kFailedPrecondition;
+  }
+}
+
+// A data file: exists, regular, readable.
+absl::Status CheckDataFile(const char* field, const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    return PathError(CodeOfErrno(err), field, path, std::strerror(err));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return PathError(absl::StatusCode::kInvalidArgument, field, path,
+                     "is a directory, not a data file");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return PathError(absl::StatusCode::kInvalidArgument, field, path,
+                     "not a regular file");
+  }
+  if (st.st_size == 0) {
+    return PathError(absl::StatusCode::kFailedPrecondition, field, path,
+                     "is empty (0 bytes), no example to read");
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return PathError(CodeOfErrno(err), field, path,
+                     absl::StrCat("cannot be read: ", std::strerror(err)));
+  }
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+absl::Status CheckModelDir(const std::string& dir, int64_t min_free_bytes) {
+  const char* field = "output.model_dir";
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) &&
+      !std::filesystem::is_directory(dir, ec)) {
+    return PathError(absl::StatusCode::kFailedPrecondition, field, dir,
+                     "exists and is not a directory");
+  }
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return PathError(CodeOfErrno(ec.value()), field, dir,
+                     absl::StrCat("cannot create it: ", ec.message()));
+  }
+  // Write and remove a probe file: the only reliable test (read-only
+  // mounts, ACLs, root squash).
+  const std::string probe =
+      (std::filesystem::path(dir) / absl::StrCat(".ps_write_probe.", ::getpid()))
+          .string();
+  const int fd =
+      ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    return PathError(CodeOfErrno(err), field, dir,
+                     absl::StrCat("not writable: ", std::strerror(err)));
+  }
+  const bool wrote = ::write(fd, "ps\n", 3) == 3;
+  const int write_err = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!wrote) {
+    return PathError(CodeOfErrno(write_err), field, dir,
+                     absl::StrCat("not writable: ", std::strerror(write_err)));
+  }
+  struct statvfs vfs;
+  if (::statvfs(dir.c_str(), &vfs) != 0) {
+    const int err = errno;
+    return PathError(CodeOfErrno(err), field, dir,
+                     absl::StrCat("cannot read free space: ", std::strerror(err)));
+  }
+  const unsigned __int128 free_bytes =
+      static_cast<unsigned __int128>(vfs.f_bavail) * vfs.f_frsize;
+  if (free_bytes < static_cast<unsigned __int128>(min_free_bytes)) {
+    return PathError(
+        absl::StatusCode::kResourceExhausted, field, dir,
+        absl::StrCat("only ", static_cast<uint64_t>(free_bytes) >> 20,
+                     " MiB free, the model needs at least ",
+                     min_free_bytes >> 20, " MiB"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckJobResources(const JobConfig& config,
+                               const ResourceCheckOptions& options) {
+  if (config.data.format != "synthetic") {
+    PS_RETURN_IF_ERROR(CheckDataFile("data.train", config.data.train));
+    if (!config.data.test.empty()) {
+      PS_RETURN_IF_ERROR(CheckDataFile("data.test", config.data.test));
+    }
+  }
+  return CheckModelDir(config.output.model_dir, options.min_free_bytes);
 }
 
 proto::OptimizerConfig OptimizerProto(const OptimizerConfig& o) {

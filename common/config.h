@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -142,9 +143,31 @@ struct JobConfig {
 // not the constraints Validate() checks. A YAML syntax error is
 // INVALID_ARGUMENT naming the line.
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text);
-// Reads and parses a file; errors are prefixed with the path. NOT_FOUND when
-// the file cannot be opened.
+// Reads and parses a file; errors are prefixed with the path: NOT_FOUND when
+// the file does not exist, INVALID_ARGUMENT when the path is a directory or
+// not a regular file, PERMISSION_DENIED when it cannot be read.
+// Relative paths the file sets (the fields ForEachPathField visits) are
+// resolved against the file's own folder, made absolute; paths it leaves at
+// their default stay as they are.
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+// LoadJobConfig(path) (defaults when `path` is empty), then each override in
+// order, then Validate(). Relative paths given by overrides (and defaults)
+// are resolved against the current directory, so every path field of the
+// result is absolute (or empty). The one loader ps_launch and ps_scheduler
+// share; errors name the file or the field.
+absl::StatusOr<JobConfig> LoadJobConfigWithOverrides(
+    const std::string& path, const std::vector<std::string>& overrides);
+
+// `path` as seen from the folder `base_dir`: "" stays "", an absolute path
+// is returned unchanged, a relative one becomes base_dir/path (lexically
+// normalised; base_dir should itself be absolute).
+std::string ResolvePath(const std::string& base_dir, const std::string& path);
+// Calls fn(field_name, &value) for every field of `config` that names a file
+// or a folder (data.train, data.test, output.model_dir, ...). New path
+// fields are added to this one list, so they resolve like the others.
+void ForEachPathField(
+    JobConfig* config,
+    const std::function<void(const char* field, std::string* path)>& fn);
 // Applies one "section.field=value" override (value parsed as a YAML
 // scalar), checked like the file except for cross-field checks, which depend
 // on the order of overrides (run Validate() after the last one). On error
@@ -154,8 +177,35 @@ absl::Status ApplyOverride(JobConfig* config, const std::string& assignment);
 // ParseJobConfig(ToYaml(c)) == c for every c that passes ParseJobConfig.
 std::string ToYaml(const JobConfig& config);
 // Checks cross-field constraints (data.train set for libsvm and criteo,
-// data.synthetic.nnz_per_row <= features). Errors name the field.
+// data.synthetic.nnz_per_row <= features, cluster.heartbeat_timeout_ms >=
+// 3 * cluster.heartbeat_ms, cluster.register_timeout_ms >= 2 *
+// cluster.heartbeat_ms, output.model_dir not empty, training.model mlp only
+// with data.format criteo, training.eval_interval_s > 0 only with a test
+// set). Errors are INVALID_ARGUMENT naming the fields.
 absl::Status Validate(const JobConfig& config);
+
+// What CheckJobResources demands of the machine.
+struct ResourceCheckOptions {
+  // Free space output.model_dir's file system must have.
+  int64_t min_free_bytes = int64_t{64} << 20;
+};
+
+// Checks, before any process of a job starts, that the job can run on this
+// machine (the config passed Validate, paths are absolute or relative to the
+// current directory):
+//   * data.train and data.test (when set, file formats only) exist, are
+//     regular files, not empty and readable: NOT_FOUND (missing),
+//     INVALID_ARGUMENT (a directory or other non-regular file),
+//     FAILED_PRECONDITION (0 bytes), PERMISSION_DENIED (unreadable);
+//   * output.model_dir exists or can be created, and a probe file can be
+//     written and removed in it: PERMISSION_DENIED or FAILED_PRECONDITION
+//     (read-only file system, a file in the way, ...);
+//   * its file system has at least options.min_free_bytes free:
+//     RESOURCE_EXHAUSTED.
+// Each message names the config field and the path, e.g. "config field
+// data.train: /data/a9a: no such file". Creates model_dir as a side effect.
+absl::Status CheckJobResources(const JobConfig& config,
+                               const ResourceCheckOptions& options = {});
 
 // "bsp", "ssp" or "asp".
 const char* ModeName(Mode mode);

@@ -1,7 +1,10 @@
 #include "common/config.h"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -63,7 +66,7 @@ optimizer:
   l2: 0.001
   initial_accumulator: 1e-6
 data:
-  format: libsvm
+  format: criteo
   train: /data/train.svm
   test: /data/test.svm
   skip_malformed: true
@@ -113,7 +116,7 @@ output:
   EXPECT_DOUBLE_EQ(c.optimizer.l1, 0);
   EXPECT_DOUBLE_EQ(c.optimizer.l2, 0.001);
   EXPECT_DOUBLE_EQ(c.optimizer.initial_accumulator, 1e-6);
-  EXPECT_EQ(c.data.format, "libsvm");
+  EXPECT_EQ(c.data.format, "criteo");
   EXPECT_EQ(c.data.train, "/data/train.svm");
   EXPECT_EQ(c.data.test, "/data/test.svm");
   EXPECT_TRUE(c.data.skip_malformed);
@@ -359,6 +362,32 @@ TEST(ConfigTest, ValidateChecksCrossFieldConstraints) {
   ExpectInvalid(Validate(e), "config field training.threads: must be >= 1");
 }
 
+// Issue 8 ("late checks"): the workers found these only after the cluster
+// had started, or never.
+TEST(ConfigTest, RegressionMlpOnNonCriteoDataFoundAfterStart) {
+  JobConfig c;
+  c.training.model = "mlp";
+  ExpectInvalid(Validate(c), "config field training.model: mlp needs "
+                             "data.format criteo, got synthetic");
+  c.data.format = "criteo";
+  c.data.train = "/data/train.tsv";
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);
+}
+
+TEST(ConfigTest, RegressionEvalIntervalWithoutTestSetRecordsNothing) {
+  JobConfig c;
+  c.training.eval_interval_s = 5;
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);  // synthetic test rows
+  c.data.synthetic.test_rows = 0;
+  ExpectInvalid(Validate(c), "config field training.eval_interval_s: needs a "
+                             "test set (data.synthetic.test_rows > 0)");
+  c.data.format = "libsvm";
+  c.data.train = "/data/a.train";
+  ExpectInvalid(Validate(c), "needs a test set (data.test)");
+  c.data.test = "/data/a.test";
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);
+}
+
 TEST(ConfigTest, ToYamlRoundTrips) {
   JobConfig c;
   EXPECT_TRUE(*ParseJobConfig(ToYaml(c)) == c) << ToYaml(c);
@@ -457,7 +486,9 @@ TEST(ConfigTest, MlpSection) {
   back = ParseJobConfig(ToYaml(e));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(back->mlp.hidden.empty());
-  EXPECT_TRUE(Validate(e).ok());
+  e.data.format = "criteo";  // what the mlp model trains on
+  e.data.train = "/data/train.tsv";
+  EXPECT_TRUE(Validate(e).ok()) << Validate(e);
 
   // Overrides: comma-separated or bracketed.
   JobConfig o;
@@ -486,6 +517,244 @@ TEST(ConfigTest, MlpSection) {
   EXPECT_EQ(o.mlp.hidden.size(), 2u);
   EXPECT_FALSE(ApplyOverride(&o, "mlp.hidden=[3").ok());
   EXPECT_EQ(o.mlp.hidden, (std::vector<int>{16, 4}));  // unchanged on error
+}
+
+
+// ---------------------------------------------------------------------------
+// Issue 8: validation before start.
+
+// A fresh folder under the test temp dir.
+std::string FreshDir(const std::string& name) {
+  const std::string dir =
+      (std::filesystem::path(::testing::TempDir()) /
+       absl::StrCat("ps_cfg_", name, "_", ::getpid()))
+          .lexically_normal()
+          .string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+TEST(ConfigTest, RegressionConfigDirRunsTheDefaultJob) {
+  const std::string dir = FreshDir("configdir");
+  absl::Status s = LoadJobConfig(dir).status();
+  ExpectInvalid(s, "is a directory");
+  EXPECT_NE(s.message().find(dir), std::string::npos) << s;
+  s = LoadJobConfigWithOverrides(dir, {}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // Not a regular file either.
+  s = LoadJobConfig("/dev/null").status();
+  ExpectInvalid(s, "not a regular file");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ConfigTest, RegressionUnreadableConfigFile) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root reads any file";
+  const std::string dir = FreshDir("unreadable");
+  const std::string path = dir + "/job.yaml";
+  WriteText(path, "training:\n  minibatch: 5\n");
+  std::filesystem::permissions(path, std::filesystem::perms::none);
+  EXPECT_EQ(LoadJobConfig(path).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ConfigTest, RegressionHeartbeatTimeoutBelowHeartbeatAccepted) {
+  JobConfig c;
+  c.cluster.heartbeat_ms = 500;
+  c.cluster.heartbeat_timeout_ms = 400;
+  absl::Status s = Validate(c);
+  ExpectInvalid(s, "config field cluster.heartbeat_timeout_ms: must be >= 3 * "
+                   "cluster.heartbeat_ms (3 * 500 = 1500), got 400");
+  c.cluster.heartbeat_timeout_ms = 1499;
+  ExpectInvalid(Validate(c), "cluster.heartbeat_timeout_ms");
+  c.cluster.heartbeat_timeout_ms = 1500;
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);
+
+  // The override order does not matter: the check runs after the last one.
+  absl::StatusOr<JobConfig> ok = LoadJobConfigWithOverrides(
+      "", {"cluster.heartbeat_ms=5000", "cluster.heartbeat_timeout_ms=15000"});
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  ExpectInvalid(
+      LoadJobConfigWithOverrides("", {"cluster.heartbeat_ms=5000"}).status(),
+      "cluster.heartbeat_timeout_ms");
+}
+
+TEST(ConfigTest, RegressionRegisterTimeoutShorterThanHeartbeats) {
+  JobConfig c;
+  c.cluster.heartbeat_ms = 500;
+  c.cluster.register_timeout_ms = 900;
+  ExpectInvalid(Validate(c), "config field cluster.register_timeout_ms: must "
+                             "be >= 2 * cluster.heartbeat_ms");
+  c.cluster.register_timeout_ms = 1000;
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);
+}
+
+TEST(ConfigTest, RegressionRelativePathsResolveAgainstTheConfigFolder) {
+  const std::string dir = FreshDir("relative");
+  std::filesystem::create_directories(dir + "/conf");
+  const std::string path = dir + "/conf/job.yaml";
+  WriteText(path,
+            "data:\n  format: libsvm\n  train: ../data/a.train\n"
+            "  test: /abs/a.test\n");
+  absl::StatusOr<JobConfig> c = LoadJobConfig(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.train, dir + "/data/a.train");
+  EXPECT_EQ(c->data.test, "/abs/a.test");
+  // Not set by the file: left for the caller (relative to the cwd).
+  EXPECT_EQ(c->output.model_dir, "runs/model");
+
+  // The same from another current directory, and through a relative path
+  // to the file itself.
+  const std::filesystem::path old_cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir + "/conf");
+  absl::StatusOr<JobConfig> again = LoadJobConfigWithOverrides(
+      "job.yaml", {"output.model_dir=out/m", "data.test=t.libsvm"});
+  std::filesystem::current_path(old_cwd);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->data.train, dir + "/data/a.train");
+  // Overrides from the command line stay relative to the current directory.
+  EXPECT_EQ(again->output.model_dir, dir + "/conf/out/m");
+  EXPECT_EQ(again->data.test, dir + "/conf/t.libsvm");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ConfigTest, ResolvePathKeepsAbsoluteAndEmpty) {
+  EXPECT_EQ(ResolvePath("/a/b", ""), "");
+  EXPECT_EQ(ResolvePath("/a/b", "/x/y"), "/x/y");
+  EXPECT_EQ(ResolvePath("/a/b", "../c/./d"), "/a/c/d");
+}
+
+TEST(ConfigTest, ResolvedConfigRoundTripsThroughYaml) {
+  // ps_launch writes the resolved config to RUN_DIR/job.yaml and the
+  // scheduler loads that file: absolute paths must come back unchanged.
+  const std::string dir = FreshDir("roundtrip");
+  absl::StatusOr<JobConfig> c = LoadJobConfigWithOverrides(
+      "", {"data.format=libsvm", "data.train=x.train"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  WriteText(dir + "/job.yaml", ToYaml(*c));
+  absl::StatusOr<JobConfig> back = LoadJobConfig(dir + "/job.yaml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == *c) << ToYaml(*back);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ConfigTest, ShippedConfigsWorkFromAnyDirectory) {
+  // Every deploy/configs/*.yaml resolves to the same paths from the project
+  // root and from elsewhere, and its data paths point at ../shared/data
+  // next to the project root.
+  const std::filesystem::path root = PS_SOURCE_DIR;
+  const std::filesystem::path shared =
+      (root / "../shared/data").lexically_normal();
+  const std::filesystem::path old_cwd = std::filesystem::current_path();
+  int checked = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(root / "deploy/configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(entry.path().string());
+    std::filesystem::current_path(root);
+    absl::StatusOr<JobConfig> from_root = LoadJobConfig(entry.path().string());
+    std::filesystem::current_path(::testing::TempDir());
+    absl::StatusOr<JobConfig> from_tmp = LoadJobConfig(entry.path().string());
+    std::filesystem::current_path(old_cwd);
+    ASSERT_TRUE(from_root.ok()) << from_root.status();
+    ASSERT_TRUE(from_tmp.ok()) << from_tmp.status();
+    EXPECT_TRUE(*from_root == *from_tmp);
+    for (const std::string* p : {&from_root->data.train, &from_root->data.test}) {
+      if (p->empty()) continue;
+      EXPECT_EQ(p->rfind(shared.string() + "/", 0), 0u)
+          << *p << " is not under " << shared;
+    }
+    EXPECT_TRUE(std::filesystem::path(from_root->output.model_dir).is_absolute());
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);
+}
+
+TEST(ConfigTest, RegressionMissingDataFileFoundOnlyAfterStart) {
+  const std::string dir = FreshDir("missingdata");
+  JobConfig c;
+  c.data.format = "libsvm";
+  c.data.train = dir + "/no_such.train";
+  c.output.model_dir = dir + "/model";
+  absl::Status s = CheckJobResources(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("config field data.train: " + c.data.train),
+            std::string::npos)
+      << s;
+
+  // A directory is not a data file.
+  c.data.train = dir;
+  s = CheckJobResources(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("data.train"), std::string::npos) << s;
+
+  // The test file is checked too.
+  c.data.train = dir + "/a.train";
+  WriteText(c.data.train, "1 1:1\n");
+  c.data.test = dir + "/missing.test";
+  s = CheckJobResources(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("config field data.test: "), std::string::npos)
+      << s;
+
+  // An empty file has nothing to train on (issue 8: "an empty data file
+  // trains 0 examples and exits 0"): found before start.
+  c.data.test = dir + "/empty.test";
+  WriteText(c.data.test, "");
+  s = CheckJobResources(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("config field data.test: " + c.data.test +
+                             ": is empty"),
+            std::string::npos)
+      << s;
+
+  c.data.test = "";
+  EXPECT_TRUE(CheckJobResources(c).ok()) << CheckJobResources(c);
+  EXPECT_TRUE(std::filesystem::is_directory(c.output.model_dir));
+  // The probe file is gone.
+  EXPECT_TRUE(std::filesystem::is_empty(c.output.model_dir));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ConfigTest, RegressionUnwritableModelDirFoundOnlyAfterTraining) {
+  const std::string dir = FreshDir("modeldir");
+  JobConfig c;  // synthetic: no data files
+  // A file where the folder should be.
+  WriteText(dir + "/file", "x");
+  c.output.model_dir = dir + "/file";
+  absl::Status s = CheckJobResources(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("config field output.model_dir: " + dir + "/file"),
+            std::string::npos)
+      << s;
+  c.output.model_dir = dir + "/file/sub";
+  EXPECT_FALSE(CheckJobResources(c).ok());
+
+  // Too little free space.
+  c.output.model_dir = dir + "/model";
+  ResourceCheckOptions huge;
+  huge.min_free_bytes = std::numeric_limits<int64_t>::max();
+  s = CheckJobResources(c, huge);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("MiB free"), std::string::npos) << s;
+  EXPECT_TRUE(CheckJobResources(c).ok());
+
+  if (::geteuid() != 0) {  // root writes anywhere
+    std::filesystem::create_directories(dir + "/ro");
+    std::filesystem::permissions(dir + "/ro", std::filesystem::perms::owner_read |
+                                                  std::filesystem::perms::owner_exec);
+    c.output.model_dir = dir + "/ro";
+    EXPECT_EQ(CheckJobResources(c).code(), absl::StatusCode::kPermissionDenied);
+    c.output.model_dir = dir + "/ro/sub";
+    EXPECT_EQ(CheckJobResources(c).code(), absl::StatusCode::kPermissionDenied);
+    std::filesystem::permissions(dir + "/ro", std::filesystem::perms::owner_all);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

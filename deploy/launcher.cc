@@ -519,12 +519,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
 }
 
 absl::StatusOr<JobConfig> ResolveJobConfig(const LaunchOptions& options) {
-  PS_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(options.config_path));
-  for (const auto& assignment : options.overrides) {
-    PS_RETURN_IF_ERROR(ApplyOverride(&config, assignment));
-  }
-  PS_RETURN_IF_ERROR(Validate(config));
-  return config;
+  return LoadJobConfigWithOverrides(options.config_path, options.overrides);
 }
 
 std::string RandomHexToken() {
@@ -610,6 +605,12 @@ int Launcher::Run(const std::atomic<int>* stop) {
     return kExitUsage;
   }
   JobConfig config = *std::move(resolved);
+  // Data files and model_dir, before any process starts (the scheduler
+  // checks again: it may be started without the launcher).
+  if (absl::Status s = CheckJobResources(config); !s.ok()) {
+    Say(s.message());
+    return kExitUsage;
+  }
 
   // 2. The scheduler's address.
   std::string host;

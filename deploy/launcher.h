@@ -178,7 +178,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
 std::string LaunchUsage();
 
 // Loads options.config_path, applies options.overrides in order and
-// validates. Errors (INVALID_ARGUMENT/NOT_FOUND) name the file or field.
+// validates (LoadJobConfigWithOverrides: relative paths of the file resolve
+// against its folder, those of overrides against the current directory).
+// Errors (INVALID_ARGUMENT/NOT_FOUND/PERMISSION_DENIED) name the file or
+// field.
 absl::StatusOr<JobConfig> ResolveJobConfig(const LaunchOptions& options);
 
 // A 128-bit random token as 32 lowercase hex characters.
@@ -199,7 +202,9 @@ class Launcher {
   // Resolves the config, picks the scheduler port, writes
   // RUN_DIR/job.yaml, starts the scheduler, the servers and the workers, and
   // supervises them until the job ends. Returns the exit code for ps_launch:
-  // 0 when every child exited 0; kExitUsage for a config/flag problem;
+  // 0 when every child exited 0; kExitUsage for a config/flag problem,
+  // including a failed CheckJobResources (missing or unreadable data file,
+  // unwritable or full model_dir), found before anything is started;
   // kExitSetupError when the run dir, job.yaml or a child cannot be set up;
   // the first failing child's ShellCode(); kExitTimeout after --timeout_s;
   // 1 when the scheduler exited 0 but others were still running

@@ -406,7 +406,8 @@ class LauncherTest : public TempDirTest {
       std::filesystem::create_symlink(kFake, bin_ / name);
     }
     options_.config_path = WriteConfig(
-        "cluster:\n  num_servers: 2\n  num_workers: 2\n");
+        "cluster:\n  num_servers: 2\n  num_workers: 2\n"
+        "output:\n  model_dir: model\n");
     options_.bin_dir = bin_.string();
     options_.run_dir = (dir_ / "run").string();
     options_.kill_grace = absl::Milliseconds(500);
@@ -501,7 +502,8 @@ TEST_F(LauncherTest, AllExitZeroSucceedsWithPrefixedOutput) {
 TEST_F(LauncherTest, ConfiguredTokenAndPortAndReportArePassed) {
   options_.config_path = WriteConfig(
       "cluster:\n  num_servers: 1\n  num_workers: 1\n  scheduler: "
-      "127.0.0.1:45678\n  auth_token: sekrit\n");
+      "127.0.0.1:45678\n  auth_token: sekrit\n"
+      "output:\n  model_dir: model\n");
   options_.report_path = "report.json";
   Steer("ps_scheduler", "--echo-args --print-env PS_AUTH_TOKEN");
   Steer("ps_server", "--print-env PS_AUTH_TOKEN");
@@ -606,6 +608,36 @@ TEST_F(LauncherTest, ConfigErrorExits2NamingTheField) {
   EXPECT_EQ(Run(), kExitUsage);
   EXPECT_THAT(lines_.Joined(), HasSubstr("training.minibatch"));
   EXPECT_FALSE(std::filesystem::exists(options_.run_dir));  // nothing started
+}
+
+TEST_F(LauncherTest, RegressionMissingDataFileReportedAfterClusterStarted) {
+  options_.overrides = {"data.format=libsvm",
+                        "data.train=" + (dir_ / "no_such.train").string()};
+  EXPECT_EQ(Run(), kExitUsage);
+  EXPECT_THAT(lines_.Joined(),
+              HasSubstr("ps_launch: config field data.train: " +
+                        (dir_ / "no_such.train").string()));
+  EXPECT_TRUE(With("H ").empty()) << lines_.Joined();  // nothing started
+  EXPECT_FALSE(std::filesystem::exists(options_.run_dir));
+}
+
+TEST_F(LauncherTest, RegressionUnwritableModelDirReportedAfterTraining) {
+  std::ofstream((dir_ / "blocker").string()) << "a file, not a folder";
+  options_.overrides = {"output.model_dir=" + (dir_ / "blocker").string()};
+  EXPECT_EQ(Run(), kExitUsage);
+  EXPECT_THAT(lines_.Joined(), HasSubstr("config field output.model_dir: "));
+  EXPECT_TRUE(With("H ").empty()) << lines_.Joined();
+}
+
+TEST_F(LauncherTest, RelativeModelDirResolvesAgainstTheConfigFolder) {
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+  // config.yaml (in dir_) says model_dir: model.
+  EXPECT_TRUE(std::filesystem::is_directory(dir_ / "model"));
+  std::ifstream in(std::filesystem::path(run_dir_) / "job.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_THAT(text.str(),
+              HasSubstr("model_dir: \"" + (dir_ / "model").string() + "\""));
 }
 
 TEST_F(LauncherTest, MissingBinariesExit2BeforeAnythingStarts) {

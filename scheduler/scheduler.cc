@@ -583,13 +583,32 @@ std::string SchedulerCore::ReportJsonLocked() const {
                   "],\n");
   absl::StrAppend(&j, "  \"model_keys\": ", keys, ",\n");
   absl::StrAppend(&j, "  \"model_nonzeros\": ", nonzeros, ",\n");
-  absl::StrAppend(&j, "  \"per_worker\": [");
+  // Malformed lines skipped, per file (the shards of one file summed).
+  std::map<std::string, int64_t> skipped;
+  for (const auto& [id, d] : done_) {
+    for (const proto::SkippedLines& s : d.skipped_lines()) {
+      skipped[s.path()] += s.skipped();
+    }
+  }
+  absl::StrAppend(&j, "  \"skipped_lines\": {");
   bool first = true;
+  for (const auto& [path, count] : skipped) {
+    absl::StrAppend(&j, first ? "" : ", ", JsonString(path), ": ", count);
+    first = false;
+  }
+  absl::StrAppend(&j, "},\n");
+  absl::StrAppend(&j, "  \"per_worker\": [");
+  first = true;
   for (const auto& [id, d] : done_) {
     const double busy = d.compute_seconds() + d.wait_seconds();
+    int64_t worker_skipped = 0;
+    for (const proto::SkippedLines& s : d.skipped_lines()) {
+      worker_skipped += s.skipped();
+    }
     absl::StrAppend(
         &j, first ? "\n" : ",\n", "    {\"id\": ", id,
         ", \"examples\": ", d.examples(),
+        ", \"skipped_lines\": ", worker_skipped,
         ", \"compute_seconds\": ", Num(d.compute_seconds()),
         ", \"wait_seconds\": ", Num(d.wait_seconds()),
         ", \"wait_share\": ", Num(busy > 0 ? d.wait_seconds() / busy : 0),

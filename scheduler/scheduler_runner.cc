@@ -15,14 +15,11 @@ namespace ps {
 
 absl::StatusOr<JobConfig> LoadConfigWithOverrides(
     const std::string& path, const std::vector<std::string>& overrides) {
-  JobConfig config;
-  if (!path.empty()) {
-    PS_ASSIGN_OR_RETURN(config, LoadJobConfig(path));
-  }
-  for (const std::string& o : overrides) {
-    PS_RETURN_IF_ERROR(ApplyOverride(&config, o));
-  }
-  PS_RETURN_IF_ERROR(Validate(config));
+  PS_ASSIGN_OR_RETURN(JobConfig config,
+                      LoadJobConfigWithOverrides(path, overrides));
+  // Before the scheduler listens, so that no node joins a job that cannot
+  // run (the same check as ps_launch's, for schedulers started by hand).
+  PS_RETURN_IF_ERROR(CheckJobResources(config));
   return config;
 }
 

@@ -17,8 +17,10 @@ struct SchedulerRunOptions {
   std::string report_path;
 };
 
-// Loads `path` (defaults when empty) and applies the overrides in order;
-// errors name the file and field.
+// Loads `path` (defaults when empty) and applies the overrides in order
+// (LoadJobConfigWithOverrides), then checks the machine (CheckJobResources:
+// data files readable, model_dir writable with free space). Errors name the
+// file and field.
 absl::StatusOr<JobConfig> LoadConfigWithOverrides(
     const std::string& path, const std::vector<std::string>& overrides);
 

@@ -1,6 +1,10 @@
 #include "server/server_node.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 
@@ -461,6 +465,13 @@ absl::Status ServerNode::SetConsistency(const proto::ConsistencyConfig& c) {
 
 absl::Status ServerNode::SaveModel(const std::string& dir_arg,
                                    proto::ServerControlResponse* resp) {
+  // No partial models (issue 8: a full disk left a partial model). Every
+  // file is written under a temporary name in the same folder and fsynced;
+  // only when all of them are complete are they renamed into place (then
+  // the folder is fsynced). On any error the temporaries, and files of this
+  // save already renamed, are removed, so no model file of this save is
+  // left behind; the error names the file and the reason (ENOSPC reads
+  // RESOURCE_EXHAUSTED "... No space left on device").
   std::string dir = dir_arg;
   if (dir.empty()) {
     absl::MutexLock l(&mu_);
@@ -472,18 +483,65 @@ absl::Status ServerNode::SaveModel(const std::string& dir_arg,
     return absl::UnavailableError(
         absl::StrCat("cannot create model dir ", dir, ": ", ec.message()));
   }
+  auto errno_error = [](int err, absl::string_view what,
+                        const std::string& path) {
+    return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));
+  };
+  auto fsync_path = [&](const std::string& path, int flags) -> absl::Status {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+    if (fd < 0) return errno_error(errno, "cannot open", path);
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) return errno_error(err, "cannot fsync", path);
+    return absl::OkStatus();
+  };
+  struct Pending {
+    std::string temp, final_path;
+  };
+  std::vector<Pending> files;
+  size_t renamed = 0;
+  auto discard = [&]() {
+    for (size_t i = 0; i < files.size(); ++i) {
+      std::remove(files[i].temp.c_str());
+      std::remove((files[i].temp + ".tmp").c_str());  // Table's own temp
+      if (i < renamed) std::remove(files[i].final_path.c_str());
+    }
+  };
   absl::MutexLock l(&mu_);
   int64_t keys = 0, nonzeros = 0;
   std::string first_path;
+  absl::Status status;
   for (const auto& t : tables_) {
-    std::string base =
+    const std::string base =
         absl::StrCat(dir, "/table-", t->id(), ".server-", id_);
     size_t k = 0, nz = 0;
-    PS_RETURN_IF_ERROR(t->SaveBinary(base + ".bin", &k));
-    PS_RETURN_IF_ERROR(t->SaveText(base + ".txt", &nz));
+    files.push_back({base + ".bin.partial", base + ".bin"});
+    status = t->SaveBinary(files.back().temp, &k);
+    if (status.ok()) status = fsync_path(files.back().temp, O_RDONLY);
+    if (!status.ok()) break;
+    files.push_back({base + ".txt.partial", base + ".txt"});
+    status = t->SaveText(files.back().temp, &nz);
+    if (status.ok()) status = fsync_path(files.back().temp, O_RDONLY);
+    if (!status.ok()) break;
     keys += k;
     nonzeros += nz;
     if (first_path.empty()) first_path = base + ".bin";
+  }
+  for (; status.ok() && renamed < files.size(); ++renamed) {
+    if (std::rename(files[renamed].temp.c_str(),
+                    files[renamed].final_path.c_str()) != 0) {
+      status = errno_error(errno, "cannot rename into",
+                           files[renamed].final_path);
+    }
+  }
+  if (status.ok()) status = fsync_path(dir, O_RDONLY | O_DIRECTORY);
+  if (!status.ok()) {
+    discard();
+    return absl::Status(
+        status.code(),
+        absl::StrCat("S[", id_, "] saving the model to ", dir,
+                     " failed, no file of it kept: ", status.message()));
   }
   resp->set_model_path(first_path);
   resp->set_keys(keys);

@@ -65,7 +65,11 @@ class ServerNode {
   absl::Status SetConsistency(const proto::ConsistencyConfig& c);
   // Writes this server's shard of every table under `dir` (empty: the
   // view's model_dir) as table-<t>.server-<s>.bin and .txt. Fills paths and
-  // counts.
+  // counts. All or nothing: each file is written and fsynced under a
+  // temporary name, and renamed into place only once all are complete; on
+  // any error no file of this save is left (temporaries removed) and the
+  // error names the file and why, with the errno's code (ENOSPC:
+  // RESOURCE_EXHAUSTED; UNAVAILABLE when `dir` cannot be created).
   absl::Status SaveModel(const std::string& dir,
                          proto::ServerControlResponse* resp);
   proto::ServerStatus Status() const;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -626,6 +627,44 @@ TEST_F(ServerNodeTest, SaveModelWritesBinaryShard) {
   EXPECT_EQ((*loaded)[0].first, 3u);
   EXPECT_EQ((*loaded)[0].second, std::vector<float>{-1.0f});
   EXPECT_EQ((*loaded)[1].second, std::vector<float>{0.0f});
+}
+
+// Issue 8: "a full disk leaves a partial model". A save that fails on its
+// second table leaves no file of the first behind, and says which file.
+TEST_F(ServerNodeTest, RegressionFullDiskLeavesPartialModel) {
+  Configure(1, 1, proto::MODE_ASP);
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {3, 8}, {1, 0}, 1)).ok());
+  const std::string dir =
+      ::testing::TempDir() + "/server_node_test_partial_model";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // The text file's temporary name is taken by a folder: the write fails
+  // after the binary file was complete.
+  std::filesystem::create_directories(dir + "/table-0.server-0.txt.partial.tmp");
+  proto::ServerControlResponse resp;
+  absl::Status s = node_.SaveModel(dir, &resp);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("table-0.server-0.txt"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("no file of it kept"), std::string::npos) << s;
+  std::filesystem::remove_all(dir + "/table-0.server-0.txt.partial.tmp");
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    left.push_back(e.path().filename().string());
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " file(s) left, e.g. "
+                            << (left.empty() ? "" : left[0]);
+
+  // Once the obstacle is gone the same save succeeds and leaves only the
+  // final files.
+  ASSERT_TRUE(node_.SaveModel(dir, &resp).ok());
+  left.clear();
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    left.push_back(e.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"table-0.server-0.bin",
+                                            "table-0.server-0.txt"}));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,14 +1,19 @@
 // Whole jobs inside one process (LocalCluster): training quality in each
 // consistency mode on synthetic data, and exactly-once pushes under injected
 // faults. Also the fault-injecting decorator itself.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/bytes.h"
 #include "common/clock.h"
@@ -328,6 +333,106 @@ TEST(JsonNumberTest, ReadsNumbers) {
   EXPECT_EQ(JsonNumber(j, "mode").status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(JsonNumber(j, "nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Issue 8: an explicit outcome for bad data (skipped lines counted, a job
+// that trains on zero examples fails).
+
+// A small LIBSVM job over `train` (written to a fresh file) with
+// skip_malformed on.
+class BadDataTest : public LocalClusterTest {
+ protected:
+  void SetUp() override {
+    dir_ = (std::filesystem::path(::testing::TempDir()) /
+            absl::StrCat("bad_data_test_", ::getpid()))
+               .lexically_normal()
+               .string();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  JobConfig Job(const std::string& train_text, int workers) {
+    train_ = dir_ + "/train.libsvm";
+    std::ofstream(train_, std::ios::binary) << train_text;
+    JobConfig c = SyntheticJob(Mode::kSsp);
+    c.cluster.num_servers = 1;
+    c.cluster.num_workers = workers;
+    c.data.format = "libsvm";
+    c.data.train = train_;
+    c.data.skip_malformed = true;
+    c.training.minibatch = 2;
+    return c;
+  }
+
+  std::string dir_, train_;
+};
+
+TEST_F(BadDataTest, RegressionEmptyTrainFileTrainsZeroExamplesAndExitsZero) {
+  LocalClusterOptions o;
+  o.config = Job("", 1);
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("W[0] trained 0 examples from " + train_ +
+                             " (0 lines skipped)"),
+            std::string::npos)
+      << s;
+}
+
+TEST_F(BadDataTest, RegressionAllLinesSkippedTrainsZeroExamplesAndExitsZero) {
+  LocalClusterOptions o;
+  o.config = Job("x 1:1\n1 a:b\n\n1 2:nan\n", 1);
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("W[0] trained 0 examples from " + train_ +
+                             " (3 lines skipped)"),
+            std::string::npos)
+      << s;
+}
+
+TEST_F(BadDataTest, RegressionSkippedLinesNeverCountedInTheReport) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) {
+    text += (i % 10 == 3) ? "bad line\n" : absl::StrCat(i % 2, " ", i, ":1\n");
+  }
+  LocalClusterOptions o;
+  o.config = Job(text, 2);
+  // The test file (read by worker 0) is counted too.
+  const std::string test = dir_ + "/test.libsvm";
+  std::ofstream(test, std::ios::binary) << "1 1:1\n0 oops\n0 2:1\n";
+  o.config.data.test = test;
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Run().ok());
+  const std::string report = cluster.ReportJson();
+  EXPECT_NE(report.find(absl::StrCat("\"skipped_lines\": {\"", test, "\": 1, \"",
+                                     train_, "\": 4}")),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(JsonNumber(report, "examples").value_or(-1), 36) << report;
+}
+
+// Decision (documented at CheckTrainedExamples): a worker whose byte range
+// of a tiny file holds no line trains nothing and succeeds, with a warning;
+// the job succeeds because the others trained the file.
+TEST_F(BadDataTest, EmptyShardOfATinyFileIsNotAFailure) {
+  for (Mode mode : {Mode::kSsp, Mode::kBsp}) {
+    SCOPED_TRACE(ModeName(mode));
+    LocalClusterOptions o;
+    o.config = Job("1 1:1\n", 3);
+    o.config.consistency.mode = mode;
+    o.timeout = absl::Seconds(60);
+    LocalCluster cluster(o);
+    absl::Status s = cluster.Run();
+    ASSERT_TRUE(s.ok()) << s;
+    for (const absl::Status& w : cluster.worker_status()) {
+      EXPECT_TRUE(w.ok()) << w;
+    }
+    EXPECT_EQ(JsonNumber(cluster.ReportJson(), "examples").value_or(-1), 1)
+        << cluster.ReportJson();
+  }
 }
 
 }  // namespace

@@ -34,10 +34,17 @@ struct RowBlock {
   void AppendRow(const RowBlock& src, size_t row);
 };
 
+// What one pass over a shard read so far (Reset zeroes it: after the last
+// epoch it describes one whole pass).
 struct ReadStats {
   int64_t lines = 0;    // lines (or generated rows) consumed, blank ones too
   int64_t rows = 0;     // rows appended
   int64_t skipped = 0;  // malformed lines skipped (skip_malformed=true)
+  // The first skipped line (0: none): its 1-based line number, file-global
+  // when the shard starts at byte 0, counted from the shard's first line
+  // otherwise; and the file offset of its first byte (-1: none).
+  int64_t first_bad_line = 0;
+  int64_t first_bad_byte = -1;
 };
 
 // Streams rows from one shard of a source. Not thread-safe: one caller.
@@ -57,6 +64,9 @@ class RowReader {
   virtual absl::Status Reset() = 0;
 
   virtual const ReadStats& stats() const = 0;
+
+  // The file the rows come from ("" for generated data), for messages.
+  virtual const std::string& path() const = 0;
 };
 
 // LIBSVM text: "label [qid:N] idx:val idx:val ... [# comment]". Labels are

@@ -248,6 +248,56 @@ TEST(Criteo, MalformedLines) {
   EXPECT_EQ((*skip)->stats().skipped, 4);
 }
 
+// Issue 8: "skipped malformed lines are never counted". The reader counts
+// them per pass and remembers where the first one was.
+TEST(Libsvm, RegressionSkippedLinesNeverCounted) {
+  const std::string text = "1 1:1\n\n1 x:1\n0 2:1\nfoo\n";
+  const std::string path = WriteTemp("skipcount.libsvm", text);
+  auto r = OpenLibsvm(path, 0, -1, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)->path(), path);
+  EXPECT_EQ((*r)->stats().first_bad_line, 0);
+  EXPECT_EQ((*r)->stats().first_bad_byte, -1);
+  EXPECT_EQ(ReadAll(r->get()).rows(), 2u);
+  EXPECT_EQ((*r)->stats().skipped, 2);
+  EXPECT_EQ((*r)->stats().first_bad_line, 3);  // the blank line counts
+  EXPECT_EQ((*r)->stats().first_bad_byte, 7);
+  // One pass: Reset starts the count again, and the same pass counts the same.
+  ASSERT_TRUE((*r)->Reset().ok());
+  EXPECT_EQ((*r)->stats().skipped, 0);
+  EXPECT_EQ(ReadAll(r->get()).rows(), 2u);
+  EXPECT_EQ((*r)->stats().skipped, 2);
+  EXPECT_EQ((*r)->stats().first_bad_line, 3);
+
+  // A shard starting inside the file: the line counts from the shard and the
+  // byte offset is file-global.
+  auto shard = OpenLibsvm(path, 8, -1, true);  // starts at "0 2:1" (byte 13)
+  ASSERT_TRUE(shard.ok());
+  EXPECT_EQ(ReadAll(shard->get()).rows(), 1u);
+  EXPECT_EQ((*shard)->stats().skipped, 1);
+  EXPECT_EQ((*shard)->stats().first_bad_line, 2);
+  EXPECT_EQ((*shard)->stats().first_bad_byte, 19);
+}
+
+TEST(Criteo, RegressionSkippedLinesNeverCounted) {
+  const std::string good = "0" + std::string(39, '\t');
+  const std::string path =
+      WriteTemp("cskipcount.tsv", good + "\n" + "x\n" + good + "\n" + "y\n");
+  auto r = OpenCriteo(path, 0, -1, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(ReadAll(r->get()).rows(), 2u);
+  EXPECT_EQ((*r)->stats().skipped, 2);
+  EXPECT_EQ((*r)->stats().first_bad_line, 2);
+  EXPECT_EQ((*r)->stats().first_bad_byte, 41);
+}
+
+TEST(Synthetic, HasNoPath) {
+  SyntheticConfig cfg;
+  auto r = OpenSynthetic(cfg, 0, 10, false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)->path(), "");
+}
+
 TEST(Criteo, ReadsCriteo10k) {
   const std::string path = DataPath("criteo-10k/train.tsv");
   SKIP_IF_MISSING(path);

@@ -340,7 +340,10 @@ class TextReader final : public RowReader {
           break;
         case LineKind::kBad:
           if (skip_malformed_) {
-            ++stats_.skipped;
+            if (stats_.skipped++ == 0) {
+              stats_.first_bad_line = src_->line_number();
+              stats_.first_bad_byte = offset;
+            }
             break;
           }
           return absl::InvalidArgumentError(
@@ -359,6 +362,7 @@ class TextReader final : public RowReader {
   }
 
   const ReadStats& stats() const override { return stats_; }
+  const std::string& path() const override { return src_->path(); }
 
  private:
   std::unique_ptr<LineSource> src_;

@@ -84,6 +84,8 @@ class CriteoFieldReader final : public FieldReader {
       : path_(std::move(path)), begin_(begin), end_(end), skip_(skip) {}
 
   absl::Status Reset() override {
+    stats_ = ReadStats();
+    line_number_ = 0;
     in_.close();
     in_.clear();
     in_.open(path_, std::ios::binary);
@@ -113,14 +115,22 @@ class CriteoFieldReader final : public FieldReader {
       if (offset_ == INT64_MAX || !std::getline(in_, line_)) break;
       const int64_t line_start = offset_;
       offset_ += static_cast<int64_t>(line_.size()) + 1;
+      ++line_number_;
+      ++stats_.lines;
       std::string_view line = line_;
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
       if (line.empty()) continue;
       if (ParseCriteoFields(line, out, &reason)) {
         ++appended;
+        ++stats_.rows;
       } else if (!skip_) {
         return absl::InvalidArgumentError(
-            absl::StrCat(path_, ":byte ", line_start, ": ", reason));
+            begin_ == 0
+                ? absl::StrCat(path_, ":", line_number_, ": ", reason)
+                : absl::StrCat(path_, ":byte ", line_start, ": ", reason));
+      } else if (stats_.skipped++ == 0) {
+        stats_.first_bad_line = line_number_;
+        stats_.first_bad_byte = line_start;
       }
     }
     if (in_.bad()) {
@@ -129,6 +139,9 @@ class CriteoFieldReader final : public FieldReader {
     return appended;
   }
 
+  const ReadStats& stats() const override { return stats_; }
+  const std::string& path() const override { return path_; }
+
  private:
   const std::string path_;
   const int64_t begin_, end_;
@@ -136,6 +149,8 @@ class CriteoFieldReader final : public FieldReader {
   std::ifstream in_;
   std::string line_;
   int64_t offset_ = 0;
+  int64_t line_number_ = 0;  // of the last line read, from the shard's start
+  ReadStats stats_;
 };
 
 proto::OptimizerConfig MlpOptimizer(const MlpConfig& m, float init_scale) {
@@ -149,6 +164,16 @@ proto::OptimizerConfig MlpOptimizer(const MlpConfig& m, float init_scale) {
 }
 
 }  // namespace
+
+const ReadStats& FieldReader::stats() const {
+  static const ReadStats* const kNone = new ReadStats();
+  return *kNone;
+}
+
+const std::string& FieldReader::path() const {
+  static const std::string* const kNone = new std::string();
+  return *kNone;
+}
 
 uint64_t MissingFieldKey(int field) {
   return FeatureKey(0x6d697373696e67ULL /* "missing" */ ^ 0xffff000000000000ULL,
@@ -361,7 +386,9 @@ absl::Status MlpTrainer::Train(FieldReader* reader, FieldReader* eval) {
     }
   }
   stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  return absl::OkStatus();
+  stats_.train_skipped = SkippedLinesOf(reader->path(), reader->stats());
+  return CheckTrainedExamples(worker_id_, reader->path(), reader->stats(),
+                              stats_.examples);
 }
 
 absl::StatusOr<EvalMetrics> MlpTrainer::Evaluate(FieldReader* reader) {
@@ -380,6 +407,7 @@ absl::StatusOr<EvalMetrics> MlpTrainer::Evaluate(FieldReader* reader) {
     all_prob.insert(all_prob.end(), prob.begin(), prob.end());
     all_labels.insert(all_labels.end(), batch.labels.begin(), batch.labels.end());
   }
+  stats_.test_skipped = SkippedLinesOf(reader->path(), reader->stats());
   return ps::Evaluate(all_prob, all_labels);
 }
 

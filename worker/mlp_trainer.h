@@ -84,12 +84,17 @@ class FieldReader {
   virtual ~FieldReader() = default;
   virtual absl::StatusOr<size_t> Next(size_t max_rows, FieldBlock* out) = 0;
   virtual absl::Status Reset() = 0;
+  // As RowReader's: counts of the pass so far (Reset zeroes them), and the
+  // file read ("" when none). The defaults are for in-memory test readers.
+  virtual const ReadStats& stats() const;
+  virtual const std::string& path() const;
 };
 
 // Criteo TSV (see OpenCriteo in worker/data.h: the same keys, sharding by
 // [begin_byte, end_byte) line starts, and errors: NOT_FOUND / UNAVAILABLE
-// naming the path, INVALID_ARGUMENT "PATH:byte N: reason" for a malformed
-// line unless skip_malformed).
+// naming the path, INVALID_ARGUMENT "PATH:LINE: reason" (shard at byte 0) or
+// "PATH:byte N: reason" (other shards) for a malformed line unless
+// skip_malformed, which counts it in stats() instead).
 absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
     const std::string& path, int64_t begin_byte, int64_t end_byte,
     bool skip_malformed);
@@ -152,7 +157,8 @@ class MlpTrainer {
   // Trains training.epochs passes over `reader`, one clock per minibatch of
   // training.minibatch rows; with `eval`, records the test curve every
   // training.eval_interval_s. Errors: the reader's, the backend's, or a
-  // pull/push failure (including DEADLINE_EXCEEDED after 600 s).
+  // pull/push failure (including DEADLINE_EXCEEDED after 600 s);
+  // FAILED_PRECONDITION when no example was trained (CheckTrainedExamples).
   absl::Status Train(FieldReader* reader, FieldReader* eval = nullptr);
 
   // Test metrics of the current model over all rows of `reader`.

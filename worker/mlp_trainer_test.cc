@@ -162,6 +162,30 @@ TEST(CriteoFields, MalformedLine) {
   EXPECT_EQ(*(*s)->Next(10, &b), 0u);
 }
 
+// Issue 8: the MLP's reader names file and line of a malformed line and,
+// with skip_malformed, counts the skipped ones like OpenCriteo.
+TEST(CriteoFields, RegressionSkippedLinesNeverCounted) {
+  const std::string good = "0" + std::string(39, '\t');
+  const std::string path = ::testing::TempDir() + "/mlp_skipcount.tsv";
+  std::ofstream(path) << good << "\n" << "x\n" << good << "\n" << "y\n";
+  auto strict = OpenCriteoFields(path, 0, -1, false);
+  ASSERT_TRUE(strict.ok());
+  FieldBlock b;
+  EXPECT_EQ((*strict)->Next(10, &b).status().message(),
+            path + ":2: expected 40 tab-separated fields, got 1");
+  auto r = OpenCriteoFields(path, 0, -1, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*(*r)->Next(10, &b), 2u);
+  EXPECT_EQ((*r)->path(), path);
+  EXPECT_EQ((*r)->stats().skipped, 2);
+  EXPECT_EQ((*r)->stats().rows, 2);
+  EXPECT_EQ((*r)->stats().lines, 4);
+  EXPECT_EQ((*r)->stats().first_bad_line, 2);
+  EXPECT_EQ((*r)->stats().first_bad_byte, 41);
+  ASSERT_TRUE((*r)->Reset().ok());
+  EXPECT_EQ((*r)->stats().skipped, 0);
+}
+
 // The goal of issue 4: the MLP reaches at least logistic regression's test
 const std::string kCriteoTrain = DataPath("criteo-10k/train.tsv");
 const std::string kCriteoTest = DataPath("criteo-10k/test.tsv");
@@ -292,6 +316,29 @@ TEST(MlpTrainer, WidePartIsTrained) {
   // their weights apart, down and up.
   EXPECT_LT(w[0], 0.0f);
   EXPECT_GT(w[1], 0.0f);
+}
+
+// Issue 8: "an entirely skipped data file trains 0 examples and exits 0".
+TEST(MlpTrainer, RegressionAllLinesSkippedTrainsZeroExamples) {
+  JobConfig c;
+  c.training.model = "mlp";
+  c.training.minibatch = 2;
+  c.training.progress_interval_s = 1000;
+  c.mlp.embedding_dim = 2;
+  c.mlp.hidden = {3};
+  const std::string path = ::testing::TempDir() + "/mlp_all_bad.tsv";
+  std::ofstream(path) << "x\ny\n";
+  auto reader = OpenCriteoFields(path, 0, -1, /*skip_malformed=*/true);
+  ASSERT_TRUE(reader.ok());
+  InMemoryParams params(MlpTables(c));
+  auto backend = CreateCpuMlpBackend();
+  MlpTrainer trainer(3, c, &params, backend.get());
+  absl::Status s = trainer.Train(reader->get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(),
+            "W[3] trained 0 examples from " + path + " (2 lines skipped)");
+  EXPECT_EQ(trainer.stats().train_skipped.skipped(), 2);
+  EXPECT_EQ(trainer.stats().train_skipped.first_bad_line(), 1);
 }
 
 }  // namespace

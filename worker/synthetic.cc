@@ -103,6 +103,10 @@ class SyntheticReader final : public RowReader {
   }
 
   const ReadStats& stats() const override { return stats_; }
+  const std::string& path() const override {
+    static const std::string* const kNone = new std::string();
+    return *kNone;
+  }
 
  private:
   // A feature id from the power law: a continuous density x^-s on

@@ -47,6 +47,53 @@ void BuildBatch(const RowBlock& block, size_t first, size_t last,
   }
 }
 
+proto::SkippedLines SkippedLinesOf(const std::string& path,
+                                   const ReadStats& stats) {
+  proto::SkippedLines s;
+  s.set_path(path);
+  s.set_skipped(stats.skipped);
+  s.set_first_bad_line(stats.first_bad_line);
+  s.set_first_bad_byte(stats.first_bad_byte);
+  return s;
+}
+
+void ReportSkippedLines(const TrainerStats& stats,
+                        proto::WorkerDoneRequest* done) {
+  for (const proto::SkippedLines* s :
+       {&stats.train_skipped, &stats.test_skipped}) {
+    if (s->skipped() == 0) continue;
+    // The test file is read whole: its line numbers are the file's.
+    const bool test = s == &stats.test_skipped;
+    PS_LOG_WARN(
+        "{}{}: skipped {} malformed line(s) (data.skip_malformed); the first "
+        "at byte {} (line {}{})",
+        s->path(), test ? " (test set)" : "", s->skipped(),
+        s->first_bad_byte(), s->first_bad_line(),
+        test ? "" : " of this worker's part");
+    *done->add_skipped_lines() = *s;
+  }
+}
+
+absl::Status CheckTrainedExamples(int worker_id, const std::string& path,
+                                  const ReadStats& stats, int64_t examples) {
+  if (examples > 0) return absl::OkStatus();
+  const std::string source = path.empty() ? "synthetic data" : path;
+  if (stats.lines == 0) {
+    // An empty shard: fine when the file itself has data for the others.
+    absl::StatusOr<int64_t> size =
+        path.empty() ? absl::StatusOr<int64_t>(1) : FileSize(path);
+    if (size.ok() && *size > 0) {
+      PS_LOG_WARN("W[{}]: my shard of {} holds no line (more workers than "
+                  "lines?); trained 0 examples, the other workers train it",
+                  worker_id, source);
+      return absl::OkStatus();
+    }
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("W[", worker_id, "] trained 0 examples from ", source, " (",
+                   stats.skipped, " lines skipped)"));
+}
+
 proto::EvalPoint MakeEvalPoint(absl::Duration elapsed, const EvalMetrics& m,
                                int64_t examples) {
   proto::EvalPoint p;
@@ -193,7 +240,9 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
     }
   }
   stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  return absl::OkStatus();
+  stats_.train_skipped = SkippedLinesOf(reader->path(), reader->stats());
+  return CheckTrainedExamples(worker_id_, reader->path(), reader->stats(),
+                              stats_.examples);
 }
 
 absl::StatusOr<EvalMetrics> Trainer::Evaluate(RowReader* reader) {
@@ -214,6 +263,7 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(RowReader* reader) {
     all_labels.insert(all_labels.end(), batch.labels.begin(),
                       batch.labels.end());
   }
+  stats_.test_skipped = SkippedLinesOf(reader->path(), reader->stats());
   return ps::Evaluate(all_prob, all_labels);
 }
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,7 +38,36 @@ struct TrainerStats {
   int64_t examples = 0;
   double loss_sum = 0;  // training log loss, summed over examples
   std::vector<proto::EvalPoint> curve;
+  // Malformed lines skipped in one pass over the training shard (set when
+  // Train returns) and over the test file (set by each Evaluate); path ""
+  // when there was no such file.
+  proto::SkippedLines train_skipped;
+  proto::SkippedLines test_skipped;
 };
+
+// The report entry for one file read with `stats`.
+proto::SkippedLines SkippedLinesOf(const std::string& path,
+                                   const ReadStats& stats);
+
+// Adds to `done` an entry for each file of `stats` that had malformed lines
+// skipped, and logs a warning for each (once per call: call it once, when
+// the worker reports), with the count and the first bad line.
+void ReportSkippedLines(const TrainerStats& stats,
+                        proto::WorkerDoneRequest* done);
+
+// Whether a worker that trained `examples` examples from one pass over its
+// shard (`path`, "" for generated data; `stats`) may report success:
+//   * examples > 0: OK;
+//   * its shard held no line at all while the file has bytes (more workers
+//     than lines of a tiny file, or an empty synthetic row range): OK, with
+//     a warning; the others train the file (the job fails only when every
+//     line of the file is in shards that fail below);
+//   * otherwise (an empty file, or a shard whose every line was blank or
+//     skipped as malformed): FAILED_PRECONDITION "W[i] trained 0 examples
+//     from <file> (<k> lines skipped)". A shard that is all malformed lines
+//     fails the job even when other shards have data: the file is broken.
+absl::Status CheckTrainedExamples(int worker_id, const std::string& path,
+                                  const ReadStats& stats, int64_t examples);
 
 class Trainer {
  public:
@@ -47,7 +77,8 @@ class Trainer {
 
   // Trains `config.training.epochs` passes over `reader`. When `eval` is
   // given, evaluates on it every training.eval_interval_s and records the
-  // curve.
+  // curve. FAILED_PRECONDITION when no example was trained (see
+  // CheckTrainedExamples); a reader's or the servers' errors otherwise.
   absl::Status Train(RowReader* reader, RowReader* eval = nullptr);
 
   // Computes test metrics of the current model on all rows of `reader`.

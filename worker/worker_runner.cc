@@ -121,6 +121,7 @@ absl::Status TrainAndReport(int worker_id, const JobConfig& config,
     done.set_test_accuracy(m->accuracy);
     done.set_test_rows(m->n);
   }
+  ReportSkippedLines(trainer->stats(), &done);
   s = scheduler->WorkerDone(done, absl::Now() + absl::Seconds(600));
   return finish(s);
 }
