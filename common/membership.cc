@@ -30,6 +30,10 @@ absl::StatusOr<Membership> JoinCluster(SchedulerClient* scheduler,
   while (m.view.epoch() == 0) {
     proto::GetViewRequest gv;
     gv.set_wait_ms(1000);
+    // Lets the scheduler start this node's heartbeat deadline when the
+    // reply carries the ready view.
+    gv.set_role(req.role());
+    gv.set_id(m.id);
     auto v = scheduler->GetView(gv, absl::Now() + absl::Seconds(5));
     if (v.ok() && v->ready()) {
       m.view = v->view();

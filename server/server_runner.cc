@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "server/server_node.h"
 #include "server/server_service.h"
+#include "transport/errors.h"
 
 namespace ps {
 
@@ -65,14 +66,22 @@ absl::Status RunServer(const ServerRunOptions& options) {
       node.Tick();
     }
   });
-  // Heartbeats until told to save and exit, the job ends, or the scheduler
-  // stays unreachable for the heartbeat timeout.
+  // Heartbeats until the scheduler says the job is over (after the model
+  // was saved, the server stays up so a save whose reply was lost can be
+  // retried), or the scheduler stays unreachable for the heartbeat timeout.
+  // A heartbeat reply with a newer epoch than the server's makes it fetch
+  // and install that view (it missed a broadcast).
   absl::Status result;
   absl::Time last_ok = absl::Now();
   const absl::Duration hb = absl::Milliseconds(config->cluster.heartbeat_ms);
   const absl::Duration hb_timeout =
       absl::Milliseconds(config->cluster.heartbeat_timeout_ms);
-  while (!exit_requested.WaitForNotificationWithTimeout(hb)) {
+  for (;;) {
+    if (exit_requested.HasBeenNotified()) {
+      absl::SleepFor(hb);  // saved: only waiting for the end of the job
+    } else {
+      exit_requested.WaitForNotificationWithTimeout(hb);
+    }
     proto::HeartbeatRequest req;
     req.set_role(proto::ROLE_SERVER);
     req.set_id(id);
@@ -80,10 +89,38 @@ absl::Status RunServer(const ServerRunOptions& options) {
     if (resp.ok()) {
       last_ok = absl::Now();
       if (resp->shutdown()) {
-        PS_LOG_INFO("scheduler says the job is over");
+        if (resp->failed()) {
+          result = ErrorWithReason(
+              absl::StatusCode::kAborted, proto::REASON_JOB_FAILED,
+              absl::StrCat("the job failed: ", resp->error()));
+        } else {
+          PS_LOG_INFO("scheduler says the job is over");
+        }
         break;
       }
+      if (resp->epoch() > node.epoch()) {
+        proto::GetViewRequest gv;
+        gv.set_known_epoch(node.epoch());
+        gv.set_role(proto::ROLE_SERVER);
+        gv.set_id(id);
+        auto v = scheduler->GetView(gv, absl::Now() + hb_timeout / 2);
+        if (v.ok() && v->ready() && v->view().epoch() > node.epoch()) {
+          absl::Status s = node.Configure(id, v->view());
+          if (s.ok()) {
+            PS_LOG_WARN("caught up to view epoch {} (missed a broadcast)",
+                        v->view().epoch());
+          } else {
+            PS_LOG_WARN("cannot install view epoch {}: {}", v->view().epoch(),
+                        s.ToString());
+          }
+        }
+      }
     } else if (absl::Now() - last_ok > hb_timeout) {
+      if (exit_requested.HasBeenNotified()) {
+        PS_LOG_WARN("scheduler gone after the model was saved: {}",
+                    resp.status().ToString());
+        break;
+      }
       result = absl::UnavailableError(absl::StrCat(
           "scheduler unreachable for ", absl::FormatDuration(hb_timeout),
           ": ", resp.status().message()));
