@@ -1,9 +1,16 @@
 #include "common/membership.h"
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace ps {
+
+void UseFastGrpcBackupPolling() {
+  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100",
+           /*overwrite=*/0);
+}
 
 absl::StatusOr<Membership> JoinCluster(SchedulerClient* scheduler,
                                        const std::string& scheduler_address,

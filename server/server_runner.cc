@@ -16,6 +16,7 @@
 namespace ps {
 
 absl::Status RunServer(const ServerRunOptions& options) {
+  UseFastGrpcBackupPolling();  // before any gRPC object
   const std::string token = TokenFromEnv("");
   ServerNode node;
   absl::Notification exit_requested;

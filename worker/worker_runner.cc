@@ -261,6 +261,7 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
 }
 
 absl::Status RunWorker(const WorkerRunOptions& options) {
+  UseFastGrpcBackupPolling();  // before any gRPC object
   GrpcClientFactory clients(GrpcTransportOptions{TokenFromEnv(""), 2});
   std::shared_ptr<SchedulerClient> scheduler =
       clients.Scheduler(options.scheduler);
