@@ -15,6 +15,26 @@
 
 namespace ps {
 
+absl::Status CatchUpView(ServerNode* node, SchedulerClient* scheduler, int id,
+                         int64_t scheduler_epoch, absl::Time deadline) {
+  const int64_t mine = node->epoch();
+  if (scheduler_epoch <= mine) return absl::OkStatus();
+  proto::GetViewRequest gv;
+  gv.set_known_epoch(mine);
+  gv.set_role(proto::ROLE_SERVER);
+  gv.set_id(id);
+  PS_ASSIGN_OR_RETURN(proto::GetViewResponse v, scheduler->GetView(gv, deadline));
+  if (!v.ready() || v.view().epoch() <= mine) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the scheduler's view (epoch ", v.view().epoch(),
+        v.ready() ? "" : ", not ready", ") is not newer than ", mine));
+  }
+  PS_RETURN_IF_ERROR(node->Configure(id, v.view()));
+  PS_LOG_WARN("caught up from view epoch {} to {} (missed a broadcast)", mine,
+              v.view().epoch());
+  return absl::OkStatus();
+}
+
 absl::Status RunServer(const ServerRunOptions& options) {
   UseFastGrpcBackupPolling();  // before any gRPC object
   const std::string token = TokenFromEnv("");
@@ -100,21 +120,9 @@ absl::Status RunServer(const ServerRunOptions& options) {
         break;
       }
       if (resp->epoch() > node.epoch()) {
-        proto::GetViewRequest gv;
-        gv.set_known_epoch(node.epoch());
-        gv.set_role(proto::ROLE_SERVER);
-        gv.set_id(id);
-        auto v = scheduler->GetView(gv, absl::Now() + hb_timeout / 2);
-        if (v.ok() && v->ready() && v->view().epoch() > node.epoch()) {
-          absl::Status s = node.Configure(id, v->view());
-          if (s.ok()) {
-            PS_LOG_WARN("caught up to view epoch {} (missed a broadcast)",
-                        v->view().epoch());
-          } else {
-            PS_LOG_WARN("cannot install view epoch {}: {}", v->view().epoch(),
-                        s.ToString());
-          }
-        }
+        absl::Status s = CatchUpView(&node, scheduler.get(), id, resp->epoch(),
+                                     absl::Now() + hb_timeout / 2);
+        if (!s.ok()) PS_LOG_WARN("catching up with the view: {}", s.ToString());
       }
     } else if (absl::Now() - last_ok > hb_timeout) {
       if (exit_requested.HasBeenNotified()) {
