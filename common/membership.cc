@@ -1,9 +1,16 @@
 #include "common/membership.h"
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace ps {
+
+void UseFastGrpcBackupPolling() {
+  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100",
+           /*overwrite=*/0);
+}
 
 absl::StatusOr<Membership> JoinCluster(SchedulerClient* scheduler,
                                        const std::string& scheduler_address,
@@ -30,6 +37,10 @@ absl::StatusOr<Membership> JoinCluster(SchedulerClient* scheduler,
   while (m.view.epoch() == 0) {
     proto::GetViewRequest gv;
     gv.set_wait_ms(1000);
+    // Lets the scheduler start this node's heartbeat deadline when the
+    // reply carries the ready view.
+    gv.set_role(req.role());
+    gv.set_id(m.id);
     auto v = scheduler->GetView(gv, absl::Now() + absl::Seconds(5));
     if (v.ok() && v->ready()) {
       m.view = v->view();

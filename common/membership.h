@@ -9,6 +9,16 @@
 
 namespace ps {
 
+// Bug "A ~5 s stall while connecting": gRPC notices some connection
+// attempts (a reconnect started from its timer thread after the first
+// connect was refused because the peer was not listening yet) only when
+// its client-channel backup poller runs, every 5 s by default. Sets
+// GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS to 100 ms unless the
+// environment already sets it. gRPC reads it once, at its first
+// initialisation: call at the start of a process, before any gRPC object
+// exists.
+void UseFastGrpcBackupPolling();
+
 // Registers, retrying while the scheduler is unreachable (it may not be up
 // yet) until `deadline`, then waits for a ready cluster view. Returns the
 // assigned id and the view; errors name the scheduler address.

@@ -12,6 +12,9 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <random>
 
 #include "absl/strings/numbers.h"
@@ -447,6 +450,24 @@ on SIGINT/SIGTERM.
 )";
 }
 
+std::optional<std::string> FailedJobError(const std::string& report_path) {
+  std::ifstream in(report_path);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  if (!absl::StrContains(text, "\"status\": \"failed\"")) return std::nullopt;
+  const std::string key = "\"error\": \"";
+  size_t at = text.find(key);
+  if (at == std::string::npos) return std::string("(no error in the report)");
+  std::string error;
+  for (size_t i = at + key.size(); i < text.size() && text[i] != '"'; ++i) {
+    if (text[i] == '\\' && i + 1 < text.size()) ++i;  // an escaped character
+    error += text[i];
+  }
+  return error;
+}
+
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     const std::vector<std::string>& args) {
   LaunchOptions options;
@@ -687,13 +708,19 @@ int Launcher::Run(const std::atomic<int>* stop) {
                                 : config.cluster.auth_token;
   const std::vector<std::string> env = {"PS_AUTH_TOKEN=" + token};
   std::vector<ChildSpec> specs;
+  const std::string report_path =
+      options_.report_path.empty()
+          ? (std::filesystem::path(run_dir_) / "report.json").string()
+          : options_.report_path;
   {
     ChildSpec h{"H", {bin("ps_scheduler"), "--config", job_yaml, "--port",
                       absl::StrCat(port)}, env};
-    if (!options_.report_path.empty()) {
-      h.argv.push_back("--report");
-      h.argv.push_back(options_.report_path);
-    }
+    // Always a report: it is the scheduler's verdict on how the job ended
+    // (its run dir's report.json when --report is not given). A stale one
+    // would be taken for this job's verdict.
+    std::filesystem::remove(report_path, ec);
+    h.argv.push_back("--report");
+    h.argv.push_back(report_path);
     specs.push_back(std::move(h));
   }
   for (int i = 0; i < config.cluster.num_servers; ++i) {
@@ -741,7 +768,17 @@ int Launcher::Run(const std::atomic<int>* stop) {
       switch (r.event) {
         case ProcessGroup::Event::kChildExited:
           if (!r.exit.ok()) {
-            Say(absl::StrCat(r.exit.Describe(), "; stopping the others"));
+            // The first real error: when the scheduler had already failed
+            // the job (its report is written before anyone is told), this
+            // exit is a consequence (e.g. a crash on the way out) and the
+            // scheduler's error is the one to print.
+            if (std::optional<std::string> e = FailedJobError(report_path)) {
+              Say(absl::StrCat("job failed: ", *e));
+              Say(absl::StrCat("after that, ", r.exit.Describe(),
+                               "; stopping the others"));
+            } else {
+              Say(absl::StrCat(r.exit.Describe(), "; stopping the others"));
+            }
             finish(r.exit.ShellCode());
             done = true;
           } else if (r.exit.name == "H" && group.running() > 0) {
@@ -778,6 +815,14 @@ int Launcher::Run(const std::atomic<int>* stop) {
     }
   }  // ~ProcessGroup: output drained, pump thread stopped.
 
+  if (code == kExitOk) {
+    if (std::optional<std::string> e = FailedJobError(report_path)) {
+      // Cannot happen with the real binaries (they exit non-zero on a
+      // failed job), but never call a failed job a success.
+      Say(absl::StrCat("job failed: ", *e));
+      code = 1;
+    }
+  }
   Say(absl::StrFormat("finished in %.1f s, exit status %d",
                       absl::ToDoubleSeconds(absl::Now() - start), code));
   return code;

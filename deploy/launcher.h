@@ -15,6 +15,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -154,7 +155,8 @@ class ProcessGroup {
 struct LaunchOptions {
   std::string config_path;             // --config (required)
   std::vector<std::string> overrides;  // "section.field=value", in order
-  std::string report_path;             // --report, passed to the scheduler
+  // --report, passed to the scheduler; empty: <run_dir>/report.json.
+  std::string report_path;
   std::string bin_dir;    // where ps_scheduler/ps_server/ps_worker live
   std::string run_dir;    // empty: runs/<timestamp>-<pid>
   double timeout_s = 0;   // 0: no timeout
@@ -165,6 +167,11 @@ struct LaunchOptions {
   // Once the scheduler has exited 0, how long the others may take to exit.
   absl::Duration shutdown_grace = absl::Seconds(30);
 };
+
+// The scheduler's verdict: the "error" of the JSON report at `report_path`
+// when its "status" is "failed"; nullopt when the file is missing or the job
+// did not fail.
+std::optional<std::string> FailedJobError(const std::string& report_path);
 
 // Parses ps_launch's arguments (argv without the program name). Flags take
 // "--flag value" or "--flag=value". --servers/--workers/--mode/--tau become
@@ -208,7 +215,10 @@ class Launcher {
   // kExitSetupError when the run dir, job.yaml or a child cannot be set up;
   // the first failing child's ShellCode(); kExitTimeout after --timeout_s;
   // 1 when the scheduler exited 0 but others were still running
-  // options.shutdown_grace later;
+  // options.shutdown_grace later, or when its report says the job failed;
+  // The error printed is the first real one: the scheduler's (from its
+  // report) when it had failed the job before a child failed, else the
+  // first failing child's exit.
   // 128+signal when `*stop` (may be null; may be set from a signal handler)
   // becomes a signal number. Children are all gone when it returns.
   int Run(const std::atomic<int>* stop = nullptr);

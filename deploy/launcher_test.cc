@@ -466,7 +466,8 @@ TEST_F(LauncherTest, AllExitZeroSucceedsWithPrefixedOutput) {
       std::filesystem::absolute(std::filesystem::path(run_dir_) / "job.yaml");
   std::string port = scheduler_.substr(scheduler_.rfind(':') + 1);
   EXPECT_THAT(With("H args:"),
-              ElementsAre("H args: --config " + job_yaml + " --port " + port));
+              ElementsAre("H args: --config " + job_yaml + " --port " + port +
+                          " --report " + run_dir_ + "/report.json"));
   EXPECT_THAT(With("S[0] args:"),
               ElementsAre("S[0] args: --scheduler " + scheduler_ + " --id 0"));
   EXPECT_THAT(With("S[1] args:"),
@@ -542,6 +543,42 @@ TEST_F(LauncherTest, FailingNodeStopsTheOthersAndItsStatusIsReturned) {
   auto pids = lines_.Pids();
   EXPECT_EQ(pids.size(), 5u);
   for (pid_t pid : pids) EXPECT_FALSE(IsAlive(pid)) << pid;
+}
+
+// A worker crashing after the scheduler failed the job must not hide the
+// scheduler's error (the first real one).
+TEST_F(LauncherTest, PrintsTheSchedulersErrorNotALaterCrash) {
+  Steer("ps_scheduler", "--write-failed-report server-S[0]-died --sleep-ms 60000");
+  Steer("ps_server", "--sleep-ms 60000");
+  Steer("ps_worker", "--sleep-ms 60000");
+  Steer("ps_worker_1", "--sleep-ms 300 --kill-self 10");
+  EXPECT_EQ(Run(), 128 + SIGUSR1) << lines_.Joined();
+  auto all = lines_.Get();
+  auto error = std::find(all.begin(), all.end(),
+                         "ps_launch: job failed: server-S[0]-died");
+  auto crash = std::find_if(all.begin(), all.end(), [](const std::string& l) {
+    return absl::StrContains(l, "after that, W[1] killed by signal 10");
+  });
+  ASSERT_NE(error, all.end()) << lines_.Joined();
+  ASSERT_NE(crash, all.end()) << lines_.Joined();
+  EXPECT_LT(error, crash);
+}
+
+TEST_F(LauncherTest, ZeroExitsButAFailedReportIsAFailure) {
+  Steer("ps_scheduler", "--write-failed-report worker-W[1]-died");
+  EXPECT_EQ(Run(), 1) << lines_.Joined();
+  EXPECT_THAT(lines_.Get(),
+              Contains("ps_launch: job failed: worker-W[1]-died"));
+}
+
+TEST(FailedJobErrorTest, ReadsTheErrorOfAFailedReportOnly) {
+  const std::string path = ::testing::TempDir() + "/failed_job_error_test.json";
+  EXPECT_FALSE(FailedJobError(path + ".missing").has_value());
+  std::ofstream(path) << "{\"status\": \"ok\", \"error\": \"\"}";
+  EXPECT_FALSE(FailedJobError(path).has_value());
+  std::ofstream(path) << "{\"status\": \"failed\", \"error\": \"a \\\"b\\\" c\"}";
+  EXPECT_EQ(FailedJobError(path).value_or(""), "a \"b\" c");
+  std::remove(path.c_str());
 }
 
 TEST_F(LauncherTest, NodeKilledBySignalGives128PlusSignal) {

@@ -76,9 +76,52 @@ SchedulerCore::SchedulerCore(SchedulerOptions options)
   }
 }
 
+const char* JobPhaseName(JobPhase phase) {
+  switch (phase) {
+    case JobPhase::kRegistering:
+      return "registering";
+    case JobPhase::kRunning:
+      return "running";
+    case JobPhase::kFinishing:
+      return "finishing";
+    case JobPhase::kDone:
+      return "done";
+    case JobPhase::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+namespace {
+
+const char* RoleLetter(proto::Role role) {
+  return role == proto::ROLE_SERVER ? "S" : "W";
+}
+
+absl::Status JobFailed(const absl::Status& end) {
+  return WithReason(Annotate(end, "the job failed"), proto::REASON_JOB_FAILED);
+}
+
+}  // namespace
+
+SchedulerCore::Node* SchedulerCore::FindLocked(proto::Role role, int id) {
+  std::vector<Node>* group = role == proto::ROLE_SERVER   ? &servers_
+                             : role == proto::ROLE_WORKER ? &workers_
+                                                          : nullptr;
+  if (group == nullptr || id < 0 || id >= static_cast<int>(group->size())) {
+    return nullptr;
+  }
+  return &(*group)[id];
+}
+
 absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
     const proto::RegisterRequest& req) {
   absl::MutexLock l(&mu_);
+  if (concluding_) {
+    return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                           proto::REASON_JOB_FAILED,
+                           "register: the job has already ended");
+  }
   std::vector<Node>* group;
   if (req.role() == proto::ROLE_SERVER) {
     group = &servers_;
@@ -113,8 +156,7 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
   node.info.set_state(proto::NODE_ALIVE);
   node.last_seen = options_.clock->Now();
   node.info.set_last_heartbeat_ms(absl::ToUnixMillis(node.last_seen));
-  PS_LOG_INFO("{}[{}] registered ({})",
-              req.role() == proto::ROLE_SERVER ? "S" : "W", id,
+  PS_LOG_INFO("{}[{}] registered ({})", RoleLetter(req.role()), id,
               req.address().empty() ? "-" : req.address());
   bool all = true;
   for (const Node& s : servers_) all &= s.info.state() != proto::NODE_UNKNOWN;
@@ -122,7 +164,14 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
   if (all && !ready_) {
     BuildViewLocked();
     ready_ = true;
+    phase_ = JobPhase::kRunning;
     ready_time_ = options_.clock->Now();
+    // Bug "Healthy nodes declared dead during start-up": nobody heartbeats
+    // for the registration phase; a node's deadline counts from when the
+    // view is there for it (refreshed again when a GetView reply carries
+    // it), never from its registration.
+    for (Node& s : servers_) s.last_seen = ready_time_;
+    for (Node& w : workers_) w.last_seen = ready_time_;
     PS_LOG_INFO("cluster ready: {} servers, {} workers, {} key ranges, "
                 "mode {} tau {}",
                 servers_.size(), workers_.size(),
@@ -162,37 +211,42 @@ void SchedulerCore::BuildViewLocked() {
   view_ = std::move(v);
 }
 
+
 absl::StatusOr<proto::GetViewResponse> SchedulerCore::GetView(
     const proto::GetViewRequest& req, absl::Time deadline) {
   absl::Time until = std::min(
       deadline, absl::Now() + absl::Milliseconds(req.wait_ms()));
   absl::MutexLock l(&mu_);
   auto newer = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return (ready_ && view_.epoch() > req.known_epoch()) || ended_;
+    return (ready_ && view_.epoch() > req.known_epoch()) || concluding_;
   };
   // Real time here: waits block a gRPC thread, bounded by `until`.
   mu_.AwaitWithDeadline(absl::Condition(&newer), until);
   proto::GetViewResponse resp;
   resp.set_ready(ready_);
-  if (ready_) *resp.mutable_view() = view_;
+  if (ready_) {
+    *resp.mutable_view() = view_;
+    // This reply tells the node the view: its heartbeat deadline starts now.
+    Node* n = FindLocked(req.role(), req.id());
+    if (n != nullptr && n->info.state() == proto::NODE_ALIVE) {
+      n->last_seen = std::max(n->last_seen, options_.clock->Now());
+    }
+  }
   return resp;
 }
 
 absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
     const proto::HeartbeatRequest& req) {
   absl::MutexLock l(&mu_);
-  std::vector<Node>* group = req.role() == proto::ROLE_SERVER   ? &servers_
-                             : req.role() == proto::ROLE_WORKER ? &workers_
-                                                                : nullptr;
-  if (group == nullptr || req.id() < 0 ||
-      req.id() >= static_cast<int>(group->size())) {
+  Node* found = FindLocked(req.role(), req.id());
+  if (found == nullptr) {
     return absl::InvalidArgumentError("heartbeat: unknown node");
   }
-  Node& n = (*group)[req.id()];
+  Node& n = *found;
   if (n.info.state() == proto::NODE_UNKNOWN) {
     return absl::FailedPreconditionError("heartbeat before register");
   }
-  n.last_seen = options_.clock->Now();
+  n.last_seen = std::max(n.last_seen, options_.clock->Now());
   n.info.set_last_heartbeat_ms(absl::ToUnixMillis(n.last_seen));
   if (req.role() == proto::ROLE_WORKER) {
     n.info.set_clock(req.clock());
@@ -201,6 +255,10 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   proto::HeartbeatResponse resp;
   resp.set_epoch(view_.epoch());
   resp.set_shutdown(ended_);
+  if (ended_ && phase_ == JobPhase::kFailed) {
+    resp.set_failed(true);
+    resp.set_error(std::string(end_status_.message()));
+  }
   return resp;
 }
 
@@ -237,16 +295,7 @@ absl::StatusOr<proto::GetShardResponse> SchedulerCore::GetShard(
   return resp;
 }
 
-int SchedulerCore::LiveWorkersLocked() const {
-  int live = 0;
-  for (const Node& w : workers_) {
-    if (w.info.state() == proto::NODE_ALIVE ||
-        w.info.state() == proto::NODE_FINISHED) {
-      ++live;
-    }
-  }
-  return live;
-}
+
 
 absl::Status SchedulerCore::Barrier(const proto::BarrierRequest& req,
                                     absl::Time deadline) {
@@ -257,7 +306,7 @@ absl::Status SchedulerCore::Barrier(const proto::BarrierRequest& req,
   const std::string key = absl::StrCat(req.name(), "/", req.role());
   barriers_[key].insert(req.id());
   auto passed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    if (ended_) return true;
+    if (concluding_) return true;
     const std::vector<Node>& group =
         req.role() == proto::ROLE_SERVER ? servers_ : workers_;
     const std::set<int>& in = barriers_[key];
@@ -283,7 +332,7 @@ absl::Status SchedulerCore::Barrier(const proto::BarrierRequest& req,
         absl::StrCat("barrier '", req.name(), "': still waiting for ids ",
                      absl::StrJoin(missing, ",")));
   }
-  if (!end_status_.ok()) return end_status_;
+  if (concluding_ && !end_status_.ok()) return JobFailed(end_status_);
   return absl::OkStatus();
 }
 
@@ -295,21 +344,66 @@ absl::Status SchedulerCore::WorkerDone(const proto::WorkerDoneRequest& req) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown worker ", req.worker_id()));
     }
+    if (concluding_ && !end_status_.ok()) return JobFailed(end_status_);
+    Node& w = workers_[req.worker_id()];
+    if (w.info.state() != proto::NODE_ALIVE &&
+        w.info.state() != proto::NODE_FINISHED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "W[", req.worker_id(), "] is not a live worker of this job"));
+    }
     done_[req.worker_id()] = req;
-    workers_[req.worker_id()].info.set_state(proto::NODE_FINISHED);
-    workers_[req.worker_id()].info.set_examples(req.examples());
+    w.info.set_state(proto::NODE_FINISHED);
+    w.info.set_examples(req.examples());
     PS_LOG_INFO("W[{}] done: {} examples, compute {:.2f}s, wait {:.2f}s",
                 req.worker_id(), req.examples(), req.compute_seconds(),
                 req.wait_seconds());
     int done_live = 0;
-    for (const Node& w : workers_) {
-      if (w.info.state() == proto::NODE_FINISHED) ++done_live;
+    for (const Node& n : workers_) {
+      if (n.info.state() == proto::NODE_FINISHED) ++done_live;
     }
-    if (done_live < LiveWorkersLocked() || finalizing_) return absl::OkStatus();
+    // A retry of a WorkerDone whose reply was lost finds finalizing_ set.
+    if (done_live < static_cast<int>(workers_.size()) || finalizing_) {
+      return absl::OkStatus();
+    }
     finalizing_ = true;
+    phase_ = JobPhase::kFinishing;
   }
   Finalize();
   return absl::OkStatus();
+}
+
+absl::StatusOr<proto::ServerControlResponse> SchedulerCore::ControlWithRetry(
+    const std::string& address, const proto::ServerControlRequest& req,
+    absl::Time deadline) {
+  Clock* clock = options_.clock;
+  absl::Duration backoff = options_.retry_initial;
+  for (int attempt = 1;; ++attempt) {
+    const absl::Time attempt_deadline =
+        std::min(deadline, clock->Now() + options_.attempt_timeout);
+    auto resp = options_.clients->Server(address)->Control(req, attempt_deadline);
+    if (resp.ok()) return resp;
+    // Decided by code and reason: the peer was not reached or did not answer
+    // in time. Anything else (INVALID_ARGUMENT, FAILED_PRECONDITION, ...) a
+    // resend cannot fix.
+    const absl::StatusCode code = resp.status().code();
+    const bool retryable = (code == absl::StatusCode::kUnavailable ||
+                            code == absl::StatusCode::kDeadlineExceeded) &&
+                           ReasonOf(resp.status()) != proto::REASON_JOB_FAILED;
+    const absl::Time next = clock->Now() + backoff;
+    if (!retryable || next >= deadline) {
+      return Annotate(resp.status(),
+                      absl::StrCat("after ", attempt, " attempt(s)"));
+    }
+    {
+      absl::MutexLock l(&mu_);
+      if (phase_ == JobPhase::kFailed) return JobFailed(end_status_);
+    }
+    PS_LOG_WARN("control call to {} failed (attempt {}), retrying in {}: {}",
+                address, attempt, absl::FormatDuration(backoff),
+                resp.status().ToString());
+    clock->SleepUntil(next);
+    backoff = std::min(backoff * 2, options_.retry_max);
+  }
 }
 
 void SchedulerCore::Finalize() {
@@ -318,76 +412,104 @@ void SchedulerCore::Finalize() {
     absl::MutexLock l(&mu_);
     for (const Node& s : servers_) addresses.push_back(s.info.address());
   }
-  absl::Status status;
+  // Bug "one failed save lost the trained model": each save is retried
+  // (saving again overwrites the same files) until save_deadline.
+  const absl::Time deadline = options_.clock->Now() + options_.save_deadline;
   std::vector<proto::ServerControlResponse> models;
   for (size_t i = 0; i < addresses.size(); ++i) {
     proto::ServerControlRequest req;
     req.set_save_and_exit(true);
-    auto resp = options_.clients->Server(addresses[i])
-                    ->Control(req, absl::Now() + absl::Seconds(300));
+    auto resp = ControlWithRetry(addresses[i], req, deadline);
     if (!resp.ok()) {
-      status = absl::Status(resp.status().code(),
-                            absl::StrCat("S[", i, "] could not save its model: ",
-                                         resp.status().message()));
-      PS_LOG_ERROR("{}", status.ToString());
-      break;
+      Conclude(absl::Status(
+          resp.status().code(),
+          absl::StrCat("S[", i, "] at ", addresses[i],
+                       " could not save its model: ", resp.status().message())));
+      return;
     }
     models.push_back(*resp);
   }
-  std::string report;
   {
     absl::MutexLock l(&mu_);
     models_ = std::move(models);
+  }
+  Conclude(absl::OkStatus());
+}
+
+void SchedulerCore::Conclude(absl::Status status) {
+  std::string report;
+  {
+    absl::MutexLock l(&mu_);
+    if (concluding_) return;
+    concluding_ = true;
+    if (status.ok()) {
+      phase_ = JobPhase::kDone;
+    } else {
+      failed_in_ = phase_;
+      phase_ = JobPhase::kFailed;
+      models_.clear();  // a failed job claims no model as final
+      PS_LOG_ERROR("job failed while {}: {}", JobPhaseName(failed_in_),
+                   status.ToString());
+    }
+    end_status_ = status;
     end_time_ = options_.clock->Now();
     report = ReportJsonLocked();
   }
-  if (status.ok() && !options_.report_path.empty()) {
+  if (!options_.report_path.empty()) {
     std::ofstream out(options_.report_path);
     out << report;
+    out.close();
     if (!out) {
-      status = absl::UnavailableError(
-          absl::StrCat("cannot write report ", options_.report_path));
+      PS_LOG_ERROR("cannot write report {}", options_.report_path);
+      absl::MutexLock l(&mu_);
+      if (end_status_.ok()) {
+        failed_in_ = JobPhase::kFinishing;
+        phase_ = JobPhase::kFailed;
+        models_.clear();
+        end_status_ = absl::UnavailableError(
+            absl::StrCat("cannot write report ", options_.report_path));
+      }
     }
   }
   absl::MutexLock l(&mu_);
-  if (!ended_) {
-    ended_ = true;
-    end_status_ = status;
-  }
+  ended_ = true;
 }
 
 absl::StatusOr<proto::SetConsistencyResponse> SchedulerCore::SetConsistency(
     const proto::SetConsistencyRequest& req) {
   const proto::ConsistencyConfig& c = req.consistency();
-  if (c.mode() == proto::MODE_UNKNOWN) {
-    return absl::InvalidArgumentError("consistency.mode must be set");
+  if (c.mode() != proto::MODE_BSP && c.mode() != proto::MODE_SSP &&
+      c.mode() != proto::MODE_ASP) {
+    return absl::InvalidArgumentError("consistency.mode must be bsp, ssp or asp");
   }
   if (c.mode() == proto::MODE_SSP && c.tau() < 0) {
     return absl::InvalidArgumentError("consistency.tau must be >= 0 for ssp");
   }
-  std::vector<std::string> addresses;
-  int64_t epoch;
+  // One view change at a time, so servers see epochs in order.
+  absl::MutexLock change(&view_change_mu_);
+  proto::ClusterView view;
   {
     absl::MutexLock l(&mu_);
     if (!ready_) return absl::FailedPreconditionError("cluster not ready yet");
-    for (const Node& s : servers_) addresses.push_back(s.info.address());
-    epoch = view_.epoch();
-  }
-  for (const std::string& a : addresses) {
-    proto::ServerControlRequest r;
-    *r.mutable_set_consistency() = c;
-    auto resp = options_.clients->Server(a)->Control(
-        r, absl::Now() + absl::Seconds(10));
-    if (!resp.ok()) return resp.status();
-  }
-  {
-    absl::MutexLock l(&mu_);
+    if (concluding_) {
+      return absl::FailedPreconditionError("the job has already ended");
+    }
+    if ((view_.consistency().mode() == proto::MODE_BSP) !=
+        (c.mode() == proto::MODE_BSP)) {
+      return absl::FailedPreconditionError(
+          "switching to or from bsp while running is not supported; "
+          "change tau instead");
+    }
     *view_.mutable_consistency() = c;
+    view_.set_epoch(view_.epoch() + 1);
+    view_.mutable_routing()->set_epoch(view_.epoch());
+    view = view_;
   }
-  PS_LOG_INFO("consistency changed: mode {} tau {}",
-              proto::ConsistencyMode_Name(c.mode()), c.tau());
+  PS_RETURN_IF_ERROR(BroadcastView(view));
+  PS_LOG_INFO("consistency changed: mode {} tau {} (epoch {})",
+              proto::ConsistencyMode_Name(c.mode()), c.tau(), view.epoch());
   proto::SetConsistencyResponse resp;
-  resp.set_epoch(epoch);
+  resp.set_epoch(view.epoch());
   return resp;
 }
 
@@ -402,14 +524,13 @@ absl::StatusOr<proto::StatusResponse> SchedulerCore::Status() {
       addresses.push_back(s.info.address());
     }
     for (const Node& w : workers_) *resp.add_nodes() = w.info;
-    resp.set_phase(ended_ ? "done" : finalizing_ ? "saving"
-                   : ready_ ? "training" : "registering");
+    resp.set_phase(JobPhaseName(phase_));
     resp.set_now_ms(absl::ToUnixMillis(options_.clock->Now()));
   }
   for (const std::string& a : addresses) {
     if (a.empty()) continue;
-    auto s = options_.clients->Server(a)->GetStatus(absl::Now() +
-                                                    absl::Seconds(2));
+    auto s = options_.clients->Server(a)->GetStatus(
+        options_.clock->Now() + absl::Seconds(2));
     if (s.ok()) *resp.add_servers() = *s;
   }
   return resp;
@@ -418,85 +539,79 @@ absl::StatusOr<proto::StatusResponse> SchedulerCore::Status() {
 void SchedulerCore::CheckHeartbeats() {
   const absl::Duration timeout =
       absl::Milliseconds(options_.config.cluster.heartbeat_timeout_ms);
-  proto::ClusterView broadcast;
-  bool changed = false;
+  absl::Status failure;
   {
     absl::MutexLock l(&mu_);
+    if (concluding_ || finalizing_) return;
     const absl::Time now = options_.clock->Now();
-    if (!ready_ && !ended_ &&
-        now - start_ > absl::Milliseconds(
-                           options_.config.cluster.register_timeout_ms)) {
-      int s = 0, w = 0;
-      for (const Node& n : servers_) s += n.info.state() != proto::NODE_UNKNOWN;
-      for (const Node& n : workers_) w += n.info.state() != proto::NODE_UNKNOWN;
-      ended_ = true;
-      end_status_ = absl::DeadlineExceededError(absl::StrCat(
-          "cluster incomplete after ", options_.config.cluster.register_timeout_ms,
-          " ms: ", s, " of ", servers_.size(), " servers and ", w, " of ",
-          workers_.size(), " workers registered"));
-      return;
-    }
-    if (!ready_ || ended_ || finalizing_) return;
-    for (Node& s : servers_) {
-      if (s.info.state() == proto::NODE_ALIVE && now - s.last_seen > timeout) {
-        s.info.set_state(proto::NODE_DEAD);
-        PS_LOG_ERROR("S[{}] missed heartbeats for {}: failing the job",
-                     s.info.id(), absl::FormatDuration(now - s.last_seen));
-        ended_ = true;
-        end_status_ = absl::UnavailableError(absl::StrCat(
-            "server S[", s.info.id(), "] at ", s.info.address(),
-            " died (no heartbeat); its key ranges have no replica"));
-        return;
+    if (!ready_) {
+      const int64_t limit = options_.config.cluster.register_timeout_ms;
+      if (now - start_ <= absl::Milliseconds(limit)) return;
+      std::vector<std::string> missing;
+      for (const Node& n : servers_) {
+        if (n.info.state() == proto::NODE_UNKNOWN) {
+          missing.push_back(absl::StrCat("S[", n.info.id(), "]"));
+        }
+      }
+      for (const Node& n : workers_) {
+        if (n.info.state() == proto::NODE_UNKNOWN) {
+          missing.push_back(absl::StrCat("W[", n.info.id(), "]"));
+        }
+      }
+      failure = absl::DeadlineExceededError(absl::StrCat(
+          "cluster incomplete after ", limit, " ms (cluster.register_timeout_ms)"
+          ": waiting for ", absl::StrJoin(missing, ", ")));
+    } else {
+      // Servers first: a dead server is the cause when both went silent.
+      for (const std::vector<Node>* group : {&servers_, &workers_}) {
+        for (const Node& n : *group) {
+          if (n.info.state() != proto::NODE_ALIVE || now - n.last_seen <= timeout) {
+            continue;
+          }
+          const bool server = n.info.role() == proto::ROLE_SERVER;
+          failure = absl::UnavailableError(absl::StrCat(
+              server ? "server S[" : "worker W[", n.info.id(), "]",
+              n.info.address().empty() ? "" : " at ", n.info.address(),
+              " died (no heartbeat for ", absl::FormatDuration(now - n.last_seen),
+              ")",
+              server ? "; its key ranges have no replica"
+                     : "; its share of the data and clocks cannot be "
+                       "completed"));
+          break;
+        }
+        if (!failure.ok()) break;
+      }
+      if (failure.ok()) return;
+      for (std::vector<Node>* group : {&servers_, &workers_}) {
+        for (Node& n : *group) {
+          if (n.info.state() == proto::NODE_ALIVE && now - n.last_seen > timeout) {
+            n.info.set_state(proto::NODE_DEAD);
+          }
+        }
       }
     }
-    for (Node& w : workers_) {
-      if (w.info.state() == proto::NODE_ALIVE && now - w.last_seen > timeout) {
-        w.info.set_state(proto::NODE_DEAD);
-        PS_LOG_ERROR("W[{}] missed heartbeats for {}: dropping it from the "
-                     "clocks",
-                     w.info.id(), absl::FormatDuration(now - w.last_seen));
-        changed = true;
-      }
-    }
-    if (!changed) return;
-    for (int i = 0; i < static_cast<int>(workers_.size()); ++i) {
-      *view_.mutable_workers(i) = workers_[i].info;
-    }
-    view_.set_epoch(view_.epoch() + 1);
-    view_.mutable_routing()->set_epoch(view_.epoch());
-    broadcast = view_;
   }
-  BroadcastView(broadcast);
-  // A dead worker may have been the last one the job waited for.
-  bool finalize = false;
-  {
-    absl::MutexLock l(&mu_);
-    int finished = 0;
-    for (const Node& w : workers_) {
-      if (w.info.state() == proto::NODE_FINISHED) ++finished;
-    }
-    if (LiveWorkersLocked() == 0) {
-      ended_ = true;
-      end_status_ = absl::UnavailableError("every worker died");
-    } else if (finished == LiveWorkersLocked() && !finalizing_) {
-      finalizing_ = true;
-      finalize = true;
-    }
-  }
-  if (finalize) Finalize();
+  Conclude(failure);
 }
 
-void SchedulerCore::BroadcastView(const proto::ClusterView& view) {
+absl::Status SchedulerCore::BroadcastView(const proto::ClusterView& view) {
+  const absl::Time deadline = options_.clock->Now() + options_.view_deadline;
+  proto::ServerControlRequest r;
+  *r.mutable_new_view() = view;
   for (const proto::NodeInfo& s : view.routing().servers()) {
-    proto::ServerControlRequest r;
-    *r.mutable_new_view() = view;
-    auto resp = options_.clients->Server(s.address())
-                    ->Control(r, absl::Now() + absl::Seconds(10));
+    auto resp = ControlWithRetry(s.address(), r, deadline);
     if (!resp.ok()) {
-      PS_LOG_WARN("S[{}]: view update failed: {}", s.id(),
-                  resp.status().ToString());
+      // Declared failed, not skipped: a server left on an old view would
+      // stall every worker that routes to it.
+      absl::Status failed = absl::UnavailableError(absl::StrCat(
+          "server S[", s.id(), "] at ", s.address(),
+          " could not be told view epoch ", view.epoch(), ": ",
+          resp.status().message()));
+      Conclude(failed);
+      return failed;
     }
   }
+  return absl::OkStatus();
 }
 
 absl::Status SchedulerCore::WaitForEnd(absl::Time deadline) {
@@ -509,10 +624,13 @@ absl::Status SchedulerCore::WaitForEnd(absl::Time deadline) {
 }
 
 void SchedulerCore::Fail(const absl::Status& status) {
+  Conclude(status.ok() ? absl::UnknownError("failed with an OK status")
+                       : status);
+}
+
+JobPhase SchedulerCore::phase() const {
   absl::MutexLock l(&mu_);
-  if (ended_) return;
-  ended_ = true;
-  end_status_ = status;
+  return phase_;
 }
 
 std::string SchedulerCore::ReportJson() const {
@@ -523,9 +641,9 @@ std::string SchedulerCore::ReportJson() const {
 std::string SchedulerCore::ReportJsonLocked() const {
   const JobConfig& c = options_.config;
   const double wall = absl::ToDoubleSeconds(
-      (ended_ || finalizing_ ? end_time_ : options_.clock->Now()) - start_);
+      (concluding_ ? end_time_ : options_.clock->Now()) - start_);
   const double train = absl::ToDoubleSeconds(
-      (ended_ || finalizing_ ? end_time_ : options_.clock->Now()) -
+      (concluding_ ? end_time_ : options_.clock->Now()) -
       ready_time_);
   int64_t examples = 0;
   double max_worker_wall = 0;
@@ -536,6 +654,18 @@ std::string SchedulerCore::ReportJsonLocked() const {
     if (d.has_eval() && eval == nullptr) eval = &d;
   }
   std::string j = "{\n";
+  const char* status = phase_ == JobPhase::kDone     ? "ok"
+                       : phase_ == JobPhase::kFailed ? "failed"
+                                                     : "running";
+  absl::StrAppend(&j, "  \"status\": ", JsonString(status), ",\n");
+  absl::StrAppend(&j, "  \"error\": ",
+                  JsonString(std::string(end_status_.message())), ",\n");
+  absl::StrAppend(&j, "  \"phase\": ", JsonString(JobPhaseName(phase_)),
+                  ",\n");
+  if (phase_ == JobPhase::kFailed) {
+    absl::StrAppend(&j, "  \"failed_in\": ",
+                    JsonString(JobPhaseName(failed_in_)), ",\n");
+  }
   absl::StrAppend(&j, "  \"mode\": ", JsonString(ModeName(c.consistency.mode)),
                   ",\n");
   absl::StrAppend(&j, "  \"tau\": ", view_.consistency().tau(), ",\n");

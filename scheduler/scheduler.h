@@ -23,13 +23,31 @@
 
 namespace ps {
 
+// The life cycle of a job: registering -> running -> finishing -> done, or
+// failed from any phase. Only moves forward.
+enum class JobPhase { kRegistering, kRunning, kFinishing, kDone, kFailed };
+// "registering", "running", "finishing", "done", "failed".
+const char* JobPhaseName(JobPhase phase);
+
 struct SchedulerOptions {
   JobConfig config;
   std::string report_path;  // empty: no report file
+  // Every timer, backoff and deadline of the logic (not the blocking waits
+  // of GetView/Barrier/WaitForEnd, which hold an RPC thread in real time).
   Clock* clock = Clock::Real();
   // Used to reach servers (save the model, push view changes, status).
   // Must outlive the scheduler.
   ClientFactory* clients = nullptr;
+  // Control calls whose loss matters (view broadcast, save) are retried
+  // with exponential backoff from retry_initial up to retry_max while they
+  // fail with UNAVAILABLE or DEADLINE_EXCEEDED, each attempt bounded by
+  // attempt_timeout; a view broadcast gives up after view_deadline, a save
+  // after save_deadline, and the job fails naming the server.
+  absl::Duration retry_initial = absl::Milliseconds(50);
+  absl::Duration retry_max = absl::Seconds(1);
+  absl::Duration attempt_timeout = absl::Seconds(10);
+  absl::Duration view_deadline = absl::Seconds(30);
+  absl::Duration save_deadline = absl::Seconds(300);
 };
 
 class SchedulerCore {
@@ -37,70 +55,106 @@ class SchedulerCore {
   explicit SchedulerCore(SchedulerOptions options);
 
   // Assigns an id (the requested one when free). Once the configured number
-  // of servers and workers registered, the view becomes ready (epoch 1).
-  // RESOURCE_EXHAUSTED when the role is full, INVALID_ARGUMENT for a bad
-  // role or a server without address.
+  // of servers and workers registered, the view becomes ready (epoch 1) and
+  // the phase running. RESOURCE_EXHAUSTED when the role is full,
+  // INVALID_ARGUMENT for a bad role or a server without address,
+  // FAILED_PRECONDITION (reason JOB_FAILED) once the job has ended.
   absl::StatusOr<proto::RegisterResponse> Register(
       const proto::RegisterRequest& req);
   // Returns once the view is ready with an epoch > known_epoch, or at
   // min(deadline, now + wait_ms) with whatever is there (ready=false).
+  // A reply that carries the ready view to a registered node (req.role/id)
+  // starts that node's heartbeat deadline.
   absl::StatusOr<proto::GetViewResponse> GetView(
       const proto::GetViewRequest& req, absl::Time deadline);
+  // Records that the node is alive. The reply carries the view epoch and,
+  // once the job ended, shutdown (and failed + error for a failed job).
+  // INVALID_ARGUMENT for an unknown node, FAILED_PRECONDITION before it
+  // registered.
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest& req);
   absl::StatusOr<proto::GetShardResponse> GetShard(
       const proto::GetShardRequest& req);
   // Blocks until every live member of the group arrived at barrier `name`;
-  // DEADLINE_EXCEEDED naming the missing ids otherwise.
+  // DEADLINE_EXCEEDED naming the missing ids otherwise; the job's failure
+  // (reason JOB_FAILED) when it failed meanwhile.
   absl::Status Barrier(const proto::BarrierRequest& req, absl::Time deadline);
-  // Records a worker's final statistics. When the last live worker is done,
-  // asks every server to write its model shard, writes the report and marks
-  // the job done.
+  // Records a worker's final statistics (idempotent: a retry replaces
+  // them). When the last worker is done, asks every server to write its
+  // model shard (retried), writes the report and ends the job (done, or
+  // failed when a save failed). INVALID_ARGUMENT for an unknown worker; the
+  // job's failure (reason JOB_FAILED) when it already failed.
   absl::Status WorkerDone(const proto::WorkerDoneRequest& req);
-  // Changes mode/tau while the job runs and forwards it to every server.
+  // Changes mode/tau while the job runs: a new view (epoch + 1) broadcast to
+  // every server. INVALID_ARGUMENT for a bad setting, FAILED_PRECONDITION
+  // before the cluster is ready or after the job ended, the failure when a
+  // server could not be told (the job then fails).
   absl::StatusOr<proto::SetConsistencyResponse> SetConsistency(
       const proto::SetConsistencyRequest& req);
   absl::StatusOr<proto::StatusResponse> Status();
 
-  // Marks nodes silent for longer than the heartbeat timeout dead. A dead
-  // worker is dropped from the clocks (the servers get a new view); a dead
-  // server fails the job (its ranges have no replica yet). Call
-  // periodically.
+  // Enforces the deadlines. Registering: the job fails with
+  // DEADLINE_EXCEEDED naming who is missing once register_timeout_ms passed
+  // since construction. Running: a node silent for heartbeat_timeout_ms,
+  // counted from its last heartbeat or from when it was told the ready view
+  // (never from its registration), is dead and the job fails with
+  // UNAVAILABLE naming it (a dead server's ranges have no replica; dropping
+  // a dead worker is the elastic issue's work). Call periodically.
   void CheckHeartbeats();
 
   // Blocks until the job ended: OK when it finished, the failure otherwise,
-  // DEADLINE_EXCEEDED at the deadline.
+  // DEADLINE_EXCEEDED at the deadline. The report is written by then.
   absl::Status WaitForEnd(absl::Time deadline);
-  // Ends the job with an error (e.g. from a signal handler thread).
+  // Ends the job with an error (e.g. from a signal handler thread); no-op
+  // once it ended.
   void Fail(const absl::Status& status);
 
-  // The JSON report of a finished job (also written to report_path).
+  JobPhase phase() const;
+
+  // The JSON report: always "status" ("ok" | "failed" | "running"), "error"
+  // and "phase"; a failed job lists no model files. Written to report_path
+  // when the job ends, whichever way.
   std::string ReportJson() const;
 
  private:
   struct Node {
     proto::NodeInfo info;
-    absl::Time last_seen;
+    absl::Time last_seen;  // last heartbeat, or when it was told the view
   };
   struct WorkerResult {
     proto::WorkerDoneRequest done;
   };
 
   void BuildViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int LiveWorkersLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string ReportJsonLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Sends the current view to every server (outside mu_).
-  void BroadcastView(const proto::ClusterView& view);
-  // Ends the job: save models, write the report (called without mu_).
+  Node* FindLocked(proto::Role role, int id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `view` to every server, each retried until view_deadline; the
+  // first server that cannot be told fails the job. Called without mu_.
+  absl::Status BroadcastView(const proto::ClusterView& view);
+  // Calls `call(attempt_deadline)` until it succeeds, fails with a code
+  // that a retry cannot fix, or `deadline` passes (backoff on the clock).
+  absl::StatusOr<proto::ServerControlResponse> ControlWithRetry(
+      const std::string& address, const proto::ServerControlRequest& req,
+      absl::Time deadline);
+  // Saves the model on every server and ends the job (without mu_).
   void Finalize();
+  // Ends the job with `status` (done when OK, failed otherwise), writes the
+  // report; the first call wins. Called without mu_.
+  void Conclude(absl::Status status);
 
   const SchedulerOptions options_;
   const std::string config_yaml_;
   const absl::Time start_;
 
+  // Held across a whole view change (SetConsistency), so servers are told
+  // epochs in order. Taken before mu_, never while holding it.
+  absl::Mutex view_change_mu_;
+
   mutable absl::Mutex mu_;
   std::vector<Node> servers_ ABSL_GUARDED_BY(mu_);
   std::vector<Node> workers_ ABSL_GUARDED_BY(mu_);
+  JobPhase phase_ ABSL_GUARDED_BY(mu_) = JobPhase::kRegistering;
+  JobPhase failed_in_ ABSL_GUARDED_BY(mu_) = JobPhase::kRegistering;
   bool ready_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time ready_time_ ABSL_GUARDED_BY(mu_);
   proto::ClusterView view_ ABSL_GUARDED_BY(mu_);
@@ -108,7 +162,8 @@ class SchedulerCore {
   std::map<int, proto::WorkerDoneRequest> done_ ABSL_GUARDED_BY(mu_);
   std::vector<proto::ServerControlResponse> models_ ABSL_GUARDED_BY(mu_);
   bool finalizing_ ABSL_GUARDED_BY(mu_) = false;
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool concluding_ ABSL_GUARDED_BY(mu_) = false;  // Conclude() has begun
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;       // ... and the report is out
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   absl::Time end_time_ ABSL_GUARDED_BY(mu_);
 };

@@ -6,6 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "transport/grpc_transport.h"
 #include "common/logging.h"
+#include "common/membership.h"
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "scheduler/scheduler.h"
@@ -24,6 +25,7 @@ absl::StatusOr<JobConfig> LoadConfigWithOverrides(
 }
 
 absl::Status RunScheduler(const SchedulerRunOptions& options) {
+  UseFastGrpcBackupPolling();  // before any gRPC object
   PS_ASSIGN_OR_RETURN(JobConfig config,
                       LoadConfigWithOverrides(options.config_path,
                                               options.overrides));

@@ -138,7 +138,16 @@ absl::Status ServerNode::Admit(int worker_id, int64_t epoch, int table,
   if (table < 0 || table >= static_cast<int>(tables_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("unknown table ", table));
   }
-  if (epoch != epoch_) {
+  if (epoch > epoch_) {
+    // Bug "A server that misses one view broadcast": the worker already has
+    // a newer view than this server; the server catches up (its heartbeat
+    // carries the scheduler's epoch), the worker resends the same request.
+    return ErrorWithReason(absl::StatusCode::kUnavailable,
+                           proto::REASON_VIEW_BEHIND,
+                           absl::StrCat("view behind: request epoch ", epoch,
+                                        ", server epoch ", epoch_));
+  }
+  if (epoch < epoch_) {
     return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
                            proto::REASON_STALE_EPOCH,
                            absl::StrCat("stale-epoch: request epoch ", epoch,

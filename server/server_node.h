@@ -52,8 +52,10 @@ class ServerNode {
   // Data plane. `done` runs exactly once, possibly on the caller's thread
   // before the call returns; `resp` must stay valid until then. Remote input
   // is validated: a malformed request gets INVALID_ARGUMENT, a request for a
-  // server that is not configured yet UNAVAILABLE, a wrong routing epoch or
-  // a key this server does not own FAILED_PRECONDITION "stale-epoch".
+  // server that is not configured yet UNAVAILABLE, a routing epoch newer
+  // than the server's UNAVAILABLE (reason VIEW_BEHIND: resend later), an
+  // older epoch or a key this server does not own FAILED_PRECONDITION
+  // (reason STALE_EPOCH).
   void Push(const proto::PushRequest& req, proto::PushResponse* resp,
             Done done);
   void Pull(const proto::PullRequest& req, proto::PullResponse* resp,

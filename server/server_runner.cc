@@ -11,10 +11,32 @@
 #include "common/status_macros.h"
 #include "server/server_node.h"
 #include "server/server_service.h"
+#include "transport/errors.h"
 
 namespace ps {
 
+absl::Status CatchUpView(ServerNode* node, SchedulerClient* scheduler, int id,
+                         int64_t scheduler_epoch, absl::Time deadline) {
+  const int64_t mine = node->epoch();
+  if (scheduler_epoch <= mine) return absl::OkStatus();
+  proto::GetViewRequest gv;
+  gv.set_known_epoch(mine);
+  gv.set_role(proto::ROLE_SERVER);
+  gv.set_id(id);
+  PS_ASSIGN_OR_RETURN(proto::GetViewResponse v, scheduler->GetView(gv, deadline));
+  if (!v.ready() || v.view().epoch() <= mine) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the scheduler's view (epoch ", v.view().epoch(),
+        v.ready() ? "" : ", not ready", ") is not newer than ", mine));
+  }
+  PS_RETURN_IF_ERROR(node->Configure(id, v.view()));
+  PS_LOG_WARN("caught up from view epoch {} to {} (missed a broadcast)", mine,
+              v.view().epoch());
+  return absl::OkStatus();
+}
+
 absl::Status RunServer(const ServerRunOptions& options) {
+  UseFastGrpcBackupPolling();  // before any gRPC object
   const std::string token = TokenFromEnv("");
   ServerNode node;
   absl::Notification exit_requested;
@@ -65,14 +87,22 @@ absl::Status RunServer(const ServerRunOptions& options) {
       node.Tick();
     }
   });
-  // Heartbeats until told to save and exit, the job ends, or the scheduler
-  // stays unreachable for the heartbeat timeout.
+  // Heartbeats until the scheduler says the job is over (after the model
+  // was saved, the server stays up so a save whose reply was lost can be
+  // retried), or the scheduler stays unreachable for the heartbeat timeout.
+  // A heartbeat reply with a newer epoch than the server's makes it fetch
+  // and install that view (it missed a broadcast).
   absl::Status result;
   absl::Time last_ok = absl::Now();
   const absl::Duration hb = absl::Milliseconds(config->cluster.heartbeat_ms);
   const absl::Duration hb_timeout =
       absl::Milliseconds(config->cluster.heartbeat_timeout_ms);
-  while (!exit_requested.WaitForNotificationWithTimeout(hb)) {
+  for (;;) {
+    if (exit_requested.HasBeenNotified()) {
+      absl::SleepFor(hb);  // saved: only waiting for the end of the job
+    } else {
+      exit_requested.WaitForNotificationWithTimeout(hb);
+    }
     proto::HeartbeatRequest req;
     req.set_role(proto::ROLE_SERVER);
     req.set_id(id);
@@ -80,10 +110,26 @@ absl::Status RunServer(const ServerRunOptions& options) {
     if (resp.ok()) {
       last_ok = absl::Now();
       if (resp->shutdown()) {
-        PS_LOG_INFO("scheduler says the job is over");
+        if (resp->failed()) {
+          result = ErrorWithReason(
+              absl::StatusCode::kAborted, proto::REASON_JOB_FAILED,
+              absl::StrCat("the job failed: ", resp->error()));
+        } else {
+          PS_LOG_INFO("scheduler says the job is over");
+        }
         break;
       }
+      if (resp->epoch() > node.epoch()) {
+        absl::Status s = CatchUpView(&node, scheduler.get(), id, resp->epoch(),
+                                     absl::Now() + hb_timeout / 2);
+        if (!s.ok()) PS_LOG_WARN("catching up with the view: {}", s.ToString());
+      }
     } else if (absl::Now() - last_ok > hb_timeout) {
+      if (exit_requested.HasBeenNotified()) {
+        PS_LOG_WARN("scheduler gone after the model was saved: {}",
+                    resp.status().ToString());
+        break;
+      }
       result = absl::UnavailableError(absl::StrCat(
           "scheduler unreachable for ", absl::FormatDuration(hb_timeout),
           ": ", resp.status().message()));

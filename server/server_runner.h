@@ -1,11 +1,14 @@
 // Runs a parameter-server process: serves gRPC on a free port, registers
-// with the scheduler, installs the cluster view, heartbeats, and returns
-// once the scheduler has had it write its model (or the job ended).
+// with the scheduler, installs the cluster view, heartbeats (catching up
+// with views it missed), and returns once the job ended.
 #pragma once
 
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "server/server_node.h"
+#include "transport/transport.h"
 
 namespace ps {
 
@@ -18,6 +21,17 @@ struct ServerRunOptions {
   int register_timeout_ms = 60000;
 };
 
+// OK once the job ended well; ABORTED (reason JOB_FAILED) with the
+// scheduler's error when it failed; UNAVAILABLE when the scheduler stayed
+// unreachable for the heartbeat timeout before the model was saved.
 absl::Status RunServer(const ServerRunOptions& options);
+
+// Bug "A server that misses one view broadcast": when `scheduler_epoch`
+// (from a heartbeat reply) is newer than the node's, fetches the view
+// (GetView) and installs it as server `id`. OK when there was nothing to do
+// or the view was installed; the GetView or Configure error otherwise
+// (FAILED_PRECONDITION when the scheduler's view is not ready or not newer).
+absl::Status CatchUpView(ServerNode* node, SchedulerClient* scheduler, int id,
+                         int64_t scheduler_epoch, absl::Time deadline);
 
 }  // namespace ps

@@ -193,11 +193,18 @@ TEST_F(GrpcServerTest, MalformedRequestIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Pull(c.get(), {9, 3}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // A stale epoch keeps its meaning across the wire.
+  // A stale (older) epoch and a newer one keep their meaning across the
+  // wire.
   auto stale = MakePush(1, {3}, {1});
-  stale->set_epoch(7);
+  stale->set_epoch(0);
   absl::Status s = Push(c.get(), stale).status;
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(IsStaleEpoch(s)) << s;
+  auto ahead = MakePush(1, {3}, {1});
+  ahead->set_epoch(7);
+  s = Push(c.get(), ahead).status;
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ReasonOf(s), proto::REASON_VIEW_BEHIND) << s;
   EXPECT_EQ(node_.Status().pushes(), 0);
 }
 

@@ -1,6 +1,7 @@
 // The real thing: ps_launch starts a scheduler, 2 servers and 2 workers as
 // processes talking gRPC over loopback, training on a9a. Each run takes a
 // few seconds, so the tests share runs where they can.
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,8 +19,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "server/table.h"
@@ -297,6 +300,206 @@ TEST_F(MultiProcessTest, BspEqualsSequentialSgdOnCombinedBatches) {
       << "worst key " << worst << " of " << expected.size() << " (max |w| "
       << max_abs << ")";
   EXPECT_GT(max_abs, 0.01) << "the model did not move";
+}
+
+// ------------------------------- the binaries started by hand (no ps_launch)
+
+// A child process started with fork/exec, its output in `log`.
+struct Proc {
+  std::string name;
+  pid_t pid = -1;
+  std::string log;
+  int status = -1;  // raw wait status once reaped
+  bool reaped = false;
+
+  bool Exited0() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+  bool FailedByItself() const {  // non-zero exit, not a signal
+    return WIFEXITED(status) && WEXITSTATUS(status) != 0;
+  }
+  std::string Describe() const {
+    if (!reaped) return name + " still running";
+    if (WIFSIGNALED(status)) {
+      return absl::StrCat(name, " killed by signal ", WTERMSIG(status));
+    }
+    return absl::StrCat(name, " exited ", WEXITSTATUS(status), "; log tail:\n",
+                        Tail(ReadFile(log), 1500));
+  }
+};
+
+Proc Spawn(const std::string& name, const std::vector<std::string>& argv,
+           const fs::path& dir) {
+  Proc p;
+  p.name = name;
+  p.log = (dir / (name + ".log")).string();
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  p.pid = ::fork();
+  if (p.pid == 0) {
+    FILE* f = std::fopen(p.log.c_str(), "w");
+    if (f != nullptr) {
+      ::dup2(::fileno(f), 1);
+      ::dup2(::fileno(f), 2);
+    }
+    ::setenv("PS_AUTH_TOKEN", "multiprocess-test-token", 1);
+    ::execv(args[0], args.data());
+    std::_Exit(127);
+  }
+  return p;
+}
+
+// Reaps every process, killing (SIGKILL) those still running at `deadline`.
+void WaitAll(std::vector<Proc>* procs, absl::Time deadline) {
+  for (;;) {
+    bool running = false;
+    for (Proc& p : *procs) {
+      if (p.reaped) continue;
+      if (::waitpid(p.pid, &p.status, WNOHANG) == p.pid) {
+        p.reaped = true;
+      } else {
+        running = true;
+      }
+    }
+    if (!running) return;
+    if (absl::Now() > deadline) {
+      for (Proc& p : *procs) {
+        if (!p.reaped) {
+          ::kill(p.pid, SIGKILL);
+          ::waitpid(p.pid, &p.status, 0);
+          p.reaped = true;
+          ADD_FAILURE() << p.name << " still running at the deadline: killed";
+        }
+      }
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+// A small synthetic BSP job (no data files), 2 servers and 2 workers.
+std::string SyntheticYaml(int epochs, int heartbeat_timeout_ms) {
+  return absl::StrCat(R"(cluster:
+  num_servers: 2
+  num_workers: 2
+  heartbeat_ms: 200
+  heartbeat_timeout_ms: )",
+                      heartbeat_timeout_ms, R"(
+consistency:
+  mode: bsp
+data:
+  format: synthetic
+  synthetic:
+    train_rows: 100000
+    test_rows: 10000
+    features: 10000
+    nnz_per_row: 10
+    seed: 1
+training:
+  minibatch: 500
+  epochs: )",
+                      epochs, R"(
+output:
+  log_level: info
+)");
+}
+
+class HandStartedTest : public ::testing::Test {
+ protected:
+  void SetUp() override { InitLogging("T", "warn"); }
+  void TearDown() override {
+    if (HasFailure()) return;
+    std::error_code ec;
+    for (const fs::path& d : dirs_) fs::remove_all(d, ec);
+  }
+
+  // The scheduler (config `yaml`) and both servers.
+  void StartSchedulerAndServers(const std::string& name,
+                                const std::string& yaml) {
+    dirs_.push_back(fs::path(::testing::TempDir()) /
+                    absl::StrCat("ps_mp_", name, "_", ::getpid()));
+    dir_ = dirs_.back();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    fs::create_directories(dir_);
+    const std::string config = (dir_ / "job.yaml").string();
+    std::ofstream(config) << yaml;
+    absl::StatusOr<int> port = PickFreePort();
+    ASSERT_TRUE(port.ok()) << port.status();
+    scheduler_ = absl::StrCat("127.0.0.1:", *port);
+    report_ = (dir_ / "report.json").string();
+    model_dir_ = (dir_ / "model").string();
+    procs_.push_back(Spawn("H",
+                           {PS_BIN_DIR "/ps_scheduler", "--config", config,
+                            "--port", absl::StrCat(*port), "--report", report_,
+                            "--set", "output.model_dir=" + model_dir_},
+                           dir_));
+    for (int i = 0; i < 2; ++i) {
+      procs_.push_back(Spawn(absl::StrCat("S", i),
+                             {PS_BIN_DIR "/ps_server", "--scheduler",
+                              scheduler_, "--id", absl::StrCat(i)},
+                             dir_));
+    }
+  }
+  void StartWorkers() {
+    for (int i = 0; i < 2; ++i) {
+      procs_.push_back(Spawn(absl::StrCat("W", i),
+                             {PS_BIN_DIR "/ps_worker", "--scheduler",
+                              scheduler_, "--id", absl::StrCat(i)},
+                             dir_));
+    }
+  }
+  Proc* Find(const std::string& name) {
+    for (Proc& p : procs_) {
+      if (p.name == name) return &p;
+    }
+    return nullptr;
+  }
+
+  std::vector<fs::path> dirs_;
+  fs::path dir_;
+  std::string scheduler_, report_, model_dir_;
+  std::vector<Proc> procs_;
+};
+
+// Bug "Healthy nodes declared dead during start-up": the README's multi-host
+// recipe, workers started 15 s after the servers (3x the heartbeat
+// timeout): the job succeeds.
+TEST_F(HandStartedTest, WorkersStartedFifteenSecondsLateStillSucceed) {
+  StartSchedulerAndServers("late_workers", SyntheticYaml(1, 5000));
+  absl::SleepFor(absl::Seconds(15));  // real processes: no clock to inject
+  StartWorkers();
+  WaitAll(&procs_, absl::Now() + absl::Seconds(120));
+  for (const Proc& p : procs_) EXPECT_TRUE(p.Exited0()) << p.Describe();
+  const std::string report = ReadFile(report_);
+  EXPECT_NE(report.find("\"status\": \"ok\""), std::string::npos) << report;
+  EXPECT_TRUE(fs::exists(model_dir_ + "/table-0.server-0.bin"));
+}
+
+// Without the launcher, a worker killed mid-job ends the job "failed" with
+// the reason; every process exits non-zero; no model is claimed as final.
+TEST_F(HandStartedTest, KilledWorkerFailsTheJobEverywhere) {
+  StartSchedulerAndServers("killed_worker", SyntheticYaml(1000, 2000));
+  StartWorkers();
+  // Let training start, then kill W1.
+  absl::SleepFor(absl::Seconds(3));
+  Proc* w1 = Find("W1");
+  ASSERT_NE(w1, nullptr);
+  ASSERT_EQ(::kill(w1->pid, SIGKILL), 0);
+  WaitAll(&procs_, absl::Now() + absl::Seconds(60));
+  for (const Proc& p : procs_) {
+    if (p.name == "W1") {
+      EXPECT_TRUE(WIFSIGNALED(p.status)) << p.Describe();
+    } else {
+      EXPECT_TRUE(p.FailedByItself()) << p.Describe();
+    }
+  }
+  const std::string report = ReadFile(report_);
+  EXPECT_NE(report.find("\"status\": \"failed\""), std::string::npos) << report;
+  EXPECT_NE(report.find("worker W[1]"), std::string::npos) << report;
+  EXPECT_NE(report.find("\"model_files\": []"), std::string::npos) << report;
+  EXPECT_FALSE(fs::exists(model_dir_ + "/table-0.server-0.bin"));
+  EXPECT_NE(ReadFile(Find("S0")->log).find("the job failed"), std::string::npos)
+      << Find("S0")->Describe();
 }
 
 // ------------------------------------------------ the MLP on criteo-10k

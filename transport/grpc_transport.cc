@@ -47,9 +47,15 @@ grpc::ChannelArguments DefaultChannelArgs() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Bug "A ~5 s stall while connecting": gRPC takes the *minimum*
+  // reconnect backoff as the minimum connect timeout (doc/connection-
+  // backoff.md: MIN_CONNECT_TIMEOUT), so at 100 ms a handshake with a busy
+  // peer was cut off ("tcp handshaker shutdown") and the call waited for
+  // later attempts. Give a connect 5 s; retries still start after 100 ms
+  // (initial backoff) and back off to at most 1 s.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return args;
 }
 

@@ -1,10 +1,12 @@
 #include "worker/worker_runner.h"
 
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "transport/grpc_transport.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/membership.h"
 #include "common/status_macros.h"
@@ -13,9 +15,14 @@
 #include "worker/kv_worker.h"
 #include "worker/mlp_trainer.h"
 #include "worker/trainer.h"
+#include "transport/errors.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ps {
 namespace {
+absl::Status WorkerDoneWithRetry(SchedulerClient* scheduler,
+                                 const proto::WorkerDoneRequest& done,
+                                 absl::Time deadline);
 absl::Status ShardBytes(const proto::DataShard& shard, int64_t* begin,
                         int64_t* end);
 }  // namespace
@@ -64,10 +71,14 @@ absl::Status TrainAndReport(int worker_id, const JobConfig& config,
                             KVWorker* kv, TrainerT* trainer, ReaderT* train,
                             ReaderT* test, SchedulerClient* scheduler) {
   // Heartbeats carry the clock and progress, for ps_status and failure
-  // detection.
+  // detection; their replies tell when the job has ended, and how.
   absl::Notification stop;
+  absl::Notification job_ended;
+  absl::Mutex outcome_mu;
+  absl::Status outcome;  // guarded by outcome_mu; the job's failure
+  const absl::Duration every = absl::Milliseconds(config.cluster.heartbeat_ms);
+  std::atomic<int64_t> last_ok_ns{absl::ToUnixNanos(absl::Now())};
   std::thread heartbeat([&] {
-    const absl::Duration every = absl::Milliseconds(config.cluster.heartbeat_ms);
     while (!stop.WaitForNotificationWithTimeout(every)) {
       proto::HeartbeatRequest hb;
       hb.set_role(proto::ROLE_WORKER);
@@ -75,12 +86,32 @@ absl::Status TrainAndReport(int worker_id, const JobConfig& config,
       hb.set_clock(kv->clock());
       hb.set_examples(trainer->examples_so_far());
       auto r = scheduler->Heartbeat(hb, absl::Now() + every * 4);
-      if (!r.ok()) PS_LOG_DEBUG("heartbeat: {}", r.status().ToString());
+      if (!r.ok()) {
+        PS_LOG_DEBUG("heartbeat: {}", r.status().ToString());
+        continue;
+      }
+      last_ok_ns.store(absl::ToUnixNanos(absl::Now()));
+      if (r->shutdown() && !job_ended.HasBeenNotified()) {
+        if (r->failed()) {
+          absl::MutexLock l(&outcome_mu);
+          outcome = ErrorWithReason(absl::StatusCode::kAborted,
+                                    proto::REASON_JOB_FAILED,
+                                    absl::StrCat("the job failed: ", r->error()));
+        }
+        job_ended.Notify();
+      }
     }
   });
+  // A local error after the job failed elsewhere is a consequence: report
+  // the job's failure (reason JOB_FAILED) instead.
   auto finish = [&](absl::Status s) {
     stop.Notify();
     heartbeat.join();
+    absl::MutexLock l(&outcome_mu);
+    if (!outcome.ok()) {
+      if (!s.ok()) PS_LOG_INFO("after the job failed: {}", s.ToString());
+      return outcome;
+    }
     return s;
   };
 
@@ -122,8 +153,43 @@ absl::Status TrainAndReport(int worker_id, const JobConfig& config,
     done.set_test_rows(m->n);
   }
   ReportSkippedLines(trainer->stats(), &done);
-  s = scheduler->WorkerDone(done, absl::Now() + absl::Seconds(600));
-  return finish(s);
+  s = WorkerDoneWithRetry(scheduler, done, absl::Now() + absl::Seconds(600));
+  if (!s.ok()) return finish(s);
+  // Every process reports the job's outcome: wait for the end (worker 0 may
+  // still be evaluating, the model may still fail to save) for as long as
+  // the scheduler keeps answering heartbeats.
+  const absl::Duration hb_timeout =
+      absl::Milliseconds(config.cluster.heartbeat_timeout_ms);
+  while (!job_ended.WaitForNotificationWithTimeout(every)) {
+    const absl::Time last = absl::FromUnixNanos(last_ok_ns.load());
+    if (absl::Now() - last > hb_timeout) {
+      return finish(absl::UnavailableError(absl::StrCat(
+          "the scheduler stopped answering for ",
+          absl::FormatDuration(absl::Now() - last),
+          " before the end of the job")));
+    }
+  }
+  return finish(absl::OkStatus());
+}
+
+// WorkerDone, resent with backoff while the scheduler is unreachable or
+// slow (it is idempotent) until `deadline`; other errors are final.
+absl::Status WorkerDoneWithRetry(SchedulerClient* scheduler,
+                                 const proto::WorkerDoneRequest& done,
+                                 absl::Time deadline) {
+  Clock* clock = Clock::Real();
+  absl::Duration backoff = absl::Milliseconds(50);
+  for (;;) {
+    absl::Status s = scheduler->WorkerDone(done, deadline);
+    const bool retryable = (s.code() == absl::StatusCode::kUnavailable ||
+                            s.code() == absl::StatusCode::kDeadlineExceeded) &&
+                           ReasonOf(s) != proto::REASON_JOB_FAILED;
+    if (s.ok() || !retryable || clock->Now() + backoff >= deadline) return s;
+    PS_LOG_WARN("WorkerDone failed, retrying in {}: {}",
+                absl::FormatDuration(backoff), s.ToString());
+    clock->SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
 }
 
 // The byte range of a file shard; cut here when the scheduler could not.
@@ -204,6 +270,7 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
 }
 
 absl::Status RunWorker(const WorkerRunOptions& options) {
+  UseFastGrpcBackupPolling();  // before any gRPC object
   GrpcClientFactory clients(GrpcTransportOptions{TokenFromEnv(""), 2});
   std::shared_ptr<SchedulerClient> scheduler =
       clients.Scheduler(options.scheduler);

@@ -17,6 +17,7 @@
 // can steer one node: FAKE_NODE_FLAGS_<program name> and then
 // FAKE_NODE_FLAGS_<program name>_<id>, split on spaces (e.g.
 // FAKE_NODE_FLAGS_ps_worker_1="--exit-code 3").
+#include <fstream>
 #include <signal.h>
 #include <unistd.h>
 
@@ -91,6 +92,14 @@ int main(int argc, char** argv) {
       sleep_ms = std::atoi(args[++i].c_str());
     } else if (a == "--kill-self" && has_value) {
       kill_self = std::atoi(args[++i].c_str());
+    } else if (a == "--write-failed-report" && has_value) {
+      // A scheduler's report of a failed job, to the --report path.
+      std::string path;
+      for (int j = 1; j + 1 < argc; ++j) {
+        if (std::string(argv[j]) == "--report") path = argv[j + 1];
+      }
+      std::ofstream(path) << "{\n  \"status\": \"failed\",\n  \"error\": \""
+                          << args[++i] << "\",\n  \"phase\": \"failed\"\n}\n";
     } else if (a == "--exit-code" && has_value) {
       exit_code = std::atoi(args[++i].c_str());
     }

@@ -1,0 +1,461 @@
+// SchedulerCore without RPC: an injected FakeClock (time moves only when
+// the test says, backoff sleeps advance it at once) and fake server clients
+// whose Control replies the test scripts.
+#include "scheduler/scheduler.h"
+
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "gtest/gtest.h"
+#include "transport/errors.h"
+
+namespace ps {
+namespace {
+
+using absl::StatusCode;
+
+// A server whose Control replies come from a script (then OK); every call
+// is recorded with the fake time it arrived.
+class FakeServerClient : public ServerClient {
+ public:
+  explicit FakeServerClient(::ps::Clock* clock) : clock_(clock) {}
+
+  void Script(std::vector<absl::Status> replies) {
+    absl::MutexLock l(&mu_);
+    for (auto& r : replies) script_.push_back(std::move(r));
+  }
+  // Every later Control call fails with `s`.
+  void FailForever(absl::Status s) {
+    absl::MutexLock l(&mu_);
+    forever_ = std::move(s);
+  }
+  std::vector<proto::ServerControlRequest> calls() {
+    absl::MutexLock l(&mu_);
+    return calls_;
+  }
+  std::vector<absl::Time> call_times() {
+    absl::MutexLock l(&mu_);
+    return times_;
+  }
+
+  void Push(std::shared_ptr<const proto::PushRequest>, absl::Time,
+            Callback<proto::PushResponse> done) override {
+    done(absl::UnimplementedError("fake"), nullptr);
+  }
+  void Pull(std::shared_ptr<const proto::PullRequest>, absl::Time,
+            Callback<proto::PullResponse> done) override {
+    done(absl::UnimplementedError("fake"), nullptr);
+  }
+  void Clock(std::shared_ptr<const proto::ClockRequest>, absl::Time,
+             Callback<proto::ClockResponse> done) override {
+    done(absl::UnimplementedError("fake"), nullptr);
+  }
+  absl::Status Finish(const proto::FinishRequest&, absl::Time) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<proto::ServerControlResponse> Control(
+      const proto::ServerControlRequest& req, absl::Time) override {
+    absl::MutexLock l(&mu_);
+    calls_.push_back(req);
+    times_.push_back(clock_->Now());
+    absl::Status s = forever_;
+    if (s.ok() && !script_.empty()) {
+      s = script_.front();
+      script_.pop_front();
+    }
+    if (!s.ok()) return s;
+    proto::ServerControlResponse resp;
+    if (req.has_save_and_exit()) {
+      resp.set_model_path("model.bin");
+      resp.set_keys(10);
+      resp.set_nonzeros(5);
+    }
+    return resp;
+  }
+  absl::StatusOr<proto::ServerStatus> GetStatus(absl::Time) override {
+    return proto::ServerStatus();
+  }
+
+ private:
+  ::ps::Clock* const clock_;
+  absl::Mutex mu_;
+  std::deque<absl::Status> script_ ABSL_GUARDED_BY(mu_);
+  absl::Status forever_ ABSL_GUARDED_BY(mu_);
+  std::vector<proto::ServerControlRequest> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> times_ ABSL_GUARDED_BY(mu_);
+};
+
+class FakeFactory : public ClientFactory {
+ public:
+  explicit FakeFactory(Clock* clock) : clock_(clock) {}
+  std::shared_ptr<FakeServerClient> server(const std::string& address) {
+    absl::MutexLock l(&mu_);
+    auto& c = servers_[address];
+    if (c == nullptr) c = std::make_shared<FakeServerClient>(clock_);
+    return c;
+  }
+  std::shared_ptr<ServerClient> Server(const std::string& address) override {
+    return server(address);
+  }
+  std::shared_ptr<SchedulerClient> Scheduler(const std::string&) override {
+    return nullptr;
+  }
+
+ private:
+  Clock* const clock_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<FakeServerClient>> servers_
+      ABSL_GUARDED_BY(mu_);
+};
+
+std::string Addr(int i) { return absl::StrCat("fake:server:", i); }
+
+class SchedulerCoreTest : public ::testing::Test {
+ protected:
+  SchedulerCoreTest() {
+    config_.cluster.num_servers = 2;
+    config_.cluster.num_workers = 2;
+    config_.cluster.heartbeat_ms = 500;
+    config_.cluster.heartbeat_timeout_ms = 5000;
+    config_.cluster.register_timeout_ms = 60000;
+    config_.consistency.mode = Mode::kSsp;
+    config_.consistency.tau = 2;
+    report_path_ = (std::filesystem::path(::testing::TempDir()) /
+                    absl::StrCat("scheduler_test_report_", getpid(), "_",
+                                 ::testing::UnitTest::GetInstance()
+                                     ->current_test_info()
+                                     ->name(),
+                                 ".json"))
+                       .string();
+  }
+  ~SchedulerCoreTest() override { std::filesystem::remove(report_path_); }
+
+  void Start() {
+    SchedulerOptions o;
+    o.config = config_;
+    o.report_path = report_path_;
+    o.clock = &clock_;
+    o.clients = &clients_;
+    o.view_deadline = absl::Seconds(10);
+    o.save_deadline = absl::Seconds(20);
+    core_ = std::make_unique<SchedulerCore>(o);
+  }
+
+  absl::StatusOr<proto::RegisterResponse> Register(proto::Role role, int id) {
+    proto::RegisterRequest r;
+    r.set_role(role);
+    r.set_requested_id(id);
+    if (role == proto::ROLE_SERVER) r.set_address(Addr(id));
+    return core_->Register(r);
+  }
+  void RegisterAll() {
+    for (int i = 0; i < config_.cluster.num_servers; ++i) {
+      ASSERT_TRUE(Register(proto::ROLE_SERVER, i).ok());
+    }
+    for (int i = 0; i < config_.cluster.num_workers; ++i) {
+      ASSERT_TRUE(Register(proto::ROLE_WORKER, i).ok());
+    }
+    ASSERT_EQ(core_->phase(), JobPhase::kRunning);
+  }
+  absl::StatusOr<proto::HeartbeatResponse> Beat(proto::Role role, int id) {
+    proto::HeartbeatRequest h;
+    h.set_role(role);
+    h.set_id(id);
+    return core_->Heartbeat(h);
+  }
+  void BeatAll() {
+    for (int i = 0; i < config_.cluster.num_servers; ++i) {
+      ASSERT_TRUE(Beat(proto::ROLE_SERVER, i).ok());
+    }
+    for (int i = 0; i < config_.cluster.num_workers; ++i) {
+      ASSERT_TRUE(Beat(proto::ROLE_WORKER, i).ok());
+    }
+  }
+  absl::Status Done(int worker) {
+    proto::WorkerDoneRequest d;
+    d.set_worker_id(worker);
+    d.set_examples(100);
+    return core_->WorkerDone(d);
+  }
+  absl::Status End() { return core_->WaitForEnd(absl::Now()); }
+  std::string Report() {
+    std::ifstream in(report_path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  FakeClock clock_;
+  FakeFactory clients_{&clock_};
+  JobConfig config_;
+  std::string report_path_;
+  std::unique_ptr<SchedulerCore> core_;
+};
+
+TEST_F(SchedulerCoreTest, PhasesOfASuccessfulJob) {
+  Start();
+  EXPECT_EQ(core_->phase(), JobPhase::kRegistering);
+  auto st = core_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->phase(), "registering");
+  RegisterAll();
+  EXPECT_EQ(core_->Status()->phase(), "running");
+  ASSERT_TRUE(Done(0).ok());
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  ASSERT_TRUE(Done(1).ok());
+  EXPECT_EQ(core_->phase(), JobPhase::kDone);
+  EXPECT_TRUE(End().ok());
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"status\": \"ok\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"error\": \"\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"phase\": \"done\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"model_files\": [\"model.bin\", \"model.bin\"]"),
+            std::string::npos)
+      << r;
+  auto hb = Beat(proto::ROLE_WORKER, 0);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_TRUE(hb->shutdown());
+  EXPECT_FALSE(hb->failed());
+}
+
+TEST_F(SchedulerCoreTest, StartupDeadlineNamesWhoIsMissing) {
+  config_.cluster.register_timeout_ms = 3000;
+  Start();
+  ASSERT_TRUE(Register(proto::ROLE_SERVER, 0).ok());
+  ASSERT_TRUE(Register(proto::ROLE_WORKER, 0).ok());
+  clock_.Advance(absl::Milliseconds(2999));
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kRegistering);
+  clock_.Advance(absl::Milliseconds(2));
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kFailed);
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(s.message().find("waiting for S[1], W[1]"), std::string::npos) << s;
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"status\": \"failed\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"failed_in\": \"registering\""), std::string::npos) << r;
+  EXPECT_NE(r.find("waiting for S[1], W[1]"), std::string::npos) << r;
+  // Late nodes are refused.
+  auto late = Register(proto::ROLE_SERVER, 1);
+  EXPECT_EQ(late.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(late.status()), proto::REASON_JOB_FAILED);
+}
+
+// Bug "Healthy nodes declared dead during start-up": registration spread
+// over more than heartbeat_timeout_ms, nobody heartbeats while waiting.
+TEST_F(SchedulerCoreTest, HealthyNodesNotDeclaredDeadDuringStartup) {
+  Start();
+  ASSERT_TRUE(Register(proto::ROLE_SERVER, 0).ok());
+  ASSERT_TRUE(Register(proto::ROLE_SERVER, 1).ok());
+  ASSERT_TRUE(Register(proto::ROLE_WORKER, 0).ok());
+  for (int i = 0; i < 30; ++i) {  // 15 s of silence, 3x the timeout
+    clock_.Advance(absl::Milliseconds(500));
+    core_->CheckHeartbeats();
+  }
+  EXPECT_EQ(core_->phase(), JobPhase::kRegistering);
+  ASSERT_TRUE(Register(proto::ROLE_WORKER, 1).ok());
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  // The deadline counts from the view: 4.9 s later, still fine.
+  clock_.Advance(absl::Milliseconds(4900));
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  BeatAll();
+  clock_.Advance(absl::Milliseconds(4900));
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+}
+
+TEST_F(SchedulerCoreTest, HeartbeatDeadlineStartsWhenTheViewIsDelivered) {
+  Start();
+  RegisterAll();
+  clock_.Advance(absl::Milliseconds(4000));
+  BeatAll();
+  // W[1] fetches the view again (e.g. after a slow start): that reply also
+  // counts as contact.
+  clock_.Advance(absl::Milliseconds(4000));
+  proto::GetViewRequest gv;
+  gv.set_role(proto::ROLE_WORKER);
+  gv.set_id(1);
+  ASSERT_TRUE(core_->GetView(gv, absl::Now()).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Beat(proto::ROLE_SERVER, i).ok());
+  ASSERT_TRUE(Beat(proto::ROLE_WORKER, 0).ok());
+  clock_.Advance(absl::Milliseconds(4000));
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+}
+
+TEST_F(SchedulerCoreTest, DeadWorkerFailsTheJob) {
+  Start();
+  RegisterAll();
+  for (int i = 0; i < 12; ++i) {
+    clock_.Advance(absl::Milliseconds(500));
+    ASSERT_TRUE(Beat(proto::ROLE_SERVER, 0).ok());
+    ASSERT_TRUE(Beat(proto::ROLE_SERVER, 1).ok());
+    ASSERT_TRUE(Beat(proto::ROLE_WORKER, 0).ok());  // W[1] is silent
+    core_->CheckHeartbeats();
+  }
+  EXPECT_EQ(core_->phase(), JobPhase::kFailed);
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("worker W[1] died"), std::string::npos) << s;
+  auto hb = Beat(proto::ROLE_SERVER, 0);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_TRUE(hb->shutdown());
+  EXPECT_TRUE(hb->failed());
+  EXPECT_NE(hb->error().find("W[1]"), std::string::npos) << hb->error();
+  // A survivor's WorkerDone learns the job failed.
+  absl::Status d = Done(0);
+  EXPECT_EQ(d.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(ReasonOf(d), proto::REASON_JOB_FAILED);
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"status\": \"failed\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"failed_in\": \"running\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"model_files\": []"), std::string::npos) << r;
+  EXPECT_TRUE(clients_.server(Addr(0))->calls().empty());  // nothing saved
+}
+
+TEST_F(SchedulerCoreTest, DeadServerFailsTheJob) {
+  Start();
+  RegisterAll();
+  clock_.Advance(absl::Milliseconds(5001));
+  core_->CheckHeartbeats();
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("server S[0]"), std::string::npos) << s;
+}
+
+// Bug 3 "one failed save lost the trained model".
+TEST_F(SchedulerCoreTest, SaveIsRetried) {
+  Start();
+  RegisterAll();
+  clients_.server(Addr(1))->Script(
+      {absl::UnavailableError("handshake"), absl::DeadlineExceededError("slow"),
+       absl::UnavailableError("again")});
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  EXPECT_TRUE(End().ok());
+  auto times = clients_.server(Addr(1))->call_times();
+  ASSERT_EQ(times.size(), 4u);
+  // Exponential backoff on the injected clock: 50, 100, 200 ms.
+  EXPECT_EQ(times[1] - times[0], absl::Milliseconds(50));
+  EXPECT_EQ(times[2] - times[1], absl::Milliseconds(100));
+  EXPECT_EQ(times[3] - times[2], absl::Milliseconds(200));
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"status\": \"ok\""), std::string::npos) << r;
+}
+
+TEST_F(SchedulerCoreTest, SaveFailingUntilTheDeadlineFailsTheJob) {
+  Start();
+  RegisterAll();
+  clients_.server(Addr(1))->FailForever(absl::UnavailableError("gone"));
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("S[1]"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("could not save"), std::string::npos) << s;
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"status\": \"failed\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"failed_in\": \"finishing\""), std::string::npos) << r;
+  // S[0] saved, but a failed job claims no model as final.
+  EXPECT_NE(r.find("\"model_files\": []"), std::string::npos) << r;
+}
+
+TEST_F(SchedulerCoreTest, SaveNotRetriedOnAFinalError) {
+  Start();
+  RegisterAll();
+  clients_.server(Addr(0))->Script({absl::PermissionDeniedError("read-only")});
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  EXPECT_EQ(End().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(clients_.server(Addr(0))->calls().size(), 1u);
+}
+
+TEST_F(SchedulerCoreTest, ViewBroadcastIsRetried) {
+  Start();
+  RegisterAll();
+  clients_.server(Addr(0))->Script({absl::UnavailableError("lost")});
+  proto::SetConsistencyRequest req;
+  req.mutable_consistency()->set_mode(proto::MODE_SSP);
+  req.mutable_consistency()->set_tau(5);
+  auto r = core_->SetConsistency(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->epoch(), 2);
+  for (int i = 0; i < 2; ++i) {
+    auto calls = clients_.server(Addr(i))->calls();
+    ASSERT_FALSE(calls.empty());
+    EXPECT_TRUE(calls.back().has_new_view());
+    EXPECT_EQ(calls.back().new_view().epoch(), 2);
+    EXPECT_EQ(calls.back().new_view().consistency().tau(), 5);
+  }
+  EXPECT_EQ(clients_.server(Addr(0))->calls().size(), 2u);
+  auto hb = Beat(proto::ROLE_SERVER, 0);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->epoch(), 2);
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+}
+
+TEST_F(SchedulerCoreTest, ServerThatCannotBeToldTheViewFailsTheJob) {
+  Start();
+  RegisterAll();
+  clients_.server(Addr(1))->FailForever(absl::UnavailableError("unreachable"));
+  proto::SetConsistencyRequest req;
+  req.mutable_consistency()->set_mode(proto::MODE_SSP);
+  req.mutable_consistency()->set_tau(5);
+  const absl::Time before = clock_.Now();
+  auto r = core_->SetConsistency(req);
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_GE(clock_.Now() - before, absl::Seconds(9));  // the view deadline
+  EXPECT_GT(clients_.server(Addr(1))->calls().size(), 5u);
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("server S[1]"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("view epoch 2"), std::string::npos) << s;
+}
+
+TEST_F(SchedulerCoreTest, SetConsistencyValidatesTheMode) {
+  Start();
+  RegisterAll();
+  proto::SetConsistencyRequest req;
+  req.mutable_consistency()->set_mode(static_cast<proto::ConsistencyMode>(42));
+  EXPECT_EQ(core_->SetConsistency(req).status().code(),
+            StatusCode::kInvalidArgument);
+  req.mutable_consistency()->set_mode(proto::MODE_BSP);
+  EXPECT_EQ(core_->SetConsistency(req).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SchedulerCoreTest, FailEndsTheJobOnceWithAReport) {
+  Start();
+  RegisterAll();
+  core_->Fail(absl::CancelledError("interrupted"));
+  core_->Fail(absl::InternalError("second"));
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kCancelled);
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"error\": \"interrupted\""), std::string::npos) << r;
+  // Barriers and WorkerDone return the failure at once.
+  proto::BarrierRequest b;
+  b.set_name("trained");
+  b.set_role(proto::ROLE_WORKER);
+  b.set_id(0);
+  absl::Status bs = core_->Barrier(b, absl::InfiniteFuture());
+  EXPECT_EQ(bs.code(), StatusCode::kCancelled);
+  EXPECT_EQ(ReasonOf(bs), proto::REASON_JOB_FAILED);
+}
+
+}  // namespace
+}  // namespace ps
