@@ -15,6 +15,8 @@ struct SchedulerRunOptions {
   std::vector<std::string> overrides;  // "section.field=value"
   int port = -1;                       // -1: from cluster.scheduler
   std::string report_path;
+  // Listen on a non-loopback address without a token (CheckBindAllowed).
+  bool insecure = false;
 };
 
 // Loads `path` (defaults when empty) and applies the overrides in order;

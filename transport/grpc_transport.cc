@@ -246,6 +246,21 @@ bool IsLoopbackHost(const std::string& host) {
          host.rfind("127.", 0) == 0;
 }
 
+absl::Status CheckBindAllowed(const std::string& host, const GrpcSecurity& s,
+                              bool insecure) {
+  if (!s.token.empty()) return absl::OkStatus();
+  if (!IsLoopbackHost(host) && !insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to listen on ", host,
+        " without a cluster token: set PS_AUTH_TOKEN (or cluster.auth_token),"
+        " or pass --insecure to accept unauthenticated calls"));
+  }
+  PS_LOG_WARN("no cluster token (PS_AUTH_TOKEN): calls on {} are not "
+              "authenticated",
+              host);
+  return absl::OkStatus();
+}
+
 grpc::ChannelArguments DefaultChannelArgs() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);

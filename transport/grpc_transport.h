@@ -101,6 +101,12 @@ void ApplyMessageLimit(int max_message_mb, grpc::ChannelArguments* args);
 // can reach.
 bool IsLoopbackHost(const std::string& host);
 
+// Whether a process may listen on `host` with `s`: FAILED_PRECONDITION when
+// it has no token and `host` is not loopback, unless `insecure` (the
+// --insecure flag). Logs a warning when it runs without a token at all.
+absl::Status CheckBindAllowed(const std::string& host, const GrpcSecurity& s,
+                              bool insecure);
+
 // A gRPC channel argument set on top of DefaultChannelArgs(): an integer
 // when the value parses as one, a string otherwise.
 struct GrpcArg {
