@@ -325,8 +325,7 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
           req.wait_ms() > 0 ? req.wait_ms() : default_wait_ms_,
           limits_.max_wait_ms);
       deadline = clock_->Now() +
-                 std::min(absl::Milliseconds(wait_ms),
-                          std::max(max_wait, absl::ZeroDuration()));
+                 std::min(absl::Milliseconds(wait_ms), max_wait);
     }
   }
   std::vector<int> ranges;
@@ -337,6 +336,11 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
   }
   Table* const t = adm.table;
   std::shared_ptr<const Routing> routing = adm.routing;
+  if (max_wait <= absl::ZeroDuration()) {
+    // The caller gave up already: do not queue a wait nobody will read.
+    done(absl::DeadlineExceededError("pull arrived after its deadline"));
+    return;
+  }
   if (ranges.empty()) {  // no keys: nothing to wait for
     done(absl::OkStatus());
     return;

@@ -283,6 +283,11 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder,
   builder->SetMaxReceiveMessageSize(limit);
   builder->SetMaxSendMessageSize(limit);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Calls one connection may have open at once: a worker keeps a few dozen
+  // per server; the cap bounds what a client that floods calls and
+  // abandons them can make the server hold.
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                              kMaxConcurrentCallsPerConnection);
   builder->AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
 }

@@ -26,6 +26,9 @@ inline constexpr char kTokenHeader[] = "x-ps-token";
 // largest is 16 MiB, so 64 MiB leaves a wide margin while an oversized
 // message costs at most that much before it is refused.
 inline constexpr int kDefaultMaxMessageMb = 64;
+// HTTP/2 streams (calls) one client connection may have open on a server;
+// more wait in the client (HTTP/2 flow), they are not refused.
+inline constexpr int kMaxConcurrentCallsPerConnection = 100;
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
 absl::Status FromGrpcStatus(const grpc::Status& s);
