@@ -260,5 +260,59 @@ TEST_F(TlsTest, A9aJobTrainsOverMutualTls) {
   EXPECT_TRUE(absl::StrContains(ss.str(), "auc")) << ss.str();
 }
 
+// ---- Authentication helpers ----
+
+TEST(AuthTest, NoTokenRefusesANonLoopbackAddressUnlessInsecure) {
+  GrpcSecurity none;
+  EXPECT_EQ(CheckBindAllowed("0.0.0.0", none, /*insecure=*/false).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CheckBindAllowed("10.1.2.3", none, false).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(CheckBindAllowed("0.0.0.0", none, /*insecure=*/true).ok());
+  EXPECT_TRUE(CheckBindAllowed("127.0.0.1", none, false).ok());  // warns
+  EXPECT_TRUE(CheckBindAllowed("localhost", none, false).ok());
+  EXPECT_TRUE(CheckBindAllowed("::1", none, false).ok());
+  GrpcSecurity with_token;
+  with_token.token = "t";
+  EXPECT_TRUE(CheckBindAllowed("0.0.0.0", with_token, false).ok());
+}
+
+TEST(AuthTest, ConstantTimeEquals) {
+  EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "ab"));
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+}
+
+TEST(AuthTest, SecurityEnvRoundTrips) {
+  GrpcSecurity s;
+  s.token = "tok";
+  s.max_message_mb = 12;
+  s.tls.cert_file = "/c.pem";
+  s.tls.key_file = "/k.pem";
+  s.tls.ca_file = "/ca.pem";
+  s.tls.require_client_cert = true;
+  std::vector<std::string> env = SecurityEnv(s);
+  std::vector<std::string> names;
+  for (const std::string& e : env) {
+    const size_t eq = e.find('=');
+    names.push_back(e.substr(0, eq));
+    ASSERT_EQ(setenv(names.back().c_str(), e.substr(eq + 1).c_str(), 1), 0);
+  }
+  auto back = SecurityFromEnv(GrpcSecurity());
+  for (const std::string& n : names) unsetenv(n.c_str());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->token, "tok");
+  EXPECT_EQ(back->max_message_mb, 12);
+  EXPECT_EQ(back->tls.cert_file, "/c.pem");
+  EXPECT_EQ(back->tls.key_file, "/k.pem");
+  EXPECT_EQ(back->tls.ca_file, "/ca.pem");
+  EXPECT_TRUE(back->tls.require_client_cert);
+  ASSERT_EQ(setenv("PS_MAX_MESSAGE_MB", "lots", 1), 0);
+  EXPECT_EQ(SecurityFromEnv(GrpcSecurity()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  unsetenv("PS_MAX_MESSAGE_MB");
+}
+
 }  // namespace
 }  // namespace ps
