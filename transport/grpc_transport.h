@@ -41,8 +41,9 @@ absl::Status CheckToken(const grpc::ServerContextBase& ctx,
 // Compares in time that depends only on the lengths (token checks).
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 
-// Settings every channel and server uses: no message size limit (big pushes
-// are normal), larger flow-control windows, keepalive.
+// Settings every channel and server uses: larger flow-control windows,
+// keepalive. The message size limit is set on top by ApplyMessageLimit
+// (channels) and ConfigureServerBuilder (servers): cluster.max_message_mb.
 grpc::ChannelArguments DefaultChannelArgs();
 // The server side also sets the message limits of `max_message_mb`.
 void ConfigureServerBuilder(grpc::ServerBuilder* builder,
