@@ -347,6 +347,12 @@ const std::vector<Field>& Fields() {
       IntField<int>(PS_CFG(cluster, register_timeout_ms), 100),
       StringField(PS_CFG(cluster, auth_token)),
       StringField(PS_CFG(cluster, bind_host)),
+      // Limits, TLS (issue 8: security).
+      IntField<int>(PS_CFG(cluster, max_message_mb), 1, 2047),
+      StringField(PS_CFG(cluster.tls, cert_file)),
+      StringField(PS_CFG(cluster.tls, key_file)),
+      StringField(PS_CFG(cluster.tls, ca_file)),
+      BoolField(PS_CFG(cluster.tls, require_client_cert)),
       ModeField(),
       TauField(),
       IntField<int64_t>(PS_CFG(consistency, pull_timeout_ms), 1),
@@ -402,7 +408,8 @@ const std::vector<Field>& Fields() {
 bool IsSection(absl::string_view path) {
   return path == "cluster" || path == "consistency" || path == "optimizer" ||
          path == "data" || path == "data.synthetic" || path == "training" ||
-         path == "mlp" || path == "output";
+         path == "mlp" || path == "output" ||
+         path == "cluster.tls";  // limits, TLS (issue 8: security)
 }
 
 const Field* FindField(absl::string_view path) {

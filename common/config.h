@@ -27,6 +27,26 @@ struct ClusterConfig {
   std::string auth_token;  // when set, every RPC must carry it
   std::string bind_host = "127.0.0.1";  // interface servers listen on
 
+  // ---- Limits, TLS (issue 8: security) ----
+  // Largest gRPC message any process sends or accepts, MiB (1..2047). The
+  // largest push of the shipped configs is under 1 MiB.
+  int max_message_mb = 64;
+  // gRPC TLS when cert_file or ca_file is set (PEM files; relative paths as
+  // given). Servers and the scheduler present cert_file/key_file; clients
+  // verify them against ca_file; with require_client_cert every process
+  // also presents cert_file/key_file and servers refuse clients without one
+  // (mutual TLS). Certificates must name the addresses nodes are reached at
+  // (subjectAltName IP/DNS).
+  struct Tls {
+    std::string cert_file;
+    std::string key_file;
+    std::string ca_file;
+    bool require_client_cert = false;
+    bool operator==(const Tls&) const = default;
+  };
+  Tls tls;
+  // ---- end of limits, TLS ----
+
   bool operator==(const ClusterConfig&) const = default;
 };
 

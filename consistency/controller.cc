@@ -11,15 +11,18 @@
 namespace ps {
 
 ConsistencyController::ConsistencyController(int num_workers, int num_ranges,
-                                             int64_t tau, Clock* clock)
+                                             int64_t tau, Clock* clock,
+                                             int max_pending_per_worker)
     : num_workers_(std::max(num_workers, 0)),
       num_ranges_(std::max(num_ranges, 0)),
       clock_(clock),
+      max_pending_per_worker_(std::max(max_pending_per_worker, 1)),
       tau_(tau),
       ranges_(num_ranges_, VectorClock(num_workers_)),
       live_(num_workers_, true),
       finished_(num_workers_, false),
-      dead_(num_workers_, false) {}
+      dead_(num_workers_, false),
+      pending_(num_workers_, 0) {}
 
 void ConsistencyController::SetTau(int64_t tau) {
   std::vector<Ready> ready;
@@ -136,6 +139,7 @@ void ConsistencyController::TakeServableLocked(std::vector<Ready>* out) {
     Wait& w = waits_[i];
     if (CanServeLocked(w.clock, w.ranges)) {
       out->push_back(std::move(w.ready));
+      --pending_[w.worker];
     } else {
       if (keep != i) waits_[keep] = std::move(w);
       ++keep;
@@ -162,13 +166,27 @@ bool ConsistencyController::WaitPull(int worker, int64_t clock,
       return true;
     }
   }
+  bool full = false;
   {
     absl::MutexLock l(&mu_);
     if (!CanServeLocked(clock, ranges)) {
-      waits_.push_back(Wait{worker, clock, std::move(ranges), clock_->Now(),
-                            deadline, std::move(ready)});
-      return false;
+      if (pending_[worker] >= max_pending_per_worker_) {
+        full = true;
+      } else {
+        ++pending_[worker];
+        waits_.push_back(Wait{worker, clock, std::move(ranges), clock_->Now(),
+                              deadline, std::move(ready)});
+        return false;
+      }
     }
+  }
+  if (full) {
+    ready(ErrorWithReason(absl::StatusCode::kResourceExhausted,
+                          proto::REASON_TOO_MANY_PENDING,
+                          absl::StrCat("worker ", worker, " already has ",
+                                       max_pending_per_worker_,
+                                       " pulls waiting")));
+    return true;
   }
   ready(absl::OkStatus());
   return true;
@@ -224,6 +242,7 @@ int ConsistencyController::ExpireWaits() {
     for (size_t i = 0; i < waits_.size(); ++i) {
       Wait& w = waits_[i];
       if (now >= w.deadline) {
+        --pending_[w.worker];
         fire.emplace_back(std::move(w.ready),
                           ErrorWithReason(absl::StatusCode::kDeadlineExceeded,
                                           proto::REASON_CONSISTENCY_TIMEOUT,
@@ -245,6 +264,7 @@ void ConsistencyController::CancelAll(absl::Status status) {
   {
     absl::MutexLock l(&mu_);
     waits.swap(waits_);
+    std::fill(pending_.begin(), pending_.end(), 0);
   }
   for (Wait& w : waits) w.ready(status);
 }

@@ -28,14 +28,21 @@ namespace ps {
 // tau meaning "no bound" (ASP). Any negative tau is treated the same way.
 inline constexpr int64_t kInfiniteTau = -1;
 
+// Waiting pulls one worker may have queued at once. A worker keeps a few per
+// server (one per table and prefetched clock); the bound only stops a
+// hostile or buggy peer from growing the queue without limit.
+inline constexpr int kDefaultMaxPendingPullsPerWorker = 256;
+
 // Thread-safe. Callbacks passed to WaitPull never run while the controller's
 // lock is held, so a callback may call back into the controller.
 class ConsistencyController {
  public:
   // `clock` is not owned and must outlive the controller (it is read only by
-  // WaitPull and ExpireWaits). Negative counts are treated as 0.
-  ConsistencyController(int num_workers, int num_ranges, int64_t tau,
-                        Clock* clock);
+  // WaitPull and ExpireWaits). Negative counts are treated as 0. At most
+  // `max_pending_per_worker` waits of one worker are queued at a time.
+  ConsistencyController(
+      int num_workers, int num_ranges, int64_t tau, Clock* clock,
+      int max_pending_per_worker = kDefaultMaxPendingPullsPerWorker);
   ConsistencyController(const ConsistencyController&) = delete;
   ConsistencyController& operator=(const ConsistencyController&) = delete;
   // Pending waits are dropped without being called; call CancelAll first to
@@ -77,6 +84,9 @@ class ConsistencyController {
   //  - servable now: ready(OkStatus()) runs on this thread before WaitPull
   //    returns, and WaitPull returns true;
   //  - a worker or range id out of range: ready(INVALID_ARGUMENT) runs on
+  //    this thread, and WaitPull returns true;
+  //  - not servable and the worker already has max_pending_per_worker waits
+  //    queued: ready(RESOURCE_EXHAUSTED, REASON_TOO_MANY_PENDING) runs on
   //    this thread, and WaitPull returns true;
   //  - otherwise the wait is queued and WaitPull returns false. It later runs
   //    with OkStatus() on whichever thread made it servable, with
@@ -131,6 +141,7 @@ class ConsistencyController {
   const int num_workers_;
   const int num_ranges_;
   Clock* const clock_;
+  const int max_pending_per_worker_;
 
   mutable absl::Mutex mu_;
   int64_t tau_ ABSL_GUARDED_BY(mu_);
@@ -139,6 +150,7 @@ class ConsistencyController {
   std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> dead_ ABSL_GUARDED_BY(mu_);
   std::vector<Wait> waits_ ABSL_GUARDED_BY(mu_);  // queue order
+  std::vector<int> pending_ ABSL_GUARDED_BY(mu_);  // waits_ per worker
 };
 
 }  // namespace ps

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "transport/errors.h"
 #include "gtest/gtest.h"
 
 namespace ps {
@@ -363,6 +364,38 @@ INSTANTIATE_TEST_SUITE_P(
                                              : "tau" + std::to_string(tau)) +
              "_slow" + std::to_string(std::get<1>(info.param));
     });
+
+// Issue 8: waits are bounded per worker; every way a wait ends (served,
+// expired, cancelled) frees its slot.
+TEST(ControllerTest, PendingWaitsPerWorkerAreBounded) {
+  FakeClock clock;
+  ConsistencyController c(2, 1, /*tau=*/0, &clock,
+                          /*max_pending_per_worker=*/2);
+  std::vector<Result> r(8);
+  EXPECT_FALSE(c.WaitPull(0, 1, {}, clock.Now() + kTimeout, r[0].Callback()));
+  EXPECT_FALSE(c.WaitPull(0, 1, {}, clock.Now() + kTimeout, r[1].Callback()));
+  EXPECT_TRUE(c.WaitPull(0, 1, {}, clock.Now() + kTimeout, r[2].Callback()));
+  ASSERT_TRUE(r[2].fired);
+  EXPECT_EQ(r[2].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReasonOf(r[2].status), proto::REASON_TOO_MANY_PENDING);
+  // Worker 1 has its own allowance.
+  EXPECT_FALSE(c.WaitPull(1, 1, {}, clock.Now() + kTimeout, r[3].Callback()));
+  // Served: both of worker 0's slots free again.
+  c.AdvanceClock(0, 0, {});
+  c.AdvanceClock(1, 0, {});
+  EXPECT_TRUE(r[0].fired && r[1].fired && r[3].fired);
+  EXPECT_FALSE(
+      c.WaitPull(0, 2, {}, clock.Now() + absl::Seconds(1), r[4].Callback()));
+  EXPECT_FALSE(c.WaitPull(0, 2, {}, clock.Now() + kTimeout, r[5].Callback()));
+  // Expired: one slot frees.
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(c.ExpireWaits(), 1);
+  EXPECT_FALSE(c.WaitPull(0, 2, {}, clock.Now() + kTimeout, r[6].Callback()));
+  // Cancelled: all free.
+  c.CancelAll(absl::CancelledError("x"));
+  EXPECT_FALSE(c.WaitPull(0, 2, {}, clock.Now() + kTimeout, r[7].Callback()));
+  c.CancelAll(absl::CancelledError("end"));
+}
 
 }  // namespace
 }  // namespace ps

@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 #include "common/net.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 
 extern char** environ;
@@ -706,7 +707,21 @@ int Launcher::Run(const std::atomic<int>* stop) {
   const std::string token = config.cluster.auth_token.empty()
                                 ? RandomHexToken()
                                 : config.cluster.auth_token;
-  const std::vector<std::string> env = {"PS_AUTH_TOKEN=" + token};
+  // Authentication is on by default: the token (generated unless the config
+  // has one) goes to the children in PS_AUTH_TOKEN, with the TLS files and
+  // the message limit, and into <run_dir>/token (0600) for ps_status.
+  GrpcSecurity security = SecurityFromConfig(config);
+  security.token = token;
+  std::vector<std::string> env = SecurityEnv(security);
+  env.push_back("PS_BIND_HOST=" + config.cluster.bind_host);
+  const std::string token_file =
+      (std::filesystem::path(run_dir_) / "token").string();
+  if (absl::Status s = WriteFilePrivate(token_file, token + "\n"); !s.ok()) {
+    Say(absl::StrCat("cannot write ", s.message()));
+    return kExitSetupError;
+  }
+  Say(absl::StrCat("auth token in ", token_file, " (ps_status --scheduler ",
+                   scheduler_address_, " --token_file ", token_file, ")"));
   std::vector<ChildSpec> specs;
   const std::string report_path =
       options_.report_path.empty()

@@ -16,6 +16,8 @@ ABSL_FLAG(std::vector<std::string>, set, {},
           "replaces the previous one)");
 ABSL_FLAG(int, port, -1, "port to serve on (default: cluster.scheduler's)");
 ABSL_FLAG(std::string, report, "", "write the JSON job report here");
+ABSL_FLAG(bool, insecure, false,
+          "allow listening on a non-loopback address without PS_AUTH_TOKEN");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -25,6 +27,7 @@ int main(int argc, char** argv) {
   o.overrides = absl::GetFlag(FLAGS_set);
   o.port = absl::GetFlag(FLAGS_port);
   o.report_path = absl::GetFlag(FLAGS_report);
+  o.insecure = absl::GetFlag(FLAGS_insecure);
   absl::Status s = ps::RunScheduler(o);
   if (!s.ok()) {
     PS_LOG_ERROR("job failed: {}", s.ToString());

@@ -7,6 +7,7 @@
 #include "transport/grpc_transport.h"
 #include "common/logging.h"
 #include "common/membership.h"
+#include "common/security.h"
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "scheduler/scheduler.h"
@@ -18,9 +19,6 @@ absl::StatusOr<JobConfig> LoadConfigWithOverrides(
     const std::string& path, const std::vector<std::string>& overrides) {
   PS_ASSIGN_OR_RETURN(JobConfig config,
                       LoadJobConfigWithOverrides(path, overrides));
-  // Before the scheduler listens, so that no node joins a job that cannot
-  // run (the same check as ps_launch's, for schedulers started by hand).
-  PS_RETURN_IF_ERROR(CheckJobResources(config));
   return config;
 }
 
@@ -34,9 +32,31 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   int port = 0;
   PS_RETURN_IF_ERROR(SplitHostPort(config.cluster.scheduler, &host, &port));
   if (options.port >= 0) port = options.port;
-  const std::string token = TokenFromEnv(config.cluster.auth_token);
+  // Listens on cluster.bind_host; a config that names a non-loopback
+  // scheduler host but leaves bind_host at its loopback default listens on
+  // that host, as before bind_host was read.
+  if (!IsLoopbackHost(config.cluster.bind_host) || IsLoopbackHost(host)) {
+    host = config.cluster.bind_host;
+  }
+  // Before the scheduler listens, so that no node joins a job that cannot
+  // run (the same check as ps_launch's). Only for a job on this machine: in
+  // a multi-host job the data lives on the worker hosts and the model on
+  // the server hosts, where the scheduler cannot look.
+  if (IsLoopbackHost(host)) {
+    PS_RETURN_IF_ERROR(CheckJobResources(config));
+  } else {
+    PS_LOG_INFO("multi-host job: data paths and model_dir are not checked "
+                "here but by the workers and servers that use them");
+  }
+  PS_ASSIGN_OR_RETURN(const GrpcSecurity security,
+                      SecurityFromEnv(SecurityFromConfig(config)));
+  PS_RETURN_IF_ERROR(CheckBindAllowed(host, security, options.insecure));
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
+                      MakeServerCredentials(security));
+  PS_RETURN_IF_ERROR(MakeChannelCredentials(security).status());
+  const std::string& token = security.token;
 
-  GrpcClientFactory clients(GrpcTransportOptions{token, 1});
+  GrpcClientFactory clients(GrpcClientFactory::Options(security, 1));
   SchedulerOptions so;
   so.config = config;
   so.report_path = options.report_path;
@@ -45,10 +65,9 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   SchedulerService service(&core, token);
 
   grpc::ServerBuilder builder;
-  ConfigureServerBuilder(&builder);
+  ConfigureServerBuilder(&builder, security.max_message_mb);
   int selected = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", port),
-                           grpc::InsecureServerCredentials(), &selected);
+  builder.AddListeningPort(absl::StrCat(host, ":", port), creds, &selected);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || selected == 0) {

@@ -15,12 +15,14 @@ struct SchedulerRunOptions {
   std::vector<std::string> overrides;  // "section.field=value"
   int port = -1;                       // -1: from cluster.scheduler
   std::string report_path;
+  // Listen on a non-loopback address without a token (CheckBindAllowed).
+  bool insecure = false;
 };
 
 // Loads `path` (defaults when empty) and applies the overrides in order
-// (LoadJobConfigWithOverrides), then checks the machine (CheckJobResources:
-// data files readable, model_dir writable with free space). Errors name the
-// file and field.
+// (LoadJobConfigWithOverrides). Errors name the file and field. RunScheduler
+// then checks the machine (CheckJobResources: data files readable, model_dir
+// writable with free space) when it listens on loopback (a one-host job).
 absl::StatusOr<JobConfig> LoadConfigWithOverrides(
     const std::string& path, const std::vector<std::string>& overrides);
 

@@ -1,5 +1,6 @@
 #include "scheduler/scheduler_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "transport/grpc_transport.h"
 
@@ -33,6 +34,10 @@ grpc::Status SchedulerService::Register(grpc::ServerContext* ctx,
                                         const proto::RegisterRequest* req,
                                         proto::RegisterResponse* resp) {
   PS_AUTH();
+  if (!proto::Role_IsValid(req->role()) || req->role() == proto::ROLE_UNKNOWN) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("register: unknown role ", req->role())));
+  }
   return Fill(core_->Register(*req), resp);
 }
 
@@ -47,6 +52,10 @@ grpc::Status SchedulerService::Heartbeat(grpc::ServerContext* ctx,
                                          const proto::HeartbeatRequest* req,
                                          proto::HeartbeatResponse* resp) {
   PS_AUTH();
+  if (!proto::Role_IsValid(req->role())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("heartbeat: unknown role ", req->role())));
+  }
   return Fill(core_->Heartbeat(*req), resp);
 }
 
@@ -82,6 +91,10 @@ grpc::Status SchedulerService::SetConsistency(
     grpc::ServerContext* ctx, const proto::SetConsistencyRequest* req,
     proto::SetConsistencyResponse* resp) {
   PS_AUTH();
+  if (!proto::ConsistencyMode_IsValid(req->consistency().mode())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "set consistency: unknown mode ", req->consistency().mode())));
+  }
   return Fill(core_->SetConsistency(*req), resp);
 }
 

@@ -1,4 +1,6 @@
-// gRPC face of the SchedulerCore: converts and authenticates, nothing else.
+// gRPC face of the SchedulerCore: converts and authenticates, and refuses
+// enum values outside the proto's (a role or consistency mode the core does
+// not know) with INVALID_ARGUMENT.
 #pragma once
 
 #include <string>

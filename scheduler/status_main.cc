@@ -2,25 +2,79 @@
 // consistency model while it runs.
 //   ps_status --scheduler host:port
 //   ps_status --scheduler host:port --set_mode ssp --set_tau 8
+// The cluster token comes from --token_file, else $PS_AUTH_TOKEN, else the
+// newest runs/*/token under the current directory (ps_launch writes one per
+// run). TLS settings come from the PS_TLS_* variables (SecurityFromEnv).
 #include <cstdio>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "transport/grpc_transport.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
 ABSL_FLAG(std::string, set_mode, "",
           "change the consistency mode of the running job (ssp|asp; bsp "
           "cannot be switched to or from)");
 ABSL_FLAG(int64_t, set_tau, -2, "change tau of the running job (-1: inf)");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the cluster token (default: $PS_AUTH_TOKEN, else the "
+          "newest runs/*/token)");
+
+namespace {
+
+// The token the flags and environment name; empty when none is found.
+std::string FindToken() {
+  std::string path = absl::GetFlag(FLAGS_token_file);
+  if (path.empty()) {
+    if (const char* t = std::getenv("PS_AUTH_TOKEN"); t != nullptr && *t) {
+      return t;
+    }
+    std::error_code ec;
+    std::filesystem::file_time_type newest;
+    for (const auto& e : std::filesystem::directory_iterator("runs", ec)) {
+      const auto f = e.path() / "token";
+      auto t = std::filesystem::last_write_time(f, ec);
+      if (ec) continue;
+      if (path.empty() || t > newest) {
+        path = f.string();
+        newest = t;
+      }
+    }
+    if (path.empty()) return "";
+  }
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in) {
+    std::fprintf(stderr, "ps_status: cannot read token file %s\n",
+                 path.c_str());
+    return "";
+  }
+  return std::string(absl::StripAsciiWhitespace(ss.str()));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  ps::GrpcClientFactory clients(
-      ps::GrpcTransportOptions{ps::TokenFromEnv(""), 1});
+  ps::GrpcSecurity base;
+  base.token = FindToken();
+  auto security = ps::SecurityFromEnv(base);
+  if (!security.ok()) {
+    std::fprintf(stderr, "ps_status: %s\n",
+                 security.status().ToString().c_str());
+    return 2;
+  }
+  if (!absl::GetFlag(FLAGS_token_file).empty()) security->token = base.token;
+  ps::GrpcClientFactory clients(ps::GrpcClientFactory::Options(*security, 1));
   auto scheduler = clients.Scheduler(absl::GetFlag(FLAGS_scheduler));
   const std::string mode = absl::GetFlag(FLAGS_set_mode);
   const int64_t tau = absl::GetFlag(FLAGS_set_tau);

@@ -9,8 +9,11 @@
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
 ABSL_FLAG(int, id, -1, "requested server id (-1: any)");
-ABSL_FLAG(std::string, bind, "127.0.0.1", "interface to listen on");
+ABSL_FLAG(std::string, bind, "",
+          "interface to listen on (default: $PS_BIND_HOST, else 127.0.0.1)");
 ABSL_FLAG(int, port, 0, "port to listen on (0: any free one)");
+ABSL_FLAG(bool, insecure, false,
+          "allow listening on a non-loopback address without PS_AUTH_TOKEN");
 ABSL_FLAG(std::string, advertise, "",
           "host other nodes reach this server at (default: --bind)");
 
@@ -23,6 +26,7 @@ int main(int argc, char** argv) {
   o.bind_host = absl::GetFlag(FLAGS_bind);
   o.port = absl::GetFlag(FLAGS_port);
   o.advertise_host = absl::GetFlag(FLAGS_advertise);
+  o.insecure = absl::GetFlag(FLAGS_insecure);
   absl::Status s = ps::RunServer(o);
   if (!s.ok()) {
     PS_LOG_ERROR("server failed: {}", s.ToString());

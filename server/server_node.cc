@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -31,7 +32,34 @@ int64_t TauOf(const proto::ConsistencyConfig& c) {
 
 }  // namespace
 
-ServerNode::ServerNode(Clock* clock) : clock_(clock) {}
+ServerNode::ServerNode(Clock* clock, ServerLimits limits)
+    : clock_(clock), limits_(limits) {}
+
+namespace {
+
+absl::Status ClockTooFar(int worker, int64_t clock, int64_t completed,
+                         int64_t max_ahead) {
+  return ErrorWithReason(
+      absl::StatusCode::kOutOfRange, proto::REASON_CLOCK_TOO_FAR,
+      absl::StrCat("clock ", clock, " of worker ", worker, " is more than ",
+                   max_ahead, " clocks ahead of the ", completed,
+                   " it completed here"));
+}
+
+bool AllFinite(const std::string& vals) {
+  // Exponent bits all ones: NaN or infinity. Integer compare, no FP traps.
+  const size_t n = vals.size() / sizeof(uint32_t);
+  const char* p = vals.data();
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i * sizeof(bits), sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+}  // namespace
 
 ServerNode::~ServerNode() {
   CancelAll(absl::CancelledError("server shutting down"));
@@ -59,6 +87,10 @@ absl::Status ServerNode::Configure(int server_id,
   if (view.workers_size() == 0) {
     return absl::InvalidArgumentError("cluster view has no workers");
   }
+  if (!proto::ConsistencyMode_IsValid(view.consistency().mode())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown consistency mode ", view.consistency().mode()));
+  }
   if (server_id < 0 || server_id >= std::max(1, routing.num_servers())) {
     return absl::InvalidArgumentError(
         absl::StrCat("server id ", server_id, " not in the view"));
@@ -84,7 +116,8 @@ absl::Status ServerNode::Configure(int server_id,
       }
       consistency_ = std::make_unique<ConsistencyController>(
           view.workers_size(), routing.num_ranges(),
-          TauOf(view.consistency()), clock_);
+          TauOf(view.consistency()), clock_,
+          limits_.max_pending_pulls_per_worker);
       workers_.resize(view.workers_size());
       mode_ = view.consistency().mode();
     } else {
@@ -210,6 +243,13 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
                        req.vals().size() / 4.0));
     } else if (req.clock() < 0) {
       s = absl::InvalidArgumentError("negative clock");
+    } else if (!AllFinite(req.vals())) {
+      s = ErrorWithReason(absl::StatusCode::kInvalidArgument,
+                          proto::REASON_NON_FINITE,
+                          absl::StrCat("push of worker ", req.worker_id(),
+                                       " has NaN or infinite values"));
+      absl::MutexLock l(&mu_);
+      ++non_finite_pushes_;
     }
   }
   if (!s.ok()) {
@@ -234,7 +274,19 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
           absl::StrCat("push for clock ", req.clock(), " after worker ",
                        req.worker_id(), " completed it"));
     }
+    if (req.clock() - w.completed > limits_.max_clock_ahead) {
+      return ClockTooFar(req.worker_id(), req.clock(), w.completed,
+                         limits_.max_clock_ahead);
+    }
+    if (w.above.size() >= limits_.max_unsettled_seqs &&
+        req.seq() != w.watermark + 1) {
+      return ErrorWithReason(
+          absl::StatusCode::kResourceExhausted, proto::REASON_TOO_MANY_PENDING,
+          absl::StrCat("worker ", req.worker_id(), " has ", w.above.size(),
+                       " unsettled push seqs"));
+    }
     MarkSeq(&w, req.seq());
+    w.max_seq = std::max(w.max_seq, req.seq());
     ++pushes_;
     if (adm.bsp) {
       bsp_[req.clock()].pushes[req.worker_id()][req.table()].push_back(
@@ -265,7 +317,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
 }
 
 void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
-                      Done done) {
+                      Done done, absl::Duration max_wait) {
   Admitted adm;
   absl::Status s;
   absl::Time deadline;
@@ -273,10 +325,20 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
     absl::MutexLock l(&mu_);
     s = Admit(req.worker_id(), req.epoch(), req.table(), &adm);
     if (s.ok()) {
+      const int64_t completed = workers_[req.worker_id()].completed;
+      if (req.clock() > completed &&
+          req.clock() - completed > limits_.max_clock_ahead) {
+        s = ClockTooFar(req.worker_id(), req.clock(), completed,
+                        limits_.max_clock_ahead);
+      }
+    }
+    if (s.ok()) {
       ++pulls_;
-      const int64_t wait_ms =
-          req.wait_ms() > 0 ? req.wait_ms() : default_wait_ms_;
-      deadline = clock_->Now() + absl::Milliseconds(wait_ms);
+      const int64_t wait_ms = std::min(
+          req.wait_ms() > 0 ? req.wait_ms() : default_wait_ms_,
+          limits_.max_wait_ms);
+      deadline = clock_->Now() +
+                 std::min(absl::Milliseconds(wait_ms), max_wait);
     }
   }
   std::vector<int> ranges;
@@ -287,6 +349,11 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
   }
   Table* const t = adm.table;
   std::shared_ptr<const Routing> routing = adm.routing;
+  if (max_wait <= absl::ZeroDuration()) {
+    // The caller gave up already: do not queue a wait nobody will read.
+    done(absl::DeadlineExceededError("pull arrived after its deadline"));
+    return;
+  }
   if (ranges.empty()) {  // no keys: nothing to wait for
     done(absl::OkStatus());
     return;
@@ -328,15 +395,23 @@ absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {
       return absl::InvalidArgumentError("negative clock, pushes or examples");
     }
     WorkerState& w = workers_[req.worker_id()];
-    if (req.settled_seq() > w.watermark) {
+    if (req.clock() > w.completed &&
+        req.clock() - w.completed > limits_.max_clock_ahead) {
+      return ClockTooFar(req.worker_id(), req.clock(), w.completed,
+                         limits_.max_clock_ahead);
+    }
+    // Only seqs this server received can be settled: a larger settled_seq
+    // would make every later push look like a replay.
+    const uint64_t settled = std::min<uint64_t>(req.settled_seq(), w.max_seq);
+    if (settled > w.watermark) {
       for (auto it = w.above.begin(); it != w.above.end();) {
-        if (*it <= req.settled_seq()) {
+        if (*it <= settled) {
           w.above.erase(it++);
         } else {
           ++it;
         }
       }
-      w.watermark = req.settled_seq();
+      w.watermark = settled;
       while (w.above.erase(w.watermark + 1) > 0) ++w.watermark;
     }
     if (req.clock() < w.completed) return absl::OkStatus();  // a replay
@@ -358,6 +433,9 @@ absl::Status ServerNode::Finish(const proto::FinishRequest& req) {
         req.worker_id() >= static_cast<int>(workers_.size())) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown worker id ", req.worker_id()));
+    }
+    if (req.final_clock() < 0) {
+      return absl::InvalidArgumentError("negative final clock");
     }
     WorkerState& w = workers_[req.worker_id()];
     w.final_clock = req.final_clock();
@@ -450,6 +528,10 @@ void ServerNode::Publish(const Actions& actions) {
 }
 
 absl::Status ServerNode::SetConsistency(const proto::ConsistencyConfig& c) {
+  if (!proto::ConsistencyMode_IsValid(c.mode())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown consistency mode ", c.mode()));
+  }
   if (c.mode() == proto::MODE_UNKNOWN) {
     return absl::InvalidArgumentError("consistency.mode not set");
   }
@@ -567,6 +649,7 @@ proto::ServerStatus ServerNode::Status() const {
   s.set_keys(keys);
   s.set_pushes(pushes_);
   s.set_pulls(pulls_);
+  s.set_non_finite_pushes(non_finite_pushes_);
   if (routing_) s.set_ranges(routing_->RangesOf(id_).size());
   if (consistency_) {
     for (int64_t c : consistency_->MinClockPerWorker()) s.add_worker_clocks(c);

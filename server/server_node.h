@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/routing.h"
 #include "consistency/controller.h"
@@ -31,12 +32,31 @@
 
 namespace ps {
 
+// Bounds on what one (possibly hostile or buggy) worker can make a server
+// hold. The defaults leave wide margins over what a correct worker needs.
+struct ServerLimits {
+  // Pulls of one worker waiting for consistency at once; beyond it a pull
+  // gets RESOURCE_EXHAUSTED + REASON_TOO_MANY_PENDING.
+  int max_pending_pulls_per_worker = kDefaultMaxPendingPullsPerWorker;
+  // How far a push, pull or clock may be ahead of the clocks that worker
+  // has completed on this server (a correct worker is one or two ahead);
+  // beyond it OUT_OF_RANGE + REASON_CLOCK_TOO_FAR.
+  int64_t max_clock_ahead = 1000;
+  // A pull's wait_ms is clamped to this.
+  int64_t max_wait_ms = 3600 * 1000;
+  // Push seqs above a worker's settled watermark the server remembers; a
+  // worker that never settles gets RESOURCE_EXHAUSTED +
+  // REASON_TOO_MANY_PENDING beyond it.
+  size_t max_unsettled_seqs = 1 << 16;
+};
+
 class ServerNode {
  public:
   using Done = std::function<void(const absl::Status&)>;
 
   // `clock` must outlive the node.
-  explicit ServerNode(Clock* clock = Clock::Real());
+  explicit ServerNode(Clock* clock = Clock::Real(),
+                      ServerLimits limits = ServerLimits());
   ~ServerNode();
 
   ServerNode(const ServerNode&) = delete;
@@ -56,14 +76,27 @@ class ServerNode {
   // than the server's UNAVAILABLE (reason VIEW_BEHIND: resend later), an
   // older epoch or a key this server does not own FAILED_PRECONDITION
   // (reason STALE_EPOCH).
+  // Limits (ServerLimits): a clock more than max_clock_ahead beyond the
+  // worker's completed clocks here is OUT_OF_RANGE + REASON_CLOCK_TOO_FAR;
+  // a push with a NaN or infinite value is INVALID_ARGUMENT +
+  // REASON_NON_FINITE (counted in Status().non_finite_pushes); too many
+  // waiting pulls or unsettled push seqs of one worker RESOURCE_EXHAUSTED +
+  // REASON_TOO_MANY_PENDING.
   void Push(const proto::PushRequest& req, proto::PushResponse* resp,
             Done done);
+  // A pull waits at most min(wait_ms or the default, max_wait_ms,
+  // `max_wait`) for consistency (`max_wait`: what is left of the caller's
+  // own deadline, so an abandoned call's wait expires with it).
   void Pull(const proto::PullRequest& req, proto::PullResponse* resp,
-            Done done);
+            Done done, absl::Duration max_wait = absl::InfiniteDuration());
+  // settled_seq is clamped to the highest push seq received from that
+  // worker, so it can never make later pushes look like replays.
   absl::Status ClockTick(const proto::ClockRequest& req);
+  // INVALID_ARGUMENT for a negative final clock.
   absl::Status Finish(const proto::FinishRequest& req);
 
-  // Control plane.
+  // Control plane. INVALID_ARGUMENT for a mode that is unset or not one of
+  // the ConsistencyMode values.
   absl::Status SetConsistency(const proto::ConsistencyConfig& c);
   // Writes this server's shard of every table under `dir` (empty: the
   // view's model_dir) as table-<t>.server-<s>.bin and .txt. Fills paths and
@@ -91,6 +124,7 @@ class ServerNode {
     // Exactly-once pushes: seqs <= watermark and those in `above` were seen.
     uint64_t watermark = 0;
     absl::flat_hash_set<uint64_t> above;
+    uint64_t max_seq = 0;  // highest push seq received
     // clock -> pushes applied (or buffered) with that clock
     std::map<int64_t, int64_t> received;
     // clock -> (pushes announced by the ClockRequest, examples)
@@ -142,7 +176,9 @@ class ServerNode {
   // Tells the consistency controller, outside mu_ (it runs callbacks).
   void Publish(const Actions& actions);
 
+  // Constant after construction.
   Clock* const clock_;
+  const ServerLimits limits_;
 
   mutable absl::Mutex mu_;
   int id_ ABSL_GUARDED_BY(mu_) = -1;
@@ -157,6 +193,7 @@ class ServerNode {
   int64_t bsp_applied_ ABSL_GUARDED_BY(mu_) = 0;  // clocks applied in BSP
   int64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t non_finite_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t default_wait_ms_ ABSL_GUARDED_BY(mu_) = 120000;
 };
 

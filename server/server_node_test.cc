@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -676,6 +677,202 @@ TEST_F(ServerNodeTest, RegressionFullDiskLeavesPartialModel) {
   EXPECT_EQ(left, (std::vector<std::string>{"table-0.server-0.bin",
                                             "table-0.server-0.txt"}));
   std::filesystem::remove_all(dir);
+}
+
+// ---- Limits and hostile input (issue 8, item 7) ----
+
+// Regression: one Clock with settled_seq = 2^64-1 made every later push of
+// that worker look like a replay and be dropped.
+TEST_F(ServerNodeTest, HugeSettledSeqDoesNotDropLaterPushes) {
+  Configure(1, 1, proto::MODE_ASP);
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {1}, {1}, 1)).ok());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 1, 1,
+                                        std::numeric_limits<uint64_t>::max()))
+                  .ok());
+  proto::PushResponse r;
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 2, 1, {1}, {1}, 1), &r).ok());
+  EXPECT_FALSE(r.duplicate()) << "a push the server never saw was dropped";
+  // Seq 1 was received, so it is settled and stays a replay.
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 1, {1}, {1}, 1), &r).ok());
+  EXPECT_TRUE(r.duplicate());
+  EXPECT_EQ(PullNow(&node_, 0, 1, {1}), std::vector<float>{-2.0f});
+}
+
+// Regression: NaN/Inf gradients were applied and poisoned the weights.
+TEST_F(ServerNodeTest, NonFiniteGradientIsRejectedAndCounted) {
+  Configure(1, 1, proto::MODE_ASP);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    absl::Status s = PushNow(&node_, MakePush(0, 1, 0, {1, 2}, {1, bad}, 1));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(ReasonOf(s), proto::REASON_NON_FINITE) << s;
+  }
+  EXPECT_EQ(node_.Status().non_finite_pushes(), 3);
+  EXPECT_EQ(node_.Status().pushes(), 0);
+  EXPECT_EQ(PullNow(&node_, 0, 0, {1, 2}), (std::vector<float>{0.0f, 0.0f}));
+  // The same seq with finite values is still accepted (never marked seen).
+  EXPECT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {1, 2}, {1, 1}, 1)).ok());
+}
+
+TEST_F(ServerNodeTest, BspNonFiniteGradientIsRejectedBeforeBuffering) {
+  Configure(1, 1, proto::MODE_BSP);
+  absl::Status s = PushNow(
+      &node_, MakePush(0, 1, 0, {1}, {std::numeric_limits<float>::quiet_NaN()},
+                       1));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReasonOf(s), proto::REASON_NON_FINITE);
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());
+  EXPECT_EQ(PullNow(&node_, 0, 1, {1}), std::vector<float>{0.0f});
+}
+
+// Regression: consistency mode 42 was accepted.
+TEST_F(ServerNodeTest, UnknownConsistencyModeIsInvalidArgument) {
+  proto::ClusterView v = MakeView(1, 1, proto::MODE_ASP);
+  v.mutable_consistency()->set_mode(static_cast<proto::ConsistencyMode>(42));
+  EXPECT_EQ(node_.Configure(0, v).code(), StatusCode::kInvalidArgument);
+  Configure(1, 1, proto::MODE_SSP, 1);
+  proto::ConsistencyConfig c;
+  c.set_mode(static_cast<proto::ConsistencyMode>(42));
+  EXPECT_EQ(node_.SetConsistency(c).code(), StatusCode::kInvalidArgument);
+  c.set_mode(static_cast<proto::ConsistencyMode>(-1));
+  EXPECT_EQ(node_.SetConsistency(c).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(ServerNodeTest, NegativeFinalClockIsInvalidArgument) {
+  Configure(1, 1, proto::MODE_ASP);
+  EXPECT_EQ(node_.Finish(MakeFinish(0, -5)).code(),
+            StatusCode::kInvalidArgument);
+}
+
+class ServerNodeLimitsTest : public ::testing::Test {
+ protected:
+  static ServerLimits Small() {
+    ServerLimits l;
+    l.max_pending_pulls_per_worker = 3;
+    l.max_clock_ahead = 10;
+    l.max_wait_ms = 5000;
+    l.max_unsettled_seqs = 4;
+    return l;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(node_.Configure(0, MakeView(1, 2, proto::MODE_BSP)).ok());
+  }
+
+  FakeClock clock_;
+  ServerNode node_{&clock_, Small()};
+};
+
+// Regression: 80k abandoned pulls held 1.38 GB; waits per worker are now
+// bounded.
+TEST_F(ServerNodeLimitsTest, TooManyWaitingPullsIsResourceExhausted) {
+  std::vector<std::unique_ptr<PendingPull>> waiting;
+  for (int i = 0; i < 3; ++i) {
+    waiting.push_back(StartPull(&node_, 0, 1, {1}));
+    EXPECT_FALSE(waiting.back()->done());
+  }
+  auto p = StartPull(&node_, 0, 1, {1});
+  ASSERT_TRUE(p->done());
+  EXPECT_EQ(p->status.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReasonOf(p->status), proto::REASON_TOO_MANY_PENDING);
+  // Another worker has its own allowance.
+  auto other = StartPull(&node_, 1, 1, {1});
+  EXPECT_FALSE(other->done());
+  // Once the waits are answered the worker may wait again.
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(1, 0, 0, 1)).ok());
+  for (auto& w : waiting) EXPECT_TRUE(w->done() && w->status.ok());
+  auto again = StartPull(&node_, 0, 2, {1});
+  EXPECT_FALSE(again->done());
+  node_.CancelAll(absl::CancelledError("test over"));  // before they die
+}
+
+TEST_F(ServerNodeLimitsTest, ExpiredWaitsFreeTheirSlots) {
+  std::vector<std::unique_ptr<PendingPull>> waiting;
+  for (int i = 0; i < 3; ++i) {
+    waiting.push_back(StartPull(&node_, 0, 1, {1}, /*wait_ms=*/100));
+  }
+  clock_.Advance(absl::Milliseconds(100));
+  node_.Tick();
+  for (auto& w : waiting) {
+    EXPECT_EQ(w->status.code(), StatusCode::kDeadlineExceeded);
+  }
+  auto p = StartPull(&node_, 0, 1, {1});
+  EXPECT_FALSE(p->done());
+  node_.CancelAll(absl::CancelledError("test over"));
+}
+
+TEST_F(ServerNodeLimitsTest, HugeWaitMsIsClamped) {
+  auto p = StartPull(&node_, 0, 1, {1},
+                     /*wait_ms=*/std::numeric_limits<int64_t>::max());
+  clock_.Advance(absl::Milliseconds(4999));
+  node_.Tick();
+  EXPECT_FALSE(p->done());
+  clock_.Advance(absl::Milliseconds(1));
+  node_.Tick();
+  ASSERT_TRUE(p->done());
+  EXPECT_EQ(p->status.code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ServerNodeLimitsTest, CallerDeadlineBoundsTheWait) {
+  PendingPull p;
+  p.req.set_worker_id(0);
+  p.req.set_clock(1);
+  p.req.set_epoch(1);
+  p.req.set_keys(Keys({1}));
+  p.req.set_wait_ms(4000);
+  node_.Pull(
+      p.req, &p.resp,
+      [&p](const absl::Status& s) {
+        ++p.calls;
+        p.status = s;
+      },
+      absl::Milliseconds(50));
+  clock_.Advance(absl::Milliseconds(50));
+  node_.Tick();
+  ASSERT_TRUE(p.done());
+  EXPECT_EQ(p.status.code(), StatusCode::kDeadlineExceeded);
+}
+
+// Regression: a pull or clock far in the future grew server state without
+// bound.
+TEST_F(ServerNodeLimitsTest, ClockTooFarAheadIsOutOfRange) {
+  absl::Status s = node_.ClockTick(MakeClock(0, 11, 0, 1));
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ReasonOf(s), proto::REASON_CLOCK_TOO_FAR);
+  EXPECT_EQ(node_.ClockTick(MakeClock(0, std::numeric_limits<int64_t>::max(),
+                                      0, 1))
+                .code(),
+            StatusCode::kOutOfRange);
+  EXPECT_TRUE(node_.ClockTick(MakeClock(0, 10, 0, 1)).ok());
+
+  s = PushNow(&node_, MakePush(0, 1, 11, {1}, {1}, 1));
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ReasonOf(s), proto::REASON_CLOCK_TOO_FAR);
+  EXPECT_TRUE(PushNow(&node_, MakePush(0, 1, 10, {1}, {1}, 1)).ok());
+
+  auto p = StartPull(&node_, 0, 11, {1});
+  ASSERT_TRUE(p->done());
+  EXPECT_EQ(p->status.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ReasonOf(p->status), proto::REASON_CLOCK_TOO_FAR);
+  auto q = StartPull(&node_, 0, 10, {1});
+  EXPECT_FALSE(q->done()) << "within the bound it waits as usual";
+  node_.CancelAll(absl::CancelledError("test over"));
+}
+
+TEST_F(ServerNodeLimitsTest, UnsettledSeqsAreBounded) {
+  // Seqs 2, 4, 6, 8 leave gaps: four remembered above the watermark.
+  for (uint64_t seq : {2, 4, 6, 8}) {
+    ASSERT_TRUE(PushNow(&node_, MakePush(0, seq, 0, {1}, {1}, 1)).ok());
+  }
+  absl::Status s = PushNow(&node_, MakePush(0, 10, 0, {1}, {1}, 1));
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReasonOf(s), proto::REASON_TOO_MANY_PENDING);
+  // The next contiguous seq still goes through, and so do later ones once
+  // a clock settles them.
+  EXPECT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {1}, {1}, 1)).ok());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 5, 5, /*settled=*/8)).ok());
+  EXPECT_TRUE(PushNow(&node_, MakePush(0, 10, 1, {1}, {1}, 1)).ok());
 }
 
 }  // namespace

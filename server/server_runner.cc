@@ -1,5 +1,6 @@
 #include "server/server_runner.h"
 
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -35,18 +36,29 @@ absl::Status CatchUpView(ServerNode* node, SchedulerClient* scheduler, int id,
   return absl::OkStatus();
 }
 
-absl::Status RunServer(const ServerRunOptions& options) {
+absl::Status RunServer(const ServerRunOptions& options_in) {
   UseFastGrpcBackupPolling();  // before any gRPC object
-  const std::string token = TokenFromEnv("");
+  ServerRunOptions options = options_in;
+  if (options.bind_host.empty()) {
+    const char* env = std::getenv("PS_BIND_HOST");
+    options.bind_host = env != nullptr && *env != '\0' ? env : "127.0.0.1";
+  }
+  PS_ASSIGN_OR_RETURN(const GrpcSecurity security,
+                      SecurityFromEnv(GrpcSecurity()));
+  PS_RETURN_IF_ERROR(
+      CheckBindAllowed(options.bind_host, security, options.insecure));
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
+                      MakeServerCredentials(security));
+  const std::string& token = security.token;
   ServerNode node;
   absl::Notification exit_requested;
   ServerService service(&node, token, [&] { exit_requested.Notify(); });
 
   grpc::ServerBuilder builder;
-  ConfigureServerBuilder(&builder);
+  ConfigureServerBuilder(&builder, security.max_message_mb);
   int port = 0;
   builder.AddListeningPort(absl::StrCat(options.bind_host, ":", options.port),
-                           grpc::InsecureServerCredentials(), &port);
+                           creds, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -58,7 +70,7 @@ absl::Status RunServer(const ServerRunOptions& options) {
                                      : options.advertise_host,
       ":", port);
 
-  GrpcClientFactory clients(GrpcTransportOptions{token, 1});
+  GrpcClientFactory clients(GrpcClientFactory::Options(security, 1));
   std::shared_ptr<SchedulerClient> scheduler =
       clients.Scheduler(options.scheduler);
   proto::RegisterRequest reg;

@@ -15,10 +15,12 @@ namespace ps {
 struct ServerRunOptions {
   std::string scheduler;  // host:port
   int requested_id = -1;
-  std::string bind_host = "127.0.0.1";
+  std::string bind_host;  // empty: $PS_BIND_HOST, else 127.0.0.1
   int port = 0;  // 0: any free port
   std::string advertise_host;  // empty: bind_host
   int register_timeout_ms = 60000;
+  // Listen on a non-loopback address without a token (CheckBindAllowed).
+  bool insecure = false;
 };
 
 // OK once the job ended well; ABORTED (reason JOB_FAILED) with the

@@ -1,5 +1,6 @@
 #include "server/server_service.h"
 
+#include "absl/time/clock.h"
 #include "transport/grpc_transport.h"
 #include "common/logging.h"
 
@@ -38,8 +39,15 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* ctx,
   absl::Status auth = CheckToken(*ctx, token_);
   if (!auth.ok()) return Reply(ctx, auth);
   auto* r = ctx->DefaultReactor();
-  node_->Pull(*req, resp,
-              [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); });
+  // A waiting pull gives up when its caller does: a client that abandons
+  // its call (deadline) does not leave the wait behind until wait_ms.
+  absl::Duration left = absl::InfiniteDuration();
+  if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
+    left = absl::FromChrono(ctx->deadline()) - absl::Now();
+  }
+  node_->Pull(
+      *req, resp, [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); },
+      left);
   return r;
 }
 

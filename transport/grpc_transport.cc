@@ -3,9 +3,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <vector>
 
+#include <fstream>
+#include <sstream>
+
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "grpc/grpc.h"
+#include "grpc/grpc_security.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace ps {
@@ -31,9 +39,225 @@ absl::Status CheckToken(const grpc::ServerContextBase& ctx,
   if (it == md.end()) {
     return absl::UnauthenticatedError("missing cluster token");
   }
-  if (std::string_view(it->second.data(), it->second.size()) != expected) {
+  if (!ConstantTimeEquals(std::string_view(it->second.data(),
+                                           it->second.size()),
+                          expected)) {
     return absl::UnauthenticatedError("wrong cluster token");
   }
+  return absl::OkStatus();
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]);
+  }
+  return diff == 0;
+}
+
+namespace {
+
+int MessageLimitBytes(int max_message_mb) {
+  if (max_message_mb <= 0) max_message_mb = kDefaultMaxMessageMb;
+  // gRPC takes an int: 2047 MiB at most.
+  return static_cast<int>(std::min<int64_t>(
+      int64_t{max_message_mb} << 20, std::numeric_limits<int>::max()));
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path,
+                                    const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in || ss.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read ", what, " ", path));
+  }
+  return ss.str();
+}
+
+// The token check, run by gRPC's server auth filter on a call's initial
+// metadata before the message is read. `state` is the expected token.
+void ProcessToken(void* state, grpc_auth_context*, const grpc_metadata* md,
+                  size_t num_md, grpc_process_auth_metadata_done_cb cb,
+                  void* user_data) {
+  const std::string& expected = *static_cast<const std::string*>(state);
+  const char* error = "missing cluster token";
+  for (size_t i = 0; i < num_md; ++i) {
+    if (grpc_slice_str_cmp(md[i].key, kTokenHeader) != 0) continue;
+    const std::string_view got(
+        reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(md[i].value)),
+        GRPC_SLICE_LENGTH(md[i].value));
+    error = ConstantTimeEquals(got, expected) ? nullptr : "wrong cluster token";
+    break;
+  }
+  // The token stays in the metadata (not consumed): the services check it
+  // again, which also covers transports without this filter.
+  cb(user_data, nullptr, 0, nullptr, 0,
+     error == nullptr ? GRPC_STATUS_OK : GRPC_STATUS_UNAUTHENTICATED, error);
+}
+
+void DestroyToken(void* state) { delete static_cast<std::string*>(state); }
+
+// grpc++ 1.51's InsecureServerCredentials() cannot take an auth metadata
+// processor, so both plaintext and TLS server credentials are built here
+// from the core API, where the processor works for either.
+class CoreServerCredentials final : public grpc::ServerCredentials {
+ public:
+  CoreServerCredentials(GrpcSecurity s, std::string ca, std::string cert,
+                        std::string key)
+      : s_(std::move(s)),
+        ca_(std::move(ca)),
+        cert_(std::move(cert)),
+        key_(std::move(key)) {}
+
+  void SetAuthMetadataProcessor(
+      const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {
+    PS_LOG_ERROR("CoreServerCredentials: a C++ auth processor is not "
+                 "supported; the token check is built in");
+  }
+
+ private:
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
+    grpc_server_credentials* c;
+    if (s_.tls.enabled()) {
+      grpc_ssl_pem_key_cert_pair pair{key_.c_str(), cert_.c_str()};
+      c = grpc_ssl_server_credentials_create_ex(
+          ca_.empty() ? nullptr : ca_.c_str(), &pair, 1,
+          s_.tls.require_client_cert
+              ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+              : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+          nullptr);
+    } else {
+      c = grpc_insecure_server_credentials_create();
+    }
+    if (!s_.token.empty()) {
+      grpc_auth_metadata_processor p;
+      p.process = ProcessToken;
+      p.destroy = DestroyToken;
+      p.state = new std::string(s_.token);
+      grpc_server_credentials_set_auth_metadata_processor(c, p);
+    }
+    const int port = grpc_server_add_http2_port(server, addr.c_str(), c);
+    grpc_server_credentials_release(c);
+    return port;
+  }
+
+  const GrpcSecurity s_;
+  const std::string ca_, cert_, key_;
+};
+
+}  // namespace
+
+void ApplyMessageLimit(int max_message_mb, grpc::ChannelArguments* args) {
+  const int limit = MessageLimitBytes(max_message_mb);
+  args->SetMaxReceiveMessageSize(limit);
+  args->SetMaxSendMessageSize(limit);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const GrpcSecurity& s) {
+  std::string ca, cert, key;
+  if (s.tls.enabled()) {
+    if (s.tls.cert_file.empty() || s.tls.key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "cluster.tls: a server needs cert_file and key_file");
+    }
+    if (s.tls.require_client_cert && s.tls.ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "cluster.tls.require_client_cert needs ca_file");
+    }
+    auto c = ReadPem(s.tls.cert_file, "cluster.tls.cert_file");
+    if (!c.ok()) return c.status();
+    auto k = ReadPem(s.tls.key_file, "cluster.tls.key_file");
+    if (!k.ok()) return k.status();
+    cert = std::move(*c);
+    key = std::move(*k);
+    if (!s.tls.ca_file.empty()) {
+      auto a = ReadPem(s.tls.ca_file, "cluster.tls.ca_file");
+      if (!a.ok()) return a.status();
+      ca = std::move(*a);
+    }
+  }
+  return std::shared_ptr<grpc::ServerCredentials>(
+      std::make_shared<CoreServerCredentials>(s, std::move(ca), std::move(cert),
+                                              std::move(key)));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+MakeChannelCredentials(const GrpcSecurity& s) {
+  if (!s.tls.enabled()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions o;
+  if (!s.tls.ca_file.empty()) {
+    auto a = ReadPem(s.tls.ca_file, "cluster.tls.ca_file");
+    if (!a.ok()) return a.status();
+    o.pem_root_certs = std::move(*a);
+  }
+  if (!s.tls.cert_file.empty() && !s.tls.key_file.empty()) {
+    auto c = ReadPem(s.tls.cert_file, "cluster.tls.cert_file");
+    if (!c.ok()) return c.status();
+    auto k = ReadPem(s.tls.key_file, "cluster.tls.key_file");
+    if (!k.ok()) return k.status();
+    o.pem_cert_chain = std::move(*c);
+    o.pem_private_key = std::move(*k);
+  }
+  return grpc::SslCredentials(o);
+}
+
+absl::StatusOr<GrpcSecurity> SecurityFromEnv(GrpcSecurity s) {
+  auto get = [](const char* name) -> const char* {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0' ? v : nullptr;
+  };
+  if (const char* v = get("PS_AUTH_TOKEN")) s.token = v;
+  if (const char* v = get("PS_MAX_MESSAGE_MB")) {
+    if (!absl::SimpleAtoi(v, &s.max_message_mb) || s.max_message_mb < 1 ||
+        s.max_message_mb > 2047) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PS_MAX_MESSAGE_MB: expected 1..2047, got '", v, "'"));
+    }
+  }
+  if (const char* v = get("PS_TLS_CERT_FILE")) s.tls.cert_file = v;
+  if (const char* v = get("PS_TLS_KEY_FILE")) s.tls.key_file = v;
+  if (const char* v = get("PS_TLS_CA_FILE")) s.tls.ca_file = v;
+  if (const char* v = get("PS_TLS_REQUIRE_CLIENT_CERT")) {
+    s.tls.require_client_cert = std::string_view(v) == "1";
+  }
+  return s;
+}
+
+std::vector<std::string> SecurityEnv(const GrpcSecurity& s) {
+  std::vector<std::string> env;
+  if (!s.token.empty()) env.push_back("PS_AUTH_TOKEN=" + s.token);
+  env.push_back(absl::StrCat("PS_MAX_MESSAGE_MB=", s.max_message_mb));
+  if (!s.tls.cert_file.empty()) {
+    env.push_back("PS_TLS_CERT_FILE=" + s.tls.cert_file);
+  }
+  if (!s.tls.key_file.empty()) env.push_back("PS_TLS_KEY_FILE=" + s.tls.key_file);
+  if (!s.tls.ca_file.empty()) env.push_back("PS_TLS_CA_FILE=" + s.tls.ca_file);
+  env.push_back(absl::StrCat("PS_TLS_REQUIRE_CLIENT_CERT=",
+                             s.tls.require_client_cert ? 1 : 0));
+  return env;
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" ||
+         host.rfind("127.", 0) == 0;
+}
+
+absl::Status CheckBindAllowed(const std::string& host, const GrpcSecurity& s,
+                              bool insecure) {
+  if (!s.token.empty()) return absl::OkStatus();
+  if (!IsLoopbackHost(host) && !insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to listen on ", host,
+        " without a cluster token: set PS_AUTH_TOKEN (or cluster.auth_token),"
+        " or pass --insecure to accept unauthenticated calls"));
+  }
+  PS_LOG_WARN("no cluster token (PS_AUTH_TOKEN): calls on {} are not "
+              "authenticated",
+              host);
   return absl::OkStatus();
 }
 
@@ -59,10 +283,17 @@ grpc::ChannelArguments DefaultChannelArgs() {
   return args;
 }
 
-void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
-  builder->SetMaxReceiveMessageSize(-1);
-  builder->SetMaxSendMessageSize(-1);
+void ConfigureServerBuilder(grpc::ServerBuilder* builder,
+                            int max_message_mb) {
+  const int limit = MessageLimitBytes(max_message_mb);
+  builder->SetMaxReceiveMessageSize(limit);
+  builder->SetMaxSendMessageSize(limit);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Calls one connection may have open at once: a worker keeps a few dozen
+  // per server; the cap bounds what a client that floods calls and
+  // abandons them can make the server hold.
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                              kMaxConcurrentCallsPerConnection);
   builder->AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
 }
@@ -113,7 +344,8 @@ void Prepare(grpc::ClientContext* ctx, absl::Time deadline,
 
 class GrpcServerClient : public ServerClient {
  public:
-  GrpcServerClient(const std::string& address, const GrpcTransportOptions& o)
+  GrpcServerClient(const std::string& address, const GrpcTransportOptions& o,
+                   const std::shared_ptr<grpc::ChannelCredentials>& creds)
       : token_(o.token), inflight_(std::make_shared<Inflight>()) {
     for (int i = 0; i < std::max(1, o.channels_per_server); ++i) {
       grpc::ChannelArguments args = DefaultChannelArgs();
@@ -121,9 +353,10 @@ class GrpcServerClient : public ServerClient {
       // TCP connection.
       args.SetInt("ps.channel_index", i);
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      ApplyMessageLimit(o.max_message_mb, &args);
       ApplyGrpcArgs(o.extra_channel_args, &args);
-      stubs_.push_back(proto::Server::NewStub(grpc::CreateCustomChannel(
-          address, grpc::InsecureChannelCredentials(), args)));
+      stubs_.push_back(proto::Server::NewStub(
+          grpc::CreateCustomChannel(address, creds, args)));
     }
   }
 
@@ -233,11 +466,14 @@ class GrpcServerClient : public ServerClient {
 
 class GrpcSchedulerClient : public SchedulerClient {
  public:
-  GrpcSchedulerClient(const std::string& address, const std::string& token)
-      : token_(token),
-        stub_(proto::Scheduler::NewStub(grpc::CreateCustomChannel(
-            address, grpc::InsecureChannelCredentials(),
-            DefaultChannelArgs()))) {}
+  GrpcSchedulerClient(const std::string& address, const GrpcTransportOptions& o,
+                      const std::shared_ptr<grpc::ChannelCredentials>& creds)
+      : token_(o.token) {
+    grpc::ChannelArguments args = DefaultChannelArgs();
+    ApplyMessageLimit(o.max_message_mb, &args);
+    stub_ = proto::Scheduler::NewStub(
+        grpc::CreateCustomChannel(address, creds, args));
+  }
 
 #define PS_SYNC_CALL(Method, Req, Resp)                                   \
   absl::StatusOr<Resp> Method(const Req& req, absl::Time deadline)        \
@@ -280,13 +516,33 @@ class GrpcSchedulerClient : public SchedulerClient {
 }  // namespace
 
 GrpcClientFactory::GrpcClientFactory(GrpcTransportOptions options)
-    : options_(std::move(options)) {}
+    : options_(std::move(options)) {
+  GrpcSecurity s;
+  s.tls = options_.tls;
+  auto creds = MakeChannelCredentials(s);
+  if (creds.ok()) {
+    creds_ = std::move(*creds);
+  } else {
+    PS_LOG_ERROR("{}; calls will fail", creds.status().ToString());
+    creds_ = grpc::SslCredentials(grpc::SslCredentialsOptions());
+  }
+}
+
+GrpcTransportOptions GrpcClientFactory::Options(const GrpcSecurity& s,
+                                                int channels_per_server) {
+  GrpcTransportOptions o;
+  o.token = s.token;
+  o.channels_per_server = channels_per_server;
+  o.max_message_mb = s.max_message_mb;
+  o.tls = s.tls;
+  return o;
+}
 
 std::shared_ptr<ServerClient> GrpcClientFactory::Server(
     const std::string& address) {
   absl::MutexLock l(&mu_);
   auto& c = servers_[address];
-  if (!c) c = std::make_shared<GrpcServerClient>(address, options_);
+  if (!c) c = std::make_shared<GrpcServerClient>(address, options_, creds_);
   return c;
 }
 
@@ -294,7 +550,9 @@ std::shared_ptr<SchedulerClient> GrpcClientFactory::Scheduler(
     const std::string& address) {
   absl::MutexLock l(&mu_);
   auto& c = schedulers_[address];
-  if (!c) c = std::make_shared<GrpcSchedulerClient>(address, options_.token);
+  if (!c) {
+    c = std::make_shared<GrpcSchedulerClient>(address, options_, creds_);
+  }
   return c;
 }
 

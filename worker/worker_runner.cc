@@ -271,7 +271,10 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
 
 absl::Status RunWorker(const WorkerRunOptions& options) {
   UseFastGrpcBackupPolling();  // before any gRPC object
-  GrpcClientFactory clients(GrpcTransportOptions{TokenFromEnv(""), 2});
+  PS_ASSIGN_OR_RETURN(const GrpcSecurity security,
+                      SecurityFromEnv(GrpcSecurity()));
+  PS_RETURN_IF_ERROR(MakeChannelCredentials(security).status());
+  GrpcClientFactory clients(GrpcClientFactory::Options(security, 2));
   std::shared_ptr<SchedulerClient> scheduler =
       clients.Scheduler(options.scheduler);
   proto::RegisterRequest reg;
