@@ -68,6 +68,24 @@ class ModeTest : public LocalClusterTest,
   }
 };
 
+// Regression: with training.eval_interval_s set, the trainer marked the
+// prefetched pull it had already waited for with timestamp -1 and then
+// waited on it, which the stricter KVWorker::Wait refuses ("unknown
+// timestamp -1"): every job with a learning curve failed (lr_benchmark).
+TEST_F(LocalClusterTest, EvalIntervalJobWaitsOnlyOnRealTimestamps) {
+  LocalClusterOptions o;
+  o.config = SyntheticJob(Mode::kSsp);
+  o.config.training.eval_interval_s = 1e-6;  // evaluate between minibatches
+  o.config.data.synthetic.train_rows = 5000;
+  o.config.data.synthetic.test_rows = 1000;
+  o.timeout = absl::Seconds(120);
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_NE(cluster.ReportJson().find("\"curve\": [{"), std::string::npos)
+      << cluster.ReportJson();
+}
+
 TEST_P(ModeTest, SyntheticTrainsToGoodAuc) {
   LocalClusterOptions o;
   o.config = SyntheticJob(mode());

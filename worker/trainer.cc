@@ -155,7 +155,8 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
     Slot& s = slots[cur];
     Slot& n = slots[1 - cur];
     absl::Time t0 = absl::Now();
-    PS_RETURN_IF_ERROR(kv_->Wait(s.ts, absl::Now() + timeout));
+    // ts < 0: its pull was already waited for (before an evaluation).
+    if (s.ts >= 0) PS_RETURN_IF_ERROR(kv_->Wait(s.ts, absl::Now() + timeout));
     absl::Time t1 = absl::Now();
     // On a CUDA backend the gradient is submitted first and collected after
     // the worker's own work for the next minibatch (reading and parsing it,
