@@ -458,7 +458,10 @@ void KVWorker::SendClock(int64_t clock) {
     ops_[ts].pending += static_cast<int>(reqs.size());
     clocks_.erase(it);
   }
-  for (auto& [s, r] : reqs) {
+  for (auto& entry : reqs) {
+    // Not a structured binding: clang 14 cannot capture one in a lambda.
+    const int s = entry.first;
+    const auto& r = entry.second;
     auto send = std::make_shared<std::function<void(int)>>();
     std::weak_ptr<std::function<void(int)>> weak = send;
     std::shared_ptr<ServerClient> client = servers[s];
