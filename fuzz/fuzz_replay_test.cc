@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/config.h"
 #include "fuzz/fuzz_util.h"
 #include "gtest/gtest.h"
 
@@ -49,6 +50,22 @@ TEST(FuzzReplay, Criteo) { Replay("criteo", &Criteo); }
 TEST(FuzzReplay, Config) { Replay("config", &Config); }
 TEST(FuzzReplay, Server) { Replay("server", &Server); }
 TEST(FuzzReplay, Scheduler) { Replay("scheduler", &Scheduler); }
+
+// Found by fuzz_config: a path with a byte that is not UTF-8 was accepted,
+// and ToYaml (the config sent to every worker) replaced it with U+FFFD, so
+// workers read a different path than the one configured.
+TEST(FuzzRegression, ConfigNonUtf8StringRejected) {
+  auto c = ParseJobConfig("data:\n  train: ../sha\xf2" "ed/a9a.train\n");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  JobConfig config;
+  EXPECT_EQ(ApplyOverride(&config, "data.test=a\xc0\xaf" "b").code(),
+            absl::StatusCode::kInvalidArgument);  // overlong '/'
+  EXPECT_EQ(ApplyOverride(&config, "data.test=\xed\xa0\x80").code(),
+            absl::StatusCode::kInvalidArgument);  // a surrogate
+  EXPECT_TRUE(ApplyOverride(&config, "data.test=caf\xc3\xa9/\xf0\x9f\x98\x80")
+                  .ok());
+  EXPECT_EQ(config.data.test, "caf\xc3\xa9/\xf0\x9f\x98\x80");
+}
 
 }  // namespace
 }  // namespace ps::fuzz
