@@ -24,6 +24,10 @@
   } while (0)
 
 namespace ps::fuzz {
+// Drops protobuf's log lines (one per input with a non-UTF-8 string field,
+// which the targets then skip as unparsable).
+void QuietProtobuf();
+
 int Libsvm(const uint8_t* data, size_t size);
 int Criteo(const uint8_t* data, size_t size);
 int Config(const uint8_t* data, size_t size);

@@ -66,7 +66,7 @@ void CheckCode(const absl::Status& s) {
 }  // namespace
 
 int Scheduler(const uint8_t* data, size_t size) {
-  static bool quiet = (InitLogging("fuzz", "off"), true);
+  static bool quiet = (InitLogging("fuzz", "off"), QuietProtobuf(), true);
   (void)quiet;
   SchedulerInput in;
   if (!in.ParseFromArray(data, static_cast<int>(size))) return 0;

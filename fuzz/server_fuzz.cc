@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "google/protobuf/stubs/logging.h"
 #include "common/logging.h"
 #include "common/routing.h"
 #include "fuzz/fuzz_input.pb.h"
@@ -68,8 +69,13 @@ bool GoodErrorCode(const absl::Status& s) {
 
 }  // namespace
 
+void QuietProtobuf() {
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+}
+
 int Server(const uint8_t* data, size_t size) {
-  static bool quiet = (InitLogging("fuzz", "off"), true);
+  static bool quiet = (InitLogging("fuzz", "off"), QuietProtobuf(), true);
   (void)quiet;
   ServerInput in;
   if (!in.ParseFromArray(data, static_cast<int>(size))) return 0;

@@ -35,17 +35,46 @@ void* Real(const char* mangled) {
   return f;
 }
 
-#define PS_REAL(type, mangled) \
-  static const auto real = reinterpret_cast<type>(Real(mangled))
+#define PS_REAL(type, mangled)                                    \
+  static const auto real = reinterpret_cast<type>(Real(mangled)); \
+  Nest nest
 #define PS_ABSL "_ZN4absl7debian3"
 
-void PreLock(void* m, unsigned flags) { __tsan_mutex_pre_lock(m, flags); }
-void PostLock(void* m, unsigned flags) { __tsan_mutex_post_lock(m, flags, 0); }
+// The library calls its own exported functions through the PLT (e.g. the
+// real AwaitWithTimeout calls AwaitWithDeadline), and those calls land here
+// too: only the outermost call on a thread annotates.
+thread_local int depth = 0;
+struct Nest {
+  Nest() { ++depth; }
+  ~Nest() { --depth; }
+  bool outer() const { return depth == 1; }
+};
+
+#define PS_ANNOTATE(call) \
+  do {                     \
+    if (nest.outer()) call; \
+  } while (0)
+
 void Released(void* m, unsigned flags) {
   __tsan_mutex_pre_unlock(m, flags);
   __tsan_mutex_post_unlock(m, flags);
 }
 constexpr unsigned kRead = __tsan_mutex_read_lock;
+
+// The library evaluates a waiter's condition while it holds the mutex but
+// before the wait returns (and before the lock is annotated here), so each
+// condition evaluation acquires and then releases the mutex's TSan clock.
+struct Guarded {
+  const absl::Condition* cond;
+  const void* mu;
+  bool operator()() const {
+    __tsan_acquire(const_cast<void*>(mu));
+    const bool r = cond->Eval();
+    // If false the library drops the mutex again without telling TSan.
+    __tsan_release(const_cast<void*>(mu));
+    return r;
+  }
+};
 
 }  // namespace
 
@@ -58,131 +87,174 @@ ABSL_NAMESPACE_BEGIN
 
 Mutex::~Mutex() {
   PS_REAL(void (*)(Mutex*), PS_ABSL "5MutexD2Ev");
-  __tsan_mutex_destroy(this, 0);
+  PS_ANNOTATE(__tsan_mutex_destroy(this, 0));
   real(this);
 }
 void Mutex::Lock() {
   PS_REAL(void (*)(Mutex*), PS_ABSL "5Mutex4LockEv");
-  PreLock(this, 0);
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, 0));
   real(this);
-  PostLock(this, 0);
+  PS_ANNOTATE(__tsan_mutex_post_lock(this, 0, 0));
 }
 void Mutex::ReaderLock() {
   PS_REAL(void (*)(Mutex*), PS_ABSL "5Mutex10ReaderLockEv");
-  PreLock(this, kRead);
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, kRead));
   real(this);
-  PostLock(this, kRead);
+  PS_ANNOTATE(__tsan_mutex_post_lock(this, kRead, 0));
 }
 bool Mutex::TryLock() {
   PS_REAL(bool (*)(Mutex*), PS_ABSL "5Mutex7TryLockEv");
-  PreLock(this, __tsan_mutex_try_lock);
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, __tsan_mutex_try_lock));
   const bool ok = real(this);
-  __tsan_mutex_post_lock(
-      this, __tsan_mutex_try_lock | (ok ? 0 : __tsan_mutex_try_lock_failed), 0);
+  PS_ANNOTATE(__tsan_mutex_post_lock(
+      this, __tsan_mutex_try_lock | (ok ? 0 : __tsan_mutex_try_lock_failed),
+      0));
   return ok;
 }
 bool Mutex::ReaderTryLock() {
   PS_REAL(bool (*)(Mutex*), PS_ABSL "5Mutex13ReaderTryLockEv");
-  PreLock(this, kRead | __tsan_mutex_try_lock);
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, kRead | __tsan_mutex_try_lock));
   const bool ok = real(this);
-  __tsan_mutex_post_lock(this,
-                         kRead | __tsan_mutex_try_lock |
-                             (ok ? 0 : __tsan_mutex_try_lock_failed),
-                         0);
+  PS_ANNOTATE(__tsan_mutex_post_lock(
+      this, kRead | __tsan_mutex_try_lock |
+                (ok ? 0 : __tsan_mutex_try_lock_failed),
+      0));
   return ok;
 }
 void Mutex::Unlock() {
   PS_REAL(void (*)(Mutex*), PS_ABSL "5Mutex6UnlockEv");
-  __tsan_mutex_pre_unlock(this, 0);
+  // The unlocker evaluates waiters' conditions, published by LockWhen*.
+  PS_ANNOTATE(__tsan_acquire(this));
+  PS_ANNOTATE(__tsan_mutex_pre_unlock(this, 0));
   real(this);
-  __tsan_mutex_post_unlock(this, 0);
+  PS_ANNOTATE(__tsan_mutex_post_unlock(this, 0));
 }
 void Mutex::ReaderUnlock() {
   PS_REAL(void (*)(Mutex*), PS_ABSL "5Mutex12ReaderUnlockEv");
-  __tsan_mutex_pre_unlock(this, kRead);
+  PS_ANNOTATE(__tsan_acquire(this));
+  PS_ANNOTATE(__tsan_mutex_pre_unlock(this, kRead));
   real(this);
-  __tsan_mutex_post_unlock(this, kRead);
+  PS_ANNOTATE(__tsan_mutex_post_unlock(this, kRead));
 }
 void Mutex::LockWhen(const Condition& c) {
   PS_REAL(void (*)(Mutex*, const Condition&),
           PS_ABSL "5Mutex8LockWhenERKNS0_9ConditionE");
-  PreLock(this, 0);
-  real(this, c);
-  PostLock(this, 0);
+  const Guarded g{&c, this};
+  // Built before the release below; a nested call (the library calling
+  // itself) passes the condition through unchanged.
+  const Condition gc_outer(&g);
+  const Condition& gc = nest.outer() ? gc_outer : c;
+  PS_ANNOTATE(__tsan_release(this));  // publishes gc to the unlocker
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, 0));
+  real(this, gc);
+  PS_ANNOTATE(__tsan_mutex_post_lock(this, 0, 0));
 }
 void Mutex::ReaderLockWhen(const Condition& c) {
   PS_REAL(void (*)(Mutex*, const Condition&),
           PS_ABSL "5Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  PreLock(this, kRead);
-  real(this, c);
-  PostLock(this, kRead);
+  const Guarded g{&c, this};
+  // Built before the release below; a nested call (the library calling
+  // itself) passes the condition through unchanged.
+  const Condition gc_outer(&g);
+  const Condition& gc = nest.outer() ? gc_outer : c;
+  PS_ANNOTATE(__tsan_release(this));  // publishes gc to the unlocker
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, kRead));
+  real(this, gc);
+  PS_ANNOTATE(__tsan_mutex_post_lock(this, kRead, 0));
 }
 bool Mutex::LockWhenWithTimeout(const Condition& c, Duration d) {
   PS_REAL(bool (*)(Mutex*, const Condition&, Duration),
           PS_ABSL "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  PreLock(this, 0);
-  const bool r = real(this, c, d);
-  PostLock(this, 0);
+  const Guarded g{&c, this};
+  // Built before the release below; a nested call (the library calling
+  // itself) passes the condition through unchanged.
+  const Condition gc_outer(&g);
+  const Condition& gc = nest.outer() ? gc_outer : c;
+  PS_ANNOTATE(__tsan_release(this));  // publishes gc to the unlocker
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, 0));
+  const bool r = real(this, gc, d);
+  PS_ANNOTATE(__tsan_mutex_post_lock(this, 0, 0));
   return r;
 }
 bool Mutex::LockWhenWithDeadline(const Condition& c, Time t) {
   PS_REAL(bool (*)(Mutex*, const Condition&, Time),
           PS_ABSL "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  PreLock(this, 0);
-  const bool r = real(this, c, t);
-  PostLock(this, 0);
+  const Guarded g{&c, this};
+  // Built before the release below; a nested call (the library calling
+  // itself) passes the condition through unchanged.
+  const Condition gc_outer(&g);
+  const Condition& gc = nest.outer() ? gc_outer : c;
+  PS_ANNOTATE(__tsan_release(this));  // publishes gc to the unlocker
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, 0));
+  const bool r = real(this, gc, t);
+  PS_ANNOTATE(__tsan_mutex_post_lock(this, 0, 0));
   return r;
 }
 void Mutex::Await(const Condition& c) {
   PS_REAL(void (*)(Mutex*, const Condition&),
           PS_ABSL "5Mutex5AwaitERKNS0_9ConditionE");
-  Released(this, 0);
-  real(this, c);
-  PreLock(this, 0);
-  PostLock(this, 0);
+  const Guarded g{&c, this};
+  // Built before the release below; a nested call (the library calling
+  // itself) passes the condition through unchanged.
+  const Condition gc_outer(&g);
+  const Condition& gc = nest.outer() ? gc_outer : c;
+  PS_ANNOTATE(Released(this, 0));
+  real(this, gc);
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, 0));
+  PS_ANNOTATE(__tsan_mutex_post_lock(this, 0, 0));
 }
 bool Mutex::AwaitWithTimeout(const Condition& c, Duration d) {
   PS_REAL(bool (*)(Mutex*, const Condition&, Duration),
           PS_ABSL "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  Released(this, 0);
-  const bool r = real(this, c, d);
-  PreLock(this, 0);
-  PostLock(this, 0);
+  const Guarded g{&c, this};
+  // Built before the release below; a nested call (the library calling
+  // itself) passes the condition through unchanged.
+  const Condition gc_outer(&g);
+  const Condition& gc = nest.outer() ? gc_outer : c;
+  PS_ANNOTATE(Released(this, 0));
+  const bool r = real(this, gc, d);
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, 0));
+  PS_ANNOTATE(__tsan_mutex_post_lock(this, 0, 0));
   return r;
 }
 bool Mutex::AwaitWithDeadline(const Condition& c, Time t) {
   PS_REAL(bool (*)(Mutex*, const Condition&, Time),
           PS_ABSL "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  Released(this, 0);
-  const bool r = real(this, c, t);
-  PreLock(this, 0);
-  PostLock(this, 0);
+  const Guarded g{&c, this};
+  // Built before the release below; a nested call (the library calling
+  // itself) passes the condition through unchanged.
+  const Condition gc_outer(&g);
+  const Condition& gc = nest.outer() ? gc_outer : c;
+  PS_ANNOTATE(Released(this, 0));
+  const bool r = real(this, gc, t);
+  PS_ANNOTATE(__tsan_mutex_pre_lock(this, 0));
+  PS_ANNOTATE(__tsan_mutex_post_lock(this, 0, 0));
   return r;
 }
 
 void CondVar::Wait(Mutex* mu) {
   PS_REAL(void (*)(CondVar*, Mutex*), PS_ABSL "7CondVar4WaitEPNS0_5MutexE");
-  Released(mu, 0);
+  PS_ANNOTATE(Released(mu, 0));
   real(this, mu);
-  PreLock(mu, 0);
-  PostLock(mu, 0);
+  PS_ANNOTATE(__tsan_mutex_pre_lock(mu, 0));
+  PS_ANNOTATE(__tsan_mutex_post_lock(mu, 0, 0));
 }
 bool CondVar::WaitWithTimeout(Mutex* mu, Duration d) {
   PS_REAL(bool (*)(CondVar*, Mutex*, Duration),
           PS_ABSL "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
-  Released(mu, 0);
+  PS_ANNOTATE(Released(mu, 0));
   const bool r = real(this, mu, d);
-  PreLock(mu, 0);
-  PostLock(mu, 0);
+  PS_ANNOTATE(__tsan_mutex_pre_lock(mu, 0));
+  PS_ANNOTATE(__tsan_mutex_post_lock(mu, 0, 0));
   return r;
 }
 bool CondVar::WaitWithDeadline(Mutex* mu, Time t) {
   PS_REAL(bool (*)(CondVar*, Mutex*, Time),
           PS_ABSL "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
-  Released(mu, 0);
+  PS_ANNOTATE(Released(mu, 0));
   const bool r = real(this, mu, t);
-  PreLock(mu, 0);
-  PostLock(mu, 0);
+  PS_ANNOTATE(__tsan_mutex_pre_lock(mu, 0));
+  PS_ANNOTATE(__tsan_mutex_post_lock(mu, 0, 0));
   return r;
 }
 
@@ -192,22 +264,22 @@ bool CondVar::WaitWithDeadline(Mutex* mu, Time t) {
 // that address.
 void Notification::Notify() {
   PS_REAL(void (*)(Notification*), PS_ABSL "12Notification6NotifyEv");
-  __tsan_release(this);
-  __tsan_release(reinterpret_cast<char*>(this) + sizeof(Mutex));
+  PS_ANNOTATE(__tsan_release(this));
+  PS_ANNOTATE(__tsan_release(reinterpret_cast<char*>(this) + sizeof(Mutex)));
   real(this);
 }
 void Notification::WaitForNotification() const {
   PS_REAL(void (*)(const Notification*),
           PS_ABSL "12Notification19WaitForNotificationEv");
   real(this);
-  __tsan_acquire(const_cast<Notification*>(this));
+  PS_ANNOTATE(__tsan_acquire(const_cast<Notification*>(this)));
 }
 bool Notification::WaitForNotificationWithTimeout(Duration d) const {
   PS_REAL(bool (*)(const Notification*, Duration),
           "_ZNK4absl7debian312Notification30WaitForNotificationWithTimeout"
           "ENS0_8DurationE");
   const bool r = real(this, d);
-  if (r) __tsan_acquire(const_cast<Notification*>(this));
+  if (r) PS_ANNOTATE(__tsan_acquire(const_cast<Notification*>(this)));
   return r;
 }
 bool Notification::WaitForNotificationWithDeadline(Time t) const {
@@ -215,20 +287,20 @@ bool Notification::WaitForNotificationWithDeadline(Time t) const {
           "_ZNK4absl7debian312Notification31WaitForNotificationWithDeadline"
           "ENS0_4TimeE");
   const bool r = real(this, t);
-  if (r) __tsan_acquire(const_cast<Notification*>(this));
+  if (r) PS_ANNOTATE(__tsan_acquire(const_cast<Notification*>(this)));
   return r;
 }
 
 bool BlockingCounter::DecrementCount() {
   PS_REAL(bool (*)(BlockingCounter*),
           PS_ABSL "15BlockingCounter14DecrementCountEv");
-  __tsan_release(this);
+  PS_ANNOTATE(__tsan_release(this));
   return real(this);
 }
 void BlockingCounter::Wait() {
   PS_REAL(void (*)(BlockingCounter*), PS_ABSL "15BlockingCounter4WaitEv");
   real(this);
-  __tsan_acquire(this);
+  PS_ANNOTATE(__tsan_acquire(this));
 }
 
 ABSL_NAMESPACE_END
