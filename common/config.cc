@@ -171,7 +171,48 @@ Field DoubleField(std::string path, Member<double> m, DoubleRange range) {
   return f;
 }
 
+// True when `s` is well-formed UTF-8 (no overlong forms, no surrogates, at
+// most U+10FFFF). YAML text is Unicode: yaml-cpp's emitter replaces invalid
+// bytes with U+FFFD, so ToYaml would silently change such a string (found
+// by fuzz_config; see fuzz/regressions/config/).
+bool IsValidUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = s[i];
+    int n;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;  // truncated sequence
+    for (int k = 1; k <= n; ++k) {
+      const unsigned char d = s[i + k];
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
 // `allowed` empty: any string. Null (`key:` with no value) reads as "".
+// Not UTF-8: INVALID_ARGUMENT.
 Field StringField(std::string path, Member<std::string> m,
                   std::vector<std::string> allowed = {}) {
   Field f;
@@ -183,6 +224,7 @@ Field StringField(std::string path, Member<std::string> m,
                         absl::StrCat("expected a string, got ", Describe(n)));
     }
     std::string v = n.IsNull() ? "" : n.Scalar();
+    if (!IsValidUtf8(v)) return FieldError(path, "is not valid UTF-8");
     if (!allowed.empty() &&
         std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
       return FieldError(path, absl::StrCat("must be one of ",

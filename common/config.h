@@ -159,7 +159,7 @@ struct JobConfig {
 };
 
 // Parses YAML text. Missing fields keep their defaults. Checks every field's
-// type and range, and data.synthetic.nnz_per_row <= data.synthetic.features;
+// type and range (string values must be valid UTF-8), and data.synthetic.nnz_per_row <= data.synthetic.features;
 // not the constraints Validate() checks. A YAML syntax error is
 // INVALID_ARGUMENT naming the line.
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text);

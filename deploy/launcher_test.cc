@@ -56,7 +56,7 @@ class Lines {
   // Waits (up to 10 s) for a line equal to `line`.
   bool WaitFor(const std::string& line) const {
     absl::MutexLock lock(&mu_);
-    auto seen = [&] {
+    auto seen = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       for (const auto& l : lines_) {
         if (l == line) return true;
       }

@@ -1,0 +1,136 @@
+// Writes the binary seed inputs of fuzz_server and fuzz_scheduler (small,
+// valid call sequences of a two-worker job) into fuzz/corpus/<target>/.
+// Usage: fuzz_make_seeds <fuzz/corpus dir>. The text corpora (libsvm,
+// criteo, config) are plain files copied from real data and configs.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/bytes.h"
+#include "fuzz/fuzz_input.pb.h"
+
+namespace ps::fuzz {
+namespace {
+
+std::string Keys(std::vector<uint64_t> k) {
+  std::string s;
+  PackTo<uint64_t>(&s, k);
+  return s;
+}
+std::string Vals(std::vector<float> v) {
+  std::string s;
+  PackTo<float>(&s, v);
+  return s;
+}
+
+void Write(const std::string& path, const google::protobuf::Message& m) {
+  std::ofstream f(path, std::ios::binary);
+  f << m.SerializeAsString();
+  std::printf("%s (%zu bytes)\n", path.c_str(), m.ByteSizeLong());
+}
+
+// Two workers push, clock and pull for `clocks` clocks, then finish.
+ServerInput ServerJob(proto::ConsistencyMode mode, int clocks) {
+  ServerInput in;
+  in.set_servers(0);  // 1 server
+  in.set_workers(1);  // 2 workers
+  in.set_mode(mode);
+  in.set_tau(1);
+  for (int c = 0; c < clocks; ++c) {
+    for (int w = 0; w < 2; ++w) {
+      proto::PullRequest* pull = in.add_calls()->mutable_pull();
+      pull->set_worker_id(w);
+      pull->set_clock(c);
+      pull->set_epoch(1);
+      pull->set_table(c % 2);
+      pull->set_keys(Keys({1, 7, 42}));
+      pull->set_wait_ms(1000);
+      proto::PushRequest* push = in.add_calls()->mutable_push();
+      push->set_worker_id(w);
+      push->set_seq(c + 1);
+      push->set_clock(c);
+      push->set_epoch(1);
+      push->set_table(0);
+      push->set_keys(Keys({1, 7, 42}));
+      push->set_vals(Vals({0.5f, -1.0f, 2.0f}));
+      push->set_num_examples(4);
+      proto::ClockRequest* clock = in.add_calls()->mutable_clock();
+      clock->set_worker_id(w);
+      clock->set_clock(c);
+      clock->set_epoch(1);
+      clock->set_pushes(1);
+      clock->set_num_examples(4);
+      clock->set_settled_seq(c);
+    }
+    in.add_calls()->set_advance_ms(20);
+  }
+  for (int w = 0; w < 2; ++w) {
+    proto::FinishRequest* f = in.add_calls()->mutable_finish();
+    f->set_worker_id(w);
+    f->set_final_clock(clocks);
+  }
+  return in;
+}
+
+// One server and two workers register, heartbeat, get shards, meet at a
+// barrier and report done.
+SchedulerInput SchedulerJob(bool switch_mode) {
+  SchedulerInput in;
+  in.set_servers(0);
+  in.set_workers(1);
+  proto::RegisterRequest* r = in.add_calls()->mutable_register_();
+  r->set_role(proto::ROLE_SERVER);
+  r->set_address("inproc:server:0");
+  r->set_requested_id(-1);
+  for (int w = 0; w < 2; ++w) {
+    r = in.add_calls()->mutable_register_();
+    r->set_role(proto::ROLE_WORKER);
+    r->set_requested_id(w);
+  }
+  in.add_calls()->mutable_get_view()->set_known_epoch(0);
+  for (int w = 0; w < 2; ++w) {
+    in.add_calls()->mutable_get_shard()->set_worker_id(w);
+    proto::HeartbeatRequest* h = in.add_calls()->mutable_heartbeat();
+    h->set_role(proto::ROLE_WORKER);
+    h->set_id(w);
+    h->set_clock(1);
+    proto::BarrierRequest* b = in.add_calls()->mutable_barrier();
+    b->set_name("start");
+    b->set_role(proto::ROLE_WORKER);
+    b->set_id(w);
+  }
+  in.add_calls()->set_advance_ms(600);
+  if (switch_mode) {
+    proto::SetConsistencyRequest* s =
+        in.add_calls()->mutable_set_consistency();
+    s->mutable_consistency()->set_mode(proto::MODE_SSP);
+    s->mutable_consistency()->set_tau(2);
+  }
+  for (int w = 0; w < 2; ++w) {
+    proto::WorkerDoneRequest* d = in.add_calls()->mutable_worker_done();
+    d->set_worker_id(w);
+    d->set_examples(100);
+    d->set_has_eval(w == 0);
+    d->set_test_auc(0.8);
+  }
+  return in;
+}
+
+}  // namespace
+}  // namespace ps::fuzz
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <fuzz/corpus dir>\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  using ps::fuzz::ServerJob;
+  ps::fuzz::Write(dir + "/server/bsp_2clocks", ServerJob(ps::proto::MODE_BSP, 2));
+  ps::fuzz::Write(dir + "/server/ssp_3clocks", ServerJob(ps::proto::MODE_SSP, 3));
+  ps::fuzz::Write(dir + "/server/asp_1clock", ServerJob(ps::proto::MODE_ASP, 1));
+  ps::fuzz::Write(dir + "/scheduler/job", ps::fuzz::SchedulerJob(false));
+  ps::fuzz::Write(dir + "/scheduler/job_set_ssp", ps::fuzz::SchedulerJob(true));
+  return 0;
+}
