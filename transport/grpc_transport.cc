@@ -296,6 +296,15 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder,
                               kMaxConcurrentCallsPerConnection);
   builder->AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  // What gRPC itself may hold for this server's calls and connections: a
+  // client that opens calls and abandons them faster than the server
+  // answers them would otherwise queue them without bound (a new stream
+  // opens as soon as the client cancels an old one). Room for a few
+  // messages of the maximum size; beyond it gRPC refuses new work with
+  // RESOURCE_EXHAUSTED instead of allocating.
+  grpc::ResourceQuota quota("ps-server");
+  quota.Resize(static_cast<size_t>(limit) * 4);
+  builder->SetResourceQuota(quota);  // the builder keeps a reference
 }
 
 void ApplyGrpcArgs(const std::vector<GrpcArg>& args,

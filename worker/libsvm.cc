@@ -52,15 +52,35 @@ absl::Status IoError(const std::string& what, const std::string& path, int err) 
   return absl::UnavailableError(msg);
 }
 
+// A byte buffer that is never zero-filled: read() overwrites it anyway, and
+// a 4 MiB std::vector<char> costs 4 MiB of page faults per opened shard
+// (found by the fuzz targets: ~4 inputs/s).
+class RawBuffer {
+ public:
+  explicit RawBuffer(size_t n) : data_(new char[n]), size_(n) {}
+  char* data() { return data_.get(); }
+  size_t size() const { return size_; }
+  // Grows to `n` bytes keeping the first `keep`.
+  void Grow(size_t n, size_t keep) {
+    std::unique_ptr<char[]> bigger(new char[n]);
+    std::memcpy(bigger.get(), data_.get(), keep);
+    data_ = std::move(bigger);
+    size_ = n;
+  }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t size_;
+};
+
 // The lines of one byte shard of a file (see OpenLibsvm for the rule).
 class LineSource {
  public:
   static constexpr size_t kChunk = 4 << 20;
 
   LineSource(std::string path, int fd, int64_t begin, int64_t end)
-      : path_(std::move(path)), fd_(fd), begin_(begin), end_(end) {
-    buf_.resize(kChunk);
-  }
+      : path_(std::move(path)), fd_(fd), begin_(begin), end_(end),
+        buf_(kChunk) {}
   ~LineSource() { ::close(fd_); }
   LineSource(const LineSource&) = delete;
   LineSource& operator=(const LineSource&) = delete;
@@ -140,7 +160,7 @@ class LineSource {
       len_ -= pos_;
       pos_ = 0;
     }
-    if (len_ == buf_.size()) buf_.resize(buf_.size() * 2);
+    if (len_ == buf_.size()) buf_.Grow(buf_.size() * 2, len_);
     while (true) {
       const ssize_t n = ::read(fd_, buf_.data() + len_, buf_.size() - len_);
       if (n < 0) {
@@ -159,7 +179,7 @@ class LineSource {
   const int64_t begin_;
   const int64_t end_;  // -1: end of file
 
-  std::vector<char> buf_;
+  RawBuffer buf_;
   size_t pos_ = 0;          // next unread byte in buf_
   size_t len_ = 0;          // valid bytes in buf_
   int64_t buf_offset_ = 0;  // file offset of buf_[0]
