@@ -28,13 +28,7 @@ class RealClock : public Clock {
 
   bool Cancel(TimerId id) override {
     std::lock_guard<std::mutex> l(mu_);
-    for (auto it = timers_.begin(); it != timers_.end(); ++it) {
-      if (it->first.second == id) {
-        timers_.erase(it);
-        return true;
-      }
-    }
-    return false;
+    return EraseTimer(&timers_, id);
   }
 
   void SleepUntil(absl::Time when) override {
@@ -68,10 +62,20 @@ class RealClock : public Clock {
   std::condition_variable cv_;
   bool started_ = false;
   TimerId next_id_ = 1;
-  std::map<std::pair<int64_t, TimerId>, std::function<void()>> timers_;
+  TimerQueue timers_;
 };
 
 }  // namespace
+
+bool Clock::EraseTimer(TimerQueue* q, TimerId id) {
+  for (auto it = q->begin(); it != q->end(); ++it) {
+    if (it->first.second == id) {
+      q->erase(it);
+      return true;
+    }
+  }
+  return false;
+}
 
 Clock* Clock::Real() {
   static RealClock* clock = new RealClock();
@@ -97,13 +101,7 @@ Clock::TimerId FakeClock::RunAt(absl::Time when, std::function<void()> fn) {
 
 bool FakeClock::Cancel(TimerId id) {
   std::lock_guard<std::mutex> l(mu_);
-  for (auto it = timers_.begin(); it != timers_.end(); ++it) {
-    if (it->first.second == id) {
-      timers_.erase(it);
-      return true;
-    }
-  }
-  return false;
+  return EraseTimer(&timers_, id);
 }
 
 void FakeClock::AdvanceTo(absl::Time t) {

@@ -49,6 +49,14 @@ class Clock {
 
   // The real clock; lives forever. Its timer thread starts on first use.
   static Clock* Real();
+
+ protected:
+  // Pending timers by (due time in unix ns, id); ids grow, so timers due at
+  // the same time keep the order they were scheduled in.
+  using TimerQueue =
+      std::map<std::pair<int64_t, TimerId>, std::function<void()>>;
+  // Removes timer `id` from `q`; false when it is not there.
+  static bool EraseTimer(TimerQueue* q, TimerId id);
 };
 
 // A clock that moves only when told to. Thread-safe.
@@ -88,8 +96,7 @@ class FakeClock : public Clock {
   std::condition_variable moved_;
   int64_t now_ns_;  // guarded by mu_
   TimerId next_id_ = 1;
-  // (due time, id) -> callback; ids grow, so equal times keep their order.
-  std::map<std::pair<int64_t, TimerId>, std::function<void()>> timers_;
+  TimerQueue timers_;
 };
 
 }  // namespace ps

@@ -5,7 +5,7 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libspdlog-dev libyaml-cpp-dev libgtest-dev libgmock-dev
-      iperf3 python3)
+      iperf3 python3 openssl)
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

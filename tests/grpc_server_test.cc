@@ -15,28 +15,12 @@
 #include "gtest/gtest.h"
 #include "server/server_node.h"
 #include "server/server_service.h"
+#include "tests/test_views.h"
 
 namespace ps {
 namespace {
 
 constexpr char kToken[] = "secret";
-
-proto::ClusterView OneServerView() {
-  proto::ClusterView v;
-  v.set_epoch(1);
-  *v.mutable_routing() = BuildHashRing({0}, 4, 1);
-  proto::NodeInfo* w = v.add_workers();
-  w->set_id(0);
-  w->set_state(proto::NODE_ALIVE);
-  v.mutable_consistency()->set_mode(proto::MODE_ASP);
-  v.mutable_consistency()->set_tau(-1);
-  proto::TableConfig* t = v.add_tables();
-  t->set_id(0);
-  t->set_dim(1);
-  t->mutable_optimizer()->set_name("sgd");
-  t->mutable_optimizer()->set_learning_rate(1);
-  return v;
-}
 
 std::shared_ptr<proto::PushRequest> MakePush(uint64_t seq,
                                              std::vector<uint64_t> keys,

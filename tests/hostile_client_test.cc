@@ -83,28 +83,23 @@ size_t HeapBytesInUse() {
 #endif
 }
 
-// Serve mode: runs only in the child (the parent starts this binary with
-// kServeEnv set and this test as the filter). Prints the port, serves until
-// stdin closes.
-TEST(HostileServerProcess, ServesUntilStdinCloses) {
-  if (std::getenv(kServeEnv) == nullptr) {
-    GTEST_SKIP() << "the server half of HostileClientTest (child process)";
-  }
+// The child's whole life (main() runs it when kServeEnv is set): prints
+// the port, serves until stdin closes. Returns the process exit status.
+int ServeUntilStdinCloses() {
   ServerNode node;
-  ASSERT_TRUE(node.Configure(0, View()).ok());
+  if (!node.Configure(0, View()).ok()) return 2;
   ServerService service(&node, kToken, nullptr);
   GrpcSecurity security;
   security.token = kToken;
   auto creds = MakeServerCredentials(security);
-  ASSERT_TRUE(creds.ok()) << creds.status();
+  if (!creds.ok()) return 2;
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder, security.max_message_mb);
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", *creds, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  ASSERT_NE(port, 0);
+  if (server == nullptr || port == 0) return 2;
   absl::Notification stop;
   std::thread ticker([&] {
     while (!stop.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
@@ -126,6 +121,7 @@ TEST(HostileServerProcess, ServesUntilStdinCloses) {
   ticker.join();
   node.CancelAll(absl::CancelledError("test over"));
   server->Shutdown(std::chrono::system_clock::now());
+  return 0;
 }
 
 class HostileClientTest : public ::testing::Test {
@@ -153,9 +149,7 @@ class HostileClientTest : public ::testing::Test {
     for (auto& e : env_s) envp.push_back(e.data());
     envp.push_back(nullptr);
     std::string exe = "/proc/self/exe";
-    std::string filter =
-        "--gtest_filter=HostileServerProcess.ServesUntilStdinCloses";
-    char* argv[] = {exe.data(), filter.data(), nullptr};
+    char* argv[] = {exe.data(), nullptr};
     ASSERT_EQ(posix_spawn(&pid_, exe.c_str(), &fa, nullptr, argv, envp.data()),
               0);
     posix_spawn_file_actions_destroy(&fa);
@@ -395,3 +389,13 @@ TEST_F(HostileClientTest, AbandonedPullsLeaveMemoryBounded) {
 
 }  // namespace
 }  // namespace ps
+
+// The binary is both the test (the parent) and, with kServeEnv set, the
+// server it attacks (the child): its own main, so the child is no test.
+int main(int argc, char** argv) {
+  if (std::getenv(ps::kServeEnv) != nullptr) {
+    return ps::ServeUntilStdinCloses();
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -22,6 +22,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "server/server_node.h"
 #include "server/server_service.h"
+#include "tests/test_views.h"
 #include "transport/grpc_transport.h"
 
 namespace ps {
@@ -74,23 +75,6 @@ bool MakeCertificates(const fs::path& dir) {
                          q));
 }
 
-proto::ClusterView OneServerView() {
-  proto::ClusterView v;
-  v.set_epoch(1);
-  *v.mutable_routing() = BuildHashRing({0}, 4, 1);
-  proto::NodeInfo* w = v.add_workers();
-  w->set_id(0);
-  w->set_state(proto::NODE_ALIVE);
-  v.mutable_consistency()->set_mode(proto::MODE_ASP);
-  v.mutable_consistency()->set_tau(-1);
-  proto::TableConfig* t = v.add_tables();
-  t->set_id(0);
-  t->set_dim(1);
-  t->mutable_optimizer()->set_name("sgd");
-  t->mutable_optimizer()->set_learning_rate(1);
-  return v;
-}
-
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -101,7 +85,8 @@ class TlsTest : public ::testing::Test {
                             ->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    if (!MakeCertificates(dir_)) GTEST_SKIP() << "openssl failed";
+    ASSERT_TRUE(MakeCertificates(dir_))
+        << "openssl could not make the test certificates (deploy/install_deps.sh installs it)";
     ASSERT_TRUE(node_.Configure(0, OneServerView()).ok());
   }
   void TearDown() override {
