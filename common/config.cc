@@ -450,7 +450,7 @@ const std::vector<Field>& Fields() {
 bool IsSection(absl::string_view path) {
   return path == "cluster" || path == "consistency" || path == "optimizer" ||
          path == "data" || path == "data.synthetic" || path == "training" ||
-         path == "mlp" || path == "output" ||
+         path == "mlp" || path == "output" || path == "fault_tolerance" ||
          path == "cluster.tls";  // limits, TLS (issue 8: security)
 }
 

@@ -142,6 +142,12 @@ struct OutputConfig {
   bool operator==(const OutputConfig&) const = default;
 };
 
+// Issue 9: replication, failover, dynamic work, checkpoints. Each part of
+// that work adds its fields here (and to Fields() in config.cc).
+struct FaultToleranceConfig {
+  bool operator==(const FaultToleranceConfig&) const = default;
+};
+
 struct JobConfig {
   ClusterConfig cluster;
   ConsistencyConfig consistency;
@@ -150,6 +156,7 @@ struct JobConfig {
   TrainingConfig training;
   MlpConfig mlp;
   OutputConfig output;
+  FaultToleranceConfig fault_tolerance;
 
   // tau as the consistency controller sees it: 0 for BSP, -1 (infinity)
   // for ASP, the configured tau for SSP.
