@@ -1,0 +1,418 @@
+#include "consistency/range_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "transport/errors.h"
+
+namespace ps {
+
+RangeState::RangeState(int num_workers, bool bsp, RangeLimits limits)
+    : bsp_(bsp), limits_(limits), workers_(num_workers) {}
+
+absl::StatusOr<RangeState> RangeState::Create(int num_workers, bool bsp,
+                                              RangeLimits limits) {
+  if (num_workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("range state needs >= 1 worker, got ", num_workers));
+  }
+  return RangeState(num_workers, bsp, limits);
+}
+
+absl::Status RangeState::CheckWorker(int worker) const {
+  if (worker < 0 || worker >= num_workers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown worker id ", worker));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RangeState::CheckAhead(int worker, int64_t clock) const {
+  const int64_t completed = workers_[worker].completed;
+  if (clock > completed && clock - completed > limits_.max_clock_ahead) {
+    return ErrorWithReason(
+        absl::StatusCode::kOutOfRange, proto::REASON_CLOCK_TOO_FAR,
+        absl::StrCat("clock ", clock, " of worker ", worker, " is more than ",
+                     limits_.max_clock_ahead, " clocks ahead of the ",
+                     completed, " it completed here"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RangeState::Accept(int worker, uint64_t seq, int64_t clock,
+                                BufferedSegment* segment, bool* duplicate,
+                                RangeActions* actions) {
+  *duplicate = false;
+  if (absl::Status s = CheckWorker(worker); !s.ok()) return s;
+  if (clock < 0) return absl::InvalidArgumentError("negative clock");
+  if (seq == 0) return absl::InvalidArgumentError("push seq 0");
+  Worker& w = workers_[worker];
+  if (seq <= w.watermark || w.above.contains(seq)) {
+    *duplicate = true;  // a replay: admitted once already
+    return absl::OkStatus();
+  }
+  if (clock < w.completed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("push for clock ", clock, " after worker ", worker,
+                     " completed it"));
+  }
+  if (absl::Status s = CheckAhead(worker, clock); !s.ok()) return s;
+  if (w.above.size() >= limits_.max_unsettled_seqs &&
+      seq != w.watermark + 1) {
+    return ErrorWithReason(
+        absl::StatusCode::kResourceExhausted, proto::REASON_TOO_MANY_PENDING,
+        absl::StrCat("worker ", worker, " has ", w.above.size(),
+                     " unsettled push seqs"));
+  }
+  w.above.insert(seq);
+  while (!w.above.empty() && *w.above.begin() == w.watermark + 1) {
+    w.above.erase(w.above.begin());
+    ++w.watermark;
+  }
+  w.max_seq = std::max(w.max_seq, seq);
+  ++w.admitted_total;
+  if (bsp_) {
+    pending_bsp_[clock].by_worker[worker].push_back(std::move(*segment));
+    ++w.received[clock];
+    ++w.applied_total;
+    Advance(worker, actions);
+  } else {
+    ++w.unapplied[clock];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RangeState::Applied(int worker, int64_t clock,
+                                 RangeActions* actions) {
+  if (absl::Status s = CheckWorker(worker); !s.ok()) return s;
+  Worker& w = workers_[worker];
+  auto it = w.unapplied.find(clock);
+  if (bsp_ || it == w.unapplied.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no admitted segment of worker ", worker, " clock ",
+                     clock, " awaits its apply"));
+  }
+  if (--it->second == 0) w.unapplied.erase(it);
+  ++w.applied_total;
+  // A worker that announced fewer segments than it sent has had the clock
+  // completed already; the extra data is in, but counts for nothing.
+  if (clock < w.completed) return absl::OkStatus();
+  ++w.received[clock];
+  Advance(worker, actions);
+  return absl::OkStatus();
+}
+
+absl::Status RangeState::Announce(int worker, int64_t clock, int64_t segments,
+                                  int64_t examples, uint64_t settled,
+                                  RangeActions* actions) {
+  if (absl::Status s = CheckWorker(worker); !s.ok()) return s;
+  if (clock < 0 || segments < 0 || examples < 0) {
+    return absl::InvalidArgumentError("negative clock, segments or examples");
+  }
+  if (absl::Status s = CheckAhead(worker, clock); !s.ok()) return s;
+  Worker& w = workers_[worker];
+  // Only seqs received here can be settled: a larger value would make
+  // every later segment look like a replay.
+  settled = std::min(settled, w.max_seq);
+  if (settled > w.watermark) {
+    w.above.erase(w.above.begin(), w.above.upper_bound(settled));
+    w.watermark = settled;
+    while (!w.above.empty() && *w.above.begin() == w.watermark + 1) {
+      w.above.erase(w.above.begin());
+      ++w.watermark;
+    }
+  }
+  if (clock < w.completed) return absl::OkStatus();  // a replay
+  w.announced[clock] = {segments, examples};
+  Advance(worker, actions);
+  return absl::OkStatus();
+}
+
+absl::Status RangeState::Finish(int worker, int64_t final_clock,
+                                RangeActions* actions) {
+  if (absl::Status s = CheckWorker(worker); !s.ok()) return s;
+  if (final_clock < 0) {
+    return absl::InvalidArgumentError("negative final clock");
+  }
+  workers_[worker].final_clock = final_clock;
+  Advance(worker, actions);
+  return absl::OkStatus();
+}
+
+absl::Status RangeState::SetDead(int worker, RangeActions* actions) {
+  if (absl::Status s = CheckWorker(worker); !s.ok()) return s;
+  if (workers_[worker].dead) return absl::OkStatus();
+  workers_[worker].dead = true;
+  if (bsp_) ApplyCompleteBspClocks(actions);
+  return absl::OkStatus();
+}
+
+void RangeState::Advance(int worker, RangeActions* actions) {
+  Worker& w = workers_[worker];
+  for (;;) {
+    auto a = w.announced.find(w.completed);
+    if (a == w.announced.end()) break;
+    auto r = w.received.find(w.completed);
+    const int64_t got = r == w.received.end() ? 0 : r->second;
+    if (got < a->second.first) break;
+    if (bsp_) pending_bsp_[w.completed].examples += a->second.second;
+    w.announced_completed += a->second.first;
+    w.received_completed += got;
+    if (r != w.received.end()) w.received.erase(r);
+    w.announced.erase(a);
+    ++w.completed;
+    if (!bsp_) actions->advanced.emplace_back(worker, w.completed);
+  }
+  if (!w.finished && w.final_clock >= 0 && w.completed >= w.final_clock) {
+    w.finished = true;
+    actions->finished.push_back(worker);
+  }
+  if (bsp_) ApplyCompleteBspClocks(actions);
+}
+
+void RangeState::ApplyCompleteBspClocks(RangeActions* actions) {
+  for (;;) {
+    const int64_t c = bsp_applied_;
+    bool any = false;
+    for (const Worker& w : workers_) {
+      if (w.completed > c) {
+        any = true;
+      } else if (!w.finished && !w.dead) {
+        return;  // a live worker has not completed clock c here
+      }
+    }
+    if (!any) return;
+    RangeActions::Apply apply;
+    apply.clock = c;
+    auto it = pending_bsp_.find(c);
+    if (it != pending_bsp_.end()) {
+      apply.examples = it->second.examples;
+      // std::map iterates workers in id order: a deterministic sum.
+      for (auto& [worker, segs] : it->second.by_worker) {
+        for (BufferedSegment& seg : segs) {
+          apply.segments.push_back(std::move(seg));
+        }
+      }
+      pending_bsp_.erase(it);
+    }
+    actions->apply.push_back(std::move(apply));
+    ++bsp_applied_;
+    for (int w = 0; w < num_workers(); ++w) {
+      if (workers_[w].completed > c) actions->advanced.emplace_back(w, c + 1);
+    }
+  }
+}
+
+int64_t RangeState::Entry(int worker) const {
+  if (worker < 0 || worker >= num_workers()) return 0;
+  const int64_t completed = workers_[worker].completed;
+  return bsp_ ? std::min(completed, bsp_applied_) : completed;
+}
+
+int64_t RangeState::Completed(int worker) const {
+  if (worker < 0 || worker >= num_workers()) return 0;
+  return workers_[worker].completed;
+}
+
+bool RangeState::Finished(int worker) const {
+  return worker >= 0 && worker < num_workers() && workers_[worker].finished;
+}
+
+bool RangeState::Dead(int worker) const {
+  return worker >= 0 && worker < num_workers() && workers_[worker].dead;
+}
+
+absl::Status RangeState::CheckInvariants() const {
+  auto fail = [](int worker, auto&&... what) {
+    return absl::InternalError(
+        absl::StrCat("range state, worker ", worker, ": ", what...));
+  };
+  int64_t min_live_completed = -1;
+  for (int i = 0; i < num_workers(); ++i) {
+    const Worker& w = workers_[i];
+    if (w.watermark > w.max_seq) {
+      return fail(i, "watermark ", w.watermark, " above the highest seq ",
+                  w.max_seq);
+    }
+    if (!w.above.empty() &&
+        (*w.above.begin() <= w.watermark + 1 || *w.above.rbegin() > w.max_seq)) {
+      return fail(i, "seqs above the watermark out of (", w.watermark + 1,
+                  ", ", w.max_seq, "]");
+    }
+    // Every admitted segment is applied (or buffered) or awaits Applied():
+    // nothing applied twice, nothing lost.
+    int64_t unapplied = 0;
+    for (const auto& [c, n] : w.unapplied) {
+      if (n <= 0) {
+        return fail(i, "unapplied count ", n, " for clock ", c);
+      }
+      unapplied += n;
+    }
+    if (w.admitted_total != w.applied_total + unapplied) {
+      return fail(i, w.admitted_total, " segments admitted but ",
+                  w.applied_total, " applied and ", unapplied, " awaiting");
+    }
+    for (const auto& [c, n] : w.received) {
+      if (n <= 0 || c < w.completed) {
+        return fail(i, "received count ", n, " for clock ", c);
+      }
+    }
+    for (const auto& [c, a] : w.announced) {
+      if (c < w.completed || a.first < 0 || a.second < 0) {
+        return fail(i, "announcement for clock ", c);
+      }
+    }
+    // No entry ahead of its data: a completed clock had at least the
+    // segments announced for it applied.
+    if (w.received_completed < w.announced_completed) {
+      return fail(i, "completed clocks announced ", w.announced_completed,
+                  " segments but only ", w.received_completed, " arrived");
+    }
+    if (w.finished && w.completed < w.final_clock) {
+      return fail(i, "finished at ", w.completed, " of ", w.final_clock,
+                  " clocks");
+    }
+    if (!w.dead && !w.finished &&
+        (min_live_completed < 0 || w.completed < min_live_completed)) {
+      min_live_completed = w.completed;
+    }
+  }
+  if (bsp_) {
+    if (min_live_completed >= 0 && bsp_applied_ > min_live_completed) {
+      return absl::InternalError(absl::StrCat(
+          "range state: bsp applied ", bsp_applied_,
+          " clocks but a live worker completed only ", min_live_completed));
+    }
+    if (!pending_bsp_.empty() && pending_bsp_.begin()->first < bsp_applied_) {
+      return absl::InternalError(absl::StrCat(
+          "range state: buffered clock ", pending_bsp_.begin()->first,
+          " below the ", bsp_applied_, " applied"));
+    }
+  } else if (!pending_bsp_.empty() || bsp_applied_ != 0) {
+    return absl::InternalError("range state: bsp buffers outside bsp");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<proto::RangeStateSnapshot> RangeState::Snapshot() const {
+  proto::RangeStateSnapshot snap;
+  snap.set_bsp(bsp_);
+  snap.set_bsp_applied(bsp_applied_);
+  for (int i = 0; i < num_workers(); ++i) {
+    const Worker& w = workers_[i];
+    if (!w.unapplied.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", i, " has admitted segments awaiting their apply"));
+    }
+    proto::RangeStateSnapshot::WorkerState* ws = snap.add_workers();
+    ws->set_watermark(w.watermark);
+    for (uint64_t s : w.above) ws->add_above(s);
+    ws->set_max_seq(w.max_seq);
+    for (const auto& [c, n] : w.received) {
+      auto* e = ws->add_received();
+      e->set_clock(c);
+      e->set_count(n);
+    }
+    for (const auto& [c, a] : w.announced) {
+      auto* e = ws->add_announced();
+      e->set_clock(c);
+      e->set_count(a.first);
+      e->set_examples(a.second);
+    }
+    ws->set_completed(w.completed);
+    ws->set_final_clock(w.final_clock);
+    ws->set_finished(w.finished);
+    ws->set_dead(w.dead);
+    ws->set_admitted_total(w.admitted_total);
+    ws->set_applied_total(w.applied_total);
+    ws->set_announced_completed(w.announced_completed);
+    ws->set_received_completed(w.received_completed);
+  }
+  for (const auto& [c, bc] : pending_bsp_) {
+    auto* pc = snap.add_pending_bsp();
+    pc->set_clock(c);
+    pc->set_examples(bc.examples);
+    for (const auto& [worker, segs] : bc.by_worker) {
+      for (const BufferedSegment& seg : segs) {
+        auto* ps = pc->add_segments();
+        ps->set_worker(worker);
+        ps->set_table(seg.table);
+        ps->set_keys(seg.keys);
+        ps->set_vals(seg.vals);
+      }
+    }
+  }
+  return snap;
+}
+
+absl::StatusOr<RangeState> RangeState::FromSnapshot(
+    const proto::RangeStateSnapshot& snap, RangeLimits limits) {
+  if (snap.workers_size() < 1) {
+    return absl::InvalidArgumentError("range snapshot has no workers");
+  }
+  RangeState st(snap.workers_size(), snap.bsp(), limits);
+  auto bad = [](auto&&... what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("range snapshot: ", what...));
+  };
+  if (snap.bsp_applied() < 0) return bad("negative bsp_applied");
+  st.bsp_applied_ = snap.bsp_applied();
+  for (int i = 0; i < snap.workers_size(); ++i) {
+    const auto& ws = snap.workers(i);
+    Worker& w = st.workers_[i];
+    w.watermark = ws.watermark();
+    uint64_t prev = w.watermark;
+    for (uint64_t s : ws.above()) {
+      if (s <= prev) return bad("worker ", i, ": seqs not ascending");
+      w.above.insert(s);
+      prev = s;
+    }
+    w.max_seq = ws.max_seq();
+    if (ws.completed() < 0) return bad("worker ", i, ": negative completed");
+    w.completed = ws.completed();
+    for (const auto& e : ws.received()) {
+      if (e.count() <= 0 || e.clock() < w.completed ||
+          !w.received.emplace(e.clock(), e.count()).second) {
+        return bad("worker ", i, ": bad received count");
+      }
+    }
+    for (const auto& e : ws.announced()) {
+      if (e.count() < 0 || e.examples() < 0 || e.clock() < w.completed ||
+          !w.announced.emplace(e.clock(), std::make_pair(e.count(),
+                                                         e.examples()))
+               .second) {
+        return bad("worker ", i, ": bad announcement");
+      }
+    }
+    w.final_clock = ws.final_clock();
+    w.finished = ws.finished();
+    w.dead = ws.dead();
+    w.admitted_total = ws.admitted_total();
+    w.applied_total = ws.applied_total();
+    w.announced_completed = ws.announced_completed();
+    w.received_completed = ws.received_completed();
+  }
+  int64_t prev_clock = -1;
+  for (const auto& pc : snap.pending_bsp()) {
+    if (!snap.bsp() || pc.clock() <= prev_clock || pc.examples() < 0) {
+      return bad("bad buffered clock ", pc.clock());
+    }
+    prev_clock = pc.clock();
+    BspClock& bc = st.pending_bsp_[pc.clock()];
+    bc.examples = pc.examples();
+    for (const auto& seg : pc.segments()) {
+      if (seg.worker() < 0 || seg.worker() >= snap.workers_size()) {
+        return bad("buffered segment of unknown worker ", seg.worker());
+      }
+      bc.by_worker[seg.worker()].push_back(
+          BufferedSegment{seg.table(), seg.keys(), seg.vals()});
+    }
+  }
+  if (absl::Status s = st.CheckInvariants(); !s.ok()) {
+    return bad(s.message());
+  }
+  return st;
+}
+
+}  // namespace ps

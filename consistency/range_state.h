@@ -1,0 +1,181 @@
+// The consistency bookkeeping of ONE key range (docs/fault_tolerance.md):
+// the exactly-once window of push segments per worker, the segments
+// received and announced per clock, the clocks each worker completed on
+// this range, and in BSP the buffered segments of clocks not yet applied.
+// Everything that has to move with a range when it is replicated, migrated
+// or checkpointed, and nothing else: no table, no lock, no RPC.
+//
+// A deterministic state machine: its inputs are Accept, Applied, Announce,
+// Finish and SetDead; a replica fed the same inputs in the same order ends
+// in the same state (Snapshot()/FromSnapshot() copy it exactly).
+//
+// Protocol it implements (per worker w, on this range):
+//  * every push segment carries (w, seq, clock); seqs are unique per
+//    (w, range). Accept() admits a segment once: a seq seen before is a
+//    duplicate and changes nothing.
+//  * an admitted segment counts as received for its clock once its data
+//    is in the table: in ASP/SSP when the caller reports Applied(), in BSP
+//    at once (the data is buffered here).
+//  * Announce(w, c, segments, examples, settled) says how many segments w
+//    sent to this range with clock c. Clock c of w is completed here when
+//    every earlier clock is and `segments` of clock c were received.
+//  * the range's vector-clock entry of w is its completed clocks (ASP/SSP);
+//    in BSP, clocks applied: clock c is applied (all workers' buffered
+//    segments summed in worker-id order) once every live worker completed
+//    it. A dead or finished worker no longer holds anyone back.
+//
+// Not thread-safe: the owner serialises calls (the server's lock).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/btree_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+struct RangeLimits {
+  // How far a segment's or announcement's clock may be ahead of the clocks
+  // its worker completed here; beyond it OUT_OF_RANGE + CLOCK_TOO_FAR.
+  int64_t max_clock_ahead = 1000;
+  // Seqs above a worker's settled watermark remembered at once; beyond it a
+  // segment that does not extend the watermark is RESOURCE_EXHAUSTED +
+  // TOO_MANY_PENDING.
+  size_t max_unsettled_seqs = 1 << 16;
+};
+
+// One buffered BSP segment: the keys (uint64, ascending) and gradient sums
+// (float, keys * dim) of one table.
+struct BufferedSegment {
+  int table = 0;
+  std::string keys;
+  std::string vals;
+};
+
+// What the caller must do after an input.
+struct RangeActions {
+  // (worker, new vector-clock entry) on this range, in order.
+  std::vector<std::pair<int, int64_t>> advanced;
+  // Workers that completed their final clock here.
+  std::vector<int> finished;
+  // BSP: clocks to apply now, in clock order. `segments` are in worker-id
+  // order then arrival order; `examples` is the clock's total over workers.
+  struct Apply {
+    int64_t clock = 0;
+    int64_t examples = 0;
+    std::vector<BufferedSegment> segments;
+  };
+  std::vector<Apply> apply;
+};
+
+class RangeState {
+ public:
+  // `num_workers` >= 1 (INVALID_ARGUMENT otherwise, from Create).
+  static absl::StatusOr<RangeState> Create(int num_workers, bool bsp,
+                                           RangeLimits limits = {});
+  // Restores a state written by Snapshot(). INVALID_ARGUMENT when the
+  // snapshot is inconsistent (counts negative, windows overlapping the
+  // watermark, ...): a corrupt or hostile copy is refused, never adopted.
+  static absl::StatusOr<RangeState> FromSnapshot(
+      const proto::RangeStateSnapshot& snap, RangeLimits limits = {});
+  // FAILED_PRECONDITION while an admitted segment awaits Applied(): its
+  // seq is in the window but its data not in the table, so a copy would
+  // drop its resend.
+  absl::StatusOr<proto::RangeStateSnapshot> Snapshot() const;
+
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  bool bsp() const { return bsp_; }
+
+  // Admits push segment (worker, seq, clock). OK with *duplicate = true: a
+  // replay, nothing changed. OK with *duplicate = false: new; in ASP/SSP
+  // the caller applies it and then calls Applied(); in BSP it is buffered
+  // (`segment` moved from) and may complete clocks (actions filled).
+  // Errors, state unchanged: INVALID_ARGUMENT (worker id, negative clock,
+  // seq 0), FAILED_PRECONDITION (the clock was already completed here),
+  // OUT_OF_RANGE + CLOCK_TOO_FAR, RESOURCE_EXHAUSTED + TOO_MANY_PENDING.
+  absl::Status Accept(int worker, uint64_t seq, int64_t clock,
+                      BufferedSegment* segment, bool* duplicate,
+                      RangeActions* actions);
+  // ASP/SSP: the data of an admitted segment of (worker, clock) is in the
+  // table. FAILED_PRECONDITION when no admitted segment of that clock is
+  // waiting for it (a caller bug; nothing changes).
+  absl::Status Applied(int worker, int64_t clock, RangeActions* actions);
+  // Worker `worker` sent `segments` segments to this range with clock
+  // `clock`, whose minibatch had `examples` examples; every seq <= `settled`
+  // it sent here has had its final answer (clamped to the highest seq
+  // received, so it can never make a later segment look like a replay).
+  // An announcement for a completed clock is a replay (OK, no change).
+  // INVALID_ARGUMENT for a bad id or negative numbers; OUT_OF_RANGE +
+  // CLOCK_TOO_FAR.
+  absl::Status Announce(int worker, int64_t clock, int64_t segments,
+                        int64_t examples, uint64_t settled,
+                        RangeActions* actions);
+  // The worker has finished after `final_clock` clocks.
+  absl::Status Finish(int worker, int64_t final_clock, RangeActions* actions);
+  // The worker is gone: it no longer holds back BSP clocks. Idempotent.
+  absl::Status SetDead(int worker, RangeActions* actions);
+
+  // Vector-clock entry of `worker` on this range (0 for a bad id).
+  int64_t Entry(int worker) const;
+  // Clocks `worker` completed here (0 for a bad id).
+  int64_t Completed(int worker) const;
+  bool Finished(int worker) const;
+  bool Dead(int worker) const;
+  // BSP: clocks applied on this range.
+  int64_t BspApplied() const { return bsp_applied_; }
+
+  // The invariants (tests run them after every step): no entry ahead of the
+  // data applied for it; no seq admitted twice; every admitted segment
+  // either applied, buffered or awaiting Applied(); BSP applies clocks in
+  // order and only complete ones; counts never negative. Returns the first
+  // violation as INTERNAL with what it found.
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Worker {
+    uint64_t watermark = 0;            // every seq <= it was seen
+    absl::btree_set<uint64_t> above;   // seen seqs > watermark
+    uint64_t max_seq = 0;
+    std::map<int64_t, int64_t> received;  // clock -> segments with data in
+    std::map<int64_t, int64_t> unapplied;  // clock -> admitted, not applied
+    // clock -> (segments announced, examples)
+    std::map<int64_t, std::pair<int64_t, int64_t>> announced;
+    int64_t completed = 0;
+    int64_t final_clock = -1;
+    bool finished = false;
+    bool dead = false;
+    // For CheckInvariants: segments admitted / applied (or buffered) over
+    // the range's life, and segments announced for completed clocks.
+    int64_t admitted_total = 0;
+    int64_t applied_total = 0;
+    int64_t announced_completed = 0;
+    int64_t received_completed = 0;
+  };
+  struct BspClock {
+    std::map<int, std::vector<BufferedSegment>> by_worker;
+    int64_t examples = 0;
+  };
+
+  RangeState(int num_workers, bool bsp, RangeLimits limits);
+  absl::Status CheckWorker(int worker) const;
+  absl::Status CheckAhead(int worker, int64_t clock) const;
+  // Completes every clock of `worker` that has all its segments; then, in
+  // BSP, applies every clock all live workers completed.
+  void Advance(int worker, RangeActions* actions);
+  void ApplyCompleteBspClocks(RangeActions* actions);
+
+  bool bsp_;
+  RangeLimits limits_;
+  std::vector<Worker> workers_;
+  std::map<int64_t, BspClock> pending_bsp_;
+  int64_t bsp_applied_ = 0;
+};
+
+}  // namespace ps

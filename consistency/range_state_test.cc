@@ -1,0 +1,324 @@
+#include "consistency/range_state.h"
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "transport/errors.h"
+
+namespace ps {
+namespace {
+
+using absl::StatusCode;
+
+RangeState Make(int workers, bool bsp, RangeLimits limits = {}) {
+  absl::StatusOr<RangeState> s = RangeState::Create(workers, bsp, limits);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return *std::move(s);
+}
+
+BufferedSegment Seg(const std::string& tag) {
+  return BufferedSegment{0, tag, tag};
+}
+
+// Accepts and (ASP/SSP) applies one segment; returns whether it was new.
+bool Push(RangeState* st, int worker, uint64_t seq, int64_t clock,
+          RangeActions* a, const std::string& tag = "k") {
+  BufferedSegment seg = Seg(tag);
+  bool dup = true;
+  EXPECT_TRUE(st->Accept(worker, seq, clock, &seg, &dup, a).ok());
+  if (!dup && !st->bsp()) EXPECT_TRUE(st->Applied(worker, clock, a).ok());
+  EXPECT_TRUE(st->CheckInvariants().ok()) << st->CheckInvariants();
+  return !dup;
+}
+
+void Announce(RangeState* st, int worker, int64_t clock, int64_t segments,
+              int64_t examples, RangeActions* a, uint64_t settled = 0) {
+  ASSERT_TRUE(
+      st->Announce(worker, clock, segments, examples, settled, a).ok());
+  ASSERT_TRUE(st->CheckInvariants().ok()) << st->CheckInvariants();
+}
+
+TEST(RangeStateTest, CreateNeedsAWorker) {
+  EXPECT_EQ(RangeState::Create(0, false).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(RangeStateTest, AspClockCompletesWhenAnnouncedSegmentsAreApplied) {
+  RangeState st = Make(2, false);
+  RangeActions a;
+  Announce(&st, 0, 0, 2, 10, &a);
+  EXPECT_EQ(st.Entry(0), 0);
+  EXPECT_TRUE(Push(&st, 0, 1, 0, &a));
+  EXPECT_EQ(st.Entry(0), 0);  // one of two
+  EXPECT_TRUE(Push(&st, 0, 2, 0, &a));
+  EXPECT_EQ(st.Entry(0), 1);
+  ASSERT_EQ(a.advanced.size(), 1u);
+  EXPECT_EQ(a.advanced[0], std::make_pair(0, int64_t{1}));
+  EXPECT_EQ(st.Entry(1), 0);
+}
+
+TEST(RangeStateTest, ReplayedSeqIsADuplicateAndChangesNothing) {
+  RangeState st = Make(1, false);
+  RangeActions a;
+  EXPECT_TRUE(Push(&st, 0, 1, 0, &a));
+  EXPECT_FALSE(Push(&st, 0, 1, 0, &a));
+  Announce(&st, 0, 0, 1, 1, &a);
+  EXPECT_EQ(st.Entry(0), 1);
+  // After the clock completed, the same seq is still a duplicate, not an
+  // error about the completed clock.
+  BufferedSegment seg = Seg("k");
+  bool dup = false;
+  EXPECT_TRUE(st.Accept(0, 1, 0, &seg, &dup, &a).ok());
+  EXPECT_TRUE(dup);
+}
+
+// "No entry ahead of its data": an admitted segment whose apply has not
+// finished holds its clock back, and a snapshot is refused meanwhile.
+TEST(RangeStateTest, AdmittedButUnappliedSegmentHoldsTheClock) {
+  RangeState st = Make(1, false);
+  RangeActions a;
+  BufferedSegment seg = Seg("k");
+  bool dup = true;
+  ASSERT_TRUE(st.Accept(0, 1, 0, &seg, &dup, &a).ok());
+  ASSERT_FALSE(dup);
+  Announce(&st, 0, 0, 1, 1, &a);
+  EXPECT_EQ(st.Entry(0), 0);
+  EXPECT_EQ(st.Snapshot().status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(st.Applied(0, 0, &a).ok());
+  EXPECT_EQ(st.Entry(0), 1);
+  EXPECT_TRUE(st.Snapshot().ok());
+  // A second Applied for the same clock is a caller bug, refused.
+  EXPECT_EQ(st.Applied(0, 0, &a).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(st.CheckInvariants().ok());
+}
+
+// A worker that announces fewer segments than it sent (buggy or hostile)
+// completes its clock early; the late data is applied but breaks nothing.
+TEST(RangeStateTest, UnderAnnouncedClockKeepsTheInvariants) {
+  RangeState st = Make(1, false);
+  RangeActions a;
+  BufferedSegment seg = Seg("k");
+  bool dup = true;
+  ASSERT_TRUE(st.Accept(0, 1, 0, &seg, &dup, &a).ok());
+  Announce(&st, 0, 0, 0, 1, &a);
+  EXPECT_EQ(st.Entry(0), 1);
+  ASSERT_TRUE(st.Applied(0, 0, &a).ok());
+  EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+  EXPECT_TRUE(st.Snapshot().ok());
+}
+
+TEST(RangeStateTest, BadInputIsRefusedWithoutChange) {
+  RangeLimits limits;
+  limits.max_clock_ahead = 5;
+  limits.max_unsettled_seqs = 2;
+  RangeState st = Make(1, false, limits);
+  RangeActions a;
+  BufferedSegment seg = Seg("k");
+  bool dup;
+  EXPECT_EQ(st.Accept(1, 1, 0, &seg, &dup, &a).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.Accept(0, 0, 0, &seg, &dup, &a).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.Accept(0, 1, -1, &seg, &dup, &a).code(),
+            StatusCode::kInvalidArgument);
+  absl::Status far = st.Accept(0, 1, 6, &seg, &dup, &a);
+  EXPECT_EQ(far.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ReasonOf(far), proto::REASON_CLOCK_TOO_FAR);
+  EXPECT_EQ(st.Announce(0, 6, 0, 1, 0, &a).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(st.Announce(0, 0, -1, 1, 0, &a).code(),
+            StatusCode::kInvalidArgument);
+  // Two seqs above a gap fill the window; a third that does not extend the
+  // watermark is refused, the one that does is taken.
+  EXPECT_TRUE(Push(&st, 0, 3, 0, &a));
+  EXPECT_TRUE(Push(&st, 0, 4, 0, &a));
+  absl::Status full = st.Accept(0, 5, 0, &seg, &dup, &a);
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReasonOf(full), proto::REASON_TOO_MANY_PENDING);
+  EXPECT_TRUE(Push(&st, 0, 1, 0, &a));
+  EXPECT_TRUE(st.CheckInvariants().ok());
+  // A push for a clock already completed here.
+  Announce(&st, 0, 0, 3, 1, &a);
+  EXPECT_EQ(st.Entry(0), 1);
+  EXPECT_EQ(st.Accept(0, 9, 0, &seg, &dup, &a).code(),
+            StatusCode::kFailedPrecondition);
+}
+
+// Regression of issue 8's "settled_seq = 2^64-1 made every later push a
+// replay", kept for the per-range window.
+TEST(RangeStateTest, SettledIsClampedToTheSeqsReceived) {
+  RangeState st = Make(1, false);
+  RangeActions a;
+  EXPECT_TRUE(Push(&st, 0, 1, 0, &a));
+  Announce(&st, 0, 0, 1, 1, &a, /*settled=*/UINT64_MAX);
+  EXPECT_TRUE(Push(&st, 0, 2, 1, &a));  // new, not a "replay"
+  // Settling forgets the window below it but keeps what is above.
+  EXPECT_TRUE(Push(&st, 0, 5, 1, &a));
+  Announce(&st, 0, 1, 2, 1, &a, /*settled=*/2);
+  EXPECT_FALSE(Push(&st, 0, 5, 2, &a));
+  EXPECT_FALSE(Push(&st, 0, 2, 2, &a));
+  EXPECT_TRUE(Push(&st, 0, 3, 2, &a));
+}
+
+TEST(RangeStateTest, BspAppliesAClockOnceEveryLiveWorkerCompletedIt) {
+  RangeState st = Make(3, true);
+  RangeActions a;
+  EXPECT_TRUE(Push(&st, 2, 1, 0, &a, "w2"));
+  EXPECT_TRUE(Push(&st, 0, 1, 0, &a, "w0a"));
+  EXPECT_TRUE(Push(&st, 0, 2, 0, &a, "w0b"));
+  Announce(&st, 0, 0, 2, 10, &a);
+  Announce(&st, 2, 0, 1, 30, &a);
+  EXPECT_TRUE(a.apply.empty());  // worker 1 has not completed clock 0
+  EXPECT_EQ(st.Entry(0), 0);
+  Announce(&st, 1, 0, 0, 20, &a);
+  ASSERT_EQ(a.apply.size(), 1u);
+  EXPECT_EQ(a.apply[0].clock, 0);
+  EXPECT_EQ(a.apply[0].examples, 60);
+  ASSERT_EQ(a.apply[0].segments.size(), 3u);
+  // Worker-id order, then arrival order: a deterministic sum.
+  EXPECT_EQ(a.apply[0].segments[0].keys, "w0a");
+  EXPECT_EQ(a.apply[0].segments[1].keys, "w0b");
+  EXPECT_EQ(a.apply[0].segments[2].keys, "w2");
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(st.Entry(w), 1);
+  EXPECT_EQ(st.BspApplied(), 1);
+}
+
+TEST(RangeStateTest, BspDeadOrFinishedWorkerNoLongerHoldsClocksBack) {
+  RangeState st = Make(3, true);
+  RangeActions a;
+  EXPECT_TRUE(Push(&st, 0, 1, 0, &a));
+  Announce(&st, 0, 0, 1, 1, &a);
+  Announce(&st, 1, 0, 0, 1, &a);
+  ASSERT_TRUE(st.Finish(1, 1, &a).ok());
+  EXPECT_EQ(a.finished, std::vector<int>{1});
+  EXPECT_TRUE(a.apply.empty());  // worker 2 is live and behind
+  ASSERT_TRUE(st.SetDead(2, &a).ok());
+  ASSERT_EQ(a.apply.size(), 1u);
+  EXPECT_TRUE(st.Dead(2));
+  EXPECT_TRUE(st.SetDead(2, &a).ok());  // idempotent
+  EXPECT_TRUE(st.CheckInvariants().ok());
+  // Only worker 0 is live now: its next clock applies at once.
+  Announce(&st, 0, 1, 0, 1, &a);
+  EXPECT_EQ(a.apply.size(), 2u);
+  EXPECT_EQ(st.Entry(0), 2);
+}
+
+// A replica fed the same inputs, or restored from a snapshot midway and fed
+// the rest, ends in the same state as the primary; the snapshot keeps the
+// exactly-once window, so a resend to the new copy is a duplicate.
+TEST(RangeStateTest, SnapshotCopyContinuesExactlyLikeTheOriginal) {
+  for (bool bsp : {false, true}) {
+    SCOPED_TRACE(bsp ? "bsp" : "asp");
+    std::mt19937_64 rng(7);
+    RangeState primary = Make(3, bsp);
+    RangeState replica = Make(3, bsp);
+    std::vector<uint64_t> next_seq(3, 1);
+    std::vector<int64_t> clock(3, 0), sent(3, 0);
+    std::vector<std::vector<std::pair<uint64_t, int64_t>>> history(3);
+    std::optional<RangeState> restored;
+    for (int step = 0; step < 600; ++step) {
+      const int w = static_cast<int>(rng() % 3);
+      RangeActions ap, ar, ax;
+      const uint64_t roll = rng() % 10;
+      auto feed = [&](RangeState* st, RangeActions* a, auto&& fn) { fn(st, a); };
+      auto all = [&](auto&& fn) {
+        feed(&primary, &ap, fn);
+        feed(&replica, &ar, fn);
+        if (restored) feed(&*restored, &ax, fn);
+      };
+      if (roll < 6) {
+        const uint64_t seq = next_seq[w]++;
+        history[w].emplace_back(seq, clock[w]);
+        ++sent[w];
+        const std::string tag = std::to_string(w) + "/" + std::to_string(seq);
+        all([&](RangeState* st, RangeActions* a) {
+          EXPECT_TRUE(Push(st, w, seq, clock[w], a, tag));
+        });
+      } else if (roll < 8 && !history[w].empty()) {
+        // A resend of something already admitted.
+        const auto [seq, c] = history[w][rng() % history[w].size()];
+        all([&](RangeState* st, RangeActions* a) {
+          BufferedSegment seg = Seg("dup");
+          bool dup = false;
+          EXPECT_TRUE(st->Accept(w, seq, c, &seg, &dup, a).ok());
+          EXPECT_TRUE(dup);
+        });
+      } else {
+        const uint64_t settled = next_seq[w] - 1;
+        all([&](RangeState* st, RangeActions* a) {
+          Announce(st, w, clock[w], sent[w], 5, a, settled);
+        });
+        ++clock[w];
+        sent[w] = 0;
+      }
+      EXPECT_EQ(ap.advanced, ar.advanced);
+      ASSERT_EQ(ap.apply.size(), ar.apply.size());
+      if (restored) {
+        EXPECT_EQ(ap.advanced, ax.advanced);
+        ASSERT_EQ(ap.apply.size(), ax.apply.size());
+        for (size_t i = 0; i < ap.apply.size(); ++i) {
+          ASSERT_EQ(ap.apply[i].segments.size(),
+                    ax.apply[i].segments.size());
+          for (size_t j = 0; j < ap.apply[i].segments.size(); ++j) {
+            EXPECT_EQ(ap.apply[i].segments[j].keys,
+                      ax.apply[i].segments[j].keys);
+          }
+        }
+      }
+      if (step == 300) {
+        absl::StatusOr<proto::RangeStateSnapshot> snap = primary.Snapshot();
+        ASSERT_TRUE(snap.ok()) << snap.status();
+        absl::StatusOr<RangeState> copy = RangeState::FromSnapshot(*snap);
+        ASSERT_TRUE(copy.ok()) << copy.status();
+        restored.emplace(*std::move(copy));
+      }
+    }
+    for (int w = 0; w < 3; ++w) {
+      EXPECT_EQ(primary.Entry(w), replica.Entry(w));
+      EXPECT_EQ(primary.Entry(w), restored->Entry(w));
+      EXPECT_GT(primary.Completed(w), 0);
+    }
+    auto a = primary.Snapshot(), b = restored->Snapshot();
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*a, *b));
+  }
+}
+
+TEST(RangeStateTest, InconsistentSnapshotIsRefused) {
+  RangeState st = Make(2, true);
+  RangeActions a;
+  EXPECT_TRUE(Push(&st, 0, 1, 0, &a));
+  EXPECT_TRUE(Push(&st, 0, 3, 0, &a));
+  absl::StatusOr<proto::RangeStateSnapshot> good = st.Snapshot();
+  ASSERT_TRUE(good.ok());
+  ASSERT_TRUE(RangeState::FromSnapshot(*good).ok());
+
+  proto::RangeStateSnapshot bad = *good;
+  bad.clear_workers();
+  EXPECT_EQ(RangeState::FromSnapshot(bad).status().code(),
+            StatusCode::kInvalidArgument);
+  bad = *good;
+  bad.mutable_workers(0)->add_above(2);  // not ascending after 3
+  EXPECT_EQ(RangeState::FromSnapshot(bad).status().code(),
+            StatusCode::kInvalidArgument);
+  bad = *good;
+  bad.mutable_workers(0)->set_admitted_total(7);  // pushes lost or doubled
+  EXPECT_EQ(RangeState::FromSnapshot(bad).status().code(),
+            StatusCode::kInvalidArgument);
+  bad = *good;
+  bad.mutable_pending_bsp(0)->mutable_segments(0)->set_worker(9);
+  EXPECT_EQ(RangeState::FromSnapshot(bad).status().code(),
+            StatusCode::kInvalidArgument);
+  bad = *good;
+  bad.set_bsp_applied(5);  // ahead of every live worker
+  EXPECT_EQ(RangeState::FromSnapshot(bad).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ps
