@@ -111,6 +111,16 @@ absl::Status RangeState::Announce(int worker, int64_t clock, int64_t segments,
     return absl::InvalidArgumentError("negative clock, segments or examples");
   }
   if (absl::Status s = CheckAhead(worker, clock); !s.ok()) return s;
+  Settle(worker, settled).IgnoreError();  // id checked above
+  Worker& w = workers_[worker];
+  if (clock < w.completed) return absl::OkStatus();  // a replay
+  w.announced[clock] = {segments, examples};
+  Advance(worker, actions);
+  return absl::OkStatus();
+}
+
+absl::Status RangeState::Settle(int worker, uint64_t settled) {
+  if (absl::Status s = CheckWorker(worker); !s.ok()) return s;
   Worker& w = workers_[worker];
   // Only seqs received here can be settled: a larger value would make
   // every later segment look like a replay.
@@ -123,9 +133,6 @@ absl::Status RangeState::Announce(int worker, int64_t clock, int64_t segments,
       ++w.watermark;
     }
   }
-  if (clock < w.completed) return absl::OkStatus();  // a replay
-  w.announced[clock] = {segments, examples};
-  Advance(worker, actions);
   return absl::OkStatus();
 }
 

@@ -117,6 +117,10 @@ class RangeState {
   absl::Status Announce(int worker, int64_t clock, int64_t segments,
                         int64_t examples, uint64_t settled,
                         RangeActions* actions);
+  // Every seq <= `settled` that `worker` sent here has had its final answer
+  // (clamped as for Announce): the window below it is forgotten.
+  // INVALID_ARGUMENT for a bad id.
+  absl::Status Settle(int worker, uint64_t settled);
   // The worker has finished after `final_clock` clocks.
   absl::Status Finish(int worker, int64_t final_clock, RangeActions* actions);
   // The worker is gone: it no longer holds back BSP clocks. Idempotent.

@@ -95,7 +95,8 @@ absl::Status ServerNode::Configure(int server_id,
     return absl::InvalidArgumentError(
         absl::StrCat("server id ", server_id, " not in the view"));
   }
-  Actions actions;
+  RangeActionList actions;
+  std::vector<int> finished;
   std::optional<int64_t> new_tau;
   {
     absl::MutexLock l(&mu_);
@@ -120,6 +121,16 @@ absl::Status ServerNode::Configure(int server_id,
           limits_.max_pending_pulls_per_worker);
       workers_.resize(view.workers_size());
       mode_ = view.consistency().mode();
+      RangeLimits rl;
+      rl.max_clock_ahead = limits_.max_clock_ahead;
+      rl.max_unsettled_seqs = limits_.max_unsettled_seqs;
+      for (int r = 0; r < routing.num_ranges(); ++r) {
+        PS_ASSIGN_OR_RETURN(
+            RangeState st,
+            RangeState::Create(view.workers_size(),
+                               mode_ == proto::MODE_BSP, rl));
+        ranges_.push_back(std::move(st));
+      }
     } else {
       if (routing.num_ranges() != routing_->num_ranges() ||
           view.workers_size() != static_cast<int>(workers_.size())) {
@@ -149,13 +160,18 @@ absl::Status ServerNode::Configure(int server_id,
       if (w.id() < 0 || w.id() >= static_cast<int>(workers_.size())) continue;
       if (w.state() == proto::NODE_DEAD && !workers_[w.id()].dead) {
         workers_[w.id()].dead = true;
-        actions.finished.push_back(w.id());
+        finished.push_back(w.id());
+        for (int r = 0; r < static_cast<int>(ranges_.size()); ++r) {
+          RangeActions a;
+          ranges_[r].SetDead(w.id(), &a).IgnoreError();  // id checked
+          ApplyBsp(r, &a);
+          actions.emplace_back(r, std::move(a));
+        }
       }
     }
-    if (mode_ == proto::MODE_BSP) ApplyCompleteBspClocks(&actions);
   }
   if (new_tau.has_value()) consistency_->SetTau(*new_tau);
-  Publish(actions);
+  Publish(actions, finished);
   return absl::OkStatus();
 }
 
@@ -194,7 +210,7 @@ absl::Status ServerNode::Admit(int worker_id, int64_t epoch, int table,
 }
 
 absl::Status ServerNode::CheckKeys(const std::string& keys, const Admitted& a,
-                                   std::vector<int>* ranges) {
+                                   std::vector<RangeRun>* runs) {
   if (!ByteCountOk<uint64_t>(keys)) {
     return absl::InvalidArgumentError("keys: byte count not a multiple of 8");
   }
@@ -206,9 +222,9 @@ absl::Status ServerNode::CheckKeys(const std::string& keys, const Admitted& a,
     }
   }
   bool owned = true;
-  a.routing->ForEachRangeRun(k, [&](int range, size_t, size_t) {
+  a.routing->ForEachRangeRun(k, [&](int range, size_t first, size_t last) {
     if (a.routing->OwnerOfRange(range) != a.id) owned = false;
-    if (ranges != nullptr) ranges->push_back(range);
+    if (runs != nullptr) runs->push_back(RangeRun{range, first, last});
   });
   if (!owned) {
     return ErrorWithReason(
@@ -216,13 +232,6 @@ absl::Status ServerNode::CheckKeys(const std::string& keys, const Admitted& a,
         absl::StrCat("stale-epoch: keys not owned by server ", a.id));
   }
   return absl::OkStatus();
-}
-
-bool ServerNode::MarkSeq(WorkerState* w, uint64_t seq) {
-  if (seq <= w->watermark || w->above.contains(seq)) return false;
-  w->above.insert(seq);
-  while (w->above.erase(w->watermark + 1) > 0) ++w->watermark;
-  return true;
 }
 
 void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
@@ -234,7 +243,8 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
     s = Admit(req.worker_id(), req.epoch(), req.table(), &adm);
   }
   // The O(keys) work stays outside mu_, which every request takes.
-  if (s.ok()) s = CheckKeys(req.keys(), adm, nullptr);
+  std::vector<RangeRun> runs;
+  if (s.ok()) s = CheckKeys(req.keys(), adm, &runs);
   if (s.ok()) {
     const size_t expect = req.keys().size() / 8 * adm.table->dim();
     if (req.vals().size() != expect * sizeof(float)) {
@@ -252,67 +262,108 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
       ++non_finite_pushes_;
     }
   }
+  // One segment per range run: the client's (range, seq) pairs, which must
+  // cut the keys exactly as the routing does, or (older clients) `seq` for
+  // every range.
+  std::vector<uint64_t> seqs(runs.size(), req.seq());
+  if (s.ok() && req.segments_size() > 0) {
+    if (req.segments_size() != static_cast<int>(runs.size())) {
+      s = absl::InvalidArgumentError(
+          absl::StrCat(req.segments_size(), " segments for keys in ",
+                       runs.size(), " ranges"));
+    }
+    for (size_t i = 0; s.ok() && i < runs.size(); ++i) {
+      const proto::PushSegment& seg = req.segments(static_cast<int>(i));
+      if (seg.range() != runs[i].range ||
+          seg.num_keys() != runs[i].last - runs[i].first) {
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "segment ", i, " (range ", seg.range(), ", ", seg.num_keys(),
+            " keys) does not match the keys' range ", runs[i].range, " (",
+            runs[i].last - runs[i].first, " keys)"));
+      }
+      seqs[i] = seg.seq();
+    }
+  } else if (s.ok() && req.seq() == 0 && !runs.empty()) {
+    s = absl::InvalidArgumentError("push seq 0");
+  }
   if (!s.ok()) {
     done(s);
     return;
   }
-  BufferedPush buffered;
-  if (adm.bsp) buffered = BufferedPush{req.keys(), req.vals()};
   Table* const t = adm.table;
-  const std::shared_ptr<const Routing>& routing = adm.routing;
-  Actions actions;
-  bool apply_now = false;
-  s = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
+  const int dim = t->dim();
+  absl::Span<const uint64_t> keys = ViewAs<uint64_t>(req.keys());
+  const float* g = reinterpret_cast<const float*>(req.vals().data());
+  RangeActionList actions;
+  std::vector<int> finished;
+  std::vector<size_t> fresh;  // runs admitted now, to apply (ASP/SSP)
+  {
     absl::MutexLock l(&mu_);
-    WorkerState& w = workers_[req.worker_id()];
-    if (req.seq() <= w.watermark || w.above.contains(req.seq())) {
+    int news = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const RangeRun& run = runs[i];
+      BufferedSegment seg;
+      if (adm.bsp) {
+        seg.table = req.table();
+        seg.keys.assign(req.keys(), run.first * sizeof(uint64_t),
+                        (run.last - run.first) * sizeof(uint64_t));
+        seg.vals.assign(req.vals(), run.first * dim * sizeof(float),
+                        (run.last - run.first) * dim * sizeof(float));
+      }
+      bool dup = false;
+      RangeActions a;
+      absl::Status st = ranges_[run.range].Accept(
+          req.worker_id(), seqs[i], req.clock(), &seg, &dup, &a);
+      if (!st.ok()) {
+        // Segments admitted before it are still applied below (a resend
+        // finds them duplicates); the request fails with the first error.
+        s = st;
+        break;
+      }
+      if (dup) continue;
+      ++news;
+      if (adm.bsp) {
+        ApplyBsp(run.range, &a);
+        actions.emplace_back(run.range, std::move(a));
+      } else {
+        fresh.push_back(i);
+      }
+    }
+    if (news > 0) {
+      ++pushes_;
+      if (req.segments_size() == 0) {
+        LegacyClock& lc =
+            workers_[req.worker_id()].legacy[req.clock()];
+        ++lc.admitted;
+        for (const RangeRun& run : runs) ++lc.per_range[run.range];
+        AnnounceLegacy(req.worker_id(), &actions);
+      }
+    } else if (s.ok()) {
       resp->set_duplicate(true);  // a replay: applied once already
-      return absl::OkStatus();
     }
-    if (req.clock() < w.completed) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("push for clock ", req.clock(), " after worker ",
-                       req.worker_id(), " completed it"));
-    }
-    if (req.clock() - w.completed > limits_.max_clock_ahead) {
-      return ClockTooFar(req.worker_id(), req.clock(), w.completed,
-                         limits_.max_clock_ahead);
-    }
-    if (w.above.size() >= limits_.max_unsettled_seqs &&
-        req.seq() != w.watermark + 1) {
-      return ErrorWithReason(
-          absl::StatusCode::kResourceExhausted, proto::REASON_TOO_MANY_PENDING,
-          absl::StrCat("worker ", req.worker_id(), " has ", w.above.size(),
-                       " unsettled push seqs"));
-    }
-    MarkSeq(&w, req.seq());
-    w.max_seq = std::max(w.max_seq, req.seq());
-    ++pushes_;
-    if (adm.bsp) {
-      bsp_[req.clock()].pushes[req.worker_id()][req.table()].push_back(
-          std::move(buffered));
-      ++w.received[req.clock()];
-      AdvanceCompleted(req.worker_id(), &actions);
-    } else {
-      apply_now = true;
-    }
-    return absl::OkStatus();
-  }();
-  if (s.ok() && apply_now) {
-    absl::Span<const uint64_t> keys = ViewAs<uint64_t>(req.keys());
-    const float* g = reinterpret_cast<const float*>(req.vals().data());
+  }
+  if (!fresh.empty()) {
     const float scale =
         req.num_examples() > 0 ? 1.0f / req.num_examples() : 1.0f;
-    const int dim = t->dim();
-    routing->ForEachRangeRun(keys, [&](int range, size_t first, size_t last) {
-      t->Push(range, keys.subspan(first, last - first), g + first * dim,
-              scale);
-    });
+    for (size_t i : fresh) {
+      const RangeRun& run = runs[i];
+      t->Push(run.range, keys.subspan(run.first, run.last - run.first),
+              g + run.first * dim, scale);
+    }
     absl::MutexLock l(&mu_);
-    ++workers_[req.worker_id()].received[req.clock()];
-    AdvanceCompleted(req.worker_id(), &actions);
+    for (size_t i : fresh) {
+      RangeActions a;
+      ranges_[runs[i].range]
+          .Applied(req.worker_id(), req.clock(), &a)
+          .IgnoreError();  // admitted above: cannot fail
+      actions.emplace_back(runs[i].range, std::move(a));
+    }
   }
-  Publish(actions);
+  {
+    absl::MutexLock l(&mu_);
+    NoteFinished(req.worker_id(), actions, &finished);
+  }
+  Publish(actions, finished);
   done(s);
 }
 
@@ -325,7 +376,12 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
     absl::MutexLock l(&mu_);
     s = Admit(req.worker_id(), req.epoch(), req.table(), &adm);
     if (s.ok()) {
-      const int64_t completed = workers_[req.worker_id()].completed;
+      // The most a correct worker can be ahead of is the clocks it
+      // completed on the ranges this server owns.
+      int64_t completed = 0;
+      for (int r : adm.routing->RangesOf(adm.id)) {
+        completed = std::max(completed, ranges_[r].Completed(req.worker_id()));
+      }
       if (req.clock() > completed &&
           req.clock() - completed > limits_.max_clock_ahead) {
         s = ClockTooFar(req.worker_id(), req.clock(), completed,
@@ -341,8 +397,11 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
                  std::min(absl::Milliseconds(wait_ms), max_wait);
     }
   }
+  std::vector<RangeRun> runs;
+  if (s.ok()) s = CheckKeys(req.keys(), adm, &runs);
   std::vector<int> ranges;
-  if (s.ok()) s = CheckKeys(req.keys(), adm, &ranges);
+  ranges.reserve(runs.size());
+  for (const RangeRun& run : runs) ranges.push_back(run.range);
   if (!s.ok()) {
     done(s);
     return;
@@ -380,7 +439,8 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
 }
 
 absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {
-  Actions actions;
+  RangeActionList actions;
+  std::vector<int> finished;
   {
     absl::MutexLock l(&mu_);
     if (consistency_ == nullptr) {
@@ -394,36 +454,78 @@ absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {
     if (req.clock() < 0 || req.pushes() < 0 || req.num_examples() < 0) {
       return absl::InvalidArgumentError("negative clock, pushes or examples");
     }
-    WorkerState& w = workers_[req.worker_id()];
-    if (req.clock() > w.completed &&
-        req.clock() - w.completed > limits_.max_clock_ahead) {
-      return ClockTooFar(req.worker_id(), req.clock(), w.completed,
-                         limits_.max_clock_ahead);
+    const int w = req.worker_id();
+    const std::vector<int> owned = routing_->RangesOf(id_);
+    int64_t completed = 0;
+    for (int r : owned) {
+      completed = std::max(completed, ranges_[r].Completed(w));
     }
-    // Only seqs this server received can be settled: a larger settled_seq
-    // would make every later push look like a replay.
-    const uint64_t settled = std::min<uint64_t>(req.settled_seq(), w.max_seq);
-    if (settled > w.watermark) {
-      for (auto it = w.above.begin(); it != w.above.end();) {
-        if (*it <= settled) {
-          w.above.erase(it++);
-        } else {
-          ++it;
+    if (req.clock() > completed &&
+        req.clock() - completed > limits_.max_clock_ahead) {
+      return ClockTooFar(w, req.clock(), completed, limits_.max_clock_ahead);
+    }
+    if (req.ranges_size() > 0) {
+      // Per range: every entry must name a range this server owns now
+      // (ranges keep their state when views change, so the request's epoch
+      // matters only when it names a range this server does not own yet).
+      for (const proto::RangeAnnouncement& a : req.ranges()) {
+        if (a.range() < 0 || a.range() >= routing_->num_ranges()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("unknown range ", a.range()));
+        }
+        if (routing_->OwnerOfRange(a.range()) != id_) {
+          if (req.epoch() > epoch_) {
+            return ErrorWithReason(
+                absl::StatusCode::kUnavailable, proto::REASON_VIEW_BEHIND,
+                absl::StrCat("view behind: clock epoch ", req.epoch(),
+                             ", server epoch ", epoch_));
+          }
+          return ErrorWithReason(
+              absl::StatusCode::kFailedPrecondition, proto::REASON_STALE_EPOCH,
+              absl::StrCat("stale-epoch: range ", a.range(),
+                           " not owned by server ", id_));
+        }
+        if (a.segments() < 0) {
+          return absl::InvalidArgumentError("negative segment count");
         }
       }
-      w.watermark = settled;
-      while (w.above.erase(w.watermark + 1) > 0) ++w.watermark;
+      for (const proto::RangeAnnouncement& a : req.ranges()) {
+        RangeActions ra;
+        PS_RETURN_IF_ERROR(ranges_[a.range()].Announce(
+            w, req.clock(), a.segments(), req.num_examples(),
+            a.settled_seq(), &ra));
+        ApplyBsp(a.range(), &ra);
+        actions.emplace_back(a.range(), std::move(ra));
+      }
+    } else {
+      // Older clients: settle every owned range now; announce per range
+      // once all `pushes` requests of the clock arrived.
+      for (int r : owned) {
+        ranges_[r].Settle(w, req.settled_seq()).IgnoreError();  // id checked
+      }
+      // A clock every owned range completed is a replay: it only settles.
+      bool replay = !owned.empty();
+      for (int r : owned) {
+        if (ranges_[r].Completed(w) <= req.clock()) replay = false;
+      }
+      if (!replay) {
+        LegacyClock& lc = workers_[w].legacy[req.clock()];
+        if (lc.announced < 0) {
+          lc.announced = req.pushes();
+          lc.examples = req.num_examples();
+        }
+        AnnounceLegacy(w, &actions);
+      }
     }
-    if (req.clock() < w.completed) return absl::OkStatus();  // a replay
-    w.announced[req.clock()] = {req.pushes(), req.num_examples()};
-    AdvanceCompleted(req.worker_id(), &actions);
+    NoteFinished(w, actions, &finished);
   }
-  Publish(actions);
+  Publish(actions, finished);
   return absl::OkStatus();
 }
 
 absl::Status ServerNode::Finish(const proto::FinishRequest& req) {
-  Actions actions;
+  RangeActionList actions;
+  std::vector<int> finished;
   {
     absl::MutexLock l(&mu_);
     if (consistency_ == nullptr) {
@@ -437,94 +539,105 @@ absl::Status ServerNode::Finish(const proto::FinishRequest& req) {
     if (req.final_clock() < 0) {
       return absl::InvalidArgumentError("negative final clock");
     }
-    WorkerState& w = workers_[req.worker_id()];
-    w.final_clock = req.final_clock();
-    AdvanceCompleted(req.worker_id(), &actions);
-    if (!w.finished) {
-      PS_LOG_WARN("worker {} finished at clock {} but completed only {} here",
-                  req.worker_id(), req.final_clock(), w.completed);
+    const int w = req.worker_id();
+    workers_[w].final_clock = req.final_clock();
+    for (int r : routing_->RangesOf(id_)) {
+      RangeActions ra;
+      ranges_[r].Finish(w, req.final_clock(), &ra).IgnoreError();  // checked
+      ApplyBsp(r, &ra);
+      actions.emplace_back(r, std::move(ra));
+    }
+    NoteFinished(w, actions, &finished);
+    if (!workers_[w].finished) {
+      PS_LOG_WARN("worker {} finished at clock {} but has not completed it "
+                  "on every range here",
+                  w, req.final_clock());
     }
   }
-  Publish(actions);
+  Publish(actions, finished);
   return absl::OkStatus();
 }
 
-void ServerNode::AdvanceCompleted(int worker, Actions* actions) {
+void ServerNode::AnnounceLegacy(int worker, RangeActionList* out) {
   WorkerState& w = workers_[worker];
-  const bool bsp = mode_ == proto::MODE_BSP;
-  for (;;) {
-    auto a = w.announced.find(w.completed);
-    if (a == w.announced.end()) break;
-    auto r = w.received.find(w.completed);
-    int64_t got = r == w.received.end() ? 0 : r->second;
-    if (got < a->second.first) break;
-    if (bsp) bsp_[w.completed].examples += a->second.second;
-    if (r != w.received.end()) w.received.erase(r);
-    w.announced.erase(a);
-    ++w.completed;
-    if (!bsp) actions->advanced.emplace_back(worker, w.completed);
-  }
-  if (!w.finished && w.final_clock >= 0 && w.completed >= w.final_clock) {
-    w.finished = true;
-    actions->finished.push_back(worker);
-  }
-  if (bsp) ApplyCompleteBspClocks(actions);
-}
-
-void ServerNode::ApplyCompleteBspClocks(Actions* actions) {
-  for (;;) {
-    const int64_t c = bsp_applied_;
-    bool all = true;
-    bool any = false;
-    for (const WorkerState& w : workers_) {
-      if (w.completed > c) {
-        any = true;
-      } else if (!w.finished && !w.dead) {
-        all = false;
-        break;
-      }
+  for (auto it = w.legacy.begin(); it != w.legacy.end();) {
+    LegacyClock& lc = it->second;
+    if (lc.announced < 0 || lc.admitted < lc.announced) {
+      ++it;
+      continue;
     }
-    if (!all || !any) return;
-    auto it = bsp_.find(c);
-    if (it != bsp_.end()) {
-      const float scale =
-          it->second.examples > 0 ? 1.0f / it->second.examples : 1.0f;
-      for (size_t ti = 0; ti < tables_.size(); ++ti) {
-        Table* t = tables_[ti].get();
-        GradAccumulator acc(t->dim(), routing_->num_ranges());
-        bool touched = false;
-        // std::map iterates workers in id order: a deterministic sum.
-        for (auto& [worker, by_table] : it->second.pushes) {
-          auto pt = by_table.find(static_cast<int>(ti));
-          if (pt == by_table.end()) continue;
-          for (const BufferedPush& p : pt->second) {
-            absl::Span<const uint64_t> keys = ViewAs<uint64_t>(p.keys);
-            const float* g = reinterpret_cast<const float*>(p.vals.data());
-            routing_->ForEachRangeRun(
-                keys, [&](int range, size_t first, size_t last) {
-                  acc.Add(range, keys.subspan(first, last - first),
-                          g + first * t->dim());
-                });
-            touched = true;
-          }
-        }
-        if (touched) acc.ApplyTo(t, scale);
-      }
-      bsp_.erase(it);
+    for (int r : routing_->RangesOf(id_)) {
+      auto n = lc.per_range.find(r);
+      RangeActions ra;
+      // Validated when it was recorded; a clock too far ahead was refused.
+      ranges_[r]
+          .Announce(worker, it->first,
+                    n == lc.per_range.end() ? 0 : n->second, lc.examples, 0,
+                    &ra)
+          .IgnoreError();
+      ApplyBsp(r, &ra);
+      out->emplace_back(r, std::move(ra));
     }
-    ++bsp_applied_;
-    for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
-      if (workers_[w].completed > c) actions->advanced.emplace_back(w, c + 1);
-    }
+    it = w.legacy.erase(it);
   }
 }
 
-void ServerNode::Publish(const Actions& actions) {
+void ServerNode::ApplyBsp(int range, RangeActions* actions) {
+  for (RangeActions::Apply& apply : actions->apply) {
+    const float scale = apply.examples > 0 ? 1.0f / apply.examples : 1.0f;
+    for (size_t ti = 0; ti < tables_.size(); ++ti) {
+      Table* t = tables_[ti].get();
+      GradAccumulator acc(t->dim(), routing_->num_ranges());
+      bool touched = false;
+      for (const BufferedSegment& seg : apply.segments) {
+        if (seg.table != static_cast<int>(ti)) continue;
+        acc.Add(range, ViewAs<uint64_t>(seg.keys),
+                reinterpret_cast<const float*>(seg.vals.data()));
+        touched = true;
+      }
+      if (touched) acc.ApplyTo(t, scale);
+    }
+  }
+  actions->apply.clear();
+}
+
+void ServerNode::NoteFinished(int worker, const RangeActionList& actions,
+                              std::vector<int>* finished) {
+  WorkerState& w = workers_[worker];
+  bool any = false;
+  for (const auto& [r, a] : actions) {
+    if (!a.finished.empty()) any = true;
+  }
+  if (!any || w.finished) return;
+  for (int r : routing_->RangesOf(id_)) {
+    if (!ranges_[r].Finished(worker)) return;
+  }
+  w.finished = true;
+  finished->push_back(worker);
+}
+
+void ServerNode::Publish(const RangeActionList& actions,
+                         const std::vector<int>& finished) {
   if (consistency_ == nullptr) return;
-  for (const auto& [worker, entry] : actions.advanced) {
-    consistency_->AdvanceClock(worker, entry - 1, {});
+  for (const auto& [range, a] : actions) {
+    for (const auto& [worker, entry] : a.advanced) {
+      const int r = range;
+      consistency_->AdvanceClock(worker, entry - 1, absl::MakeConstSpan(&r, 1));
+    }
   }
-  for (int worker : actions.finished) consistency_->SetWorkerFinished(worker);
+  for (int worker : finished) consistency_->SetWorkerFinished(worker);
+}
+
+absl::Status ServerNode::CheckInvariants() const {
+  absl::MutexLock l(&mu_);
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    absl::Status s = ranges_[r].CheckInvariants();
+    if (!s.ok()) {
+      return absl::InternalError(
+          absl::StrCat("S[", id_, "] range ", r, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ServerNode::SetConsistency(const proto::ConsistencyConfig& c) {

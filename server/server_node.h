@@ -27,6 +27,7 @@
 #include "common/clock.h"
 #include "common/routing.h"
 #include "consistency/controller.h"
+#include "consistency/range_state.h"
 #include "proto/ps.pb.h"
 #include "server/table.h"
 
@@ -108,6 +109,10 @@ class ServerNode {
   absl::Status SaveModel(const std::string& dir,
                          proto::ServerControlResponse* resp);
   proto::ServerStatus Status() const;
+  // The invariants of every range's consistency state
+  // (RangeState::CheckInvariants), annotated with the range; tests run it
+  // after every step.
+  absl::Status CheckInvariants() const;
 
   // Expires consistency waits past their deadline; call periodically.
   void Tick();
@@ -120,30 +125,22 @@ class ServerNode {
   int64_t epoch() const;
 
  private:
+  // Older clients' clocks (ClockRequest without per-range entries): the
+  // per-server count of push requests is turned into per-range segment
+  // counts once all of those requests have arrived.
+  struct LegacyClock {
+    int64_t announced = -1;  // push requests announced; -1: not yet
+    int64_t examples = 0;
+    uint64_t settled = 0;
+    int64_t admitted = 0;  // push requests admitted so far
+    std::map<int, int64_t> per_range;  // range -> segments admitted
+  };
   struct WorkerState {
-    // Exactly-once pushes: seqs <= watermark and those in `above` were seen.
-    uint64_t watermark = 0;
-    absl::flat_hash_set<uint64_t> above;
-    uint64_t max_seq = 0;  // highest push seq received
-    // clock -> pushes applied (or buffered) with that clock
-    std::map<int64_t, int64_t> received;
-    // clock -> (pushes announced by the ClockRequest, examples)
-    std::map<int64_t, std::pair<int64_t, int32_t>> announced;
-    int64_t completed = 0;  // contiguous clocks completed here
-    int64_t final_clock = -1;  // set by Finish
-    bool finished = false;
+    std::map<int64_t, LegacyClock> legacy;  // by clock
+    int64_t final_clock = -1;
+    bool finished = false;  // finished on every range this server owns
     bool dead = false;
   };
-  struct BufferedPush {
-    std::string keys;
-    std::string vals;
-  };
-  struct ClockBuffer {
-    // worker -> table -> pushes in arrival order
-    std::map<int, std::map<int, std::vector<BufferedPush>>> pushes;
-    int64_t examples = 0;
-  };
-
   // What a data-plane request may use once admitted; valid without mu_
   // (tables and routing tables are never freed while the node lives).
   struct Admitted {
@@ -156,25 +153,31 @@ class ServerNode {
   absl::Status Admit(int worker_id, int64_t epoch, int table,
                      Admitted* a) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The O(keys) checks, without mu_: ascending, unique, owned by this
-  // server. Appends the touched ranges to *ranges when it is not null.
-  static absl::Status CheckKeys(const std::string& keys, const Admitted& a,
-                                std::vector<int>* ranges);
-  // Records a seq; false if it was seen before.
-  static bool MarkSeq(WorkerState* w, uint64_t seq);
-  // Moves clocks to completed where all their pushes arrived; returns the
-  // workers whose completion advanced (their new count), for the caller to
-  // publish outside mu_. BSP: applies buffers that became complete.
-  struct Actions {
-    std::vector<std::pair<int, int64_t>> advanced;  // (worker, entry value)
-    std::vector<int> finished;
+  // server. Appends the runs of keys per range, in key order, when `runs`
+  // is not null.
+  struct RangeRun {
+    int range;
+    size_t first, last;  // key indices [first, last)
   };
-  void AdvanceCompleted(int worker, Actions* actions)
+  static absl::Status CheckKeys(const std::string& keys, const Admitted& a,
+                                std::vector<RangeRun>* runs);
+  // Per range: the range's consistency actions to carry out.
+  using RangeActionList = std::vector<std::pair<int, RangeActions>>;
+  // Applies the BSP clocks in `actions` to the tables (mu_ held: BSP
+  // applies are rare and must not interleave with a view change).
+  void ApplyBsp(int range, RangeActions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // BSP: applies every clock all live workers completed.
-  void ApplyCompleteBspClocks(Actions* actions)
+  // Legacy clocks of `worker` whose push requests all arrived: announces
+  // their per-range counts.
+  void AnnounceLegacy(int worker, RangeActionList* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `worker` finished once it finished on every owned range.
+  void NoteFinished(int worker, const RangeActionList& actions,
+                    std::vector<int>* finished)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the consistency controller, outside mu_ (it runs callbacks).
-  void Publish(const Actions& actions);
+  void Publish(const RangeActionList& actions,
+               const std::vector<int>& finished);
 
   // Constant after construction.
   Clock* const clock_;
@@ -189,8 +192,9 @@ class ServerNode {
   std::vector<std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ConsistencyController> consistency_;  // set once
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, ClockBuffer> bsp_ ABSL_GUARDED_BY(mu_);
-  int64_t bsp_applied_ ABSL_GUARDED_BY(mu_) = 0;  // clocks applied in BSP
+  // One per range of the routing table (ranges never change in a job);
+  // only the owned ones receive input.
+  std::vector<RangeState> ranges_ ABSL_GUARDED_BY(mu_);
   int64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t non_finite_pushes_ ABSL_GUARDED_BY(mu_) = 0;

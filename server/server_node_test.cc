@@ -177,6 +177,10 @@ class ServerNodeTest : public ::testing::Test {
                  int64_t tau = 0) {
     ASSERT_TRUE(node_.Configure(0, MakeView(servers, workers, mode, tau)).ok());
   }
+  // Whatever a test sent, every range's consistency state is consistent.
+  void TearDown() override {
+    EXPECT_TRUE(node_.CheckInvariants().ok()) << node_.CheckInvariants();
+  }
 
   FakeClock clock_;
   ServerNode node_{&clock_};
@@ -758,6 +762,9 @@ class ServerNodeLimitsTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(node_.Configure(0, MakeView(1, 2, proto::MODE_BSP)).ok());
   }
+  void TearDown() override {
+    EXPECT_TRUE(node_.CheckInvariants().ok()) << node_.CheckInvariants();
+  }
 
   FakeClock clock_;
   ServerNode node_{&clock_, Small()};
@@ -873,6 +880,102 @@ TEST_F(ServerNodeLimitsTest, UnsettledSeqsAreBounded) {
   EXPECT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {1}, {1}, 1)).ok());
   ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 5, 5, /*settled=*/8)).ok());
   EXPECT_TRUE(PushNow(&node_, MakePush(0, 10, 1, {1}, {1}, 1)).ok());
+}
+
+}  // namespace
+}  // namespace ps
+
+namespace ps {
+namespace {
+
+// Per-range exactly-once (issue 9): a push carries (range, seq) segments;
+// the seq space is per (worker, range), so the same seq in two ranges is
+// two pushes, and a segment resent after a re-slice is a duplicate.
+class ServerNodeSegmentTest : public ServerNodeTest {
+ protected:
+  void SetUp() override {
+    Configure(1, 1, proto::MODE_ASP);
+    routing_ = *Routing::FromProto(MakeView(1, 1, proto::MODE_ASP).routing());
+    // Two keys in different ranges.
+    a_ = 1;
+    b_ = routing_.RangeBegin(routing_.num_ranges() - 1);
+    ASSERT_NE(routing_.RangeOf(a_), routing_.RangeOf(b_));
+  }
+  proto::PushRequest Segmented(const std::vector<uint64_t>& keys,
+                               const std::vector<float>& grads,
+                               const std::vector<uint64_t>& seqs,
+                               int64_t clock = 0) {
+    proto::PushRequest r = MakePush(0, 0, clock, keys, grads, 1);
+    size_t i = 0;
+    routing_.ForEachRangeRun(
+        absl::MakeConstSpan(keys), [&](int range, size_t first, size_t last) {
+          proto::PushSegment* seg = r.add_segments();
+          seg->set_range(range);
+          seg->set_seq(seqs[i++]);
+          seg->set_num_keys(static_cast<uint32_t>(last - first));
+        });
+    return r;
+  }
+  Routing routing_;
+  uint64_t a_ = 0, b_ = 0;
+};
+
+TEST_F(ServerNodeSegmentTest, SeqsArePerRange) {
+  ASSERT_TRUE(PushNow(&node_, Segmented({a_, b_}, {1, 2}, {1, 1})).ok());
+  // Seq 1 again in range(a) is a duplicate; seq 2 in range(b) is new.
+  proto::PushResponse resp;
+  ASSERT_TRUE(PushNow(&node_, Segmented({a_}, {5}, {1}), &resp).ok());
+  EXPECT_TRUE(resp.duplicate());
+  ASSERT_TRUE(PushNow(&node_, Segmented({b_}, {4}, {2})).ok());
+  EXPECT_EQ(PullNow(&node_, 0, 0, {a_, b_}), (std::vector<float>{-1, -6}));
+}
+
+// A push re-sliced after an epoch change keeps its segments' seqs: a
+// segment the server already applied is dropped, the other applied.
+TEST_F(ServerNodeSegmentTest, ResentSegmentsAreAppliedOnce) {
+  ASSERT_TRUE(PushNow(&node_, Segmented({a_}, {1}, {1})).ok());
+  proto::PushResponse resp;
+  ASSERT_TRUE(PushNow(&node_, Segmented({a_, b_}, {1, 2}, {1, 1}), &resp).ok());
+  EXPECT_FALSE(resp.duplicate());
+  EXPECT_EQ(PullNow(&node_, 0, 0, {a_, b_}), (std::vector<float>{-1, -2}));
+}
+
+TEST_F(ServerNodeSegmentTest, SegmentsThatDoNotCutTheKeysAreRefused) {
+  proto::PushRequest r = Segmented({a_, b_}, {1, 2}, {1, 1});
+  r.mutable_segments(0)->set_num_keys(2);
+  EXPECT_EQ(PushNow(&node_, r).code(), StatusCode::kInvalidArgument);
+  r = Segmented({a_, b_}, {1, 2}, {1, 1});
+  r.mutable_segments()->RemoveLast();
+  EXPECT_EQ(PushNow(&node_, r).code(), StatusCode::kInvalidArgument);
+  r = Segmented({a_, b_}, {1, 2}, {1, 1});
+  r.mutable_segments(1)->set_range(r.segments(0).range());
+  EXPECT_EQ(PushNow(&node_, r).code(), StatusCode::kInvalidArgument);
+  r = Segmented({a_}, {1}, {0});
+  EXPECT_EQ(PushNow(&node_, r).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(node_.Status().pushes(), 0);
+}
+
+// Per-range announcements: each range completes the worker's clock when
+// its own segments are in, independently of the others.
+TEST_F(ServerNodeSegmentTest, RangesCompleteClocksIndependently) {
+  ASSERT_TRUE(PushNow(&node_, Segmented({a_}, {1}, {1})).ok());
+  proto::ClockRequest c = MakeClock(0, 0, 0, 1);
+  for (int r : routing_.RangesOf(0)) {
+    proto::RangeAnnouncement* a = c.add_ranges();
+    a->set_range(r);
+    a->set_segments(r == routing_.RangeOf(b_) ? 1 : r == routing_.RangeOf(a_));
+  }
+  ASSERT_TRUE(node_.ClockTick(c).ok());
+  // range(a) completed clock 0; range(b) waits for its segment.
+  proto::ServerStatus st = node_.Status();
+  ASSERT_EQ(st.worker_clocks_size(), 1);
+  EXPECT_EQ(st.worker_clocks(0), 0);  // the minimum over ranges
+  ASSERT_TRUE(PushNow(&node_, Segmented({b_}, {1}, {1})).ok());
+  EXPECT_EQ(node_.Status().worker_clocks(0), 1);
+  // A range this server does not own is a stale epoch.
+  proto::ClockRequest bad = MakeClock(0, 1, 0, 1);
+  bad.add_ranges()->set_range(routing_.num_ranges());
+  EXPECT_EQ(node_.ClockTick(bad).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -17,9 +17,27 @@ namespace ps {
 
 // ------------------------------------------------------------- adapters
 
+void ServerNodeHandler::Check() {
+  absl::Status s = node_->CheckInvariants();
+  if (s.ok()) return;
+  absl::MutexLock l(&mu_);
+  if (violation_.ok()) {
+    PS_LOG_ERROR("invariant violated: {}", s.ToString());
+    violation_ = s;
+  }
+}
+
+absl::Status ServerNodeHandler::violation() const {
+  absl::MutexLock l(&mu_);
+  return violation_;
+}
+
 void ServerNodeHandler::Push(const proto::PushRequest& req,
                              proto::PushResponse* resp, Done done) {
-  node_->Push(req, resp, std::move(done));
+  node_->Push(req, resp, [this, done = std::move(done)](const absl::Status& s) {
+    Check();
+    done(s);
+  });
 }
 
 void ServerNodeHandler::Pull(const proto::PullRequest& req,
@@ -28,11 +46,15 @@ void ServerNodeHandler::Pull(const proto::PullRequest& req,
 }
 
 absl::Status ServerNodeHandler::Clock(const proto::ClockRequest& req) {
-  return node_->ClockTick(req);
+  absl::Status s = node_->ClockTick(req);
+  Check();
+  return s;
 }
 
 absl::Status ServerNodeHandler::Finish(const proto::FinishRequest& req) {
-  return node_->Finish(req);
+  absl::Status s = node_->Finish(req);
+  Check();
+  return s;
 }
 
 absl::StatusOr<proto::ServerControlResponse> ServerNodeHandler::Control(
@@ -52,6 +74,7 @@ absl::StatusOr<proto::ServerControlResponse> ServerNodeHandler::Control(
     default:
       s = absl::InvalidArgumentError("control: no command");
   }
+  Check();
   if (!s.ok()) return s;
   return resp;
 }
@@ -248,6 +271,9 @@ absl::Status LocalCluster::Run() {
   for (std::thread& t : workers) t.join();
   stop.Notify();
   ticker.join();
+  for (const auto& h : server_handlers_) {
+    if (absl::Status v = h->violation(); !v.ok()) return v;
+  }
   if (!end.ok()) return end;
   for (const absl::Status& st : worker_status_) {
     if (!st.ok()) return st;

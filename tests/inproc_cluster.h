@@ -33,7 +33,9 @@ namespace ps {
 
 // A ServerNode as the in-process transport's ServerHandler. Control:
 // set_consistency -> SetConsistency, new_view -> Configure(id, view),
-// save_and_exit -> SaveModel("", resp). `node` must outlive it.
+// save_and_exit -> SaveModel("", resp). `node` must outlive it. After every
+// call that changes the node it runs ServerNode::CheckInvariants and keeps
+// the first violation (violation()); LocalCluster::Run fails with it.
 class ServerNodeHandler : public ServerHandler {
  public:
   ServerNodeHandler(int id, ServerNode* node) : id_(id), node_(node) {}
@@ -47,9 +49,16 @@ class ServerNodeHandler : public ServerHandler {
       const proto::ServerControlRequest& req) override;
   absl::StatusOr<proto::ServerStatus> GetStatus() override;
 
+  // OK, or the first invariant violation seen after a call.
+  absl::Status violation() const;
+
  private:
+  void Check();
+
   const int id_;
   ServerNode* const node_;
+  mutable absl::Mutex mu_;
+  absl::Status violation_ ABSL_GUARDED_BY(mu_);
 };
 
 // A SchedulerCore as the in-process transport's SchedulerHandler. ServerDone
