@@ -78,6 +78,21 @@ void KVWorker::InstallView(const proto::ClusterView& view) {
     PS_LOG_ERROR("ignoring malformed view: {}", routing.status().ToString());
     return;
   }
+  // Ranges keep their boundaries for the whole job (only owners change):
+  // the worker's per-range seqs and counts depend on it.
+  std::vector<uint64_t> begins(view.routing().range_begin().begin(),
+                               view.routing().range_begin().end());
+  if (range_begins_.empty()) {
+    range_begins_ = std::move(begins);
+  } else if (begins != range_begins_) {
+    PS_LOG_ERROR("view epoch {} changes the key ranges; ignored",
+                 view.epoch());
+    if (sticky_.ok()) {
+      sticky_ = absl::InternalError(absl::StrCat(
+          "view epoch ", view.epoch(), " changes the key ranges of the job"));
+    }
+    return;
+  }
   routing_ = std::make_shared<const Routing>(std::move(*routing));
   servers_.clear();
   for (const proto::NodeInfo& s : view.routing().servers()) {
@@ -243,45 +258,101 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
     dim = dims_[table];
     epoch = view_.epoch();
   }
-  std::vector<KeySlice> slices = routing->Slice(keys);
+  struct Run {
+    int range;
+    size_t first, last;
+  };
+  // Runs of keys per range, grouped by owner; in key order per owner.
+  std::map<int, std::vector<Run>> by_server;
+  routing->ForEachRangeRun(keys, [&](int range, size_t first, size_t last) {
+    by_server[routing->OwnerOfRange(range)].push_back(Run{range, first, last});
+  });
   std::vector<std::shared_ptr<PushSlice>> out;
-  out.reserve(slices.size());
-  for (const KeySlice& ks : slices) {
+  out.reserve(by_server.size());
+  for (const auto& [server, runs] : by_server) {
     auto p = std::make_shared<PushSlice>();
     p->ts = ts;
-    p->server = ks.server;
+    p->server = server;
     proto::PushRequest& r = p->req;
     r.set_worker_id(options_.worker_id);
     r.set_clock(clock);
     r.set_epoch(epoch);
     r.set_table(table);
     r.set_num_examples(num_examples);
+    size_t count = 0;
+    for (const Run& run : runs) count += run.last - run.first;
     std::string* k = r.mutable_keys();
     std::string* v = r.mutable_vals();
-    k->resize(ks.count * sizeof(uint64_t));
-    v->resize(ks.count * dim * sizeof(float));
+    k->resize(count * sizeof(uint64_t));
+    v->resize(count * dim * sizeof(float));
     size_t at = 0;
-    for (const auto& [first, last] : ks.spans) {
-      const size_t n = last - first;
-      std::memcpy(k->data() + at * sizeof(uint64_t), keys.data() + first,
+    for (const Run& run : runs) {
+      const size_t n = run.last - run.first;
+      std::memcpy(k->data() + at * sizeof(uint64_t), keys.data() + run.first,
                   n * sizeof(uint64_t));
-      std::memcpy(v->data() + at * dim * sizeof(float), vals + first * dim,
-                  n * dim * sizeof(float));
+      std::memcpy(v->data() + at * dim * sizeof(float),
+                  vals + run.first * dim, n * dim * sizeof(float));
       at += n;
+      proto::PushSegment* seg = r.add_segments();
+      seg->set_range(run.range);
+      seg->set_num_keys(static_cast<uint32_t>(n));
     }
     out.push_back(std::move(p));
   }
   {
     absl::MutexLock l(&mu_);
+    ClockState& cs = clocks_[clock];
     for (auto& p : out) {
-      const uint64_t seq = ++next_seq_[p->server];
-      p->req.set_seq(seq);
-      inflight_[p->server].insert(seq);
-      ++clocks_[clock].pushes_per_server[p->server];
+      for (proto::PushSegment& seg : *p->req.mutable_segments()) {
+        const uint64_t seq = ++next_seq_[seg.range()];
+        seg.set_seq(seq);
+        inflight_[seg.range()].insert(seq);
+        ++cs.segments_per_range[seg.range()];
+      }
       ++ops_[ts].pending;
     }
   }
   for (auto& p : out) SendPush(p, attempt);
+}
+
+void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
+  std::shared_ptr<const Routing> routing;
+  int64_t epoch;
+  {
+    absl::MutexLock l(&mu_);
+    routing = routing_;
+    epoch = view_.epoch();
+  }
+  const proto::PushRequest& o = old.req;
+  const size_t dim_bytes =
+      o.keys().empty() ? 0 : o.vals().size() / (o.keys().size() / 8);
+  std::map<int, std::shared_ptr<PushSlice>> by_server;
+  size_t at = 0;  // key index in the old request
+  for (const proto::PushSegment& seg : o.segments()) {
+    const int server = routing->OwnerOfRange(seg.range());
+    std::shared_ptr<PushSlice>& p = by_server[server];
+    if (p == nullptr) {
+      p = std::make_shared<PushSlice>();
+      p->ts = old.ts;
+      p->server = server;
+      p->req.set_worker_id(o.worker_id());
+      p->req.set_clock(o.clock());
+      p->req.set_epoch(epoch);
+      p->req.set_table(o.table());
+      p->req.set_num_examples(o.num_examples());
+    }
+    p->req.mutable_keys()->append(o.keys(), at * sizeof(uint64_t),
+                                  seg.num_keys() * sizeof(uint64_t));
+    p->req.mutable_vals()->append(o.vals(), at * dim_bytes,
+                                  seg.num_keys() * dim_bytes);
+    *p->req.add_segments() = seg;  // the same (range, seq)
+    at += seg.num_keys();
+  }
+  {
+    absl::MutexLock l(&mu_);
+    ops_[old.ts].pending += static_cast<int>(by_server.size());
+  }
+  for (auto& [server, p] : by_server) SendPush(p, attempt);
 }
 
 void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
@@ -308,44 +379,36 @@ void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
 
 void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
                            const absl::Status& s) {
-  if (s.ok()) {
-    {
-      absl::MutexLock l(&mu_);
-      inflight_[slice->server].erase(slice->req.seq());
+  auto settle = [&] {
+    absl::MutexLock l(&mu_);
+    for (const proto::PushSegment& seg : slice->req.segments()) {
+      inflight_[seg.range()].erase(seg.seq());
     }
+  };
+  if (s.ok()) {
+    settle();
     PartDone(slice->ts, s);
     return;
   }
   const absl::Duration backoff = Backoff(attempt);
   if (IsStaleEpoch(s) && MayRetry(slice->ts, attempt, backoff)) {
-    // Not applied: drop its seq and count, re-slice with a newer view. The
-    // new slices continue this one's attempt count.
+    // Regroup the same segments (same seqs) by their ranges' owners in a
+    // newer view. The new requests continue this one's attempt count.
     const bool queued = Later(backoff, [this, slice, attempt] {
       RefreshView();
-      const proto::PushRequest& r = slice->req;
-      {
-        absl::MutexLock l(&mu_);
-        inflight_[slice->server].erase(r.seq());
-        --clocks_[r.clock()].pushes_per_server[slice->server];
-      }
-      StartPush(slice->ts, r.table(), r.clock(), ViewAs<uint64_t>(r.keys()),
-                reinterpret_cast<const float*>(r.vals().data()),
-                r.num_examples(), attempt + 1);
+      ResendSegments(*slice, attempt + 1);
       PartDone(slice->ts, absl::OkStatus());
     });
     if (queued) return;
   }
   if (Resendable(s) && MayRetry(slice->ts, attempt, backoff)) {
-    // Maybe applied (a lost reply): the same seq makes the server skip it.
+    // Maybe applied (a lost reply): the same seqs make the server skip it.
     if (Later(backoff,
               [this, slice, attempt] { SendPush(slice, attempt + 1); })) {
       return;
     }
   }
-  {
-    absl::MutexLock l(&mu_);
-    inflight_[slice->server].erase(slice->req.seq());
-  }
+  settle();
   PartDone(slice->ts, GaveUp(s, "push to", slice->server, attempt));
 }
 
@@ -536,8 +599,7 @@ int64_t KVWorker::Clock(int num_examples) {
 }
 
 void KVWorker::SendClock(int64_t clock) {
-  std::vector<std::pair<int, std::shared_ptr<const proto::ClockRequest>>> reqs;
-  std::vector<std::shared_ptr<ServerClient>> servers;
+  proto::ClockRequest all;
   int64_t ts;
   {
     absl::MutexLock l(&mu_);
@@ -545,25 +607,56 @@ void KVWorker::SendClock(int64_t clock) {
     if (it == clocks_.end()) return;
     ClockState& cs = it->second;
     ts = cs.ts;
-    servers = servers_;
-    for (int s = 0; s < static_cast<int>(servers_.size()); ++s) {
-      auto r = std::make_shared<proto::ClockRequest>();
-      r->set_worker_id(options_.worker_id);
-      r->set_clock(clock);
-      r->set_epoch(view_.epoch());
-      r->set_pushes(cs.pushes_per_server[s]);
-      r->set_num_examples(cs.examples);
-      const auto& in = inflight_[s];
-      r->set_settled_seq(in.empty() ? next_seq_[s] : *in.begin() - 1);
-      reqs.emplace_back(s, std::move(r));
+    all.set_worker_id(options_.worker_id);
+    all.set_clock(clock);
+    all.set_num_examples(cs.examples);
+    // Every range, so each one completes the clock (most with 0 segments).
+    for (int r = 0; r < routing_->num_ranges(); ++r) {
+      proto::RangeAnnouncement* a = all.add_ranges();
+      a->set_range(r);
+      auto n = cs.segments_per_range.find(r);
+      a->set_segments(n == cs.segments_per_range.end() ? 0 : n->second);
+      const auto& in = inflight_[r];
+      a->set_settled_seq(in.empty() ? next_seq_[r] : *in.begin() - 1);
     }
     Op& op = ops_[ts];
-    op.pending += static_cast<int>(reqs.size());
     op.retry_deadline = clock_->Now() + options_.retry_timeout;
     clocks_.erase(it);
   }
-  for (auto& [s, r] : reqs) SendClockTo(r, servers[s], ts, s, 0);
+  SendClockRanges(all, ts, 0);
   PartDone(ts, absl::OkStatus());
+}
+
+void KVWorker::SendClockRanges(const proto::ClockRequest& all, int64_t ts,
+                               int attempt) {
+  std::vector<std::pair<int, std::shared_ptr<proto::ClockRequest>>> reqs;
+  std::vector<std::shared_ptr<ServerClient>> servers;
+  {
+    absl::MutexLock l(&mu_);
+    servers = servers_;
+    std::map<int, std::shared_ptr<proto::ClockRequest>> by_server;
+    for (const proto::RangeAnnouncement& a : all.ranges()) {
+      std::shared_ptr<proto::ClockRequest>& r =
+          by_server[routing_->OwnerOfRange(a.range())];
+      if (r == nullptr) {
+        r = std::make_shared<proto::ClockRequest>();
+        r->set_worker_id(all.worker_id());
+        r->set_clock(all.clock());
+        r->set_epoch(view_.epoch());
+        r->set_num_examples(all.num_examples());
+      }
+      *r->add_ranges() = a;
+    }
+    for (auto& [s, r] : by_server) reqs.emplace_back(s, std::move(r));
+    ops_[ts].pending += static_cast<int>(reqs.size());
+  }
+  for (auto& [s, r] : reqs) {
+    if (s < 0 || s >= static_cast<int>(servers.size())) {
+      PartDone(ts, absl::InternalError("server not in the current view"));
+      continue;
+    }
+    SendClockTo(r, servers[s], ts, s, attempt);
+  }
 }
 
 void KVWorker::SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
@@ -578,6 +671,15 @@ void KVWorker::SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
           return;
         }
         const absl::Duration backoff = Backoff(attempt);
+        if (IsStaleEpoch(st) && MayRetry(ts, attempt, backoff) &&
+            Later(backoff, [this, req, ts, attempt] {
+              // Its ranges moved: announce them to their new owners.
+              RefreshView();
+              SendClockRanges(*req, ts, attempt + 1);
+              PartDone(ts, absl::OkStatus());
+            })) {
+          return;
+        }
         if (Resendable(st) && MayRetry(ts, attempt, backoff) &&
             Later(backoff, [this, req, client, ts, server, attempt] {
               SendClockTo(req, client, ts, server, attempt + 1);

@@ -4,9 +4,12 @@
 // timestamp at once; Wait(ts, deadline) blocks until that operation is done.
 //
 // Guarantees:
-//  * Each slice of a push carries (worker id, seq) with seq contiguous per
-//    server; a slice that failed in transit is resent with the same seq, so
-//    the server applies it exactly once.
+//  * A push is cut by key range into segments, each with (worker id, range,
+//    seq), seq contiguous per (worker, range); the segments of one server
+//    travel in one request. A request that failed in transit is resent with
+//    the same segments, and after a view change its segments are regrouped
+//    by their ranges' new owners, still with the same seqs: the server (any
+//    server that holds the range's state) applies each exactly once.
 //  * Retries are decided by status code and typed reason (transport.h),
 //    never by message text:
 //      FAILED_PRECONDITION + STALE_EPOCH: fetch the newer view from the
@@ -21,9 +24,9 @@
 //  * Once a permanent error is recorded (the sticky error), no operation
 //    is retried any more and every later Wait, Clock and Finish returns it.
 //  * Clock() ends the current clock: once all of its pushes are
-//    acknowledged, every server is told (with how many pushes it got), so a
-//    server advances the worker's vector-clock entry only after applying
-//    them.
+//    acknowledged, every server is told, per range it owns, how many
+//    segments the clock sent there, so a range advances the worker's
+//    vector-clock entry only after applying them.
 //  * Once Wait(ts) has returned, with any status, no reply writes into the
 //    output of pull `ts` any more: the caller may free it at once.
 //  * After the destructor returns, no transport or timer callback touches
@@ -144,7 +147,7 @@ class KVWorker {
     bool ended = false;
     int examples = 0;
     int64_t ts = -1;
-    std::map<int, int64_t> pushes_per_server;
+    std::map<int, int64_t> segments_per_range;
   };
   struct PushSlice {
     int64_t ts;
@@ -191,9 +194,16 @@ class KVWorker {
   void OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
                    const absl::Status& s, proto::PullResponse* resp);
   void SendClock(int64_t clock);
+  // Sends the per-range announcements `req` to their owners in the current
+  // view (one request per owner), as parts of op `ts`.
+  void SendClockRanges(const proto::ClockRequest& req, int64_t ts,
+                       int attempt);
   void SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
                    std::shared_ptr<ServerClient> client, int64_t ts,
                    int server, int attempt);
+  // Sends the segments of `slices` (one request each) after regrouping
+  // them by the current owners of their ranges; adds parts to op `ts`.
+  void ResendSegments(const PushSlice& old, int attempt);
   // Slices and sends a push for `ts`; adds one part per slice to the op.
   // New slices start at `attempt` (the op's budget carries over).
   void StartPush(int64_t ts, int table, int64_t clock,
@@ -227,9 +237,11 @@ class KVWorker {
   proto::ClusterView view_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<ServerClient>> servers_ ABSL_GUARDED_BY(mu_);
   std::vector<int> dims_ ABSL_GUARDED_BY(mu_);
-  std::map<int, uint64_t> next_seq_ ABSL_GUARDED_BY(mu_);  // per server
-  // Per server, push seqs sent and not yet finally answered.
+  std::map<int, uint64_t> next_seq_ ABSL_GUARDED_BY(mu_);  // per range
+  // Per range, segment seqs sent and not yet finally answered.
   std::map<int, std::set<uint64_t>> inflight_ ABSL_GUARDED_BY(mu_);
+  // Range boundaries of the first view: every later view must keep them.
+  std::vector<uint64_t> range_begins_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, ClockState> clocks_ ABSL_GUARDED_BY(mu_);
   int64_t next_ts_ ABSL_GUARDED_BY(mu_) = 0;

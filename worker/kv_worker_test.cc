@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,15 @@ proto::ClusterView MakeView(int servers, int64_t epoch = 1) {
   t->set_id(0);
   t->set_name("weights");
   t->set_dim(kDim);
+  return v;
+}
+
+// `v` at `epoch` with every range owned by server `owner` (a failover: the
+// ranges keep their boundaries, only their owners change).
+proto::ClusterView MovedTo(proto::ClusterView v, int owner, int64_t epoch) {
+  v.set_epoch(epoch);
+  v.mutable_routing()->set_epoch(epoch);
+  for (int& s : *v.mutable_routing()->mutable_range_server()) s = owner;
   return v;
 }
 
@@ -146,22 +156,35 @@ class KVWorkerTest : public ::testing::Test {
 
 // --------------------------------------------------------------- pushes
 
-TEST_F(KVWorkerTest, PushSlicesByServerWithContiguousSeqPerServer) {
+TEST_F(KVWorkerTest, PushSegmentsByRangeWithContiguousSeqPerRange) {
   Make(2);
   const std::vector<uint64_t> keys = Iota(64);
   const int64_t a = Push(keys);
   const int64_t b = Push(keys);
+  absl::StatusOr<Routing> routing = Routing::FromProto(view_.routing());
+  ASSERT_TRUE(routing.ok());
   for (int s = 0; s < 2; ++s) {
     ASSERT_EQ(S(s)->held_pushes(), 2u) << "S[" << s << "]";
     for (uint64_t seq = 1; seq <= 2; ++seq) {
       std::optional<HeldPush> p = S(s)->NextPush();
-      EXPECT_EQ(p->req->seq(), seq);
       EXPECT_EQ(p->req->worker_id(), 0);
       EXPECT_EQ(p->req->epoch(), 1);
       EXPECT_EQ(p->req->clock(), 0);
-      EXPECT_EQ(ReqKeys(p->req->keys()), KeysOf(view_, s, keys));
-      EXPECT_EQ(p->req->vals().size(),
-                KeysOf(view_, s, keys).size() * kDim * sizeof(float));
+      const std::vector<uint64_t> sent = ReqKeys(p->req->keys());
+      EXPECT_EQ(sent, KeysOf(view_, s, keys));
+      EXPECT_EQ(p->req->vals().size(), sent.size() * kDim * sizeof(float));
+      // One segment per range run of the keys, each the range's next seq.
+      size_t at = 0;
+      for (const proto::PushSegment& seg : p->req->segments()) {
+        EXPECT_EQ(seg.seq(), seq);
+        EXPECT_EQ(routing->OwnerOfRange(seg.range()), s);
+        ASSERT_GT(seg.num_keys(), 0u);
+        for (size_t i = at; i < at + seg.num_keys(); ++i) {
+          EXPECT_EQ(routing->RangeOf(sent[i]), seg.range());
+        }
+        at += seg.num_keys();
+      }
+      EXPECT_EQ(at, sent.size());
       p->Reply(absl::OkStatus());
     }
   }
@@ -187,8 +210,8 @@ TEST_F(KVWorkerTest, LostPushReplyIsResentWithTheSameSeq) {
   clock_.Advance(absl::Milliseconds(20));
   std::optional<HeldPush> again = S(0)->NextPush();
   ASSERT_TRUE(again.has_value());
-  EXPECT_EQ(again->req->seq(), first->req->seq());
-  EXPECT_EQ(again->req->keys(), first->req->keys());
+  EXPECT_EQ(again->req->SerializeAsString(), first->req->SerializeAsString());
+  EXPECT_EQ(again->req->segments(0).seq(), 1u);
   again->Reply(absl::OkStatus());
   EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
 }
@@ -197,19 +220,26 @@ TEST_F(KVWorkerTest, StaleEpochReslicesWithTheRefreshedView) {
   Make(2);
   const std::vector<uint64_t> keys = Iota(64);
   const int64_t ts = Push(keys);
-  // The scheduler now has epoch 2 with S[0] alone.
-  proto::ClusterView v2 = MakeView(1, 2);
+  // The scheduler now has epoch 2 with every range on S[0].
+  proto::ClusterView v2 = MovedTo(view_, 0, 2);
   factory_.scheduler()->set_view(v2);
   S(0)->NextPush()->Reply(absl::OkStatus());
-  S(1)->NextPush()->Reply(StaleEpoch());
+  std::optional<HeldPush> stale = S(1)->NextPush();
+  stale->Reply(StaleEpoch());
   clock_.Advance(absl::Milliseconds(20));
   EXPECT_EQ(factory_.scheduler()->get_view_calls(), 1);
   EXPECT_EQ(worker_->epoch(), 2);
   std::optional<HeldPush> p = S(0)->NextPush();
   ASSERT_TRUE(p.has_value());
   EXPECT_EQ(p->req->epoch(), 2);
-  EXPECT_EQ(p->req->seq(), 2u);  // next seq of S[0]
+  // The same segments, (range, seq) unchanged, now sent to their owner.
+  ASSERT_EQ(p->req->segments_size(), stale->req->segments_size());
+  for (int i = 0; i < p->req->segments_size(); ++i) {
+    EXPECT_EQ(p->req->segments(i).SerializeAsString(),
+              stale->req->segments(i).SerializeAsString());
+  }
   EXPECT_EQ(ReqKeys(p->req->keys()), KeysOf(view_, 1, keys));
+  EXPECT_EQ(p->req->vals(), stale->req->vals());
   EXPECT_EQ(S(1)->held_pushes(), 0u);
   p->Reply(absl::OkStatus());
   EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
@@ -327,7 +357,7 @@ TEST_F(KVWorkerTest, PullStaleEpochReslicesIntoTheSameOutput) {
   const std::vector<uint64_t> keys = Iota(16);
   std::vector<float> out;
   const int64_t ts = worker_->Pull(0, keys, &out);
-  factory_.scheduler()->set_view(MakeView(1, 2));
+  factory_.scheduler()->set_view(MovedTo(view_, 0, 2));
   std::optional<HeldPull> p0 = S(0)->NextPull();
   p0->Reply(absl::OkStatus(), Answer(*p0->req));
   S(1)->NextPull()->Reply(StaleEpoch());
@@ -457,17 +487,69 @@ TEST_F(KVWorkerTest, ClockWaitsForItsPushesThenTellsEveryServer) {
   EXPECT_EQ(S(0)->held_clocks() + S(1)->held_clocks(), 0u);  // pushes first
   S(0)->NextPush()->Reply(absl::OkStatus());
   S(1)->NextPush()->Reply(absl::OkStatus());
+  absl::StatusOr<Routing> routing = Routing::FromProto(view_.routing());
+  ASSERT_TRUE(routing.ok());
+  std::set<int> touched;
+  for (uint64_t k : keys) touched.insert(routing->RangeOf(k));
   for (int s = 0; s < 2; ++s) {
     std::optional<HeldClock> c = S(s)->NextClock();
     ASSERT_TRUE(c.has_value()) << "S[" << s << "]";
     EXPECT_EQ(c->req->clock(), 0);
-    EXPECT_EQ(c->req->pushes(), 1);
     EXPECT_EQ(c->req->num_examples(), 8);
-    EXPECT_EQ(c->req->settled_seq(), 1u);
+    // Every range the server owns, with the segments the clock sent there.
+    std::vector<int> ranges;
+    for (const proto::RangeAnnouncement& a : c->req->ranges()) {
+      ranges.push_back(a.range());
+      const bool hit = touched.count(a.range()) > 0;
+      EXPECT_EQ(a.segments(), hit ? 1 : 0) << "range " << a.range();
+      EXPECT_EQ(a.settled_seq(), hit ? 1u : 0u) << "range " << a.range();
+    }
+    EXPECT_EQ(ranges, routing->RangesOf(s));
     c->Reply(absl::OkStatus());
   }
   EXPECT_TRUE(worker_->Wait(push, Soon()).ok());
   EXPECT_TRUE(worker_->Wait(clk, Soon()).ok());
+}
+
+// A clock whose ranges moved (a failover) is announced to the new owner
+// with the same per-range counts.
+TEST_F(KVWorkerTest, ClockStaleEpochAnnouncesTheRangesToTheirNewOwner) {
+  Make(2);
+  const int64_t push = Push(Iota(64), 8);
+  const int64_t clk = worker_->Clock(8);
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  S(1)->NextPush()->Reply(absl::OkStatus());
+  S(0)->NextClock()->Reply(absl::OkStatus());
+  std::optional<HeldClock> stale = S(1)->NextClock();
+  ASSERT_TRUE(stale.has_value());
+  factory_.scheduler()->set_view(MovedTo(view_, 0, 2));
+  stale->Reply(StaleEpoch());
+  clock_.Advance(absl::Milliseconds(20));
+  std::optional<HeldClock> moved = S(0)->NextClock();
+  ASSERT_TRUE(moved.has_value());
+  EXPECT_EQ(moved->req->epoch(), 2);
+  EXPECT_EQ(moved->req->clock(), 0);
+  ASSERT_EQ(moved->req->ranges_size(), stale->req->ranges_size());
+  for (int i = 0; i < moved->req->ranges_size(); ++i) {
+    EXPECT_EQ(moved->req->ranges(i).SerializeAsString(),
+              stale->req->ranges(i).SerializeAsString());
+  }
+  moved->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(push, Soon()).ok());
+  EXPECT_TRUE(worker_->Wait(clk, Soon()).ok());
+}
+
+// Ranges keep their boundaries for the whole job: a view that changes them
+// is refused, and the worker fails rather than mis-count its segments.
+TEST_F(KVWorkerTest, ViewThatChangesTheRangesIsAnError) {
+  Make(2);
+  const int64_t ts = Push(Iota(64));
+  factory_.scheduler()->set_view(MakeView(1, 2));  // a new ring
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  S(1)->NextPush()->Reply(StaleEpoch());
+  clock_.Advance(absl::Milliseconds(20));
+  EXPECT_EQ(worker_->epoch(), 1);
+  EXPECT_EQ(worker_->Wait(ts, Soon()).code(), StatusCode::kInternal);
 }
 
 TEST_F(KVWorkerTest, ClockSettledSeqStopsBelowTheOldestUnansweredPush) {
@@ -480,18 +562,30 @@ TEST_F(KVWorkerTest, ClockSettledSeqStopsBelowTheOldestUnansweredPush) {
   const int64_t p3 = Push({3});     // seq 3, clock 1
   const int64_t c1 = worker_->Clock(1);
   S(0)->NextPush()->Reply(absl::OkStatus());  // seq 3
+  // Keys 1, 2, 3 are in one range: seqs 1, 2, 3 of that range.
+  absl::StatusOr<Routing> routing = Routing::FromProto(view_.routing());
+  ASSERT_TRUE(routing.ok());
+  const int range = routing->RangeOf(1);
+  ASSERT_EQ(routing->RangeOf(3), range);
+  auto entry = [&](const proto::ClockRequest& r) {
+    for (const proto::RangeAnnouncement& a : r.ranges()) {
+      if (a.range() == range) return a;
+    }
+    ADD_FAILURE() << "no entry for range " << range;
+    return proto::RangeAnnouncement();
+  };
   std::optional<HeldClock> c = S(0)->NextClock();
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->req->clock(), 1);
-  EXPECT_EQ(c->req->settled_seq(), 0u);  // seq 1 still unanswered
+  EXPECT_EQ(entry(*c->req).settled_seq(), 0u);  // seq 1 still unanswered
   c->Reply(absl::OkStatus());
   clock_.Advance(absl::Milliseconds(20));  // seq 1 resent
   S(0)->NextPush()->Reply(absl::OkStatus());
   c = S(0)->NextClock();
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->req->clock(), 0);
-  EXPECT_EQ(c->req->pushes(), 2);
-  EXPECT_EQ(c->req->settled_seq(), 3u);
+  EXPECT_EQ(entry(*c->req).segments(), 2);
+  EXPECT_EQ(entry(*c->req).settled_seq(), 3u);
   c->Reply(absl::OkStatus());
   EXPECT_TRUE(worker_->Wait(p2, Soon()).ok());
   EXPECT_TRUE(worker_->Wait(p3, Soon()).ok());
