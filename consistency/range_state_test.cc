@@ -241,7 +241,10 @@ TEST(RangeStateTest, SnapshotCopyContinuesExactlyLikeTheOriginal) {
         });
       } else if (roll < 8 && !history[w].empty()) {
         // A resend of something already admitted.
-        const auto [seq, c] = history[w][rng() % history[w].size()];
+        const std::pair<uint64_t, int64_t> pick =
+            history[w][rng() % history[w].size()];
+        const uint64_t seq = pick.first;
+        const int64_t c = pick.second;
         all([&](RangeState* st, RangeActions* a) {
           BufferedSegment seg = Seg("dup");
           bool dup = false;
