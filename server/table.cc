@@ -302,6 +302,36 @@ void Table::Gather(bool nonzero_only, std::vector<uint64_t>* keys,
   }
 }
 
+void Table::ExportRange(int range, std::vector<uint64_t>* keys,
+                        std::vector<float>* entries) const {
+  const Partition& p = partition(range);
+  std::vector<std::pair<uint64_t, uint32_t>> order;
+  keys->clear();
+  entries->clear();
+  absl::ReaderMutexLock l(&p.mu);
+  order.assign(p.slots.begin(), p.slots.end());
+  std::sort(order.begin(), order.end());
+  keys->reserve(order.size());
+  entries->resize(order.size() * stride_);
+  for (size_t i = 0; i < order.size(); ++i) {
+    keys->push_back(order[i].first);
+    std::memcpy(entries->data() + i * stride_, SlotData(p, order[i].second),
+                stride_ * sizeof(float));
+  }
+}
+
+void Table::ImportRange(int range, absl::Span<const uint64_t> keys,
+                        const float* entries) {
+  Partition& p = partition(range);
+  absl::MutexLock l(&p.mu);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto [it, inserted] = p.slots.try_emplace(keys[i], 0);
+    if (inserted) it->second = NewSlot(p);
+    std::memcpy(SlotData(p, it->second), entries + i * stride_,
+                stride_ * sizeof(float));
+  }
+}
+
 std::vector<std::pair<uint64_t, std::vector<float>>> Table::Snapshot() const {
   const size_t dim = static_cast<size_t>(spec_.dim);
   std::vector<uint64_t> keys;
