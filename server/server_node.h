@@ -119,6 +119,18 @@ class ServerNode {
   int id() const;
   int64_t epoch() const;
 
+  // Checkpoints (issue 9; server/checkpoint.h, defined in
+  // server_node_checkpoint.cc). Writes this server's keys of every table,
+  // values and optimizer state, each range copied under its partition lock,
+  // to cmd.dir (created if missing) as table-<t>.server-<s>.ckpt, each
+  // fsynced and renamed into place, then fsyncs the folder. Fills
+  // resp->checkpoint_files and worker_clocks (the clocks completed here
+  // when it began). UNAVAILABLE before the first Configure;
+  // INVALID_ARGUMENT for an empty dir; errors naming the file with the
+  // errno's code otherwise (no file of this call left then).
+  absl::Status Checkpoint(const proto::CheckpointCommand& cmd,
+                          proto::ServerControlResponse* resp);
+
  private:
   struct WorkerState {
     // Exactly-once pushes: seqs <= watermark and those in `above` were seen.

@@ -49,6 +49,9 @@ absl::StatusOr<proto::ServerControlResponse> ServerNodeHandler::Control(
     case proto::ServerControlRequest::kSaveAndExit:
       s = node_->SaveModel("", &resp);
       break;
+    case proto::ServerControlRequest::kCheckpoint:  // checkpoints (issue 9)
+      s = node_->Checkpoint(req.checkpoint(), &resp);
+      break;
     default:
       s = absl::InvalidArgumentError("control: no command");
   }
