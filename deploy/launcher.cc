@@ -26,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 #include "common/net.h"
+#include "transport/grpc_transport.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 
@@ -677,10 +678,14 @@ const char* SignalName(int sig) {
 class Chaos {
  public:
   using SayFn = std::function<void(absl::string_view)>;
-  Chaos(const LaunchOptions& o, SayFn say)
+  // `probe_ready` asks the scheduler whether the cluster is ready (its log
+  // line may be filtered out by output.log_level); polled while a kill
+  // waits for readiness.
+  Chaos(const LaunchOptions& o, SayFn say, std::function<bool()> probe_ready)
       : restart_(o.restart),
         restart_delay_(absl::Seconds(o.restart_delay_s)),
-        say_(std::move(say)) {
+        say_(std::move(say)),
+        probe_ready_(std::move(probe_ready)) {
     for (const ChaosKill& k : o.kills) pending_.push_back(k);
     std::stable_sort(pending_.begin(), pending_.end(),
                      [](const ChaosKill& a, const ChaosKill& b) {
@@ -702,11 +707,7 @@ class Chaos {
   absl::Time NextDue() {
     if (!active()) return absl::InfiniteFuture();
     const absl::Time ready = Ready();
-    if (ready == absl::InfiniteFuture()) {
-      return pending_.empty() && restarts_.empty()
-                 ? absl::InfiniteFuture()
-                 : absl::Now() + absl::Milliseconds(50);
-    }
+    if (ready == absl::InfiniteFuture()) return absl::Now() + kReadyPoll;
     absl::Time next = absl::InfiniteFuture();
     if (!pending_.empty()) {
       next = ready + absl::Seconds(pending_.front().after_s);
@@ -717,8 +718,13 @@ class Chaos {
 
   // Kills and restarts whatever is due now.
   void RunDue(ProcessGroup* group, const std::vector<ChildSpec>& specs) {
-    const absl::Time ready = Ready();
-    if (ready == absl::InfiniteFuture()) return;
+    absl::Time ready = Ready();
+    if (ready == absl::InfiniteFuture()) {
+      if (!probe_ready_ || !probe_ready_()) return;
+      absl::MutexLock l(&mu_);
+      if (ready_ == absl::InfiniteFuture()) ready_ = absl::Now();
+      ready = ready_;
+    }
     const absl::Time now = absl::Now();
     while (!pending_.empty() &&
            ready + absl::Seconds(pending_.front().after_s) <= now) {
@@ -794,9 +800,11 @@ class Chaos {
     return ready_;
   }
 
+  static constexpr absl::Duration kReadyPoll = absl::Milliseconds(100);
   const bool restart_;
   const absl::Duration restart_delay_;
   const SayFn say_;
+  const std::function<bool()> probe_ready_;
   std::vector<ChaosKill> pending_;  // by after_s
   std::vector<Restart> restarts_;
   std::set<pid_t> killed_;
@@ -969,7 +977,17 @@ int Launcher::Run(const std::atomic<int>* stop) {
 
   int code = kExitOk;
   {
-    Chaos chaos(options_, [this](absl::string_view l) { Say(l); });
+    // Chaos (issue 9): readiness from the scheduler's log line, or by
+    // asking it (Status: phase past registering).
+    GrpcClientFactory probe_clients(GrpcClientFactory::Options(security, 1));
+    Chaos chaos(
+        options_, [this](absl::string_view l) { Say(l); },
+        [&]() {
+          auto st = probe_clients.Scheduler(scheduler_address_)
+                        ->Status(proto::StatusRequest(),
+                                 absl::Now() + absl::Milliseconds(200));
+          return st.ok() && st->phase() != "registering";
+        });
     ProcessGroup group(
         [this, &chaos](const std::string& name, absl::string_view line) {
           chaos.OnLine(name, line);
