@@ -793,7 +793,7 @@ absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
     proto::ServerControlRequest req;
     req.mutable_checkpoint()->set_dir(dir);
     req.mutable_checkpoint()->set_checkpoint_id(id);
-    auto resp = ControlWithRetry(addresses[i], req, deadline);
+    auto resp = CheckpointCall(addresses[i], req, deadline);
     if (!resp.ok()) {
       status = absl::Status(
           resp.status().code(),
@@ -833,6 +833,33 @@ absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
   absl::MutexLock l(&mu_);
   checkpoints_.push_back({out, since_ready});
   return out;
+}
+
+absl::StatusOr<proto::ServerControlResponse> SchedulerCore::CheckpointCall(
+    const std::string& address, const proto::ServerControlRequest& req,
+    absl::Time deadline) {
+  // The save's retry helper, in short windows: between them, a checkpoint
+  // of a job that ended meanwhile (its servers exit) is abandoned instead
+  // of retried until the deadline, which would hold up the scheduler's
+  // exit.
+  constexpr absl::Duration kWindow = absl::Seconds(2);
+  for (;;) {
+    const absl::Time window =
+        std::min(deadline, options_.clock->Now() + kWindow);
+    auto resp = ControlWithRetry(address, req, window);
+    const absl::StatusCode code = resp.status().code();
+    if (resp.ok() || window >= deadline ||
+        (code != absl::StatusCode::kUnavailable &&
+         code != absl::StatusCode::kDeadlineExceeded)) {
+      return resp;
+    }
+    absl::MutexLock l(&mu_);
+    if (phase_ != JobPhase::kRunning) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("abandoned: the job is ", JobPhaseName(phase_), " (",
+                       resp.status().message(), ")"));
+    }
+  }
 }
 
 void SchedulerCore::MaybeCheckpoint() {

@@ -194,6 +194,11 @@ class SchedulerCore {
     double seconds = 0;  // since the cluster became ready
   };
   std::string CheckpointReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // ControlWithRetry for a checkpoint command, given up once the job is no
+  // longer running (FAILED_PRECONDITION) instead of at `deadline` only.
+  absl::StatusOr<proto::ServerControlResponse> CheckpointCall(
+      const std::string& address, const proto::ServerControlRequest& req,
+      absl::Time deadline);
   absl::Mutex checkpoint_mu_;
   int64_t next_checkpoint_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: not scanned
   absl::Time last_interval_checkpoint_ ABSL_GUARDED_BY(mu_) =

@@ -543,6 +543,16 @@ TEST_F(SchedulerCheckpointTest, OnDemandAndFailure) {
   auto again = core_->Checkpoint();
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->checkpoint_id(), 3);
+  // An unreachable server is retried (on the fake clock) until the save
+  // deadline, then the checkpoint fails naming it; the job goes on.
+  clients_.server(Addr(0))->FailForever(absl::UnavailableError("gone"));
+  const absl::Time before = clock_.Now();
+  auto unreachable = core_->Checkpoint();
+  EXPECT_EQ(unreachable.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(unreachable.status().message().find("S[0]"), std::string::npos);
+  EXPECT_GE(clock_.Now() - before, absl::Seconds(19));
+  EXPECT_GT(CheckpointCalls(0), 10);
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
 }
 
 TEST_F(SchedulerCheckpointTest, ViewCarriesTheCheckpointToRestore) {

@@ -506,6 +506,47 @@ TEST_F(HandStartedTest, KilledWorkerFailsTheJobEverywhere) {
       << Find("S0")->Describe();
 }
 
+// Checkpoints (issue 9): `ps_status --checkpoint` through the real gRPC
+// path takes a checkpoint of a running job on demand.
+TEST_F(HandStartedTest, StatusCheckpointOnDemand) {
+  StartSchedulerAndServers("ckpt_on_demand", SyntheticYaml(1000, 5000));
+  const std::string out = (dir_ / "ps_status.out").string();
+  const std::string cmd = absl::StrCat(
+      "PS_AUTH_TOKEN=multiprocess-test-token " PS_BIN_DIR
+      "/ps_status --scheduler ",
+      scheduler_, " --checkpoint > ", out, " 2>&1");
+  // Not running yet (no worker): refused, once the scheduler listens.
+  int status = 0;
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  do {
+    absl::SleepFor(absl::Milliseconds(100));  // real processes: no fake clock
+    status = std::system(cmd.c_str());
+  } while (ReadFile(out).find("UNAVAILABLE") != std::string::npos &&
+           absl::Now() < deadline);
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_NE(ReadFile(out).find("FAILED_PRECONDITION"), std::string::npos)
+      << ReadFile(out);
+  StartWorkers();
+  deadline = absl::Now() + absl::Seconds(60);
+  do {
+    absl::SleepFor(absl::Milliseconds(200));
+    status = std::system(cmd.c_str());
+  } while (WEXITSTATUS(status) != 0 && absl::Now() < deadline);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << ReadFile(out);
+  const std::string ckpt = (dir_ / "checkpoints" / "ckpt-1").string();
+  EXPECT_NE(ReadFile(out).find("checkpoint 1 complete: " + ckpt),
+            std::string::npos)
+      << ReadFile(out);
+  int64_t keys = 0;
+  EXPECT_TRUE(VerifyCheckpoint(ckpt, &keys).ok());
+  EXPECT_GT(keys, 0);
+  absl::StatusOr<proto::CheckpointManifest> m = ReadManifest(ckpt);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->files_size(), 2);
+  for (Proc& p : procs_) ::kill(p.pid, SIGKILL);
+  WaitAll(&procs_, absl::Now() + absl::Seconds(30));
+}
+
 // ------------------------------------------------ the MLP on criteo-10k
 
 // deploy/configs/criteo_mlp.yaml (wide & deep, CPU backend) through the
@@ -610,6 +651,10 @@ TEST_F(MultiProcessTest, ResumeWithThreeServersFromTwoServerCheckpoint) {
               first);
   EXPECT_GT(first, 0);
   EXPECT_LT(first, 0.45) << Tail(b.log, 4000);
+  // ... and near the first run's own train loss (W[0]'s, over its run).
+  absl::StatusOr<double> loss_a = JsonNumber(a.report, "train_loss");
+  ASSERT_TRUE(loss_a.ok()) << a.report;
+  EXPECT_LT(std::abs(first - *loss_a), 0.08) << *loss_a;
   EXPECT_GE(Auc(b), 0.89);
 
   // A flipped byte: refused with DATA_LOSS naming the file, nothing starts.
