@@ -305,17 +305,32 @@ void Table::Gather(bool nonzero_only, std::vector<uint64_t>* keys,
 void Table::ExportRange(int range, std::vector<uint64_t>* keys,
                         std::vector<float>* entries) const {
   const Partition& p = partition(range);
-  std::vector<std::pair<uint64_t, uint32_t>> order;
-  keys->clear();
-  entries->clear();
-  absl::ReaderMutexLock l(&p.mu);
-  order.assign(p.slots.begin(), p.slots.end());
-  std::sort(order.begin(), order.end());
-  keys->reserve(order.size());
+  // Copied under the lock in map order, sorted after it is released, so a
+  // push to this range waits for a copy, never for a sort.
+  std::vector<uint64_t> raw_keys;
+  std::vector<float> raw;
+  {
+    absl::ReaderMutexLock l(&p.mu);
+    raw_keys.reserve(p.slots.size());
+    raw.resize(p.slots.size() * stride_);
+    float* out = raw.data();
+    for (const auto& [key, slot] : p.slots) {
+      raw_keys.push_back(key);
+      std::memcpy(out, SlotData(p, slot), stride_ * sizeof(float));
+      out += stride_;
+    }
+  }
+  std::vector<uint32_t> order(raw_keys.size());
+  std::iota(order.begin(), order.end(), uint32_t{0});
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return raw_keys[a] < raw_keys[b];
+  });
+  keys->resize(order.size());
   entries->resize(order.size() * stride_);
   for (size_t i = 0; i < order.size(); ++i) {
-    keys->push_back(order[i].first);
-    std::memcpy(entries->data() + i * stride_, SlotData(p, order[i].second),
+    (*keys)[i] = raw_keys[order[i]];
+    std::memcpy(entries->data() + i * stride_,
+                raw.data() + static_cast<size_t>(order[i]) * stride_,
                 stride_ * sizeof(float));
   }
 }
