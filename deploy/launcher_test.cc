@@ -750,6 +750,24 @@ TEST_F(LauncherTest, KillAndRestartMechanics) {
   EXPECT_THAT(args[0], Not(HasSubstr("--id")));
 }
 
+TEST_F(LauncherTest, RestartedSchedulerKeepsItsArguments) {
+  Steer("ps_scheduler", "--print-ready --echo-args --sleep-ms 1500");
+  Steer("ps_server", "--sleep-ms 1500");
+  Steer("ps_worker", "--sleep-ms 1500");
+  options_.kills = {ChaosKill{'H', 0, 0.2}};
+  options_.restart = true;
+  options_.restart_delay_s = 0;
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: chaos: killed H (pid ").size(), 1u)
+      << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: chaos: restarted H as H (pid ").size(), 1u)
+      << lines_.Joined();
+  // The same command line twice: the replacement recovers the same job.
+  const auto args = With("H args:");
+  ASSERT_EQ(args.size(), 2u) << lines_.Joined();
+  EXPECT_EQ(args[0], args[1]);
+}
+
 TEST_F(LauncherTest, KillWithoutRestartLeavesTheVerdictToTheCluster) {
   // The "scheduler" fails the job a while after the kill, as the real one
   // does when a heartbeat is missed.
