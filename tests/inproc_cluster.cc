@@ -142,6 +142,10 @@ absl::Status LocalCluster::Start() {
   so.config = config;
   so.report_path = options_.report_path;
   so.clients = &clients_;
+  // Checkpoints (issue 9): resume / restore_from, as ps_scheduler does.
+  absl::StatusOr<std::string> restore = ResolveRestore(config);
+  if (!restore.ok()) return restore.status();
+  so.restore_from = *restore;
   scheduler_ = std::make_unique<SchedulerCore>(so);
   scheduler_handler_ = std::make_unique<SchedulerCoreHandler>(scheduler_.get());
   clients_.SetScheduler(scheduler_handler_.get());
