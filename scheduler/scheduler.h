@@ -126,8 +126,10 @@ class SchedulerCore {
   // checkpoint is complete from then on) and complete checkpoints beyond
   // fault_tolerance.checkpoints_kept are deleted. One at a time: a second
   // call waits for the first. FAILED_PRECONDITION unless the job is
-  // running; otherwise the first error, naming the server or file (no
-  // MANIFEST is written then). A failed checkpoint does not fail the job;
+  // running, or when it stopped running meanwhile (abandoned); otherwise
+  // the first error, naming the server or file, with its code (a server
+  // unreachable until save_deadline: UNAVAILABLE). No MANIFEST is written
+  // for a failed checkpoint. A failed checkpoint does not fail the job;
   // the report's checkpoint_error records the last one.
   absl::StatusOr<proto::CheckpointResponse> Checkpoint();
   // Takes a checkpoint when fault_tolerance.checkpoint_interval_s > 0 and

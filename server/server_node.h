@@ -125,9 +125,10 @@ class ServerNode {
   // to cmd.dir (created if missing) as table-<t>.server-<s>.ckpt, each
   // fsynced and renamed into place, then fsyncs the folder. Fills
   // resp->checkpoint_files and worker_clocks (the clocks completed here
-  // when it began). UNAVAILABLE before the first Configure;
-  // INVALID_ARGUMENT for an empty dir; errors naming the file with the
-  // errno's code otherwise (no file of this call left then).
+  // when it began). UNAVAILABLE before the first Configure or when the
+  // folder cannot be created; INVALID_ARGUMENT for an empty dir; errors
+  // naming the file with the errno's code otherwise (RESOURCE_EXHAUSTED for
+  // a full disk; no file of this call is left then).
   absl::Status Checkpoint(const proto::CheckpointCommand& cmd,
                           proto::ServerControlResponse* resp);
 
