@@ -680,9 +680,12 @@ class Chaos {
   using SayFn = std::function<void(absl::string_view)>;
   // `probe_ready` asks the scheduler whether the cluster is ready (its log
   // line may be filtered out by output.log_level); polled while a kill
-  // waits for readiness.
-  Chaos(const LaunchOptions& o, SayFn say, std::function<bool()> probe_ready)
-      : restart_(o.restart),
+  // waits for readiness. Each kill and restart is also appended to
+  // `record_path` as one JSON object per line (for recovery-time tooling).
+  Chaos(const LaunchOptions& o, SayFn say, std::function<bool()> probe_ready,
+        std::string record_path)
+      : record_path_(std::move(record_path)),
+        restart_(o.restart),
         restart_delay_(absl::Seconds(o.restart_delay_s)),
         say_(std::move(say)),
         probe_ready_(std::move(probe_ready)) {
@@ -744,8 +747,12 @@ class Chaos {
       killed_.insert(*pid);
       say_(absl::StrFormat(
           "chaos: killed %s (pid %d) with SIGKILL at %.3f s after the "
-          "cluster was ready (--kill %s@%g)",
-          name, *pid, at, target, k.after_s));
+          "cluster was ready (--kill %s@%g), unix ms %d",
+          name, *pid, at, target, k.after_s, absl::ToUnixMillis(now)));
+      Record(absl::StrFormat(
+          "{\"event\": \"kill\", \"node\": \"%s\", \"pid\": %d, "
+          "\"unix_ms\": %d, \"after_ready_s\": %.3f}",
+          name, *pid, absl::ToUnixMillis(now), at));
       if (restart_) {
         const ChildSpec* spec = nullptr;
         for (const auto& sp : specs) {
@@ -782,6 +789,12 @@ class Chaos {
           "chaos: restarted %s as %s (pid %d) at %.3f s after the cluster "
           "was ready",
           target, spec.name, *pid, absl::ToDoubleSeconds(now - ready)));
+      Record(absl::StrFormat(
+          "{\"event\": \"restart\", \"node\": \"%s\", \"as\": "
+          "\"%s\", \"pid\": %d, \"unix_ms\": %d, \"after_ready_s\": "
+          "%.3f}",
+          target, spec.name, *pid, absl::ToUnixMillis(now),
+          absl::ToDoubleSeconds(now - ready)));
     }
   }
 
@@ -799,8 +812,14 @@ class Chaos {
     absl::MutexLock l(&mu_);
     return ready_;
   }
+  void Record(const std::string& json) {
+    std::ofstream out(record_path_, std::ios::app);
+    out << json << "\n";
+    if (!out) say_(absl::StrCat("chaos: cannot append to ", record_path_));
+  }
 
   static constexpr absl::Duration kReadyPoll = absl::Milliseconds(100);
+  const std::string record_path_;
   const bool restart_;
   const absl::Duration restart_delay_;
   const SayFn say_;
@@ -987,7 +1006,8 @@ int Launcher::Run(const std::atomic<int>* stop) {
                         ->Status(proto::StatusRequest(),
                                  absl::Now() + absl::Milliseconds(200));
           return st.ok() && st->phase() != "registering";
-        });
+        },
+        (std::filesystem::path(run_dir_) / "chaos.jsonl").string());
     ProcessGroup group(
         [this, &chaos](const std::string& name, absl::string_view line) {
           chaos.OnLine(name, line);

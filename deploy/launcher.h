@@ -249,7 +249,8 @@ class Launcher {
   // Chaos (issue 9): options.kills are carried out counting from the
   // scheduler's "cluster ready" line, each printed with its time; the exit
   // of a process killed that way does not stop the job (the cluster
-  // decides: today the scheduler fails the job), and with options.restart a
+  // decides: today the scheduler fails the job; each kill and restart is
+  // also a JSON line of RUN_DIR/chaos.jsonl), and with options.restart a
   // replacement is started (servers and workers without their id, as new
   // nodes named e.g. "S[1]+1"; the scheduler with its own arguments).
   int Run(const std::atomic<int>* stop = nullptr);

@@ -748,6 +748,16 @@ TEST_F(LauncherTest, KillAndRestartMechanics) {
   const auto args = With("S[1]+1 args:");
   ASSERT_EQ(args.size(), 1u) << lines_.Joined();
   EXPECT_THAT(args[0], Not(HasSubstr("--id")));
+  // Both events, with their times, in the run dir for tools.
+  std::ifstream in(run_dir_ + "/chaos.jsonl");
+  std::string kill, restart;
+  std::getline(in, kill);
+  std::getline(in, restart);
+  EXPECT_THAT(kill, HasSubstr("{\"event\": \"kill\", \"node\": \"S[1]\", "
+                              "\"pid\": "));
+  EXPECT_THAT(kill, HasSubstr("\"unix_ms\": "));
+  EXPECT_THAT(restart, HasSubstr("\"event\": \"restart\", \"node\": "
+                                 "\"S[1]\", \"as\": \"S[1]+1\""));
 }
 
 TEST_F(LauncherTest, RestartedSchedulerKeepsItsArguments) {
