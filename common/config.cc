@@ -441,6 +441,12 @@ const std::vector<Field>& Fields() {
       BoolField(PS_CFG(mlp, wide)),
       StringField(PS_CFG(output, model_dir)),
       StringField(PS_CFG(output, log_level), {"debug", "info", "warn", "error"}),
+      // Checkpoints (issue 9).
+      DoubleField(PS_CFG(fault_tolerance, checkpoint_interval_s), kNonNegative),
+      StringField(PS_CFG(fault_tolerance, checkpoint_dir)),
+      BoolField(PS_CFG(fault_tolerance, resume)),
+      StringField(PS_CFG(fault_tolerance, restore_from)),
+      IntField<int>(PS_CFG(fault_tolerance, checkpoints_kept), 1, 1000),
   };
   return *fields;
 }
@@ -649,6 +655,19 @@ void ForEachPathField(
   fn("data.train", &config->data.train);
   fn("data.test", &config->data.test);
   fn("output.model_dir", &config->output.model_dir);
+  // Checkpoints (issue 9).
+  fn("fault_tolerance.checkpoint_dir", &config->fault_tolerance.checkpoint_dir);
+  fn("fault_tolerance.restore_from", &config->fault_tolerance.restore_from);
+}
+
+std::string CheckpointDirOf(const JobConfig& config) {
+  if (!config.fault_tolerance.checkpoint_dir.empty()) {
+    return config.fault_tolerance.checkpoint_dir;
+  }
+  const std::filesystem::path model(config.output.model_dir);
+  std::filesystem::path parent = model.lexically_normal().parent_path();
+  if (model.filename().empty()) parent = parent.parent_path();  // "dir/"
+  return (parent / "checkpoints").string();
 }
 
 absl::Status ApplyOverride(JobConfig* config, const std::string& assignment) {
@@ -743,6 +762,12 @@ absl::Status Validate(const JobConfig& config) {
   }
   if (config.output.model_dir.empty()) {
     return FieldError("output.model_dir", "must not be empty");
+  }
+  // Checkpoints (issue 9): two answers to "where do we start from".
+  if (config.fault_tolerance.resume &&
+      !config.fault_tolerance.restore_from.empty()) {
+    return FieldError("fault_tolerance.restore_from",
+                      "excludes fault_tolerance.resume (set one of them)");
   }
   // Found by the workers only after the whole cluster had started.
   if (config.training.model == "mlp" && config.data.format != "criteo") {

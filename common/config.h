@@ -145,6 +145,23 @@ struct OutputConfig {
 // Issue 9: replication, failover, dynamic work, checkpoints. Each part of
 // that work adds its fields here (and to Fields() in config.cc).
 struct FaultToleranceConfig {
+  // Checkpoints (server/checkpoint.h). Seconds between checkpoints the
+  // scheduler triggers while the job runs; 0 = none (on demand only:
+  // ps_status --checkpoint).
+  double checkpoint_interval_s = 0;
+  // Where checkpoints go, one folder ckpt-<id> each; empty = a
+  // `checkpoints` folder beside output.model_dir (CheckpointDirOf()).
+  std::string checkpoint_dir;
+  // Start from the newest complete checkpoint in checkpoint_dir (none there:
+  // start fresh, with a warning).
+  bool resume = false;
+  // Start from this checkpoint folder (a ckpt-<id> with its MANIFEST);
+  // excludes `resume`.
+  std::string restore_from;
+  // Complete checkpoints kept; older ones are deleted once a newer one is
+  // complete.
+  int checkpoints_kept = 2;
+
   bool operator==(const FaultToleranceConfig&) const = default;
 };
 
@@ -192,6 +209,10 @@ std::string ResolvePath(const std::string& base_dir, const std::string& path);
 // Calls fn(field_name, &value) for every field of `config` that names a file
 // or a folder (data.train, data.test, output.model_dir, ...). New path
 // fields are added to this one list, so they resolve like the others.
+// fault_tolerance.checkpoint_dir, or its default: `checkpoints` beside
+// output.model_dir.
+std::string CheckpointDirOf(const JobConfig& config);
+
 void ForEachPathField(
     JobConfig* config,
     const std::function<void(const char* field, std::string* path)>& fn);

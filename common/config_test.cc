@@ -757,5 +757,46 @@ TEST(ConfigTest, RegressionUnwritableModelDirFoundOnlyAfterTraining) {
   std::filesystem::remove_all(dir);
 }
 
+// Checkpoints (issue 9): the fault_tolerance fields a checkpoint uses.
+TEST(ConfigTest, CheckpointFields) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      "output: {model_dir: /r/model}\n"
+      "fault_tolerance: {checkpoint_interval_s: 2.5, resume: true,"
+      " checkpoints_kept: 3}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->fault_tolerance.checkpoint_interval_s, 2.5);
+  EXPECT_TRUE(c->fault_tolerance.resume);
+  EXPECT_EQ(c->fault_tolerance.checkpoints_kept, 3);
+  EXPECT_EQ(CheckpointDirOf(*c), "/r/checkpoints");
+  c->fault_tolerance.checkpoint_dir = "/elsewhere";
+  EXPECT_EQ(CheckpointDirOf(*c), "/elsewhere");
+  EXPECT_EQ(JobConfig().fault_tolerance.checkpoint_interval_s, 0);
+  EXPECT_EQ(CheckpointDirOf(JobConfig()), "runs/checkpoints");
+
+  ExpectInvalid(ParseStatus("fault_tolerance: {checkpoint_interval_s: -1}"),
+                "config field fault_tolerance.checkpoint_interval_s");
+  ExpectInvalid(ParseStatus("fault_tolerance: {checkpoints_kept: 0}"),
+                "config field fault_tolerance.checkpoints_kept: must be >= 1");
+  ExpectInvalid(ParseStatus("fault_tolerance: {resume: maybe}"),
+                "config field fault_tolerance.resume");
+  JobConfig both;
+  both.fault_tolerance.resume = true;
+  both.fault_tolerance.restore_from = "/r/checkpoints/ckpt-1";
+  ExpectInvalid(Validate(both), "fault_tolerance.restore_from");
+}
+
+TEST(ConfigTest, CheckpointPathsResolveAgainstTheConfigFolder) {
+  const std::string dir = FreshDir("ckpt_paths");
+  std::filesystem::create_directories(dir + "/conf");
+  WriteText(dir + "/conf/job.yaml",
+            "fault_tolerance:\n  checkpoint_dir: ck\n"
+            "  restore_from: ../old/ckpt-3\n");
+  absl::StatusOr<JobConfig> c = LoadJobConfig(dir + "/conf/job.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->fault_tolerance.checkpoint_dir, dir + "/conf/ck");
+  EXPECT_EQ(c->fault_tolerance.restore_from, dir + "/old/ckpt-3");
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ps

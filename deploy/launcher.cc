@@ -8,11 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <optional>
 #include <sstream>
 #include <random>
@@ -23,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 #include "common/net.h"
+#include "transport/grpc_transport.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 
@@ -411,6 +415,17 @@ std::vector<ChildExit> ProcessGroup::TerminateAll(absl::Duration grace) {
   return exits;
 }
 
+absl::StatusOr<pid_t> ProcessGroup::Signal(const std::string& name, int sig) {
+  for (const auto& child : children_) {
+    if (!child.running || child.name != name) continue;
+    if (kill(-child.pid, sig) != 0 && kill(child.pid, sig) != 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot signal ", name));
+    }
+    return child.pid;
+  }
+  return absl::NotFoundError(absl::StrCat(name, " is not running"));
+}
+
 std::vector<std::string> ProcessGroup::RunningNames() const {
   std::vector<std::string> names;
   for (const auto& child : children_) {
@@ -445,6 +460,14 @@ H, S[i], W[i].
                        (default: the directory of ps_launch)
   --run-dir DIR        where job.yaml goes (default: runs/<time>-<pid>)
   --timeout_s SECONDS  stop everything and exit 124 after this long (0: never)
+  --kill ROLE[ID]@SECONDS
+                       chaos: SIGKILL that process SECONDS after the cluster
+                       is ready; ROLE S (server), W (worker) or H (scheduler),
+                       e.g. S1@10, W0@2.5, H@5; repeatable. The launcher
+                       does not stop the job for a process it killed: the
+                       cluster decides
+  --restart[=DELAY_S]  chaos: start a replacement of the same role DELAY_S
+                       (default 1) after each --kill
 Exit status: 0 when every process exits 0; 2 for a bad flag or config field;
 a failing process's status (128+signal if killed); 124 on timeout; 130/143
 on SIGINT/SIGTERM.
@@ -489,9 +512,22 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
       flag = flag.substr(0, eq);
       has_value = true;
     }
+    // Chaos (issue 9): --restart takes its value only as --restart=DELAY_S.
+    if (flag == "--restart") {
+      options.restart = true;
+      if (has_value && (!absl::SimpleAtod(value, &options.restart_delay_s) ||
+                        !(options.restart_delay_s >= 0) ||
+                        options.restart_delay_s > 86400)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --restart wants a delay in seconds >= 0, got '", value,
+            "'"));
+      }
+      continue;
+    }
     static const char* const kValueFlags[] = {
         "--config", "--set",     "--report",  "--servers",  "--workers",
-        "--mode",   "--tau",     "--bin-dir", "--run-dir", "--timeout_s"};
+        "--mode",   "--tau",     "--bin-dir", "--run-dir", "--timeout_s",
+        "--kill"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || flag == f;
     if (!known) {
@@ -526,6 +562,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
       options.bin_dir = value;
     } else if (flag == "--run-dir") {
       options.run_dir = value;
+    } else if (flag == "--kill") {
+      PS_ASSIGN_OR_RETURN(ChaosKill k, ParseKillSpec(value));
+      options.kills.push_back(k);
     } else if (flag == "--timeout_s") {
       if (!absl::SimpleAtod(value, &options.timeout_s) ||
           !(options.timeout_s >= 0)) {
@@ -538,6 +577,37 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     return absl::InvalidArgumentError("flag --config is required");
   }
   return options;
+}
+
+std::string ChaosKill::Target() const {
+  if (role == 'H') return "H";
+  return absl::StrCat(std::string(1, role), "[", id, "]");
+}
+
+absl::StatusOr<ChaosKill> ParseKillSpec(absl::string_view spec) {
+  auto bad = [&]() {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flag --kill wants ROLE[ID]@SECONDS with ROLE S, W or H (S1@10, "
+        "W0@2.5, H@5), got '",
+        spec, "'"));
+  };
+  const size_t at = spec.find('@');
+  if (spec.empty() || at == absl::string_view::npos) return bad();
+  ChaosKill k;
+  k.role = spec[0];
+  if (k.role != 'S' && k.role != 'W' && k.role != 'H') return bad();
+  const absl::string_view id = spec.substr(1, at - 1);
+  if (id.empty()) {
+    if (k.role != 'H') return bad();
+  } else if (!absl::SimpleAtoi(id, &k.id) || k.id < 0 ||
+             (k.role == 'H' && k.id != 0)) {
+    return bad();
+  }
+  if (!absl::SimpleAtod(spec.substr(at + 1), &k.after_s) ||
+      !(k.after_s >= 0) || k.after_s > 86400 * 30) {
+    return bad();
+  }
+  return k;
 }
 
 absl::StatusOr<JobConfig> ResolveJobConfig(const LaunchOptions& options) {
@@ -602,6 +672,167 @@ const char* SignalName(int sig) {
   }
 }
 
+// Chaos (issue 9): the --kill/--restart schedule of one Run. Times count
+// from the scheduler's "cluster ready" line. Used by the supervising thread
+// only, except OnLine (the output thread), which takes mu_.
+class Chaos {
+ public:
+  using SayFn = std::function<void(absl::string_view)>;
+  // `probe_ready` asks the scheduler whether the cluster is ready (its log
+  // line may be filtered out by output.log_level); polled while a kill
+  // waits for readiness. Each kill and restart is also appended to
+  // `record_path` as one JSON object per line (for recovery-time tooling).
+  Chaos(const LaunchOptions& o, SayFn say, std::function<bool()> probe_ready,
+        std::string record_path)
+      : record_path_(std::move(record_path)),
+        restart_(o.restart),
+        restart_delay_(absl::Seconds(o.restart_delay_s)),
+        say_(std::move(say)),
+        probe_ready_(std::move(probe_ready)) {
+    for (const ChaosKill& k : o.kills) pending_.push_back(k);
+    std::stable_sort(pending_.begin(), pending_.end(),
+                     [](const ChaosKill& a, const ChaosKill& b) {
+                       return a.after_s < b.after_s;
+                     });
+  }
+
+  bool active() const { return !pending_.empty() || !restarts_.empty(); }
+
+  // Sees every output line; the scheduler's "cluster ready" starts the clock.
+  void OnLine(const std::string& name, absl::string_view line) {
+    if (name != "H" || !absl::StrContains(line, "cluster ready:")) return;
+    absl::MutexLock l(&mu_);
+    if (ready_ == absl::InfiniteFuture()) ready_ = absl::Now();
+  }
+
+  // When the next kill or restart is due; while the cluster is not ready
+  // yet, a short poll. InfiniteFuture when nothing is left to do.
+  absl::Time NextDue() {
+    if (!active()) return absl::InfiniteFuture();
+    const absl::Time ready = Ready();
+    if (ready == absl::InfiniteFuture()) return absl::Now() + kReadyPoll;
+    absl::Time next = absl::InfiniteFuture();
+    if (!pending_.empty()) {
+      next = ready + absl::Seconds(pending_.front().after_s);
+    }
+    for (const auto& r : restarts_) next = std::min(next, r.when);
+    return next;
+  }
+
+  // Kills and restarts whatever is due now.
+  void RunDue(ProcessGroup* group, const std::vector<ChildSpec>& specs) {
+    absl::Time ready = Ready();
+    if (ready == absl::InfiniteFuture()) {
+      if (!probe_ready_ || !probe_ready_()) return;
+      absl::MutexLock l(&mu_);
+      if (ready_ == absl::InfiniteFuture()) ready_ = absl::Now();
+      ready = ready_;
+    }
+    const absl::Time now = absl::Now();
+    while (!pending_.empty() &&
+           ready + absl::Seconds(pending_.front().after_s) <= now) {
+      const ChaosKill k = pending_.front();
+      pending_.erase(pending_.begin());
+      const std::string target = k.Target();
+      // The newest incarnation: after a restart, kill the replacement.
+      std::string name = target;
+      if (auto it = latest_.find(target); it != latest_.end()) name = it->second;
+      absl::StatusOr<pid_t> pid = group->Signal(name, SIGKILL);
+      const double at = absl::ToDoubleSeconds(now - ready);
+      if (!pid.ok()) {
+        say_(absl::StrFormat("chaos: --kill %s@%g: %s; nothing killed",
+                             target, k.after_s, pid.status().message()));
+        continue;
+      }
+      killed_.insert(*pid);
+      say_(absl::StrFormat(
+          "chaos: killed %s (pid %d) with SIGKILL at %.3f s after the "
+          "cluster was ready (--kill %s@%g), unix ms %d",
+          name, *pid, at, target, k.after_s, absl::ToUnixMillis(now)));
+      Record(absl::StrFormat(
+          "{\"event\": \"kill\", \"node\": \"%s\", \"pid\": %d, "
+          "\"unix_ms\": %d, \"after_ready_s\": %.3f}",
+          name, *pid, absl::ToUnixMillis(now), at));
+      if (restart_) {
+        const ChildSpec* spec = nullptr;
+        for (const auto& sp : specs) {
+          if (sp.name == target) spec = &sp;
+        }
+        if (spec != nullptr) restarts_.push_back({*spec, now + restart_delay_});
+      }
+    }
+    for (size_t i = 0; i < restarts_.size();) {
+      if (restarts_[i].when > now) {
+        ++i;
+        continue;
+      }
+      ChildSpec spec = restarts_[i].spec;
+      restarts_.erase(restarts_.begin() + i);
+      const std::string target = spec.name;
+      const int n = ++incarnations_[target];
+      if (target != "H") {
+        // A new node, not the dead one back: no requested id.
+        spec.name = absl::StrCat(target, "+", n);
+        for (size_t a = 0; a + 1 < spec.argv.size(); ++a) {
+          if (spec.argv[a] == "--id") spec.argv.erase(spec.argv.begin() + a,
+                                                      spec.argv.begin() + a + 2);
+        }
+      }
+      absl::StatusOr<pid_t> pid = group->Start(spec);
+      if (!pid.ok()) {
+        say_(absl::StrCat("chaos: cannot restart ", target, ": ",
+                          pid.status().message()));
+        continue;
+      }
+      latest_[target] = spec.name;
+      say_(absl::StrFormat(
+          "chaos: restarted %s as %s (pid %d) at %.3f s after the cluster "
+          "was ready",
+          target, spec.name, *pid, absl::ToDoubleSeconds(now - ready)));
+      Record(absl::StrFormat(
+          "{\"event\": \"restart\", \"node\": \"%s\", \"as\": "
+          "\"%s\", \"pid\": %d, \"unix_ms\": %d, \"after_ready_s\": "
+          "%.3f}",
+          target, spec.name, *pid, absl::ToUnixMillis(now),
+          absl::ToDoubleSeconds(now - ready)));
+    }
+  }
+
+  // True for the exit of a process it killed.
+  bool Killed(const ChildExit& exit) const {
+    return killed_.count(exit.pid) > 0;
+  }
+
+ private:
+  struct Restart {
+    ChildSpec spec;
+    absl::Time when;
+  };
+  absl::Time Ready() {
+    absl::MutexLock l(&mu_);
+    return ready_;
+  }
+  void Record(const std::string& json) {
+    std::ofstream out(record_path_, std::ios::app);
+    out << json << "\n";
+    if (!out) say_(absl::StrCat("chaos: cannot append to ", record_path_));
+  }
+
+  static constexpr absl::Duration kReadyPoll = absl::Milliseconds(100);
+  const std::string record_path_;
+  const bool restart_;
+  const absl::Duration restart_delay_;
+  const SayFn say_;
+  const std::function<bool()> probe_ready_;
+  std::vector<ChaosKill> pending_;  // by after_s
+  std::vector<Restart> restarts_;
+  std::set<pid_t> killed_;
+  std::map<std::string, int> incarnations_;
+  std::map<std::string, std::string> latest_;  // target -> newest name
+  absl::Mutex mu_;
+  absl::Time ready_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+};
+
 }  // namespace
 
 Launcher::Launcher(LaunchOptions options, Output out)
@@ -627,6 +858,18 @@ int Launcher::Run(const std::atomic<int>* stop) {
     return kExitUsage;
   }
   JobConfig config = *std::move(resolved);
+  // Chaos (issue 9): every --kill names a process of this job.
+  for (const ChaosKill& k : options_.kills) {
+    const int n = k.role == 'S'   ? config.cluster.num_servers
+                  : k.role == 'W' ? config.cluster.num_workers
+                                  : 1;
+    if (k.id >= n) {
+      Say(absl::StrCat("flag --kill ", k.Target(), "@", k.after_s,
+                       ": the job has ", n,
+                       k.role == 'S' ? " servers" : " workers"));
+      return kExitUsage;
+    }
+  }
   // Data files and model_dir, before any process starts (the scheduler
   // checks again: it may be started without the launcher).
   if (absl::Status s = CheckJobResources(config); !s.ok()) {
@@ -753,9 +996,23 @@ int Launcher::Run(const std::atomic<int>* stop) {
 
   int code = kExitOk;
   {
-    ProcessGroup group([this](const std::string& name, absl::string_view line) {
-      Emit(absl::StrCat(name, " ", line));
-    });
+    // Chaos (issue 9): readiness from the scheduler's log line, or by
+    // asking it (Status: phase past registering).
+    GrpcClientFactory probe_clients(GrpcClientFactory::Options(security, 1));
+    Chaos chaos(
+        options_, [this](absl::string_view l) { Say(l); },
+        [&]() {
+          auto st = probe_clients.Scheduler(scheduler_address_)
+                        ->Status(proto::StatusRequest(),
+                                 absl::Now() + absl::Milliseconds(200));
+          return st.ok() && st->phase() != "registering";
+        },
+        (std::filesystem::path(run_dir_) / "chaos.jsonl").string());
+    ProcessGroup group(
+        [this, &chaos](const std::string& name, absl::string_view line) {
+          chaos.OnLine(name, line);
+          Emit(absl::StrCat(name, " ", line));
+        });
     auto finish = [&](int c) {
       group.TerminateAll(options_.kill_grace);
       code = c;
@@ -778,11 +1035,15 @@ int Launcher::Run(const std::atomic<int>* stop) {
                                : absl::InfiniteFuture();
     absl::Time shutdown_deadline = absl::InfiniteFuture();
     while (!done) {
+      const absl::Time deadline = std::min(timeout_deadline, shutdown_deadline);
       ProcessGroup::WaitResult r =
-          group.WaitNext(std::min(timeout_deadline, shutdown_deadline), stop);
+          group.WaitNext(std::min(deadline, chaos.NextDue()), stop);
       switch (r.event) {
         case ProcessGroup::Event::kChildExited:
-          if (!r.exit.ok()) {
+          if (chaos.Killed(r.exit)) {
+            // Chaos (issue 9): killed on purpose; the cluster decides.
+            Say(absl::StrCat(r.exit.Describe(), " (killed by --kill)"));
+          } else if (!r.exit.ok()) {
             // The first real error: when the scheduler had already failed
             // the job (its report is written before anyone is told), this
             // exit is a consequence (e.g. a crash on the way out) and the
@@ -810,6 +1071,10 @@ int Launcher::Run(const std::atomic<int>* stop) {
           done = true;
           break;
         case ProcessGroup::Event::kDeadline:
+          if (absl::Now() < deadline) {  // chaos (issue 9): a kill or restart
+            chaos.RunDue(&group, specs);
+            break;
+          }
           if (absl::Now() >= timeout_deadline) {
             Say(absl::StrFormat("timeout of %g s exceeded; stopping %s",
                                 options_.timeout_s,

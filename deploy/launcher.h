@@ -113,6 +113,11 @@ class ProcessGroup {
   // and reaps the children. Returns how they ended (killed ones included).
   std::vector<ChildExit> TerminateAll(absl::Duration grace);
 
+  // Chaos (issue 9): sends `sig` to the running child named `name` (its
+  // process group, so whatever it started goes too). Returns its pid;
+  // NOT_FOUND when no child of that name is running.
+  absl::StatusOr<pid_t> Signal(const std::string& name, int sig);
+
   // Names of the children that have not been reaped yet.
   std::vector<std::string> RunningNames() const;
   size_t running() const;
@@ -151,6 +156,21 @@ class ProcessGroup {
   std::thread pump_;  // last: started after everything above exists
 };
 
+// Chaos (issue 9): `--kill S1@10` SIGKILLs server 1 ten seconds after the
+// cluster is ready. role: 'S' server, 'W' worker, 'H' scheduler (id 0).
+struct ChaosKill {
+  char role = 'S';
+  int id = 0;
+  double after_s = 0;
+
+  // "S[1]", "W[0]", "H": the child's name in ps_launch's output.
+  std::string Target() const;
+  bool operator==(const ChaosKill&) const = default;
+};
+// Parses "S1@10", "W0@2.5", "H@5" (also "H0@5"). INVALID_ARGUMENT naming
+// the flag (--kill) for anything else.
+absl::StatusOr<ChaosKill> ParseKillSpec(absl::string_view spec);
+
 // What ps_launch was asked to do; see launch_main.cc for the flags.
 struct LaunchOptions {
   std::string config_path;             // --config (required)
@@ -161,6 +181,11 @@ struct LaunchOptions {
   std::string run_dir;    // empty: runs/<timestamp>-<pid>
   double timeout_s = 0;   // 0: no timeout
   bool help = false;      // -h/--help was given
+  // Chaos (issue 9): --kill (repeatable) and --restart[=DELAY_S]: after a
+  // kill, a replacement of the same role starts restart_delay_s later.
+  std::vector<ChaosKill> kills;
+  bool restart = false;
+  double restart_delay_s = 1;
 
   // Not flags; tests shorten them.
   absl::Duration kill_grace = absl::Seconds(3);  // SIGTERM -> SIGKILL
@@ -221,6 +246,13 @@ class Launcher {
   // first failing child's exit.
   // 128+signal when `*stop` (may be null; may be set from a signal handler)
   // becomes a signal number. Children are all gone when it returns.
+  // Chaos (issue 9): options.kills are carried out counting from the
+  // scheduler's "cluster ready" line, each printed with its time; the exit
+  // of a process killed that way does not stop the job (the cluster
+  // decides: today the scheduler fails the job; each kill and restart is
+  // also a JSON line of RUN_DIR/chaos.jsonl), and with options.restart a
+  // replacement is started (servers and workers without their id, as new
+  // nodes named e.g. "S[1]+1"; the scheduler with its own arguments).
   int Run(const std::atomic<int>* stop = nullptr);
 
   // Valid after Run: the run directory and the scheduler's address.

@@ -318,6 +318,47 @@ TEST(ParseLaunchArgsTest, FlagErrorsNameTheFlag) {
   EXPECT_TRUE(help->help);
 }
 
+// Chaos (issue 9).
+TEST(ParseLaunchArgsTest, KillAndRestart) {
+  auto options = ParseLaunchArgs({"--config", "a", "--kill", "S1@10",
+                                  "--kill=W0@2.5", "--kill", "H@5",
+                                  "--restart=2"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_THAT(options->kills,
+              ElementsAre(ChaosKill{'S', 1, 10}, ChaosKill{'W', 0, 2.5},
+                          ChaosKill{'H', 0, 5}));
+  EXPECT_TRUE(options->restart);
+  EXPECT_DOUBLE_EQ(options->restart_delay_s, 2);
+  EXPECT_EQ(options->kills[0].Target(), "S[1]");
+  EXPECT_EQ(options->kills[2].Target(), "H");
+
+  auto plain = ParseLaunchArgs({"--config", "a", "--restart", "--kill",
+                                "H0@0"});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->restart);
+  EXPECT_DOUBLE_EQ(plain->restart_delay_s, 1);
+  auto none = ParseLaunchArgs({"--config", "a"});
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->kills.empty());
+  EXPECT_FALSE(none->restart);
+
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {"--kill", "X1@1"}, {"--kill", "S@1"}, {"--kill", "S1"},
+           {"--kill", "S1@-1"}, {"--kill", "S1@soon"}, {"--kill", "H1@1"},
+           {"--kill", "Sx@1"}, {"--kill", "@1"}, {"--kill"},
+           {"--restart=abc"}, {"--restart=-1"}}) {
+    std::vector<std::string> full = {"--config", "a"};
+    full.insert(full.end(), args.begin(), args.end());
+    auto bad = ParseLaunchArgs(full);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument)
+        << absl::StrJoin(args, " ");
+    EXPECT_THAT(std::string(bad.status().message()),
+                HasSubstr(args[0].substr(0, args[0].find('='))))
+        << absl::StrJoin(args, " ");
+  }
+}
+
 // A scratch directory per test, removed afterwards.
 class TempDirTest : public ::testing::Test {
  protected:
@@ -683,6 +724,83 @@ TEST_F(LauncherTest, MissingBinariesExit2BeforeAnythingStarts) {
   EXPECT_THAT(lines_.Joined(), HasSubstr("ps_worker"));
   EXPECT_THAT(lines_.Joined(), HasSubstr("--bin-dir"));
   EXPECT_TRUE(With("H ").empty());
+}
+
+// Chaos (issue 9): --kill SIGKILLs the process counting from the cluster's
+// ready line, its exit does not stop the job, --restart starts a new one.
+TEST_F(LauncherTest, KillAndRestartMechanics) {
+  Steer("ps_scheduler", "--print-ready --sleep-ms 2500");
+  Steer("ps_server", "--print-pid --echo-args --sleep-ms 2500");
+  Steer("ps_worker", "--sleep-ms 2500");
+  options_.kills = {ChaosKill{'S', 1, 0.3}};
+  options_.restart = true;
+  options_.restart_delay_s = 0.2;
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+  const auto killed = With("ps_launch: chaos: killed S[1] (pid ");
+  ASSERT_EQ(killed.size(), 1u) << lines_.Joined();
+  EXPECT_THAT(killed[0], HasSubstr("with SIGKILL at 0.3"));
+  EXPECT_THAT(killed[0], HasSubstr("(--kill S[1]@0.3)"));
+  EXPECT_EQ(With("ps_launch: S[1] killed by signal 9").size(), 1u)
+      << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: chaos: restarted S[1] as S[1]+1").size(), 1u)
+      << lines_.Joined();
+  // The replacement is a new server: no requested id.
+  const auto args = With("S[1]+1 args:");
+  ASSERT_EQ(args.size(), 1u) << lines_.Joined();
+  EXPECT_THAT(args[0], Not(HasSubstr("--id")));
+  // Both events, with their times, in the run dir for tools.
+  std::ifstream in(run_dir_ + "/chaos.jsonl");
+  std::string kill, restart;
+  std::getline(in, kill);
+  std::getline(in, restart);
+  EXPECT_THAT(kill, HasSubstr("{\"event\": \"kill\", \"node\": \"S[1]\", "
+                              "\"pid\": "));
+  EXPECT_THAT(kill, HasSubstr("\"unix_ms\": "));
+  EXPECT_THAT(restart, HasSubstr("\"event\": \"restart\", \"node\": "
+                                 "\"S[1]\", \"as\": \"S[1]+1\""));
+}
+
+TEST_F(LauncherTest, RestartedSchedulerKeepsItsArguments) {
+  Steer("ps_scheduler", "--print-ready --echo-args --sleep-ms 1500");
+  Steer("ps_server", "--sleep-ms 1500");
+  Steer("ps_worker", "--sleep-ms 1500");
+  options_.kills = {ChaosKill{'H', 0, 0.2}};
+  options_.restart = true;
+  options_.restart_delay_s = 0;
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: chaos: killed H (pid ").size(), 1u)
+      << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: chaos: restarted H as H (pid ").size(), 1u)
+      << lines_.Joined();
+  // The same command line twice: the replacement recovers the same job.
+  const auto args = With("H args:");
+  ASSERT_EQ(args.size(), 2u) << lines_.Joined();
+  EXPECT_EQ(args[0], args[1]);
+}
+
+TEST_F(LauncherTest, KillWithoutRestartLeavesTheVerdictToTheCluster) {
+  // The "scheduler" fails the job a while after the kill, as the real one
+  // does when a heartbeat is missed.
+  Steer("ps_scheduler", "--print-ready --sleep-ms 1000 --exit-code 4");
+  Steer("ps_server", "--sleep-ms 60000");
+  Steer("ps_worker", "--sleep-ms 60000");
+  options_.kills = {ChaosKill{'W', 1, 0.1}};
+  EXPECT_EQ(Run(), 4) << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: chaos: killed W[1]").size(), 1u)
+      << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: H exited with status 4; stopping the others")
+                .size(),
+            1u)
+      << lines_.Joined();
+}
+
+TEST_F(LauncherTest, KillOfAProcessTheJobHasNotExits2) {
+  options_.kills = {ChaosKill{'W', 7, 1}};
+  EXPECT_EQ(Run(), kExitUsage);
+  EXPECT_EQ(With("ps_launch: flag --kill W[7]@1: the job has 2 workers")
+                .size(),
+            1u)
+      << lines_.Joined();
 }
 
 }  // namespace

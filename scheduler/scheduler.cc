@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "common/logging.h"
 #include "common/routing.h"
 #include "common/status_macros.h"
+#include "server/checkpoint.h"
 #include "worker/mlp_trainer.h"
 
 namespace ps {
@@ -208,6 +210,7 @@ void SchedulerCore::BuildViewLocked() {
   }
   v.set_job_config_yaml(config_yaml_);
   v.set_model_dir(c.output.model_dir);
+  v.set_restore_from(options_.restore_from);  // checkpoints (issue 9)
   view_ = std::move(v);
 }
 
@@ -713,6 +716,7 @@ std::string SchedulerCore::ReportJsonLocked() const {
                   "],\n");
   absl::StrAppend(&j, "  \"model_keys\": ", keys, ",\n");
   absl::StrAppend(&j, "  \"model_nonzeros\": ", nonzeros, ",\n");
+  absl::StrAppend(&j, CheckpointReportLocked());  // checkpoints (issue 9)
   // Malformed lines skipped, per file (the shards of one file summed).
   std::map<std::string, int64_t> skipped;
   for (const auto& [id, d] : done_) {
@@ -748,6 +752,162 @@ std::string SchedulerCore::ReportJsonLocked() const {
   }
   absl::StrAppend(&j, "\n  ]\n}\n");
   return j;
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints (issue 9)
+
+absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
+  absl::MutexLock serial(&checkpoint_mu_);
+  const JobConfig& c = options_.config;
+  const std::string root = CheckpointDirOf(c);
+  std::vector<std::string> addresses;
+  int64_t id;
+  double since_ready;
+  {
+    absl::MutexLock l(&mu_);
+    if (phase_ != JobPhase::kRunning) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint: the job is ", JobPhaseName(phase_),
+                       ", not running"));
+    }
+    if (next_checkpoint_id_ == 0) next_checkpoint_id_ = MaxCheckpointId(root) + 1;
+    id = next_checkpoint_id_++;
+    for (const Node& s : servers_) addresses.push_back(s.info.address());
+    since_ready = absl::ToDoubleSeconds(options_.clock->Now() - ready_time_);
+  }
+  const std::string dir = absl::StrCat(root, "/", CheckpointFolderName(id));
+  proto::CheckpointManifest m;
+  m.set_checkpoint_id(id);
+  m.set_num_servers(static_cast<int>(addresses.size()));
+  int64_t clock = -1, keys = 0;
+  absl::Status status;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);  // servers create it too
+  if (ec) {
+    status = absl::UnavailableError(absl::StrCat(
+        "checkpoint ", id, ": cannot create ", dir, ": ", ec.message()));
+  }
+  const absl::Time deadline = options_.clock->Now() + options_.save_deadline;
+  for (size_t i = 0; i < addresses.size() && status.ok(); ++i) {
+    proto::ServerControlRequest req;
+    req.mutable_checkpoint()->set_dir(dir);
+    req.mutable_checkpoint()->set_checkpoint_id(id);
+    auto resp = CheckpointCall(addresses[i], req, deadline);
+    if (!resp.ok()) {
+      status = absl::Status(
+          resp.status().code(),
+          absl::StrCat("checkpoint ", id, ": S[", i, "] at ", addresses[i],
+                       ": ", resp.status().message()));
+      break;
+    }
+    for (const auto& f : resp->checkpoint_files()) *m.add_files() = f;
+    for (int64_t wc : resp->worker_clocks()) {
+      clock = clock < 0 ? wc : std::min(clock, wc);
+    }
+    keys += resp->keys();
+  }
+  m.set_clock(std::max<int64_t>(clock, 0));
+  m.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+  {
+    absl::MutexLock l(&mu_);
+    *m.mutable_tables() = view_.tables();
+  }
+  if (status.ok()) status = WriteManifest(dir, m);
+  proto::CheckpointResponse out;
+  out.set_checkpoint_id(id);
+  out.set_dir(dir);
+  out.set_keys(keys);
+  out.set_clock(m.clock());
+  if (!status.ok()) {
+    PS_LOG_ERROR("checkpoint {} failed (the job goes on): {}", id,
+                 status.ToString());
+    absl::MutexLock l(&mu_);
+    checkpoint_error_ = std::string(status.message());
+    return status;
+  }
+  PS_LOG_INFO("checkpoint {} complete: {} keys, clock {}, {}", id, keys,
+              m.clock(), dir);
+  absl::Status pruned = PruneCheckpoints(root, c.fault_tolerance.checkpoints_kept);
+  if (!pruned.ok()) PS_LOG_WARN("{}", pruned.ToString());
+  absl::MutexLock l(&mu_);
+  checkpoints_.push_back({out, since_ready});
+  return out;
+}
+
+absl::StatusOr<proto::ServerControlResponse> SchedulerCore::CheckpointCall(
+    const std::string& address, const proto::ServerControlRequest& req,
+    absl::Time deadline) {
+  // The save's retry helper, in short windows: between them, a checkpoint
+  // of a job that ended meanwhile (its servers exit) is abandoned instead
+  // of retried until the deadline, which would hold up the scheduler's
+  // exit.
+  constexpr absl::Duration kWindow = absl::Seconds(2);
+  for (;;) {
+    const absl::Time window =
+        std::min(deadline, options_.clock->Now() + kWindow);
+    auto resp = ControlWithRetry(address, req, window);
+    const absl::StatusCode code = resp.status().code();
+    if (resp.ok() || window >= deadline ||
+        (code != absl::StatusCode::kUnavailable &&
+         code != absl::StatusCode::kDeadlineExceeded)) {
+      return resp;
+    }
+    absl::MutexLock l(&mu_);
+    if (phase_ != JobPhase::kRunning) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("abandoned: the job is ", JobPhaseName(phase_), " (",
+                       resp.status().message(), ")"));
+    }
+  }
+}
+
+void SchedulerCore::MaybeCheckpoint() {
+  const double interval = options_.config.fault_tolerance.checkpoint_interval_s;
+  if (interval <= 0) return;
+  {
+    absl::MutexLock l(&mu_);
+    if (phase_ != JobPhase::kRunning) return;
+    const absl::Time now = options_.clock->Now();
+    const absl::Time last = std::max(last_interval_checkpoint_, ready_time_);
+    if (now - last < absl::Seconds(interval)) return;
+    last_interval_checkpoint_ = now;
+  }
+  Checkpoint().IgnoreError();  // logged and reported by Checkpoint()
+}
+
+std::string SchedulerCore::CheckpointReportLocked() const {
+  std::vector<std::string> items;
+  for (const CheckpointRecord& r : checkpoints_) {
+    items.push_back(absl::StrCat(
+        "{\"id\": ", r.resp.checkpoint_id(),
+        ", \"dir\": ", JsonString(r.resp.dir()), ", \"keys\": ", r.resp.keys(),
+        ", \"clock\": ", r.resp.clock(), ", \"seconds\": ", Num(r.seconds),
+        "}"));
+  }
+  return absl::StrCat(
+      "  \"restored_from\": ", JsonString(options_.restore_from), ",\n",
+      "  \"checkpoints\": [", absl::StrJoin(items, ", "), "],\n",
+      "  \"checkpoint_error\": ", JsonString(checkpoint_error_), ",\n");
+}
+
+absl::StatusOr<std::string> ResolveRestore(const JobConfig& config) {
+  const FaultToleranceConfig& ft = config.fault_tolerance;
+  std::string dir = ft.restore_from;
+  if (dir.empty() && ft.resume) {
+    auto latest = FindLatestCheckpoint(CheckpointDirOf(config));
+    if (!latest.ok()) {
+      PS_LOG_WARN("resume: {}; starting from initial values",
+                  latest.status().ToString());
+      return std::string();
+    }
+    dir = *latest;
+  }
+  if (dir.empty()) return std::string();
+  int64_t keys = 0;
+  PS_RETURN_IF_ERROR(VerifyCheckpoint(dir, &keys));
+  PS_LOG_INFO("starting from checkpoint {} ({} keys, verified)", dir, keys);
+  return dir;
 }
 
 }  // namespace ps

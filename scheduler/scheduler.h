@@ -48,6 +48,9 @@ struct SchedulerOptions {
   absl::Duration attempt_timeout = absl::Seconds(10);
   absl::Duration view_deadline = absl::Seconds(30);
   absl::Duration save_deadline = absl::Seconds(300);
+  // Checkpoints (issue 9): a complete checkpoint folder every server loads
+  // its keys from at start (ResolveRestore); empty: none.
+  std::string restore_from;
 };
 
 class SchedulerCore {
@@ -116,6 +119,25 @@ class SchedulerCore {
   // when the job ends, whichever way.
   std::string ReportJson() const;
 
+  // Checkpoints (issue 9; server/checkpoint.h). Takes checkpoint <id>, the
+  // next id above every ckpt-<id> folder in the checkpoint dir: each server
+  // writes its files into <checkpoint dir>/ckpt-<id> (each call retried as
+  // saves are, until save_deadline), then the MANIFEST is written (the
+  // checkpoint is complete from then on) and complete checkpoints beyond
+  // fault_tolerance.checkpoints_kept are deleted. One at a time: a second
+  // call waits for the first. FAILED_PRECONDITION unless the job is
+  // running, or when it stopped running meanwhile (abandoned); otherwise
+  // the first error, naming the server or file, with its code (a server
+  // unreachable until save_deadline: UNAVAILABLE). No MANIFEST is written
+  // for a failed checkpoint. A failed checkpoint does not fail the job;
+  // the report's checkpoint_error records the last one.
+  absl::StatusOr<proto::CheckpointResponse> Checkpoint();
+  // Takes a checkpoint when fault_tolerance.checkpoint_interval_s > 0 and
+  // that long passed on the injected clock since the cluster became ready
+  // or the last interval checkpoint started. Blocks while it runs: call it
+  // periodically from a thread of its own, not from a clock timer.
+  void MaybeCheckpoint();
+
  private:
   struct Node {
     proto::NodeInfo info;
@@ -166,7 +188,33 @@ class SchedulerCore {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;       // ... and the report is out
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   absl::Time end_time_ ABSL_GUARDED_BY(mu_);
+
+  // Checkpoints (issue 9). checkpoint_mu_ is held across one checkpoint,
+  // taken before mu_, never while holding it.
+  struct CheckpointRecord {
+    proto::CheckpointResponse resp;
+    double seconds = 0;  // since the cluster became ready
+  };
+  std::string CheckpointReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // ControlWithRetry for a checkpoint command, given up once the job is no
+  // longer running (FAILED_PRECONDITION) instead of at `deadline` only.
+  absl::StatusOr<proto::ServerControlResponse> CheckpointCall(
+      const std::string& address, const proto::ServerControlRequest& req,
+      absl::Time deadline);
+  absl::Mutex checkpoint_mu_;
+  int64_t next_checkpoint_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: not scanned
+  absl::Time last_interval_checkpoint_ ABSL_GUARDED_BY(mu_) =
+      absl::InfinitePast();
+  std::vector<CheckpointRecord> checkpoints_ ABSL_GUARDED_BY(mu_);
+  std::string checkpoint_error_ ABSL_GUARDED_BY(mu_);
 };
+
+// Checkpoints (issue 9): the checkpoint a job starts from, by its config:
+// fault_tolerance.restore_from (verified), or with fault_tolerance.resume
+// the newest complete checkpoint in the checkpoint dir (verified; none
+// there: "" and a warning), else "". NOT_FOUND when restore_from is not a
+// checkpoint, DATA_LOSS naming the file when a file of it is corrupt.
+absl::StatusOr<std::string> ResolveRestore(const JobConfig& config);
 
 // Parses the consistency section into its wire form.
 proto::ConsistencyConfig ToProto(const ConsistencyConfig& c);

@@ -1,5 +1,6 @@
 #include "scheduler/scheduler_runner.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -56,8 +57,13 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   PS_RETURN_IF_ERROR(MakeChannelCredentials(security).status());
   const std::string& token = security.token;
 
+  // Checkpoints (issue 9): which checkpoint the job starts from, verified
+  // before anyone joins (DATA_LOSS naming a corrupt file).
+  PS_ASSIGN_OR_RETURN(const std::string restore_from, ResolveRestore(config));
+
   GrpcClientFactory clients(GrpcClientFactory::Options(security, 1));
   SchedulerOptions so;
+  so.restore_from = restore_from;
   so.config = config;
   so.report_path = options.report_path;
   so.clients = &clients;
@@ -86,11 +92,21 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
       core.CheckHeartbeats();
     }
   });
+  // Checkpoints (issue 9) on a thread of their own: one can take long, and
+  // must not hold up failure detection.
+  std::thread checkpointer([&] {
+    if (config.fault_tolerance.checkpoint_interval_s <= 0) return;
+    const absl::Duration poll = std::min(
+        absl::Milliseconds(200),
+        absl::Seconds(config.fault_tolerance.checkpoint_interval_s));
+    while (!stop.WaitForNotificationWithTimeout(poll)) core.MaybeCheckpoint();
+  });
   // Registration must finish in time, then the job may run as long as it
   // needs (failures end it through heartbeats).
   absl::Status result = core.WaitForEnd(absl::InfiniteFuture());
   stop.Notify();
   checker.join();
+  checkpointer.join();
   if (result.ok()) {
     PS_LOG_INFO("job done\n{}", core.ReportJson());
   }

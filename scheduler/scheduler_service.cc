@@ -105,6 +105,14 @@ grpc::Status SchedulerService::Status(grpc::ServerContext* ctx,
   return Fill(core_->Status(), resp);
 }
 
+// Checkpoints (issue 9).
+grpc::Status SchedulerService::Checkpoint(grpc::ServerContext* ctx,
+                                          const proto::CheckpointRequest*,
+                                          proto::CheckpointResponse* resp) {
+  PS_AUTH();
+  return Fill(core_->Checkpoint(), resp);
+}
+
 #undef PS_AUTH
 
 }  // namespace ps

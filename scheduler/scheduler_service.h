@@ -43,6 +43,10 @@ class SchedulerService final : public proto::Scheduler::Service {
   grpc::Status Status(grpc::ServerContext* ctx,
                       const proto::StatusRequest* req,
                       proto::StatusResponse* resp) override;
+  // Checkpoints (issue 9).
+  grpc::Status Checkpoint(grpc::ServerContext* ctx,
+                          const proto::CheckpointRequest* req,
+                          proto::CheckpointResponse* resp) override;
 
  private:
   SchedulerCore* const core_;

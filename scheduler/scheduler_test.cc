@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint.h"
 #include "transport/errors.h"
 
 namespace ps {
@@ -455,6 +456,141 @@ TEST_F(SchedulerCoreTest, FailEndsTheJobOnceWithAReport) {
   absl::Status bs = core_->Barrier(b, absl::InfiniteFuture());
   EXPECT_EQ(bs.code(), StatusCode::kCancelled);
   EXPECT_EQ(ReasonOf(bs), proto::REASON_JOB_FAILED);
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints (issue 9)
+
+class SchedulerCheckpointTest : public SchedulerCoreTest {
+ protected:
+  SchedulerCheckpointTest() {
+    dir_ = (std::filesystem::path(::testing::TempDir()) /
+            absl::StrCat("scheduler_ckpt_", getpid()))
+               .string();
+    std::filesystem::remove_all(dir_);
+    config_.fault_tolerance.checkpoint_dir = dir_;
+    config_.fault_tolerance.checkpoint_interval_s = 10;
+  }
+  ~SchedulerCheckpointTest() override { std::filesystem::remove_all(dir_); }
+
+  int CheckpointCalls(int server) {
+    int n = 0;
+    for (const auto& c : clients_.server(Addr(server))->calls()) {
+      n += c.has_checkpoint();
+    }
+    return n;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(SchedulerCheckpointTest, IntervalOnTheInjectedClock) {
+  Start();
+  core_->MaybeCheckpoint();  // not running yet
+  RegisterAll();
+  clock_.Advance(absl::Seconds(9));
+  core_->MaybeCheckpoint();
+  EXPECT_EQ(CheckpointCalls(0), 0);
+  clock_.Advance(absl::Seconds(1));
+  core_->MaybeCheckpoint();
+  ASSERT_EQ(CheckpointCalls(0), 1);
+  ASSERT_EQ(CheckpointCalls(1), 1);
+  const proto::CheckpointCommand cmd =
+      clients_.server(Addr(1))->calls().back().checkpoint();
+  EXPECT_EQ(cmd.checkpoint_id(), 1);
+  EXPECT_EQ(cmd.dir(), dir_ + "/ckpt-1");
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/ckpt-1/MANIFEST"));
+  core_->MaybeCheckpoint();  // not due again yet
+  EXPECT_EQ(CheckpointCalls(0), 1);
+  // Two more: only checkpoints_kept (2) stay.
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(absl::Seconds(10));
+    core_->MaybeCheckpoint();
+  }
+  EXPECT_EQ(CheckpointCalls(0), 3);
+  EXPECT_EQ(ListCheckpoints(dir_), (std::vector<int64_t>{2, 3}));
+  const std::string report = core_->ReportJson();
+  EXPECT_NE(report.find("\"checkpoints\": [{\"id\": 1"), std::string::npos)
+      << report;
+}
+
+TEST_F(SchedulerCheckpointTest, OnDemandAndFailure) {
+  config_.fault_tolerance.checkpoint_interval_s = 0;
+  Start();
+  EXPECT_EQ(core_->Checkpoint().status().code(),
+            StatusCode::kFailedPrecondition);
+  RegisterAll();
+  core_->MaybeCheckpoint();  // interval 0: never
+  clock_.Advance(absl::Seconds(1000));
+  core_->MaybeCheckpoint();
+  EXPECT_EQ(CheckpointCalls(0), 0);
+
+  auto ok = core_->Checkpoint();
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->checkpoint_id(), 1);
+  // A server that cannot write: no MANIFEST, the job goes on, the report
+  // says why.
+  clients_.server(Addr(1))->Script(
+      {absl::ResourceExhaustedError("no space left on device")});
+  auto bad = core_->Checkpoint();
+  EXPECT_EQ(bad.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(bad.status().message().find("S[1]"), std::string::npos)
+      << bad.status();
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/ckpt-2/MANIFEST"));
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  EXPECT_NE(core_->ReportJson().find("no space left"), std::string::npos);
+  // The next one takes a new id; ckpt-1 is still the newest complete one.
+  auto again = core_->Checkpoint();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->checkpoint_id(), 3);
+  // An unreachable server is retried (on the fake clock) until the save
+  // deadline, then the checkpoint fails naming it; the job goes on.
+  clients_.server(Addr(0))->FailForever(absl::UnavailableError("gone"));
+  const absl::Time before = clock_.Now();
+  auto unreachable = core_->Checkpoint();
+  EXPECT_EQ(unreachable.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(unreachable.status().message().find("S[0]"), std::string::npos);
+  EXPECT_GE(clock_.Now() - before, absl::Seconds(19));
+  EXPECT_GT(CheckpointCalls(0), 10);
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+}
+
+TEST_F(SchedulerCheckpointTest, ViewCarriesTheCheckpointToRestore) {
+  Start();
+  RegisterAll();
+  ASSERT_TRUE(core_->Checkpoint().ok());
+  config_.fault_tolerance.checkpoint_interval_s = 0;
+  config_.fault_tolerance.resume = true;
+  auto resolved = ResolveRestore(config_);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(*resolved, dir_ + "/ckpt-1");
+  config_.fault_tolerance.resume = false;
+  config_.fault_tolerance.restore_from = dir_ + "/ckpt-9";
+  EXPECT_EQ(ResolveRestore(config_).status().code(), StatusCode::kNotFound);
+  config_.fault_tolerance.restore_from.clear();
+  EXPECT_EQ(*ResolveRestore(config_), "");
+
+  SchedulerOptions o;
+  o.config = config_;
+  o.clock = &clock_;
+  o.clients = &clients_;
+  o.restore_from = dir_ + "/ckpt-1";
+  SchedulerCore core(o);
+  for (int i = 0; i < 2; ++i) {
+    proto::RegisterRequest r;
+    r.set_role(proto::ROLE_SERVER);
+    r.set_requested_id(i);
+    r.set_address(Addr(i));
+    ASSERT_TRUE(core.Register(r).ok());
+  }
+  for (int i = 0; i < 2; ++i) {
+    proto::RegisterRequest r;
+    r.set_role(proto::ROLE_WORKER);
+    r.set_requested_id(i);
+    auto resp = core.Register(r);
+    ASSERT_TRUE(resp.ok());
+    if (i == 1) EXPECT_EQ(resp->view().restore_from(), dir_ + "/ckpt-1");
+  }
 }
 
 }  // namespace

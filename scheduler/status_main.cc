@@ -24,6 +24,10 @@ ABSL_FLAG(std::string, set_mode, "",
           "change the consistency mode of the running job (ssp|asp; bsp "
           "cannot be switched to or from)");
 ABSL_FLAG(int64_t, set_tau, -2, "change tau of the running job (-1: inf)");
+ABSL_FLAG(bool, checkpoint, false,
+          "take a checkpoint of the running job now and print where it is");
+ABSL_FLAG(int64_t, checkpoint_timeout_s, 600,
+          "--checkpoint: how long to wait for it");
 ABSL_FLAG(std::string, token_file, "",
           "file holding the cluster token (default: $PS_AUTH_TOKEN, else the "
           "newest runs/*/token)");
@@ -76,6 +80,21 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_token_file).empty()) security->token = base.token;
   ps::GrpcClientFactory clients(ps::GrpcClientFactory::Options(*security, 1));
   auto scheduler = clients.Scheduler(absl::GetFlag(FLAGS_scheduler));
+  if (absl::GetFlag(FLAGS_checkpoint)) {  // checkpoints (issue 9)
+    auto r = scheduler->Checkpoint(
+        ps::proto::CheckpointRequest(),
+        absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_checkpoint_timeout_s)));
+    if (!r.ok()) {
+      std::fprintf(stderr, "ps_status: checkpoint: %s\n",
+                   r.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("checkpoint %lld complete: %s (%lld keys, clock %lld)\n",
+                static_cast<long long>(r->checkpoint_id()), r->dir().c_str(),
+                static_cast<long long>(r->keys()),
+                static_cast<long long>(r->clock()));
+    return 0;
+  }
   const std::string mode = absl::GetFlag(FLAGS_set_mode);
   const int64_t tau = absl::GetFlag(FLAGS_set_tau);
   if (!mode.empty() || tau != -2) {

@@ -14,6 +14,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "server/checkpoint.h"
 #include "transport/transport.h"
 
 namespace ps {
@@ -114,6 +115,16 @@ absl::Status ServerNode::Configure(int server_id,
         PS_ASSIGN_OR_RETURN(auto table,
                             Table::Create(spec, routing.num_ranges()));
         tables_.push_back(std::move(table));
+      }
+      // Checkpoints (issue 9): load this server's keys before any request
+      // is admitted (consistency_ is still null).
+      if (!view.restore_from().empty()) {
+        absl::Status s = RestoreCheckpoint(view.restore_from(), server_id,
+                                           routing, tables_, nullptr);
+        if (!s.ok()) {
+          tables_.clear();
+          return s;
+        }
       }
       consistency_ = std::make_unique<ConsistencyController>(
           view.workers_size(), routing.num_ranges(),

@@ -124,6 +124,19 @@ class ServerNode {
   int id() const;
   int64_t epoch() const;
 
+  // Checkpoints (issue 9; server/checkpoint.h, defined in
+  // server_node_checkpoint.cc). Writes this server's keys of every table,
+  // values and optimizer state, each range copied under its partition lock,
+  // to cmd.dir (created if missing) as table-<t>.server-<s>.ckpt, each
+  // fsynced and renamed into place, then fsyncs the folder. Fills
+  // resp->checkpoint_files and worker_clocks (the clocks completed here
+  // when it began). UNAVAILABLE before the first Configure or when the
+  // folder cannot be created; INVALID_ARGUMENT for an empty dir; errors
+  // naming the file with the errno's code otherwise (RESOURCE_EXHAUSTED for
+  // a full disk; no file of this call is left then).
+  absl::Status Checkpoint(const proto::CheckpointCommand& cmd,
+                          proto::ServerControlResponse* resp);
+
  private:
   // Older clients' clocks (ClockRequest without per-range entries): the
   // per-server count of push requests is turned into per-range segment

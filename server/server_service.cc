@@ -86,6 +86,8 @@ grpc::ServerUnaryReactor* ServerService::Control(
       }
       return Reply(ctx, s);
     }
+    case proto::ServerControlRequest::kCheckpoint:  // checkpoints (issue 9)
+      return Reply(ctx, node_->Checkpoint(req->checkpoint(), resp));
     default:
       return Reply(ctx, absl::InvalidArgumentError("empty control command"));
   }

@@ -1,8 +1,10 @@
 # Parameter storage and update rules (server library part).
-add_library(ps_store optimizer.cc table.cc)
-target_link_libraries(ps_store PUBLIC ps_common)
+find_package(ZLIB REQUIRED)  # crc32 of checkpoint files (gRPC links it too)
+add_library(ps_store optimizer.cc table.cc checkpoint.cc)
+target_link_libraries(ps_store PUBLIC ps_common PRIVATE ZLIB::ZLIB)
 
 ps_add_test(store_test SOURCES optimizer_test.cc table_test.cc LIBS ps_store)
+ps_add_test(checkpoint_test SOURCES checkpoint_test.cc LIBS ps_store)
 
 # Micro-benchmark of Table::Push/Pull (not a test): ./server/store_bench
 add_executable(store_bench store_bench.cc)

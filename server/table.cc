@@ -302,6 +302,51 @@ void Table::Gather(bool nonzero_only, std::vector<uint64_t>* keys,
   }
 }
 
+void Table::ExportRange(int range, std::vector<uint64_t>* keys,
+                        std::vector<float>* entries) const {
+  const Partition& p = partition(range);
+  // Copied under the lock in map order, sorted after it is released, so a
+  // push to this range waits for a copy, never for a sort.
+  std::vector<uint64_t> raw_keys;
+  std::vector<float> raw;
+  {
+    absl::ReaderMutexLock l(&p.mu);
+    raw_keys.reserve(p.slots.size());
+    raw.resize(p.slots.size() * stride_);
+    float* out = raw.data();
+    for (const auto& [key, slot] : p.slots) {
+      raw_keys.push_back(key);
+      std::memcpy(out, SlotData(p, slot), stride_ * sizeof(float));
+      out += stride_;
+    }
+  }
+  std::vector<uint32_t> order(raw_keys.size());
+  std::iota(order.begin(), order.end(), uint32_t{0});
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return raw_keys[a] < raw_keys[b];
+  });
+  keys->resize(order.size());
+  entries->resize(order.size() * stride_);
+  for (size_t i = 0; i < order.size(); ++i) {
+    (*keys)[i] = raw_keys[order[i]];
+    std::memcpy(entries->data() + i * stride_,
+                raw.data() + static_cast<size_t>(order[i]) * stride_,
+                stride_ * sizeof(float));
+  }
+}
+
+void Table::ImportRange(int range, absl::Span<const uint64_t> keys,
+                        const float* entries) {
+  Partition& p = partition(range);
+  absl::MutexLock l(&p.mu);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto [it, inserted] = p.slots.try_emplace(keys[i], 0);
+    if (inserted) it->second = NewSlot(p);
+    std::memcpy(SlotData(p, it->second), entries + i * stride_,
+                stride_ * sizeof(float));
+  }
+}
+
 std::vector<std::pair<uint64_t, std::vector<float>>> Table::Snapshot() const {
   const size_t dim = static_cast<size_t>(spec_.dim);
   std::vector<uint64_t> keys;

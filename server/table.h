@@ -64,6 +64,7 @@ class Table {
   ~Table();
 
   int id() const { return spec_.id; }
+  const TableSpec& spec() const { return spec_; }
   int dim() const { return spec_.dim; }
   int num_ranges() const { return num_ranges_; }
   const Optimizer& optimizer() const { return *optimizer_; }
@@ -119,6 +120,26 @@ class Table {
   // ReadBinaryFile without the header fields.
   static absl::StatusOr<std::vector<std::pair<uint64_t, std::vector<float>>>>
   LoadBinary(const std::string& path);
+
+  // Checkpoints (server/checkpoint.h): whole entries, value AND optimizer
+  // state, so that training can continue exactly.
+  //
+  // Floats per key in an entry: dim value floats, then dim * state_floats
+  // optimizer state floats (Optimizer's layout).
+  size_t entry_floats() const { return stride_; }
+  // Replaces *keys / *entries with every key stored in `range` and its
+  // entry (entry_floats() floats each), keys ascending. The range is read
+  // under its partition lock: the copy is one state the range was in
+  // (per-range consistent), whatever pushes run meanwhile. Preconditions as
+  // for Pull.
+  void ExportRange(int range, std::vector<uint64_t>* keys,
+                   std::vector<float>* entries) const;
+  // Sets the entry of each keys[i] to entries[i*entry_floats() ...],
+  // creating missing keys, under the range's partition lock. A later Pull
+  // returns the value, a later Push continues from the state. Preconditions
+  // as for Pull.
+  void ImportRange(int range, absl::Span<const uint64_t> keys,
+                   const float* entries);
 
   // All (key, value) pairs, ascending by key. Allocates per key: for tests
   // and model comparison, not for hot paths.

@@ -71,6 +71,9 @@ absl::StatusOr<proto::ServerControlResponse> ServerNodeHandler::Control(
     case proto::ServerControlRequest::kSaveAndExit:
       s = node_->SaveModel("", &resp);
       break;
+    case proto::ServerControlRequest::kCheckpoint:  // checkpoints (issue 9)
+      s = node_->Checkpoint(req.checkpoint(), &resp);
+      break;
     default:
       s = absl::InvalidArgumentError("control: no command");
   }
@@ -162,6 +165,10 @@ absl::Status LocalCluster::Start() {
   so.config = config;
   so.report_path = options_.report_path;
   so.clients = &clients_;
+  // Checkpoints (issue 9): resume / restore_from, as ps_scheduler does.
+  absl::StatusOr<std::string> restore = ResolveRestore(config);
+  if (!restore.ok()) return restore.status();
+  so.restore_from = *restore;
   scheduler_ = std::make_unique<SchedulerCore>(so);
   scheduler_handler_ = std::make_unique<SchedulerCoreHandler>(scheduler_.get());
   clients_.SetScheduler(scheduler_handler_.get());

@@ -25,6 +25,7 @@
 #include "common/net.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "server/checkpoint.h"
 #include "server/table.h"
 #include "tests/inproc_cluster.h"
 #include "worker/data.h"
@@ -89,11 +90,13 @@ struct LaunchResult {
 };
 
 // Runs ps_launch on `yaml` plus `--set` overrides in `dir` (created).
+// `extra`: more ps_launch flags (--kill ...). `keep`: do not empty dir first.
 LaunchResult RunLaunch(const fs::path& dir, const std::string& yaml,
-                       const std::vector<std::string>& sets = {}) {
+                       const std::vector<std::string>& sets = {},
+                       const std::string& extra = "", bool keep = false) {
   LaunchResult r;
   std::error_code ec;
-  fs::remove_all(dir, ec);
+  if (!keep) fs::remove_all(dir, ec);
   fs::create_directories(dir);
   const std::string config = (dir / "job.yaml").string();
   std::ofstream(config) << yaml;
@@ -105,6 +108,7 @@ LaunchResult RunLaunch(const fs::path& dir, const std::string& yaml,
                    (dir / "run").string(), " --report ", report,
                    " --set output.model_dir=", r.model_dir, " --timeout_s 150");
   for (const std::string& s : sets) absl::StrAppend(&cmd, " --set ", s);
+  if (!extra.empty()) absl::StrAppend(&cmd, " ", extra);
   absl::StrAppend(&cmd, " > ", log, " 2>&1");
   const int status = std::system(cmd.c_str());
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -502,6 +506,47 @@ TEST_F(HandStartedTest, KilledWorkerFailsTheJobEverywhere) {
       << Find("S0")->Describe();
 }
 
+// Checkpoints (issue 9): `ps_status --checkpoint` through the real gRPC
+// path takes a checkpoint of a running job on demand.
+TEST_F(HandStartedTest, StatusCheckpointOnDemand) {
+  StartSchedulerAndServers("ckpt_on_demand", SyntheticYaml(1000, 5000));
+  const std::string out = (dir_ / "ps_status.out").string();
+  const std::string cmd = absl::StrCat(
+      "PS_AUTH_TOKEN=multiprocess-test-token " PS_BIN_DIR
+      "/ps_status --scheduler ",
+      scheduler_, " --checkpoint > ", out, " 2>&1");
+  // Not running yet (no worker): refused, once the scheduler listens.
+  int status = 0;
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  do {
+    absl::SleepFor(absl::Milliseconds(100));  // real processes: no fake clock
+    status = std::system(cmd.c_str());
+  } while (ReadFile(out).find("UNAVAILABLE") != std::string::npos &&
+           absl::Now() < deadline);
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_NE(ReadFile(out).find("FAILED_PRECONDITION"), std::string::npos)
+      << ReadFile(out);
+  StartWorkers();
+  deadline = absl::Now() + absl::Seconds(60);
+  do {
+    absl::SleepFor(absl::Milliseconds(200));
+    status = std::system(cmd.c_str());
+  } while (WEXITSTATUS(status) != 0 && absl::Now() < deadline);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << ReadFile(out);
+  const std::string ckpt = (dir_ / "checkpoints" / "ckpt-1").string();
+  EXPECT_NE(ReadFile(out).find("checkpoint 1 complete: " + ckpt),
+            std::string::npos)
+      << ReadFile(out);
+  int64_t keys = 0;
+  EXPECT_TRUE(VerifyCheckpoint(ckpt, &keys).ok());
+  EXPECT_GT(keys, 0);
+  absl::StatusOr<proto::CheckpointManifest> m = ReadManifest(ckpt);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->files_size(), 2);
+  for (Proc& p : procs_) ::kill(p.pid, SIGKILL);
+  WaitAll(&procs_, absl::Now() + absl::Seconds(30));
+}
+
 // ------------------------------------------------ the MLP on criteo-10k
 
 // deploy/configs/criteo_mlp.yaml (wide & deep, CPU backend) through the
@@ -540,6 +585,115 @@ TEST(MultiProcessMlp, WideAndDeepReachesLogisticRegressionAuc) {
     std::error_code ec;
     fs::remove_all(dir, ec);
   }
+}
+
+// ------------------------------------------------------------ checkpoints
+// Issue 9: checkpoints of a 2-server run, resumed with 3 servers.
+
+// The train loss of W[0]'s first progress line in a launch log ("train
+// loss 0.1234"); -1 when there is none.
+double FirstTrainLoss(const std::string& log) {
+  const std::string key = "train loss ";
+  for (size_t at = log.find("W[0] "); at != std::string::npos;
+       at = log.find("W[0] ", at + 1)) {
+    const size_t eol = log.find('\n', at);
+    const std::string line = log.substr(at, eol - at);
+    const size_t k = line.find(key);
+    if (k != std::string::npos) return std::atof(line.c_str() + k + key.size());
+  }
+  return -1;
+}
+
+TEST_F(MultiProcessTest, ResumeWithThreeServersFromTwoServerCheckpoint) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("ps_mp_ckpt_", ::getpid());
+  dirs_.push_back(dir);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  const std::string ckpt = (dir / "checkpoints").string();
+  LaunchResult a = RunLaunch(
+      dir / "a", A9aYaml("asp", 0),
+      {"fault_tolerance.checkpoint_interval_s=0.2",
+       "fault_tolerance.checkpoint_dir=" + ckpt,
+       "fault_tolerance.checkpoints_kept=2", "training.epochs=8"});
+  ASSERT_LAUNCHED(a);
+  EXPECT_NE(a.report.find("\"checkpoints\": [{\"id\": "), std::string::npos)
+      << a.report;
+  const std::vector<int64_t> ids = ListCheckpoints(ckpt);
+  ASSERT_GE(ids.size(), 1u) << a.report;
+  EXPECT_LE(ids.size(), 2u);
+  const std::string newest = absl::StrCat(ckpt, "/ckpt-", ids.back());
+  ASSERT_TRUE(VerifyCheckpoint(newest, nullptr).ok());
+  absl::StatusOr<proto::CheckpointManifest> m = ReadManifest(newest);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->num_servers(), 2);
+  EXPECT_EQ(m->files_size(), 2);
+
+  // Resume with 3 servers: W[0]'s first reported loss is near where the
+  // first run stood, not back at ln 2 (what w = 0 gives).
+  LaunchResult b = RunLaunch(
+      dir / "b", A9aYaml("asp", 0),
+      {"cluster.num_servers=3", "fault_tolerance.resume=true",
+       "fault_tolerance.checkpoint_dir=" + ckpt, "training.epochs=1",
+       "training.progress_interval_s=0.001", "output.log_level=info"});
+  ASSERT_LAUNCHED(b);
+  EXPECT_NE(b.report.find("\"restored_from\": \"" + newest + "\""),
+            std::string::npos)
+      << b.report;
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_NE(b.log.find(absl::StrCat("S[", s, "] restored checkpoint ",
+                                      ids.back())),
+              std::string::npos)
+        << Tail(b.log, 4000);
+  }
+  const double first = FirstTrainLoss(b.log);
+  std::printf("first train loss after resuming: %.4f (ln 2 = 0.6931)\n",
+              first);
+  EXPECT_GT(first, 0);
+  EXPECT_LT(first, 0.45) << Tail(b.log, 4000);
+  // ... and near the first run's own train loss (W[0]'s, over its run).
+  absl::StatusOr<double> loss_a = JsonNumber(a.report, "train_loss");
+  ASSERT_TRUE(loss_a.ok()) << a.report;
+  EXPECT_LT(std::abs(first - *loss_a), 0.08) << *loss_a;
+  EXPECT_GE(Auc(b), 0.89);
+
+  // A flipped byte: refused with DATA_LOSS naming the file, nothing starts.
+  const std::string file = newest + "/table-0.server-1.ckpt";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(64);
+    char c = 0;
+    f.get(c);
+    f.seekp(64);
+    f.put(static_cast<char>(c ^ 1));
+  }
+  LaunchResult c = RunLaunch(dir / "c", A9aYaml("asp", 0),
+                             {"fault_tolerance.restore_from=" + newest});
+  EXPECT_NE(c.exit_code, 0);
+  EXPECT_NE(c.log.find("DATA_LOSS"), std::string::npos) << Tail(c.log, 4000);
+  EXPECT_NE(c.log.find(file), std::string::npos) << Tail(c.log, 4000);
+}
+
+// ------------------------------------------------------------------ chaos
+// Issue 9: ps_launch --kill. Today a dead worker fails the job; the
+// launcher names the kill and leaves the verdict to the scheduler.
+TEST_F(MultiProcessTest, LauncherKillsAWorker) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("ps_mp_kill_", ::getpid());
+  dirs_.push_back(dir);
+  LaunchResult r = RunLaunch(
+      dir, A9aYaml("ssp", 2),
+      {"training.epochs=200", "cluster.heartbeat_ms=100",
+       "cluster.heartbeat_timeout_ms=1000"},
+      "--kill W1@1");
+  EXPECT_NE(r.exit_code, 0) << Tail(r.log, 4000);
+  EXPECT_NE(r.log.find("ps_launch: chaos: killed W[1] (pid "),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.log.find("W[1] killed by signal 9"), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("\"status\": \"failed\""), std::string::npos)
+      << r.report;
 }
 
 }  // namespace

@@ -501,6 +501,8 @@ class GrpcSchedulerClient : public SchedulerClient {
   PS_SYNC_CALL(SetConsistency, proto::SetConsistencyRequest,
                proto::SetConsistencyResponse)
   PS_SYNC_CALL(Status, proto::StatusRequest, proto::StatusResponse)
+  PS_SYNC_CALL(Checkpoint, proto::CheckpointRequest,  // issue 9
+               proto::CheckpointResponse)
 #undef PS_SYNC_CALL
 
 #define PS_SYNC_VOID_CALL(Method, Req, Resp)                              \

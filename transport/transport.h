@@ -77,6 +77,12 @@ class SchedulerClient {
       const proto::SetConsistencyRequest& req, absl::Time deadline) = 0;
   virtual absl::StatusOr<proto::StatusResponse> Status(
       const proto::StatusRequest& req, absl::Time deadline) = 0;
+  // Checkpoints (issue 9): takes one now (SchedulerCore::Checkpoint).
+  // UNIMPLEMENTED in transports that do not carry it (only gRPC does).
+  virtual absl::StatusOr<proto::CheckpointResponse> Checkpoint(
+      const proto::CheckpointRequest&, absl::Time) {
+    return absl::UnimplementedError("checkpoint: not in this transport");
+  }
 };
 
 // Makes clients for addresses found in the cluster view. Thread-safe; the

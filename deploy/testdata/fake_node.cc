@@ -6,6 +6,7 @@
 //   --stderr TEXT       a line on stderr (repeatable)
 //   --partial TEXT      TEXT on stdout without a newline, just before exiting
 //   --print-pid         "pid=<pid>" on stdout
+//   --print-ready       the scheduler's "cluster ready: ..." line (chaos)
 //   --print-env NAME    "NAME=<value>" on stdout
 //   --echo-args         "args: <argv joined by spaces>" on stdout
 //   --spawn-grandchild  forks a process that sleeps forever; "grandchild=<pid>"
@@ -72,6 +73,8 @@ int main(int argc, char** argv) {
       Line(stderr, args[++i]);
     } else if (a == "--partial" && has_value) {
       partial = args[++i];
+    } else if (a == "--print-ready") {
+      Line(stdout, "[info] cluster ready: fake");
     } else if (a == "--print-pid") {
       Line(stdout, "pid=" + std::to_string(getpid()));
     } else if (a == "--print-env" && has_value) {
