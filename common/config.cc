@@ -441,6 +441,7 @@ const std::vector<Field>& Fields() {
       BoolField(PS_CFG(mlp, wide)),
       StringField(PS_CFG(output, model_dir)),
       StringField(PS_CFG(output, log_level), {"debug", "info", "warn", "error"}),
+      IntField<int64_t>(PS_CFG(fault_tolerance, work_unit_rows), 1),
   };
   return *fields;
 }
