@@ -451,6 +451,12 @@ on SIGINT/SIGTERM.
 )";
 }
 
+bool ClusterHandlesWorkerDeath(const JobConfig& config,
+                               const std::string& child_name) {
+  // Every model but mlp trains on dynamic work units (issue 9).
+  return absl::StartsWith(child_name, "W[") && config.training.model != "mlp";
+}
+
 std::optional<std::string> FailedJobError(const std::string& report_path) {
   std::ifstream in(report_path);
   if (!in) return std::nullopt;
@@ -752,6 +758,7 @@ int Launcher::Run(const std::atomic<int>* stop) {
   }
 
   int code = kExitOk;
+  std::vector<std::string> dead_workers;  // issue 9: workers that died
   {
     ProcessGroup group([this](const std::string& name, absl::string_view line) {
       Emit(absl::StrCat(name, " ", line));
@@ -782,6 +789,17 @@ int Launcher::Run(const std::atomic<int>* stop) {
           group.WaitNext(std::min(timeout_deadline, shutdown_deadline), stop);
       switch (r.event) {
         case ProcessGroup::Event::kChildExited:
+          // Issue 9: a dead worker is the cluster's to handle (the
+          // scheduler hands its work units to the others) unless the job
+          // already failed.
+          if (!r.exit.ok() && ClusterHandlesWorkerDeath(config, r.exit.name) &&
+              !FailedJobError(report_path).has_value()) {
+            dead_workers.push_back(r.exit.name);
+            Say(absl::StrCat(r.exit.Describe(),
+                             "; the job goes on without it (the scheduler "
+                             "hands its work units to the other workers)"));
+            break;
+          }
           if (!r.exit.ok()) {
             // The first real error: when the scheduler had already failed
             // the job (its report is written before anyone is told), this
@@ -837,6 +855,11 @@ int Launcher::Run(const std::atomic<int>* stop) {
       Say(absl::StrCat("job failed: ", *e));
       code = 1;
     }
+  }
+  if (!dead_workers.empty()) {
+    Say(absl::StrCat("workers that died during the job: ",
+                     absl::StrJoin(dead_workers, ", "), "; the job ",
+                     code == kExitOk ? "ended ok without them" : "failed"));
   }
   Say(absl::StrFormat("finished in %.1f s, exit status %d",
                       absl::ToDoubleSeconds(absl::Now() - start), code));
