@@ -67,8 +67,11 @@ SchedulerCore::SchedulerCore(SchedulerOptions options)
       units_on_(options_.config.training.model != "mlp") {
   absl::MutexLock l(&mu_);
   if (units_on_) {
-    work_ = std::make_unique<WorkQueue>(PlanWorkUnits(options_.config),
-                                        options_.config.training.epochs);
+    // BSP: no stealing, so its clocks combine the same batches every run.
+    work_ = std::make_unique<WorkQueue>(
+        PlanWorkUnits(options_.config), options_.config.training.epochs,
+        options_.config.cluster.num_workers,
+        /*steal=*/options_.config.consistency.mode != Mode::kBsp);
   }
   servers_.resize(options_.config.cluster.num_servers);
   workers_.resize(options_.config.cluster.num_workers);

@@ -504,18 +504,21 @@ class WorkUnitTest : public SchedulerCoreTest {
 TEST_F(WorkUnitTest, UnitsCoverEveryEpochThenDone) {
   Start();
   RegisterAll();
-  int64_t prev = -1;
+  // W[0] alone: its own queue (units 0-4 of each epoch), then, SSP
+  // stealing, W[1]'s from the tail.
+  const std::vector<int64_t> want = {0,  1,  2,  3,  4,  10, 11, 12, 13, 14,
+                                     19, 18, 17, 16, 15, 9,  8,  7,  6,  5};
   std::vector<std::pair<int64_t, int64_t>> finished;
   for (int i = 0; i < 20; ++i) {
     auto r = Ask(0, finished);
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_EQ(r->state(), proto::WORK_UNIT);
-    EXPECT_EQ(r->unit().id(), prev + 1);
-    EXPECT_EQ(r->unit().epoch(), i / 10);
-    EXPECT_EQ(r->unit().data().row_begin(), (i % 10) * 100);
-    EXPECT_EQ(r->unit().data().row_end(), (i % 10) * 100 + 100);
-    prev = r->unit().id();
-    finished = {{prev, 100}};
+    const int64_t id = r->unit().id();
+    EXPECT_EQ(id, want[i]);
+    EXPECT_EQ(r->unit().epoch(), id / 10);
+    EXPECT_EQ(r->unit().data().row_begin(), (id % 10) * 100);
+    EXPECT_EQ(r->unit().data().row_end(), (id % 10) * 100 + 100);
+    finished = {{id, 100}};
     if (i == 19) {
       // None queued, one in progress at W[0]: W[1] must wait.
       auto w = Ask(1);
@@ -546,8 +549,8 @@ TEST_F(WorkUnitTest, DeadWorkersUnitsAreRedoneAndTheJobGoesOn) {
   auto u0 = Ask(0);
   auto u1 = Ask(1);
   ASSERT_TRUE(u0.ok() && u1.ok());
-  ASSERT_EQ(u1->unit().id(), 1);
-  // W[1] dies holding unit 1 (half trained: nothing of it counts).
+  ASSERT_EQ(u1->unit().id(), 5);  // W[1]'s queue: units 5-9 of each epoch
+  // W[1] dies holding unit 5 (half trained: nothing of it counts).
   Silence({1}, 5500);
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
   // The servers were told a view where W[1] is dead, at a new epoch.
@@ -560,11 +563,12 @@ TEST_F(WorkUnitTest, DeadWorkersUnitsAreRedoneAndTheJobGoesOn) {
   EXPECT_EQ(calls[0].new_view().workers(1).state(), proto::NODE_DEAD);
   EXPECT_EQ(calls[0].new_view().workers(0).state(), proto::NODE_ALIVE);
   // The dead worker is refused from now on.
-  EXPECT_EQ(Ask(1, {{1, 100}}).status().code(),
+  EXPECT_EQ(Ask(1, {{5, 100}}).status().code(),
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(Beat(proto::ROLE_WORKER, 1).status().code(),
             StatusCode::kFailedPrecondition);
-  // W[0] gets unit 1 back first (the lowest id), then the rest.
+  // W[0] gets W[1]'s units first (the pool: unit 5, then its queue), then
+  // its own.
   std::vector<std::pair<int64_t, int64_t>> finished = {{0, 100}};
   std::vector<int64_t> order;
   for (;;) {
@@ -579,8 +583,8 @@ TEST_F(WorkUnitTest, DeadWorkersUnitsAreRedoneAndTheJobGoesOn) {
     finished = {{r->unit().id(), 100}};
   }
   ASSERT_EQ(order.size(), 19u);
-  EXPECT_EQ(order[0], 1);
-  EXPECT_EQ(order[1], 2);
+  EXPECT_EQ(order[0], 5);
+  EXPECT_EQ(order[1], 6);
   // The job ends without the dead worker's WorkerDone.
   ASSERT_TRUE(Done(0).ok());
   EXPECT_TRUE(End().ok());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -71,12 +72,21 @@ std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config) {
   return units;
 }
 
-WorkQueue::WorkQueue(std::vector<proto::DataShard> units, int epochs)
-    : plan_(std::move(units)), epochs_(std::max(1, epochs)) {
+int PreferredWorker(int64_t index, int64_t units, int workers) {
+  if (units <= 0 || workers <= 1) return 0;
+  return static_cast<int>(index * workers / units);
+}
+
+WorkQueue::WorkQueue(std::vector<proto::DataShard> units, int epochs,
+                     int workers, bool steal)
+    : plan_(std::move(units)), epochs_(std::max(1, epochs)), steal_(steal) {
   state_.resize(plan_.size() * epochs_);
   examples_.assign(epochs_, 0);
+  own_.resize(std::max(1, workers));
+  const int64_t n = units_per_epoch();
   for (int64_t id = 0; id < static_cast<int64_t>(state_.size()); ++id) {
-    queued_.insert(queued_.end(), id);
+    own_[PreferredWorker(id % n, n, static_cast<int>(own_.size()))].insert(
+        id);
   }
 }
 
@@ -89,9 +99,27 @@ proto::WorkUnit WorkQueue::Make(int64_t id) const {
 }
 
 std::optional<proto::WorkUnit> WorkQueue::Take(int worker) {
-  if (queued_.empty()) return std::nullopt;
-  const int64_t id = *queued_.begin();
-  queued_.erase(queued_.begin());
+  int64_t id = -1;
+  if (!pool_.empty()) {
+    id = *pool_.begin();
+    pool_.erase(pool_.begin());
+  } else if (worker >= 0 && worker < static_cast<int>(own_.size()) &&
+             !own_[worker].empty()) {
+    id = *own_[worker].begin();
+    own_[worker].erase(own_[worker].begin());
+  } else if (steal_) {
+    std::set<int64_t>* longest = nullptr;
+    for (std::set<int64_t>& q : own_) {
+      if (!q.empty() && (longest == nullptr || q.size() > longest->size())) {
+        longest = &q;
+      }
+    }
+    if (longest == nullptr) return std::nullopt;
+    id = *longest->rbegin();
+    longest->erase(std::prev(longest->end()));
+  } else {
+    return std::nullopt;
+  }
   state_[id].worker = worker;
   assigned_[worker].insert(id);
   return Make(id);
@@ -134,12 +162,16 @@ absl::Status WorkQueue::Finish(int worker, const proto::FinishedUnit& u) {
 }
 
 int WorkQueue::Release(int worker) {
+  if (worker >= 0 && worker < static_cast<int>(own_.size())) {
+    pool_.insert(own_[worker].begin(), own_[worker].end());
+    own_[worker].clear();
+  }
   auto it = assigned_.find(worker);
   if (it == assigned_.end()) return 0;
   const int n = static_cast<int>(it->second.size());
   for (int64_t id : it->second) {
     state_[id].worker = -1;
-    queued_.insert(id);
+    pool_.insert(id);
   }
   assigned_.erase(it);
   return n;

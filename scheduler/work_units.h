@@ -32,15 +32,31 @@ namespace ps {
 // Never empty: at least one unit.
 std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config);
 
+// The worker whose queue unit `index` (0-based, of `units` an epoch) starts
+// in: contiguous blocks, as the static shards were cut, so each worker
+// first reads its own part of the file in order.
+int PreferredWorker(int64_t index, int64_t units, int workers);
+
 // Not thread-safe: the caller serialises.
+//
+// Each worker has its own queue (PreferredWorker, every epoch); units handed
+// back by a dead worker go to a shared pool. With `steal` (SSP and ASP), a
+// worker whose queue and the pool are empty takes the last unit of the
+// longest other queue, so a slow worker does fewer units. Without it (BSP)
+// which worker trains which unit, and in which order, depends only on the
+// plan, so a BSP job is reproducible (its clocks combine the same batches
+// every run) as long as no worker dies.
 class WorkQueue {
  public:
-  // `units` is one epoch's plan (non-empty), repeated for `epochs` epochs.
-  WorkQueue(std::vector<proto::DataShard> units, int epochs);
+  // `units` is one epoch's plan (non-empty), repeated for `epochs` epochs,
+  // queued for `workers` workers (>= 1).
+  WorkQueue(std::vector<proto::DataShard> units, int epochs, int workers,
+            bool steal);
 
-  // The next queued unit for `worker` (the lowest epoch first, so a
-  // handed-back unit of an earlier epoch goes before later epochs' units),
-  // now assigned to it; nullopt when none is queued.
+  // The next unit for `worker` (ids in [0, workers)), now assigned to it:
+  // the pool's lowest id, else its own queue's lowest id (the lowest epoch
+  // first), else (with steal) the last unit of the longest other queue;
+  // nullopt when none is left for it.
   std::optional<proto::WorkUnit> Take(int worker);
   // Units assigned to `worker` and neither finished nor in `holding`: their
   // hand-out was lost in a reply. Returned again (still assigned to it).
@@ -52,8 +68,8 @@ class WorkQueue {
   // unit is not assigned to `worker` (it was handed back and given to
   // another worker, or finished by one).
   absl::Status Finish(int worker, const proto::FinishedUnit& u);
-  // Hands back every unit assigned to `worker` and not finished; returns
-  // how many.
+  // Hands back every unit assigned to `worker` and not finished, and its
+  // queue, to the pool; returns how many units were in progress.
   int Release(int worker);
 
   bool AllDone() const { return done_ == static_cast<int64_t>(state_.size()); }
@@ -77,8 +93,12 @@ class WorkQueue {
 
   const std::vector<proto::DataShard> plan_;
   const int epochs_;
+  const bool steal_;
   std::vector<Unit> state_;          // by unit id
-  std::set<int64_t> queued_;         // ascending id = ascending epoch
+  // Queued ids, ascending (= ascending epoch): per worker, and the pool of
+  // handed-back units.
+  std::vector<std::set<int64_t>> own_;
+  std::set<int64_t> pool_;
   std::map<int, std::set<int64_t>> assigned_;  // per worker, not done
   std::map<int, int64_t> finished_by_;
   std::vector<int64_t> examples_;    // per epoch

@@ -32,41 +32,72 @@ std::vector<proto::DataShard> Rows(int n) {
 }
 
 TEST(WorkQueueTest, HandsOutInEpochOrderAndCountsPerEpoch) {
-  WorkQueue q(Rows(3), 2);
+  WorkQueue q(Rows(3), 2, 1, /*steal=*/false);
   for (int64_t want = 0; want < 6; ++want) {
-    std::optional<proto::WorkUnit> u = q.Take(want % 2);
+    std::optional<proto::WorkUnit> u = q.Take(0);
     ASSERT_TRUE(u.has_value());
     EXPECT_EQ(u->id(), want);
     EXPECT_EQ(u->epoch(), want / 3);
     EXPECT_EQ(u->data().row_begin(), (want % 3) * 10);
-    ASSERT_TRUE(q.Finish(want % 2, Finished(want, 10)).ok());
+    ASSERT_TRUE(q.Finish(0, Finished(want, 10)).ok());
   }
   EXPECT_FALSE(q.Take(0).has_value());
   EXPECT_TRUE(q.AllDone());
   EXPECT_EQ(q.epoch_examples(), (std::vector<int64_t>{30, 30}));
-  EXPECT_EQ(q.finished_by(0), 3);
-  EXPECT_EQ(q.finished_by(1), 3);
+  EXPECT_EQ(q.finished_by(0), 6);
+}
+
+TEST(WorkQueueTest, PreferredWorkersGetContiguousBlocks) {
+  EXPECT_EQ(PreferredWorker(0, 10, 3), 0);
+  EXPECT_EQ(PreferredWorker(3, 10, 3), 0);
+  EXPECT_EQ(PreferredWorker(4, 10, 3), 1);
+  EXPECT_EQ(PreferredWorker(9, 10, 3), 2);
+  EXPECT_EQ(PreferredWorker(0, 1, 4), 0);
+}
+
+// BSP: each worker reads only its own queue, so runs are reproducible.
+TEST(WorkQueueTest, WithoutStealingEachWorkerKeepsItsQueue) {
+  WorkQueue q(Rows(4), 1, 2, /*steal=*/false);
+  EXPECT_EQ(q.Take(0)->id(), 0);
+  EXPECT_EQ(q.Take(0)->id(), 1);
+  EXPECT_FALSE(q.Take(0).has_value());
+  EXPECT_EQ(q.Take(1)->id(), 2);
+  EXPECT_EQ(q.Take(1)->id(), 3);
+}
+
+// SSP/ASP: a fast worker takes the last unit of the longest other queue.
+TEST(WorkQueueTest, StealingTakesTheTailOfTheLongestQueue) {
+  WorkQueue q(Rows(6), 1, 3, /*steal=*/true);  // {0,1} {2,3} {4,5}
+  EXPECT_EQ(q.Take(0)->id(), 0);
+  EXPECT_EQ(q.Take(0)->id(), 1);
+  EXPECT_EQ(q.Take(2)->id(), 4);
+  EXPECT_EQ(q.Take(0)->id(), 3);  // W[1]'s queue is the longest
+  EXPECT_EQ(q.Take(0)->id(), 2);  // a tie: the lowest worker's
+  EXPECT_EQ(q.Take(1)->id(), 5);  // its own queue is empty: steals too
+  EXPECT_FALSE(q.Take(1).has_value());
 }
 
 TEST(WorkQueueTest, ReleasedUnitsGoFirstAndCountOnce) {
-  WorkQueue q(Rows(3), 2);
+  WorkQueue q(Rows(4), 2, 2, /*steal=*/false);  // W0 {0,1,4,5} W1 {2,3,6,7}
   ASSERT_EQ(q.Take(0)->id(), 0);
-  ASSERT_EQ(q.Take(1)->id(), 1);
   ASSERT_EQ(q.Take(1)->id(), 2);
-  ASSERT_TRUE(q.Finish(1, Finished(1, 10)).ok());
-  EXPECT_EQ(q.Release(1), 1);  // unit 2; unit 1 is done
-  EXPECT_EQ(q.Finish(1, Finished(2, 10)).code(),
+  ASSERT_EQ(q.Take(1)->id(), 3);
+  ASSERT_TRUE(q.Finish(1, Finished(2, 10)).ok());
+  EXPECT_EQ(q.Release(1), 1);  // unit 3 (unit 2 is done), and {6, 7}
+  EXPECT_EQ(q.Finish(1, Finished(3, 10)).code(),
             StatusCode::kFailedPrecondition);
-  EXPECT_EQ(q.Take(0)->id(), 2);  // before epoch 1's units
-  EXPECT_EQ(q.Take(0)->id(), 3);
-  ASSERT_TRUE(q.Finish(0, Finished(2, 10)).ok());
-  ASSERT_TRUE(q.Finish(0, Finished(2, 10)).ok());  // a resent report
+  EXPECT_EQ(q.Take(0)->id(), 3);  // the pool first, even without stealing
+  EXPECT_EQ(q.Take(0)->id(), 6);
+  EXPECT_EQ(q.Take(0)->id(), 7);
+  EXPECT_EQ(q.Take(0)->id(), 1);
+  ASSERT_TRUE(q.Finish(0, Finished(3, 10)).ok());
+  ASSERT_TRUE(q.Finish(0, Finished(3, 10)).ok());  // a resent report
   EXPECT_EQ(q.epoch_examples()[0], 20);
   EXPECT_FALSE(q.AllDone());
 }
 
 TEST(WorkQueueTest, LostHandOutsAreFoundFromWhatTheWorkerHolds) {
-  WorkQueue q(Rows(4), 1);
+  WorkQueue q(Rows(4), 1, 1, /*steal=*/false);
   ASSERT_EQ(q.Take(0)->id(), 0);
   ASSERT_EQ(q.Take(0)->id(), 1);
   std::vector<proto::WorkUnit> lost = q.Lost(0, {0});
@@ -77,7 +108,7 @@ TEST(WorkQueueTest, LostHandOutsAreFoundFromWhatTheWorkerHolds) {
 }
 
 TEST(WorkQueueTest, BadReportsAreRefused) {
-  WorkQueue q(Rows(2), 1);
+  WorkQueue q(Rows(2), 1, 1, /*steal=*/false);
   ASSERT_TRUE(q.Take(0).has_value());
   EXPECT_EQ(q.Finish(0, Finished(2, 1)).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(q.Finish(0, Finished(-1, 1)).code(), StatusCode::kInvalidArgument);
