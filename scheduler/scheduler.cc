@@ -264,10 +264,13 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   n.last_seen = std::max(n.last_seen, options_.clock->Now());
   n.info.set_last_heartbeat_ms(absl::ToUnixMillis(n.last_seen));
   if (req.role() == proto::ROLE_WORKER) {
-    n.info.set_clock(req.clock());
+    n.info.set_clock(std::max(n.info.clock(), req.clock()));
     n.info.set_examples(req.examples());
   }
   proto::HeartbeatResponse resp;
+  if (req.role() == proto::ROLE_WORKER) {
+    resp.set_others_min_clock(OthersMinClockLocked(req.id()));
+  }
   resp.set_epoch(view_.epoch());
   resp.set_shutdown(ended_);
   if (ended_ && phase_ == JobPhase::kFailed) {
@@ -341,6 +344,9 @@ absl::StatusOr<proto::GetWorkResponse> SchedulerCore::GetWork(
           "W[", w, "] is not a live worker of this job (declared dead: its "
           "units were handed to the others)"));
     }
+    workers_[w].info.set_clock(
+        std::max(workers_[w].info.clock(), req.clock()));
+    resp.set_others_min_clock(OthersMinClockLocked(w));
     const bool was_done = work_->AllDone();
     for (const proto::FinishedUnit& u : req.finished()) {
       PS_RETURN_IF_ERROR(work_->Finish(w, u));
@@ -461,6 +467,15 @@ void SchedulerCore::DropDeadWorkers(const std::vector<int>& ids) {
   if (!BroadcastView(view).ok()) return;  // the job failed, naming the server
   PS_LOG_INFO("view epoch {}: {} dead worker(s)", view.epoch(), ids.size());
   if (finalize) Finalize();
+}
+
+int64_t SchedulerCore::OthersMinClockLocked(int worker) const {
+  int64_t min = -1;
+  for (const Node& n : workers_) {
+    if (n.info.id() == worker || n.info.state() != proto::NODE_ALIVE) continue;
+    if (min < 0 || n.info.clock() < min) min = n.info.clock();
+  }
+  return min;
 }
 
 bool SchedulerCore::StartFinalizingLocked() {

@@ -69,9 +69,10 @@ class SchedulerCore {
   absl::StatusOr<proto::GetViewResponse> GetView(
       const proto::GetViewRequest& req, absl::Time deadline);
   // Records that the node is alive. The reply carries the view epoch and,
-  // once the job ended, shutdown (and failed + error for a failed job).
-  // INVALID_ARGUMENT for an unknown node, FAILED_PRECONDITION before it
-  // registered.
+  // once the job ended, shutdown (and failed + error for a failed job);
+  // for a worker also others_min_clock (see ps.proto). INVALID_ARGUMENT for
+  // an unknown node, FAILED_PRECONDITION before it registered or for a
+  // worker declared dead (work units on: its work went to the others).
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest& req);
   // The static split of the training data (one shard per worker): kept
@@ -167,6 +168,10 @@ class SchedulerCore {
   // Whether every worker that is not dead has reported WorkerDone; sets
   // finalizing_ (the caller then calls Finalize) the first time it is.
   bool StartFinalizingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lowest last-reported clock of the live workers other than `worker`
+  // that are still training (NODE_ALIVE); -1 when there is none.
+  int64_t OthersMinClockLocked(int worker) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Whether the job has a test set to evaluate.
   bool HasTestSet() const;
   // Ends the job with `status` (done when OK, failed otherwise), writes the

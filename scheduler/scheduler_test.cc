@@ -692,4 +692,34 @@ TEST_F(WorkUnitTest, EvaluatorDyingBeforeItsReportFailsTheJob) {
       << s;
 }
 
+// SSP catch-up: each worker hears the lowest clock of the other workers
+// still training (heartbeats and GetWork both report clocks).
+TEST_F(WorkUnitTest, WorkersHearTheOthersLowestClock) {
+  config_.cluster.num_workers = 3;
+  Start();
+  RegisterAll();
+  proto::HeartbeatRequest h;
+  h.set_role(proto::ROLE_WORKER);
+  h.set_id(1);
+  h.set_clock(40);
+  ASSERT_TRUE(core_->Heartbeat(h).ok());
+  h.set_id(2);
+  h.set_clock(30);
+  ASSERT_TRUE(core_->Heartbeat(h).ok());
+  h.set_id(0);
+  h.set_clock(3);
+  auto r = core_->Heartbeat(h);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->others_min_clock(), 30);
+  proto::GetWorkRequest g;
+  g.set_worker_id(2);
+  g.set_clock(50);
+  auto w = core_->GetWork(g);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->others_min_clock(), 3);
+  r = core_->Heartbeat(h);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->others_min_clock(), 40);  // W[2] is at 50 now
+}
+
 }  // namespace ps

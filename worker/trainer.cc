@@ -148,6 +148,18 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
     return absl::OkStatus();
   };
+  // SSP: skip ahead of a far-behind clock (see the header).
+  const bool catch_up = config_.consistency.mode == Mode::kSsp;
+  const int64_t slack = std::max<int64_t>(1, config_.EffectiveTau() / 2);
+  auto skip_ahead = [&]() {
+    if (!catch_up) return;
+    int64_t floor = work->others_min_clock();
+    if (others_min_clock_ != nullptr) {
+      floor = std::max(floor, others_min_clock_->load());
+    }
+    if (floor - kv_->clock() <= slack) return;
+    while (kv_->clock() < floor) kv_->Clock(0);
+  };
   enum class Fill { kHave, kWaiting, kDone };
   // Reads the next minibatch into `s`. With `may_idle` (nothing of this
   // worker's is still unpushed), waits out WorkSource::kWait with idle
@@ -208,6 +220,7 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     absl::Time t3 = absl::Now();
     kv_->Push(0, s.batch.keys, grad, static_cast<int>(s.rows));
     work->Pushed(s.unit, kv_->Clock(static_cast<int>(s.rows)));
+    skip_ahead();
     if (ahead == Fill::kWaiting) {
       // Nothing read ahead (or no unit was free then): read now, after
       // this minibatch's push, idling while no unit is free.

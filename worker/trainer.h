@@ -82,7 +82,11 @@ class Trainer {
   // (WorkSource::Pushed). While no unit is free (others are finishing
   // theirs, one may come back from a dead worker) the worker keeps step:
   // an empty clock and a pull of the bias key, so BSP/SSP never wait for
-  // an idle worker. When `eval` is given, evaluates on it every
+  // an idle worker. In SSP a worker more than tau/2 clocks behind the
+  // other workers' lowest clock (as the scheduler last heard it) skips
+  // ahead to it with empty clocks: a straggler that takes fewer units then
+  // never holds the others back for more than about one minibatch.
+  // When `eval` is given, evaluates on it every
   // training.eval_interval_s and records the curve. Errors: the work
   // source's (reader, scheduler) or the servers'. Whether the job trained
   // any example is the scheduler's check (SchedulerCore::GetWork).
@@ -90,6 +94,12 @@ class Trainer {
 
   // Computes test metrics of the current model on all rows of `reader`.
   absl::StatusOr<EvalMetrics> Evaluate(RowReader* reader);
+
+  // SSP: a second source of the other workers' lowest clock (the
+  // heartbeat replies'), read during Train; may be null. Must outlive Train.
+  void set_others_min_clock(const std::atomic<int64_t>* v) {
+    others_min_clock_ = v;
+  }
 
   const TrainerStats& stats() const { return stats_; }
   // Safe from other threads (heartbeats).
@@ -102,6 +112,7 @@ class Trainer {
   ComputeBackend* const backend_;
   TrainerStats stats_;
   std::atomic<int64_t> examples_{0};
+  const std::atomic<int64_t>* others_min_clock_ = nullptr;
 };
 
 }  // namespace ps

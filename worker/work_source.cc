@@ -71,6 +71,7 @@ void WorkSource::Pushed(int64_t unit, int64_t ts) {
 absl::StatusOr<proto::GetWorkResponse> WorkSource::Ask() {
   proto::GetWorkRequest req;
   req.set_worker_id(options_.worker_id);
+  req.set_clock(kv_->clock());
   std::vector<int64_t> reported;
   for (auto& [id, h] : held_) {
     if (!h.exhausted || h.batches_pushed < h.batches_read) {
@@ -104,6 +105,7 @@ absl::StatusOr<proto::GetWorkResponse> WorkSource::Ask() {
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
   if (!resp.ok()) return resp.status();
+  others_min_clock_ = resp->others_min_clock();
   for (int64_t id : reported) {
     const Held& h = held_[id];
     ++units_finished_;

@@ -63,6 +63,9 @@ class WorkSource {
   // The epoch of the unit being read (for logs).
   int epoch() const { return epoch_; }
   int64_t units_finished() const { return units_finished_; }
+  // The lowest clock of the other workers still training, as of the last
+  // GetWork answer; -1 when unknown.
+  int64_t others_min_clock() const { return others_min_clock_; }
   // Malformed lines skipped in the epoch-0 units this worker finished (one
   // pass over its part of the data); path "" when none was read.
   const proto::SkippedLines& skipped() const { return skipped_; }
@@ -92,6 +95,7 @@ class WorkSource {
   bool evaluate_ = false;
   int epoch_ = 0;
   int64_t units_finished_ = 0;
+  int64_t others_min_clock_ = -1;
   proto::SkippedLines skipped_;
   bool have_bad_ = false;  // skipped_ names a first bad line
 };

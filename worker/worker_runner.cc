@@ -74,7 +74,8 @@ absl::Status TrainAndReport(
     int worker_id, const JobConfig& config, KVWorker* kv, TrainerT* trainer,
     SourceT* train, ReaderT* curve_test,
     const std::function<absl::StatusOr<ReaderT*>()>& final_test,
-    SchedulerClient* scheduler) {
+    SchedulerClient* scheduler,
+    std::atomic<int64_t>* others_min_clock = nullptr) {
   // Heartbeats carry the clock and progress, for ps_status and failure
   // detection; their replies tell when the job has ended, and how.
   absl::Notification stop;
@@ -96,6 +97,9 @@ absl::Status TrainAndReport(
         continue;
       }
       last_ok_ns.store(absl::ToUnixNanos(absl::Now()));
+      if (others_min_clock != nullptr) {
+        others_min_clock->store(r->others_min_clock());
+      }
       if (r->shutdown() && !job_ended.HasBeenNotified()) {
         if (r->failed()) {
           absl::MutexLock l(&outcome_mu);
@@ -293,8 +297,10 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   PS_LOG_INFO("training: {} epochs, minibatch {}, backend {}",
               config.training.epochs, config.training.minibatch,
               backend->name());
+  std::atomic<int64_t> others_min_clock{-1};  // from heartbeat replies
+  trainer.set_others_min_clock(&others_min_clock);
   return TrainAndReport(worker_id, config, &kv, &trainer, &work, test.get(),
-                        final_test, scheduler);
+                        final_test, scheduler, &others_min_clock);
 }
 
 absl::Status RunWorker(const WorkerRunOptions& options) {
