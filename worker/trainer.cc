@@ -158,6 +158,9 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
       floor = std::max(floor, others_min_clock_->load());
     }
     if (floor - kv_->clock() <= slack) return;
+    // At most 256 clocks in flight at once: a server refuses a clock more
+    // than 1000 ahead of this worker's completed ones (CLOCK_TOO_FAR).
+    floor = std::min(floor, kv_->clock() + 256);
     while (kv_->clock() < floor) kv_->Clock(0);
   };
   enum class Fill { kHave, kWaiting, kDone };
