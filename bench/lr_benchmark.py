@@ -69,6 +69,7 @@ COLUMNS = [
     "test_logloss", "test_auc", "test_accuracy", "model_nonzeros",
     "examples", "examples_per_sec", "mean_wait_share", "max_wait_share",
     "worker_compute_seconds", "worker_wait_seconds", "worker_wait_share",
+    "worker_units",
 ]
 CURVE_COLUMNS = ["run", "mode", "tau", "seconds", "logloss", "auc",
                  "examples"]
@@ -154,6 +155,8 @@ def row_from_report(args, mode, tau, report, target):
         "worker_wait_seconds": ";".join(
             f"{w['wait_seconds']:.4g}" for w in workers),
         "worker_wait_share": ";".join(f"{s:.4f}" for s in shares),
+        # Work units each worker finished (issue 9: a straggler takes fewer).
+        "worker_units": ";".join(str(w.get("units", "")) for w in workers),
     }
 
 
@@ -620,6 +623,12 @@ def main(argv):
             f"{fmt(row['test_auc'], '.4f')}, wait "
             f"{100 * row['mean_wait_share']:.0f}%, "
             f"{fmt(row['examples_per_sec'], '.0f')} examples/s")
+        if args.straggler != 1.0:
+            # Per worker (W0 is the straggler): wait share and work units.
+            log("    wait share per worker " + ", ".join(
+                f"W{i} {100 * float(s):.1f}%" for i, s in
+                enumerate(row["worker_wait_share"].split(";"))) +
+                "; work units " + row["worker_units"].replace(";", "/"))
 
     if args.target is None and reports:
         # No known reference: 2% above the best final log loss of the runs.

@@ -37,6 +37,10 @@ class UnreachableScheduler : public SchedulerClient {
       const proto::GetShardRequest&, absl::Time) override {
     return Unavailable();
   }
+  absl::StatusOr<proto::GetWorkResponse> GetWork(
+      const proto::GetWorkRequest&, absl::Time) override {
+    return Unavailable();
+  }
   absl::Status Barrier(const proto::BarrierRequest&, absl::Time) override {
     return Unavailable();
   }

@@ -447,6 +447,7 @@ const std::vector<Field>& Fields() {
       BoolField(PS_CFG(fault_tolerance, resume)),
       StringField(PS_CFG(fault_tolerance, restore_from)),
       IntField<int>(PS_CFG(fault_tolerance, checkpoints_kept), 1, 1000),
+      IntField<int64_t>(PS_CFG(fault_tolerance, work_unit_rows), 1),
   };
   return *fields;
 }

@@ -162,6 +162,14 @@ struct FaultToleranceConfig {
   // complete.
   int checkpoints_kept = 2;
 
+  // Dynamic work (scheduler/work_units.h): each epoch's training data is cut
+  // into units of about this many rows (a byte range of a file, cut on line
+  // boundaries, sized from the file's average line length; a row range of
+  // the synthetic generator) that workers ask for when ready. 1000 gives
+  // a9a (32561 rows) 33 units an epoch, at least 8 for each of 4 workers, so
+  // a slow or dead worker's share is spread over the others; larger data
+  // sets get proportionally more units (one small RPC per unit).
+  int64_t work_unit_rows = 1000;
   bool operator==(const FaultToleranceConfig&) const = default;
 };
 

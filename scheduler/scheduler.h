@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "scheduler/work_units.h"
 #include "transport/transport.h"
 #include "proto/ps.pb.h"
 
@@ -71,13 +72,30 @@ class SchedulerCore {
   absl::StatusOr<proto::GetViewResponse> GetView(
       const proto::GetViewRequest& req, absl::Time deadline);
   // Records that the node is alive. The reply carries the view epoch and,
-  // once the job ended, shutdown (and failed + error for a failed job).
-  // INVALID_ARGUMENT for an unknown node, FAILED_PRECONDITION before it
-  // registered.
+  // once the job ended, shutdown (and failed + error for a failed job);
+  // for a worker also others_min_clock (see ps.proto). INVALID_ARGUMENT for
+  // an unknown node, FAILED_PRECONDITION before it registered or for a
+  // worker declared dead (work units on: its work went to the others).
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest& req);
+  // The static split of the training data (one shard per worker): kept
+  // for compatibility; the trainers use GetWork.
   absl::StatusOr<proto::GetShardResponse> GetShard(
       const proto::GetShardRequest& req);
+  // Dynamic work (issue 9, scheduler/work_units.h). Records req.finished
+  // (units whose pushes were all acknowledged), then answers: a unit lost
+  // in an earlier reply (assigned to the worker, neither finished nor in
+  // req.holding), else the next queued unit (WORK_UNIT); WORK_WAIT when
+  // none is queued but some are in progress elsewhere; WORK_DONE when every
+  // unit of every epoch is done, with `evaluate` set for one live worker
+  // (the lowest live one when first asked). When the last unit is done and
+  // epoch 0 trained no example, the job fails with FAILED_PRECONDITION
+  // "trained 0 examples from <data> (<k> lines skipped)".
+  // Errors: INVALID_ARGUMENT for an unknown worker or unit, FAILED_PRECONDITION
+  // before the cluster is ready, for a worker declared dead, or for a unit
+  // not assigned to it; the job's failure (reason JOB_FAILED) once it failed.
+  absl::StatusOr<proto::GetWorkResponse> GetWork(
+      const proto::GetWorkRequest& req);
   // Blocks until every live member of the group arrived at barrier `name`;
   // DEADLINE_EXCEEDED naming the missing ids otherwise; the job's failure
   // (reason JOB_FAILED) when it failed meanwhile.
@@ -100,9 +118,14 @@ class SchedulerCore {
   // DEADLINE_EXCEEDED naming who is missing once register_timeout_ms passed
   // since construction. Running: a node silent for heartbeat_timeout_ms,
   // counted from its last heartbeat or from when it was told the ready view
-  // (never from its registration), is dead and the job fails with
-  // UNAVAILABLE naming it (a dead server's ranges have no replica; dropping
-  // a dead worker is the elastic issue's work). Call periodically.
+  // (never from its registration), is dead. A dead server fails the job
+  // with UNAVAILABLE naming it (its ranges have no replica). A dead worker
+  // (when its data comes in work units: every model but mlp) is dropped
+  // instead: marked NODE_DEAD in a new view (epoch + 1) broadcast to the
+  // servers, so BSP/SSP stop waiting for it, and its unfinished units are
+  // queued again for the others; the job fails with UNAVAILABLE only when
+  // no worker is left, or when it was the worker chosen to evaluate the
+  // test set and it died before reporting. Call periodically.
   void CheckHeartbeats();
 
   // Blocks until the job ended: OK when it finished, the failure otherwise,
@@ -160,6 +183,19 @@ class SchedulerCore {
       absl::Time deadline);
   // Saves the model on every server and ends the job (without mu_).
   void Finalize();
+  // ---- work units and worker failure (issue 9)
+  // Marks `ids` NODE_DEAD, hands their units back, and tells the servers
+  // (a new view); fails the job when no worker is left. Without mu_.
+  void DropDeadWorkers(const std::vector<int>& ids);
+  // Whether every worker that is not dead has reported WorkerDone; sets
+  // finalizing_ (the caller then calls Finalize) the first time it is.
+  bool StartFinalizingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lowest last-reported clock of the live workers other than `worker`
+  // that are still training (NODE_ALIVE); -1 when there is none.
+  int64_t OthersMinClockLocked(int worker) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether the job has a test set to evaluate.
+  bool HasTestSet() const;
   // Ends the job with `status` (done when OK, failed otherwise), writes the
   // report; the first call wins. Called without mu_.
   void Conclude(absl::Status status);
@@ -184,6 +220,12 @@ class SchedulerCore {
   std::map<int, proto::WorkerDoneRequest> done_ ABSL_GUARDED_BY(mu_);
   std::vector<proto::ServerControlResponse> models_ ABSL_GUARDED_BY(mu_);
   bool finalizing_ ABSL_GUARDED_BY(mu_) = false;
+  // Work units (issue 9): on for every model but mlp (which still reads a
+  // static shard per worker, so a dead mlp worker fails the job).
+  const bool units_on_;
+  std::unique_ptr<WorkQueue> work_ ABSL_GUARDED_BY(mu_);
+  int evaluator_ ABSL_GUARDED_BY(mu_) = -1;  // told to evaluate; -1: none
+  std::vector<int> dead_workers_ ABSL_GUARDED_BY(mu_);  // in order of death
   bool concluding_ ABSL_GUARDED_BY(mu_) = false;  // Conclude() has begun
   bool ended_ ABSL_GUARDED_BY(mu_) = false;       // ... and the report is out
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);

@@ -66,6 +66,13 @@ grpc::Status SchedulerService::GetShard(grpc::ServerContext* ctx,
   return Fill(core_->GetShard(*req), resp);
 }
 
+grpc::Status SchedulerService::GetWork(grpc::ServerContext* ctx,
+                                       const proto::GetWorkRequest* req,
+                                       proto::GetWorkResponse* resp) {
+  PS_AUTH();
+  return Fill(core_->GetWork(*req), resp);
+}
+
 grpc::Status SchedulerService::Barrier(grpc::ServerContext* ctx,
                                        const proto::BarrierRequest* req,
                                        proto::BarrierResponse*) {

@@ -28,6 +28,9 @@ class SchedulerService final : public proto::Scheduler::Service {
   grpc::Status GetShard(grpc::ServerContext* ctx,
                         const proto::GetShardRequest* req,
                         proto::GetShardResponse* resp) override;
+  grpc::Status GetWork(grpc::ServerContext* ctx,
+                       const proto::GetWorkRequest* req,
+                       proto::GetWorkResponse* resp) override;
   grpc::Status Barrier(grpc::ServerContext* ctx,
                        const proto::BarrierRequest* req,
                        proto::BarrierResponse* resp) override;

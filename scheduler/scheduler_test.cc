@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -298,7 +299,9 @@ TEST_F(SchedulerCoreTest, HeartbeatDeadlineStartsWhenTheViewIsDelivered) {
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
 }
 
-TEST_F(SchedulerCoreTest, DeadWorkerFailsTheJob) {
+// The mlp model reads static shards: a dead worker's data cannot be redone.
+TEST_F(SchedulerCoreTest, DeadMlpWorkerFailsTheJob) {
+  config_.training.model = "mlp";
   Start();
   RegisterAll();
   for (int i = 0; i < 12; ++i) {
@@ -594,4 +597,265 @@ TEST_F(SchedulerCheckpointTest, ViewCarriesTheCheckpointToRestore) {
 }
 
 }  // namespace
+// ------------------------------------------------------ work units (issue 9)
+
+class WorkUnitTest : public SchedulerCoreTest {
+ protected:
+  WorkUnitTest() {
+    config_.data.format = "synthetic";
+    config_.data.synthetic.train_rows = 1000;
+    config_.fault_tolerance.work_unit_rows = 100;  // 10 units an epoch
+    config_.training.epochs = 2;
+  }
+  absl::StatusOr<proto::GetWorkResponse> Ask(
+      int worker, std::vector<std::pair<int64_t, int64_t>> finished = {},
+      std::vector<int64_t> holding = {}) {
+    proto::GetWorkRequest r;
+    r.set_worker_id(worker);
+    for (auto [id, n] : finished) {
+      proto::FinishedUnit* f = r.add_finished();
+      f->set_id(id);
+      f->set_examples(n);
+    }
+    for (int64_t id : holding) r.add_holding(id);
+    return core_->GetWork(r);
+  }
+  // Every node but the silent ones heartbeats for `ms`, in 500 ms steps.
+  void Silence(const std::set<int>& silent_workers, int ms) {
+    for (int t = 0; t < ms; t += 500) {
+      clock_.Advance(absl::Milliseconds(500));
+      for (int i = 0; i < config_.cluster.num_servers; ++i) {
+        ASSERT_TRUE(Beat(proto::ROLE_SERVER, i).ok());
+      }
+      for (int i = 0; i < config_.cluster.num_workers; ++i) {
+        if (!silent_workers.contains(i)) {
+          ASSERT_TRUE(Beat(proto::ROLE_WORKER, i).ok());
+        }
+      }
+      core_->CheckHeartbeats();
+    }
+  }
+};
+
+TEST_F(WorkUnitTest, UnitsCoverEveryEpochThenDone) {
+  Start();
+  RegisterAll();
+  // W[0] alone: its own queue (units 0-4 of each epoch), then, SSP
+  // stealing, W[1]'s from the tail.
+  const std::vector<int64_t> want = {0,  1,  2,  3,  4,  10, 11, 12, 13, 14,
+                                     19, 18, 17, 16, 15, 9,  8,  7,  6,  5};
+  std::vector<std::pair<int64_t, int64_t>> finished;
+  for (int i = 0; i < 20; ++i) {
+    auto r = Ask(0, finished);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->state(), proto::WORK_UNIT);
+    const int64_t id = r->unit().id();
+    EXPECT_EQ(id, want[i]);
+    EXPECT_EQ(r->unit().epoch(), id / 10);
+    EXPECT_EQ(r->unit().data().row_begin(), (id % 10) * 100);
+    EXPECT_EQ(r->unit().data().row_end(), (id % 10) * 100 + 100);
+    finished = {{id, 100}};
+    if (i == 19) {
+      // None queued, one in progress at W[0]: W[1] must wait.
+      auto w = Ask(1);
+      ASSERT_TRUE(w.ok());
+      EXPECT_EQ(w->state(), proto::WORK_WAIT);
+    }
+  }
+  auto d = Ask(0, finished);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->state(), proto::WORK_DONE);
+  EXPECT_TRUE(d->evaluate());
+  auto d1 = Ask(1);
+  ASSERT_TRUE(d1.ok());
+  EXPECT_EQ(d1->state(), proto::WORK_DONE);
+  EXPECT_FALSE(d1->evaluate());
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  EXPECT_TRUE(End().ok());
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"epoch_examples\": [1000, 1000]"), std::string::npos) << r;
+  EXPECT_NE(r.find("\"work_units_per_epoch\": 10"), std::string::npos) << r;
+  EXPECT_NE(r.find("\"dead_workers\": []"), std::string::npos) << r;
+}
+
+TEST_F(WorkUnitTest, DeadWorkersUnitsAreRedoneAndTheJobGoesOn) {
+  Start();
+  RegisterAll();
+  auto u0 = Ask(0);
+  auto u1 = Ask(1);
+  ASSERT_TRUE(u0.ok() && u1.ok());
+  ASSERT_EQ(u1->unit().id(), 5);  // W[1]'s queue: units 5-9 of each epoch
+  // W[1] dies holding unit 5 (half trained: nothing of it counts).
+  Silence({1}, 5500);
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  // The servers were told a view where W[1] is dead, at a new epoch.
+  std::vector<proto::ServerControlRequest> calls =
+      clients_.server(Addr(0))->calls();
+  ASSERT_EQ(calls.size(), 1u);
+  ASSERT_TRUE(calls[0].has_new_view());
+  EXPECT_EQ(calls[0].new_view().epoch(), 2);
+  EXPECT_EQ(calls[0].new_view().routing().epoch(), 2);
+  EXPECT_EQ(calls[0].new_view().workers(1).state(), proto::NODE_DEAD);
+  EXPECT_EQ(calls[0].new_view().workers(0).state(), proto::NODE_ALIVE);
+  // The dead worker is refused from now on.
+  EXPECT_EQ(Ask(1, {{5, 100}}).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Beat(proto::ROLE_WORKER, 1).status().code(),
+            StatusCode::kFailedPrecondition);
+  // W[0] gets W[1]'s units first (the pool: unit 5, then its queue), then
+  // its own.
+  std::vector<std::pair<int64_t, int64_t>> finished = {{0, 100}};
+  std::vector<int64_t> order;
+  for (;;) {
+    auto r = Ask(0, finished);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (r->state() == proto::WORK_DONE) {
+      EXPECT_TRUE(r->evaluate());
+      break;
+    }
+    ASSERT_EQ(r->state(), proto::WORK_UNIT);
+    order.push_back(r->unit().id());
+    finished = {{r->unit().id(), 100}};
+  }
+  ASSERT_EQ(order.size(), 19u);
+  EXPECT_EQ(order[0], 5);
+  EXPECT_EQ(order[1], 6);
+  // The job ends without the dead worker's WorkerDone.
+  ASSERT_TRUE(Done(0).ok());
+  EXPECT_TRUE(End().ok());
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"status\": \"ok\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"epoch_examples\": [1000, 1000]"), std::string::npos) << r;
+  EXPECT_NE(r.find("\"dead_workers\": [1]"), std::string::npos) << r;
+}
+
+TEST_F(WorkUnitTest, EveryWorkerDeadFailsTheJob) {
+  Start();
+  RegisterAll();
+  ASSERT_TRUE(Ask(0).ok());
+  Silence({0, 1}, 5500);
+  EXPECT_EQ(core_->phase(), JobPhase::kFailed);
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("every worker died"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("the training data cannot be completed"),
+            std::string::npos)
+      << s;
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"status\": \"failed\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"dead_workers\": [0, 1]"), std::string::npos) << r;
+}
+
+TEST_F(WorkUnitTest, UnitLostInAReplyIsHandedOutAgain) {
+  Start();
+  RegisterAll();
+  auto first = Ask(0);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->unit().id(), 0);
+  // The reply was lost: the worker asks again holding nothing.
+  auto again = Ask(0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->unit().id(), 0);
+  // Holding it, the worker gets the next one.
+  auto next = Ask(0, {}, {0});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->unit().id(), 1);
+  // A resent report counts once.
+  ASSERT_TRUE(Ask(0, {{0, 100}}, {1}).ok());
+  ASSERT_TRUE(Ask(0, {{0, 100}}, {1, 2}).ok());
+  EXPECT_NE(core_->ReportJson().find("\"epoch_examples\": [100, 0]"),
+            std::string::npos)
+      << core_->ReportJson();
+}
+
+TEST_F(WorkUnitTest, FinishingAnotherWorkersUnitIsRefused) {
+  Start();
+  RegisterAll();
+  ASSERT_TRUE(Ask(0).ok());
+  EXPECT_EQ(Ask(1, {{0, 100}}).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Ask(1, {{12345, 100}}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Ask(7).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(WorkUnitTest, NoExampleTrainedFailsTheJob) {
+  config_.training.epochs = 1;
+  Start();
+  RegisterAll();
+  std::vector<std::pair<int64_t, int64_t>> finished;
+  for (int i = 0; i < 10; ++i) {
+    auto r = Ask(0, finished);
+    ASSERT_TRUE(r.ok());
+    finished = {{r->unit().id(), 0}};
+  }
+  auto r = Ask(0, finished);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(r.status()), proto::REASON_JOB_FAILED);
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("trained 0 examples from synthetic data "
+                             "(0 lines skipped)"),
+            std::string::npos)
+      << s;
+}
+
+TEST_F(WorkUnitTest, EvaluatorDyingBeforeItsReportFailsTheJob) {
+  config_.data.synthetic.test_rows = 100;
+  config_.training.epochs = 1;
+  Start();
+  RegisterAll();
+  std::vector<std::pair<int64_t, int64_t>> finished;
+  for (int i = 0; i < 10; ++i) {
+    auto r = Ask(1, finished);
+    ASSERT_TRUE(r.ok());
+    finished = {{r->unit().id(), 100}};
+  }
+  auto d0 = Ask(0);
+  ASSERT_TRUE(Ask(1, finished).ok());
+  ASSERT_TRUE(d0.ok());
+  ASSERT_EQ(d0->state(), proto::WORK_WAIT);
+  auto d = Ask(0);
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->evaluate());
+  ASSERT_TRUE(Done(1).ok());
+  Silence({0}, 5500);
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("W[0], chosen to evaluate the test set, died"),
+            std::string::npos)
+      << s;
+}
+
+// SSP catch-up: each worker hears the lowest clock of the other workers
+// still training (heartbeats and GetWork both report clocks).
+TEST_F(WorkUnitTest, WorkersHearTheOthersLowestClock) {
+  config_.cluster.num_workers = 3;
+  Start();
+  RegisterAll();
+  proto::HeartbeatRequest h;
+  h.set_role(proto::ROLE_WORKER);
+  h.set_id(1);
+  h.set_clock(40);
+  ASSERT_TRUE(core_->Heartbeat(h).ok());
+  h.set_id(2);
+  h.set_clock(30);
+  ASSERT_TRUE(core_->Heartbeat(h).ok());
+  h.set_id(0);
+  h.set_clock(3);
+  auto r = core_->Heartbeat(h);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->others_min_clock(), 30);
+  proto::GetWorkRequest g;
+  g.set_worker_id(2);
+  g.set_clock(50);
+  auto w = core_->GetWork(g);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->others_min_clock(), 3);
+  r = core_->Heartbeat(h);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->others_min_clock(), 40);  // W[2] is at 50 now
+}
+
 }  // namespace ps

@@ -69,6 +69,10 @@ class FakeScheduler : public SchedulerClient {
       const proto::GetShardRequest&, absl::Time) override {
     return absl::UnimplementedError("fake");
   }
+  absl::StatusOr<proto::GetWorkResponse> GetWork(
+      const proto::GetWorkRequest&, absl::Time) override {
+    return absl::UnimplementedError("fake");
+  }
   absl::Status Barrier(const proto::BarrierRequest&, absl::Time) override {
     return absl::UnimplementedError("fake");
   }

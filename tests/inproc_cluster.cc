@@ -106,6 +106,11 @@ absl::StatusOr<proto::GetShardResponse> SchedulerCoreHandler::GetShard(
   return core_->GetShard(req);
 }
 
+absl::StatusOr<proto::GetWorkResponse> SchedulerCoreHandler::GetWork(
+    const proto::GetWorkRequest& req) {
+  return core_->GetWork(req);
+}
+
 absl::Status SchedulerCoreHandler::Barrier(const proto::BarrierRequest& req,
                                            absl::Time deadline) {
   return core_->Barrier(req, deadline);
@@ -257,10 +262,17 @@ absl::Status LocalCluster::Run() {
         own = options_.worker_clients(id, &clients_);
         clients = own.get();
       }
-      absl::Status st =
-          RunWorkerWith(id, view_, clients, scheduler_client_.get());
+      std::shared_ptr<SchedulerClient> scheduler = scheduler_client_;
+      if (options_.worker_scheduler) {
+        scheduler = options_.worker_scheduler(id, scheduler_client_);
+      }
+      absl::Status st = RunWorkerWith(id, view_, clients, scheduler.get());
       own.reset();  // flushes delayed calls while the servers are alive
       worker_status_[w] = st;
+      if (options_.killed_workers.contains(id)) {
+        PS_LOG_INFO("W[{}] (killed by the test) ended: {}", id, st.ToString());
+        return;
+      }
       if (!st.ok()) {
         PS_LOG_ERROR("W[{}] failed: {}", id, st.ToString());
         scheduler_->Fail(absl::Status(
@@ -282,8 +294,9 @@ absl::Status LocalCluster::Run() {
     if (absl::Status v = h->violation(); !v.ok()) return v;
   }
   if (!end.ok()) return end;
-  for (const absl::Status& st : worker_status_) {
-    if (!st.ok()) return st;
+  for (int w = 0; w < num_workers; ++w) {
+    if (options_.killed_workers.contains(worker_ids_[w])) continue;
+    if (!worker_status_[w].ok()) return worker_status_[w];
   }
   return absl::OkStatus();
 }

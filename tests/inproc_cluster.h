@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -75,6 +76,8 @@ class SchedulerCoreHandler : public SchedulerHandler {
       const proto::HeartbeatRequest& req) override;
   absl::StatusOr<proto::GetShardResponse> GetShard(
       const proto::GetShardRequest& req) override;
+  absl::StatusOr<proto::GetWorkResponse> GetWork(
+      const proto::GetWorkRequest& req) override;
   absl::Status Barrier(const proto::BarrierRequest& req,
                        absl::Time deadline) override;
   absl::Status WorkerDone(const proto::WorkerDoneRequest& req) override;
@@ -97,6 +100,14 @@ struct LocalClusterOptions {
   std::function<std::unique_ptr<ClientFactory>(int worker,
                                                ClientFactory* inproc)>
       worker_clients;
+  // Issue 9 (worker failure): wraps the scheduler client worker `w` uses
+  // (e.g. to cut it off). Unset: the shared in-process one.
+  std::function<std::shared_ptr<SchedulerClient>(
+      int worker, std::shared_ptr<SchedulerClient> inproc)>
+      worker_scheduler;
+  // Workers the test kills: their own failure is not the job's (the
+  // scheduler detects the death and decides); Run ignores their status.
+  std::set<int> killed_workers;
   // Where the servers write the model at the end. Empty: a fresh directory
   // under the system temp dir, removed by the destructor.
   std::string model_dir;

@@ -393,7 +393,9 @@ TEST_F(BadDataTest, RegressionEmptyTrainFileTrainsZeroExamplesAndExitsZero) {
   LocalCluster cluster(o);
   absl::Status s = cluster.Run();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("W[0] trained 0 examples from " + train_ +
+  // Issue 9: with work units the scheduler makes this check for the
+  // whole job (SchedulerCore::GetWork), so no worker is named.
+  EXPECT_NE(s.message().find("trained 0 examples from " + train_ +
                              " (0 lines skipped)"),
             std::string::npos)
       << s;
@@ -405,7 +407,9 @@ TEST_F(BadDataTest, RegressionAllLinesSkippedTrainsZeroExamplesAndExitsZero) {
   LocalCluster cluster(o);
   absl::Status s = cluster.Run();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("W[0] trained 0 examples from " + train_ +
+  // Issue 9: with work units the scheduler makes this check for the
+  // whole job (SchedulerCore::GetWork), so no worker is named.
+  EXPECT_NE(s.message().find("trained 0 examples from " + train_ +
                              " (3 lines skipped)"),
             std::string::npos)
       << s;

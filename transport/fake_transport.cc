@@ -188,6 +188,29 @@ absl::StatusOr<proto::GetShardResponse> FakeSchedulerClient::GetShard(
   return proto::GetShardResponse();
 }
 
+absl::StatusOr<proto::GetWorkResponse> FakeSchedulerClient::GetWork(
+    const proto::GetWorkRequest& req, absl::Time) {
+  std::function<absl::StatusOr<proto::GetWorkResponse>(
+      const proto::GetWorkRequest&)>
+      fn;
+  {
+    absl::MutexLock l(&mu_);
+    fn = get_work_;
+  }
+  if (fn) return fn(req);
+  proto::GetWorkResponse resp;
+  resp.set_state(proto::WORK_DONE);
+  return resp;
+}
+
+void FakeSchedulerClient::set_get_work_handler(
+    std::function<absl::StatusOr<proto::GetWorkResponse>(
+        const proto::GetWorkRequest&)>
+        fn) {
+  absl::MutexLock l(&mu_);
+  get_work_ = std::move(fn);
+}
+
 absl::Status FakeSchedulerClient::Barrier(const proto::BarrierRequest&,
                                           absl::Time) {
   return absl::OkStatus();

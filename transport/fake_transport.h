@@ -131,6 +131,13 @@ class FakeSchedulerClient : public SchedulerClient {
       const proto::HeartbeatRequest& req, absl::Time deadline) override;
   absl::StatusOr<proto::GetShardResponse> GetShard(
       const proto::GetShardRequest& req, absl::Time deadline) override;
+  // Answers with set_get_work_handler's function; WORK_DONE without one.
+  absl::StatusOr<proto::GetWorkResponse> GetWork(
+      const proto::GetWorkRequest& req, absl::Time deadline) override;
+  void set_get_work_handler(
+      std::function<absl::StatusOr<proto::GetWorkResponse>(
+          const proto::GetWorkRequest&)>
+          fn);
   absl::Status Barrier(const proto::BarrierRequest& req,
                        absl::Time deadline) override;
   absl::Status WorkerDone(const proto::WorkerDoneRequest& req,
@@ -149,6 +156,9 @@ class FakeSchedulerClient : public SchedulerClient {
   std::function<absl::StatusOr<proto::GetViewResponse>(
       const proto::GetViewRequest&)>
       get_view_ ABSL_GUARDED_BY(mu_);
+  std::function<absl::StatusOr<proto::GetWorkResponse>(
+      const proto::GetWorkRequest&)>
+      get_work_ ABSL_GUARDED_BY(mu_);
 };
 
 // Thread-safe.

@@ -116,6 +116,10 @@ class InProcSchedulerClient : public SchedulerClient {
       const proto::GetShardRequest& req, absl::Time) override {
     return core_->GetShard(req);
   }
+  absl::StatusOr<proto::GetWorkResponse> GetWork(
+      const proto::GetWorkRequest& req, absl::Time) override {
+    return core_->GetWork(req);
+  }
   absl::Status Barrier(const proto::BarrierRequest& req,
                        absl::Time deadline) override {
     return core_->Barrier(req, deadline);
@@ -157,6 +161,10 @@ class UnreachableSchedulerClient : public SchedulerClient {
   }
   absl::StatusOr<proto::GetShardResponse> GetShard(
       const proto::GetShardRequest&, absl::Time) override {
+    return Error();
+  }
+  absl::StatusOr<proto::GetWorkResponse> GetWork(
+      const proto::GetWorkRequest&, absl::Time) override {
     return Error();
   }
   absl::Status Barrier(const proto::BarrierRequest&, absl::Time) override {

@@ -57,6 +57,8 @@ class SchedulerHandler {
       const proto::HeartbeatRequest& req) = 0;
   virtual absl::StatusOr<proto::GetShardResponse> GetShard(
       const proto::GetShardRequest& req) = 0;
+  virtual absl::StatusOr<proto::GetWorkResponse> GetWork(
+      const proto::GetWorkRequest& req) = 0;
   virtual absl::Status Barrier(const proto::BarrierRequest& req,
                                absl::Time deadline) = 0;
   virtual absl::Status WorkerDone(const proto::WorkerDoneRequest& req) = 0;

@@ -67,6 +67,9 @@ class SchedulerClient {
       const proto::HeartbeatRequest& req, absl::Time deadline) = 0;
   virtual absl::StatusOr<proto::GetShardResponse> GetShard(
       const proto::GetShardRequest& req, absl::Time deadline) = 0;
+  // Dynamic work units (issue 9): reports finished units, gets the next.
+  virtual absl::StatusOr<proto::GetWorkResponse> GetWork(
+      const proto::GetWorkRequest& req, absl::Time deadline) = 0;
   virtual absl::Status Barrier(const proto::BarrierRequest& req,
                                absl::Time deadline) = 0;
   virtual absl::Status WorkerDone(const proto::WorkerDoneRequest& req,

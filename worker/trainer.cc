@@ -108,7 +108,7 @@ Trainer::Trainer(int worker_id, const JobConfig& config, KVWorker* kv,
                  ComputeBackend* backend)
     : worker_id_(worker_id), config_(config), kv_(kv), backend_(backend) {}
 
-absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
+absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
   const TrainingConfig& tc = config_.training;
   const absl::Time start = absl::Now();
   absl::Time last_report = start;
@@ -129,27 +129,67 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
     std::vector<float> w;
     int64_t ts = -1;
     size_t rows = 0;
+    int64_t unit = -1;
   };
   Slot slots[2];
   RowBlock block;
-  int epoch = 0;
-  // Reads the next minibatch into `s`; false at the end of the last epoch.
-  auto next = [&](Slot* s) -> absl::StatusOr<bool> {
+  std::vector<float> idle_w;
+  const std::vector<uint64_t> idle_keys = {BiasKey()};
+  // An idle step while no unit is free: an empty clock, then a pull at the
+  // new clock (which waits as any pull would: BSP/SSP keep this worker in
+  // step with the others instead of blocked by it), then a short pause so
+  // an ASP worker does not hammer the scheduler.
+  auto idle = [&]() -> absl::Status {
+    const absl::Time t0 = absl::Now();
+    kv_->Clock(0);
+    const int64_t ts = kv_->Pull(0, idle_keys, &idle_w);
+    PS_RETURN_IF_ERROR(kv_->Wait(ts, absl::Now() + timeout));
+    absl::SleepFor(absl::Milliseconds(10));
+    stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+    return absl::OkStatus();
+  };
+  // SSP: skip ahead of a far-behind clock (see the header).
+  const bool catch_up = config_.consistency.mode == Mode::kSsp;
+  const int64_t slack = std::max<int64_t>(1, config_.EffectiveTau() / 2);
+  ClockEstimate others;
+  auto skip_ahead = [&]() {
+    if (!catch_up) return;
+    const absl::Time now = absl::Now();
+    int64_t reported = work->others_min_clock();
+    if (others_min_clock_ != nullptr) {
+      reported = std::max(reported, others_min_clock_->load());
+    }
+    others.Report(reported, now);
+    int64_t floor = others.At(now);
+    if (floor - kv_->clock() <= slack) return;
+    // At most 256 clocks in flight at once: a server refuses a clock more
+    // than 1000 ahead of this worker's completed ones (CLOCK_TOO_FAR).
+    floor = std::min(floor, kv_->clock() + 256);
+    while (kv_->clock() < floor) kv_->Clock(0);
+  };
+  enum class Fill { kHave, kWaiting, kDone };
+  // Reads the next minibatch into `s`. With `may_idle` (nothing of this
+  // worker's is still unpushed), waits out WorkSource::kWait with idle
+  // steps; without it, returns kWaiting.
+  auto next = [&](Slot* s, bool may_idle) -> absl::StatusOr<Fill> {
     for (;;) {
       block.Clear();
-      PS_ASSIGN_OR_RETURN(size_t n, reader->Next(tc.minibatch, &block));
-      if (n > 0) {
+      PS_ASSIGN_OR_RETURN(WorkSource::Got got,
+                          work->Next(tc.minibatch, &block, &s->unit));
+      if (got == WorkSource::Got::kRows) {
         BuildBatch(block, 0, block.rows(), &s->batch);
-        s->rows = n;
-        return true;
+        s->rows = block.rows();
+        return Fill::kHave;
       }
-      if (++epoch >= tc.epochs) return false;
-      PS_RETURN_IF_ERROR(reader->Reset());
+      if (got == WorkSource::Got::kDone) return Fill::kDone;
+      if (!may_idle) return Fill::kWaiting;
+      PS_RETURN_IF_ERROR(idle());
     }
   };
   std::vector<float> grad;
   int cur = 0;
-  PS_ASSIGN_OR_RETURN(bool have, next(&slots[cur]));
+  PS_ASSIGN_OR_RETURN(Fill first, next(&slots[cur], /*may_idle=*/true));
+  bool have = first == Fill::kHave;
   if (have) slots[cur].ts = kv_->Pull(0, slots[cur].batch.keys, &slots[cur].w);
   while (have) {
     Slot& s = slots[cur];
@@ -167,8 +207,10 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
       PS_ASSIGN_OR_RETURN(ticket, pipelined->SubmitGradient(s.batch, s.w));
     }
     bool have_next = false;
+    Fill ahead = Fill::kWaiting;
     if (read_ahead) {
-      PS_ASSIGN_OR_RETURN(have_next, next(&n));
+      PS_ASSIGN_OR_RETURN(ahead, next(&n, /*may_idle=*/false));
+      have_next = ahead == Fill::kHave;
       if (prefetch && have_next) {
         n.ts = kv_->Pull(0, n.batch.keys, &n.w, kv_->clock() + 1);
       }
@@ -184,13 +226,18 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
     }
     absl::Time t3 = absl::Now();
     kv_->Push(0, s.batch.keys, grad, static_cast<int>(s.rows));
-    kv_->Clock(static_cast<int>(s.rows));
-    if (!prefetch) {
-      if (!read_ahead) {
-        PS_ASSIGN_OR_RETURN(have_next, next(&n));
-      }
+    work->Pushed(s.unit, kv_->Clock(static_cast<int>(s.rows)));
+    skip_ahead();
+    if (ahead == Fill::kWaiting) {
+      // Nothing read ahead (or no unit was free then): read now, after
+      // this minibatch's push, idling while no unit is free.
+      PS_ASSIGN_OR_RETURN(ahead, next(&n, /*may_idle=*/true));
+      have_next = ahead == Fill::kHave;
       if (have_next) n.ts = kv_->Pull(0, n.batch.keys, &n.w);
       t3 = absl::Now();  // reading the next minibatch is worker-local work
+    } else if (!prefetch && have_next) {
+      n.ts = kv_->Pull(0, n.batch.keys, &n.w);
+      t3 = absl::Now();
     }
     if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
       // A straggler is slower at all of its local work (data and gradient).
@@ -219,7 +266,7 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
       PS_LOG_INFO(
           "epoch {} clock {}: {:.0f} examples/s, train loss {:.4f}, "
           "compute {:.0f}% / wait {:.0f}%",
-          std::min(epoch, tc.epochs - 1), kv_->clock(),
+          work->epoch(), kv_->clock(),
           report_examples / secs,
           report_loss / std::max<int64_t>(1, report_examples),
           busy > 0 ? 100 * report_compute / busy : 0,
@@ -241,9 +288,8 @@ absl::Status Trainer::Train(RowReader* reader, RowReader* eval) {
     }
   }
   stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  stats_.train_skipped = SkippedLinesOf(reader->path(), reader->stats());
-  return CheckTrainedExamples(worker_id_, reader->path(), reader->stats(),
-                              stats_.examples);
+  stats_.train_skipped = work->skipped();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<EvalMetrics> Trainer::Evaluate(RowReader* reader) {

@@ -16,6 +16,7 @@
 #include "worker/data.h"
 #include "worker/kv_worker.h"
 #include "worker/metrics.h"
+#include "worker/work_source.h"
 
 namespace ps {
 
@@ -75,14 +76,30 @@ class Trainer {
   Trainer(int worker_id, const JobConfig& config, KVWorker* kv,
           ComputeBackend* backend);
 
-  // Trains `config.training.epochs` passes over `reader`. When `eval` is
-  // given, evaluates on it every training.eval_interval_s and records the
-  // curve. FAILED_PRECONDITION when no example was trained (see
-  // CheckTrainedExamples); a reader's or the servers' errors otherwise.
-  absl::Status Train(RowReader* reader, RowReader* eval = nullptr);
+  // Trains on the work units `work` hands out until the job's work is done
+  // (every epoch: the scheduler cuts the epochs into units). Each minibatch
+  // holds rows of one unit; after its push and clock the unit is told
+  // (WorkSource::Pushed). While no unit is free (others are finishing
+  // theirs, one may come back from a dead worker) the worker keeps step:
+  // an empty clock and a pull of the bias key, so BSP/SSP never wait for
+  // an idle worker. In SSP a worker more than tau/2 clocks behind the
+  // other workers' lowest clock (as the scheduler last heard it,
+  // extrapolated: ClockEstimate) skips ahead to it with empty clocks, so a
+  // straggler that takes fewer units holds the others back less.
+  // When `eval` is given, evaluates on it every
+  // training.eval_interval_s and records the curve. Errors: the work
+  // source's (reader, scheduler) or the servers'. Whether the job trained
+  // any example is the scheduler's check (SchedulerCore::GetWork).
+  absl::Status Train(WorkSource* work, RowReader* eval = nullptr);
 
   // Computes test metrics of the current model on all rows of `reader`.
   absl::StatusOr<EvalMetrics> Evaluate(RowReader* reader);
+
+  // SSP: a second source of the other workers' lowest clock (the
+  // heartbeat replies'), read during Train; may be null. Must outlive Train.
+  void set_others_min_clock(const std::atomic<int64_t>* v) {
+    others_min_clock_ = v;
+  }
 
   const TrainerStats& stats() const { return stats_; }
   // Safe from other threads (heartbeats).
@@ -95,6 +112,7 @@ class Trainer {
   ComputeBackend* const backend_;
   TrainerStats stats_;
   std::atomic<int64_t> examples_{0};
+  const std::atomic<int64_t>* others_min_clock_ = nullptr;
 };
 
 }  // namespace ps

@@ -15,6 +15,7 @@
 #include "worker/kv_worker.h"
 #include "worker/mlp_trainer.h"
 #include "worker/trainer.h"
+#include "worker/work_source.h"
 #include "transport/errors.h"
 #include "absl/synchronization/mutex.h"
 
@@ -64,12 +65,17 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenTestSet(
 
 namespace {
 
-// Trains, finishes, waits for the other workers, evaluates (when given a
-// test set) and reports to the scheduler: the part every model shares.
-template <typename TrainerT, typename ReaderT>
-absl::Status TrainAndReport(int worker_id, const JobConfig& config,
-                            KVWorker* kv, TrainerT* trainer, ReaderT* train,
-                            ReaderT* test, SchedulerClient* scheduler) {
+// Trains, finishes, waits for the other workers, evaluates (when
+// `final_test` gives a reader: this worker evaluates) and reports to the
+// scheduler: the part every model shares. `curve_test` (may be null) is
+// evaluated during training every training.eval_interval_s.
+template <typename TrainerT, typename SourceT, typename ReaderT>
+absl::Status TrainAndReport(
+    int worker_id, const JobConfig& config, KVWorker* kv, TrainerT* trainer,
+    SourceT* train, ReaderT* curve_test,
+    const std::function<absl::StatusOr<ReaderT*>()>& final_test,
+    SchedulerClient* scheduler,
+    std::atomic<int64_t>* others_min_clock = nullptr) {
   // Heartbeats carry the clock and progress, for ps_status and failure
   // detection; their replies tell when the job has ended, and how.
   absl::Notification stop;
@@ -91,6 +97,9 @@ absl::Status TrainAndReport(int worker_id, const JobConfig& config,
         continue;
       }
       last_ok_ns.store(absl::ToUnixNanos(absl::Now()));
+      if (others_min_clock != nullptr) {
+        others_min_clock->store(r->others_min_clock());
+      }
       if (r->shutdown() && !job_ended.HasBeenNotified()) {
         if (r->failed()) {
           absl::MutexLock l(&outcome_mu);
@@ -115,7 +124,7 @@ absl::Status TrainAndReport(int worker_id, const JobConfig& config,
     return s;
   };
 
-  absl::Status s = trainer->Train(train, test);
+  absl::Status s = trainer->Train(train, curve_test);
   if (s.ok()) s = kv->Finish(absl::Now() + absl::Seconds(600));
   if (!s.ok()) return finish(s);
   const TrainerStats& st = trainer->stats();
@@ -139,6 +148,9 @@ absl::Status TrainAndReport(int worker_id, const JobConfig& config,
   done.set_train_loss(st.examples > 0 ? st.loss_sum / st.examples : 0);
   done.set_wall_seconds(st.wall_seconds);
   for (const auto& p : st.curve) *done.add_curve() = p;
+  absl::StatusOr<ReaderT*> test_or = final_test();
+  if (!test_or.ok()) return finish(test_or.status());
+  ReaderT* test = *test_or;
   if (test != nullptr) {
     s = test->Reset();
     if (!s.ok()) return finish(s);
@@ -212,14 +224,6 @@ absl::Status ShardBytes(const proto::DataShard& shard, int64_t* begin,
 absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
                            ClientFactory* clients, SchedulerClient* scheduler) {
   PS_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(view.job_config_yaml()));
-  const absl::Duration rpc = absl::Seconds(30);
-  proto::GetShardRequest sreq;
-  sreq.set_worker_id(worker_id);
-  PS_ASSIGN_OR_RETURN(proto::GetShardResponse shard,
-                      scheduler->GetShard(sreq, absl::Now() + rpc));
-  if (shard.train_size() == 0) {
-    return absl::InternalError("scheduler assigned no data shard");
-  }
   KVWorkerOptions ko;
   ko.worker_id = worker_id;
   ko.pull_wait = absl::Milliseconds(config.consistency.pull_timeout_ms);
@@ -227,6 +231,16 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   KVWorker kv(ko, view, clients, scheduler);
 
   if (config.training.model == "mlp") {
+    // The mlp model still reads one static shard per worker (so the
+    // scheduler fails the job when an mlp worker dies).
+    const absl::Duration rpc = absl::Seconds(30);
+    proto::GetShardRequest sreq;
+    sreq.set_worker_id(worker_id);
+    PS_ASSIGN_OR_RETURN(proto::GetShardResponse shard,
+                        scheduler->GetShard(sreq, absl::Now() + rpc));
+    if (shard.train_size() == 0) {
+      return absl::InternalError("scheduler assigned no data shard");
+    }
     const DataConfig& d = config.data;
     if (d.format != "criteo") {
       return absl::InvalidArgumentError(
@@ -248,16 +262,34 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
     MlpTrainer trainer(worker_id, config, &params, backend.get());
     PS_LOG_INFO("training mlp: {} epochs, minibatch {}",
                 config.training.epochs, config.training.minibatch);
+    std::function<absl::StatusOr<FieldReader*>()> final_test =
+        [&test]() -> absl::StatusOr<FieldReader*> { return test.get(); };
     return TrainAndReport(worker_id, config, &kv, &trainer, train.get(),
-                          test.get(), scheduler);
+                          test.get(), final_test, scheduler);
   }
 
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<RowReader> train,
-                      OpenTrainShard(config, shard.train(0)));
+  // Every other model trains on dynamic work units (issue 9).
+  WorkSourceOptions wo;
+  wo.worker_id = worker_id;
+  WorkSource work(wo, scheduler, &kv,
+                  [&config](const proto::DataShard& unit) {
+                    return OpenTrainShard(config, unit);
+                  });
+  // Worker 0 draws the test curve during training (when configured); the
+  // worker the scheduler names evaluates at the end (worker 0 unless it
+  // died).
   std::unique_ptr<RowReader> test;
   if (worker_id == 0) {
     PS_ASSIGN_OR_RETURN(test, OpenTestSet(config));
   }
+  std::function<absl::StatusOr<RowReader*>()> final_test =
+      [&]() -> absl::StatusOr<RowReader*> {
+    if (!work.evaluate()) return nullptr;
+    if (test == nullptr) {
+      PS_ASSIGN_OR_RETURN(test, OpenTestSet(config));
+    }
+    return test.get();
+  };
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<ComputeBackend> backend,
       CreateBackend(config.training.backend, config.training.threads));
@@ -265,8 +297,10 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   PS_LOG_INFO("training: {} epochs, minibatch {}, backend {}",
               config.training.epochs, config.training.minibatch,
               backend->name());
-  return TrainAndReport(worker_id, config, &kv, &trainer, train.get(),
-                        test.get(), scheduler);
+  std::atomic<int64_t> others_min_clock{-1};  // from heartbeat replies
+  trainer.set_others_min_clock(&others_min_clock);
+  return TrainAndReport(worker_id, config, &kv, &trainer, &work, test.get(),
+                        final_test, scheduler, &others_min_clock);
 }
 
 absl::Status RunWorker(const WorkerRunOptions& options) {

@@ -1,0 +1,185 @@
+#include "scheduler/work_units.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+
+std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config) {
+  const DataConfig& d = config.data;
+  const int64_t rows_per_unit = std::max<int64_t>(
+      1, config.fault_tolerance.work_unit_rows);
+  std::vector<proto::DataShard> units;
+  if (d.format == "synthetic") {
+    const int64_t rows = d.synthetic.train_rows;
+    for (int64_t b = 0; b < rows || units.empty(); b += rows_per_unit) {
+      proto::DataShard s;
+      s.set_row_begin(b);
+      s.set_row_end(std::min(rows, b + rows_per_unit));
+      s.set_seed_begin(d.synthetic.seed);
+      s.set_seed_end(d.synthetic.seed);
+      units.push_back(std::move(s));
+    }
+  } else {
+    struct stat st;
+    if (::stat(d.train.c_str(), &st) != 0) {
+      // The workers cut the parts by their own copy's size.
+      const int parts = 8 * std::max(1, config.cluster.num_workers);
+      for (int p = 0; p < parts; ++p) {
+        proto::DataShard s;
+        s.set_path(d.train);
+        s.set_begin_byte(-1);
+        s.set_end_byte(-1);
+        s.set_part(p);
+        s.set_num_parts(parts);
+        units.push_back(std::move(s));
+      }
+    } else {
+      const int64_t size = st.st_size;
+      // Average line length over the first 64 KiB (whole lines only).
+      int64_t line_bytes = 100;
+      std::ifstream in(d.train, std::ios::binary);
+      std::string head(64 << 10, '\0');
+      in.read(head.data(), static_cast<std::streamsize>(head.size()));
+      head.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+      const int64_t lines = std::count(head.begin(), head.end(), '\n');
+      if (lines > 0) {
+        const size_t last = head.rfind('\n');
+        line_bytes = std::max<int64_t>(1, static_cast<int64_t>(last + 1) / lines);
+      }
+      const int64_t unit_bytes = std::max<int64_t>(1, line_bytes * rows_per_unit);
+      for (int64_t b = 0; b < size || units.empty(); b += unit_bytes) {
+        proto::DataShard s;
+        s.set_path(d.train);
+        s.set_begin_byte(b);
+        s.set_end_byte(b + unit_bytes >= size ? -1 : b + unit_bytes);
+        units.push_back(std::move(s));
+      }
+    }
+  }
+  const int n = static_cast<int>(units.size());
+  for (int i = 0; i < n; ++i) {
+    if (units[i].num_parts() == 0) {
+      units[i].set_part(i);
+      units[i].set_num_parts(n);
+    }
+  }
+  return units;
+}
+
+int PreferredWorker(int64_t index, int64_t units, int workers) {
+  if (units <= 0 || workers <= 1) return 0;
+  return static_cast<int>(index * workers / units);
+}
+
+WorkQueue::WorkQueue(std::vector<proto::DataShard> units, int epochs,
+                     int workers, bool steal)
+    : plan_(std::move(units)), epochs_(std::max(1, epochs)), steal_(steal) {
+  state_.resize(plan_.size() * epochs_);
+  examples_.assign(epochs_, 0);
+  own_.resize(std::max(1, workers));
+  const int64_t n = units_per_epoch();
+  for (int64_t id = 0; id < static_cast<int64_t>(state_.size()); ++id) {
+    own_[PreferredWorker(id % n, n, static_cast<int>(own_.size()))].insert(
+        id);
+  }
+}
+
+proto::WorkUnit WorkQueue::Make(int64_t id) const {
+  proto::WorkUnit u;
+  u.set_id(id);
+  u.set_epoch(static_cast<int>(id / units_per_epoch()));
+  *u.mutable_data() = plan_[id % units_per_epoch()];
+  return u;
+}
+
+std::optional<proto::WorkUnit> WorkQueue::Take(int worker) {
+  int64_t id = -1;
+  if (!pool_.empty()) {
+    id = *pool_.begin();
+    pool_.erase(pool_.begin());
+  } else if (worker >= 0 && worker < static_cast<int>(own_.size()) &&
+             !own_[worker].empty()) {
+    id = *own_[worker].begin();
+    own_[worker].erase(own_[worker].begin());
+  } else if (steal_) {
+    std::set<int64_t>* longest = nullptr;
+    for (std::set<int64_t>& q : own_) {
+      if (!q.empty() && (longest == nullptr || q.size() > longest->size())) {
+        longest = &q;
+      }
+    }
+    if (longest == nullptr) return std::nullopt;
+    id = *longest->rbegin();
+    longest->erase(std::prev(longest->end()));
+  } else {
+    return std::nullopt;
+  }
+  state_[id].worker = worker;
+  assigned_[worker].insert(id);
+  return Make(id);
+}
+
+std::vector<proto::WorkUnit> WorkQueue::Lost(
+    int worker, const std::set<int64_t>& holding) const {
+  std::vector<proto::WorkUnit> lost;
+  auto it = assigned_.find(worker);
+  if (it == assigned_.end()) return lost;
+  for (int64_t id : it->second) {
+    if (!holding.contains(id)) lost.push_back(Make(id));
+  }
+  return lost;
+}
+
+absl::Status WorkQueue::Finish(int worker, const proto::FinishedUnit& u) {
+  if (u.id() < 0 || u.id() >= static_cast<int64_t>(state_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("W[", worker, "] finished unknown work unit ", u.id()));
+  }
+  if (u.examples() < 0 || u.skipped() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "W[", worker, "] reported negative counts for work unit ", u.id()));
+  }
+  Unit& unit = state_[u.id()];
+  if (unit.worker != worker) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "work unit ", u.id(), " is not assigned to W[", worker, "]"));
+  }
+  if (unit.done) return absl::OkStatus();  // a resent report
+  unit.done = true;
+  ++done_;
+  assigned_[worker].erase(u.id());
+  ++finished_by_[worker];
+  const int epoch = static_cast<int>(u.id() / units_per_epoch());
+  examples_[epoch] += u.examples();
+  if (epoch == 0) skipped_ += u.skipped();
+  return absl::OkStatus();
+}
+
+int WorkQueue::Release(int worker) {
+  if (worker >= 0 && worker < static_cast<int>(own_.size())) {
+    pool_.insert(own_[worker].begin(), own_[worker].end());
+    own_[worker].clear();
+  }
+  auto it = assigned_.find(worker);
+  if (it == assigned_.end()) return 0;
+  const int n = static_cast<int>(it->second.size());
+  for (int64_t id : it->second) {
+    state_[id].worker = -1;
+    pool_.insert(id);
+  }
+  assigned_.erase(it);
+  return n;
+}
+
+int64_t WorkQueue::finished_by(int worker) const {
+  auto it = finished_by_.find(worker);
+  return it == finished_by_.end() ? 0 : it->second;
+}
+
+}  // namespace ps

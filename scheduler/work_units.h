@@ -1,0 +1,109 @@
+// Dynamic work units (issue 9): each epoch's training data cut into small
+// units that workers ask for when they are ready, as the OSDI'14 paper's
+// scheduler hands out tasks. A slow worker takes fewer units; a dead
+// worker's unfinished units go back to the queue and another worker redoes
+// them, so every example is counted exactly once per epoch.
+//
+// Pure logic, no RPC and no clock: SchedulerCore owns a WorkQueue and calls
+// it under its own mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/config.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+// The units of one epoch, in file (or row) order; together they cover the
+// training data exactly once:
+//  * synthetic: row ranges of about work_unit_rows rows;
+//  * a file the scheduler can read: byte ranges of about work_unit_rows
+//    lines, sized from the average line length of the file's first 64 KiB
+//    (the readers cut on line boundaries, so any split is exact);
+//  * a file the scheduler cannot see (it lives where the workers are):
+//    part/num_parts with begin_byte = -1, 8 parts per worker, which the
+//    worker cuts by its own file size.
+// Never empty: at least one unit.
+std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config);
+
+// The worker whose queue unit `index` (0-based, of `units` an epoch) starts
+// in: contiguous blocks, as the static shards were cut, so each worker
+// first reads its own part of the file in order.
+int PreferredWorker(int64_t index, int64_t units, int workers);
+
+// Not thread-safe: the caller serialises.
+//
+// Each worker has its own queue (PreferredWorker, every epoch); units handed
+// back by a dead worker go to a shared pool. With `steal` (SSP and ASP), a
+// worker whose queue and the pool are empty takes the last unit of the
+// longest other queue, so a slow worker does fewer units. Without it (BSP)
+// which worker trains which unit, and in which order, depends only on the
+// plan, so a BSP job is reproducible (its clocks combine the same batches
+// every run) as long as no worker dies.
+class WorkQueue {
+ public:
+  // `units` is one epoch's plan (non-empty), repeated for `epochs` epochs,
+  // queued for `workers` workers (>= 1).
+  WorkQueue(std::vector<proto::DataShard> units, int epochs, int workers,
+            bool steal);
+
+  // The next unit for `worker` (ids in [0, workers)), now assigned to it:
+  // the pool's lowest id, else its own queue's lowest id (the lowest epoch
+  // first), else (with steal) the last unit of the longest other queue;
+  // nullopt when none is left for it.
+  std::optional<proto::WorkUnit> Take(int worker);
+  // Units assigned to `worker` and neither finished nor in `holding`: their
+  // hand-out was lost in a reply. Returned again (still assigned to it).
+  std::vector<proto::WorkUnit> Lost(int worker,
+                                    const std::set<int64_t>& holding) const;
+  // Records that `worker` finished unit `u.id()` with `u.examples()` rows.
+  // OK again for a repeat by the same worker (idempotent); INVALID_ARGUMENT
+  // for an unknown unit id or negative counts; FAILED_PRECONDITION when the
+  // unit is not assigned to `worker` (it was handed back and given to
+  // another worker, or finished by one).
+  absl::Status Finish(int worker, const proto::FinishedUnit& u);
+  // Hands back every unit assigned to `worker` and not finished, and its
+  // queue, to the pool; returns how many units were in progress.
+  int Release(int worker);
+
+  bool AllDone() const { return done_ == static_cast<int64_t>(state_.size()); }
+  int64_t units_per_epoch() const {
+    return static_cast<int64_t>(plan_.size());
+  }
+  int epochs() const { return epochs_; }
+  // Examples of finished units, per epoch (index = epoch).
+  const std::vector<int64_t>& epoch_examples() const { return examples_; }
+  // Malformed lines skipped in the finished units of epoch 0 (one pass).
+  int64_t skipped_first_epoch() const { return skipped_; }
+  // Units finished by `worker` (a redone unit counts for who finished it).
+  int64_t finished_by(int worker) const;
+
+ private:
+  struct Unit {
+    int worker = -1;  // assigned to, or who finished it
+    bool done = false;
+  };
+  proto::WorkUnit Make(int64_t id) const;
+
+  const std::vector<proto::DataShard> plan_;
+  const int epochs_;
+  const bool steal_;
+  std::vector<Unit> state_;          // by unit id
+  // Queued ids, ascending (= ascending epoch): per worker, and the pool of
+  // handed-back units.
+  std::vector<std::set<int64_t>> own_;
+  std::set<int64_t> pool_;
+  std::map<int, std::set<int64_t>> assigned_;  // per worker, not done
+  std::map<int, int64_t> finished_by_;
+  std::vector<int64_t> examples_;    // per epoch
+  int64_t skipped_ = 0;
+  int64_t done_ = 0;
+};
+
+}  // namespace ps

@@ -1,0 +1,189 @@
+// WorkQueue and PlanWorkUnits alone: no scheduler, no clock.
+#include "scheduler/work_units.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/data.h"
+
+namespace ps {
+namespace {
+
+using absl::StatusCode;
+
+proto::FinishedUnit Finished(int64_t id, int64_t examples) {
+  proto::FinishedUnit f;
+  f.set_id(id);
+  f.set_examples(examples);
+  return f;
+}
+
+std::vector<proto::DataShard> Rows(int n) {
+  std::vector<proto::DataShard> units(n);
+  for (int i = 0; i < n; ++i) {
+    units[i].set_row_begin(i * 10);
+    units[i].set_row_end(i * 10 + 10);
+  }
+  return units;
+}
+
+TEST(WorkQueueTest, HandsOutInEpochOrderAndCountsPerEpoch) {
+  WorkQueue q(Rows(3), 2, 1, /*steal=*/false);
+  for (int64_t want = 0; want < 6; ++want) {
+    std::optional<proto::WorkUnit> u = q.Take(0);
+    ASSERT_TRUE(u.has_value());
+    EXPECT_EQ(u->id(), want);
+    EXPECT_EQ(u->epoch(), want / 3);
+    EXPECT_EQ(u->data().row_begin(), (want % 3) * 10);
+    ASSERT_TRUE(q.Finish(0, Finished(want, 10)).ok());
+  }
+  EXPECT_FALSE(q.Take(0).has_value());
+  EXPECT_TRUE(q.AllDone());
+  EXPECT_EQ(q.epoch_examples(), (std::vector<int64_t>{30, 30}));
+  EXPECT_EQ(q.finished_by(0), 6);
+}
+
+TEST(WorkQueueTest, PreferredWorkersGetContiguousBlocks) {
+  EXPECT_EQ(PreferredWorker(0, 10, 3), 0);
+  EXPECT_EQ(PreferredWorker(3, 10, 3), 0);
+  EXPECT_EQ(PreferredWorker(4, 10, 3), 1);
+  EXPECT_EQ(PreferredWorker(9, 10, 3), 2);
+  EXPECT_EQ(PreferredWorker(0, 1, 4), 0);
+}
+
+// BSP: each worker reads only its own queue, so runs are reproducible.
+TEST(WorkQueueTest, WithoutStealingEachWorkerKeepsItsQueue) {
+  WorkQueue q(Rows(4), 1, 2, /*steal=*/false);
+  EXPECT_EQ(q.Take(0)->id(), 0);
+  EXPECT_EQ(q.Take(0)->id(), 1);
+  EXPECT_FALSE(q.Take(0).has_value());
+  EXPECT_EQ(q.Take(1)->id(), 2);
+  EXPECT_EQ(q.Take(1)->id(), 3);
+}
+
+// SSP/ASP: a fast worker takes the last unit of the longest other queue.
+TEST(WorkQueueTest, StealingTakesTheTailOfTheLongestQueue) {
+  WorkQueue q(Rows(6), 1, 3, /*steal=*/true);  // {0,1} {2,3} {4,5}
+  EXPECT_EQ(q.Take(0)->id(), 0);
+  EXPECT_EQ(q.Take(0)->id(), 1);
+  EXPECT_EQ(q.Take(2)->id(), 4);
+  EXPECT_EQ(q.Take(0)->id(), 3);  // W[1]'s queue is the longest
+  EXPECT_EQ(q.Take(0)->id(), 2);  // a tie: the lowest worker's
+  EXPECT_EQ(q.Take(1)->id(), 5);  // its own queue is empty: steals too
+  EXPECT_FALSE(q.Take(1).has_value());
+}
+
+TEST(WorkQueueTest, ReleasedUnitsGoFirstAndCountOnce) {
+  WorkQueue q(Rows(4), 2, 2, /*steal=*/false);  // W0 {0,1,4,5} W1 {2,3,6,7}
+  ASSERT_EQ(q.Take(0)->id(), 0);
+  ASSERT_EQ(q.Take(1)->id(), 2);
+  ASSERT_EQ(q.Take(1)->id(), 3);
+  ASSERT_TRUE(q.Finish(1, Finished(2, 10)).ok());
+  EXPECT_EQ(q.Release(1), 1);  // unit 3 (unit 2 is done), and {6, 7}
+  EXPECT_EQ(q.Finish(1, Finished(3, 10)).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(q.Take(0)->id(), 3);  // the pool first, even without stealing
+  EXPECT_EQ(q.Take(0)->id(), 6);
+  EXPECT_EQ(q.Take(0)->id(), 7);
+  EXPECT_EQ(q.Take(0)->id(), 1);
+  ASSERT_TRUE(q.Finish(0, Finished(3, 10)).ok());
+  ASSERT_TRUE(q.Finish(0, Finished(3, 10)).ok());  // a resent report
+  EXPECT_EQ(q.epoch_examples()[0], 20);
+  EXPECT_FALSE(q.AllDone());
+}
+
+TEST(WorkQueueTest, LostHandOutsAreFoundFromWhatTheWorkerHolds) {
+  WorkQueue q(Rows(4), 1, 1, /*steal=*/false);
+  ASSERT_EQ(q.Take(0)->id(), 0);
+  ASSERT_EQ(q.Take(0)->id(), 1);
+  std::vector<proto::WorkUnit> lost = q.Lost(0, {0});
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].id(), 1);
+  EXPECT_TRUE(q.Lost(0, {0, 1}).empty());
+  EXPECT_TRUE(q.Lost(3, {}).empty());
+}
+
+TEST(WorkQueueTest, BadReportsAreRefused) {
+  WorkQueue q(Rows(2), 1, 1, /*steal=*/false);
+  ASSERT_TRUE(q.Take(0).has_value());
+  EXPECT_EQ(q.Finish(0, Finished(2, 1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(q.Finish(0, Finished(-1, 1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(q.Finish(0, Finished(0, -1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(q.Finish(1, Finished(0, 1)).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(q.Finish(0, Finished(1, 1)).code(),
+            StatusCode::kFailedPrecondition);  // never handed out
+}
+
+TEST(PlanWorkUnitsTest, SyntheticRowRanges) {
+  JobConfig c;
+  c.data.format = "synthetic";
+  c.data.synthetic.train_rows = 1050;
+  c.fault_tolerance.work_unit_rows = 100;
+  std::vector<proto::DataShard> u = PlanWorkUnits(c);
+  ASSERT_EQ(u.size(), 11u);
+  EXPECT_EQ(u[10].row_begin(), 1000);
+  EXPECT_EQ(u[10].row_end(), 1050);
+  EXPECT_EQ(u[10].part(), 10);
+  EXPECT_EQ(u[10].num_parts(), 11);
+}
+
+// The units of a file cover it exactly once, whatever the line lengths.
+TEST(PlanWorkUnitsTest, FileUnitsCoverEveryLineOnce) {
+  const std::string path =
+      (std::filesystem::path(::testing::TempDir()) /
+       absl::StrCat("work_units_test_", getpid(), ".libsvm"))
+          .string();
+  {
+    std::ofstream out(path);
+    for (int i = 0; i < 997; ++i) {
+      out << (i % 2) << " " << (i % 13 + 1) << ":1";
+      for (int j = 0; j < i % 7; ++j) out << " " << (20 + j) << ":0.5";
+      out << "\n";
+    }
+  }
+  JobConfig c;
+  c.data.format = "libsvm";
+  c.data.train = path;
+  c.fault_tolerance.work_unit_rows = 50;
+  std::vector<proto::DataShard> units = PlanWorkUnits(c);
+  EXPECT_GE(units.size(), 15u);
+  EXPECT_LE(units.size(), 25u);
+  int64_t rows = 0, expect_begin = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    EXPECT_EQ(units[i].begin_byte(), expect_begin);
+    expect_begin = units[i].end_byte();
+    EXPECT_EQ(units[i].end_byte() == -1, i + 1 == units.size());
+    auto r = OpenLibsvm(path, units[i].begin_byte(), units[i].end_byte(),
+                        false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    RowBlock b;
+    for (;;) {
+      auto n = (*r)->Next(1000, &b);
+      ASSERT_TRUE(n.ok());
+      if (*n == 0) break;
+    }
+    rows += static_cast<int64_t>(b.rows());
+  }
+  EXPECT_EQ(rows, 997);
+  std::filesystem::remove(path);
+}
+
+TEST(PlanWorkUnitsTest, FileTheSchedulerCannotSeeIsCutByTheWorkers) {
+  JobConfig c;
+  c.data.format = "libsvm";
+  c.data.train = "/nonexistent/train.libsvm";
+  c.cluster.num_workers = 3;
+  std::vector<proto::DataShard> units = PlanWorkUnits(c);
+  ASSERT_EQ(units.size(), 24u);
+  EXPECT_EQ(units[5].begin_byte(), -1);
+  EXPECT_EQ(units[5].part(), 5);
+  EXPECT_EQ(units[5].num_parts(), 24);
+}
+
+}  // namespace
+}  // namespace ps

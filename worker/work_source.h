@@ -1,0 +1,121 @@
+// The worker's side of dynamic work units (issue 9; scheduler/work_units.h):
+// asks the scheduler for the next unit when the current one is read, opens
+// its reader and streams its rows, and reports a unit finished only once
+// every push made from its rows was acknowledged (it waits on the clock
+// operations the trainer declared with Pushed()).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/ps.pb.h"
+#include "transport/transport.h"
+#include "worker/data.h"
+#include "worker/kv_worker.h"
+
+namespace ps {
+
+struct WorkSourceOptions {
+  int worker_id = 0;
+  // A GetWork that fails with UNAVAILABLE or DEADLINE_EXCEEDED (not
+  // JOB_FAILED) is resent with backoff (it is idempotent) until this long
+  // after the first attempt; each attempt bounded by rpc_timeout.
+  absl::Duration retry_for = absl::Seconds(120);
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // How long to wait for a finished unit's pushes to be acknowledged.
+  absl::Duration ack_timeout = absl::Seconds(600);
+};
+
+// Where the other workers' lowest clock is probably now, from reports that
+// are up to a heartbeat (or a work unit) old: the last reported value plus
+// the rate it grew at between the last two different reports. An estimate
+// too high only makes a catching-up worker wait on its own next pull; it
+// never breaks consistency (the skipped clocks are empty). Not thread-safe.
+class ClockEstimate {
+ public:
+  // A report of `clock` (-1: none) seen at `now`.
+  void Report(int64_t clock, absl::Time now);
+  // The estimate at `now`; -1 before any report.
+  int64_t At(absl::Time now) const;
+
+ private:
+  int64_t clock_ = -1;
+  absl::Time when_;
+  double per_second_ = 0;
+};
+
+// Not thread-safe: the training loop drives it.
+class WorkSource {
+ public:
+  using Opener = std::function<absl::StatusOr<std::unique_ptr<RowReader>>(
+      const proto::DataShard&)>;
+  // `scheduler` and `kv` must outlive it.
+  WorkSource(WorkSourceOptions options, SchedulerClient* scheduler,
+             KVWorker* kv, Opener open);
+
+  enum class Got {
+    kRows,  // rows appended
+    kWait,  // no unit free now, others still in progress: keep step with
+            // the clocks (push what was read), then ask again
+    kDone,  // every unit of the job is done
+  };
+  // Appends up to max_rows rows of ONE unit to *out (a unit's last batch
+  // may be short) and sets *unit to its id. Asks the scheduler (reporting
+  // the finished units, which may block until their pushes are
+  // acknowledged) when the current unit is exhausted. Errors: the reader's,
+  // the scheduler's (after retries), a finished unit's push failure.
+  absl::StatusOr<Got> Next(size_t max_rows, RowBlock* out, int64_t* unit);
+  // The rows Next handed out for `unit` so far are pushed, and clock
+  // operation `ts` of the KVWorker covers them. Call once per batch.
+  void Pushed(int64_t unit, int64_t ts);
+
+  // After kDone: whether the scheduler chose this worker to evaluate.
+  bool evaluate() const { return evaluate_; }
+  // The epoch of the unit being read (for logs).
+  int epoch() const { return epoch_; }
+  int64_t units_finished() const { return units_finished_; }
+  // The lowest clock of the other workers still training, as of the last
+  // GetWork answer; -1 when unknown.
+  int64_t others_min_clock() const { return others_min_clock_; }
+  // Malformed lines skipped in the epoch-0 units this worker finished (one
+  // pass over its part of the data); path "" when none was read.
+  const proto::SkippedLines& skipped() const { return skipped_; }
+
+ private:
+  struct Held {
+    int epoch = 0;
+    int64_t batches_read = 0;
+    int64_t batches_pushed = 0;
+    int64_t rows = 0;
+    bool exhausted = false;
+    std::vector<int64_t> clock_ts;  // to wait on before reporting
+    ReadStats stats;
+    std::string path;
+  };
+  // Reports the finished units and gets the answer (retried).
+  absl::StatusOr<proto::GetWorkResponse> Ask();
+
+  const WorkSourceOptions options_;
+  SchedulerClient* const scheduler_;
+  KVWorker* const kv_;
+  const Opener open_;
+  std::map<int64_t, Held> held_;  // units assigned to this worker
+  std::unique_ptr<RowReader> reader_;
+  int64_t current_ = -1;
+  bool done_ = false;
+  bool evaluate_ = false;
+  int epoch_ = 0;
+  int64_t units_finished_ = 0;
+  int64_t others_min_clock_ = -1;
+  proto::SkippedLines skipped_;
+  bool have_bad_ = false;  // skipped_ names a first bad line
+};
+
+}  // namespace ps
