@@ -716,7 +716,7 @@ TEST_F(MultiProcessTest, LauncherKillsAWorker) {
   dirs_.push_back(dir);
   LaunchResult r = RunLaunch(
       dir, A9aYaml("ssp", 2),
-      {"training.epochs=40", "cluster.heartbeat_ms=100",
+      {"training.epochs=15", "cluster.heartbeat_ms=100",
        "cluster.heartbeat_timeout_ms=1000"},
       "--kill W1@1");
   EXPECT_EQ(r.exit_code, 0) << Tail(r.log, 4000);
