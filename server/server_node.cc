@@ -167,6 +167,7 @@ absl::Status ServerNode::Configure(int server_id,
     epoch_ = view.epoch();
     model_dir_ = view.model_dir();
     routing_ = std::make_shared<const Routing>(std::move(routing));
+    owned_ = routing_->RangesOf(id_);
     for (const proto::NodeInfo& w : view.workers()) {
       if (w.id() < 0 || w.id() >= static_cast<int>(workers_.size())) continue;
       if (w.state() == proto::NODE_DEAD && !workers_[w.id()].dead) {
@@ -352,6 +353,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
     } else if (s.ok()) {
       resp->set_duplicate(true);  // a replay: applied once already
     }
+    if (fresh.empty()) NoteFinished(req.worker_id(), actions, &finished);
   }
   if (!fresh.empty()) {
     const float scale =
@@ -369,9 +371,6 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
           .IgnoreError();  // admitted above: cannot fail
       actions.emplace_back(runs[i].range, std::move(a));
     }
-  }
-  {
-    absl::MutexLock l(&mu_);
     NoteFinished(req.worker_id(), actions, &finished);
   }
   Publish(actions, finished);
@@ -390,7 +389,7 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
       // The most a correct worker can be ahead of is the clocks it
       // completed on the ranges this server owns.
       int64_t completed = 0;
-      for (int r : adm.routing->RangesOf(adm.id)) {
+      for (int r : owned_) {
         completed = std::max(completed, ranges_[r].Completed(req.worker_id()));
       }
       if (req.clock() > completed &&
@@ -466,9 +465,8 @@ absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {
       return absl::InvalidArgumentError("negative clock, pushes or examples");
     }
     const int w = req.worker_id();
-    const std::vector<int> owned = routing_->RangesOf(id_);
     int64_t completed = 0;
-    for (int r : owned) {
+    for (int r : owned_) {
       completed = std::max(completed, ranges_[r].Completed(w));
     }
     if (req.clock() > completed &&
@@ -511,12 +509,12 @@ absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {
     } else {
       // Older clients: settle every owned range now; announce per range
       // once all `pushes` requests of the clock arrived.
-      for (int r : owned) {
+      for (int r : owned_) {
         ranges_[r].Settle(w, req.settled_seq()).IgnoreError();  // id checked
       }
       // A clock every owned range completed is a replay: it only settles.
-      bool replay = !owned.empty();
-      for (int r : owned) {
+      bool replay = !owned_.empty();
+      for (int r : owned_) {
         if (ranges_[r].Completed(w) <= req.clock()) replay = false;
       }
       if (!replay) {
@@ -551,8 +549,7 @@ absl::Status ServerNode::Finish(const proto::FinishRequest& req) {
       return absl::InvalidArgumentError("negative final clock");
     }
     const int w = req.worker_id();
-    workers_[w].final_clock = req.final_clock();
-    for (int r : routing_->RangesOf(id_)) {
+    for (int r : owned_) {
       RangeActions ra;
       ranges_[r].Finish(w, req.final_clock(), &ra).IgnoreError();  // checked
       ApplyBsp(r, &ra);
@@ -577,7 +574,7 @@ void ServerNode::AnnounceLegacy(int worker, RangeActionList* out) {
       ++it;
       continue;
     }
-    for (int r : routing_->RangesOf(id_)) {
+    for (int r : owned_) {
       auto n = lc.per_range.find(r);
       RangeActions ra;
       // Validated when it was recorded; a clock too far ahead was refused.
@@ -620,7 +617,7 @@ void ServerNode::NoteFinished(int worker, const RangeActionList& actions,
     if (!a.finished.empty()) any = true;
   }
   if (!any || w.finished) return;
-  for (int r : routing_->RangesOf(id_)) {
+  for (int r : owned_) {
     if (!ranges_[r].Finished(worker)) return;
   }
   w.finished = true;
@@ -774,7 +771,7 @@ proto::ServerStatus ServerNode::Status() const {
   s.set_pushes(pushes_);
   s.set_pulls(pulls_);
   s.set_non_finite_pushes(non_finite_pushes_);
-  if (routing_) s.set_ranges(routing_->RangesOf(id_).size());
+  s.set_ranges(static_cast<int>(owned_.size()));
   if (consistency_) {
     for (int64_t c : consistency_->MinClockPerWorker()) s.add_worker_clocks(c);
   }

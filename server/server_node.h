@@ -144,13 +144,11 @@ class ServerNode {
   struct LegacyClock {
     int64_t announced = -1;  // push requests announced; -1: not yet
     int64_t examples = 0;
-    uint64_t settled = 0;
     int64_t admitted = 0;  // push requests admitted so far
     std::map<int, int64_t> per_range;  // range -> segments admitted
   };
   struct WorkerState {
     std::map<int64_t, LegacyClock> legacy;  // by clock
-    int64_t final_clock = -1;
     bool finished = false;  // finished on every range this server owns
     bool dead = false;
   };
@@ -208,6 +206,8 @@ class ServerNode {
   // One per range of the routing table (ranges never change in a job);
   // only the owned ones receive input.
   std::vector<RangeState> ranges_ ABSL_GUARDED_BY(mu_);
+  // The ranges routing_ gives this server, ascending (set with routing_).
+  std::vector<int> owned_ ABSL_GUARDED_BY(mu_);
   int64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t non_finite_pushes_ ABSL_GUARDED_BY(mu_) = 0;
