@@ -448,6 +448,8 @@ const std::vector<Field>& Fields() {
       StringField(PS_CFG(fault_tolerance, restore_from)),
       IntField<int>(PS_CFG(fault_tolerance, checkpoints_kept), 1, 1000),
       IntField<int64_t>(PS_CFG(fault_tolerance, work_unit_rows), 1),
+      IntField<int>(PS_CFG(fault_tolerance, replicas), -1, 8),
+      IntField<int64_t>(PS_CFG(fault_tolerance, probe_timeout_ms), 1),
   };
   return *fields;
 }

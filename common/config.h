@@ -170,6 +170,21 @@ struct FaultToleranceConfig {
   // a slow or dead worker's share is spread over the others; larger data
   // sets get proportionally more units (one small RPC per unit).
   int64_t work_unit_rows = 1000;
+  // Replication (docs/fault_tolerance.md): backups per key range, placed on
+  // the next servers of the hash ring; a push is acknowledged once it is on
+  // every live replica. -1 (default): 1 when there are at least 2 servers,
+  // else 0. With 0 a dead server fails the job.
+  int replicas = -1;
+  // Failover: a server a worker or the scheduler could not reach is probed
+  // (a status RPC, this long, twice); no answer confirms it dead at once,
+  // without waiting for cluster.heartbeat_timeout_ms.
+  int64_t probe_timeout_ms = 300;
+  // Backups per range after the -1 default is resolved, capped at
+  // num_servers - 1.
+  int EffectiveReplicas(int num_servers) const {
+    const int k = replicas < 0 ? (num_servers >= 2 ? 1 : 0) : replicas;
+    return num_servers <= 1 ? 0 : (k < num_servers - 1 ? k : num_servers - 1);
+  }
   bool operator==(const FaultToleranceConfig&) const = default;
 };
 

@@ -10,7 +10,7 @@
 namespace ps {
 
 proto::RoutingTable BuildHashRing(const std::vector<int>& server_ids,
-                                  int vnodes, int64_t epoch) {
+                                  int vnodes, int64_t epoch, int replicas) {
   // point -> owner; ties (astronomically unlikely) go to the lower id.
   std::map<uint64_t, int> points;
   for (int s : server_ids) {
@@ -38,7 +38,81 @@ proto::RoutingTable BuildHashRing(const std::vector<int>& server_ids,
     t.add_range_begin(last + 1);
     t.add_range_server(first_owner);
   }
+  if (replicas > 0) {
+    t.set_replicas(replicas);
+    for (int r = 0; r < t.range_server_size(); ++r) {
+      std::vector<int> pref = PreferenceList(t, r);
+      for (int i = 0; i < replicas; ++i) {
+        t.add_range_backup(i + 1 < static_cast<int>(pref.size()) ? pref[i + 1]
+                                                                 : -1);
+      }
+    }
+  }
   return t;
+}
+
+std::vector<int> PreferenceList(const proto::RoutingTable& ring, int range) {
+  std::vector<int> out;
+  const int n = ring.range_server_size();
+  for (int i = 0; i < n; ++i) {
+    const int s = ring.range_server((range + i) % n);
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  }
+  return out;
+}
+
+absl::StatusOr<proto::RoutingTable> Reassign(const proto::RoutingTable& ring,
+                                             const proto::RoutingTable& current,
+                                             const std::vector<bool>& live,
+                                             int replicas, int64_t epoch) {
+  auto is_live = [&](int s) {
+    return s >= 0 && s < static_cast<int>(live.size()) && live[s];
+  };
+  proto::RoutingTable out = current;
+  out.set_epoch(epoch);
+  out.set_replicas(replicas);
+  out.clear_range_backup();
+  const int old_k = current.replicas();
+  for (int r = 0; r < current.range_server_size(); ++r) {
+    std::vector<int> chain;  // live holders of the range's data, in order
+    if (is_live(current.range_server(r))) {
+      chain.push_back(current.range_server(r));
+    }
+    for (int i = 0; i < old_k; ++i) {
+      const int b = current.range_backup(r * old_k + i);
+      if (is_live(b) &&
+          std::find(chain.begin(), chain.end(), b) == chain.end()) {
+        chain.push_back(b);
+      }
+    }
+    if (chain.empty()) {
+      return absl::DataLossError(absl::StrCat(
+          "range ", r, ": its owner S[", current.range_server(r),
+          "] and every backup are dead"));
+    }
+    if (r < ring.range_server_size()) {
+      for (int s : PreferenceList(ring, r)) {
+        if (static_cast<int>(chain.size()) > replicas) break;
+        if (is_live(s) &&
+            std::find(chain.begin(), chain.end(), s) == chain.end()) {
+          chain.push_back(s);
+        }
+      }
+    }
+    out.set_range_server(r, chain[0]);
+    for (int i = 0; i < replicas; ++i) {
+      out.add_range_backup(i + 1 < static_cast<int>(chain.size()) ? chain[i + 1]
+                                                                 : -1);
+    }
+  }
+  return out;
+}
+
+bool Routing::IsBackupOf(int range, int server) const {
+  for (int i = 0; i < replicas(); ++i) {
+    if (BackupOfRange(range, i) == server) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<Routing> Routing::FromProto(const proto::RoutingTable& table) {
@@ -63,6 +137,19 @@ absl::StatusOr<Routing> Routing::FromProto(const proto::RoutingTable& table) {
     if (o < 0 || (table.servers_size() > 0 && o >= table.servers_size())) {
       return absl::InvalidArgumentError(
           absl::StrCat("routing table: bad owner id ", o));
+    }
+  }
+  if (table.replicas() < 0 ||
+      static_cast<size_t>(table.range_backup_size()) !=
+          r.begins_.size() * static_cast<size_t>(table.replicas())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "routing table: ", table.range_backup_size(), " backups for ",
+        r.begins_.size(), " ranges x ", table.replicas(), " replicas"));
+  }
+  for (int b : table.range_backup()) {
+    if (b < -1 || (table.servers_size() > 0 && b >= table.servers_size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing table: bad backup id ", b));
     }
   }
   return r;

@@ -16,8 +16,28 @@ namespace ps {
 // Builds the routing table for `server_ids`, each placed on the ring at
 // `vnodes` points. A server's points depend only on its id, so adding a
 // server moves only keys that then belong to the new server.
+// With `replicas` > 0 each range also gets that many backups: the next
+// distinct servers clockwise on the ring after its owner (the paper's
+// placement), fewer when there are not enough servers.
 proto::RoutingTable BuildHashRing(const std::vector<int>& server_ids,
-                                  int vnodes, int64_t epoch);
+                                  int vnodes, int64_t epoch, int replicas = 0);
+
+// Replication (issue 9). The servers that may hold range `range` of `ring`
+// (a table from BuildHashRing), in preference order: the distinct owners
+// of the ranges from `range` on, clockwise, wrapping.
+std::vector<int> PreferenceList(const proto::RoutingTable& ring, int range);
+
+// The owners and backups after servers died or joined: for each range,
+// the owner is the first live server of its current chain (owner, then
+// backups, in `current`), so a backup that holds the range's data is
+// promoted; the backups are the live ones left of the current chain, then
+// the next live servers of the range's preference list in `ring`, up to
+// `replicas`. Keeps boundaries and servers of `current`; sets `epoch`.
+// DATA_LOSS naming the range when no live server of its chain is left.
+absl::StatusOr<proto::RoutingTable> Reassign(const proto::RoutingTable& ring,
+                                             const proto::RoutingTable& current,
+                                             const std::vector<bool>& live,
+                                             int replicas, int64_t epoch);
 
 // The keys of one destination server inside a sorted key array: index spans
 // [first, second) into that array, in ascending order.
@@ -46,6 +66,14 @@ class Routing {
   int RangeOf(uint64_t key) const;
   int ServerOf(uint64_t key) const { return owners_[RangeOf(key)]; }
   int OwnerOfRange(int range) const { return owners_[range]; }
+  // Replication: backups per range (0: none) and range `range`'s backup
+  // `i` (-1: none left).
+  int replicas() const { return table_.replicas(); }
+  int BackupOfRange(int range, int i) const {
+    return table_.range_backup(range * table_.replicas() + i);
+  }
+  // Whether `server` holds a backup of `range`.
+  bool IsBackupOf(int range, int server) const;
   uint64_t RangeBegin(int range) const { return begins_[range]; }
   // Inclusive last key of `range`.
   uint64_t RangeLast(int range) const;

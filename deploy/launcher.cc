@@ -476,7 +476,12 @@ on SIGINT/SIGTERM.
 
 bool ClusterHandlesWorkerDeath(const JobConfig& config,
                                const std::string& child_name) {
-  // Every model but mlp trains on dynamic work units (issue 9).
+  // Every model but mlp trains on dynamic work units (issue 9); with
+  // replication the scheduler fails a dead server's ranges over.
+  if (absl::StartsWith(child_name, "S[")) {
+    return config.fault_tolerance.EffectiveReplicas(
+               config.cluster.num_servers) > 0;
+  }
   return absl::StartsWith(child_name, "W[") && config.training.model != "mlp";
 }
 
@@ -1058,12 +1063,20 @@ int Launcher::Run(const std::atomic<int>* stop) {
           // Issue 9: a dead worker is the cluster's to handle (the
           // scheduler hands its work units to the others) unless the job
           // already failed.
+          // A server is the cluster's to handle (failover) when it was
+          // killed by a signal (a crash, the OOM killer); one that exits
+          // with a status stops on an error of its own, printed above.
           if (!r.exit.ok() && ClusterHandlesWorkerDeath(config, r.exit.name) &&
+              (r.exit.signaled || !absl::StartsWith(r.exit.name, "S[")) &&
               !FailedJobError(report_path).has_value()) {
             dead_workers.push_back(r.exit.name);
-            Say(absl::StrCat(r.exit.Describe(),
-                             "; the job goes on without it (the scheduler "
-                             "hands its work units to the other workers)"));
+            Say(absl::StrCat(
+                r.exit.Describe(),
+                absl::StartsWith(r.exit.name, "S[")
+                    ? "; the job goes on without it (the scheduler fails "
+                      "its key ranges over to their backups)"
+                    : "; the job goes on without it (the scheduler hands its "
+                      "work units to the other workers)"));
             break;
           }
           if (!r.exit.ok()) {
@@ -1127,7 +1140,7 @@ int Launcher::Run(const std::atomic<int>* stop) {
     }
   }
   if (!dead_workers.empty()) {
-    Say(absl::StrCat("workers that died during the job: ",
+    Say(absl::StrCat("nodes that died during the job: ",
                      absl::StrJoin(dead_workers, ", "), "; the job ",
                      code == kExitOk ? "ended ok without them" : "failed"));
   }

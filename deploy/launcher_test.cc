@@ -624,6 +624,11 @@ TEST(FailedJobErrorTest, ReadsTheErrorOfAFailedReportOnly) {
 }
 
 TEST_F(LauncherTest, NodeKilledBySignalGives128PlusSignal) {
+  // Without replication a dead server ends the job (with it, the cluster
+  // fails its ranges over: issue 9).
+  options_.config_path = WriteConfig(
+      "cluster:\n  num_servers: 2\n  num_workers: 2\n"
+      "output:\n  model_dir: model\nfault_tolerance:\n  replicas: 0\n");
   Steer("ps_server", "--sleep-ms 60000");
   Steer("ps_scheduler", "--sleep-ms 60000");
   Steer("ps_worker", "--sleep-ms 60000");
@@ -650,7 +655,7 @@ TEST_F(LauncherTest, WorkerDeathIsLeftToTheCluster) {
   EXPECT_TRUE(absl::StrContains(death[0], "; the job goes on without it"))
       << death[0];
   EXPECT_THAT(lines_.Get(),
-              Contains("ps_launch: workers that died during the job: W[1]; "
+              Contains("ps_launch: nodes that died during the job: W[1]; "
                        "the job ended ok without them"));
 }
 

@@ -115,6 +115,115 @@ absl::Status JobFailed(const absl::Status& end) {
 
 }  // namespace
 
+SchedulerCore::~SchedulerCore() {
+  std::vector<std::thread> probes;
+  {
+    absl::MutexLock l(&mu_);
+    closing_ = true;
+    probes.swap(probes_);
+  }
+  for (std::thread& t : probes) t.join();
+}
+
+void SchedulerCore::Probe(int id, std::string address) {
+  const absl::Duration timeout = absl::Milliseconds(
+      options_.config.fault_tolerance.probe_timeout_ms);
+  absl::Status last;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto st = options_.clients->Server(address)->GetStatus(
+        options_.clock->Now() + timeout);
+    if (st.ok()) {
+      PS_LOG_INFO("S[{}] answered its probe: not dead", id);
+      absl::MutexLock l(&mu_);
+      probing_.erase(id);
+      return;
+    }
+    last = st.status();
+    if (last.code() != absl::StatusCode::kUnavailable &&
+        last.code() != absl::StatusCode::kDeadlineExceeded) {
+      break;  // it answered, with an error: alive
+    }
+  }
+  if (last.code() == absl::StatusCode::kUnavailable ||
+      last.code() == absl::StatusCode::kDeadlineExceeded) {
+    FailoverServers({id}, absl::StrCat("probe: ", last.message()));
+  }
+  absl::MutexLock l(&mu_);
+  probing_.erase(id);
+}
+
+void SchedulerCore::FailoverServers(const std::vector<int>& ids,
+                                    const std::string& why) {
+  absl::MutexLock change(&view_change_mu_);
+  absl::Status failure;
+  proto::ClusterView view;
+  std::vector<int> failed;
+  const absl::Time t0 = options_.clock->Now();
+  {
+    absl::MutexLock l(&mu_);
+    if (concluding_ || !ready_) return;
+    for (int id : ids) {
+      if (id < 0 || id >= static_cast<int>(servers_.size())) continue;
+      Node& n = servers_[id];
+      if (n.info.state() != proto::NODE_ALIVE) continue;
+      n.info.set_state(proto::NODE_DEAD);
+      failed.push_back(id);
+      const std::string what = absl::StrCat(
+          "server S[", id, "]", n.info.address().empty() ? "" : " at ",
+          n.info.address(), " died (", why, "; last heartbeat ",
+          absl::FormatDuration(t0 - n.last_seen), " ago)");
+      if (replicas_ == 0) {
+        failure = absl::UnavailableError(absl::StrCat(
+            what, "; its key ranges have no replica "
+                  "(fault_tolerance.replicas is 0)"));
+      } else if (finalizing_) {
+        failure = absl::UnavailableError(
+            absl::StrCat(what, " while the model was being saved"));
+      }
+      PS_LOG_WARN("{}", what);
+    }
+    if (failed.empty()) return;
+    if (failure.ok()) {
+      std::vector<bool> live(servers_.size());
+      for (size_t i = 0; i < servers_.size(); ++i) {
+        live[i] = servers_[i].info.state() != proto::NODE_DEAD;
+      }
+      absl::StatusOr<proto::RoutingTable> t = Reassign(
+          ring_, view_.routing(), live, replicas_, view_.epoch() + 1);
+      if (!t.ok()) {
+        failure = Annotate(t.status(), absl::StrCat("server S[", failed[0],
+                                                    "] died"));
+      } else {
+        view_.set_epoch(view_.epoch() + 1);
+        *view_.mutable_routing() = std::move(*t);
+        for (proto::NodeInfo& si : *view_.mutable_routing()->mutable_servers()) {
+          if (si.id() >= 0 && si.id() < static_cast<int>(servers_.size())) {
+            si.set_state(servers_[si.id()].info.state());
+          }
+        }
+        for (int id : failed) {
+          Failover f;
+          f.server = id;
+          f.epoch = view_.epoch();
+          f.last_seen_ms = absl::ToUnixMillis(servers_[id].last_seen);
+          f.detected_ms = absl::ToUnixMillis(t0);
+          f.why = why;
+          failovers_.push_back(f);
+        }
+        view = view_;
+      }
+    }
+  }
+  if (!failure.ok()) {
+    Conclude(failure);
+    return;
+  }
+  if (!BroadcastView(view).ok()) return;  // the job failed, naming the server
+  PS_LOG_INFO("view epoch {}: S[{}] failed over to the backups in {}",
+              view.epoch(), absl::StrJoin(failed, "], S["),
+              absl::FormatDuration(options_.clock->Now() - t0));
+}
+
 SchedulerCore::Node* SchedulerCore::FindLocked(proto::Role role, int id) {
   std::vector<Node>* group = role == proto::ROLE_SERVER   ? &servers_
                              : role == proto::ROLE_WORKER ? &workers_
@@ -202,7 +311,10 @@ void SchedulerCore::BuildViewLocked() {
   for (int i = 0; i < static_cast<int>(servers_.size()); ++i) ids.push_back(i);
   proto::ClusterView v;
   v.set_epoch(view_.epoch() + 1);
-  *v.mutable_routing() = BuildHashRing(ids, c.cluster.virtual_nodes, v.epoch());
+  replicas_ = c.fault_tolerance.EffectiveReplicas(static_cast<int>(ids.size()));
+  *v.mutable_routing() =
+      BuildHashRing(ids, c.cluster.virtual_nodes, v.epoch(), replicas_);
+  ring_ = v.routing();
   for (const Node& s : servers_) *v.mutable_routing()->add_servers() = s.info;
   for (const Node& w : workers_) *v.add_workers() = w.info;
   *v.mutable_consistency() = view_.has_consistency()
@@ -229,6 +341,20 @@ absl::StatusOr<proto::GetViewResponse> SchedulerCore::GetView(
   absl::Time until = std::min(
       deadline, absl::Now() + absl::Milliseconds(req.wait_ms()));
   absl::MutexLock l(&mu_);
+  // Failover (issue 9): a caller that could not reach a server has it
+  // probed now.
+  for (int s : req.suspect_servers()) {
+    if (s < 0 || s >= static_cast<int>(servers_.size()) || !ready_ ||
+        concluding_ || closing_ || replicas_ == 0 ||
+        servers_[s].info.state() != proto::NODE_ALIVE || probing_.contains(s)) {
+      continue;
+    }
+    probing_.insert(s);
+    PS_LOG_WARN("S[{}] suspected by {}[{}]: probing it", s,
+                RoleLetter(req.role()), req.id());
+    probes_.emplace_back(&SchedulerCore::Probe, this, s,
+                         servers_[s].info.address());
+  }
   auto newer = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return (ready_ && view_.epoch() > req.known_epoch()) || concluding_;
   };
@@ -266,6 +392,14 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   }
   n.last_seen = std::max(n.last_seen, options_.clock->Now());
   n.info.set_last_heartbeat_ms(absl::ToUnixMillis(n.last_seen));
+  if (req.role() == proto::ROLE_SERVER && req.first_ack_unix_ms() > 0) {
+    for (Failover& f : failovers_) {
+      if (req.first_ack_epoch() >= f.epoch &&
+          (f.first_ack_ms == 0 || req.first_ack_unix_ms() < f.first_ack_ms)) {
+        f.first_ack_ms = req.first_ack_unix_ms();
+      }
+    }
+  }
   if (req.role() == proto::ROLE_WORKER) {
     n.info.set_clock(std::max(n.info.clock(), req.clock()));
     n.info.set_examples(req.examples());
@@ -597,9 +731,14 @@ absl::StatusOr<proto::ServerControlResponse> SchedulerCore::ControlWithRetry(
 
 void SchedulerCore::Finalize() {
   std::vector<std::string> addresses;
+  std::vector<int> ids;
   {
     absl::MutexLock l(&mu_);
-    for (const Node& s : servers_) addresses.push_back(s.info.address());
+    for (const Node& s : servers_) {
+      if (s.info.state() == proto::NODE_DEAD) continue;  // failed over
+      addresses.push_back(s.info.address());
+      ids.push_back(s.info.id());
+    }
   }
   // Bug "one failed save lost the trained model": each save is retried
   // (saving again overwrites the same files) until save_deadline.
@@ -612,7 +751,7 @@ void SchedulerCore::Finalize() {
     if (!resp.ok()) {
       Conclude(absl::Status(
           resp.status().code(),
-          absl::StrCat("S[", i, "] at ", addresses[i],
+          absl::StrCat("S[", ids[i], "] at ", addresses[i],
                        " could not save its model: ", resp.status().message())));
       return;
     }
@@ -710,7 +849,9 @@ absl::StatusOr<proto::StatusResponse> SchedulerCore::Status() {
     *resp.mutable_view() = view_;
     for (const Node& s : servers_) {
       *resp.add_nodes() = s.info;
-      addresses.push_back(s.info.address());
+      if (s.info.state() != proto::NODE_DEAD) {
+        addresses.push_back(s.info.address());
+      }
     }
     for (const Node& w : workers_) *resp.add_nodes() = w.info;
     resp.set_phase(JobPhaseName(phase_));
@@ -730,6 +871,7 @@ void SchedulerCore::CheckHeartbeats() {
       absl::Milliseconds(options_.config.cluster.heartbeat_timeout_ms);
   absl::Status failure;
   std::vector<int> dead_workers;
+  std::vector<int> dead_servers;
   {
     absl::MutexLock l(&mu_);
     if (concluding_ || finalizing_) return;
@@ -761,6 +903,8 @@ void SchedulerCore::CheckHeartbeats() {
           // With work units a dead worker is dropped (DropDeadWorkers).
           if (units_on_ && n.info.role() == proto::ROLE_WORKER) continue;
           const bool server = n.info.role() == proto::ROLE_SERVER;
+          // With replication a dead server fails over (FailoverServers).
+          if (server && replicas_ > 0) continue;
           failure = absl::UnavailableError(absl::StrCat(
               server ? "server S[" : "worker W[", n.info.id(), "]",
               n.info.address().empty() ? "" : " at ", n.info.address(),
@@ -782,9 +926,17 @@ void SchedulerCore::CheckHeartbeats() {
             }
           }
         }
-        if (dead_workers.empty()) return;
+        if (replicas_ > 0) {
+          for (const Node& n : servers_) {
+            if (n.info.state() == proto::NODE_ALIVE &&
+                now - n.last_seen > timeout) {
+              dead_servers.push_back(n.info.id());
+            }
+          }
+        }
+        if (dead_workers.empty() && dead_servers.empty()) return;
       }
-      for (std::vector<Node>* group : {&servers_, &workers_}) {
+      for (std::vector<Node>* group : {&workers_}) {
         for (Node& n : *group) {
           if (n.info.state() == proto::NODE_ALIVE && now - n.last_seen > timeout) {
             n.info.set_state(proto::NODE_DEAD);
@@ -797,6 +949,10 @@ void SchedulerCore::CheckHeartbeats() {
     Conclude(failure);
     return;
   }
+  FailoverServers(dead_servers, absl::StrCat("no heartbeat for ",
+                                             options_.config.cluster
+                                                 .heartbeat_timeout_ms,
+                                             " ms"));
   DropDeadWorkers(dead_workers);
 }
 
@@ -805,6 +961,7 @@ absl::Status SchedulerCore::BroadcastView(const proto::ClusterView& view) {
   proto::ServerControlRequest r;
   *r.mutable_new_view() = view;
   for (const proto::NodeInfo& s : view.routing().servers()) {
+    if (s.state() == proto::NODE_DEAD) continue;  // failed over (issue 9)
     auto resp = ControlWithRetry(s.address(), r, deadline);
     if (!resp.ok()) {
       // Declared failed, not skipped: a server left on an old view would
@@ -842,6 +999,26 @@ JobPhase SchedulerCore::phase() const {
 std::string SchedulerCore::ReportJson() const {
   absl::MutexLock l(&mu_);
   return ReportJsonLocked();
+}
+
+std::string SchedulerCore::FailoverReportLocked() const {
+  std::string j = "  \"failovers\": [";
+  bool first = true;
+  for (const Failover& f : failovers_) {
+    absl::StrAppend(
+        &j, first ? "" : ", ", "{\"node\": \"S[", f.server, "]\"",
+        ", \"epoch\": ", f.epoch, ", \"why\": ", JsonString(f.why),
+        ", \"detect_ms\": ", f.detected_ms - f.last_seen_ms,
+        ", \"last_heartbeat_unix_ms\": ", f.last_seen_ms,
+        ", \"first_ack_unix_ms\": ", f.first_ack_ms,
+        ", \"recovery_ms\": ",
+        f.first_ack_ms > 0 ? absl::StrCat(f.first_ack_ms - f.last_seen_ms)
+                           : std::string("null"),
+        "}");
+    first = false;
+  }
+  absl::StrAppend(&j, "],\n");
+  return j;
 }
 
 std::string SchedulerCore::ReportJsonLocked() const {
@@ -905,6 +1082,8 @@ std::string SchedulerCore::ReportJsonLocked() const {
   }
   absl::StrAppend(&j, "  \"dead_workers\": [",
                   absl::StrJoin(dead_workers_, ", "), "],\n");
+  absl::StrAppend(&j, "  \"replicas\": ", replicas_, ",\n");
+  absl::StrAppend(&j, FailoverReportLocked());
   if (eval != nullptr) {
     absl::StrAppend(&j, "  \"test_auc\": ", Num(eval->test_auc()), ",\n");
     absl::StrAppend(&j, "  \"test_logloss\": ", Num(eval->test_logloss()),
@@ -993,7 +1172,10 @@ absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
     }
     if (next_checkpoint_id_ == 0) next_checkpoint_id_ = MaxCheckpointId(root) + 1;
     id = next_checkpoint_id_++;
-    for (const Node& s : servers_) addresses.push_back(s.info.address());
+    for (const Node& s : servers_) {
+      if (s.info.state() == proto::NODE_DEAD) continue;  // failed over
+      addresses.push_back(s.info.address());
+    }
     since_ready = absl::ToDoubleSeconds(options_.clock->Now() - ready_time_);
   }
   const std::string dir = absl::StrCat(root, "/", CheckpointFolderName(id));

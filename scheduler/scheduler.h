@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,6 +58,8 @@ struct SchedulerOptions {
 class SchedulerCore {
  public:
   explicit SchedulerCore(SchedulerOptions options);
+  // Waits for the failover probes still running.
+  ~SchedulerCore();
 
   // Assigns an id (the requested one when free). Once the configured number
   // of servers and workers registered, the view becomes ready (epoch 1) and
@@ -67,6 +70,10 @@ class SchedulerCore {
       const proto::RegisterRequest& req);
   // Returns once the view is ready with an epoch > known_epoch, or at
   // min(deadline, now + wait_ms) with whatever is there (ready=false).
+  // req.suspect_servers (failover, issue 9): each live server named there is
+  // probed at once on a thread of its own (a status RPC of
+  // fault_tolerance.probe_timeout_ms, twice); when neither answers it is
+  // dead (FailoverServers), without waiting for its heartbeat deadline.
   // A reply that carries the ready view to a registered node (req.role/id)
   // starts that node's heartbeat deadline.
   absl::StatusOr<proto::GetViewResponse> GetView(
@@ -114,12 +121,25 @@ class SchedulerCore {
       const proto::SetConsistencyRequest& req);
   absl::StatusOr<proto::StatusResponse> Status();
 
+  // Failover (issue 9, docs/fault_tolerance.md). Marks servers `ids` dead
+  // and, with replication on, publishes a view (epoch + 1) in which every
+  // range they owned is owned by its first live backup and every range gets
+  // its backups back from the live servers (Reassign; the new primaries copy
+  // the ranges to new backups in the background); records a failover per
+  // server for the report (recovery_ms: from its last heartbeat to the
+  // first push acknowledged under the new epoch, as the servers report it).
+  // The job fails (UNAVAILABLE naming the server) without replication, and
+  // with DATA_LOSS naming a range when no live server holds it.
+  // `why`: how it was found ("probe", "heartbeat"). Without mu_.
+  void FailoverServers(const std::vector<int>& ids, const std::string& why);
+
   // Enforces the deadlines. Registering: the job fails with
   // DEADLINE_EXCEEDED naming who is missing once register_timeout_ms passed
   // since construction. Running: a node silent for heartbeat_timeout_ms,
   // counted from its last heartbeat or from when it was told the ready view
-  // (never from its registration), is dead. A dead server fails the job
-  // with UNAVAILABLE naming it (its ranges have no replica). A dead worker
+  // (never from its registration), is dead. A dead server fails over
+  // (FailoverServers; without replication the job fails with UNAVAILABLE
+  // naming it). A dead worker
   // (when its data comes in work units: every model but mlp) is dropped
   // instead: marked NODE_DEAD in a new view (epoch + 1) broadcast to the
   // servers, so BSP/SSP stop waiting for it, and its unfinished units are
@@ -171,6 +191,11 @@ class SchedulerCore {
   };
 
   void BuildViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Probes server `id` (a thread of its own); fails it over when it does
+  // not answer.
+  void Probe(int id, std::string address);
+  // The report's "failovers" entries.
+  std::string FailoverReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string ReportJsonLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   Node* FindLocked(proto::Role role, int id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `view` to every server, each retried until view_deadline; the
@@ -230,6 +255,22 @@ class SchedulerCore {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;       // ... and the report is out
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   absl::Time end_time_ ABSL_GUARDED_BY(mu_);
+
+  // Replication and failover (issue 9).
+  int replicas_ ABSL_GUARDED_BY(mu_) = 0;
+  proto::RoutingTable ring_ ABSL_GUARDED_BY(mu_);  // the first view's
+  struct Failover {
+    int server = -1;
+    int64_t epoch = 0;           // the view that failed it over
+    int64_t last_seen_ms = 0;    // its last heartbeat (Unix ms)
+    int64_t detected_ms = 0;     // declared dead
+    int64_t first_ack_ms = 0;    // first push acked under `epoch`; 0: none yet
+    std::string why;
+  };
+  std::vector<Failover> failovers_ ABSL_GUARDED_BY(mu_);
+  std::set<int> probing_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> probes_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
 
   // Checkpoints (issue 9). checkpoint_mu_ is held across one checkpoint,
   // taken before mu_, never while holding it.

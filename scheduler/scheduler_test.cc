@@ -85,10 +85,24 @@ class FakeServerClient : public ServerClient {
     return resp;
   }
   absl::StatusOr<proto::ServerStatus> GetStatus(absl::Time) override {
+    absl::MutexLock l(&mu_);
+    ++status_calls_;
+    if (!status_error_.ok()) return status_error_;
     return proto::ServerStatus();
+  }
+  // Every later GetStatus (the failover probe) fails with `s`.
+  void FailStatus(absl::Status s) {
+    absl::MutexLock l(&mu_);
+    status_error_ = std::move(s);
+  }
+  int status_calls() {
+    absl::MutexLock l(&mu_);
+    return status_calls_;
   }
 
  private:
+  absl::Status status_error_ ABSL_GUARDED_BY(mu_);
+  int status_calls_ ABSL_GUARDED_BY(mu_) = 0;
   ::ps::Clock* const clock_;
   absl::Mutex mu_;
   std::deque<absl::Status> script_ ABSL_GUARDED_BY(mu_);
@@ -332,6 +346,7 @@ TEST_F(SchedulerCoreTest, DeadMlpWorkerFailsTheJob) {
 }
 
 TEST_F(SchedulerCoreTest, DeadServerFailsTheJob) {
+  config_.fault_tolerance.replicas = 0;  // nothing to fail over to
   Start();
   RegisterAll();
   clock_.Advance(absl::Milliseconds(5001));
@@ -339,6 +354,123 @@ TEST_F(SchedulerCoreTest, DeadServerFailsTheJob) {
   absl::Status s = End();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("server S[0]"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("no replica"), std::string::npos) << s;
+}
+
+// Issue 9 (failover): a server silent past its deadline is replaced by the
+// backups of its ranges in a new view that only the live servers are told;
+// the job goes on, saves on the live servers and reports the failover.
+TEST_F(SchedulerCoreTest, DeadServerFailsOverToItsBackups) {
+  config_.cluster.num_servers = 3;
+  Start();
+  RegisterAll();
+  auto first = core_->Status();
+  ASSERT_TRUE(first.ok());
+  const proto::RoutingTable before = first->view().routing();
+  ASSERT_EQ(before.replicas(), 1);  // the default with >= 2 servers
+  clock_.Advance(absl::Milliseconds(3000));
+  for (int s : {1, 2}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, s).ok());
+  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
+  clock_.Advance(absl::Milliseconds(2001));
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  auto st = core_->Status();
+  ASSERT_TRUE(st.ok());
+  const proto::RoutingTable& after = st->view().routing();
+  EXPECT_EQ(after.epoch(), 2);
+  EXPECT_EQ(after.servers(0).state(), proto::NODE_DEAD);
+  for (int r = 0; r < after.range_server_size(); ++r) {
+    EXPECT_NE(after.range_server(r), 0) << "range " << r;
+    EXPECT_NE(after.range_backup(r), 0) << "range " << r;
+    EXPECT_NE(after.range_backup(r), after.range_server(r)) << "range " << r;
+    if (before.range_server(r) == 0) {
+      // Promoted: the backup that held its data.
+      EXPECT_EQ(after.range_server(r), before.range_backup(r)) << "range " << r;
+    } else {
+      EXPECT_EQ(after.range_server(r), before.range_server(r)) << "range " << r;
+    }
+  }
+  // Only the live servers were told.
+  auto told = [&](int s) {
+    int n = 0;
+    for (const auto& c : clients_.server(Addr(s))->calls()) {
+      if (c.has_new_view() && c.new_view().epoch() == 2) ++n;
+    }
+    return n;
+  };
+  EXPECT_EQ(told(0), 0);
+  EXPECT_EQ(told(1), 1);
+  EXPECT_EQ(told(2), 1);
+  // S[1] acknowledges its first push under epoch 2 at 4.3 s.
+  proto::HeartbeatRequest h;
+  h.set_role(proto::ROLE_SERVER);
+  h.set_id(1);
+  h.set_first_ack_epoch(2);
+  h.set_first_ack_unix_ms(absl::ToUnixMillis(clock_.Now()) - 700);
+  ASSERT_TRUE(core_->Heartbeat(h).ok());
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  EXPECT_TRUE(End().ok());
+  for (const auto& c : clients_.server(Addr(0))->calls()) {
+    EXPECT_FALSE(c.has_save_and_exit()) << "saved on the dead server";
+  }
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"failovers\": [{\"node\": \"S[0]\", \"epoch\": 2"),
+            std::string::npos)
+      << r;
+  // From its last heartbeat (t = 0 s, the view) to the first ack (4.3 s).
+  EXPECT_NE(r.find("\"recovery_ms\": 4301"), std::string::npos) << r;
+}
+
+TEST_F(SchedulerCoreTest, EveryHolderOfARangeDeadIsDataLoss) {
+  Start();  // 2 servers, 1 replica: both hold every range
+  RegisterAll();
+  clock_.Advance(absl::Milliseconds(3000));
+  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
+  clock_.Advance(absl::Milliseconds(2001));
+  core_->CheckHeartbeats();
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("every backup are dead"), std::string::npos) << s;
+}
+
+// A worker that cannot reach a server names it in GetView: the scheduler
+// probes it at once and fails it over when the probe gets no answer, long
+// before the heartbeat deadline.
+TEST_F(SchedulerCoreTest, SuspectThatFailsItsProbeIsFailedOver) {
+  Start();
+  RegisterAll();
+  clients_.server(Addr(1))->FailStatus(absl::UnavailableError("refused"));
+  proto::GetViewRequest gv;
+  gv.set_known_epoch(1);
+  gv.set_wait_ms(10000);
+  gv.set_role(proto::ROLE_WORKER);
+  gv.set_id(0);
+  gv.add_suspect_servers(1);
+  auto v = core_->GetView(gv, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->view().epoch(), 2);
+  EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_DEAD);
+  for (int r = 0; r < v->view().routing().range_server_size(); ++r) {
+    EXPECT_EQ(v->view().routing().range_server(r), 0);
+    EXPECT_EQ(v->view().routing().range_backup(r), -1);  // nobody left
+  }
+  EXPECT_EQ(clients_.server(Addr(1))->status_calls(), 2);  // probed twice
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+}
+
+TEST_F(SchedulerCoreTest, SuspectThatAnswersItsProbeStays) {
+  Start();
+  RegisterAll();
+  proto::GetViewRequest gv;
+  gv.set_known_epoch(1);
+  gv.set_wait_ms(300);
+  gv.add_suspect_servers(1);
+  auto v = core_->GetView(gv, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->view().epoch(), 1);
+  EXPECT_EQ(clients_.server(Addr(1))->status_calls(), 1);
+  EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_ALIVE);
 }
 
 // Bug 3 "one failed save lost the trained model".

@@ -528,7 +528,9 @@ absl::Status RestoreCheckpoint(const std::string& dir, int server_id,
       const int range = routing.RangeOf(c.keys[i]);
       size_t j = i + 1;
       while (j < c.keys.size() && routing.RangeOf(c.keys[j]) == range) ++j;
-      if (routing.OwnerOfRange(range) == server_id) {
+      // A backup holds its ranges too (replication, issue 9).
+      if (routing.OwnerOfRange(range) == server_id ||
+          routing.IsBackupOf(range, server_id)) {
         table.ImportRange(range,
                           absl::MakeConstSpan(c.keys.data() + i, j - i),
                           c.entries.data() + i * entry);

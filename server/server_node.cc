@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <optional>
 
+#include "absl/synchronization/notification.h"
+
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/config.h"
@@ -63,12 +65,31 @@ bool AllFinite(const std::string& vals) {
 }  // namespace
 
 ServerNode::~ServerNode() {
+  {
+    absl::MutexLock l(&life_->mu);
+    life_->alive = false;
+    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(life_->mu) {
+      return life_->running == 0;
+    };
+    life_->mu.Await(absl::Condition(&idle));
+  }
+  std::list<AckWait> waits;
+  {
+    absl::MutexLock l(&mu_);
+    waits.swap(ack_waits_);
+  }
+  for (AckWait& w : waits) w.fire(absl::CancelledError("server shutting down"));
   CancelAll(absl::CancelledError("server shutting down"));
 }
 
 int ServerNode::id() const {
   absl::MutexLock l(&mu_);
   return id_;
+}
+
+std::vector<int> ServerNode::OwnedRanges() const {
+  absl::MutexLock l(&mu_);
+  return owned_;
 }
 
 int64_t ServerNode::epoch() const {
@@ -163,27 +184,44 @@ absl::Status ServerNode::Configure(int server_id,
         new_tau = TauOf(view.consistency());
       }
     }
+    const std::shared_ptr<const Routing> old_routing = routing_;
     id_ = server_id;
     epoch_ = view.epoch();
     model_dir_ = view.model_dir();
     routing_ = std::make_shared<const Routing>(std::move(routing));
     owned_ = routing_->RangesOf(id_);
+    ReconfigureReplicationLocked(old_routing.get());
     for (const proto::NodeInfo& w : view.workers()) {
       if (w.id() < 0 || w.id() >= static_cast<int>(workers_.size())) continue;
-      if (w.state() == proto::NODE_DEAD && !workers_[w.id()].dead) {
+      if (w.state() != proto::NODE_DEAD) continue;
+      const bool newly = !workers_[w.id()].dead;
+      if (newly) {
         workers_[w.id()].dead = true;
         finished.push_back(w.id());
-        for (int r = 0; r < static_cast<int>(ranges_.size()); ++r) {
-          RangeActions a;
-          ranges_[r].SetDead(w.id(), &a).IgnoreError();  // id checked
-          ApplyBsp(r, &a);
-          actions.emplace_back(r, std::move(a));
+      }
+      for (int r = 0; r < static_cast<int>(ranges_.size()); ++r) {
+        const bool owner = routing_->OwnerOfRange(r) == id_;
+        // A backup learns of the death from its primary's log (in order
+        // with the pushes); the owner logs it; SetDead is idempotent, so a
+        // promoted range catches up with deaths its old primary never sent.
+        if (routing_->IsBackupOf(r, id_)) continue;
+        if (!newly && (!owner || ranges_[r].Dead(w.id()))) continue;
+        RangeActions a;
+        ranges_[r].SetDead(w.id(), &a).IgnoreError();  // id checked
+        ApplyBsp(r, &a);
+        if (owner && HasBackups(r)) {
+          proto::ReplicaEntry e;
+          e.set_dead_worker(w.id());
+          LogEntry(r, std::move(e), nullptr);
         }
+        actions.emplace_back(r, std::move(a));
       }
     }
   }
   if (new_tau.has_value()) consistency_->SetTau(*new_tau);
   Publish(actions, finished);
+  TakeCopies();
+  Kick();
   return absl::OkStatus();
 }
 
@@ -309,18 +347,31 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
   RangeActionList actions;
   std::vector<int> finished;
   std::vector<size_t> fresh;  // runs admitted now, to apply (ASP/SSP)
+  Needs needs;                // replication: what the answer waits for
   {
     absl::MutexLock l(&mu_);
     int news = 0;
     for (size_t i = 0; i < runs.size(); ++i) {
       const RangeRun& run = runs[i];
+      const bool replicated = HasBackups(run.range);
       BufferedSegment seg;
-      if (adm.bsp) {
+      if (adm.bsp || replicated) {
         seg.table = req.table();
         seg.keys.assign(req.keys(), run.first * sizeof(uint64_t),
                         (run.last - run.first) * sizeof(uint64_t));
         seg.vals.assign(req.vals(), run.first * dim * sizeof(float),
                         (run.last - run.first) * dim * sizeof(float));
+      }
+      proto::ReplicaEntry entry;
+      if (replicated) {
+        proto::ReplicaPush* p = entry.mutable_push();
+        p->set_worker(req.worker_id());
+        p->set_seq(seqs[i]);
+        p->set_clock(req.clock());
+        p->set_table(req.table());
+        p->set_num_examples(req.num_examples());
+        *p->mutable_keys() = adm.bsp ? seg.keys : std::move(seg.keys);
+        *p->mutable_vals() = adm.bsp ? seg.vals : std::move(seg.vals);
       }
       bool dup = false;
       RangeActions a;
@@ -332,7 +383,12 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
         s = st;
         break;
       }
-      if (dup) continue;
+      if (dup) {
+        // Answered only once the original is on every backup.
+        if (replicated) NeedCurrent(run.range, &needs);
+        continue;
+      }
+      if (replicated) LogEntry(run.range, std::move(entry), &needs);
       ++news;
       if (adm.bsp) {
         ApplyBsp(run.range, &a);
@@ -348,7 +404,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
             workers_[req.worker_id()].legacy[req.clock()];
         ++lc.admitted;
         for (const RangeRun& run : runs) ++lc.per_range[run.range];
-        AnnounceLegacy(req.worker_id(), &actions);
+        AnnounceLegacy(req.worker_id(), &actions, &needs);
       }
     } else if (s.ok()) {
       resp->set_duplicate(true);  // a replay: applied once already
@@ -374,7 +430,18 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
     NoteFinished(req.worker_id(), actions, &finished);
   }
   Publish(actions, finished);
-  done(s);
+  if (needs.empty()) {
+    if (s.ok()) NoteAck(req.epoch());
+    done(s);
+    return;
+  }
+  const int64_t epoch = req.epoch();
+  WhenCommitted(std::move(needs),
+                [this, s, epoch, done = std::move(done)](const absl::Status& why) {
+                  if (why.ok() && s.ok()) NoteAck(epoch);
+                  done(why.ok() ? s : why);
+                });
+  Kick();
 }
 
 void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
@@ -449,6 +516,54 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
 }
 
 absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {
+  absl::Notification n;
+  absl::Status out;
+  ClockTick(req, [&](const absl::Status& s) {
+    out = s;
+    n.Notify();
+  });
+  n.WaitForNotification();
+  return out;
+}
+
+absl::Status ServerNode::Finish(const proto::FinishRequest& req) {
+  absl::Notification n;
+  absl::Status out;
+  Finish(req, [&](const absl::Status& s) {
+    out = s;
+    n.Notify();
+  });
+  n.WaitForNotification();
+  return out;
+}
+
+void ServerNode::AnswerWhenCommitted(const absl::Status& s, Needs needs,
+                                     Done done) {
+  if (needs.empty()) {
+    done(s);
+    return;
+  }
+  WhenCommitted(std::move(needs),
+                [s, done = std::move(done)](const absl::Status& why) {
+                  done(why.ok() ? s : why);
+                });
+  Kick();
+}
+
+void ServerNode::ClockTick(const proto::ClockRequest& req, Done done) {
+  Needs needs;
+  absl::Status s = ClockTickImpl(req, &needs);
+  AnswerWhenCommitted(s, std::move(needs), std::move(done));
+}
+
+void ServerNode::Finish(const proto::FinishRequest& req, Done done) {
+  Needs needs;
+  absl::Status s = FinishImpl(req, &needs);
+  AnswerWhenCommitted(s, std::move(needs), std::move(done));
+}
+
+absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
+                                       Needs* needs) {
   RangeActionList actions;
   std::vector<int> finished;
   {
@@ -505,6 +620,16 @@ absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {
             a.settled_seq(), &ra));
         ApplyBsp(a.range(), &ra);
         actions.emplace_back(a.range(), std::move(ra));
+        if (HasBackups(a.range())) {
+          proto::ReplicaEntry e;
+          proto::ReplicaAnnounce* an = e.mutable_announce();
+          an->set_worker(w);
+          an->set_clock(req.clock());
+          an->set_segments(a.segments());
+          an->set_examples(req.num_examples());
+          an->set_settled_seq(a.settled_seq());
+          LogEntry(a.range(), std::move(e), needs);
+        }
       }
     } else {
       // Older clients: settle every owned range now; announce per range
@@ -523,7 +648,7 @@ absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {
           lc.announced = req.pushes();
           lc.examples = req.num_examples();
         }
-        AnnounceLegacy(w, &actions);
+        AnnounceLegacy(w, &actions, needs);
       }
     }
     NoteFinished(w, actions, &finished);
@@ -532,7 +657,8 @@ absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {
   return absl::OkStatus();
 }
 
-absl::Status ServerNode::Finish(const proto::FinishRequest& req) {
+absl::Status ServerNode::FinishImpl(const proto::FinishRequest& req,
+                                    Needs* needs) {
   RangeActionList actions;
   std::vector<int> finished;
   {
@@ -554,6 +680,12 @@ absl::Status ServerNode::Finish(const proto::FinishRequest& req) {
       ranges_[r].Finish(w, req.final_clock(), &ra).IgnoreError();  // checked
       ApplyBsp(r, &ra);
       actions.emplace_back(r, std::move(ra));
+      if (HasBackups(r)) {
+        proto::ReplicaEntry e;
+        e.mutable_finish()->set_worker(w);
+        e.mutable_finish()->set_final_clock(req.final_clock());
+        LogEntry(r, std::move(e), needs);
+      }
     }
     NoteFinished(w, actions, &finished);
     if (!workers_[w].finished) {
@@ -566,7 +698,8 @@ absl::Status ServerNode::Finish(const proto::FinishRequest& req) {
   return absl::OkStatus();
 }
 
-void ServerNode::AnnounceLegacy(int worker, RangeActionList* out) {
+void ServerNode::AnnounceLegacy(int worker, RangeActionList* out,
+                                Needs* needs) {
   WorkerState& w = workers_[worker];
   for (auto it = w.legacy.begin(); it != w.legacy.end();) {
     LegacyClock& lc = it->second;
@@ -585,6 +718,15 @@ void ServerNode::AnnounceLegacy(int worker, RangeActionList* out) {
           .IgnoreError();
       ApplyBsp(r, &ra);
       out->emplace_back(r, std::move(ra));
+      if (HasBackups(r)) {
+        proto::ReplicaEntry e;
+        proto::ReplicaAnnounce* an = e.mutable_announce();
+        an->set_worker(worker);
+        an->set_clock(it->first);
+        an->set_segments(n == lc.per_range.end() ? 0 : n->second);
+        an->set_examples(lc.examples);
+        LogEntry(r, std::move(e), needs);
+      }
     }
     it = w.legacy.erase(it);
   }
@@ -729,11 +871,11 @@ absl::Status ServerNode::SaveModel(const std::string& dir_arg,
         absl::StrCat(dir, "/table-", t->id(), ".server-", id_);
     size_t k = 0, nz = 0;
     files.push_back({base + ".bin.partial", base + ".bin"});
-    status = t->SaveBinary(files.back().temp, &k);
+    status = t->SaveBinary(files.back().temp, &k, &owned_);
     if (status.ok()) status = fsync_path(files.back().temp, O_RDONLY);
     if (!status.ok()) break;
     files.push_back({base + ".txt.partial", base + ".txt"});
-    status = t->SaveText(files.back().temp, &nz);
+    status = t->SaveText(files.back().temp, &nz, &owned_);
     if (status.ok()) status = fsync_path(files.back().temp, O_RDONLY);
     if (!status.ok()) break;
     keys += k;
@@ -789,10 +931,14 @@ void ServerNode::Tick() {
 
 void ServerNode::CancelAll(const absl::Status& status) {
   ConsistencyController* c;
+  std::list<AckWait> waits;
   {
     absl::MutexLock l(&mu_);
     c = consistency_.get();
+    waits.swap(ack_waits_);
+    closed_ = status.ok() ? absl::CancelledError("server closed") : status;
   }
+  for (AckWait& w : waits) w.fire(status);
   if (c != nullptr) c->CancelAll(status);
 }
 

@@ -12,8 +12,11 @@
 // examples behind them (the whole clock's in BSP, the push's otherwise).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,6 +33,7 @@
 #include "consistency/range_state.h"
 #include "proto/ps.pb.h"
 #include "server/table.h"
+#include "transport/transport.h"
 
 namespace ps {
 
@@ -92,9 +96,35 @@ class ServerNode {
             Done done, absl::Duration max_wait = absl::InfiniteDuration());
   // settled_seq is clamped to the highest push seq received from that
   // worker, so it can never make later pushes look like replays.
-  absl::Status ClockTick(const proto::ClockRequest& req);
+  // Replication: a push, clock or finish is answered once its effect is on
+  // every backup of the ranges it touched (a duplicate: once everything
+  // logged before it is).
+  void ClockTick(const proto::ClockRequest& req, Done done);
   // INVALID_ARGUMENT for a negative final clock.
+  void Finish(const proto::FinishRequest& req, Done done);
+  // Blocking forms (tests, tools).
+  absl::Status ClockTick(const proto::ClockRequest& req);
   absl::Status Finish(const proto::FinishRequest& req);
+
+  // Replication (issue 9, docs/fault_tolerance.md). How this server reaches
+  // the others (addresses from the view); call before the first Configure.
+  // Must outlive the node. Without it the node replicates nothing.
+  void SetPeers(ClientFactory* peers);
+  // Called (on a timer thread) with a backup this server could not reach,
+  // so the scheduler probes it (failover); may block briefly. Set before
+  // the first Configure.
+  void SetSuspectHandler(std::function<void(int server)> suspect);
+  // A backup's side: applies a primary's entries in its log order. Errors:
+  // UNAVAILABLE + VIEW_BEHIND when the request's epoch is newer than this
+  // server's; FAILED_PRECONDITION + STALE_EPOCH when the sender does not
+  // own an entry's range here; UNAVAILABLE while a range awaits its copy;
+  // INVALID_ARGUMENT for a malformed entry; DATA_LOSS for a gap in a
+  // range's log. Entries before the failing one stay applied (a resend
+  // skips them).
+  absl::Status Replicate(const proto::ReplicateRequest& req);
+  // The newest epoch under which this server acknowledged a push and when
+  // it first did (Unix ms); (0, 0) before any.
+  std::pair<int64_t, int64_t> FirstAck() const;
 
   // Control plane. INVALID_ARGUMENT for a mode that is unset or not one of
   // the ConsistencyMode values.
@@ -116,11 +146,14 @@ class ServerNode {
 
   // Expires consistency waits past their deadline; call periodically.
   void Tick();
-  // Fails every waiting pull with `status` (shutdown).
+  // Fails every waiting pull, and every answer waiting for replication,
+  // with `status` (shutdown; a test's "kill").
   void CancelAll(const absl::Status& status);
 
   // Tests and tools. nullptr when no such table.
   const Table* table(int id) const;
+  // The ranges this server owns in its current view, ascending.
+  std::vector<int> OwnedRanges() const;
   int id() const;
   int64_t epoch() const;
 
@@ -138,6 +171,8 @@ class ServerNode {
                           proto::ServerControlResponse* resp);
 
  private:
+  // Replication: (range, entry index) pairs an answer waits for.
+  using Needs = std::vector<std::pair<int, int64_t>>;
   // Older clients' clocks (ClockRequest without per-range entries): the
   // per-server count of push requests is turned into per-range segment
   // counts once all of those requests have arrived.
@@ -180,7 +215,7 @@ class ServerNode {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Legacy clocks of `worker` whose push requests all arrived: announces
   // their per-range counts.
-  void AnnounceLegacy(int worker, RangeActionList* out)
+  void AnnounceLegacy(int worker, RangeActionList* out, Needs* needs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `worker` finished once it finished on every owned range.
   void NoteFinished(int worker, const RangeActionList& actions,
@@ -189,6 +224,82 @@ class ServerNode {
   // Tells the consistency controller, outside mu_ (it runs callbacks).
   void Publish(const RangeActionList& actions,
                const std::vector<int>& finished);
+
+  // The bodies of ClockTick and Finish: what their answers wait for in
+  // `needs`.
+  absl::Status ClockTickImpl(const proto::ClockRequest& req, Needs* needs);
+  absl::Status FinishImpl(const proto::FinishRequest& req, Needs* needs);
+  // Answers `s` once `needs` are on every backup.
+  void AnswerWhenCommitted(const absl::Status& s, Needs needs, Done done);
+
+  // ---- replication (server_node_replication.cc)
+  // Per range: its log. On the primary `index` counts the entries assigned
+  // (the state is the effect of entries 1..index); on a backup the entries
+  // applied.
+  struct RangeLog {
+    int64_t index = 0;
+    bool awaiting_copy = false;     // backup: entries refused until a copy
+    std::map<int, int64_t> acked;   // primary: backup -> last entry applied
+    std::vector<int> copy_to;       // primary: backups that need a copy
+  };
+  // Entries on their way to one backup, in the order they were logged.
+  struct Stream {
+    std::deque<proto::ReplicaEntry> queue;
+    bool sending = false;
+    uint64_t generation = 0;  // a new stream object for the same backup
+  };
+  // `fire` gets OK when the needs are met, CANCELLED at shutdown.
+  using Fire = std::function<void(const absl::Status&)>;
+  struct AckWait {
+    Needs needs;
+    Fire fire;
+  };
+  // Lets transport and timer callbacks reach the node only while it lives.
+  struct Life {
+    absl::Mutex mu;
+    bool alive ABSL_GUARDED_BY(mu) = true;
+    int running ABSL_GUARDED_BY(mu) = 0;
+  };
+  // Whether `range` has a backup in the current view.
+  bool HasBackups(int range) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Logs input `e` of owned range `range`: assigns the next index and
+  // queues it for each backup (not for one that still awaits its copy,
+  // which will cover it); records what an answer must wait for.
+  void LogEntry(int range, proto::ReplicaEntry e, Needs* needs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The range's current index as a need (a duplicate waits for it).
+  void NeedCurrent(int range, Needs* needs) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool CommittedLocked(const Needs& needs) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Runs `fire` once every need is on every backup (at once when so now).
+  void WhenCommitted(Needs needs, Fire fire);
+  // Waits whose needs are met now, removed from ack_waits_.
+  std::vector<Fire> TakeReadyLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replication state for a new view (from Configure): new backups get a
+  // copy, a promoted range copies to all its backups, a range this server
+  // newly backs up awaits its copy.
+  void ReconfigureReplicationLocked(const Routing* old_routing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the copies due (a range with a segment awaiting its apply is
+  // retried a little later). Without mu_.
+  void TakeCopies();
+  // Sends the next batch of every idle stream. Without mu_.
+  void Kick();
+  void SendBatch(int backup);
+  void SendReplicate(int backup, uint64_t generation,
+                     std::shared_ptr<proto::ReplicateRequest> req, int attempt);
+  void OnBatchReply(int backup, uint64_t generation,
+                    std::shared_ptr<proto::ReplicateRequest> req,
+                    const absl::Status& s, int attempt);
+  // Applies one entry on a backup (mu_ held).
+  absl::Status ApplyEntryLocked(int from, const proto::ReplicaEntry& e,
+                                RangeActionList* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `fn` after `delay` on the clock's timer thread while the node lives.
+  void Later(absl::Duration delay, std::function<void()> fn);
+  // Notes a push acknowledged under `epoch`.
+  void NoteAck(int64_t epoch);
 
   // Constant after construction.
   Clock* const clock_;
@@ -212,6 +323,22 @@ class ServerNode {
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t non_finite_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t default_wait_ms_ ABSL_GUARDED_BY(mu_) = 120000;
+
+  // Replication (issue 9).
+  ClientFactory* peers_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::function<void(int)> suspect_ ABSL_GUARDED_BY(mu_);
+  std::vector<RangeLog> logs_ ABSL_GUARDED_BY(mu_);
+  std::map<int, Stream> streams_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::list<AckWait> ack_waits_ ABSL_GUARDED_BY(mu_);
+  // Set by CancelAll: later waits fail at once with it.
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);
+  bool copy_retry_queued_ ABSL_GUARDED_BY(mu_) = false;
+  mutable absl::Mutex ack_mu_;
+  int64_t first_ack_epoch_ ABSL_GUARDED_BY(ack_mu_) = 0;
+  int64_t first_ack_ms_ ABSL_GUARDED_BY(ack_mu_) = 0;
+  std::atomic<int64_t> first_ack_seen_{0};  // first_ack_epoch_, lock-free
+  const std::shared_ptr<Life> life_ = std::make_shared<Life>();
 };
 
 }  // namespace ps

@@ -1,8 +1,10 @@
 #include "server/server_runner.h"
 
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
@@ -71,6 +73,21 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
       ":", port);
 
   GrpcClientFactory clients(GrpcClientFactory::Options(security, 1));
+  // Replication (issue 9): the node reaches its backups through `clients`;
+  // it lets go of them before they are destroyed.
+  node.SetPeers(&clients);
+  node.SetSuspectHandler([&clients, &options](int server) {
+    proto::GetViewRequest req;
+    req.set_wait_ms(0);
+    req.set_known_epoch(std::numeric_limits<int64_t>::max());
+    req.add_suspect_servers(server);
+    (void)clients.Scheduler(options.scheduler)
+        ->GetView(req, absl::Now() + absl::Seconds(1));
+  });
+  absl::Cleanup unpeer = [&node] {
+    node.SetPeers(nullptr);
+    node.SetSuspectHandler(nullptr);
+  };
   std::shared_ptr<SchedulerClient> scheduler =
       clients.Scheduler(options.scheduler);
   proto::RegisterRequest reg;
@@ -118,6 +135,9 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
     proto::HeartbeatRequest req;
     req.set_role(proto::ROLE_SERVER);
     req.set_id(id);
+    const auto [ack_epoch, ack_ms] = node.FirstAck();
+    req.set_first_ack_epoch(ack_epoch);
+    req.set_first_ack_unix_ms(ack_ms);
     auto resp = scheduler->Heartbeat(req, absl::Now() + hb_timeout / 2);
     if (resp.ok()) {
       last_ok = absl::Now();

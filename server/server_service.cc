@@ -56,7 +56,18 @@ grpc::ServerUnaryReactor* ServerService::Clock(grpc::CallbackServerContext* ctx,
                                                proto::ClockResponse*) {
   absl::Status auth = CheckToken(*ctx, token_);
   if (!auth.ok()) return Reply(ctx, auth);
-  return Reply(ctx, node_->ClockTick(*req));
+  auto* r = ctx->DefaultReactor();
+  node_->ClockTick(*req,
+                   [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); });
+  return r;
+}
+
+grpc::ServerUnaryReactor* ServerService::Replicate(
+    grpc::CallbackServerContext* ctx, const proto::ReplicateRequest* req,
+    proto::ReplicateResponse*) {
+  absl::Status auth = CheckToken(*ctx, token_);
+  if (!auth.ok()) return Reply(ctx, auth);
+  return Reply(ctx, node_->Replicate(*req));
 }
 
 grpc::ServerUnaryReactor* ServerService::Finish(
@@ -64,7 +75,9 @@ grpc::ServerUnaryReactor* ServerService::Finish(
     proto::FinishResponse*) {
   absl::Status auth = CheckToken(*ctx, token_);
   if (!auth.ok()) return Reply(ctx, auth);
-  return Reply(ctx, node_->Finish(*req));
+  auto* r = ctx->DefaultReactor();
+  node_->Finish(*req, [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); });
+  return r;
 }
 
 grpc::ServerUnaryReactor* ServerService::Control(

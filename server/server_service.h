@@ -33,6 +33,9 @@ class ServerService final : public proto::Server::CallbackService {
   grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* ctx,
                                     const proto::ServerControlRequest* req,
                                     proto::ServerControlResponse* resp) override;
+  grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* ctx,
+                                      const proto::ReplicateRequest* req,
+                                      proto::ReplicateResponse* resp) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const proto::ServerStatusRequest* req,
                                       proto::ServerStatus* resp) override;

@@ -269,12 +269,19 @@ size_t Table::nonzeros() const {
   return n;
 }
 
-void Table::Gather(bool nonzero_only, std::vector<uint64_t>* keys,
+void Table::Gather(bool nonzero_only, const std::vector<int>* ranges,
+                   std::vector<uint64_t>* keys,
                    std::vector<float>* values) const {
   const size_t dim = static_cast<size_t>(spec_.dim);
   std::vector<uint64_t> raw_keys;
   std::vector<float> raw_values;
-  for (int r = 0; r < num_ranges_; ++r) {
+  std::vector<int> all;
+  if (ranges == nullptr) {
+    for (int r = 0; r < num_ranges_; ++r) all.push_back(r);
+    ranges = &all;
+  }
+  for (int r : *ranges) {
+    if (r < 0 || r >= num_ranges_) continue;
     const Partition& p = partitions_[r];
     absl::ReaderMutexLock l(&p.mu);
     raw_keys.reserve(raw_keys.size() + p.slots.size());
@@ -347,11 +354,20 @@ void Table::ImportRange(int range, absl::Span<const uint64_t> keys,
   }
 }
 
-std::vector<std::pair<uint64_t, std::vector<float>>> Table::Snapshot() const {
+void Table::ClearRange(int range) {
+  Partition& p = partition(range);
+  absl::MutexLock l(&p.mu);
+  p.slots.clear();
+  p.chunks.clear();
+  p.num_slots = 0;
+}
+
+std::vector<std::pair<uint64_t, std::vector<float>>> Table::Snapshot(
+    const std::vector<int>* ranges) const {
   const size_t dim = static_cast<size_t>(spec_.dim);
   std::vector<uint64_t> keys;
   std::vector<float> values;
-  Gather(/*nonzero_only=*/false, &keys, &values);
+  Gather(/*nonzero_only=*/false, ranges, &keys, &values);
   std::vector<std::pair<uint64_t, std::vector<float>>> out;
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -361,12 +377,12 @@ std::vector<std::pair<uint64_t, std::vector<float>>> Table::Snapshot() const {
   return out;
 }
 
-absl::Status Table::SaveBinary(const std::string& path,
-                               size_t* keys_written) const {
+absl::Status Table::SaveBinary(const std::string& path, size_t* keys_written,
+                               const std::vector<int>* ranges) const {
   const size_t dim = static_cast<size_t>(spec_.dim);
   std::vector<uint64_t> keys;
   std::vector<float> values;
-  Gather(/*nonzero_only=*/false, &keys, &values);
+  Gather(/*nonzero_only=*/false, ranges, &keys, &values);
   PS_RETURN_IF_ERROR(WriteAtomically(path, [&](File& f) -> absl::Status {
     const uint32_t version = kFormatVersion;
     const int32_t table_id = spec_.id;
@@ -387,12 +403,12 @@ absl::Status Table::SaveBinary(const std::string& path,
   return absl::OkStatus();
 }
 
-absl::Status Table::SaveText(const std::string& path,
-                             size_t* nonzeros_written) const {
+absl::Status Table::SaveText(const std::string& path, size_t* nonzeros_written,
+                             const std::vector<int>* ranges) const {
   const size_t dim = static_cast<size_t>(spec_.dim);
   std::vector<uint64_t> keys;
   std::vector<float> values;
-  Gather(/*nonzero_only=*/true, &keys, &values);
+  Gather(/*nonzero_only=*/true, ranges, &keys, &values);
   PS_RETURN_IF_ERROR(WriteAtomically(path, [&](File& f) -> absl::Status {
     // One line at a time in a reused buffer: no allocation per key.
     std::string line;

@@ -103,14 +103,17 @@ class Table {
   // reader never sees a partial file. Sets *keys_written (may be null).
   // Errors name the path; codes follow errno (NOT_FOUND for a missing
   // directory, PERMISSION_DENIED, RESOURCE_EXHAUSTED for a full disk, ...).
-  absl::Status SaveBinary(const std::string& path, size_t* keys_written) const;
+  // `ranges` (issue 9: a server also holds its backups' ranges): only the
+  // keys of these ranges; null: every range.
+  absl::Status SaveBinary(const std::string& path, size_t* keys_written,
+                          const std::vector<int>* ranges = nullptr) const;
 
   // Writes the keys with any non-zero value as text lines
   // "key<TAB>v1 v2 ... vdim\n", key in decimal, values in shortest
   // round-trip form, ascending by key. Sets *nonzeros_written (may be null).
   // Errors as for SaveBinary.
-  absl::Status SaveText(const std::string& path,
-                        size_t* nonzeros_written) const;
+  absl::Status SaveText(const std::string& path, size_t* nonzeros_written,
+                        const std::vector<int>* ranges = nullptr) const;
 
   // Reads a file written by SaveBinary. NOT_FOUND (etc., from errno) when
   // it cannot be opened, INVALID_ARGUMENT when it is not a PSTB file,
@@ -140,10 +143,14 @@ class Table {
   // as for Pull.
   void ImportRange(int range, absl::Span<const uint64_t> keys,
                    const float* entries);
+  // Removes every key of `range` (a replica about to receive a copy).
+  void ClearRange(int range);
 
   // All (key, value) pairs, ascending by key. Allocates per key: for tests
   // and model comparison, not for hot paths.
-  std::vector<std::pair<uint64_t, std::vector<float>>> Snapshot() const;
+  // `ranges`: only those (null: all).
+  std::vector<std::pair<uint64_t, std::vector<float>>> Snapshot(
+      const std::vector<int>* ranges = nullptr) const;
 
  private:
   // One range's storage. Slot s lives in chunks[s >> chunk_shift_] at float
@@ -171,7 +178,8 @@ class Table {
   // Copies keys and values (dim floats each) of every stored key into
   // *keys / *values, ascending by key. With nonzero_only, skips keys whose
   // values are all zero.
-  void Gather(bool nonzero_only, std::vector<uint64_t>* keys,
+  void Gather(bool nonzero_only, const std::vector<int>* ranges,
+              std::vector<uint64_t>* keys,
               std::vector<float>* values) const;
 
   // Constant after construction.

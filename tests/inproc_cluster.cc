@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <limits>
 #include <cstdlib>
 #include <filesystem>
 #include <string_view>
@@ -32,8 +33,16 @@ absl::Status ServerNodeHandler::violation() const {
   return violation_;
 }
 
+absl::Status ServerNodeHandler::Dead() const {
+  return absl::UnavailableError(absl::StrCat("S[", id_, "] was killed"));
+}
+
 void ServerNodeHandler::Push(const proto::PushRequest& req,
                              proto::PushResponse* resp, Done done) {
+  if (killed()) {
+    done(Dead());
+    return;
+  }
   node_->Push(req, resp, [this, done = std::move(done)](const absl::Status& s) {
     Check();
     done(s);
@@ -42,16 +51,64 @@ void ServerNodeHandler::Push(const proto::PushRequest& req,
 
 void ServerNodeHandler::Pull(const proto::PullRequest& req,
                              proto::PullResponse* resp, Done done) {
-  node_->Pull(req, resp, std::move(done));
+  if (killed()) {
+    done(Dead());
+    return;
+  }
+  auto slot = std::make_shared<PullSlot>();
+  slot->done = std::move(done);
+  {
+    absl::MutexLock l(&pulls_mu_);
+    pulls_.insert(slot);
+  }
+  node_->Pull(req, resp, [this, slot](const absl::Status& s) {
+    {
+      absl::MutexLock l(&pulls_mu_);
+      pulls_.erase(slot);
+    }
+    absl::MutexLock l(&slot->mu);
+    if (slot->answered) return;
+    slot->answered = true;
+    slot->done(s);
+  });
+}
+
+void ServerNodeHandler::Kill() {
+  killed_.store(true);
+  std::set<std::shared_ptr<PullSlot>> pulls;
+  {
+    absl::MutexLock l(&pulls_mu_);
+    pulls = pulls_;
+  }
+  for (const auto& slot : pulls) {
+    absl::MutexLock l(&slot->mu);
+    if (slot->answered) continue;
+    slot->answered = true;
+    slot->done(Dead());
+  }
 }
 
 absl::Status ServerNodeHandler::Clock(const proto::ClockRequest& req) {
+  if (killed()) return Dead();
   absl::Status s = node_->ClockTick(req);
   Check();
   return s;
 }
 
+void ServerNodeHandler::ClockAsync(const proto::ClockRequest& req,
+                                   Done done) {
+  if (killed()) {
+    done(Dead());
+    return;
+  }
+  node_->ClockTick(req, [this, done = std::move(done)](const absl::Status& s) {
+    Check();
+    done(s);
+  });
+}
+
 absl::Status ServerNodeHandler::Finish(const proto::FinishRequest& req) {
+  if (killed()) return Dead();
   absl::Status s = node_->Finish(req);
   Check();
   return s;
@@ -59,6 +116,7 @@ absl::Status ServerNodeHandler::Finish(const proto::FinishRequest& req) {
 
 absl::StatusOr<proto::ServerControlResponse> ServerNodeHandler::Control(
     const proto::ServerControlRequest& req) {
+  if (killed()) return Dead();
   proto::ServerControlResponse resp;
   absl::Status s;
   switch (req.cmd_case()) {
@@ -83,7 +141,15 @@ absl::StatusOr<proto::ServerControlResponse> ServerNodeHandler::Control(
 }
 
 absl::StatusOr<proto::ServerStatus> ServerNodeHandler::GetStatus() {
+  if (killed()) return Dead();
   return node_->Status();
+}
+
+absl::Status ServerNodeHandler::Replicate(const proto::ReplicateRequest& req) {
+  if (killed()) return Dead();
+  absl::Status s = node_->Replicate(req);
+  Check();
+  return s;
 }
 
 absl::StatusOr<proto::RegisterResponse> SchedulerCoreHandler::Register(
@@ -183,6 +249,14 @@ absl::Status LocalCluster::Start() {
   const int num_workers = config.cluster.num_workers;
   for (int i = 0; i < num_servers; ++i) {
     servers_.push_back(std::make_unique<ServerNode>());
+    servers_.back()->SetPeers(&clients_);  // replication (issue 9)
+    servers_.back()->SetSuspectHandler([this](int server) {
+      proto::GetViewRequest req;
+      req.set_wait_ms(0);
+      req.set_known_epoch(std::numeric_limits<int64_t>::max());
+      req.add_suspect_servers(server);
+      (void)scheduler_->GetView(req, absl::Now() + absl::Seconds(1));
+    });
     server_handlers_.push_back(
         std::make_unique<ServerNodeHandler>(i, servers_.back().get()));
     clients_.AddServer(i, server_handlers_.back().get());
@@ -237,13 +311,27 @@ absl::Status LocalCluster::Run() {
     const absl::Duration hb =
         absl::Milliseconds(options_.config.cluster.heartbeat_ms);
     absl::Time next_hb = absl::InfinitePast();
+    size_t next_kill = 0;
     while (!stop.WaitForNotificationWithTimeout(options_.tick_every)) {
       for (auto& node : servers_) node->Tick();
+      if (next_kill < options_.kill_servers.size()) {
+        int64_t pushes = 0;
+        for (auto& node : servers_) pushes += node->Status().pushes();
+        const auto& k = options_.kill_servers[next_kill];
+        if (pushes >= k.after_pushes) {
+          KillServer(k.server);
+          ++next_kill;
+        }
+      }
       if (absl::Now() >= next_hb) {
         for (int i = 0; i < num_servers(); ++i) {
+          if (server_handlers_[i]->killed()) continue;
           proto::HeartbeatRequest h;
           h.set_role(proto::ROLE_SERVER);
           h.set_id(i);
+          const auto [ack_epoch, ack_ms] = servers_[i]->FirstAck();
+          h.set_first_ack_epoch(ack_epoch);
+          h.set_first_ack_unix_ms(ack_ms);
           (void)scheduler_->Heartbeat(h);
         }
         next_hb = absl::Now() + hb;
@@ -301,6 +389,16 @@ absl::Status LocalCluster::Run() {
   return absl::OkStatus();
 }
 
+void LocalCluster::KillServer(int i) {
+  PS_LOG_WARN("test: killing S[{}]", i);
+  server_handlers_[i]->Kill();
+  servers_[i]->SetPeers(nullptr);
+  servers_[i]->SetSuspectHandler(nullptr);
+  // Its connections break: callers waiting for its answers get UNAVAILABLE.
+  servers_[i]->CancelAll(
+      absl::UnavailableError(absl::StrCat("S[", i, "] was killed")));
+}
+
 std::string LocalCluster::ReportJson() const {
   return scheduler_ == nullptr ? std::string() : scheduler_->ReportJson();
 }
@@ -311,7 +409,11 @@ std::vector<std::pair<uint64_t, std::vector<float>>> LocalCluster::Snapshot(
   for (const auto& node : servers_) {
     const Table* t = node->table(table);
     if (t == nullptr) continue;
-    auto part = t->Snapshot();
+    const int i = static_cast<int>(&node - servers_.data());
+    if (server_handlers_[i]->killed()) continue;  // failed over
+    // Only the owned ranges: a backup's copies would count twice.
+    const std::vector<int> owned = node->OwnedRanges();
+    auto part = t->Snapshot(&owned);
     all.insert(all.end(), std::make_move_iterator(part.begin()),
                std::make_move_iterator(part.end()));
   }

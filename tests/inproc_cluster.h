@@ -9,6 +9,8 @@
 //    FaultyClientFactory from transport/faulty_transport.h).
 #pragma once
 
+#include <atomic>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -45,17 +47,35 @@ class ServerNodeHandler : public ServerHandler {
   void Pull(const proto::PullRequest& req, proto::PullResponse* resp,
             Done done) override;
   absl::Status Clock(const proto::ClockRequest& req) override;
+  void ClockAsync(const proto::ClockRequest& req, Done done) override;
   absl::Status Finish(const proto::FinishRequest& req) override;
   absl::StatusOr<proto::ServerControlResponse> Control(
       const proto::ServerControlRequest& req) override;
   absl::StatusOr<proto::ServerStatus> GetStatus() override;
+  absl::Status Replicate(const proto::ReplicateRequest& req) override;
 
   // OK, or the first invariant violation seen after a call.
   absl::Status violation() const;
 
+  // Issue 9 (server failure): from now on every call fails with
+  // UNAVAILABLE, as for a process that was SIGKILLed.
+  void Kill();
+  bool killed() const { return killed_.load(); }
+
  private:
   void Check();
+  absl::Status Dead() const;
 
+  std::atomic<bool> killed_{false};
+  // Pulls the node has not answered yet: a kill answers them UNAVAILABLE
+  // (their connection broke); the node's later answer is dropped.
+  struct PullSlot {
+    Done done;
+    bool answered ABSL_GUARDED_BY(mu) = false;
+    absl::Mutex mu;
+  };
+  absl::Mutex pulls_mu_;
+  std::set<std::shared_ptr<PullSlot>> pulls_ ABSL_GUARDED_BY(pulls_mu_);
   const int id_;
   ServerNode* const node_;
   mutable absl::Mutex mu_;
@@ -108,6 +128,13 @@ struct LocalClusterOptions {
   // Workers the test kills: their own failure is not the job's (the
   // scheduler detects the death and decides); Run ignores their status.
   std::set<int> killed_workers;
+  // Issue 9 (server failure): servers "SIGKILLed" (KillServer) once the
+  // servers together acknowledged this many push requests, in order.
+  struct ServerKill {
+    int server = 0;
+    int64_t after_pushes = 0;
+  };
+  std::vector<ServerKill> kill_servers;
   // Where the servers write the model at the end. Empty: a fresh directory
   // under the system temp dir, removed by the destructor.
   std::string model_dir;
@@ -143,6 +170,10 @@ class LocalCluster {
   }
 
   int num_servers() const { return static_cast<int>(servers_.size()); }
+  // Issue 9: "SIGKILLs" server `i` (thread-safe; while Run runs): it stops
+  // answering and heartbeating, and reaches no other node any more.
+  void KillServer(int i);
+  bool server_killed(int i) const { return server_handlers_[i]->killed(); }
   ServerNode* server(int i) const { return servers_[i].get(); }
   SchedulerCore* scheduler() const { return scheduler_.get(); }
   InProcClientFactory* clients() { return &clients_; }

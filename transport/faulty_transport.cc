@@ -22,6 +22,8 @@ const char* RpcMethodName(RpcMethod m) {
       return "control";
     case RpcMethod::kStatus:
       return "status";
+    case RpcMethod::kReplicate:
+      return "replicate";
   }
   return "?";
 }
@@ -101,6 +103,9 @@ Fault FaultyServerClient::Decide(RpcMethod m) {
         break;
       case RpcMethod::kStatus:
         r = &options_.status;
+        break;
+      case RpcMethod::kReplicate:
+        r = &options_.replicate;
         break;
     }
     // One draw per call, whatever the rates, so the sequence of decisions
@@ -196,6 +201,17 @@ void FaultyServerClient::Clock(std::shared_ptr<const proto::ClockRequest> req,
       [inner = inner_](std::shared_ptr<const proto::ClockRequest> r,
                        absl::Time d, Callback<proto::ClockResponse> cb) {
         inner->Clock(std::move(r), d, std::move(cb));
+      });
+}
+
+void FaultyServerClient::Replicate(
+    std::shared_ptr<const proto::ReplicateRequest> req, absl::Time deadline,
+    Callback<proto::ReplicateResponse> done) {
+  Async<proto::ReplicateRequest, proto::ReplicateResponse>(
+      RpcMethod::kReplicate, std::move(req), deadline, std::move(done),
+      [inner = inner_](std::shared_ptr<const proto::ReplicateRequest> r,
+                       absl::Time d, Callback<proto::ReplicateResponse> cb) {
+        inner->Replicate(std::move(r), d, std::move(cb));
       });
 }
 

@@ -27,7 +27,15 @@ namespace ps {
 
 // ------------------------------------------------------------ fault injection
 
-enum class RpcMethod { kPush, kPull, kClock, kFinish, kControl, kStatus };
+enum class RpcMethod {
+  kPush,
+  kPull,
+  kClock,
+  kFinish,
+  kControl,
+  kStatus,
+  kReplicate,  // server to server (issue 9)
+};
 const char* RpcMethodName(RpcMethod m);
 
 enum class Fault {
@@ -48,6 +56,7 @@ struct FaultRates {
 struct FaultOptions {
   uint64_t seed = 1;
   FaultRates push, pull, clock;
+  FaultRates replicate;  // a primary's log entries to a backup
   // Synchronous calls; off by default.
   FaultRates finish, control, status;
   absl::Duration delay = absl::Milliseconds(5);
@@ -111,6 +120,9 @@ class FaultyServerClient : public ServerClient {
   absl::StatusOr<proto::ServerControlResponse> Control(
       const proto::ServerControlRequest& req, absl::Time deadline) override;
   absl::StatusOr<proto::ServerStatus> GetStatus(absl::Time deadline) override;
+  void Replicate(std::shared_ptr<const proto::ReplicateRequest> req,
+                 absl::Time deadline,
+                 Callback<proto::ReplicateResponse> done) override;
 
  private:
   Fault Decide(RpcMethod m);

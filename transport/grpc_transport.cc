@@ -385,6 +385,15 @@ class GrpcServerClient : public ServerClient {
           s->async()->Pull(ctx, rq, rs, std::move(cb));
         });
   }
+  void Replicate(std::shared_ptr<const proto::ReplicateRequest> req,
+                 absl::Time deadline,
+                 Callback<proto::ReplicateResponse> done) override {
+    Start<proto::ReplicateRequest, proto::ReplicateResponse>(
+        std::move(req), deadline, std::move(done),
+        [](proto::Server::Stub* s, auto* ctx, auto* rq, auto* rs, auto cb) {
+          s->async()->Replicate(ctx, rq, rs, std::move(cb));
+        });
+  }
   void Clock(std::shared_ptr<const proto::ClockRequest> req, absl::Time deadline,
              Callback<proto::ClockResponse> done) override {
     Start<proto::ClockRequest, proto::ClockResponse>(

@@ -37,9 +37,12 @@ class InProcServerClient : public ServerClient {
 
   void Clock(std::shared_ptr<const proto::ClockRequest> req, absl::Time,
              Callback<proto::ClockResponse> done) override {
-    absl::Status s = node_->Clock(*req);
-    proto::ClockResponse resp;
-    done(s, &resp);
+    const proto::ClockRequest& r = *req;
+    node_->ClockAsync(r, [req = std::move(req), done = std::move(done)](
+                             const absl::Status& s) {
+      proto::ClockResponse resp;
+      done(s, &resp);
+    });
   }
 
   absl::Status Finish(const proto::FinishRequest& req, absl::Time) override {
@@ -53,6 +56,13 @@ class InProcServerClient : public ServerClient {
 
   absl::StatusOr<proto::ServerStatus> GetStatus(absl::Time) override {
     return node_->GetStatus();
+  }
+
+  void Replicate(std::shared_ptr<const proto::ReplicateRequest> req,
+                 absl::Time, Callback<proto::ReplicateResponse> done) override {
+    absl::Status s = node_->Replicate(*req);
+    proto::ReplicateResponse resp;
+    done(s, &resp);
   }
 
  private:

@@ -38,10 +38,20 @@ class ServerHandler {
   virtual void Pull(const proto::PullRequest& req, proto::PullResponse* resp,
                     Done done) = 0;
   virtual absl::Status Clock(const proto::ClockRequest& req) = 0;
+  // The form the in-process client calls: `done` may run later on another
+  // thread (a clock answered once replicated, issue 9). Default: Clock.
+  virtual void ClockAsync(const proto::ClockRequest& req, Done done) {
+    done(Clock(req));
+  }
   virtual absl::Status Finish(const proto::FinishRequest& req) = 0;
   virtual absl::StatusOr<proto::ServerControlResponse> Control(
       const proto::ServerControlRequest& req) = 0;
   virtual absl::StatusOr<proto::ServerStatus> GetStatus() = 0;
+  // Replication (issue 9); UNIMPLEMENTED unless overridden.
+  virtual absl::Status Replicate(const proto::ReplicateRequest& req) {
+    (void)req;
+    return absl::UnimplementedError("replicate: not implemented");
+  }
 };
 
 // What the scheduler answers. Thread-safe; GetView and Barrier may block

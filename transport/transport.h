@@ -52,6 +52,16 @@ class ServerClient {
       const proto::ServerControlRequest& req, absl::Time deadline) = 0;
   virtual absl::StatusOr<proto::ServerStatus> GetStatus(
       absl::Time deadline) = 0;
+  // Replication (issue 9): a primary's log entries for this backup.
+  // UNIMPLEMENTED in transports that do not carry it.
+  virtual void Replicate(std::shared_ptr<const proto::ReplicateRequest> req,
+                         absl::Time deadline,
+                         Callback<proto::ReplicateResponse> done) {
+    (void)req;
+    (void)deadline;
+    proto::ReplicateResponse resp;
+    done(absl::UnimplementedError("replicate: not in this transport"), &resp);
+  }
 };
 
 // A client of the scheduler. Thread-safe; calls block until the answer or

@@ -26,6 +26,19 @@ bool Resendable(const absl::Status& s) {
          s.code() == absl::StatusCode::kAborted;
 }
 
+// The server could not be reached or did not answer (as opposed to
+// answering "not yet"): it may be dead. The worker has it probed
+// (failover, issue 9) and regroups by the newest view.
+bool Unreachable(const absl::Status& s) {
+  const proto::ErrorReason reason = ReasonOf(s);
+  if (reason == proto::REASON_VIEW_BEHIND ||
+      reason == proto::REASON_CONSISTENCY_TIMEOUT) {
+    return false;
+  }
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
 }  // namespace
 
 template <typename F>
@@ -391,11 +404,15 @@ void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
     return;
   }
   const absl::Duration backoff = Backoff(attempt);
-  if (IsStaleEpoch(s) && MayRetry(slice->ts, attempt, backoff)) {
+  if ((IsStaleEpoch(s) || Unreachable(s)) &&
+      MayRetry(slice->ts, attempt, backoff)) {
     // Regroup the same segments (same seqs) by their ranges' owners in a
-    // newer view. The new requests continue this one's attempt count.
-    const bool queued = Later(backoff, [this, slice, attempt] {
-      RefreshView();
+    // newer view (after a failover: the promoted backups, which hold the
+    // ranges' exactly-once state). The new requests continue this one's
+    // attempt count.
+    const int suspect = Unreachable(s) ? slice->server : -1;
+    const bool queued = Later(backoff, [this, slice, attempt, suspect] {
+      RefreshView(suspect);
       ResendSegments(*slice, attempt + 1);
       PartDone(slice->ts, absl::OkStatus());
     });
@@ -554,9 +571,11 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
     return;
   }
   const absl::Duration backoff = Backoff(attempt);
-  if (IsStaleEpoch(s) && MayRetry(slice->ts, attempt, backoff)) {
-    const bool queued = Later(backoff, [this, slice, attempt] {
-      RefreshView();
+  if ((IsStaleEpoch(s) || Unreachable(s)) &&
+      MayRetry(slice->ts, attempt, backoff)) {
+    const int suspect = Unreachable(s) ? slice->server : -1;
+    const bool queued = Later(backoff, [this, slice, attempt, suspect] {
+      RefreshView(suspect);
       std::vector<size_t> pos;
       for (size_t i = 0; i < slice->spans_first.size(); ++i) {
         for (size_t p = slice->spans_first[i]; p < slice->spans_last[i]; ++p) {
@@ -671,10 +690,12 @@ void KVWorker::SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
           return;
         }
         const absl::Duration backoff = Backoff(attempt);
-        if (IsStaleEpoch(st) && MayRetry(ts, attempt, backoff) &&
-            Later(backoff, [this, req, ts, attempt] {
+        if ((IsStaleEpoch(st) || Unreachable(st)) &&
+            MayRetry(ts, attempt, backoff) &&
+            Later(backoff, [this, req, ts, attempt, server,
+                            suspect = Unreachable(st)] {
               // Its ranges moved: announce them to their new owners.
-              RefreshView();
+              RefreshView(suspect ? server : -1);
               SendClockRanges(*req, ts, attempt + 1);
               PartDone(ts, absl::OkStatus());
             })) {
@@ -721,8 +742,21 @@ absl::Status KVWorker::Finish(absl::Time deadline) {
     req.set_final_clock(final_clock);
     absl::Status st;
     for (int attempt = 0; attempt <= options_.max_attempts; ++attempt) {
-      st = servers[s]->Finish(req, clock_->Now() + absl::Seconds(30));
+      std::shared_ptr<ServerClient> client;
+      {
+        // A server failed over (issue 9) holds no range any more.
+        absl::MutexLock l(&mu_);
+        const auto& infos = view_.routing().servers();
+        if (static_cast<int>(s) < infos.size() &&
+            infos[static_cast<int>(s)].state() == proto::NODE_DEAD) {
+          st = absl::OkStatus();
+          break;
+        }
+        client = s < servers_.size() ? servers_[s] : servers[s];
+      }
+      st = client->Finish(req, clock_->Now() + absl::Seconds(30));
       if (st.ok() || !Resendable(st) || absl::Now() > deadline) break;
+      if (Unreachable(st)) RefreshView(static_cast<int>(s));
       clock_->SleepFor(Backoff(attempt));
     }
     if (!st.ok()) return Annotate(st, absl::StrCat("finish at S[", s, "]"));
@@ -732,7 +766,7 @@ absl::Status KVWorker::Finish(absl::Time deadline) {
 
 // ------------------------------------------------------------ view, retry
 
-void KVWorker::RefreshView() {
+void KVWorker::RefreshView(int suspect) {
   int64_t known;
   {
     absl::MutexLock l(&mu_);
@@ -741,6 +775,9 @@ void KVWorker::RefreshView() {
   proto::GetViewRequest req;
   req.set_known_epoch(known);
   req.set_wait_ms(200);
+  req.set_role(proto::ROLE_WORKER);
+  req.set_id(options_.worker_id);
+  if (suspect >= 0) req.add_suspect_servers(suspect);
   auto resp = scheduler_->GetView(req, clock_->Now() + absl::Seconds(5));
   if (!resp.ok() || !resp->ready()) return;
   absl::MutexLock l(&mu_);

@@ -215,8 +215,10 @@ class KVWorker {
                  absl::Span<const uint64_t> keys,
                  const std::vector<size_t>& pos,
                  std::shared_ptr<PullTarget> target, int attempt);
-  // Fetches a view newer than the current one, if the scheduler has it.
-  void RefreshView();
+  // Fetches a view newer than the current one, if the scheduler has it
+  // (waiting up to 200 ms for one). `suspect` >= 0: a server this worker
+  // could not reach, which the scheduler probes (failover, issue 9).
+  void RefreshView(int suspect = -1);
   void InstallView(const proto::ClusterView& view)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `fn` on the clock's timer thread after `delay`, unless the worker

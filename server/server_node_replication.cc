@@ -1,0 +1,636 @@
+// Replication of key ranges (issue 9, docs/fault_tolerance.md).
+//
+// The primary of a range logs every input it applies to the range (a push
+// segment, a clock announcement, a finish, a worker's death) with the next
+// index of the range's log, and queues the entry on one stream per backup
+// server. A stream has at most one batch in flight, so a backup receives
+// each range's entries in index order; it applies entry i only after i - 1
+// and skips an index it has (a resend). An answer to a worker waits until
+// every entry its request logged (a duplicate: everything logged before it)
+// is on every backup of the range: nothing acknowledged lives on one server
+// only. A backup that is new to a range (after a failover, or a promoted
+// primary's backups) first gets a copy of the whole range at the current
+// index: its consistency state and table rows; the entries after it follow
+// on the same stream.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/bytes.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "server/server_node.h"
+#include "transport/errors.h"
+
+namespace ps {
+namespace {
+
+// `fn` wrapped so that it does nothing once the node is being destroyed,
+// and the destructor waits while it runs.
+template <typename L, typename F>
+auto GuardedBy(std::shared_ptr<L> life, F fn) {
+  return [life = std::move(life), fn = std::move(fn)](auto&&... args) mutable {
+    {
+      absl::MutexLock l(&life->mu);
+      if (!life->alive) return;
+      ++life->running;
+    }
+    fn(std::forward<decltype(args)>(args)...);
+    absl::MutexLock l(&life->mu);
+    --life->running;
+  };
+}
+
+constexpr int kMaxBatchEntries = 512;
+constexpr size_t kMaxBatchBytes = 8 << 20;
+constexpr absl::Duration kReplicateTimeout = absl::Seconds(10);
+
+absl::Duration RetryBackoff(int attempt) {
+  return std::min(absl::Milliseconds(10) * (1 << std::min(attempt, 6)),
+                  absl::Milliseconds(500));
+}
+
+// The keys of a replicated segment: ascending and inside `range`.
+absl::Status CheckRangeKeys(const std::string& keys, const Routing& routing,
+                            int range) {
+  if (!ByteCountOk<uint64_t>(keys)) {
+    return absl::InvalidArgumentError("replica keys: not a multiple of 8");
+  }
+  absl::Span<const uint64_t> k = ViewAs<uint64_t>(keys);
+  for (size_t i = 0; i < k.size(); ++i) {
+    if ((i > 0 && k[i] <= k[i - 1]) || k[i] < routing.RangeBegin(range) ||
+        k[i] > routing.RangeLast(range)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replica keys of range ", range, " not ascending or outside it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ServerNode::SetPeers(ClientFactory* peers) {
+  absl::MutexLock l(&mu_);
+  peers_ = peers;
+}
+
+void ServerNode::SetSuspectHandler(std::function<void(int server)> suspect) {
+  absl::MutexLock l(&mu_);
+  suspect_ = std::move(suspect);
+}
+
+std::pair<int64_t, int64_t> ServerNode::FirstAck() const {
+  absl::MutexLock l(&ack_mu_);
+  return {first_ack_epoch_, first_ack_ms_};
+}
+
+void ServerNode::NoteAck(int64_t epoch) {
+  if (epoch <= first_ack_seen_.load(std::memory_order_relaxed)) return;
+  absl::MutexLock l(&ack_mu_);
+  if (epoch <= first_ack_epoch_) return;
+  first_ack_epoch_ = epoch;
+  first_ack_ms_ = absl::ToUnixMillis(clock_->Now());
+  first_ack_seen_.store(epoch, std::memory_order_relaxed);
+}
+
+void ServerNode::Later(absl::Duration delay, std::function<void()> fn) {
+  clock_->RunAfter(delay, GuardedBy(life_, std::move(fn)));
+}
+
+bool ServerNode::HasBackups(int range) const {
+  // Not tied to peers_: a node that lost its peers (shutting down) must not
+  // answer anything as replicated; its answers wait (and fail with it).
+  if (routing_ == nullptr || routing_->replicas() == 0) return false;
+  for (int i = 0; i < routing_->replicas(); ++i) {
+    if (routing_->BackupOfRange(range, i) >= 0) return true;
+  }
+  return false;
+}
+
+void ServerNode::LogEntry(int range, proto::ReplicaEntry e, Needs* needs) {
+  RangeLog& lg = logs_[range];
+  const int64_t index = ++lg.index;
+  e.set_range(range);
+  e.set_index(index);
+  std::vector<int> to;
+  for (int i = 0; i < routing_->replicas(); ++i) {
+    const int b = routing_->BackupOfRange(range, i);
+    if (b < 0 || b == id_) continue;
+    // A backup waiting for its copy gets the range's state as of the copy,
+    // which includes this entry.
+    if (std::find(lg.copy_to.begin(), lg.copy_to.end(), b) != lg.copy_to.end()) {
+      continue;
+    }
+    to.push_back(b);
+  }
+  for (size_t i = 0; i < to.size(); ++i) {
+    auto [it, inserted] = streams_.try_emplace(to[i]);
+    if (inserted) it->second.generation = ++next_generation_;
+    if (i + 1 == to.size()) {
+      it->second.queue.push_back(std::move(e));
+    } else {
+      it->second.queue.push_back(e);
+    }
+  }
+  if (needs != nullptr) needs->emplace_back(range, index);
+}
+
+void ServerNode::NeedCurrent(int range, Needs* needs) {
+  if (logs_[range].index > 0) needs->emplace_back(range, logs_[range].index);
+}
+
+bool ServerNode::CommittedLocked(const Needs& needs) const {
+  for (const auto& [r, index] : needs) {
+    if (index <= 0 || routing_ == nullptr) continue;
+    const RangeLog& lg = logs_[r];
+    for (int i = 0; i < routing_->replicas(); ++i) {
+      const int b = routing_->BackupOfRange(r, i);
+      if (b < 0 || b == id_) continue;
+      auto it = lg.acked.find(b);
+      if (it == lg.acked.end() || it->second < index) return false;
+    }
+  }
+  return true;
+}
+
+void ServerNode::WhenCommitted(Needs needs, Fire fire) {
+  absl::Status closed;
+  {
+    absl::MutexLock l(&mu_);
+    closed = closed_;
+    if (closed.ok() && !CommittedLocked(needs)) {
+      ack_waits_.push_back(AckWait{std::move(needs), std::move(fire)});
+      return;
+    }
+  }
+  fire(closed);
+}
+
+std::vector<ServerNode::Fire> ServerNode::TakeReadyLocked() {
+  std::vector<Fire> out;
+  for (auto it = ack_waits_.begin(); it != ack_waits_.end();) {
+    if (CommittedLocked(it->needs)) {
+      out.push_back(std::move(it->fire));
+      it = ack_waits_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
+  if (logs_.size() != ranges_.size()) logs_.resize(ranges_.size());
+  for (int r = 0; r < static_cast<int>(ranges_.size()); ++r) {
+    RangeLog& lg = logs_[r];
+    const bool owner = routing_->OwnerOfRange(r) == id_;
+    const bool owner_before = old != nullptr && old->OwnerOfRange(r) == id_;
+    if (owner) {
+      if (lg.awaiting_copy) {
+        // Promoted before its copy arrived: it holds no complete state of
+        // the range. The scheduler promotes only backups, so this means two
+        // failures within one copy's time.
+        PS_LOG_ERROR("S[{}] promoted to owner of range {} before its copy "
+                     "arrived: the range's state before now is lost",
+                     id_, r);
+        lg.awaiting_copy = false;
+      }
+      std::map<int, int64_t> acked;
+      std::vector<int> copy_to;
+      for (int i = 0; i < routing_->replicas(); ++i) {
+        const int b = routing_->BackupOfRange(r, i);
+        if (b < 0 || b == id_) continue;
+        const bool pending = std::find(lg.copy_to.begin(), lg.copy_to.end(),
+                                       b) != lg.copy_to.end();
+        if (old == nullptr) {
+          acked[b] = 0;  // the job's start: every replica is empty
+        } else if (owner_before && old->IsBackupOf(r, b) && !pending &&
+                   lg.acked.contains(b)) {
+          acked[b] = lg.acked[b];
+        } else {
+          copy_to.push_back(b);
+        }
+      }
+      lg.acked = std::move(acked);
+      lg.copy_to = std::move(copy_to);
+    } else {
+      lg.acked.clear();
+      lg.copy_to.clear();
+      const bool backup = routing_->IsBackupOf(r, id_);
+      if (backup && old != nullptr &&
+          (!old->IsBackupOf(r, id_) ||
+           old->OwnerOfRange(r) != routing_->OwnerOfRange(r))) {
+        lg.awaiting_copy = true;  // a new primary, or new to this range
+      } else if (!backup) {
+        lg.awaiting_copy = false;
+      }
+    }
+  }
+  // Drop queued entries no backup needs any more; drop idle streams of
+  // servers that back nothing up now.
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    const int b = it->first;
+    std::deque<proto::ReplicaEntry>& q = it->second.queue;
+    q.erase(std::remove_if(q.begin(), q.end(),
+                           [&](const proto::ReplicaEntry& e)
+                               ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                             return !logs_[e.range()].acked.contains(b) &&
+                                    !e.has_copy();
+                           }),
+            q.end());
+    bool backs_up = false;
+    for (int r : owned_) {
+      if (routing_->IsBackupOf(r, b)) backs_up = true;
+    }
+    if (!backs_up && q.empty()) {
+      it = streams_.erase(it);  // a batch in flight is ignored (generation)
+    } else {
+      ++it;
+    }
+  }
+  // Answers waiting only on backups that are gone.
+  std::vector<Fire> ready = TakeReadyLocked();
+  if (!ready.empty()) {
+    // Run outside mu_: by a timer (Configure holds mu_ here).
+    auto fires = std::make_shared<std::vector<Fire>>(std::move(ready));
+    Later(absl::ZeroDuration(), [fires] {
+      for (Fire& f : *fires) f(absl::OkStatus());
+    });
+  }
+}
+
+void ServerNode::TakeCopies() {
+  bool retry = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (routing_ == nullptr) return;
+    for (int r : owned_) {
+      RangeLog& lg = logs_[r];
+      if (lg.copy_to.empty()) continue;
+      absl::StatusOr<proto::RangeStateSnapshot> snap = ranges_[r].Snapshot();
+      if (!snap.ok()) {  // a segment awaits its apply: a moment later
+        retry = true;
+        continue;
+      }
+      proto::ReplicaEntry e;
+      e.set_range(r);
+      e.set_index(lg.index);
+      proto::RangeCopy* copy = e.mutable_copy();
+      *copy->mutable_state() = std::move(*snap);
+      std::vector<uint64_t> keys;
+      std::vector<float> entries;
+      for (const auto& t : tables_) {
+        t->ExportRange(r, &keys, &entries);
+        if (keys.empty()) continue;
+        proto::RangeCopy::Rows* rows = copy->add_tables();
+        rows->set_table(t->id());
+        rows->set_keys(keys.data(), keys.size() * sizeof(uint64_t));
+        rows->set_entries(entries.data(), entries.size() * sizeof(float));
+      }
+      for (int b : lg.copy_to) {
+        auto [it, inserted] = streams_.try_emplace(b);
+        if (inserted) it->second.generation = ++next_generation_;
+        it->second.queue.push_back(e);
+      }
+      PS_LOG_INFO("S[{}] copying range {} at entry {} to S[{}] ({} bytes)",
+                  id_, r, lg.index, lg.copy_to.front(), e.ByteSizeLong());
+      lg.copy_to.clear();
+    }
+    if (retry) {
+      if (copy_retry_queued_) return;
+      copy_retry_queued_ = true;
+    }
+  }
+  if (retry) {
+    Later(absl::Milliseconds(2), [this] {
+      {
+        absl::MutexLock l(&mu_);
+        copy_retry_queued_ = false;
+      }
+      TakeCopies();
+      Kick();
+    });
+  }
+}
+
+void ServerNode::Kick() {
+  std::vector<int> idle;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [b, st] : streams_) {
+      if (!st.sending && !st.queue.empty()) idle.push_back(b);
+    }
+  }
+  for (int b : idle) SendBatch(b);
+}
+
+void ServerNode::SendBatch(int backup) {
+  auto req = std::make_shared<proto::ReplicateRequest>();
+  uint64_t generation;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = streams_.find(backup);
+    if (it == streams_.end() || it->second.sending ||
+        it->second.queue.empty() || peers_ == nullptr) {
+      return;
+    }
+    Stream& st = it->second;
+    req->set_from_server(id_);
+    req->set_epoch(epoch_);
+    size_t bytes = 0;
+    while (!st.queue.empty() && req->entries_size() < kMaxBatchEntries &&
+           bytes < kMaxBatchBytes) {
+      proto::ReplicaEntry& e = st.queue.front();
+      bytes += e.has_push() ? e.push().keys().size() + e.push().vals().size()
+                            : (e.has_copy() ? kMaxBatchBytes : 64);
+      *req->add_entries() = std::move(e);
+      st.queue.pop_front();
+    }
+    st.sending = true;
+    generation = st.generation;
+  }
+  SendReplicate(backup, generation, std::move(req), 0);
+}
+
+void ServerNode::SendReplicate(int backup, uint64_t generation,
+                               std::shared_ptr<proto::ReplicateRequest> req,
+                               int attempt) {
+  std::shared_ptr<ServerClient> client;
+  {
+    absl::MutexLock l(&mu_);
+    if (peers_ == nullptr || backup >= routing_->num_servers()) return;
+    client = peers_->Server(routing_->proto().servers(backup).address());
+  }
+  client->Replicate(
+      req, clock_->Now() + kReplicateTimeout,
+      GuardedBy(life_, [this, backup, generation, req, attempt](
+                           const absl::Status& s, proto::ReplicateResponse*) {
+        OnBatchReply(backup, generation, req, s, attempt);
+      }));
+}
+
+void ServerNode::OnBatchReply(int backup, uint64_t generation,
+                              std::shared_ptr<proto::ReplicateRequest> req,
+                              const absl::Status& s, int attempt) {
+  if (s.ok()) {
+    std::vector<Fire> fires;
+    {
+      absl::MutexLock l(&mu_);
+      for (const proto::ReplicaEntry& e : req->entries()) {
+        RangeLog& lg = logs_[e.range()];
+        auto it = lg.acked.find(backup);
+        if (it != lg.acked.end()) {
+          it->second = std::max(it->second, e.index());
+        } else if (e.has_copy() && routing_->OwnerOfRange(e.range()) == id_ &&
+                   routing_->IsBackupOf(e.range(), backup)) {
+          lg.acked[backup] = e.index();  // the copy makes it a replica
+        }
+      }
+      auto st = streams_.find(backup);
+      if (st != streams_.end() && st->second.generation == generation) {
+        st->second.sending = false;
+      }
+      fires = TakeReadyLocked();
+    }
+    for (Fire& f : fires) f(absl::OkStatus());
+    SendBatch(backup);
+    return;
+  }
+  if (attempt == 0 || attempt % 50 == 0) {
+    PS_LOG_WARN("S[{}] replicating {} entries to S[{}] failed (attempt {}): {}",
+                id_, req->entries_size(), backup, attempt + 1, s.ToString());
+  }
+  if (s.code() == absl::StatusCode::kDataLoss ||
+      s.code() == absl::StatusCode::kInvalidArgument ||
+      s.code() == absl::StatusCode::kInternal) {
+    // The backup's state of these ranges is unusable: it gets a fresh copy
+    // instead of the rest of the log.
+    {
+      absl::MutexLock l(&mu_);
+      for (const proto::ReplicaEntry& e : req->entries()) {
+        RangeLog& lg = logs_[e.range()];
+        if (lg.acked.erase(backup) > 0) lg.copy_to.push_back(backup);
+      }
+      auto st = streams_.find(backup);
+      if (st != streams_.end() && st->second.generation == generation) {
+        st->second.sending = false;
+        std::deque<proto::ReplicaEntry>& q = st->second.queue;
+        q.erase(std::remove_if(q.begin(), q.end(),
+                               [&](const proto::ReplicaEntry& e)
+                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                 return !logs_[e.range()].acked.contains(
+                                     backup);
+                               }),
+                q.end());
+      }
+    }
+    Later(RetryBackoff(attempt), [this] {
+      TakeCopies();
+      Kick();
+    });
+    return;
+  }
+  // Not applied, or not known to be: the same batch again after a backoff,
+  // minus entries of ranges the backup no longer holds for this server. A
+  // dead backup is retried until the scheduler's next view drops it; an
+  // unreachable one is reported so that the scheduler probes it at once
+  // (the workers may not notice: they wait for this server's answers).
+  const bool unreachable =
+      (s.code() == absl::StatusCode::kUnavailable &&
+       ReasonOf(s) != proto::REASON_VIEW_BEHIND) ||
+      s.code() == absl::StatusCode::kDeadlineExceeded;
+  Later(RetryBackoff(attempt), [this, backup, generation, req, attempt,
+                                unreachable] {
+    if (unreachable && attempt % 10 == 0) {
+      std::function<void(int)> suspect;
+      {
+        absl::MutexLock l(&mu_);
+        suspect = suspect_;
+      }
+      if (suspect) suspect(backup);
+    }
+    {
+      absl::MutexLock l(&mu_);
+      auto st = streams_.find(backup);
+      if (st == streams_.end() || st->second.generation != generation) {
+        return;  // the backup left the view; its stream is gone
+      }
+      auto* entries = req->mutable_entries();
+      entries->erase(
+          std::remove_if(entries->begin(), entries->end(),
+                         [&](const proto::ReplicaEntry& e)
+                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                           return !e.has_copy() &&
+                                  !logs_[e.range()].acked.contains(backup);
+                         }),
+          entries->end());
+      req->set_epoch(epoch_);
+      if (entries->empty()) st->second.sending = false;
+    }
+    if (req->entries_size() == 0) {
+      SendBatch(backup);
+      return;
+    }
+    SendReplicate(backup, generation, req, attempt + 1);
+  });
+}
+
+absl::Status ServerNode::Replicate(const proto::ReplicateRequest& req) {
+  RangeActionList actions;
+  std::vector<int> finished;
+  absl::Status s;
+  {
+    absl::MutexLock l(&mu_);
+    if (consistency_ == nullptr) {
+      return absl::UnavailableError("server not configured yet");
+    }
+    for (const proto::ReplicaEntry& e : req.entries()) {
+      const int r = e.range();
+      if (r < 0 || r >= static_cast<int>(ranges_.size())) {
+        s = absl::InvalidArgumentError(absl::StrCat("unknown range ", r));
+        break;
+      }
+      if (routing_->OwnerOfRange(r) != req.from_server() ||
+          !routing_->IsBackupOf(r, id_)) {
+        if (req.epoch() > epoch_) {
+          s = ErrorWithReason(absl::StatusCode::kUnavailable,
+                              proto::REASON_VIEW_BEHIND,
+                              absl::StrCat("view behind: replica epoch ",
+                                           req.epoch(), ", server epoch ",
+                                           epoch_));
+        } else {
+          s = ErrorWithReason(
+              absl::StatusCode::kFailedPrecondition, proto::REASON_STALE_EPOCH,
+              absl::StrCat("stale-epoch: S[", id_, "] is not S[",
+                           req.from_server(), "]'s backup of range ", r,
+                           " at epoch ", epoch_));
+        }
+        break;
+      }
+      s = ApplyEntryLocked(req.from_server(), e, &actions);
+      if (!s.ok()) break;
+    }
+  }
+  Publish(actions, finished);
+  return s;
+}
+
+absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e,
+                                          RangeActionList* actions) {
+  const int r = e.range();
+  RangeLog& lg = logs_[r];
+  RangeState& range = ranges_[r];
+  if (e.has_copy()) {
+    if (!lg.awaiting_copy && e.index() <= lg.index) return absl::OkStatus();
+    RangeLimits rl;
+    rl.max_clock_ahead = limits_.max_clock_ahead;
+    rl.max_unsettled_seqs = limits_.max_unsettled_seqs;
+    absl::StatusOr<RangeState> state =
+        RangeState::FromSnapshot(e.copy().state(), rl);
+    if (!state.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "copy of range ", r, " from S[", from, "]: ", state.status().message()));
+    }
+    if (state->num_workers() != static_cast<int>(workers_.size()) ||
+        state->bsp() != (mode_ == proto::MODE_BSP)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("copy of range ", r, ": another job's state"));
+    }
+    for (const proto::RangeCopy::Rows& rows : e.copy().tables()) {
+      if (rows.table() < 0 || rows.table() >= static_cast<int>(tables_.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("copy of range ", r, ": unknown table ", rows.table()));
+      }
+      PS_RETURN_IF_ERROR(CheckRangeKeys(rows.keys(), *routing_, r));
+      const size_t n = rows.keys().size() / sizeof(uint64_t);
+      if (rows.entries().size() !=
+          n * tables_[rows.table()]->entry_floats() * sizeof(float)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("copy of range ", r, ": entries do not match keys"));
+      }
+    }
+    range = std::move(*state);
+    for (const auto& t : tables_) t->ClearRange(r);
+    for (const proto::RangeCopy::Rows& rows : e.copy().tables()) {
+      tables_[rows.table()]->ImportRange(
+          r, ViewAs<uint64_t>(rows.keys()),
+          reinterpret_cast<const float*>(rows.entries().data()));
+    }
+    lg.index = e.index();
+    lg.awaiting_copy = false;
+    RangeActions a;
+    for (int w = 0; w < range.num_workers(); ++w) {
+      if (range.Entry(w) > 0) a.advanced.emplace_back(w, range.Entry(w));
+    }
+    actions->emplace_back(r, std::move(a));
+    return absl::OkStatus();
+  }
+  if (lg.awaiting_copy) {
+    return absl::UnavailableError(
+        absl::StrCat("range ", r, " awaits its copy from S[", from, "]"));
+  }
+  if (e.index() <= lg.index) return absl::OkStatus();  // a resend
+  if (e.index() != lg.index + 1) {
+    return absl::DataLossError(absl::StrCat("range ", r, ": entry ", e.index(),
+                                            " after ", lg.index));
+  }
+  RangeActions a;
+  absl::Status s;
+  switch (e.op_case()) {
+    case proto::ReplicaEntry::kPush: {
+      const proto::ReplicaPush& p = e.push();
+      if (p.table() < 0 || p.table() >= static_cast<int>(tables_.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("replica push: unknown table ", p.table()));
+      }
+      Table* t = tables_[p.table()].get();
+      PS_RETURN_IF_ERROR(CheckRangeKeys(p.keys(), *routing_, r));
+      const size_t n = p.keys().size() / sizeof(uint64_t);
+      if (p.vals().size() != n * t->dim() * sizeof(float)) {
+        return absl::InvalidArgumentError("replica push: vals do not match");
+      }
+      BufferedSegment seg;
+      if (range.bsp()) {
+        seg.table = p.table();
+        seg.keys = p.keys();
+        seg.vals = p.vals();
+      }
+      bool dup = false;
+      s = range.Accept(p.worker(), p.seq(), p.clock(), &seg, &dup, &a);
+      if (s.ok() && !dup && !range.bsp()) {
+        const float scale =
+            p.num_examples() > 0 ? 1.0f / p.num_examples() : 1.0f;
+        t->Push(r, ViewAs<uint64_t>(p.keys()),
+                reinterpret_cast<const float*>(p.vals().data()), scale);
+        s = range.Applied(p.worker(), p.clock(), &a);
+      }
+      break;
+    }
+    case proto::ReplicaEntry::kAnnounce: {
+      const proto::ReplicaAnnounce& an = e.announce();
+      s = range.Announce(an.worker(), an.clock(), an.segments(), an.examples(),
+                         an.settled_seq(), &a);
+      break;
+    }
+    case proto::ReplicaEntry::kFinish:
+      s = range.Finish(e.finish().worker(), e.finish().final_clock(), &a);
+      break;
+    case proto::ReplicaEntry::kDeadWorker:
+      s = range.SetDead(e.dead_worker(), &a);
+      break;
+    default:
+      return absl::InvalidArgumentError("replica entry without an operation");
+  }
+  if (!s.ok()) {
+    // The primary accepted this input in the same state: the replica has
+    // diverged. The primary answers with a fresh copy.
+    return absl::InternalError(absl::StrCat("range ", r, " entry ", e.index(),
+                                            " refused by the replica: ",
+                                            s.message()));
+  }
+  ApplyBsp(r, &a);
+  actions->emplace_back(r, std::move(a));
+  lg.index = e.index();
+  return absl::OkStatus();
+}
+
+}  // namespace ps

@@ -1,0 +1,259 @@
+// Issue 9, server failure in one process: ranges are replicated (one
+// backup each), a server is "SIGKILLed" mid-job (it stops answering and
+// heartbeating: LocalCluster::KillServer), the workers that cannot reach it
+// make the scheduler probe it, its ranges fail over to their backups and
+// the workers resend what was in flight to the new owners with the same
+// seqs. Nothing acknowledged is lost, nothing is applied twice, and BSP
+// ends with the same model as a run without the kill.
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/logging.h"
+#include "gtest/gtest.h"
+#include "tests/inproc_cluster.h"
+#include "worker/kv_worker.h"
+
+namespace ps {
+namespace {
+
+class FailoverTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { InitLogging("T", "warn"); }
+};
+
+JobConfig CounterJob() {
+  JobConfig c;
+  c.cluster.num_servers = 3;
+  c.cluster.num_workers = 3;
+  c.cluster.virtual_nodes = 16;
+  c.cluster.heartbeat_ms = 100;
+  c.cluster.heartbeat_timeout_ms = 60000;  // the probes find the dead
+  c.consistency.mode = Mode::kAsp;
+  // value -= lr * gradient / examples: a push of -1 adds exactly 1.
+  c.optimizer.name = "sgd";
+  c.optimizer.learning_rate = 1;
+  c.optimizer.l1 = 0;
+  c.optimizer.l2 = 0;
+  c.data.format = "synthetic";
+  c.data.synthetic.train_rows = 1000;
+  c.data.synthetic.test_rows = 0;
+  c.training.epochs = 1;
+  c.fault_tolerance.replicas = 1;
+  return c;
+}
+
+// The exact counter: W workers each push +1 to every key of a fixed set N
+// times (ASP) while two of the three servers are killed one after the
+// other (the second after the first's ranges were re-replicated). Every
+// push was acknowledged, so every key must end at exactly W * N on the
+// last server standing: nothing acknowledged lost, nothing applied twice.
+TEST_F(FailoverTest, ExactCounterWhileServersAreKilled) {
+  constexpr int kWorkers = 3;
+  constexpr int kPushes = 240;
+  constexpr int kKeys = 600;
+  LocalClusterOptions o;
+  o.config = CounterJob();
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < kKeys; ++i) {
+    keys.push_back(0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(i + 1));
+  }
+  std::sort(keys.begin(), keys.end());
+  const std::vector<float> minus_one(keys.size(), -1.0f);
+
+  absl::Notification stop;
+  std::thread ticker([&] {
+    while (!stop.WaitForNotificationWithTimeout(absl::Milliseconds(10))) {
+      for (int i = 0; i < cluster.num_servers(); ++i) {
+        cluster.server(i)->Tick();
+        if (cluster.server_killed(i)) continue;
+        proto::HeartbeatRequest h;
+        h.set_role(proto::ROLE_SERVER);
+        h.set_id(i);
+        const auto [e, ms] = cluster.server(i)->FirstAck();
+        h.set_first_ack_epoch(e);
+        h.set_first_ack_unix_ms(ms);
+        (void)cluster.scheduler()->Heartbeat(h);
+      }
+      for (int w = 0; w < kWorkers; ++w) {
+        proto::HeartbeatRequest h;
+        h.set_role(proto::ROLE_WORKER);
+        h.set_id(w);
+        (void)cluster.scheduler()->Heartbeat(h);
+      }
+    }
+  });
+
+  std::atomic<int> progress{0};  // pushes acknowledged, all workers
+  std::vector<absl::Status> results(kWorkers);
+  std::vector<std::thread> workers;
+  std::shared_ptr<SchedulerClient> scheduler =
+      cluster.clients()->Scheduler(kInProcSchedulerAddress);
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&, w] {
+      KVWorkerOptions ko;
+      ko.worker_id = w;
+      ko.request_timeout = absl::Seconds(30);
+      KVWorker kv(ko, cluster.view(), cluster.clients(), scheduler.get());
+      for (int i = 0; i < kPushes; ++i) {
+        const int64_t ts = kv.Push(0, keys, minus_one, 1);
+        absl::Status s = kv.Wait(ts, absl::Now() + absl::Seconds(60));
+        if (!s.ok()) {
+          results[w] = Annotate(s, absl::StrCat("W[", w, "] push ", i));
+          return;
+        }
+        ++progress;
+        if (i % 8 == 7) {
+          s = kv.Wait(kv.Clock(8), absl::Now() + absl::Seconds(60));
+          if (!s.ok()) {
+            results[w] = Annotate(s, absl::StrCat("W[", w, "] clock ", i));
+            return;
+          }
+        }
+      }
+      results[w] = kv.Finish(absl::Now() + absl::Seconds(60));
+    });
+  }
+  const int total = kWorkers * kPushes;
+  auto wait_for = [&](int n) {
+    while (progress.load() < n) absl::SleepFor(absl::Milliseconds(1));
+  };
+  wait_for(total / 4);
+  cluster.KillServer(1);
+  wait_for(total * 5 / 8);
+  cluster.KillServer(2);
+  for (std::thread& t : workers) t.join();
+  stop.Notify();
+  ticker.join();
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_TRUE(results[w].ok()) << results[w];
+  }
+  EXPECT_TRUE(cluster.server(0)->CheckInvariants().ok());
+  auto values = cluster.Snapshot();
+  ASSERT_EQ(values.size(), keys.size());
+  int wrong = 0;
+  auto routing = Routing::FromProto(cluster.view().routing());
+  ASSERT_TRUE(routing.ok());
+  std::map<int, int> bad_ranges;
+  for (const auto& [key, v] : values) {
+    if (v[0] != static_cast<float>(kWorkers * kPushes)) {
+      const int r = routing->RangeOf(key);
+      if (bad_ranges[r]++ == 0) {
+        ADD_FAILURE() << "key " << key << " = " << v[0] << ", want "
+                      << kWorkers * kPushes << "; range " << r
+                      << " first owned by S[" << routing->OwnerOfRange(r)
+                      << "], backup S[" << routing->BackupOfRange(r, 0) << "]";
+      }
+      ++wrong;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  // S[0] owns every range now, with no backup left.
+  EXPECT_EQ(cluster.server(0)->OwnedRanges().size(),
+            static_cast<size_t>(cluster.view().routing().range_begin_size()));
+  const std::string report = cluster.scheduler()->ReportJson();
+  EXPECT_NE(report.find("{\"node\": \"S[1]\""), std::string::npos) << report;
+  EXPECT_NE(report.find("{\"node\": \"S[2]\""), std::string::npos) << report;
+}
+
+// Small synthetic job, 3 servers with 1 replica.
+JobConfig TrainingJob(Mode mode) {
+  JobConfig c;
+  c.cluster.num_servers = 3;
+  c.cluster.num_workers = 2;
+  c.cluster.virtual_nodes = 16;
+  c.cluster.heartbeat_ms = 100;
+  c.cluster.heartbeat_timeout_ms = 60000;
+  c.consistency.mode = mode;
+  c.consistency.tau = 2;
+  c.consistency.pull_timeout_ms = 60000;
+  c.optimizer.name = "ftrl";
+  c.optimizer.alpha = 0.5;
+  c.optimizer.beta = 0.001;
+  c.optimizer.l1 = 0.001;
+  c.optimizer.l2 = 0.001;
+  c.data.format = "synthetic";
+  c.data.synthetic.train_rows = 20000;
+  c.data.synthetic.test_rows = 4000;
+  c.data.synthetic.features = 10000;
+  c.data.synthetic.seed = 11;
+  c.training.minibatch = 250;
+  c.training.epochs = 1;
+  c.training.progress_interval_s = 1000;
+  c.fault_tolerance.replicas = 1;
+  return c;
+}
+
+double TestAuc(const std::string& report) {
+  absl::StatusOr<double> auc = JsonNumber(report, "test_auc");
+  return auc.ok() ? *auc : -1;
+}
+
+class FailoverModeTest : public FailoverTest,
+                         public ::testing::WithParamInterface<std::string> {
+ protected:
+  Mode mode() const {
+    return GetParam() == "bsp"   ? Mode::kBsp
+           : GetParam() == "ssp" ? Mode::kSsp
+                                 : Mode::kAsp;
+  }
+};
+
+// Kill one of three servers a third of the way into training: the job ends
+// ok, the failover is in the report with its recovery time, the test AUC
+// is close to a run without the kill, and in BSP (deterministic) the model
+// is the same.
+TEST_P(FailoverModeTest, TrainingSurvivesAServerKill) {
+  LocalClusterOptions clean;
+  clean.config = TrainingJob(mode());
+  LocalCluster reference(clean);
+  ASSERT_TRUE(reference.Run().ok());
+  const std::string ref_report = reference.ReportJson();
+
+  LocalClusterOptions o;
+  o.config = TrainingJob(mode());
+  // 20000 rows / 250 per minibatch / 2 workers = 40 clocks a worker, each
+  // about one push request per server.
+  o.kill_servers.push_back({1, 80});
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(cluster.server_killed(1));
+  const std::string report = cluster.ReportJson();
+  EXPECT_NE(report.find("\"status\": \"ok\""), std::string::npos) << report;
+  EXPECT_NE(report.find("{\"node\": \"S[1]\""), std::string::npos) << report;
+  EXPECT_EQ(report.find("\"recovery_ms\": null"), std::string::npos) << report;
+  // SSP/ASP runs of this small job differ by a few 0.001 of AUC between
+  // fault-free runs already (the interleaving of workers); the a9a figures
+  // in docs/fault_tolerance.md compare full runs. BSP is exact (below).
+  EXPECT_NEAR(TestAuc(report), TestAuc(ref_report),
+              mode() == Mode::kBsp ? 1e-6 : 0.01)
+      << report;
+  absl::StatusOr<double> examples = JsonNumber(report, "examples");
+  ASSERT_TRUE(examples.ok());
+  EXPECT_EQ(*examples, 20000);
+  if (mode() == Mode::kBsp) {
+    auto a = reference.Snapshot();
+    auto b = cluster.Snapshot();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].first, b[i].first);
+      EXPECT_NEAR(a[i].second[0], b[i].second[0], 1e-6) << "key " << a[i].first;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, FailoverModeTest,
+                         ::testing::Values("bsp", "ssp", "asp"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace ps
