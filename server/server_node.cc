@@ -348,6 +348,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
   std::vector<int> finished;
   std::vector<size_t> fresh;  // runs admitted now, to apply (ASP/SSP)
   Needs needs;                // replication: what the answer waits for
+  std::vector<LoggedSegment> logged;  // ... and what goes to the backups
   {
     absl::MutexLock l(&mu_);
     int news = 0;
@@ -355,23 +356,12 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
       const RangeRun& run = runs[i];
       const bool replicated = HasBackups(run.range);
       BufferedSegment seg;
-      if (adm.bsp || replicated) {
+      if (adm.bsp) {
         seg.table = req.table();
         seg.keys.assign(req.keys(), run.first * sizeof(uint64_t),
                         (run.last - run.first) * sizeof(uint64_t));
         seg.vals.assign(req.vals(), run.first * dim * sizeof(float),
                         (run.last - run.first) * dim * sizeof(float));
-      }
-      proto::ReplicaEntry entry;
-      if (replicated) {
-        proto::ReplicaPush* p = entry.mutable_push();
-        p->set_worker(req.worker_id());
-        p->set_seq(seqs[i]);
-        p->set_clock(req.clock());
-        p->set_table(req.table());
-        p->set_num_examples(req.num_examples());
-        *p->mutable_keys() = adm.bsp ? seg.keys : std::move(seg.keys);
-        *p->mutable_vals() = adm.bsp ? seg.vals : std::move(seg.vals);
       }
       bool dup = false;
       RangeActions a;
@@ -388,7 +378,11 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
         if (replicated) NeedCurrent(run.range, &needs);
         continue;
       }
-      if (replicated) LogEntry(run.range, std::move(entry), &needs);
+      if (replicated) {
+        logged.push_back(LoggedSegment{run.range, run.first, run.last,
+                                       seqs[i],
+                                       AssignIndexLocked(run.range, &needs)});
+      }
       ++news;
       if (adm.bsp) {
         ApplyBsp(run.range, &a);
@@ -397,6 +391,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
         fresh.push_back(i);
       }
     }
+    if (!logged.empty()) LogPushLocked(req, dim, logged);
     if (news > 0) {
       ++pushes_;
       if (req.segments_size() == 0) {

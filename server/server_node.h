@@ -262,6 +262,35 @@ class ServerNode {
   };
   // Whether `range` has a backup in the current view.
   bool HasBackups(int range) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Assigns the next index of owned range `range`'s log; records it as a
+  // need when `needs` is not null.
+  int64_t AssignIndexLocked(int range, Needs* needs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The backups of `range` that get its entries now (not one awaiting its
+  // copy, which will include them).
+  std::vector<int> FeedTargetsLocked(int range) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void EnqueueLocked(int backup, proto::ReplicaEntry e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The new segments of one push request, logged: one entry per backup
+  // with the segments of the ranges it backs up.
+  struct LoggedSegment {
+    int range;
+    size_t first, last;  // key indices in the request
+    uint64_t seq;
+    int64_t index;
+  };
+  void LogPushLocked(const proto::PushRequest& req, int dim,
+                     const std::vector<LoggedSegment>& segs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops from `e` what `backup` no longer needs (ranges it stopped
+  // backing up, or will get a copy of); false when nothing is left.
+  bool PruneForLocked(int backup, proto::ReplicaEntry* e) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether `from` may send entries of `range` here (it owns it, this
+  // server backs it up); the error to answer otherwise.
+  absl::Status CheckSenderLocked(int from, int64_t epoch, int range) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Logs input `e` of owned range `range`: assigns the next index and
   // queues it for each backup (not for one that still awaits its copy,
   // which will cover it); records what an answer must wait for.
@@ -292,6 +321,10 @@ class ServerNode {
   void OnBatchReply(int backup, uint64_t generation,
                     std::shared_ptr<proto::ReplicateRequest> req,
                     const absl::Status& s, int attempt);
+  // Applies a replicated push's segments on a backup (mu_ held).
+  absl::Status ApplyPushLocked(int from, const proto::ReplicaPush& p,
+                               RangeActionList* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies one entry on a backup (mu_ held).
   absl::Status ApplyEntryLocked(int from, const proto::ReplicaEntry& e,
                                 RangeActionList* actions)

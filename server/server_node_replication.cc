@@ -106,12 +106,15 @@ bool ServerNode::HasBackups(int range) const {
   return false;
 }
 
-void ServerNode::LogEntry(int range, proto::ReplicaEntry e, Needs* needs) {
-  RangeLog& lg = logs_[range];
-  const int64_t index = ++lg.index;
-  e.set_range(range);
-  e.set_index(index);
+int64_t ServerNode::AssignIndexLocked(int range, Needs* needs) {
+  const int64_t index = ++logs_[range].index;
+  if (needs != nullptr) needs->emplace_back(range, index);
+  return index;
+}
+
+std::vector<int> ServerNode::FeedTargetsLocked(int range) const {
   std::vector<int> to;
+  const RangeLog& lg = logs_[range];
   for (int i = 0; i < routing_->replicas(); ++i) {
     const int b = routing_->BackupOfRange(range, i);
     if (b < 0 || b == id_) continue;
@@ -122,16 +125,109 @@ void ServerNode::LogEntry(int range, proto::ReplicaEntry e, Needs* needs) {
     }
     to.push_back(b);
   }
+  return to;
+}
+
+void ServerNode::EnqueueLocked(int backup, proto::ReplicaEntry e) {
+  auto [it, inserted] = streams_.try_emplace(backup);
+  if (inserted) it->second.generation = ++next_generation_;
+  it->second.queue.push_back(std::move(e));
+}
+
+void ServerNode::LogEntry(int range, proto::ReplicaEntry e, Needs* needs) {
+  e.set_range(range);
+  e.set_index(AssignIndexLocked(range, needs));
+  std::vector<int> to = FeedTargetsLocked(range);
   for (size_t i = 0; i < to.size(); ++i) {
-    auto [it, inserted] = streams_.try_emplace(to[i]);
-    if (inserted) it->second.generation = ++next_generation_;
     if (i + 1 == to.size()) {
-      it->second.queue.push_back(std::move(e));
+      EnqueueLocked(to[i], std::move(e));
     } else {
-      it->second.queue.push_back(e);
+      EnqueueLocked(to[i], e);
     }
   }
-  if (needs != nullptr) needs->emplace_back(range, index);
+}
+
+void ServerNode::LogPushLocked(const proto::PushRequest& req, int dim,
+                               const std::vector<LoggedSegment>& segs) {
+  std::map<int, proto::ReplicaEntry> per_backup;
+  for (const LoggedSegment& seg : segs) {
+    for (int b : FeedTargetsLocked(seg.range)) {
+      auto [it, inserted] = per_backup.try_emplace(b);
+      proto::ReplicaPush* p = it->second.mutable_push();
+      if (inserted) {
+        p->set_worker(req.worker_id());
+        p->set_clock(req.clock());
+        p->set_table(req.table());
+        p->set_num_examples(req.num_examples());
+      }
+      proto::ReplicaSegment* s = p->add_segments();
+      s->set_range(seg.range);
+      s->set_index(seg.index);
+      s->set_seq(seg.seq);
+      s->set_num_keys(static_cast<int64_t>(seg.last - seg.first));
+      p->mutable_keys()->append(req.keys(), seg.first * sizeof(uint64_t),
+                                (seg.last - seg.first) * sizeof(uint64_t));
+      p->mutable_vals()->append(req.vals(), seg.first * dim * sizeof(float),
+                                (seg.last - seg.first) * dim * sizeof(float));
+    }
+  }
+  for (auto& [b, e] : per_backup) EnqueueLocked(b, std::move(e));
+}
+
+bool ServerNode::PruneForLocked(int backup, proto::ReplicaEntry* e) const {
+  auto wanted = [&](int r) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return r >= 0 && r < static_cast<int>(logs_.size()) &&
+           logs_[r].acked.contains(backup);
+  };
+  if (e->has_copy()) return true;
+  if (!e->has_push()) return wanted(e->range());
+  proto::ReplicaPush* p = e->mutable_push();
+  bool all = true;
+  for (const proto::ReplicaSegment& s : p->segments()) {
+    if (!wanted(s.range())) all = false;
+  }
+  if (all) return true;
+  const size_t key_bytes = sizeof(uint64_t);
+  const size_t nkeys = p->keys().size() / key_bytes;
+  const size_t val_bytes = nkeys > 0 ? p->vals().size() / nkeys : 0;
+  proto::ReplicaPush kept;
+  kept.set_worker(p->worker());
+  kept.set_clock(p->clock());
+  kept.set_table(p->table());
+  kept.set_num_examples(p->num_examples());
+  size_t at = 0;
+  for (const proto::ReplicaSegment& s : p->segments()) {
+    const size_t n = static_cast<size_t>(s.num_keys());
+    if (wanted(s.range())) {
+      *kept.add_segments() = s;
+      kept.mutable_keys()->append(p->keys(), at * key_bytes, n * key_bytes);
+      kept.mutable_vals()->append(p->vals(), at * val_bytes, n * val_bytes);
+    }
+    at += n;
+  }
+  if (kept.segments_size() == 0) return false;
+  *p = std::move(kept);
+  return true;
+}
+
+absl::Status ServerNode::CheckSenderLocked(int from, int64_t epoch,
+                                           int range) const {
+  if (range < 0 || range >= static_cast<int>(ranges_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown range ", range));
+  }
+  if (routing_->OwnerOfRange(range) == from && routing_->IsBackupOf(range, id_)) {
+    return absl::OkStatus();
+  }
+  if (epoch > epoch_) {
+    return ErrorWithReason(absl::StatusCode::kUnavailable,
+                           proto::REASON_VIEW_BEHIND,
+                           absl::StrCat("view behind: replica epoch ", epoch,
+                                        ", server epoch ", epoch_));
+  }
+  return ErrorWithReason(
+      absl::StatusCode::kFailedPrecondition, proto::REASON_STALE_EPOCH,
+      absl::StrCat("stale-epoch: S[", id_, "] is not S[", from,
+                   "]'s backup of range ", range, " at epoch ", epoch_));
 }
 
 void ServerNode::NeedCurrent(int range, Needs* needs) {
@@ -231,10 +327,9 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
     const int b = it->first;
     std::deque<proto::ReplicaEntry>& q = it->second.queue;
     q.erase(std::remove_if(q.begin(), q.end(),
-                           [&](const proto::ReplicaEntry& e)
+                           [&](proto::ReplicaEntry& e)
                                ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                             return !logs_[e.range()].acked.contains(b) &&
-                                    !e.has_copy();
+                             return !PruneForLocked(b, &e);
                            }),
             q.end());
     bool backs_up = false;
@@ -375,14 +470,24 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
     std::vector<Fire> fires;
     {
       absl::MutexLock l(&mu_);
-      for (const proto::ReplicaEntry& e : req->entries()) {
-        RangeLog& lg = logs_[e.range()];
+      auto acked = [&](int r, int64_t index, bool copy)
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        RangeLog& lg = logs_[r];
         auto it = lg.acked.find(backup);
         if (it != lg.acked.end()) {
-          it->second = std::max(it->second, e.index());
-        } else if (e.has_copy() && routing_->OwnerOfRange(e.range()) == id_ &&
-                   routing_->IsBackupOf(e.range(), backup)) {
-          lg.acked[backup] = e.index();  // the copy makes it a replica
+          it->second = std::max(it->second, index);
+        } else if (copy && routing_->OwnerOfRange(r) == id_ &&
+                   routing_->IsBackupOf(r, backup)) {
+          lg.acked[backup] = index;  // the copy makes it a replica
+        }
+      };
+      for (const proto::ReplicaEntry& e : req->entries()) {
+        if (e.has_push()) {
+          for (const proto::ReplicaSegment& s : e.push().segments()) {
+            acked(s.range(), s.index(), false);
+          }
+        } else {
+          acked(e.range(), e.index(), e.has_copy());
         }
       }
       auto st = streams_.find(backup);
@@ -396,8 +501,13 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
     return;
   }
   if (attempt == 0 || attempt % 50 == 0) {
+    int self;
+    {
+      absl::MutexLock l(&mu_);
+      self = id_;
+    }
     PS_LOG_WARN("S[{}] replicating {} entries to S[{}] failed (attempt {}): {}",
-                id_, req->entries_size(), backup, attempt + 1, s.ToString());
+                self, req->entries_size(), backup, attempt + 1, s.ToString());
   }
   if (s.code() == absl::StatusCode::kDataLoss ||
       s.code() == absl::StatusCode::kInvalidArgument ||
@@ -406,19 +516,28 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
     // instead of the rest of the log.
     {
       absl::MutexLock l(&mu_);
-      for (const proto::ReplicaEntry& e : req->entries()) {
-        RangeLog& lg = logs_[e.range()];
+      auto recopy = [&](int r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        RangeLog& lg = logs_[r];
         if (lg.acked.erase(backup) > 0) lg.copy_to.push_back(backup);
+      };
+      for (const proto::ReplicaEntry& e : req->entries()) {
+        if (e.has_push()) {
+          for (const proto::ReplicaSegment& s : e.push().segments()) {
+            recopy(s.range());
+          }
+        } else {
+          recopy(e.range());
+        }
       }
       auto st = streams_.find(backup);
       if (st != streams_.end() && st->second.generation == generation) {
         st->second.sending = false;
         std::deque<proto::ReplicaEntry>& q = st->second.queue;
         q.erase(std::remove_if(q.begin(), q.end(),
-                               [&](const proto::ReplicaEntry& e)
+                               [&](proto::ReplicaEntry& e)
                                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                 return !logs_[e.range()].acked.contains(
-                                     backup);
+                                 return e.has_copy() ||
+                                        !PruneForLocked(backup, &e);
                                }),
                 q.end());
       }
@@ -457,10 +576,9 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
       auto* entries = req->mutable_entries();
       entries->erase(
           std::remove_if(entries->begin(), entries->end(),
-                         [&](const proto::ReplicaEntry& e)
+                         [&](proto::ReplicaEntry& e)
                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                           return !e.has_copy() &&
-                                  !logs_[e.range()].acked.contains(backup);
+                           return !PruneForLocked(backup, &e);
                          }),
           entries->end());
       req->set_epoch(epoch_);
@@ -484,29 +602,15 @@ absl::Status ServerNode::Replicate(const proto::ReplicateRequest& req) {
       return absl::UnavailableError("server not configured yet");
     }
     for (const proto::ReplicaEntry& e : req.entries()) {
-      const int r = e.range();
-      if (r < 0 || r >= static_cast<int>(ranges_.size())) {
-        s = absl::InvalidArgumentError(absl::StrCat("unknown range ", r));
-        break;
-      }
-      if (routing_->OwnerOfRange(r) != req.from_server() ||
-          !routing_->IsBackupOf(r, id_)) {
-        if (req.epoch() > epoch_) {
-          s = ErrorWithReason(absl::StatusCode::kUnavailable,
-                              proto::REASON_VIEW_BEHIND,
-                              absl::StrCat("view behind: replica epoch ",
-                                           req.epoch(), ", server epoch ",
-                                           epoch_));
-        } else {
-          s = ErrorWithReason(
-              absl::StatusCode::kFailedPrecondition, proto::REASON_STALE_EPOCH,
-              absl::StrCat("stale-epoch: S[", id_, "] is not S[",
-                           req.from_server(), "]'s backup of range ", r,
-                           " at epoch ", epoch_));
+      if (e.has_push()) {
+        for (const proto::ReplicaSegment& seg : e.push().segments()) {
+          s = CheckSenderLocked(req.from_server(), req.epoch(), seg.range());
+          if (!s.ok()) break;
         }
-        break;
+      } else {
+        s = CheckSenderLocked(req.from_server(), req.epoch(), e.range());
       }
-      s = ApplyEntryLocked(req.from_server(), e, &actions);
+      if (s.ok()) s = ApplyEntryLocked(req.from_server(), e, &actions);
       if (!s.ok()) break;
     }
   }
@@ -514,8 +618,84 @@ absl::Status ServerNode::Replicate(const proto::ReplicateRequest& req) {
   return s;
 }
 
+absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
+                                         RangeActionList* actions) {
+  if (p.table() < 0 || p.table() >= static_cast<int>(tables_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica push: unknown table ", p.table()));
+  }
+  Table* t = tables_[p.table()].get();
+  if (!ByteCountOk<uint64_t>(p.keys())) {
+    return absl::InvalidArgumentError("replica keys: not a multiple of 8");
+  }
+  const size_t total = p.keys().size() / sizeof(uint64_t);
+  const size_t dim = static_cast<size_t>(t->dim());
+  if (p.vals().size() != total * dim * sizeof(float)) {
+    return absl::InvalidArgumentError("replica push: vals do not match keys");
+  }
+  absl::Span<const uint64_t> keys = ViewAs<uint64_t>(p.keys());
+  const float* vals = reinterpret_cast<const float*>(p.vals().data());
+  size_t at = 0;
+  for (const proto::ReplicaSegment& seg : p.segments()) {
+    const int r = seg.range();  // checked by the caller
+    if (seg.num_keys() < 0 || at + static_cast<size_t>(seg.num_keys()) > total) {
+      return absl::InvalidArgumentError("replica push: segments do not match");
+    }
+    const size_t n = static_cast<size_t>(seg.num_keys());
+    absl::Span<const uint64_t> k = keys.subspan(at, n);
+    const float* v = vals + at * dim;
+    at += n;
+    RangeLog& lg = logs_[r];
+    if (lg.awaiting_copy) {
+      return absl::UnavailableError(
+          absl::StrCat("range ", r, " awaits its copy from S[", from, "]"));
+    }
+    if (seg.index() <= lg.index) continue;  // a resend
+    if (seg.index() != lg.index + 1) {
+      return absl::DataLossError(absl::StrCat(
+          "range ", r, ": entry ", seg.index(), " after ", lg.index));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if ((i > 0 && k[i] <= k[i - 1]) || k[i] < routing_->RangeBegin(r) ||
+          k[i] > routing_->RangeLast(r)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "replica keys of range ", r, " not ascending or outside it"));
+      }
+    }
+    RangeState& range = ranges_[r];
+    BufferedSegment buffered;
+    if (range.bsp()) {
+      buffered.table = p.table();
+      buffered.keys.assign(reinterpret_cast<const char*>(k.data()),
+                           n * sizeof(uint64_t));
+      buffered.vals.assign(reinterpret_cast<const char*>(v),
+                           n * dim * sizeof(float));
+    }
+    RangeActions a;
+    bool dup = false;
+    absl::Status s =
+        range.Accept(p.worker(), seg.seq(), p.clock(), &buffered, &dup, &a);
+    if (s.ok() && !dup && !range.bsp()) {
+      const float scale = p.num_examples() > 0 ? 1.0f / p.num_examples() : 1.0f;
+      t->Push(r, k, v, scale);
+      s = range.Applied(p.worker(), p.clock(), &a);
+    }
+    if (!s.ok()) {
+      return absl::InternalError(absl::StrCat("range ", r, " entry ",
+                                              seg.index(),
+                                              " refused by the replica: ",
+                                              s.message()));
+    }
+    ApplyBsp(r, &a);
+    actions->emplace_back(r, std::move(a));
+    lg.index = seg.index();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e,
                                           RangeActionList* actions) {
+  if (e.has_push()) return ApplyPushLocked(from, e.push(), actions);
   const int r = e.range();
   RangeLog& lg = logs_[r];
   RangeState& range = ranges_[r];
@@ -576,35 +756,6 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
   RangeActions a;
   absl::Status s;
   switch (e.op_case()) {
-    case proto::ReplicaEntry::kPush: {
-      const proto::ReplicaPush& p = e.push();
-      if (p.table() < 0 || p.table() >= static_cast<int>(tables_.size())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("replica push: unknown table ", p.table()));
-      }
-      Table* t = tables_[p.table()].get();
-      PS_RETURN_IF_ERROR(CheckRangeKeys(p.keys(), *routing_, r));
-      const size_t n = p.keys().size() / sizeof(uint64_t);
-      if (p.vals().size() != n * t->dim() * sizeof(float)) {
-        return absl::InvalidArgumentError("replica push: vals do not match");
-      }
-      BufferedSegment seg;
-      if (range.bsp()) {
-        seg.table = p.table();
-        seg.keys = p.keys();
-        seg.vals = p.vals();
-      }
-      bool dup = false;
-      s = range.Accept(p.worker(), p.seq(), p.clock(), &seg, &dup, &a);
-      if (s.ok() && !dup && !range.bsp()) {
-        const float scale =
-            p.num_examples() > 0 ? 1.0f / p.num_examples() : 1.0f;
-        t->Push(r, ViewAs<uint64_t>(p.keys()),
-                reinterpret_cast<const float*>(p.vals().data()), scale);
-        s = range.Applied(p.worker(), p.clock(), &a);
-      }
-      break;
-    }
     case proto::ReplicaEntry::kAnnounce: {
       const proto::ReplicaAnnounce& an = e.announce();
       s = range.Announce(an.worker(), an.clock(), an.segments(), an.examples(),
