@@ -1010,10 +1010,14 @@ int Launcher::Run(const std::atomic<int>* stop) {
   {
     // Chaos (issue 9): readiness from the scheduler's log line, or by
     // asking it (Status: phase past registering).
-    GrpcClientFactory probe_clients(GrpcClientFactory::Options(security, 1));
     Chaos chaos(
         options_, [this](absl::string_view l) { Say(l); },
         [&]() {
+          // A channel per probe: one whose first calls were refused (the
+          // scheduler not listening yet) kept failing them for the whole
+          // job, so a --kill at warn log level never happened.
+          GrpcClientFactory probe_clients(
+              GrpcClientFactory::Options(security, 1));
           auto st = probe_clients.Scheduler(scheduler_address_)
                         ->Status(proto::StatusRequest(),
                                  absl::Now() + absl::Milliseconds(200));
