@@ -1064,6 +1064,16 @@ int Launcher::Run(const std::atomic<int>* stop) {
             }
             break;
           }
+          if (!r.exit.ok() && r.exit.name != "H" &&
+              absl::StrContains(r.exit.name, "+")) {
+            // A --restart replacement that could not join (a running job
+            // takes no new server yet: elasticity is not built) leaves the
+            // job as it was; its own error is printed above.
+            Say(absl::StrCat(r.exit.Describe(),
+                             " (a --restart replacement that did not join); "
+                             "the job goes on without it"));
+            break;
+          }
           // Issue 9: a dead worker is the cluster's to handle (the
           // scheduler hands its work units to the others) unless the job
           // already failed.

@@ -807,6 +807,24 @@ TEST_F(LauncherTest, KillAndRestartMechanics) {
                                  "\"S[1]\", \"as\": \"S[1]+1\""));
 }
 
+// A replacement that cannot join (the real scheduler refuses a node in a
+// running job) is reported and the job goes on.
+TEST_F(LauncherTest, ReplacementThatCannotJoinDoesNotStopTheJob) {
+  Steer("ps_scheduler", "--print-ready --sleep-ms 2000");
+  Steer("ps_server", "--sleep-ms 2000");
+  Steer("ps_worker", "--sleep-ms 2000");
+  Steer("ps_server_new", "--exit-code 1");
+  options_.kills = {ChaosKill{'S', 1, 0.2}};
+  options_.restart = true;
+  options_.restart_delay_s = 0;
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: S[1]+1 exited with status 1 (a --restart "
+                 "replacement that did not join); the job goes on without it")
+                .size(),
+            1u)
+      << lines_.Joined();
+}
+
 TEST_F(LauncherTest, RestartedSchedulerKeepsItsArguments) {
   Steer("ps_scheduler", "--print-ready --echo-args --sleep-ms 1500");
   Steer("ps_server", "--sleep-ms 1500");

@@ -266,6 +266,14 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
       }
     }
   }
+  if (id < 0 && phase_ != JobPhase::kRegistering) {
+    // Issue 9: joining a running job (a replacement for a dead node, or one
+    // more) is the elasticity part, not built yet.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "register: the job is ", JobPhaseName(phase_), " with all ", n,
+        req.role() == proto::ROLE_SERVER ? " server" : " worker",
+        " slots taken; a node cannot join a running job yet"));
+  }
   if (id < 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "all ", n, req.role() == proto::ROLE_SERVER ? " server" : " worker",

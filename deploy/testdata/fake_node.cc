@@ -16,8 +16,8 @@
 //   --exit-code N       exit status (default 0)
 // More flags come from the environment, so a test driving the real launcher
 // can steer one node: FAKE_NODE_FLAGS_<program name> and then
-// FAKE_NODE_FLAGS_<program name>_<id>, split on spaces (e.g.
-// FAKE_NODE_FLAGS_ps_worker_1="--exit-code 3").
+// FAKE_NODE_FLAGS_<program name>_<id> (_new for a node started without
+// --id), split on spaces (e.g. FAKE_NODE_FLAGS_ps_worker_1="--exit-code 3").
 #include <fstream>
 #include <signal.h>
 #include <unistd.h>
@@ -57,7 +57,9 @@ int main(int argc, char** argv) {
     if (args[i] == "--id") id = args[i + 1];
   }
   AppendEnvFlags("FAKE_NODE_FLAGS_" + program, &args);
-  if (!id.empty()) AppendEnvFlags("FAKE_NODE_FLAGS_" + program + "_" + id, &args);
+  // A node started without --id (a --restart replacement): _new.
+  AppendEnvFlags("FAKE_NODE_FLAGS_" + program + "_" + (id.empty() ? "new" : id),
+                 &args);
 
   for (const auto& a : args) {
     if (a == "--ignore-sigterm") signal(SIGTERM, SIG_IGN);

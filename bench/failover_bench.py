@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Fault-tolerance benchmarks (issue 9), on real processes through ps_launch.
+
+  python3 bench/failover_bench.py recovery [--runs 20] [--mode asp]
+      SIGKILLs one of three servers (`ps_launch --kill S1@AT`) in --runs
+      launches of the a9a job (1 replica) and prints, per launch, the
+      failover the scheduler reports (detect_ms: last heartbeat to the
+      verdict; recovery_ms: last heartbeat to the first push acknowledged
+      under the new epoch; from_kill_ms: the launcher's kill to that ack),
+      then their distribution. Every launch must end ok with exact epoch
+      counts.
+
+  python3 bench/failover_bench.py cost [--pairs 5] [--mode asp]
+      The cost of replication: the same job with fault_tolerance.replicas
+      0 and 1, interleaved (0 1 0 1 ...), printing per launch the job's
+      wall seconds, the CPU seconds of all its processes (user + sys of
+      ps_launch's children) and examples/s, then the medians and ratios.
+
+Common options: --data DIR (default ../shared/data/a9a), --servers 3,
+--workers 2, --epochs, --bin build/bin, --out runs/failover_bench. The load
+average is printed beside every figure. Results go to stdout; keep them in
+docs/fault_tolerance.md with the command. Exit status 1 when a launch fails.
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+YAML = """cluster:
+  num_servers: {servers}
+  num_workers: {workers}
+  virtual_nodes: 64
+consistency:
+  mode: {mode}
+  tau: {tau}
+optimizer:
+  name: ftrl
+  alpha: 0.5
+  beta: 1.0
+  l1: 0.001
+  l2: 0.001
+data:
+  format: libsvm
+  train: {data}/a9a.train
+  test: {data}/a9a.test
+training:
+  minibatch: 100
+  epochs: {epochs}
+output:
+  log_level: warn
+"""
+
+
+def load():
+    return "load %.2f" % os.getloadavg()[0]
+
+
+def launch(args, name, sets, extra):
+    """Runs one ps_launch; returns (report dict or None, wall s, cpu s, log)."""
+    d = os.path.join(args.out, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    cfg = os.path.join(d, "job.yaml")
+    with open(cfg, "w") as f:
+        f.write(YAML.format(servers=args.servers, workers=args.workers,
+                            mode=args.mode, tau=args.tau, data=args.data,
+                            epochs=args.epochs))
+    report = os.path.join(d, "report.json")
+    cmd = [os.path.join(args.bin, "ps_launch"), "--config", cfg,
+           "--run-dir", os.path.join(d, "run"), "--report", report,
+           "--set", "output.model_dir=" + os.path.join(d, "model"),
+           "--timeout_s", "300"]
+    for s in sets:
+        cmd += ["--set", s]
+    cmd += extra
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    with open(os.path.join(d, "launch.log"), "w") as f:
+        f.write(p.stdout)
+    if p.returncode != 0 or not os.path.exists(report):
+        print("%s: ps_launch exited %d; log in %s" % (name, p.returncode, d))
+        return None, wall, cpu, p.stdout
+    with open(report) as f:
+        r = json.load(f)
+    if r.get("status") != "ok":
+        print("%s: status %s: %s" % (name, r.get("status"), r.get("error")))
+        return None, wall, cpu, p.stdout
+    return r, wall, cpu, p.stdout
+
+
+def kill_unix_ms(log):
+    for line in log.splitlines():
+        if "chaos: killed S[" in line and "unix ms " in line:
+            return int(line.rsplit("unix ms ", 1)[1].split()[0])
+    return None
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def recovery(args):
+    rec, det, from_kill = [], [], []
+    ok = True
+    for i in range(args.runs):
+        r, wall, _, log = launch(args, "kill-%d" % i,
+                                 ["fault_tolerance.replicas=1"],
+                                 ["--kill", "S1@%g" % args.at])
+        if r is None:
+            ok = False
+            continue
+        fo = r.get("failovers", [])
+        examples = r.get("epoch_examples", [])
+        if not fo or fo[0].get("recovery_ms") is None:
+            print("run %d: no failover with recovery_ms in the report" % i)
+            ok = False
+            continue
+        if len(set(examples)) != 1:
+            print("run %d: epoch example counts differ: %s" % (i, examples))
+            ok = False
+        f = fo[0]
+        k = kill_unix_ms(log)
+        fk = f["first_ack_unix_ms"] - k if k is not None else float("nan")
+        rec.append(f["recovery_ms"])
+        det.append(f["detect_ms"])
+        from_kill.append(fk)
+        print("run %2d: %s detect_ms %4d recovery_ms %4d from_kill_ms %4d "
+              "auc %.4f wall %.1f s (%s)" % (i, f["node"], f["detect_ms"],
+                                             f["recovery_ms"], fk,
+                                             r["test_auc"], wall, load()),
+              flush=True)
+    if rec:
+        for name, xs in (("detect_ms", det), ("recovery_ms", rec),
+                         ("from_kill_ms", from_kill)):
+            print("%-13s n=%d min %d median %d p90 %d max %d" %
+                  (name, len(xs), min(xs), statistics.median(xs),
+                   pct(xs, 0.9), max(xs)))
+    return ok
+
+
+def cost(args):
+    rows = {0: [], 1: []}
+    ok = True
+    for i in range(args.pairs):
+        for rep in (0, 1):
+            r, wall, cpu, _ = launch(args, "cost-%d-r%d" % (i, rep),
+                                     ["fault_tolerance.replicas=%d" % rep], [])
+            if r is None:
+                ok = False
+                continue
+            ex = sum(r["epoch_examples"])
+            rows[rep].append((r["job_seconds"], cpu, ex))
+            print("pair %d replicas %d: job %.2f s, %.0f examples/s, cpu %.2f s "
+                  "(%.1f us/example), auc %.4f (%s)" %
+                  (i, rep, r["job_seconds"], ex / r["job_seconds"], cpu,
+                   1e6 * cpu / ex, r["test_auc"], load()), flush=True)
+    if rows[0] and rows[1]:
+        m = {rep: (statistics.median(x[0] for x in rows[rep]),
+                   statistics.median(x[1] for x in rows[rep]))
+             for rep in (0, 1)}
+        for rep in (0, 1):
+            print("replicas %d: median job %.2f s, median cpu %.2f s" %
+                  (rep, m[rep][0], m[rep][1]))
+        print("replication cost: %.2fx wall, %.2fx cpu" %
+              (m[1][0] / m[0][0], m[1][1] / m[0][1]))
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("what", choices=["recovery", "cost"])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--mode", default="asp", choices=["bsp", "ssp", "asp"])
+    ap.add_argument("--tau", type=int, default=2)
+    ap.add_argument("--at", type=float, default=1.0,
+                    help="seconds after the cluster is ready (--kill S1@AT)")
+    ap.add_argument("--servers", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared",
+                                                   "data", "a9a"))
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs",
+                                                  "failover_bench"))
+    args = ap.parse_args()
+    args.data = os.path.abspath(args.data)
+    if args.mode != "ssp":
+        args.tau = 0
+    if not os.path.exists(os.path.join(args.data, "a9a.train")):
+        print("missing %s/a9a.train" % args.data, file=sys.stderr)
+        return 2
+    print("%s: %d servers, %d workers, %s, %d epochs of a9a (%s)" %
+          (args.what, args.servers, args.workers, args.mode, args.epochs,
+           load()), flush=True)
+    ok = recovery(args) if args.what == "recovery" else cost(args)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
