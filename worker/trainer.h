@@ -83,8 +83,8 @@ class Trainer {
   // theirs, one may come back from a dead worker) the worker keeps step:
   // an empty clock and a pull of the bias key, so BSP/SSP never wait for
   // an idle worker. In SSP a worker more than tau/2 clocks behind the
-  // other workers' lowest clock (as the scheduler last heard it,
-  // extrapolated: ClockEstimate) skips ahead to it with empty clocks, so a
+  // other workers' lowest clock (as the scheduler last heard it) skips
+  // ahead to it with empty clocks, so a
   // straggler that takes fewer units holds the others back less.
   // When `eval` is given, evaluates on it every
   // training.eval_interval_s and records the curve. Errors: the work

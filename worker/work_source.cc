@@ -10,22 +10,6 @@
 
 namespace ps {
 
-void ClockEstimate::Report(int64_t clock, absl::Time now) {
-  if (clock < 0 || clock == clock_) return;
-  if (clock_ >= 0 && clock > clock_ && now > when_) {
-    per_second_ = static_cast<double>(clock - clock_) /
-                  absl::ToDoubleSeconds(now - when_);
-  }
-  clock_ = clock;
-  when_ = now;
-}
-
-int64_t ClockEstimate::At(absl::Time now) const {
-  if (clock_ < 0) return -1;
-  const double ahead = per_second_ * absl::ToDoubleSeconds(now - when_);
-  return clock_ + static_cast<int64_t>(std::min(ahead, 1e6));
-}
-
 WorkSource::WorkSource(WorkSourceOptions options, SchedulerClient* scheduler,
                        KVWorker* kv, Opener open)
     : options_(options), scheduler_(scheduler), kv_(kv),

@@ -33,24 +33,6 @@ struct WorkSourceOptions {
   absl::Duration ack_timeout = absl::Seconds(600);
 };
 
-// Where the other workers' lowest clock is probably now, from reports that
-// are up to a heartbeat (or a work unit) old: the last reported value plus
-// the rate it grew at between the last two different reports. An estimate
-// too high only makes a catching-up worker wait on its own next pull; it
-// never breaks consistency (the skipped clocks are empty). Not thread-safe.
-class ClockEstimate {
- public:
-  // A report of `clock` (-1: none) seen at `now`.
-  void Report(int64_t clock, absl::Time now);
-  // The estimate at `now`; -1 before any report.
-  int64_t At(absl::Time now) const;
-
- private:
-  int64_t clock_ = -1;
-  absl::Time when_;
-  double per_second_ = 0;
-};
-
 // Not thread-safe: the training loop drives it.
 class WorkSource {
  public:

@@ -191,19 +191,5 @@ TEST_F(WorkSourceTest, FinalSchedulerErrorIsReturned) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(ClockEstimateTest, ExtrapolatesFromTheLastTwoReports) {
-  ClockEstimate e;
-  const absl::Time t0 = absl::UnixEpoch();
-  EXPECT_EQ(e.At(t0), -1);
-  e.Report(-1, t0);
-  EXPECT_EQ(e.At(t0), -1);
-  e.Report(100, t0);
-  EXPECT_EQ(e.At(t0 + absl::Seconds(1)), 100);  // no rate yet
-  e.Report(100, t0 + absl::Milliseconds(500));  // the same report again
-  e.Report(150, t0 + absl::Seconds(1));         // 50 clocks/s
-  EXPECT_EQ(e.At(t0 + absl::Seconds(1)), 150);
-  EXPECT_EQ(e.At(t0 + absl::Milliseconds(1200)), 160);
-}
-
 }  // namespace
 }  // namespace ps
