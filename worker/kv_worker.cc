@@ -235,13 +235,19 @@ int64_t KVWorker::Push(int table, absl::Span<const uint64_t> keys,
     clock = clock_count_;
     ++clocks_[clock].pending_pushes;
     ops_[ts].on_done = [this, clock] {
-      bool send = false;
+      // Once the clock has ended, each of its pushes holds a part of the
+      // clock's op (see Clock).
+      int64_t clock_ts = -1;
       {
         absl::MutexLock l(&mu_);
-        ClockState& c = clocks_[clock];
-        send = --c.pending_pushes == 0 && c.ended;
+        auto it = clocks_.find(clock);
+        if (it == clocks_.end()) return;
+        ClockState& c = it->second;
+        --c.pending_pushes;
+        if (c.ended) clock_ts = c.ts;
+        if (c.pending_pushes == 0 && c.sent) clocks_.erase(it);
       }
-      if (send) SendClock(clock);
+      if (clock_ts >= 0) PartDone(clock_ts, absl::OkStatus());
     };
     if (table < 0 || table >= static_cast<int>(dims_.size()) ||
         vals.size() != keys.size() * dims_[table]) {
@@ -602,18 +608,23 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
 
 int64_t KVWorker::Clock(int num_examples) {
   int64_t c, ts;
-  bool send;
   {
     absl::MutexLock l(&mu_);
     c = clock_count_++;
     ClockState& cs = clocks_[c];
     cs.ended = true;
     cs.examples = num_examples;
-    ts = NewOp(1);  // released by SendClock
+    // One part released by SendClock, one by each push still unacknowledged:
+    // the clock's op completes when the servers have the announcement and
+    // every push of the clock was acknowledged (work units wait on it).
+    ts = NewOp(1 + cs.pending_pushes);
     cs.ts = ts;
-    send = cs.pending_pushes == 0;
   }
-  if (send) SendClock(c);
+  // At once, not after the pushes' acknowledgements (with replication, a
+  // round trip to the backups later): the announcement counts the segments
+  // each range must receive before the clock completes there, so it may
+  // arrive before them.
+  SendClock(c);
   return ts;
 }
 
@@ -640,7 +651,8 @@ void KVWorker::SendClock(int64_t clock) {
     }
     Op& op = ops_[ts];
     op.retry_deadline = clock_->Now() + options_.retry_timeout;
-    clocks_.erase(it);
+    cs.sent = true;
+    if (cs.pending_pushes == 0) clocks_.erase(it);
   }
   SendClockRanges(all, ts, 0);
   PartDone(ts, absl::OkStatus());

@@ -23,10 +23,12 @@
 //    annotated "push to S[i]: gave up after N attempts".
 //  * Once a permanent error is recorded (the sticky error), no operation
 //    is retried any more and every later Wait, Clock and Finish returns it.
-//  * Clock() ends the current clock: once all of its pushes are
-//    acknowledged, every server is told, per range it owns, how many
-//    segments the clock sent there, so a range advances the worker's
-//    vector-clock entry only after applying them.
+//  * Clock() ends the current clock: every server is told at once, per
+//    range it owns, how many segments the clock sent there, so a range
+//    advances the worker's vector-clock entry only after applying them
+//    (the announcement may arrive before the segments). The clock's
+//    timestamp completes when the announcement and every push of the
+//    clock were acknowledged.
 //  * Once Wait(ts) has returned, with any status, no reply writes into the
 //    output of pull `ts` any more: the caller may free it at once.
 //  * After the destructor returns, no transport or timer callback touches
@@ -145,6 +147,7 @@ class KVWorker {
   struct ClockState {
     int pending_pushes = 0;
     bool ended = false;
+    bool sent = false;  // SendClock ran; erased once no push is pending
     int examples = 0;
     int64_t ts = -1;
     std::map<int, int64_t> segments_per_range;

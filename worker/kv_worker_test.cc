@@ -478,37 +478,59 @@ TEST_F(KVWorkerTest, RepliesAfterDestructionAreDropped) {
 
 // ------------------------------------------------------- clock, finish
 
-TEST_F(KVWorkerTest, ClockWaitsForItsPushesThenTellsEveryServer) {
+// The announcement goes out at once, before the pushes are answered (it
+// counts the segments each range must see); the clock's timestamp
+// completes only when the pushes were acknowledged too.
+TEST_F(KVWorkerTest, ClockTellsEveryServerAtOnceAndCompletesAfterItsPushes) {
   Make(2);
   const std::vector<uint64_t> keys = Iota(64);
   const int64_t push = Push(keys, 8);
   const int64_t clk = worker_->Clock(8);
   EXPECT_EQ(worker_->clock(), 1);
-  EXPECT_EQ(S(0)->held_clocks() + S(1)->held_clocks(), 0u);  // pushes first
-  S(0)->NextPush()->Reply(absl::OkStatus());
-  S(1)->NextPush()->Reply(absl::OkStatus());
   absl::StatusOr<Routing> routing = Routing::FromProto(view_.routing());
   ASSERT_TRUE(routing.ok());
   std::set<int> touched;
   for (uint64_t k : keys) touched.insert(routing->RangeOf(k));
   for (int s = 0; s < 2; ++s) {
-    std::optional<HeldClock> c = S(s)->NextClock();
+    std::optional<HeldClock> c = S(s)->NextClock();  // pushes unanswered
     ASSERT_TRUE(c.has_value()) << "S[" << s << "]";
     EXPECT_EQ(c->req->clock(), 0);
     EXPECT_EQ(c->req->num_examples(), 8);
-    // Every range the server owns, with the segments the clock sent there.
+    // Every range the server owns, with the segments the clock sent there;
+    // nothing is settled while seq 1 of a touched range is unanswered.
     std::vector<int> ranges;
     for (const proto::RangeAnnouncement& a : c->req->ranges()) {
       ranges.push_back(a.range());
       const bool hit = touched.count(a.range()) > 0;
       EXPECT_EQ(a.segments(), hit ? 1 : 0) << "range " << a.range();
-      EXPECT_EQ(a.settled_seq(), hit ? 1u : 0u) << "range " << a.range();
+      EXPECT_EQ(a.settled_seq(), 0u) << "range " << a.range();
     }
     EXPECT_EQ(ranges, routing->RangesOf(s));
     c->Reply(absl::OkStatus());
   }
+  // Announced, but S[0]'s push is unanswered: the clock is not done.
+  S(1)->NextPush()->Reply(absl::OkStatus());
+  EXPECT_EQ(worker_->Wait(clk, absl::Now() + absl::Milliseconds(50)).code(),
+            StatusCode::kDeadlineExceeded);
+  S(0)->NextPush()->Reply(absl::OkStatus());
   EXPECT_TRUE(worker_->Wait(push, Soon()).ok());
-  EXPECT_TRUE(worker_->Wait(clk, Soon()).ok());
+  // The next clock: pushes answered before the announcement this time.
+  const int64_t push2 = Push(keys, 8);
+  const int64_t clk2 = worker_->Clock(8);
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  S(1)->NextPush()->Reply(absl::OkStatus());
+  for (int s = 0; s < 2; ++s) {
+    std::optional<HeldClock> c = S(s)->NextClock();
+    ASSERT_TRUE(c.has_value()) << "S[" << s << "]";
+    EXPECT_EQ(c->req->clock(), 1);
+    for (const proto::RangeAnnouncement& a : c->req->ranges()) {
+      const bool hit = touched.count(a.range()) > 0;
+      EXPECT_EQ(a.settled_seq(), hit ? 1u : 0u) << "range " << a.range();
+    }
+    c->Reply(absl::OkStatus());
+  }
+  EXPECT_TRUE(worker_->Wait(push2, Soon()).ok());
+  EXPECT_TRUE(worker_->Wait(clk2, Soon()).ok());
 }
 
 // A clock whose ranges moved (a failover) is announced to the new owner
@@ -554,14 +576,14 @@ TEST_F(KVWorkerTest, ViewThatChangesTheRangesIsAnError) {
 
 TEST_F(KVWorkerTest, ClockSettledSeqStopsBelowTheOldestUnansweredPush) {
   Make(1);
-  Push({1});                        // seq 1, answered after the clock
+  Push({1});                        // seq 1, answered after the clocks
   const int64_t p2 = Push({2});     // seq 2
   S(0)->NextPush()->Reply(Unavailable());
   S(0)->NextPush()->Reply(absl::OkStatus());
-  worker_->Clock(1);                // clock 0 still waits for seq 1
+  const int64_t c0 = worker_->Clock(1);  // announced with seq 1 unanswered
   const int64_t p3 = Push({3});     // seq 3, clock 1
-  const int64_t c1 = worker_->Clock(1);
   S(0)->NextPush()->Reply(absl::OkStatus());  // seq 3
+  const int64_t c1 = worker_->Clock(1);
   // Keys 1, 2, 3 are in one range: seqs 1, 2, 3 of that range.
   absl::StatusOr<Routing> routing = Routing::FromProto(view_.routing());
   ASSERT_TRUE(routing.ok());
@@ -574,22 +596,29 @@ TEST_F(KVWorkerTest, ClockSettledSeqStopsBelowTheOldestUnansweredPush) {
     ADD_FAILURE() << "no entry for range " << range;
     return proto::RangeAnnouncement();
   };
-  std::optional<HeldClock> c = S(0)->NextClock();
-  ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->req->clock(), 1);
-  EXPECT_EQ(entry(*c->req).settled_seq(), 0u);  // seq 1 still unanswered
-  c->Reply(absl::OkStatus());
+  for (int clock = 0; clock < 2; ++clock) {
+    std::optional<HeldClock> c = S(0)->NextClock();
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->req->clock(), clock);
+    EXPECT_EQ(entry(*c->req).segments(), clock == 0 ? 2 : 1);
+    EXPECT_EQ(entry(*c->req).settled_seq(), 0u);  // seq 1 still unanswered
+    c->Reply(absl::OkStatus());
+  }
   clock_.Advance(absl::Milliseconds(20));  // seq 1 resent
   S(0)->NextPush()->Reply(absl::OkStatus());
-  c = S(0)->NextClock();
+  // A later clock settles everything answered.
+  const int64_t c2 = worker_->Clock(0);
+  std::optional<HeldClock> c = S(0)->NextClock();
   ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->req->clock(), 0);
-  EXPECT_EQ(entry(*c->req).segments(), 2);
+  EXPECT_EQ(c->req->clock(), 2);
+  EXPECT_EQ(entry(*c->req).segments(), 0);
   EXPECT_EQ(entry(*c->req).settled_seq(), 3u);
   c->Reply(absl::OkStatus());
   EXPECT_TRUE(worker_->Wait(p2, Soon()).ok());
   EXPECT_TRUE(worker_->Wait(p3, Soon()).ok());
+  EXPECT_TRUE(worker_->Wait(c0, Soon()).ok());
   EXPECT_TRUE(worker_->Wait(c1, Soon()).ok());
+  EXPECT_TRUE(worker_->Wait(c2, Soon()).ok());
 }
 
 TEST_F(KVWorkerTest, LostClockIsResent) {
