@@ -418,7 +418,7 @@ void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
     // attempt count.
     const int suspect = Unreachable(s) ? slice->server : -1;
     const bool queued = Later(backoff, [this, slice, attempt, suspect] {
-      RefreshView(suspect);
+      RefreshView(suspect, slice->req.epoch());
       ResendSegments(*slice, attempt + 1);
       PartDone(slice->ts, absl::OkStatus());
     });
@@ -581,7 +581,7 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
       MayRetry(slice->ts, attempt, backoff)) {
     const int suspect = Unreachable(s) ? slice->server : -1;
     const bool queued = Later(backoff, [this, slice, attempt, suspect] {
-      RefreshView(suspect);
+      RefreshView(suspect, slice->req.epoch());
       std::vector<size_t> pos;
       for (size_t i = 0; i < slice->spans_first.size(); ++i) {
         for (size_t p = slice->spans_first[i]; p < slice->spans_last[i]; ++p) {
@@ -707,7 +707,7 @@ void KVWorker::SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
             Later(backoff, [this, req, ts, attempt, server,
                             suspect = Unreachable(st)] {
               // Its ranges moved: announce them to their new owners.
-              RefreshView(suspect ? server : -1);
+              RefreshView(suspect ? server : -1, req->epoch());
               SendClockRanges(*req, ts, attempt + 1);
               PartDone(ts, absl::OkStatus());
             })) {
@@ -778,11 +778,12 @@ absl::Status KVWorker::Finish(absl::Time deadline) {
 
 // ------------------------------------------------------------ view, retry
 
-void KVWorker::RefreshView(int suspect) {
+void KVWorker::RefreshView(int suspect, int64_t sent_epoch) {
   int64_t known;
   {
     absl::MutexLock l(&mu_);
     known = view_.epoch();
+    if (sent_epoch >= 0 && known > sent_epoch) return;
   }
   proto::GetViewRequest req;
   req.set_known_epoch(known);

@@ -221,7 +221,11 @@ class KVWorker {
   // Fetches a view newer than the current one, if the scheduler has it
   // (waiting up to 200 ms for one). `suspect` >= 0: a server this worker
   // could not reach, which the scheduler probes (failover, issue 9).
-  void RefreshView(int suspect = -1);
+  // `sent_epoch` >= 0: the epoch of the request that failed; when a newer
+  // view is installed already (another request's retry fetched it), returns
+  // at once: waiting for one newer still held every retry after the first
+  // for the whole 200 ms.
+  void RefreshView(int suspect = -1, int64_t sent_epoch = -1);
   void InstallView(const proto::ClusterView& view)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `fn` on the clock's timer thread after `delay`, unless the worker
