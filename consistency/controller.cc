@@ -269,6 +269,37 @@ void ConsistencyController::CancelAll(absl::Status status) {
   for (Wait& w : waits) w.ready(status);
 }
 
+int ConsistencyController::CancelRanges(absl::Span<const int> ranges,
+                                        absl::Status status) {
+  if (ranges.empty()) return 0;
+  if (status.ok()) status = absl::CancelledError("pull wait cancelled");
+  std::vector<Ready> fire;
+  {
+    absl::MutexLock l(&mu_);
+    size_t keep = 0;
+    for (size_t i = 0; i < waits_.size(); ++i) {
+      Wait& w = waits_[i];
+      bool touches = w.ranges.empty();
+      for (int r : w.ranges) {
+        if (std::find(ranges.begin(), ranges.end(), r) != ranges.end()) {
+          touches = true;
+          break;
+        }
+      }
+      if (touches) {
+        --pending_[w.worker];
+        fire.push_back(std::move(w.ready));
+      } else {
+        if (keep != i) waits_[keep] = std::move(w);
+        ++keep;
+      }
+    }
+    waits_.erase(waits_.begin() + keep, waits_.end());
+  }
+  for (Ready& r : fire) r(status);
+  return static_cast<int>(fire.size());
+}
+
 size_t ConsistencyController::pending_waits() const {
   absl::MutexLock l(&mu_);
   return waits_.size();

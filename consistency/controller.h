@@ -104,6 +104,10 @@ class ConsistencyController {
   // Runs every queued wait with `status` (used at shutdown). An OK `status`
   // is replaced by CANCELLED: a cancelled pull must not look answered.
   void CancelAll(absl::Status status);
+  // Runs every queued wait that touches one of `ranges` (a wait for all
+  // ranges included) with `status` (not OK): the ranges moved to another
+  // server (elasticity, issue 9). Returns how many ran.
+  int CancelRanges(absl::Span<const int> ranges, absl::Status status);
 
   size_t pending_waits() const;
 

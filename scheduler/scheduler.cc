@@ -186,7 +186,7 @@ void SchedulerCore::FailoverServers(const std::vector<int>& ids,
     if (failure.ok()) {
       std::vector<bool> live(servers_.size());
       for (size_t i = 0; i < servers_.size(); ++i) {
-        live[i] = servers_[i].info.state() != proto::NODE_DEAD;
+        live[i] = servers_[i].info.state() == proto::NODE_ALIVE;
       }
       absl::StatusOr<proto::RoutingTable> t = Reassign(
           ring_, view_.routing(), live, replicas_, view_.epoch() + 1);
@@ -266,13 +266,39 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
       }
     }
   }
+  if (id < 0 && req.role() == proto::ROLE_SERVER &&
+      phase_ == JobPhase::kRunning && !finalizing_ && !closing_) {
+    // Elasticity (issue 9): a server joins the running job as S[n] (a new
+    // id: a dead server's id keeps its failover record). It is in the view
+    // at once, owning nothing; Rebalance then moves an even share of the
+    // ranges to it.
+    Node node;
+    node.info.set_id(n);
+    node.info.set_role(proto::ROLE_SERVER);
+    node.info.set_address(req.address());
+    node.info.set_state(proto::NODE_ALIVE);
+    node.last_seen = options_.clock->Now();
+    node.info.set_last_heartbeat_ms(absl::ToUnixMillis(node.last_seen));
+    servers_.push_back(node);
+    view_.set_epoch(view_.epoch() + 1);
+    view_.mutable_routing()->set_epoch(view_.epoch());
+    *view_.mutable_routing()->add_servers() = node.info;
+    PS_LOG_INFO("S[{}] joined the running job ({}): view epoch {}", n,
+                req.address(), view_.epoch());
+    probes_.emplace_back(&SchedulerCore::Rebalance, this, n);
+    proto::RegisterResponse resp;
+    resp.set_id(n);
+    *resp.mutable_view() = view_;
+    return resp;
+  }
   if (id < 0 && phase_ != JobPhase::kRegistering) {
-    // Issue 9: joining a running job (a replacement for a dead node, or one
-    // more) is the elasticity part, not built yet.
     return absl::FailedPreconditionError(absl::StrCat(
         "register: the job is ", JobPhaseName(phase_), " with all ", n,
         req.role() == proto::ROLE_SERVER ? " server" : " worker",
-        " slots taken; a node cannot join a running job yet"));
+        " slots taken; ",
+        req.role() == proto::ROLE_SERVER
+            ? "a server can join only while the job is running"
+            : "a worker cannot join a running job yet"));
   }
   if (id < 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -418,6 +444,10 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   }
   resp.set_epoch(view_.epoch());
   resp.set_shutdown(ended_);
+  if (req.role() == proto::ROLE_SERVER && n.info.state() == proto::NODE_LEFT) {
+    resp.set_shutdown(true);  // drained (issue 9): it holds nothing now
+    resp.set_left(true);
+  }
   if (ended_ && phase_ == JobPhase::kFailed) {
     resp.set_failed(true);
     resp.set_error(std::string(end_status_.message()));
@@ -743,7 +773,8 @@ void SchedulerCore::Finalize() {
   {
     absl::MutexLock l(&mu_);
     for (const Node& s : servers_) {
-      if (s.info.state() == proto::NODE_DEAD) continue;  // failed over
+      // Failed over or drained (issue 9): it holds no range.
+      if (s.info.state() != proto::NODE_ALIVE) continue;
       addresses.push_back(s.info.address());
       ids.push_back(s.info.id());
     }
@@ -857,7 +888,7 @@ absl::StatusOr<proto::StatusResponse> SchedulerCore::Status() {
     *resp.mutable_view() = view_;
     for (const Node& s : servers_) {
       *resp.add_nodes() = s.info;
-      if (s.info.state() != proto::NODE_DEAD) {
+      if (s.info.state() == proto::NODE_ALIVE) {
         addresses.push_back(s.info.address());
       }
     }
@@ -969,7 +1000,10 @@ absl::Status SchedulerCore::BroadcastView(const proto::ClusterView& view) {
   proto::ServerControlRequest r;
   *r.mutable_new_view() = view;
   for (const proto::NodeInfo& s : view.routing().servers()) {
-    if (s.state() == proto::NODE_DEAD) continue;  // failed over (issue 9)
+    // Failed over or drained (issue 9).
+    if (s.state() == proto::NODE_DEAD || s.state() == proto::NODE_LEFT) {
+      continue;
+    }
     auto resp = ControlWithRetry(s.address(), r, deadline);
     if (!resp.ok()) {
       // Declared failed, not skipped: a server left on an old view would
@@ -1023,6 +1057,21 @@ std::string SchedulerCore::FailoverReportLocked() const {
         f.first_ack_ms > 0 ? absl::StrCat(f.first_ack_ms - f.last_seen_ms)
                            : std::string("null"),
         "}");
+    first = false;
+  }
+  absl::StrAppend(&j, "],\n");
+  return j;
+}
+
+std::string SchedulerCore::MembershipReportLocked() const {
+  std::string j = "  \"membership\": [";
+  bool first = true;
+  for (const MembershipChange& m : membership_) {
+    absl::StrAppend(&j, first ? "" : ", ", "{\"event\": ",
+                    JsonString(m.event), ", \"node\": \"S[", m.server,
+                    "]\", \"epoch\": ", m.epoch, ", \"ranges\": ", m.ranges,
+                    ", \"seconds\": ", Num(m.seconds), ", \"error\": ",
+                    JsonString(m.error), "}");
     first = false;
   }
   absl::StrAppend(&j, "],\n");
@@ -1092,6 +1141,7 @@ std::string SchedulerCore::ReportJsonLocked() const {
                   absl::StrJoin(dead_workers_, ", "), "],\n");
   absl::StrAppend(&j, "  \"replicas\": ", replicas_, ",\n");
   absl::StrAppend(&j, FailoverReportLocked());
+  absl::StrAppend(&j, MembershipReportLocked());
   if (eval != nullptr) {
     absl::StrAppend(&j, "  \"test_auc\": ", Num(eval->test_auc()), ",\n");
     absl::StrAppend(&j, "  \"test_logloss\": ", Num(eval->test_logloss()),

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -162,6 +163,17 @@ class SchedulerCore {
   // when the job ends, whichever way.
   std::string ReportJson() const;
 
+  // Elasticity (issue 9, docs/fault_tolerance.md). Moves every key range
+  // off server req.server(): a range it owns goes to its first live backup
+  // (which holds a synchronous copy; a range without one first gets a copy
+  // on the live server owning the fewest ranges), a range it backs up gets
+  // another backup; then the server is marked NODE_LEFT in a new view and
+  // told (heartbeat: shutdown + left) to exit. Blocks until done.
+  // INVALID_ARGUMENT for an unknown server, FAILED_PRECONDITION unless the
+  // job is running and the server is alive with another live server left,
+  // ABORTED when a range could not be moved (the server then stays).
+  absl::StatusOr<proto::DrainResponse> Drain(const proto::DrainRequest& req);
+
   // Checkpoints (issue 9; server/checkpoint.h). Takes checkpoint <id>, the
   // next id above every ckpt-<id> folder in the checkpoint dir: each server
   // writes its files into <checkpoint dir>/ckpt-<id> (each call retried as
@@ -194,6 +206,35 @@ class SchedulerCore {
   // Probes server `id` (a thread of its own); fails it over when it does
   // not answer.
   void Probe(int id, std::string address);
+  // ---- elasticity (issue 9)
+  // Range -> its new chain (owner, then backups), planned from the current
+  // routing under mu_.
+  using MovePlan = std::map<int, std::vector<int>>;
+  struct MoveResult {
+    int moved = 0;               // ranges given their new chain
+    std::vector<int> not_moved;  // planned ranges left as they were
+    int64_t epoch = 0;           // the view that moved them
+  };
+  // The paper's two-stage move. Stage 1: a view in which each range whose
+  // owner changes also has its new owner as a backup (when it is not one
+  // yet); its primary copies the range to it in the background while it
+  // keeps serving, and from then on replicates every input to it
+  // synchronously. When each new owner holds a synced copy (its primary's
+  // status says so), stage 2: a view with the new chains. The old owner
+  // fails what it had not yet replicated with STALE_EPOCH, and the
+  // workers resend it to the new owner (dedup by seq). Takes
+  // membership_mu_, and view_change_mu_ for each view.
+  absl::StatusOr<MoveResult> MoveRanges(
+      const std::function<MovePlan(const proto::RoutingTable&)>& plan,
+      const std::string& what);
+  // A server that joined the running job takes an even share of the
+  // ranges (a thread of its own).
+  void Rebalance(int joiner);
+  // Ranges owned per server in `t` (index: server id).
+  std::vector<int> OwnedCountsLocked(const proto::RoutingTable& t) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool AliveServerLocked(int id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::string MembershipReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The report's "failovers" entries.
   std::string FailoverReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string ReportJsonLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -229,6 +270,9 @@ class SchedulerCore {
   const std::string config_yaml_;
   const absl::Time start_;
 
+  // Held across a whole range move (MoveRanges: a join's rebalance, a
+  // drain), so moves do not interleave. Taken before view_change_mu_.
+  absl::Mutex membership_mu_;
   // Held across a whole view change (SetConsistency), so servers are told
   // epochs in order. Taken before mu_, never while holding it.
   absl::Mutex view_change_mu_;
@@ -269,7 +313,18 @@ class SchedulerCore {
   };
   std::vector<Failover> failovers_ ABSL_GUARDED_BY(mu_);
   std::set<int> probing_ ABSL_GUARDED_BY(mu_);
+  // Probes and rebalances (joined by the destructor).
   std::vector<std::thread> probes_ ABSL_GUARDED_BY(mu_);
+  // Elasticity (issue 9): joins and drains, for the report.
+  struct MembershipChange {
+    std::string event;  // "joined", "drained"
+    int server = -1;
+    int64_t epoch = 0;  // the view that completed it
+    int ranges = 0;     // ranges moved to (joined) or off (drained) it
+    double seconds = 0;
+    std::string error;  // why it did not complete; empty: it did
+  };
+  std::vector<MembershipChange> membership_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
 
   // Checkpoints (issue 9). checkpoint_mu_ is held across one checkpoint,

@@ -120,6 +120,14 @@ grpc::Status SchedulerService::Checkpoint(grpc::ServerContext* ctx,
   return Fill(core_->Checkpoint(), resp);
 }
 
+// Elasticity (issue 9).
+grpc::Status SchedulerService::Drain(grpc::ServerContext* ctx,
+                                     const proto::DrainRequest* req,
+                                     proto::DrainResponse* resp) {
+  PS_AUTH();
+  return Fill(core_->Drain(*req), resp);
+}
+
 #undef PS_AUTH
 
 }  // namespace ps

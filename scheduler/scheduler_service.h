@@ -50,6 +50,9 @@ class SchedulerService final : public proto::Scheduler::Service {
   grpc::Status Checkpoint(grpc::ServerContext* ctx,
                           const proto::CheckpointRequest* req,
                           proto::CheckpointResponse* resp) override;
+  // Elasticity (issue 9).
+  grpc::Status Drain(grpc::ServerContext* ctx, const proto::DrainRequest* req,
+                     proto::DrainResponse* resp) override;
 
  private:
   SchedulerCore* const core_;

@@ -120,6 +120,7 @@ absl::Status ServerNode::Configure(int server_id,
   RangeActionList actions;
   std::vector<int> finished;
   std::optional<int64_t> new_tau;
+  std::vector<int> moved_away;  // owned before this view, not now
   {
     absl::MutexLock l(&mu_);
     if (consistency_ == nullptr) {
@@ -189,6 +190,9 @@ absl::Status ServerNode::Configure(int server_id,
     epoch_ = view.epoch();
     model_dir_ = view.model_dir();
     routing_ = std::make_shared<const Routing>(std::move(routing));
+    for (int r : owned_) {
+      if (routing_->OwnerOfRange(r) != id_) moved_away.push_back(r);
+    }
     owned_ = routing_->RangesOf(id_);
     ReconfigureReplicationLocked(old_routing.get());
     for (const proto::NodeInfo& w : view.workers()) {
@@ -219,6 +223,21 @@ absl::Status ServerNode::Configure(int server_id,
     }
   }
   if (new_tau.has_value()) consistency_->SetTau(*new_tau);
+  if (!moved_away.empty()) {
+    // Elasticity (issue 9): pulls waiting here for ranges that moved away
+    // would wait for clocks this server no longer gets; the workers pull
+    // them again from the new owners.
+    const int n = consistency_->CancelRanges(
+        moved_away,
+        ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                        proto::REASON_STALE_EPOCH,
+                        absl::StrCat("stale-epoch: ", moved_away.size(),
+                                     " range(s) moved off S[", server_id,
+                                     "] at epoch ", view.epoch())));
+    PS_LOG_INFO("S[{}] epoch {}: {} range(s) moved away ({} waiting pulls "
+                "sent to their new owners)",
+                server_id, view.epoch(), moved_away.size(), n);
+  }
   Publish(actions, finished);
   TakeCopies();
   Kick();
@@ -909,6 +928,14 @@ proto::ServerStatus ServerNode::Status() const {
   s.set_pulls(pulls_);
   s.set_non_finite_pushes(non_finite_pushes_);
   s.set_ranges(static_cast<int>(owned_.size()));
+  for (int r : owned_) {
+    if (r >= static_cast<int>(logs_.size())) break;
+    for (const auto& [b, index] : logs_[r].acked) {
+      proto::ServerStatus::Replica* rep = s.add_synced();
+      rep->set_range(r);
+      rep->set_server(b);
+    }
+  }
   if (consistency_) {
     for (int64_t c : consistency_->MinClockPerWorker()) s.add_worker_clocks(c);
   }

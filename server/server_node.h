@@ -302,8 +302,15 @@ class ServerNode {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Runs `fire` once every need is on every backup (at once when so now).
   void WhenCommitted(Needs needs, Fire fire);
-  // Waits whose needs are met now, removed from ack_waits_.
-  std::vector<Fire> TakeReadyLocked()
+  // A need on a range this server no longer owns (moved away, issue 9):
+  // its answer can never be known to be on the range's new replicas, so
+  // the request fails with STALE_EPOCH and the worker resends it to the new
+  // owner, whose dedup drops it if it did arrive there.
+  bool LostLocked(const Needs& needs) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status MovedAwayLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Waits whose needs are met now (OK) or lost (STALE_EPOCH), removed from
+  // ack_waits_, with the status to fire each with.
+  std::vector<std::pair<Fire, absl::Status>> TakeReadyLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Replication state for a new view (from Configure): new backups get a
   // copy, a promoted range copies to all its backups, a range this server

@@ -248,12 +248,29 @@ bool ServerNode::CommittedLocked(const Needs& needs) const {
   return true;
 }
 
+bool ServerNode::LostLocked(const Needs& needs) const {
+  if (routing_ == nullptr) return false;
+  for (const auto& [r, index] : needs) {
+    if (index > 0 && routing_->OwnerOfRange(r) != id_) return true;
+  }
+  return false;
+}
+
+absl::Status ServerNode::MovedAwayLocked() const {
+  return ErrorWithReason(
+      absl::StatusCode::kFailedPrecondition, proto::REASON_STALE_EPOCH,
+      absl::StrCat("stale-epoch: a range of the request moved off S[", id_,
+                   "] at epoch ", epoch_, " before its backups had it"));
+}
+
 void ServerNode::WhenCommitted(Needs needs, Fire fire) {
   absl::Status closed;
   {
     absl::MutexLock l(&mu_);
     closed = closed_;
-    if (closed.ok() && !CommittedLocked(needs)) {
+    if (closed.ok() && LostLocked(needs)) {
+      closed = MovedAwayLocked();
+    } else if (closed.ok() && !CommittedLocked(needs)) {
       ack_waits_.push_back(AckWait{std::move(needs), std::move(fire)});
       return;
     }
@@ -261,11 +278,15 @@ void ServerNode::WhenCommitted(Needs needs, Fire fire) {
   fire(closed);
 }
 
-std::vector<ServerNode::Fire> ServerNode::TakeReadyLocked() {
-  std::vector<Fire> out;
+std::vector<std::pair<ServerNode::Fire, absl::Status>>
+ServerNode::TakeReadyLocked() {
+  std::vector<std::pair<Fire, absl::Status>> out;
   for (auto it = ack_waits_.begin(); it != ack_waits_.end();) {
-    if (CommittedLocked(it->needs)) {
-      out.push_back(std::move(it->fire));
+    if (LostLocked(it->needs)) {
+      out.emplace_back(std::move(it->fire), MovedAwayLocked());
+      it = ack_waits_.erase(it);
+    } else if (CommittedLocked(it->needs)) {
+      out.emplace_back(std::move(it->fire), absl::OkStatus());
       it = ack_waits_.erase(it);
     } else {
       ++it;
@@ -342,13 +363,16 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
       ++it;
     }
   }
-  // Answers waiting only on backups that are gone.
-  std::vector<Fire> ready = TakeReadyLocked();
+  // Answers waiting only on backups that are gone, or on ranges that moved
+  // away.
+  auto ready = TakeReadyLocked();
   if (!ready.empty()) {
     // Run outside mu_: by a timer (Configure holds mu_ here).
-    auto fires = std::make_shared<std::vector<Fire>>(std::move(ready));
+    auto fires =
+        std::make_shared<std::vector<std::pair<Fire, absl::Status>>>(
+            std::move(ready));
     Later(absl::ZeroDuration(), [fires] {
-      for (Fire& f : *fires) f(absl::OkStatus());
+      for (auto& [f, st] : *fires) f(st);
     });
   }
 }
@@ -467,7 +491,7 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
                               std::shared_ptr<proto::ReplicateRequest> req,
                               const absl::Status& s, int attempt) {
   if (s.ok()) {
-    std::vector<Fire> fires;
+    std::vector<std::pair<Fire, absl::Status>> fires;
     {
       absl::MutexLock l(&mu_);
       auto acked = [&](int r, int64_t index, bool copy)
@@ -496,7 +520,7 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
       }
       fires = TakeReadyLocked();
     }
-    for (Fire& f : fires) f(absl::OkStatus());
+    for (auto& [f, st] : fires) f(st);
     SendBatch(backup);
     return;
   }

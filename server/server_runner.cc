@@ -103,7 +103,11 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   const proto::ClusterView& view = m.view;
   InitLogging(absl::StrCat("S[", id, "]"));
   PS_LOG_INFO("serving on {}", address);
-  PS_RETURN_IF_ERROR(node.Configure(id, view));
+  if (absl::Status s = node.Configure(id, view); !s.ok()) {
+    // A server joining a running job (issue 9) may have been told a newer
+    // view by the scheduler's broadcast already.
+    if (node.epoch() < view.epoch()) return s;
+  }
   auto config = ParseJobConfig(view.job_config_yaml());
   if (!config.ok()) return config.status();
   InitLogging(absl::StrCat("S[", id, "]"), config->output.log_level);
@@ -146,6 +150,9 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
           result = ErrorWithReason(
               absl::StatusCode::kAborted, proto::REASON_JOB_FAILED,
               absl::StrCat("the job failed: ", resp->error()));
+        } else if (resp->left()) {
+          PS_LOG_INFO("drained: this server holds no key range any more and "
+                      "leaves the job (issue 9)");
         } else {
           PS_LOG_INFO("scheduler says the job is over");
         }

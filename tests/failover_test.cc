@@ -6,6 +6,7 @@
 // seqs. Nothing acknowledged is lost, nothing is applied twice, and BSP
 // ends with the same model as a run without the kill.
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,19 +50,20 @@ JobConfig CounterJob() {
 }
 
 // The exact counter: W workers each push +1 to every key of a fixed set N
-// times (ASP) while two of the three servers are killed one after the
-// other (the second after the first's ranges were re-replicated). Every
-// push was acknowledged, so every key must end at exactly W * N on the
-// last server standing: nothing acknowledged lost, nothing applied twice.
-TEST_F(FailoverTest, ExactCounterWhileServersAreKilled) {
-  constexpr int kWorkers = 3;
-  constexpr int kPushes = 240;
-  constexpr int kKeys = 600;
-  LocalClusterOptions o;
-  o.config = CounterJob();
-  LocalCluster cluster(o);
-  ASSERT_TRUE(cluster.Start().ok());
+// times (ASP, a clock every 8 pushes) while `chaos` changes the cluster; it
+// gets wait_for(n), which returns once n pushes (all workers) were
+// acknowledged, and the total. Every push was acknowledged, so every key
+// must end at exactly W * N on the servers that own it at the end:
+// nothing acknowledged lost, nothing applied twice.
+constexpr int kCounterWorkers = 3;
+constexpr int kCounterPushes = 240;
 
+void RunExactCounter(
+    LocalCluster& cluster,
+    const std::function<void(const std::function<void(int)>&, int)>& chaos) {
+  constexpr int kWorkers = kCounterWorkers;
+  constexpr int kPushes = kCounterPushes;
+  constexpr int kKeys = 600;
   std::vector<uint64_t> keys;
   for (int i = 0; i < kKeys; ++i) {
     keys.push_back(0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(i + 1));
@@ -81,7 +83,7 @@ TEST_F(FailoverTest, ExactCounterWhileServersAreKilled) {
         const auto [e, ms] = cluster.server(i)->FirstAck();
         h.set_first_ack_epoch(e);
         h.set_first_ack_unix_ms(ms);
-        (void)cluster.scheduler()->Heartbeat(h);
+        (void)cluster.scheduler()->Heartbeat(h);  // a spare: unknown
       }
       for (int w = 0; w < kWorkers; ++w) {
         proto::HeartbeatRequest h;
@@ -126,17 +128,17 @@ TEST_F(FailoverTest, ExactCounterWhileServersAreKilled) {
   auto wait_for = [&](int n) {
     while (progress.load() < n) absl::SleepFor(absl::Milliseconds(1));
   };
-  wait_for(total / 4);
-  cluster.KillServer(1);
-  wait_for(total * 5 / 8);
-  cluster.KillServer(2);
+  chaos(wait_for, total);
   for (std::thread& t : workers) t.join();
   stop.Notify();
   ticker.join();
   for (int w = 0; w < kWorkers; ++w) {
     EXPECT_TRUE(results[w].ok()) << results[w];
   }
-  EXPECT_TRUE(cluster.server(0)->CheckInvariants().ok());
+  for (int i = 0; i < cluster.num_servers(); ++i) {
+    if (cluster.server_killed(i)) continue;
+    EXPECT_TRUE(cluster.server(i)->CheckInvariants().ok()) << "S[" << i << "]";
+  }
   auto values = cluster.Snapshot();
   ASSERT_EQ(values.size(), keys.size());
   int wrong = 0;
@@ -156,12 +158,77 @@ TEST_F(FailoverTest, ExactCounterWhileServersAreKilled) {
     }
   }
   EXPECT_EQ(wrong, 0);
+}
+
+// Two of the three servers are killed one after the other (the second
+// after the first's ranges were re-replicated).
+TEST_F(FailoverTest, ExactCounterWhileServersAreKilled) {
+  LocalClusterOptions o;
+  o.config = CounterJob();
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  RunExactCounter(cluster, [&](const std::function<void(int)>& wait_for,
+                               int total) {
+    wait_for(total / 4);
+    cluster.KillServer(1);
+    wait_for(total * 5 / 8);
+    cluster.KillServer(2);
+  });
   // S[0] owns every range now, with no backup left.
   EXPECT_EQ(cluster.server(0)->OwnedRanges().size(),
             static_cast<size_t>(cluster.view().routing().range_begin_size()));
   const std::string report = cluster.scheduler()->ReportJson();
   EXPECT_NE(report.find("{\"node\": \"S[1]\""), std::string::npos) << report;
   EXPECT_NE(report.find("{\"node\": \"S[2]\""), std::string::npos) << report;
+}
+
+// Elasticity: a fourth server joins mid-run and takes its share of the
+// ranges by the two-stage copy, then S[0] is drained and leaves, and a
+// fifth joins after it; all while the workers push. Exactly W * N
+// everywhere, every range has its replica, S[0] holds nothing.
+TEST_F(FailoverTest, ExactCounterWhileServersJoinAndOneIsDrained) {
+  LocalClusterOptions o;
+  o.config = CounterJob();
+  o.spare_servers = 2;
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  absl::StatusOr<proto::DrainResponse> drained;
+  RunExactCounter(cluster, [&](const std::function<void(int)>& wait_for,
+                               int total) {
+    wait_for(total / 5);
+    ASSERT_TRUE(cluster.JoinServer(3).ok());
+    wait_for(total * 2 / 5);
+    proto::DrainRequest d;
+    d.set_server(0);
+    drained = cluster.scheduler()->Drain(d);
+    wait_for(total * 3 / 5);
+    ASSERT_TRUE(cluster.JoinServer(4).ok());
+  });
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_GT(drained->ranges_moved(), 0);
+  // S[0] left; the others (the joiners included) own every range, each
+  // with one backup.
+  auto st = cluster.scheduler()->Status();
+  ASSERT_TRUE(st.ok());
+  const proto::RoutingTable& t = st->view().routing();
+  EXPECT_EQ(t.servers(0).state(), proto::NODE_LEFT);
+  EXPECT_EQ(cluster.server(0)->OwnedRanges().size(), 0u);
+  std::map<int, int> owned;
+  for (int r = 0; r < t.range_server_size(); ++r) {
+    EXPECT_NE(t.range_server(r), 0) << "range " << r;
+    ASSERT_EQ(t.replicas(), 1);
+    EXPECT_GE(t.range_backup(r), 1) << "range " << r;
+    EXPECT_NE(t.range_backup(r), t.range_server(r)) << "range " << r;
+    ++owned[t.range_server(r)];
+  }
+  EXPECT_GT(owned[3], 0);
+  const std::string report = cluster.scheduler()->ReportJson();
+  EXPECT_NE(report.find("\"event\": \"joined\", \"node\": \"S[3]\""),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("\"event\": \"drained\", \"node\": \"S[0]\""),
+            std::string::npos)
+      << report;
 }
 
 // Small synthetic job, 3 servers with 1 replica.
@@ -234,6 +301,55 @@ TEST_P(FailoverModeTest, TrainingSurvivesAServerKill) {
   // SSP/ASP runs of this small job differ by a few 0.001 of AUC between
   // fault-free runs already (the interleaving of workers); the a9a figures
   // in docs/fault_tolerance.md compare full runs. BSP is exact (below).
+  EXPECT_NEAR(TestAuc(report), TestAuc(ref_report),
+              mode() == Mode::kBsp ? 1e-6 : 0.01)
+      << report;
+  absl::StatusOr<double> examples = JsonNumber(report, "examples");
+  ASSERT_TRUE(examples.ok());
+  EXPECT_EQ(*examples, 20000);
+  if (mode() == Mode::kBsp) {
+    auto a = reference.Snapshot();
+    auto b = cluster.Snapshot();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].first, b[i].first);
+      EXPECT_NEAR(a[i].second[0], b[i].second[0], 1e-6) << "key " << a[i].first;
+    }
+  }
+}
+
+// Elasticity: a fourth server joins a fifth of the way in and S[1] is
+// drained halfway: the job ends ok with every example once, both changes
+// are in the report, and in BSP the model is the same as without them.
+TEST_P(FailoverModeTest, TrainingSurvivesAJoinAndADrain) {
+  LocalClusterOptions clean;
+  clean.config = TrainingJob(mode());
+  LocalCluster reference(clean);
+  ASSERT_TRUE(reference.Run().ok());
+  const std::string ref_report = reference.ReportJson();
+
+  LocalClusterOptions o;
+  o.config = TrainingJob(mode());
+  o.spare_servers = 1;
+  o.join_after_pushes = {50};
+  o.drain_servers.push_back({1, 120});
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(cluster.join_status().size(), 1u);
+  EXPECT_TRUE(cluster.join_status()[0].ok()) << cluster.join_status()[0];
+  ASSERT_EQ(cluster.drain_status().size(), 1u);
+  EXPECT_TRUE(cluster.drain_status()[0].ok()) << cluster.drain_status()[0];
+  const std::string report = cluster.ReportJson();
+  EXPECT_NE(report.find("\"status\": \"ok\""), std::string::npos) << report;
+  EXPECT_NE(report.find("\"event\": \"joined\", \"node\": \"S[3]\""),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("\"event\": \"drained\", \"node\": \"S[1]\""),
+            std::string::npos)
+      << report;
+  EXPECT_TRUE(cluster.server(1)->OwnedRanges().empty());
+  EXPECT_FALSE(cluster.server(3)->OwnedRanges().empty());
   EXPECT_NEAR(TestAuc(report), TestAuc(ref_report),
               mode() == Mode::kBsp ? 1e-6 : 0.01)
       << report;

@@ -247,7 +247,7 @@ absl::Status LocalCluster::Start() {
 
   const int num_servers = config.cluster.num_servers;
   const int num_workers = config.cluster.num_workers;
-  for (int i = 0; i < num_servers; ++i) {
+  for (int i = 0; i < num_servers + options_.spare_servers; ++i) {
     servers_.push_back(std::make_unique<ServerNode>());
     servers_.back()->SetPeers(&clients_);  // replication (issue 9)
     servers_.back()->SetSuspectHandler([this](int server) {
@@ -307,21 +307,42 @@ absl::Status LocalCluster::Run() {
   // Timers of the processes this replaces: server ticks and heartbeats,
   // the scheduler's failure detector.
   absl::Notification stop;
+  drain_status_.assign(options_.drain_servers.size(),
+                       absl::UnknownError("not run"));
+  join_status_.assign(options_.join_after_pushes.size(),
+                      absl::UnknownError("not run"));
+  std::vector<std::thread> drains;  // joined after the ticker
   std::thread ticker([&] {
     const absl::Duration hb =
         absl::Milliseconds(options_.config.cluster.heartbeat_ms);
     absl::Time next_hb = absl::InfinitePast();
-    size_t next_kill = 0;
+    size_t next_kill = 0, next_join = 0, next_drain = 0;
     while (!stop.WaitForNotificationWithTimeout(options_.tick_every)) {
       for (auto& node : servers_) node->Tick();
+      int64_t pushes = 0;
+      for (auto& node : servers_) pushes += node->Status().pushes();
       if (next_kill < options_.kill_servers.size()) {
-        int64_t pushes = 0;
-        for (auto& node : servers_) pushes += node->Status().pushes();
         const auto& k = options_.kill_servers[next_kill];
         if (pushes >= k.after_pushes) {
           KillServer(k.server);
           ++next_kill;
         }
+      }
+      if (next_join < options_.join_after_pushes.size() &&
+          pushes >= options_.join_after_pushes[next_join]) {
+        const int id = options_.config.cluster.num_servers +
+                       static_cast<int>(next_join);
+        join_status_[next_join] = JoinServer(id);
+        ++next_join;
+      }
+      if (next_drain < options_.drain_servers.size() &&
+          pushes >= options_.drain_servers[next_drain].after_pushes) {
+        const size_t i = next_drain++;
+        drains.emplace_back([this, i] {
+          proto::DrainRequest d;
+          d.set_server(options_.drain_servers[i].server);
+          drain_status_[i] = scheduler_->Drain(d).status();
+        });
       }
       if (absl::Now() >= next_hb) {
         for (int i = 0; i < num_servers(); ++i) {
@@ -378,6 +399,7 @@ absl::Status LocalCluster::Run() {
   for (std::thread& t : workers) t.join();
   stop.Notify();
   ticker.join();
+  for (std::thread& t : drains) t.join();
   for (const auto& h : server_handlers_) {
     if (absl::Status v = h->violation(); !v.ok()) return v;
   }
@@ -387,6 +409,27 @@ absl::Status LocalCluster::Run() {
     if (!worker_status_[w].ok()) return worker_status_[w];
   }
   return absl::OkStatus();
+}
+
+absl::Status LocalCluster::JoinServer(int i) {
+  if (i < 0 || i >= num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat("no spare server ", i));
+  }
+  proto::RegisterRequest r;
+  r.set_role(proto::ROLE_SERVER);
+  r.set_address(InProcServerAddress(i));
+  absl::StatusOr<proto::RegisterResponse> resp = scheduler_->Register(r);
+  if (!resp.ok()) return resp.status();
+  if (resp->id() != i) {
+    return absl::InternalError(
+        absl::StrCat("spare server ", i, " joined as ", resp->id()));
+  }
+  absl::Status s = servers_[i]->Configure(i, resp->view());
+  // The scheduler's broadcast of a newer view may have come first.
+  if (!s.ok() && servers_[i]->epoch() >= resp->view().epoch()) {
+    return absl::OkStatus();
+  }
+  return s;
 }
 
 void LocalCluster::KillServer(int i) {

@@ -135,6 +135,19 @@ struct LocalClusterOptions {
     int64_t after_pushes = 0;
   };
   std::vector<ServerKill> kill_servers;
+  // Elasticity (issue 9): servers built (ids num_servers, num_servers + 1,
+  // ...) and reachable, but not registered: JoinServer(id) makes one join
+  // the running job.
+  int spare_servers = 0;
+  // Run: the spares join in id order, spare i once the servers together
+  // acknowledged join_after_pushes[i] push requests; drain_servers are
+  // drained (SchedulerCore::Drain, on a thread of their own) likewise.
+  std::vector<int64_t> join_after_pushes;
+  struct ServerDrain {
+    int server = 0;
+    int64_t after_pushes = 0;
+  };
+  std::vector<ServerDrain> drain_servers;
   // Where the servers write the model at the end. Empty: a fresh directory
   // under the system temp dir, removed by the destructor.
   std::string model_dir;
@@ -170,10 +183,20 @@ class LocalCluster {
   }
 
   int num_servers() const { return static_cast<int>(servers_.size()); }
+  // After Run: how each of options.drain_servers and join_after_pushes went
+  // (not run: UNKNOWN).
+  const std::vector<absl::Status>& drain_status() const {
+    return drain_status_;
+  }
+  const std::vector<absl::Status>& join_status() const { return join_status_; }
   // Issue 9: "SIGKILLs" server `i` (thread-safe; while Run runs): it stops
   // answering and heartbeating, and reaches no other node any more.
   void KillServer(int i);
   bool server_killed(int i) const { return server_handlers_[i]->killed(); }
+  // Elasticity (issue 9): spare server `i` registers with the running job
+  // (the scheduler gives it id i: spares join in id order) and installs the
+  // view it gets; the scheduler then moves ranges to it in the background.
+  absl::Status JoinServer(int i);
   ServerNode* server(int i) const { return servers_[i].get(); }
   SchedulerCore* scheduler() const { return scheduler_.get(); }
   InProcClientFactory* clients() { return &clients_; }
@@ -198,6 +221,8 @@ class LocalCluster {
   proto::ClusterView view_;
   std::vector<int> worker_ids_;
   std::vector<absl::Status> worker_status_;
+  std::vector<absl::Status> drain_status_;
+  std::vector<absl::Status> join_status_;
   bool started_ = false;
 };
 

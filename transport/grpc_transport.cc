@@ -513,6 +513,7 @@ class GrpcSchedulerClient : public SchedulerClient {
   PS_SYNC_CALL(Status, proto::StatusRequest, proto::StatusResponse)
   PS_SYNC_CALL(Checkpoint, proto::CheckpointRequest,  // issue 9
                proto::CheckpointResponse)
+  PS_SYNC_CALL(Drain, proto::DrainRequest, proto::DrainResponse)  // issue 9
 #undef PS_SYNC_CALL
 
 #define PS_SYNC_VOID_CALL(Method, Req, Resp)                              \

@@ -96,6 +96,12 @@ class SchedulerClient {
       const proto::CheckpointRequest&, absl::Time) {
     return absl::UnimplementedError("checkpoint: not in this transport");
   }
+  // Elasticity (issue 9): drains a server (SchedulerCore::Drain).
+  // UNIMPLEMENTED in transports that do not carry it (only gRPC does).
+  virtual absl::StatusOr<proto::DrainResponse> Drain(
+      const proto::DrainRequest&, absl::Time) {
+    return absl::UnimplementedError("drain: not in this transport");
+  }
 };
 
 // Makes clients for addresses found in the cluster view. Thread-safe; the

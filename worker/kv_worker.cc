@@ -725,7 +725,6 @@ void KVWorker::SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
 
 absl::Status KVWorker::Finish(absl::Time deadline) {
   int64_t final_clock;
-  std::vector<std::shared_ptr<ServerClient>> servers;
   {
     absl::MutexLock l(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -746,32 +745,60 @@ absl::Status KVWorker::Finish(absl::Time deadline) {
     }
     if (!sticky_.ok()) return sticky_;
     final_clock = clock_count_;
-    servers = servers_;
   }
-  for (size_t s = 0; s < servers.size(); ++s) {
-    proto::FinishRequest req;
-    req.set_worker_id(options_.worker_id);
-    req.set_final_clock(final_clock);
-    absl::Status st;
-    for (int attempt = 0; attempt <= options_.max_attempts; ++attempt) {
-      std::shared_ptr<ServerClient> client;
-      {
-        // A server failed over (issue 9) holds no range any more.
-        absl::MutexLock l(&mu_);
-        const auto& infos = view_.routing().servers();
-        if (static_cast<int>(s) < infos.size() &&
-            infos[static_cast<int>(s)].state() == proto::NODE_DEAD) {
+  // A pass tells every server that owns ranges in the current view. A
+  // server answers STALE_EPOCH when a range moved off it before its backups
+  // had the finish (elasticity, issue 9): the pass is redone under the
+  // newer view (a finish is idempotent per range).
+  for (int pass = 0;; ++pass) {
+    bool stale = false;
+    int64_t epoch;
+    size_t num_servers;
+    {
+      absl::MutexLock l(&mu_);
+      epoch = view_.epoch();
+      num_servers = servers_.size();
+    }
+    for (size_t s = 0; s < num_servers && !stale; ++s) {
+      proto::FinishRequest req;
+      req.set_worker_id(options_.worker_id);
+      req.set_final_clock(final_clock);
+      absl::Status st;
+      for (int attempt = 0; attempt <= options_.max_attempts; ++attempt) {
+        std::shared_ptr<ServerClient> client;
+        {
+          // A server failed over or drained (issue 9), or one that owns no
+          // range, has nothing to finish.
+          absl::MutexLock l(&mu_);
+          const auto& infos = view_.routing().servers();
+          if (s >= servers_.size() ||
+              (static_cast<int>(s) < infos.size() &&
+               infos[static_cast<int>(s)].state() != proto::NODE_ALIVE) ||
+              routing_->RangesOf(static_cast<int>(s)).empty()) {
+            st = absl::OkStatus();
+            break;
+          }
+          client = servers_[s];
+        }
+        st = client->Finish(req, clock_->Now() + absl::Seconds(30));
+        if (IsStaleEpoch(st)) {
+          stale = true;
           st = absl::OkStatus();
           break;
         }
-        client = s < servers_.size() ? servers_[s] : servers[s];
+        if (st.ok() || !Resendable(st) || absl::Now() > deadline) break;
+        if (Unreachable(st)) RefreshView(static_cast<int>(s));
+        clock_->SleepFor(Backoff(attempt));
       }
-      st = client->Finish(req, clock_->Now() + absl::Seconds(30));
-      if (st.ok() || !Resendable(st) || absl::Now() > deadline) break;
-      if (Unreachable(st)) RefreshView(static_cast<int>(s));
-      clock_->SleepFor(Backoff(attempt));
+      if (!st.ok()) return Annotate(st, absl::StrCat("finish at S[", s, "]"));
     }
-    if (!st.ok()) return Annotate(st, absl::StrCat("finish at S[", s, "]"));
+    if (!stale) break;
+    if (pass >= options_.max_attempts || absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          "finish: ranges kept moving between servers");
+    }
+    RefreshView(-1, epoch);
+    clock_->SleepFor(Backoff(pass));
   }
   return absl::OkStatus();
 }

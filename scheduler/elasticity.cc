@@ -1,0 +1,387 @@
+// Elasticity (issue 9, docs/fault_tolerance.md): servers joining a running
+// job and servers drained out of it, both by moving key ranges with the
+// paper's two-stage copy (SchedulerCore::MoveRanges).
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/routing.h"
+#include "common/status_macros.h"
+#include "scheduler/scheduler.h"
+
+namespace ps {
+namespace {
+
+constexpr absl::Duration kSyncPoll = absl::Milliseconds(20);
+
+// Range `r`'s chain in `t`: its owner, then its backups (none of them -1).
+std::vector<int> ChainOf(const proto::RoutingTable& t, int r) {
+  std::vector<int> c{t.range_server(r)};
+  for (int i = 0; i < t.replicas(); ++i) {
+    const int b = t.range_backup(r * t.replicas() + i);
+    if (b >= 0 && std::find(c.begin(), c.end(), b) == c.end()) c.push_back(b);
+  }
+  return c;
+}
+
+// Gives every range of `t` its chain: chains[r][0] owns it, the next
+// `replicas` members back it up (-1 where there are fewer; more are cut).
+void SetChains(proto::RoutingTable* t,
+               const std::vector<std::vector<int>>& chains, int replicas) {
+  t->clear_range_backup();
+  t->set_replicas(replicas);
+  for (size_t r = 0; r < chains.size(); ++r) {
+    t->set_range_server(static_cast<int>(r), chains[r][0]);
+    for (int i = 0; i < replicas; ++i) {
+      const size_t at = static_cast<size_t>(i) + 1;
+      t->add_range_backup(at < chains[r].size() ? chains[r][at] : -1);
+    }
+  }
+}
+
+bool Contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+}  // namespace
+
+bool SchedulerCore::AliveServerLocked(int id) const {
+  return id >= 0 && id < static_cast<int>(servers_.size()) &&
+         servers_[id].info.state() == proto::NODE_ALIVE;
+}
+
+std::vector<int> SchedulerCore::OwnedCountsLocked(
+    const proto::RoutingTable& t) const {
+  std::vector<int> n(servers_.size(), 0);
+  for (int s : t.range_server()) {
+    if (s >= 0 && s < static_cast<int>(n.size())) ++n[s];
+  }
+  return n;
+}
+
+absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
+    const std::function<MovePlan(const proto::RoutingTable&)>& plan_fn,
+    const std::string& what) {
+  absl::MutexLock moving(&membership_mu_);
+  Clock* clock = options_.clock;
+  MovePlan plan;
+  std::set<int> to_sync;  // ranges whose owner changes
+  // Stage 1: each new owner that is not yet a backup of its range becomes
+  // one more backup; its primary copies the range to it.
+  {
+    absl::MutexLock change(&view_change_mu_);
+    proto::ClusterView view;
+    {
+      absl::MutexLock l(&mu_);
+      if (phase_ != JobPhase::kRunning || finalizing_ || concluding_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, ": the job is ", JobPhaseName(phase_),
+            finalizing_ ? " (saving the model)" : ""));
+      }
+      const proto::RoutingTable& cur = view_.routing();
+      plan = plan_fn(cur);
+      const int num_ranges = cur.range_server_size();
+      std::vector<std::vector<int>> chains(num_ranges);
+      for (int r = 0; r < num_ranges; ++r) chains[r] = ChainOf(cur, r);
+      int width = replicas_;
+      bool grown = false;
+      for (const auto& [r, target] : plan) {
+        if (target.empty() || target[0] == cur.range_server(r)) continue;
+        to_sync.insert(r);
+        if (!Contains(chains[r], target[0])) {
+          chains[r].push_back(target[0]);
+          grown = true;
+        }
+        width = std::max(width, static_cast<int>(chains[r].size()) - 1);
+      }
+      if (grown) {
+        view_.set_epoch(view_.epoch() + 1);
+        proto::RoutingTable* t = view_.mutable_routing();
+        SetChains(t, chains, width);
+        t->set_epoch(view_.epoch());
+        view = view_;
+      }
+    }
+    if (view.epoch() > 0) {
+      PS_LOG_INFO("{}: view epoch {} copies {} range(s) to their new owners",
+                  what, view.epoch(), to_sync.size());
+      PS_RETURN_IF_ERROR(BroadcastView(view));
+    }
+  }
+  // Wait until each new owner holds a synced copy, as its range's current
+  // primary reports.
+  std::set<int> pending = to_sync;
+  const absl::Time deadline = clock->Now() + options_.view_deadline;
+  while (!pending.empty()) {
+    std::map<std::string, std::vector<int>> by_owner;  // address -> ranges
+    {
+      absl::MutexLock l(&mu_);
+      if (concluding_) {
+        return absl::AbortedError(absl::StrCat(what, ": the job ended"));
+      }
+      for (int r : pending) {
+        const int owner = view_.routing().range_server(r);
+        if (!AliveServerLocked(owner)) continue;  // failed over meanwhile
+        by_owner[servers_[owner].info.address()].push_back(r);
+      }
+    }
+    for (const auto& [address, ranges] : by_owner) {
+      auto st = options_.clients->Server(address)->GetStatus(
+          clock->Now() + absl::Seconds(2));
+      if (!st.ok()) continue;
+      for (const proto::ServerStatus::Replica& rep : st->synced()) {
+        auto it = plan.find(rep.range());
+        if (it != plan.end() && pending.contains(rep.range()) &&
+            it->second[0] == rep.server()) {
+          pending.erase(rep.range());
+        }
+      }
+    }
+    if (pending.empty() || clock->Now() >= deadline) break;
+    clock->SleepUntil(clock->Now() + kSyncPoll);
+  }
+  // Stage 2: the new chains, for what is still possible under the current
+  // view (a failover may have changed it meanwhile).
+  MoveResult result;
+  proto::ClusterView view;
+  {
+    absl::MutexLock change(&view_change_mu_);
+    {
+      absl::MutexLock l(&mu_);
+      if (concluding_) {
+        return absl::AbortedError(absl::StrCat(what, ": the job ended"));
+      }
+      const proto::RoutingTable& cur = view_.routing();
+      const int num_ranges = cur.range_server_size();
+      std::vector<std::vector<int>> chains(num_ranges);
+      for (int r = 0; r < num_ranges; ++r) chains[r] = ChainOf(cur, r);
+      for (const auto& [r, target] : plan) {
+        bool ok = !target.empty() && !pending.contains(r);
+        for (int s : target) ok = ok && AliveServerLocked(s);
+        // A new owner must still hold the range (a failover in between may
+        // have dropped it from the chain: its copy is gone).
+        if (ok && to_sync.contains(r)) ok = Contains(chains[r], target[0]);
+        if (!ok) {
+          result.not_moved.push_back(r);
+          continue;
+        }
+        chains[r] = target;
+        ++result.moved;
+      }
+      view_.set_epoch(view_.epoch() + 1);
+      proto::RoutingTable* t = view_.mutable_routing();
+      SetChains(t, chains, replicas_);
+      t->set_epoch(view_.epoch());
+      for (proto::NodeInfo& si : *t->mutable_servers()) {
+        if (si.id() >= 0 && si.id() < static_cast<int>(servers_.size())) {
+          si.set_state(servers_[si.id()].info.state());
+        }
+      }
+      view = view_;
+      result.epoch = view_.epoch();
+    }
+    PS_RETURN_IF_ERROR(BroadcastView(view));
+  }
+  PS_LOG_INFO("{}: view epoch {} moved {} range(s){}", what, result.epoch,
+              result.moved,
+              result.not_moved.empty()
+                  ? std::string()
+                  : absl::StrCat("; not moved (no synced copy in ",
+                                 absl::FormatDuration(options_.view_deadline),
+                                 "): ", absl::StrJoin(result.not_moved, ",")));
+  return result;
+}
+
+void SchedulerCore::Rebalance(int joiner) {
+  const absl::Time t0 = options_.clock->Now();
+  const int replicas = [&] {
+    absl::MutexLock l(&mu_);
+    return replicas_;
+  }();
+  // The joiner takes ranges, one at a time from the server owning the most,
+  // until it owns its even share (floor(ranges / live servers)). Its new
+  // chain: the joiner, then the old chain (the old owner first).
+  auto plan = [&](const proto::RoutingTable& cur)
+                  ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    MovePlan p;
+    std::vector<int> owned = OwnedCountsLocked(cur);
+    int live = 0;
+    for (size_t s = 0; s < servers_.size(); ++s) {
+      live += AliveServerLocked(static_cast<int>(s)) ? 1 : 0;
+    }
+    if (!AliveServerLocked(joiner) || live == 0) return p;
+    const int share = cur.range_server_size() / live;
+    std::vector<std::vector<int>> ranges_of(servers_.size());
+    for (int r = 0; r < cur.range_server_size(); ++r) {
+      const int s = cur.range_server(r);
+      if (s >= 0 && s < static_cast<int>(ranges_of.size())) {
+        ranges_of[s].push_back(r);
+      }
+    }
+    while (owned[joiner] < share) {
+      int from = -1;
+      for (size_t s = 0; s < servers_.size(); ++s) {
+        if (static_cast<int>(s) == joiner || ranges_of[s].empty()) continue;
+        if (from < 0 || owned[s] > owned[from]) from = static_cast<int>(s);
+      }
+      if (from < 0 || owned[from] <= owned[joiner] + 1) break;
+      const int r = ranges_of[from].back();
+      ranges_of[from].pop_back();
+      --owned[from];
+      ++owned[joiner];
+      std::vector<int> chain{joiner};
+      for (int s : ChainOf(cur, r)) {
+        if (s != joiner && static_cast<int>(chain.size()) < 1 + replicas) {
+          chain.push_back(s);
+        }
+      }
+      p[r] = std::move(chain);
+    }
+    return p;
+  };
+  absl::StatusOr<MoveResult> res =
+      MoveRanges(plan, absl::StrCat("S[", joiner, "] joins"));
+  absl::MutexLock l(&mu_);
+  MembershipChange m;
+  m.event = "joined";
+  m.server = joiner;
+  m.seconds = absl::ToDoubleSeconds(options_.clock->Now() - t0);
+  if (res.ok()) {
+    m.epoch = res->epoch;
+    m.ranges = res->moved;
+    if (!res->not_moved.empty()) {
+      m.error = absl::StrCat(res->not_moved.size(),
+                             " range(s) not moved: no synced copy in time");
+    }
+  } else {
+    m.error = std::string(res.status().message());
+    PS_LOG_WARN("S[{}] joined but took no ranges: {}", joiner,
+                res.status().ToString());
+  }
+  membership_.push_back(std::move(m));
+}
+
+absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
+    const proto::DrainRequest& req) {
+  const absl::Time t0 = options_.clock->Now();
+  const int x = req.server();
+  int replicas;
+  {
+    absl::MutexLock l(&mu_);
+    if (x < 0 || x >= static_cast<int>(servers_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("drain: no server S[", x, "]"));
+    }
+    if (phase_ != JobPhase::kRunning || finalizing_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "drain: the job is ", JobPhaseName(phase_),
+          finalizing_ ? " (saving the model)" : ""));
+    }
+    if (!AliveServerLocked(x)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "drain: S[", x, "] is ", proto::NodeState_Name(
+                                       servers_[x].info.state())));
+    }
+    int others = 0;
+    for (size_t s = 0; s < servers_.size(); ++s) {
+      if (static_cast<int>(s) != x && AliveServerLocked(static_cast<int>(s))) {
+        ++others;
+      }
+    }
+    if (others == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "drain: S[", x, "] is the only live server"));
+    }
+    replicas = replicas_;
+  }
+  // Every range whose chain holds x: the chain without it (its first backup
+  // takes over what it owned; a range without one goes to the live server
+  // owning the fewest), refilled to 1 + replicas from the ring's preference
+  // order, then any live server.
+  auto plan = [&](const proto::RoutingTable& cur)
+                  ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    MovePlan p;
+    std::vector<int> owned = OwnedCountsLocked(cur);
+    for (int r = 0; r < cur.range_server_size(); ++r) {
+      std::vector<int> chain = ChainOf(cur, r);
+      if (!Contains(chain, x)) continue;
+      std::vector<int> c;
+      for (int s : chain) {
+        if (s != x && AliveServerLocked(s)) c.push_back(s);
+      }
+      if (c.empty()) {
+        int best = -1;
+        for (size_t s = 0; s < servers_.size(); ++s) {
+          const int id = static_cast<int>(s);
+          if (id == x || !AliveServerLocked(id)) continue;
+          if (best < 0 || owned[id] < owned[best]) best = id;
+        }
+        c.push_back(best);
+        ++owned[best];
+      }
+      std::vector<int> candidates = PreferenceList(ring_, r);
+      for (size_t s = 0; s < servers_.size(); ++s) {
+        candidates.push_back(static_cast<int>(s));
+      }
+      for (int s : candidates) {
+        if (static_cast<int>(c.size()) >= 1 + replicas) break;
+        if (s != x && AliveServerLocked(s) && !Contains(c, s)) c.push_back(s);
+      }
+      p[r] = std::move(c);
+    }
+    return p;
+  };
+  PS_ASSIGN_OR_RETURN(MoveResult res,
+                      MoveRanges(plan, absl::StrCat("draining S[", x, "]")));
+  absl::Status failed;
+  proto::ClusterView view;
+  {
+    absl::MutexLock change(&view_change_mu_);
+    {
+      absl::MutexLock l(&mu_);
+      bool holds = false;
+      for (int r = 0; r < view_.routing().range_server_size(); ++r) {
+        holds = holds || Contains(ChainOf(view_.routing(), r), x);
+      }
+      MembershipChange m;
+      m.event = "drained";
+      m.server = x;
+      m.ranges = res.moved;
+      m.seconds = absl::ToDoubleSeconds(options_.clock->Now() - t0);
+      if (holds || !res.not_moved.empty()) {
+        failed = absl::AbortedError(absl::StrCat(
+            "drain: S[", x, "] still holds range(s) ",
+            absl::StrJoin(res.not_moved, ","),
+            " (no synced copy on their new owner in time); it stays"));
+        m.error = std::string(failed.message());
+      } else if (AliveServerLocked(x)) {
+        servers_[x].info.set_state(proto::NODE_LEFT);
+        view_.set_epoch(view_.epoch() + 1);
+        view_.mutable_routing()->set_epoch(view_.epoch());
+        view_.mutable_routing()->mutable_servers(x)->set_state(
+            proto::NODE_LEFT);
+        view = view_;
+        m.epoch = view_.epoch();
+      } else {
+        failed = absl::AbortedError(
+            absl::StrCat("drain: S[", x, "] died while being drained"));
+        m.error = std::string(failed.message());
+      }
+      membership_.push_back(std::move(m));
+    }
+    if (!failed.ok()) return failed;
+    PS_RETURN_IF_ERROR(BroadcastView(view));
+  }
+  PS_LOG_INFO("S[{}] drained: {} range(s) moved off it in {}; view epoch {}",
+              x, res.moved, absl::FormatDuration(options_.clock->Now() - t0),
+              view.epoch());
+  proto::DrainResponse resp;
+  resp.set_epoch(view.epoch());
+  resp.set_ranges_moved(res.moved);
+  resp.set_seconds(absl::ToDoubleSeconds(options_.clock->Now() - t0));
+  return resp;
+}
+
+}  // namespace ps
