@@ -19,6 +19,7 @@
 #include <optional>
 #include <sstream>
 #include <random>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -467,7 +468,15 @@ H, S[i], W[i].
                        does not stop the job for a process it killed: the
                        cluster decides
   --restart[=DELAY_S]  chaos: start a replacement of the same role DELAY_S
-                       (default 1) after each --kill
+                       (default 1) after each --kill (a server replacement
+                       joins the running job as a new server)
+  --add-server SECONDS start one more server SECONDS after the cluster is
+                       ready; it joins the running job and takes an even
+                       share of the key ranges; repeatable
+  --drain S<ID>@SECONDS
+                       drain that server SECONDS after the cluster is ready
+                       (as ps_status --drain ID): its ranges move to the
+                       others and it exits 0; repeatable
 Exit status: 0 when every process exits 0; 2 for a bad flag or config field;
 a failing process's status (128+signal if killed); 124 on timeout; 130/143
 on SIGINT/SIGTERM.
@@ -538,7 +547,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     static const char* const kValueFlags[] = {
         "--config", "--set",     "--report",  "--servers",  "--workers",
         "--mode",   "--tau",     "--bin-dir", "--run-dir", "--timeout_s",
-        "--kill"};
+        "--kill", "--drain", "--add-server"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || flag == f;
     if (!known) {
@@ -576,6 +585,20 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     } else if (flag == "--kill") {
       PS_ASSIGN_OR_RETURN(ChaosKill k, ParseKillSpec(value));
       options.kills.push_back(k);
+    } else if (flag == "--drain") {
+      PS_ASSIGN_OR_RETURN(ChaosKill k, ParseKillSpec(value, "--drain"));
+      if (k.role != 'S') {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --drain wants a server, S<ID>@SECONDS, got '", value, "'"));
+      }
+      options.drains.push_back(k);
+    } else if (flag == "--add-server") {
+      double t = 0;
+      if (!absl::SimpleAtod(value, &t) || !(t >= 0) || t > 86400 * 30) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --add-server wants seconds >= 0, got '", value, "'"));
+      }
+      options.add_servers.push_back(t);
     } else if (flag == "--timeout_s") {
       if (!absl::SimpleAtod(value, &options.timeout_s) ||
           !(options.timeout_s >= 0)) {
@@ -595,10 +618,11 @@ std::string ChaosKill::Target() const {
   return absl::StrCat(std::string(1, role), "[", id, "]");
 }
 
-absl::StatusOr<ChaosKill> ParseKillSpec(absl::string_view spec) {
+absl::StatusOr<ChaosKill> ParseKillSpec(absl::string_view spec,
+                                        absl::string_view flag) {
   auto bad = [&]() {
     return absl::InvalidArgumentError(absl::StrCat(
-        "flag --kill wants ROLE[ID]@SECONDS with ROLE S, W or H (S1@10, "
+        "flag ", flag, " wants ROLE[ID]@SECONDS with ROLE S, W or H (S1@10, "
         "W0@2.5, H@5), got '",
         spec, "'"));
   };
@@ -693,18 +717,31 @@ class Chaos {
   // line may be filtered out by output.log_level); polled while a kill
   // waits for readiness. Each kill and restart is also appended to
   // `record_path` as one JSON object per line (for recovery-time tooling).
+  // `drain` drains a server (the scheduler's Drain RPC; blocks): run on a
+  // thread of its own per --drain, joined by the destructor.
+  using DrainFn = std::function<absl::StatusOr<proto::DrainResponse>(int)>;
   Chaos(const LaunchOptions& o, SayFn say, std::function<bool()> probe_ready,
-        std::string record_path)
+        std::string record_path, DrainFn drain)
       : record_path_(std::move(record_path)),
         restart_(o.restart),
         restart_delay_(absl::Seconds(o.restart_delay_s)),
         say_(std::move(say)),
-        probe_ready_(std::move(probe_ready)) {
+        probe_ready_(std::move(probe_ready)),
+        drain_(std::move(drain)) {
     for (const ChaosKill& k : o.kills) pending_.push_back(k);
+    // Elasticity (issue 9): adds and drains on the same schedule, told
+    // apart by role ('A': add a server; 'D': drain server id).
+    for (double t : o.add_servers) pending_.push_back(ChaosKill{'A', 0, t});
+    for (const ChaosKill& d : o.drains) {
+      pending_.push_back(ChaosKill{'D', d.id, d.after_s});
+    }
     std::stable_sort(pending_.begin(), pending_.end(),
                      [](const ChaosKill& a, const ChaosKill& b) {
                        return a.after_s < b.after_s;
                      });
+  }
+  ~Chaos() {
+    for (std::thread& t : drains_) t.join();
   }
 
   bool active() const { return !pending_.empty() || !restarts_.empty(); }
@@ -744,6 +781,14 @@ class Chaos {
            ready + absl::Seconds(pending_.front().after_s) <= now) {
       const ChaosKill k = pending_.front();
       pending_.erase(pending_.begin());
+      if (k.role == 'A') {
+        AddServer(group, specs, ready, now);
+        continue;
+      }
+      if (k.role == 'D') {
+        StartDrain(k, ready, now);
+        continue;
+      }
       const std::string target = k.Target();
       // The newest incarnation: after a restart, kill the replacement.
       std::string name = target;
@@ -815,6 +860,58 @@ class Chaos {
   }
 
  private:
+  // --add-server: S[0]'s command line without its id, as "S+<n>".
+  void AddServer(ProcessGroup* group, const std::vector<ChildSpec>& specs,
+                 absl::Time ready, absl::Time now) {
+    const ChildSpec* base = nullptr;
+    for (const auto& sp : specs) {
+      if (sp.name == "S[0]") base = &sp;
+    }
+    if (base == nullptr) return;
+    ChildSpec spec = *base;
+    spec.name = absl::StrCat("S+", ++added_);
+    for (size_t a = 0; a + 1 < spec.argv.size(); ++a) {
+      if (spec.argv[a] == "--id") {
+        spec.argv.erase(spec.argv.begin() + a, spec.argv.begin() + a + 2);
+      }
+    }
+    absl::StatusOr<pid_t> pid = group->Start(spec);
+    const double at = absl::ToDoubleSeconds(now - ready);
+    if (!pid.ok()) {
+      say_(absl::StrCat("--add-server: cannot start ", spec.name, ": ",
+                        pid.status().message()));
+      return;
+    }
+    say_(absl::StrFormat("added server %s (pid %d) at %.3f s after the "
+                         "cluster was ready",
+                         spec.name, *pid, at));
+    Record(absl::StrFormat(
+        "{\"event\": \"add\", \"node\": \"%s\", \"pid\": %d, "
+        "\"unix_ms\": %d, \"after_ready_s\": %.3f}",
+        spec.name, *pid, absl::ToUnixMillis(now), at));
+  }
+  // --drain: the Drain RPC on a thread (it returns once the ranges moved).
+  void StartDrain(const ChaosKill& k, absl::Time ready, absl::Time now) {
+    const double at = absl::ToDoubleSeconds(now - ready);
+    say_(absl::StrFormat("draining S[%d] at %.3f s after the cluster was ready",
+                         k.id, at));
+    Record(absl::StrFormat(
+        "{\"event\": \"drain\", \"node\": \"S[%d]\", \"unix_ms\": %d, "
+        "\"after_ready_s\": %.3f}",
+        k.id, absl::ToUnixMillis(now), at));
+    drains_.emplace_back([this, id = k.id] {
+      absl::StatusOr<proto::DrainResponse> r = drain_(id);
+      if (r.ok()) {
+        say_(absl::StrFormat(
+            "S[%d] drained: %d key range(s) moved off it in %.3f s (view "
+            "epoch %d); it leaves the job",
+            id, r->ranges_moved(), r->seconds(), r->epoch()));
+      } else {
+        say_(absl::StrFormat("drain S[%d] failed: %s", id,
+                             r.status().ToString()));
+      }
+    });
+  }
   struct Restart {
     ChildSpec spec;
     absl::Time when;
@@ -835,6 +932,9 @@ class Chaos {
   const absl::Duration restart_delay_;
   const SayFn say_;
   const std::function<bool()> probe_ready_;
+  const DrainFn drain_;
+  std::vector<std::thread> drains_;
+  int added_ = 0;
   std::vector<ChaosKill> pending_;  // by after_s
   std::vector<Restart> restarts_;
   std::set<pid_t> killed_;
@@ -870,6 +970,15 @@ int Launcher::Run(const std::atomic<int>* stop) {
   }
   JobConfig config = *std::move(resolved);
   // Chaos (issue 9): every --kill names a process of this job.
+  for (const ChaosKill& k : options_.drains) {
+    const int n = config.cluster.num_servers +
+                  static_cast<int>(options_.add_servers.size());
+    if (k.id >= n) {
+      Say(absl::StrCat("flag --drain ", k.Target(), "@", k.after_s,
+                       ": the job has ", n, " servers"));
+      return kExitUsage;
+    }
+  }
   for (const ChaosKill& k : options_.kills) {
     const int n = k.role == 'S'   ? config.cluster.num_servers
                   : k.role == 'W' ? config.cluster.num_workers
@@ -1023,7 +1132,15 @@ int Launcher::Run(const std::atomic<int>* stop) {
                                  absl::Now() + absl::Milliseconds(200));
           return st.ok() && st->phase() != "registering";
         },
-        (std::filesystem::path(run_dir_) / "chaos.jsonl").string());
+        (std::filesystem::path(run_dir_) / "chaos.jsonl").string(),
+        [&](int id) -> absl::StatusOr<proto::DrainResponse> {
+          GrpcClientFactory drain_clients(
+              GrpcClientFactory::Options(security, 1));
+          proto::DrainRequest req;
+          req.set_server(id);
+          return drain_clients.Scheduler(scheduler_address_)
+              ->Drain(req, absl::Now() + absl::Seconds(300));
+        });
     ProcessGroup group(
         [this, &chaos](const std::string& name, absl::string_view line) {
           chaos.OnLine(name, line);
@@ -1066,11 +1183,12 @@ int Launcher::Run(const std::atomic<int>* stop) {
           }
           if (!r.exit.ok() && r.exit.name != "H" &&
               absl::StrContains(r.exit.name, "+")) {
-            // A --restart replacement that could not join (a running job
-            // takes no new server yet: elasticity is not built) leaves the
-            // job as it was; its own error is printed above.
+            // A --restart replacement or --add-server node that could not
+            // join (a worker cannot join a running job yet; a server can
+            // only while it runs) leaves the job as it was; its own error
+            // is printed above.
             Say(absl::StrCat(r.exit.Describe(),
-                             " (a --restart replacement that did not join); "
+                             " (a node started mid-run that did not join); "
                              "the job goes on without it"));
             break;
           }

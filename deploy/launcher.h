@@ -169,7 +169,8 @@ struct ChaosKill {
 };
 // Parses "S1@10", "W0@2.5", "H@5" (also "H0@5"). INVALID_ARGUMENT naming
 // the flag (--kill) for anything else.
-absl::StatusOr<ChaosKill> ParseKillSpec(absl::string_view spec);
+absl::StatusOr<ChaosKill> ParseKillSpec(absl::string_view spec,
+                                        absl::string_view flag = "--kill");
 
 // What ps_launch was asked to do; see launch_main.cc for the flags.
 struct LaunchOptions {
@@ -186,6 +187,11 @@ struct LaunchOptions {
   std::vector<ChaosKill> kills;
   bool restart = false;
   double restart_delay_s = 1;
+  // Elasticity (issue 9): --add-server SECONDS starts one more server (a new
+  // node, "S+1", ...) that long after the cluster is ready; --drain S1@10
+  // drains server 1 then (the Drain RPC, like ps_status --drain 1).
+  std::vector<double> add_servers;
+  std::vector<ChaosKill> drains;  // role 'S'
 
   // Not flags; tests shorten them.
   absl::Duration kill_grace = absl::Seconds(3);  // SIGTERM -> SIGKILL

@@ -359,6 +359,28 @@ TEST(ParseLaunchArgsTest, KillAndRestart) {
   }
 }
 
+// Elasticity (issue 9).
+TEST(ParseLaunchArgsTest, AddServerAndDrain) {
+  auto options = ParseLaunchArgs({"--config", "a", "--add-server", "2",
+                                  "--drain=S1@4.5", "--add-server=0"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_THAT(options->add_servers, ElementsAre(2.0, 0.0));
+  EXPECT_THAT(options->drains, ElementsAre(ChaosKill{'S', 1, 4.5}));
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {"--drain", "W1@1"}, {"--drain", "H@1"}, {"--drain", "S1"},
+           {"--drain", "S1@-2"}, {"--add-server", "soon"},
+           {"--add-server", "-1"}, {"--add-server"}}) {
+    std::vector<std::string> full = {"--config", "a"};
+    full.insert(full.end(), args.begin(), args.end());
+    auto bad = ParseLaunchArgs(full);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument)
+        << absl::StrJoin(args, " ");
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr(args[0]))
+        << absl::StrJoin(args, " ");
+  }
+}
+
 // A scratch directory per test, removed afterwards.
 class TempDirTest : public ::testing::Test {
  protected:
@@ -818,11 +840,28 @@ TEST_F(LauncherTest, ReplacementThatCannotJoinDoesNotStopTheJob) {
   options_.restart = true;
   options_.restart_delay_s = 0;
   EXPECT_EQ(Run(), 0) << lines_.Joined();
-  EXPECT_EQ(With("ps_launch: S[1]+1 exited with status 1 (a --restart "
-                 "replacement that did not join); the job goes on without it")
+  EXPECT_EQ(With("ps_launch: S[1]+1 exited with status 1 (a node started "
+                 "mid-run that did not join); the job goes on without it")
                 .size(),
             1u)
       << lines_.Joined();
+}
+
+// Elasticity (issue 9): --add-server starts one more server, as a new node
+// (no id), on the chaos schedule.
+TEST_F(LauncherTest, AddServerStartsANewServerMidRun) {
+  Steer("ps_scheduler", "--print-ready --sleep-ms 1500");
+  Steer("ps_server", "--sleep-ms 1500");
+  Steer("ps_worker", "--sleep-ms 1500");
+  Steer("ps_server_new", "--echo-args --sleep-ms 200");
+  options_.add_servers = {0.2};
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: added server S+1 (pid ").size(), 1u)
+      << lines_.Joined();
+  const auto args = With("S+1 args:");
+  ASSERT_EQ(args.size(), 1u) << lines_.Joined();
+  EXPECT_THAT(args[0], Not(HasSubstr("--id")));
+  EXPECT_THAT(args[0], HasSubstr("--scheduler"));
 }
 
 TEST_F(LauncherTest, RestartedSchedulerKeepsItsArguments) {

@@ -1,7 +1,9 @@
-// ps_status: prints a running cluster as a table, or changes its
-// consistency model while it runs.
+// ps_status: prints a running cluster as a table, changes its consistency
+// model, takes a checkpoint or drains a server while it runs.
 //   ps_status --scheduler host:port
 //   ps_status --scheduler host:port --set_mode ssp --set_tau 8
+//   ps_status --scheduler host:port --checkpoint
+//   ps_status --scheduler host:port --drain 1
 // The cluster token comes from --token_file, else $PS_AUTH_TOKEN, else the
 // newest runs/*/token under the current directory (ps_launch writes one per
 // run). TLS settings come from the PS_TLS_* variables (SecurityFromEnv).
@@ -28,6 +30,11 @@ ABSL_FLAG(bool, checkpoint, false,
           "take a checkpoint of the running job now and print where it is");
 ABSL_FLAG(int64_t, checkpoint_timeout_s, 600,
           "--checkpoint: how long to wait for it");
+ABSL_FLAG(int, drain, -1,
+          "move every key range off server N (its backups take over), then "
+          "let it leave the running job; waits until done (issue 9). A "
+          "server is added by starting one more ps_server with --scheduler");
+ABSL_FLAG(int64_t, drain_timeout_s, 300, "--drain: how long to wait");
 ABSL_FLAG(std::string, token_file, "",
           "file holding the cluster token (default: $PS_AUTH_TOKEN, else the "
           "newest runs/*/token)");
@@ -93,6 +100,22 @@ int main(int argc, char** argv) {
                 static_cast<long long>(r->checkpoint_id()), r->dir().c_str(),
                 static_cast<long long>(r->keys()),
                 static_cast<long long>(r->clock()));
+    return 0;
+  }
+  if (const int drain = absl::GetFlag(FLAGS_drain); drain >= 0) {
+    ps::proto::DrainRequest req;
+    req.set_server(drain);
+    auto r = scheduler->Drain(
+        req, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
+    if (!r.ok()) {
+      std::fprintf(stderr, "ps_status: drain S[%d]: %s\n", drain,
+                   r.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("S[%d] drained: %d key range(s) moved off it in %.3f s; it "
+                "left the job at view epoch %lld\n",
+                drain, r->ranges_moved(), r->seconds(),
+                static_cast<long long>(r->epoch()));
     return 0;
   }
   const std::string mode = absl::GetFlag(FLAGS_set_mode);

@@ -231,6 +231,40 @@ TEST_F(FailoverTest, ExactCounterWhileServersJoinAndOneIsDrained) {
       << report;
 }
 
+// What a drain or a join cannot do is refused with a status that says why,
+// and changes nothing.
+TEST_F(FailoverTest, DrainAndJoinRefuseWhatTheyCannotDo) {
+  LocalClusterOptions o;
+  o.config = CounterJob();
+  o.config.cluster.num_servers = 1;
+  o.config.fault_tolerance.replicas = 0;
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  proto::DrainRequest d;
+  d.set_server(5);
+  auto r = cluster.scheduler()->Drain(d);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  d.set_server(0);
+  r = cluster.scheduler()->Drain(d);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+      << r.status();
+  EXPECT_NE(r.status().message().find("only live server"),
+            absl::string_view::npos)
+      << r.status();
+  // A worker cannot join a running job (yet); the message says so.
+  proto::RegisterRequest w;
+  w.set_role(proto::ROLE_WORKER);
+  auto reg = cluster.scheduler()->Register(w);
+  EXPECT_EQ(reg.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(reg.status().message().find("a worker cannot join"),
+            absl::string_view::npos)
+      << reg.status();
+  auto st = cluster.scheduler()->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->view().epoch(), cluster.view().epoch());
+  EXPECT_EQ(st->view().routing().servers(0).state(), proto::NODE_ALIVE);
+}
+
 // Small synthetic job, 3 servers with 1 replica.
 JobConfig TrainingJob(Mode mode) {
   JobConfig c;

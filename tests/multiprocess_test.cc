@@ -781,5 +781,61 @@ INSTANTIATE_TEST_SUITE_P(Modes, ServerKillTest,
                            return std::string(info.param);
                          });
 
+// Elasticity (issue 9), real processes: a fourth server started mid-run
+// (--add-server) joins and takes ranges, S[1] is drained (--drain: the
+// scheduler's Drain RPC) and exits 0; then S[0] is SIGKILLed and its
+// --restart replacement joins as a new server. The job ends ok with exact
+// epochs and the AUC of a run without any of it.
+class ElasticityTest : public MultiProcessTest,
+                       public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
+  const std::string mode = GetParam();
+  const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
+  const std::vector<std::string> sets = {"cluster.num_servers=3",
+                                         "training.epochs=10",
+                                         "fault_tolerance.replicas=1"};
+  LaunchResult clean = Launch("clean_elastic_" + mode, yaml, sets);
+  ASSERT_LAUNCHED(clean);
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_elastic_", mode, "_", ::getpid()));
+  LaunchResult r =
+      RunLaunch(dirs_.back(), yaml, sets,
+                "--add-server 0.2 --drain S1@0.6 --kill S0@1.2 --restart=0.1");
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.log.find("ps_launch: added server S+1 (pid "), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.log.find("ps_launch: S[1] drained: "), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.log.find("ps_launch: chaos: killed S[0] (pid "),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report;
+  EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"S[3]\""),
+            std::string::npos)
+      << r.report;
+  EXPECT_NE(r.report.find("{\"event\": \"drained\", \"node\": \"S[1]\""),
+            std::string::npos)
+      << r.report;
+  EXPECT_NE(r.report.find("\"failovers\": [{\"node\": \"S[0]\""),
+            std::string::npos)
+      << r.report;
+  // The replacement for S[0] joined as S[4].
+  EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"S[4]\""),
+            std::string::npos)
+      << r.report;
+  const std::string epochs = "\"epoch_examples\": [32561, 32561, 32561, "
+                             "32561, 32561, 32561, 32561, 32561, 32561, 32561]";
+  EXPECT_NE(r.report.find(epochs), std::string::npos) << r.report;
+  EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ElasticityTest,
+                         ::testing::Values("bsp", "ssp", "asp"),
+                         [](const auto& info) {
+                           return std::string(info.param);
+                         });
+
 }  // namespace
 }  // namespace ps
