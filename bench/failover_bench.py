@@ -16,6 +16,14 @@
       wall seconds, the CPU seconds of all its processes (user + sys of
       ps_launch's children) and examples/s, then the medians and ratios.
 
+  python3 bench/failover_bench.py elastic [--pairs 5] [--mode asp]
+      Elasticity: the same job plain and with `ps_launch --add-server AT
+      --drain S1@AT2` (a fourth server joins, then S[1] is drained),
+      interleaved; prints per launch the job's wall and CPU seconds and,
+      for the elastic one, each join/drain the report lists (ranges moved,
+      seconds from the request to the switch), then medians and the
+      job-time ratio. Every launch must end ok with exact epoch counts.
+
 Common options: --data DIR (default ../shared/data/a9a), --servers 3,
 --workers 2, --epochs, --bin build/bin, --out runs/failover_bench. The load
 average is printed beside every figure. Results go to stdout; keep them in
@@ -182,16 +190,72 @@ def cost(args):
     return ok
 
 
+def elastic(args):
+    rows = {"plain": [], "elastic": []}
+    moves = {"joined": [], "drained": []}
+    ok = True
+    for i in range(args.pairs):
+        for kind in ("plain", "elastic"):
+            extra = [] if kind == "plain" else [
+                "--add-server", "%g" % args.at,
+                "--drain", "S1@%g" % args.at2]
+            r, wall, cpu, _ = launch(args, "elastic-%d-%s" % (i, kind),
+                                     ["fault_tolerance.replicas=1"], extra)
+            if r is None:
+                ok = False
+                continue
+            examples = r.get("epoch_examples", [])
+            if len(set(examples)) != 1:
+                print("pair %d %s: epoch example counts differ: %s" %
+                      (i, kind, examples))
+                ok = False
+            line = ""
+            if kind == "elastic":
+                got = {m["event"]: m for m in r.get("membership", [])}
+                for ev in ("joined", "drained"):
+                    m = got.get(ev)
+                    if m is None or m.get("error"):
+                        print("pair %d: no successful %s in the report: %s" %
+                              (i, ev, r.get("membership")))
+                        ok = False
+                        continue
+                    moves[ev].append(m["seconds"])
+                    line += " %s %s: %d ranges in %.0f ms;" % (
+                        ev, m["node"], m["ranges"], 1e3 * m["seconds"])
+            rows[kind].append((r["job_seconds"], cpu))
+            print("pair %d %-7s job %.2f s, cpu %.2f s, auc %.4f;%s (%s)" %
+                  (i, kind, r["job_seconds"], cpu, r["test_auc"], line,
+                   load()), flush=True)
+    for ev, xs in moves.items():
+        if xs:
+            print("%s: n=%d min %.0f ms median %.0f ms max %.0f ms" %
+                  (ev, len(xs), 1e3 * min(xs), 1e3 * statistics.median(xs),
+                   1e3 * max(xs)))
+    if rows["plain"] and rows["elastic"]:
+        m = {k: (statistics.median(x[0] for x in v),
+                 statistics.median(x[1] for x in v)) for k, v in rows.items()}
+        for k in ("plain", "elastic"):
+            print("%s: median job %.2f s, median cpu %.2f s" %
+                  (k, m[k][0], m[k][1]))
+        print("elastic / plain: %.2fx wall, %.2fx cpu" %
+              (m["elastic"][0] / m["plain"][0],
+               m["elastic"][1] / m["plain"][1]))
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", choices=["recovery", "cost"])
+    ap.add_argument("what", choices=["recovery", "cost", "elastic"])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--mode", default="asp", choices=["bsp", "ssp", "asp"])
     ap.add_argument("--tau", type=int, default=2)
     ap.add_argument("--at", type=float, default=1.0,
-                    help="seconds after the cluster is ready (--kill S1@AT)")
+                    help="seconds after the cluster is ready (--kill S1@AT; "
+                    "elastic: --add-server AT)")
+    ap.add_argument("--at2", type=float, default=2.0,
+                    help="elastic: --drain S1@AT2")
     ap.add_argument("--servers", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=8)
@@ -210,7 +274,8 @@ def main():
     print("%s: %d servers, %d workers, %s, %d epochs of a9a (%s)" %
           (args.what, args.servers, args.workers, args.mode, args.epochs,
            load()), flush=True)
-    ok = recovery(args) if args.what == "recovery" else cost(args)
+    ok = {"recovery": recovery, "cost": cost,
+          "elastic": elastic}[args.what](args)
     return 0 if ok else 1
 
 
