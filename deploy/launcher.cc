@@ -1099,6 +1099,11 @@ int Launcher::Run(const std::atomic<int>* stop) {
     std::filesystem::remove(report_path, ec);
     h.argv.push_back("--report");
     h.argv.push_back(report_path);
+    // Scheduler restart (issue 9): a --restart of H takes the job over
+    // from this file.
+    h.argv.push_back("--state_file");
+    h.argv.push_back(
+        (std::filesystem::path(run_dir_) / "scheduler.state").string());
     specs.push_back(std::move(h));
   }
   for (int i = 0; i < config.cluster.num_servers; ++i) {

@@ -102,6 +102,7 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
         SetChains(t, chains, width);
         t->set_epoch(view_.epoch());
         view = view_;
+        SaveStateLocked();
       }
     }
     if (view.epoch() > 0) {
@@ -181,6 +182,7 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
       }
       view = view_;
       result.epoch = view_.epoch();
+      SaveStateLocked();
     }
     PS_RETURN_IF_ERROR(BroadcastView(view));
   }
@@ -364,6 +366,7 @@ absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
             proto::NODE_LEFT);
         view = view_;
         m.epoch = view_.epoch();
+        SaveStateLocked();
       } else {
         failed = absl::AbortedError(
             absl::StrCat("drain: S[", x, "] died while being drained"));

@@ -211,6 +211,7 @@ void SchedulerCore::FailoverServers(const std::vector<int>& ids,
           failovers_.push_back(f);
         }
         view = view_;
+        SaveStateLocked();
       }
     }
   }
@@ -286,6 +287,7 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
     PS_LOG_INFO("S[{}] joined the running job ({}): view epoch {}", n,
                 req.address(), view_.epoch());
     probes_.emplace_back(&SchedulerCore::Rebalance, this, n);
+    SaveStateLocked();
     proto::RegisterResponse resp;
     resp.set_id(n);
     *resp.mutable_view() = view_;
@@ -332,6 +334,7 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
                 view_.routing().range_begin_size(),
                 ModeName(options_.config.consistency.mode),
                 options_.config.EffectiveTau());
+    SaveStateLocked();
   }
   proto::RegisterResponse resp;
   resp.set_id(id);
@@ -572,6 +575,7 @@ absl::StatusOr<proto::GetWorkResponse> SchedulerCore::GetWork(
         resp.set_state(proto::WORK_WAIT);
       }
     }
+    SaveStateLocked();  // before the reply commits the worker to it
   }
   if (!zero_examples.ok()) {
     Conclude(zero_examples);
@@ -632,6 +636,7 @@ void SchedulerCore::DropDeadWorkers(const std::vector<int>& ids) {
       view_.mutable_routing()->set_epoch(view_.epoch());
       view = view_;
       finalize = StartFinalizingLocked();
+      SaveStateLocked();
     }
   }
   if (!failure.ok()) {
@@ -727,7 +732,9 @@ absl::Status SchedulerCore::WorkerDone(const proto::WorkerDoneRequest& req) {
                 req.worker_id(), req.examples(), req.compute_seconds(),
                 req.wait_seconds());
     // A retry of a WorkerDone whose reply was lost finds finalizing_ set.
-    if (!StartFinalizingLocked()) return absl::OkStatus();
+    const bool finalize = StartFinalizingLocked();
+    SaveStateLocked();
+    if (!finalize) return absl::OkStatus();
   }
   Finalize();
   return absl::OkStatus();
@@ -821,6 +828,7 @@ void SchedulerCore::Conclude(absl::Status status) {
     end_status_ = status;
     end_time_ = options_.clock->Now();
     report = ReportJsonLocked();
+    SaveStateLocked();  // ended: a restarted scheduler takes nothing over
   }
   if (!options_.report_path.empty()) {
     std::ofstream out(options_.report_path);
@@ -871,6 +879,7 @@ absl::StatusOr<proto::SetConsistencyResponse> SchedulerCore::SetConsistency(
     view_.set_epoch(view_.epoch() + 1);
     view_.mutable_routing()->set_epoch(view_.epoch());
     view = view_;
+    SaveStateLocked();
   }
   PS_RETURN_IF_ERROR(BroadcastView(view));
   PS_LOG_INFO("consistency changed: mode {} tau {} (epoch {})",
@@ -1142,6 +1151,10 @@ std::string SchedulerCore::ReportJsonLocked() const {
   absl::StrAppend(&j, "  \"replicas\": ", replicas_, ",\n");
   absl::StrAppend(&j, FailoverReportLocked());
   absl::StrAppend(&j, MembershipReportLocked());
+  // Scheduler restart (issue 9): how many schedulers took this job over
+  // (failovers and membership changes before the last takeover are not
+  // carried over).
+  absl::StrAppend(&j, "  \"scheduler_restarts\": ", restarts_, ",\n");
   if (eval != nullptr) {
     absl::StrAppend(&j, "  \"test_auc\": ", Num(eval->test_auc()), ",\n");
     absl::StrAppend(&j, "  \"test_logloss\": ", Num(eval->test_logloss()),
@@ -1230,6 +1243,7 @@ absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
     }
     if (next_checkpoint_id_ == 0) next_checkpoint_id_ = MaxCheckpointId(root) + 1;
     id = next_checkpoint_id_++;
+    SaveStateLocked();
     for (const Node& s : servers_) {
       if (s.info.state() == proto::NODE_DEAD) continue;  // failed over
       addresses.push_back(s.info.address());

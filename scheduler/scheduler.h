@@ -54,6 +54,10 @@ struct SchedulerOptions {
   // Checkpoints (issue 9): a complete checkpoint folder every server loads
   // its keys from at start (ResolveRestore); empty: none.
   std::string restore_from;
+  // Scheduler restart (issue 9): the file the scheduler keeps its state in
+  // (proto::SchedulerState: membership, view, work units, results),
+  // rewritten after every change once the job runs; empty: none.
+  std::string state_path;
 };
 
 class SchedulerCore {
@@ -157,6 +161,20 @@ class SchedulerCore {
   void Fail(const absl::Status& status);
 
   JobPhase phase() const;
+
+  // Scheduler restart (issue 9). Call once, right after construction,
+  // before serving: when options.state_path holds the state of this job
+  // (same config) that was running, takes it over (membership, view, work
+  // units, finished workers' results; every node's heartbeat deadline
+  // starts now) and returns true; the caller then serves on the same
+  // address and calls ResumeAfterRestore. False when there is no file.
+  // FAILED_PRECONDITION for the state of another job or of a job that had
+  // ended or not started, DATA_LOSS for an unreadable or malformed file.
+  absl::StatusOr<bool> RestoreState();
+  // After RestoreState returned true: finishes what the previous scheduler
+  // was doing when it died (saving the model, when every worker was done).
+  // Blocks; call from a thread of its own.
+  void ResumeAfterRestore();
 
   // The JSON report: always "status" ("ok" | "failed" | "running"), "error"
   // and "phase"; a failed job lists no model files. Written to report_path
@@ -262,6 +280,10 @@ class SchedulerCore {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Whether the job has a test set to evaluate.
   bool HasTestSet() const;
+  // Scheduler restart: writes the state file (temporary name, fsync,
+  // rename) when options.state_path is set and the cluster is ready; a
+  // failure is logged (the job goes on, without a restartable scheduler).
+  void SaveStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the job with `status` (done when OK, failed otherwise), writes the
   // report; the first call wins. Called without mu_.
   void Conclude(absl::Status status);
@@ -326,6 +348,8 @@ class SchedulerCore {
   };
   std::vector<MembershipChange> membership_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  int restarts_ ABSL_GUARDED_BY(mu_) = 0;  // scheduler restarts so far
+  bool state_error_logged_ ABSL_GUARDED_BY(mu_) = false;
 
   // Checkpoints (issue 9). checkpoint_mu_ is held across one checkpoint,
   // taken before mu_, never while holding it.

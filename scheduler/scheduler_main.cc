@@ -16,6 +16,10 @@ ABSL_FLAG(std::vector<std::string>, set, {},
           "replaces the previous one)");
 ABSL_FLAG(int, port, -1, "port to serve on (default: cluster.scheduler's)");
 ABSL_FLAG(std::string, report, "", "write the JSON job report here");
+ABSL_FLAG(std::string, state_file, "",
+          "keep the scheduler's state here (rewritten on every change); a "
+          "scheduler started again with the same config and state file "
+          "takes the running job over (issue 9)");
 ABSL_FLAG(bool, insecure, false,
           "allow listening on a non-loopback address without PS_AUTH_TOKEN");
 
@@ -27,6 +31,7 @@ int main(int argc, char** argv) {
   o.overrides = absl::GetFlag(FLAGS_set);
   o.port = absl::GetFlag(FLAGS_port);
   o.report_path = absl::GetFlag(FLAGS_report);
+  o.state_path = absl::GetFlag(FLAGS_state_file);
   o.insecure = absl::GetFlag(FLAGS_insecure);
   absl::Status s = ps::RunScheduler(o);
   if (!s.ok()) {

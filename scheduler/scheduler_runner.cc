@@ -66,8 +66,10 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   so.restore_from = restore_from;
   so.config = config;
   so.report_path = options.report_path;
+  so.state_path = options.state_path;
   so.clients = &clients;
   SchedulerCore core(so);
+  PS_ASSIGN_OR_RETURN(const bool restored, core.RestoreState());
   SchedulerService service(&core, token);
 
   grpc::ServerBuilder builder;
@@ -101,12 +103,17 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
         absl::Seconds(config.fault_tolerance.checkpoint_interval_s));
     while (!stop.WaitForNotificationWithTimeout(poll)) core.MaybeCheckpoint();
   });
+  // A restarted scheduler finishes what its predecessor was doing.
+  std::thread resume([&] {
+    if (restored) core.ResumeAfterRestore();
+  });
   // Registration must finish in time, then the job may run as long as it
   // needs (failures end it through heartbeats).
   absl::Status result = core.WaitForEnd(absl::InfiniteFuture());
   stop.Notify();
   checker.join();
   checkpointer.join();
+  resume.join();
   if (result.ok()) {
     PS_LOG_INFO("job done\n{}", core.ReportJson());
   }

@@ -15,6 +15,10 @@ struct SchedulerRunOptions {
   std::vector<std::string> overrides;  // "section.field=value"
   int port = -1;                       // -1: from cluster.scheduler
   std::string report_path;
+  // Scheduler restart (issue 9): SchedulerOptions::state_path. A scheduler
+  // started with the state file of this job's running predecessor takes
+  // the job over.
+  std::string state_path;
   // Listen on a non-loopback address without a token (CheckBindAllowed).
   bool insecure = false;
 };

@@ -154,7 +154,10 @@ class SchedulerCoreTest : public ::testing::Test {
                                  ".json"))
                        .string();
   }
-  ~SchedulerCoreTest() override { std::filesystem::remove(report_path_); }
+  ~SchedulerCoreTest() override {
+    std::filesystem::remove(report_path_);
+    if (!state_path_.empty()) std::filesystem::remove(state_path_);
+  }
 
   void Start() {
     SchedulerOptions o;
@@ -164,6 +167,7 @@ class SchedulerCoreTest : public ::testing::Test {
     o.clients = &clients_;
     o.view_deadline = absl::Seconds(10);
     o.save_deadline = absl::Seconds(20);
+    o.state_path = state_path_;
     core_ = std::make_unique<SchedulerCore>(o);
   }
 
@@ -215,6 +219,7 @@ class SchedulerCoreTest : public ::testing::Test {
   FakeFactory clients_{&clock_};
   JobConfig config_;
   std::string report_path_;
+  std::string state_path_;  // scheduler restart (issue 9); empty: none
   std::unique_ptr<SchedulerCore> core_;
 };
 
@@ -988,6 +993,61 @@ TEST_F(WorkUnitTest, WorkersHearTheOthersLowestClock) {
   r = core_->Heartbeat(h);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->others_min_clock(), 40);  // W[2] is at 50 now
+}
+
+
+// Scheduler restart (issue 9): a second scheduler started with the first
+// one's state file takes the running job over: same view, the work units
+// where they were (a unit handed out stays with its worker, a finished one
+// stays counted), every node's heartbeat deadline restarted.
+TEST_F(WorkUnitTest, RestartedSchedulerTakesTheJobOver) {
+  state_path_ = (std::filesystem::path(::testing::TempDir()) /
+                 absl::StrCat("scheduler_test_state_", getpid()))
+                    .string();
+  std::filesystem::remove(state_path_);
+  Start();
+  RegisterAll();
+  auto a = Ask(0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->state(), proto::WORK_UNIT);
+  auto b = Ask(0, {{a->unit().id(), 100}});
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(b->state(), proto::WORK_UNIT);
+  const int64_t held = b->unit().id();
+  const int64_t epoch = core_->Status()->view().epoch();
+  core_.reset();  // "SIGKILL"
+
+  Start();
+  absl::StatusOr<bool> restored = core_->RestoreState();
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(*restored);
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  EXPECT_EQ(core_->Status()->view().epoch(), epoch);
+  // The unit W[0] holds is still its own: finishing it is accepted, and the
+  // one finished before the restart is not handed out again.
+  auto c = Ask(0, {{held, 100}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->state(), proto::WORK_UNIT);
+  EXPECT_NE(c->unit().id(), a->unit().id());
+  EXPECT_NE(c->unit().id(), held);
+  EXPECT_NE(core_->ReportJson().find("\"scheduler_restarts\": 1"),
+            std::string::npos);
+  // Nodes get a full heartbeat timeout from the takeover.
+  clock_.Advance(absl::Milliseconds(config_.cluster.heartbeat_timeout_ms / 2));
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+
+  // Another job's state, or a damaged file, is refused.
+  core_.reset();
+  config_.training.epochs = 3;
+  Start();
+  EXPECT_EQ(core_->RestoreState().status().code(),
+            StatusCode::kFailedPrecondition);
+  core_.reset();
+  std::ofstream(state_path_) << "not a state";
+  config_.training.epochs = 2;
+  Start();
+  EXPECT_EQ(core_->RestoreState().status().code(), StatusCode::kDataLoss);
 }
 
 }  // namespace ps

@@ -177,6 +177,69 @@ int WorkQueue::Release(int worker) {
   return n;
 }
 
+void WorkQueue::SaveTo(proto::WorkQueueState* s) const {
+  s->Clear();
+  for (const Unit& u : state_) {
+    proto::WorkQueueState::Unit* o = s->add_units();
+    o->set_worker(u.worker);
+    o->set_done(u.done);
+  }
+  for (const std::set<int64_t>& q : own_) {
+    s->add_own()->mutable_ids()->Add(q.begin(), q.end());
+  }
+  s->mutable_pool()->Add(pool_.begin(), pool_.end());
+  s->mutable_epoch_examples()->Add(examples_.begin(), examples_.end());
+  s->set_skipped(skipped_);
+}
+
+absl::Status WorkQueue::RestoreFrom(const proto::WorkQueueState& s) {
+  const int64_t n = static_cast<int64_t>(state_.size());
+  if (s.units_size() != n || s.own_size() != static_cast<int>(own_.size()) ||
+      s.epoch_examples_size() != static_cast<int>(examples_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "work-unit state of ", s.units_size(), " units, ", s.own_size(),
+        " queues, ", s.epoch_examples_size(), " epochs does not fit this job (",
+        n, ", ", own_.size(), ", ", examples_.size(), ")"));
+  }
+  auto id_ok = [n](int64_t id) { return id >= 0 && id < n; };
+  std::vector<Unit> state(n);
+  std::map<int, std::set<int64_t>> assigned;
+  std::map<int, int64_t> finished_by;
+  int64_t done = 0;
+  for (int64_t id = 0; id < n; ++id) {
+    const proto::WorkQueueState::Unit& u = s.units(static_cast<int>(id));
+    state[id].worker = u.worker();
+    state[id].done = u.done();
+    if (u.done()) {
+      ++done;
+      ++finished_by[u.worker()];
+    } else if (u.worker() >= 0) {
+      assigned[u.worker()].insert(id);
+    }
+  }
+  std::vector<std::set<int64_t>> own(own_.size());
+  for (int w = 0; w < s.own_size(); ++w) {
+    for (int64_t id : s.own(w).ids()) {
+      if (!id_ok(id)) return absl::InvalidArgumentError("unit id out of range");
+      own[w].insert(id);
+    }
+  }
+  std::set<int64_t> pool;
+  for (int64_t id : s.pool()) {
+    if (!id_ok(id)) return absl::InvalidArgumentError("unit id out of range");
+    pool.insert(id);
+  }
+  state_ = std::move(state);
+  own_ = std::move(own);
+  pool_ = std::move(pool);
+  assigned_ = std::move(assigned);
+  finished_by_ = std::move(finished_by);
+  examples_.assign(s.epoch_examples().begin(), s.epoch_examples().end());
+  skipped_ = s.skipped();
+  done_ = done;
+  return absl::OkStatus();
+}
+
 int64_t WorkQueue::finished_by(int worker) const {
   auto it = finished_by_.find(worker);
   return it == finished_by_.end() ? 0 : it->second;

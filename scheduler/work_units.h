@@ -72,6 +72,13 @@ class WorkQueue {
   // queue, to the pool; returns how many units were in progress.
   int Release(int worker);
 
+  // Scheduler restart (issue 9): the queue's whole state, and a queue
+  // built from the same plan, epochs, workers and steal set back to it.
+  // INVALID_ARGUMENT when `s` does not fit this plan (unit count, queues,
+  // epochs, an id out of range).
+  void SaveTo(proto::WorkQueueState* s) const;
+  absl::Status RestoreFrom(const proto::WorkQueueState& s);
+
   bool AllDone() const { return done_ == static_cast<int64_t>(state_.size()); }
   int64_t units_per_epoch() const {
     return static_cast<int64_t>(plan_.size());

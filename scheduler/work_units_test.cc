@@ -47,6 +47,37 @@ TEST(WorkQueueTest, HandsOutInEpochOrderAndCountsPerEpoch) {
   EXPECT_EQ(q.finished_by(0), 6);
 }
 
+// Scheduler restart (issue 9): a queue restored from a saved state hands
+// out, loses and counts exactly as the original would have.
+TEST(WorkQueueTest, SavedStateRestoresTheSameQueue) {
+  WorkQueue a(Rows(4), 3, 2, /*steal=*/true);
+  ASSERT_TRUE(a.Take(0).has_value());                  // assigned to W0
+  std::optional<proto::WorkUnit> u = a.Take(1);        // W1 finishes it
+  ASSERT_TRUE(u.has_value());
+  ASSERT_TRUE(a.Finish(1, Finished(u->id(), 7)).ok());
+  ASSERT_TRUE(a.Take(1).has_value());
+  a.Release(1);                                        // W1 died
+  proto::WorkQueueState st;
+  a.SaveTo(&st);
+  WorkQueue b(Rows(4), 3, 2, /*steal=*/true);
+  ASSERT_TRUE(b.RestoreFrom(st).ok());
+  EXPECT_EQ(b.epoch_examples(), a.epoch_examples());
+  EXPECT_EQ(b.finished_by(1), 1);
+  EXPECT_EQ(b.Lost(0, {}).size(), a.Lost(0, {}).size());
+  for (;;) {
+    std::optional<proto::WorkUnit> x = a.Take(0), y = b.Take(0);
+    ASSERT_EQ(x.has_value(), y.has_value());
+    if (!x.has_value()) break;
+    EXPECT_EQ(x->id(), y->id());
+  }
+  // A state that does not fit the plan is refused.
+  WorkQueue c(Rows(5), 3, 2, /*steal=*/true);
+  EXPECT_EQ(c.RestoreFrom(st).code(), StatusCode::kInvalidArgument);
+  st.add_pool(1000);
+  WorkQueue d(Rows(4), 3, 2, /*steal=*/true);
+  EXPECT_EQ(d.RestoreFrom(st).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(WorkQueueTest, PreferredWorkersGetContiguousBlocks) {
   EXPECT_EQ(PreferredWorker(0, 10, 3), 0);
   EXPECT_EQ(PreferredWorker(3, 10, 3), 0);

@@ -831,6 +831,45 @@ TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
   EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
 }
 
+// Scheduler restart (issue 9), real processes: the scheduler is SIGKILLed
+// mid-run and started again with the same arguments (ps_launch --restart);
+// it takes the job over from its state file (<run_dir>/scheduler.state)
+// and the job ends ok with exact epochs and the AUC of a run without it.
+class SchedulerRestartTest
+    : public MultiProcessTest,
+      public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(SchedulerRestartTest, JobSurvivesASchedulerRestart) {
+  const std::string mode = GetParam();
+  const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
+  const std::vector<std::string> sets = {"training.epochs=8"};
+  LaunchResult clean = Launch("clean_hrestart_" + mode, yaml, sets);
+  ASSERT_LAUNCHED(clean);
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_hrestart_", mode, "_", ::getpid()));
+  LaunchResult r =
+      RunLaunch(dirs_.back(), yaml, sets, "--kill H@0.8 --restart=0.2");
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.log.find("ps_launch: chaos: killed H (pid "), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.log.find("took over the running job"), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report;
+  EXPECT_NE(r.report.find("\"scheduler_restarts\": 1"), std::string::npos)
+      << r.report;
+  const std::string epochs = "\"epoch_examples\": [32561, 32561, 32561, "
+                             "32561, 32561, 32561, 32561, 32561]";
+  EXPECT_NE(r.report.find(epochs), std::string::npos) << r.report;
+  EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SchedulerRestartTest,
+                         ::testing::Values("bsp", "asp"),
+                         [](const auto& info) {
+                           return std::string(info.param);
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Modes, ElasticityTest,
                          ::testing::Values("bsp", "ssp", "asp"),
                          [](const auto& info) {

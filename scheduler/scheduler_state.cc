@@ -1,0 +1,163 @@
+// Scheduler restart (issue 9, docs/fault_tolerance.md): the scheduler's
+// state file. Rewritten whole after every change that matters once the job
+// runs; a scheduler started again with the same config and state file takes
+// the job over, and the servers and workers (which ride out a short outage:
+// heartbeats and GetWork are retried) go on with it.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "scheduler/scheduler.h"
+
+namespace ps {
+namespace {
+
+// Writes `bytes` to `path` atomically: a temporary file in the same folder,
+// fsynced, renamed over `path`.
+absl::Status WriteAtomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                        0600);
+  if (fd < 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", tmp));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(e, absl::StrCat("cannot write ", tmp));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(e, absl::StrCat("cannot fsync ", tmp));
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot rename ", tmp,
+                                                   " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void SchedulerCore::SaveStateLocked() {
+  if (options_.state_path.empty() || !ready_) return;
+  proto::SchedulerState st;
+  st.set_version(1);
+  st.set_config_yaml(config_yaml_);
+  st.set_phase(JobPhaseName(phase_));
+  *st.mutable_view() = view_;
+  *st.mutable_ring() = ring_;
+  st.set_replicas(replicas_);
+  for (const Node& n : servers_) *st.add_servers() = n.info;
+  for (const Node& n : workers_) *st.add_workers() = n.info;
+  if (work_ != nullptr) work_->SaveTo(st.mutable_work());
+  for (const auto& [id, d] : done_) *st.add_done() = d;
+  st.mutable_dead_workers()->Add(dead_workers_.begin(), dead_workers_.end());
+  st.set_evaluator(evaluator_);
+  st.set_ready_unix_ms(absl::ToUnixMillis(ready_time_));
+  st.set_next_checkpoint_id(next_checkpoint_id_);
+  st.set_restarts(restarts_);
+  absl::Status s = WriteAtomically(options_.state_path, st.SerializeAsString());
+  if (!s.ok() && !state_error_logged_) {
+    state_error_logged_ = true;
+    PS_LOG_ERROR("scheduler state file: {} (a restarted scheduler could not "
+                 "take this job over)",
+                 s.ToString());
+  }
+}
+
+absl::StatusOr<bool> SchedulerCore::RestoreState() {
+  const std::string& path = options_.state_path;
+  if (path.empty()) return false;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in) {
+    return absl::DataLossError(absl::StrCat("cannot read scheduler state ",
+                                            path));
+  }
+  proto::SchedulerState st;
+  if (!st.ParseFromString(ss.str()) || st.version() != 1) {
+    return absl::DataLossError(absl::StrCat(
+        "scheduler state ", path, " is malformed (not a version 1 state)"));
+  }
+  if (st.config_yaml() != config_yaml_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "scheduler state ", path, " belongs to a job with another config; "
+        "remove it to start this job afresh"));
+  }
+  if (st.phase() != JobPhaseName(JobPhase::kRunning) &&
+      st.phase() != JobPhaseName(JobPhase::kFinishing)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "scheduler state ", path, " is of a job that is ", st.phase(),
+        ": nothing to take over"));
+  }
+  absl::MutexLock l(&mu_);
+  const absl::Time now = options_.clock->Now();
+  std::vector<Node> servers(st.servers_size()), workers(st.workers_size());
+  for (int i = 0; i < st.servers_size(); ++i) {
+    servers[i].info = st.servers(i);
+    servers[i].last_seen = now;  // the deadline starts now
+  }
+  for (int i = 0; i < st.workers_size(); ++i) {
+    workers[i].info = st.workers(i);
+    workers[i].last_seen = now;
+  }
+  if (work_ != nullptr) {
+    if (absl::Status s = work_->RestoreFrom(st.work()); !s.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("scheduler state ", path, ": ", s.message()));
+    }
+  }
+  servers_ = std::move(servers);
+  workers_ = std::move(workers);
+  view_ = st.view();
+  ring_ = st.ring();
+  replicas_ = st.replicas();
+  done_.clear();
+  for (const proto::WorkerDoneRequest& d : st.done()) done_[d.worker_id()] = d;
+  dead_workers_.assign(st.dead_workers().begin(), st.dead_workers().end());
+  evaluator_ = st.evaluator();
+  ready_ = true;
+  ready_time_ = absl::FromUnixMillis(st.ready_unix_ms());
+  next_checkpoint_id_ = st.next_checkpoint_id();
+  restarts_ = st.restarts() + 1;
+  phase_ = JobPhase::kRunning;  // ResumeAfterRestore finishes a finalize
+  finalizing_ = false;
+  PS_LOG_WARN("took over the running job from {} (restart {}): view epoch "
+              "{}, {} servers, {} workers, {} workers done",
+              path, restarts_, view_.epoch(), servers_.size(), workers_.size(),
+              done_.size());
+  SaveStateLocked();
+  return true;
+}
+
+void SchedulerCore::ResumeAfterRestore() {
+  {
+    absl::MutexLock l(&mu_);
+    // The previous scheduler may have died while the model was being saved
+    // (every worker done): save it again (each save overwrites its files).
+    if (!StartFinalizingLocked()) return;
+    SaveStateLocked();
+  }
+  Finalize();
+}
+
+}  // namespace ps
