@@ -1100,10 +1100,13 @@ int Launcher::Run(const std::atomic<int>* stop) {
     h.argv.push_back("--report");
     h.argv.push_back(report_path);
     // Scheduler restart (issue 9): a --restart of H takes the job over
-    // from this file.
+    // from this file; one left by an earlier job in this run dir is not
+    // this job's.
+    const std::string state =
+        (std::filesystem::path(run_dir_) / "scheduler.state").string();
+    std::filesystem::remove(state, ec);
     h.argv.push_back("--state_file");
-    h.argv.push_back(
-        (std::filesystem::path(run_dir_) / "scheduler.state").string());
+    h.argv.push_back(state);
     specs.push_back(std::move(h));
   }
   for (int i = 0; i < config.cluster.num_servers; ++i) {

@@ -530,7 +530,8 @@ TEST_F(LauncherTest, AllExitZeroSucceedsWithPrefixedOutput) {
   std::string port = scheduler_.substr(scheduler_.rfind(':') + 1);
   EXPECT_THAT(With("H args:"),
               ElementsAre("H args: --config " + job_yaml + " --port " + port +
-                          " --report " + run_dir_ + "/report.json"));
+                          " --report " + run_dir_ + "/report.json" +
+                          " --state_file " + run_dir_ + "/scheduler.state"));
   EXPECT_THAT(With("S[0] args:"),
               ElementsAre("S[0] args: --scheduler " + scheduler_ + " --id 0"));
   EXPECT_THAT(With("S[1] args:"),

@@ -167,9 +167,10 @@ class SchedulerCore {
   // (same config) that was running, takes it over (membership, view, work
   // units, finished workers' results; every node's heartbeat deadline
   // starts now) and returns true; the caller then serves on the same
-  // address and calls ResumeAfterRestore. False when there is no file.
-  // FAILED_PRECONDITION for the state of another job or of a job that had
-  // ended or not started, DATA_LOSS for an unreadable or malformed file.
+  // address and calls ResumeAfterRestore. False when there is no file, or
+  // it is of a job that ended (this one starts afresh). FAILED_PRECONDITION
+  // for the state of a running job with another config, DATA_LOSS for an
+  // unreadable or malformed file.
   absl::StatusOr<bool> RestoreState();
   // After RestoreState returned true: finishes what the previous scheduler
   // was doing when it died (saving the model, when every worker was done).

@@ -98,16 +98,18 @@ absl::StatusOr<bool> SchedulerCore::RestoreState() {
     return absl::DataLossError(absl::StrCat(
         "scheduler state ", path, " is malformed (not a version 1 state)"));
   }
-  if (st.config_yaml() != config_yaml_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "scheduler state ", path, " belongs to a job with another config; "
-        "remove it to start this job afresh"));
-  }
   if (st.phase() != JobPhaseName(JobPhase::kRunning) &&
       st.phase() != JobPhaseName(JobPhase::kFinishing)) {
+    // A job that ended (or never ran): nothing to take over; this one starts
+    // afresh and overwrites the file once it runs.
+    PS_LOG_INFO("scheduler state {} is of a job that is {}: starting afresh",
+                path, st.phase());
+    return false;
+  }
+  if (st.config_yaml() != config_yaml_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "scheduler state ", path, " is of a job that is ", st.phase(),
-        ": nothing to take over"));
+        "scheduler state ", path, " belongs to a running job with another "
+        "config; remove it to start this job afresh"));
   }
   absl::MutexLock l(&mu_);
   const absl::Time now = options_.clock->Now();

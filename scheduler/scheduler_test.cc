@@ -1037,7 +1037,7 @@ TEST_F(WorkUnitTest, RestartedSchedulerTakesTheJobOver) {
   core_->CheckHeartbeats();
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
 
-  // Another job's state, or a damaged file, is refused.
+  // Another running job's state, or a damaged file, is refused.
   core_.reset();
   config_.training.epochs = 3;
   Start();
@@ -1048,6 +1048,18 @@ TEST_F(WorkUnitTest, RestartedSchedulerTakesTheJobOver) {
   config_.training.epochs = 2;
   Start();
   EXPECT_EQ(core_->RestoreState().status().code(), StatusCode::kDataLoss);
+  // The state of a job that ended: this one starts afresh.
+  core_.reset();
+  std::filesystem::remove(state_path_);
+  Start();
+  RegisterAll();
+  core_->Fail(absl::InternalError("test: the job ends"));
+  core_.reset();
+  Start();
+  absl::StatusOr<bool> fresh = core_->RestoreState();
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_FALSE(*fresh);
+  EXPECT_EQ(core_->phase(), JobPhase::kRegistering);
 }
 
 }  // namespace ps
