@@ -109,6 +109,9 @@ const char* RoleLetter(proto::Role role) {
   return role == proto::ROLE_SERVER ? "S" : "W";
 }
 
+// BroadcastView: how long a server gets before it is probed.
+constexpr absl::Duration kBroadcastFirstTry = absl::Seconds(1);
+
 absl::Status JobFailed(const absl::Status& end) {
   return WithReason(Annotate(end, "the job failed"), proto::REASON_JOB_FAILED);
 }
@@ -123,6 +126,21 @@ SchedulerCore::~SchedulerCore() {
     probes.swap(probes_);
   }
   for (std::thread& t : probes) t.join();
+}
+
+bool SchedulerCore::ProbeAnswers(const std::string& address) {
+  const absl::Duration timeout = absl::Milliseconds(
+      options_.config.fault_tolerance.probe_timeout_ms);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto st = options_.clients->Server(address)->GetStatus(
+        options_.clock->Now() + timeout);
+    if (st.ok()) return true;
+    if (st.status().code() != absl::StatusCode::kUnavailable &&
+        st.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      return true;  // it answered, with an error: alive
+    }
+  }
+  return false;
 }
 
 void SchedulerCore::Probe(int id, std::string address) {
@@ -1013,7 +1031,48 @@ absl::Status SchedulerCore::BroadcastView(const proto::ClusterView& view) {
     if (s.state() == proto::NODE_DEAD || s.state() == proto::NODE_LEFT) {
       continue;
     }
-    auto resp = ControlWithRetry(s.address(), r, deadline);
+    // A first try of a second; a server that still does not take the view
+    // is probed as a suspect is (issue 9): one that does not answer either
+    // is dead, skipped here and failed over (on a thread of its own: that
+    // waits for view_change_mu_, which the caller may hold), instead of
+    // failing the job after view_deadline. A live one gets the rest of
+    // the deadline.
+    const absl::Time first = std::min(
+        deadline, options_.clock->Now() + kBroadcastFirstTry);
+    auto resp = ControlWithRetry(s.address(), r, first);
+    const auto retryable = [](const absl::Status& st) {
+      return (st.code() == absl::StatusCode::kUnavailable ||
+              st.code() == absl::StatusCode::kDeadlineExceeded) &&
+             ReasonOf(st) != proto::REASON_JOB_FAILED;
+    };
+    if (!resp.ok() && retryable(resp.status()) && first < deadline) {
+      bool dead = false;
+      {
+        absl::MutexLock l(&mu_);
+        dead = replicas_ > 0 && !closing_;
+      }
+      if (dead) dead = !ProbeAnswers(s.address());
+      if (dead) {
+        PS_LOG_WARN("S[{}] at {} could not be told view epoch {} and does not "
+                    "answer its probe: failing it over",
+                    s.id(), s.address(), view.epoch());
+        const std::string why = absl::StrCat(
+            "view broadcast: could not be told epoch ", view.epoch(), ": ",
+            resp.status().message());
+        absl::MutexLock l(&mu_);
+        if (!probing_.contains(s.id())) {
+          probing_.insert(s.id());
+          const int id = s.id();
+          probes_.emplace_back([this, id, why] {
+            FailoverServers({id}, why);
+            absl::MutexLock l2(&mu_);
+            probing_.erase(id);
+          });
+        }
+        continue;
+      }
+      resp = ControlWithRetry(s.address(), r, deadline);
+    }
     if (!resp.ok()) {
       // Declared failed, not skipped: a server left on an old view would
       // stall every worker that routes to it.

@@ -225,6 +225,9 @@ class SchedulerCore {
   // Probes server `id` (a thread of its own); fails it over when it does
   // not answer.
   void Probe(int id, std::string address);
+  // Whether the server at `address` answers a status call (two tries of
+  // fault_tolerance.probe_timeout_ms; an error answer counts). Without mu_.
+  bool ProbeAnswers(const std::string& address);
   // ---- elasticity (issue 9)
   // Range -> its new chain (owner, then backups), planned from the current
   // routing under mu_.
@@ -259,7 +262,10 @@ class SchedulerCore {
   std::string ReportJsonLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   Node* FindLocked(proto::Role role, int id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `view` to every server, each retried until view_deadline; the
-  // first server that cannot be told fails the job. Called without mu_.
+  // first server that cannot be told fails the job. With replication, a
+  // server not told within a second that does not answer a probe either is
+  // skipped and failed over instead (issue 9: a second server dying during
+  // a failover or a range move). Called without mu_.
   absl::Status BroadcastView(const proto::ClusterView& view);
   // Calls `call(attempt_deadline)` until it succeeds, fails with a code
   // that a retry cannot fix, or `deadline` passes (backoff on the clock).

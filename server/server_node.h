@@ -239,6 +239,11 @@ class ServerNode {
   struct RangeLog {
     int64_t index = 0;
     bool awaiting_copy = false;     // backup: entries refused until a copy
+    // Holds the range's whole state as of the last entry it applied: an
+    // owner, a backup since the job's start, or one that applied a copy
+    // (and held the range ever since). A backup awaiting a new primary's
+    // copy may still be complete (it followed the old primary).
+    bool complete = false;
     std::map<int, int64_t> acked;   // primary: backup -> last entry applied
     std::vector<int> copy_to;       // primary: backups that need a copy
   };

@@ -301,16 +301,33 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
     RangeLog& lg = logs_[r];
     const bool owner = routing_->OwnerOfRange(r) == id_;
     const bool owner_before = old != nullptr && old->OwnerOfRange(r) == id_;
+    const bool backup_now = routing_->IsBackupOf(r, id_);
+    if (old == nullptr) {
+      // The job's start (epoch 1): every replica is empty, so complete. A
+      // server configured first at a later view (it joined) holds nothing
+      // until a copy.
+      lg.complete = (owner || backup_now) && routing_->epoch() <= 1;
+    } else if (!owner && !backup_now) {
+      lg.complete = false;  // no longer follows the range
+    }
     if (owner) {
       if (lg.awaiting_copy) {
-        // Promoted before its copy arrived: it holds no complete state of
-        // the range. The scheduler promotes only backups, so this means two
-        // failures within one copy's time.
-        PS_LOG_ERROR("S[{}] promoted to owner of range {} before its copy "
-                     "arrived: the range's state before now is lost",
-                     id_, r);
+        // Promoted while waiting for a copy from a primary that died in
+        // between: its own replica is whole when it followed the range's
+        // earlier primary (every acknowledged entry is on it); a backup new
+        // to the range holds nothing (two failures within one copy's time).
+        if (lg.complete) {
+          PS_LOG_INFO("S[{}] promoted to owner of range {} while awaiting a "
+                      "copy; its replica is complete up to entry {}",
+                      id_, r, lg.index);
+        } else {
+          PS_LOG_ERROR("S[{}] promoted to owner of range {} before its first "
+                       "copy arrived: the range's state before now is lost",
+                       id_, r);
+        }
         lg.awaiting_copy = false;
       }
+      lg.complete = true;
       std::map<int, int64_t> acked;
       std::vector<int> copy_to;
       for (int i = 0; i < routing_->replicas(); ++i) {
@@ -761,6 +778,7 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
     }
     lg.index = e.index();
     lg.awaiting_copy = false;
+    lg.complete = true;
     RangeActions a;
     for (int w = 0; w < range.num_workers(); ++w) {
       if (range.Entry(w) > 0) a.advanced.emplace_back(w, range.Entry(w));

@@ -182,6 +182,33 @@ TEST_F(FailoverTest, ExactCounterWhileServersAreKilled) {
   EXPECT_NE(report.find("{\"node\": \"S[2]\""), std::string::npos) << report;
 }
 
+// Two of four servers die at the same moment (2 replicas, so every range
+// keeps a holder): the failover of the first cannot tell the second its
+// view; the second is probed, skipped and failed over in turn instead of
+// the job failing after view_deadline.
+TEST_F(FailoverTest, ExactCounterWhenTwoServersDieAtOnce) {
+  LocalClusterOptions o;
+  o.config = CounterJob();
+  o.config.cluster.num_servers = 4;
+  o.config.fault_tolerance.replicas = 2;
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  const absl::Time t0 = absl::Now();
+  RunExactCounter(cluster, [&](const std::function<void(int)>& wait_for,
+                               int total) {
+    wait_for(total / 3);
+    cluster.KillServer(1);
+    cluster.KillServer(2);
+  });
+  // Well inside the 30 s view deadline a stuck broadcast would take.
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(20));
+  auto st = cluster.scheduler()->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->phase(), "running");
+  EXPECT_EQ(st->view().routing().servers(1).state(), proto::NODE_DEAD);
+  EXPECT_EQ(st->view().routing().servers(2).state(), proto::NODE_DEAD);
+}
+
 // Elasticity: a fourth server joins mid-run and takes its share of the
 // ranges by the two-stage copy, then S[0] is drained and leaves, and a
 // fifth joins after it; all while the workers push. Exactly W * N
