@@ -547,8 +547,17 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
       absl::MutexLock l(&mu_);
       self = id_;
     }
-    PS_LOG_WARN("S[{}] replicating {} entries to S[{}] failed (attempt {}): {}",
-                self, req->entries_size(), backup, attempt + 1, s.ToString());
+    if (ReasonOf(s) == proto::REASON_STALE_EPOCH) {
+      // Expected around a view change (a range moved, a backup replaced):
+      // the entries are pruned for the new view before the resend.
+      PS_LOG_INFO("S[{}] replicating {} entries to S[{}]: {} (attempt {})",
+                  self, req->entries_size(), backup, s.message(), attempt + 1);
+    } else {
+      PS_LOG_WARN("S[{}] replicating {} entries to S[{}] failed (attempt {}): "
+                  "{}",
+                  self, req->entries_size(), backup, attempt + 1,
+                  s.ToString());
+    }
   }
   if (s.code() == absl::StatusCode::kDataLoss ||
       s.code() == absl::StatusCode::kInvalidArgument ||

@@ -270,7 +270,7 @@ void Notification::Notify() {
 }
 void Notification::WaitForNotification() const {
   PS_REAL(void (*)(const Notification*),
-          PS_ABSL "12Notification19WaitForNotificationEv");
+          "_ZNK4absl7debian312Notification19WaitForNotificationEv");
   real(this);
   PS_ANNOTATE(__tsan_acquire(const_cast<Notification*>(this)));
 }
