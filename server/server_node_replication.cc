@@ -551,7 +551,8 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
       // Expected around a view change (a range moved, a backup replaced):
       // the entries are pruned for the new view before the resend.
       PS_LOG_INFO("S[{}] replicating {} entries to S[{}]: {} (attempt {})",
-                  self, req->entries_size(), backup, s.message(), attempt + 1);
+                  self, req->entries_size(), backup, std::string(s.message()),
+                  attempt + 1);
     } else {
       PS_LOG_WARN("S[{}] replicating {} entries to S[{}] failed (attempt {}): "
                   "{}",
