@@ -263,6 +263,7 @@ void SchedulerCore::Rebalance(int joiner) {
                 res.status().ToString());
   }
   membership_.push_back(std::move(m));
+  SaveStateLocked();
 }
 
 absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
@@ -366,13 +367,13 @@ absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
             proto::NODE_LEFT);
         view = view_;
         m.epoch = view_.epoch();
-        SaveStateLocked();
       } else {
         failed = absl::AbortedError(
             absl::StrCat("drain: S[", x, "] died while being drained"));
         m.error = std::string(failed.message());
       }
       membership_.push_back(std::move(m));
+      SaveStateLocked();
     }
     if (!failed.ok()) return failed;
     PS_RETURN_IF_ERROR(BroadcastView(view));

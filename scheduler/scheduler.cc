@@ -1210,9 +1210,7 @@ std::string SchedulerCore::ReportJsonLocked() const {
   absl::StrAppend(&j, "  \"replicas\": ", replicas_, ",\n");
   absl::StrAppend(&j, FailoverReportLocked());
   absl::StrAppend(&j, MembershipReportLocked());
-  // Scheduler restart (issue 9): how many schedulers took this job over
-  // (failovers and membership changes before the last takeover are not
-  // carried over).
+  // Scheduler restart (issue 9): how many schedulers took this job over.
   absl::StrAppend(&j, "  \"scheduler_restarts\": ", restarts_, ",\n");
   if (eval != nullptr) {
     absl::StrAppend(&j, "  \"test_auc\": ", Num(eval->test_auc()), ",\n");

@@ -72,6 +72,24 @@ void SchedulerCore::SaveStateLocked() {
   st.set_ready_unix_ms(absl::ToUnixMillis(ready_time_));
   st.set_next_checkpoint_id(next_checkpoint_id_);
   st.set_restarts(restarts_);
+  for (const Failover& f : failovers_) {
+    proto::SchedulerState::FailoverRecord* o = st.add_failovers();
+    o->set_server(f.server);
+    o->set_epoch(f.epoch);
+    o->set_last_seen_ms(f.last_seen_ms);
+    o->set_detected_ms(f.detected_ms);
+    o->set_first_ack_ms(f.first_ack_ms);
+    o->set_why(f.why);
+  }
+  for (const MembershipChange& m : membership_) {
+    proto::SchedulerState::MembershipRecord* o = st.add_membership();
+    o->set_event(m.event);
+    o->set_server(m.server);
+    o->set_epoch(m.epoch);
+    o->set_ranges(m.ranges);
+    o->set_seconds(m.seconds);
+    o->set_error(m.error);
+  }
   absl::Status s = WriteAtomically(options_.state_path, st.SerializeAsString());
   if (!s.ok() && !state_error_logged_) {
     state_error_logged_ = true;
@@ -141,6 +159,28 @@ absl::StatusOr<bool> SchedulerCore::RestoreState() {
   ready_time_ = absl::FromUnixMillis(st.ready_unix_ms());
   next_checkpoint_id_ = st.next_checkpoint_id();
   restarts_ = st.restarts() + 1;
+  failovers_.clear();
+  for (const proto::SchedulerState::FailoverRecord& o : st.failovers()) {
+    Failover f;
+    f.server = o.server();
+    f.epoch = o.epoch();
+    f.last_seen_ms = o.last_seen_ms();
+    f.detected_ms = o.detected_ms();
+    f.first_ack_ms = o.first_ack_ms();
+    f.why = o.why();
+    failovers_.push_back(std::move(f));
+  }
+  membership_.clear();
+  for (const proto::SchedulerState::MembershipRecord& o : st.membership()) {
+    MembershipChange m;
+    m.event = o.event();
+    m.server = o.server();
+    m.epoch = o.epoch();
+    m.ranges = o.ranges();
+    m.seconds = o.seconds();
+    m.error = o.error();
+    membership_.push_back(std::move(m));
+  }
   phase_ = JobPhase::kRunning;  // ResumeAfterRestore finishes a finalize
   finalizing_ = false;
   PS_LOG_WARN("took over the running job from {} (restart {}): view epoch "

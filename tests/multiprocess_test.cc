@@ -831,8 +831,8 @@ TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
   EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
 }
 
-// Scheduler restart (issue 9), real processes: the scheduler is SIGKILLed
-// mid-run and started again with the same arguments (ps_launch --restart);
+// Scheduler restart (issue 9), real processes: a third server joins, then
+// the scheduler is SIGKILLed mid-run and started again with the same arguments (ps_launch --restart);
 // it takes the job over from its state file (<run_dir>/scheduler.state)
 // and the job ends ok with exact epochs and the AUC of a run without it.
 class SchedulerRestartTest
@@ -848,7 +848,8 @@ TEST_P(SchedulerRestartTest, JobSurvivesASchedulerRestart) {
   dirs_.push_back(fs::path(::testing::TempDir()) /
                   absl::StrCat("ps_mp_hrestart_", mode, "_", ::getpid()));
   LaunchResult r =
-      RunLaunch(dirs_.back(), yaml, sets, "--kill H@0.8 --restart=0.2");
+      RunLaunch(dirs_.back(), yaml, sets,
+                "--add-server 0.2 --kill H@0.8 --restart=0.2");
   ASSERT_LAUNCHED(r);
   EXPECT_NE(r.log.find("ps_launch: chaos: killed H (pid "), std::string::npos)
       << Tail(r.log, 4000);
@@ -857,6 +858,10 @@ TEST_P(SchedulerRestartTest, JobSurvivesASchedulerRestart) {
   EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
       << r.report;
   EXPECT_NE(r.report.find("\"scheduler_restarts\": 1"), std::string::npos)
+      << r.report;
+  // The join before the restart is still in the report.
+  EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"S[2]\""),
+            std::string::npos)
       << r.report;
   const std::string epochs = "\"epoch_examples\": [32561, 32561, 32561, "
                              "32561, 32561, 32561, 32561, 32561]";
