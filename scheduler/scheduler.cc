@@ -128,43 +128,29 @@ SchedulerCore::~SchedulerCore() {
   for (std::thread& t : probes) t.join();
 }
 
-bool SchedulerCore::ProbeAnswers(const std::string& address) {
-  const absl::Duration timeout = absl::Milliseconds(
-      options_.config.fault_tolerance.probe_timeout_ms);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    auto st = options_.clients->Server(address)->GetStatus(
-        options_.clock->Now() + timeout);
-    if (st.ok()) return true;
-    if (st.status().code() != absl::StatusCode::kUnavailable &&
-        st.status().code() != absl::StatusCode::kDeadlineExceeded) {
-      return true;  // it answered, with an error: alive
-    }
-  }
-  return false;
-}
-
-void SchedulerCore::Probe(int id, std::string address) {
+absl::Status SchedulerCore::ProbeServer(const std::string& address) {
   const absl::Duration timeout = absl::Milliseconds(
       options_.config.fault_tolerance.probe_timeout_ms);
   absl::Status last;
   for (int attempt = 0; attempt < 2; ++attempt) {
     auto st = options_.clients->Server(address)->GetStatus(
         options_.clock->Now() + timeout);
-    if (st.ok()) {
-      PS_LOG_INFO("S[{}] answered its probe: not dead", id);
-      absl::MutexLock l(&mu_);
-      probing_.erase(id);
-      return;
-    }
+    if (st.ok()) return absl::OkStatus();
     last = st.status();
     if (last.code() != absl::StatusCode::kUnavailable &&
         last.code() != absl::StatusCode::kDeadlineExceeded) {
-      break;  // it answered, with an error: alive
+      return absl::OkStatus();  // it answered, with an error: alive
     }
   }
-  if (last.code() == absl::StatusCode::kUnavailable ||
-      last.code() == absl::StatusCode::kDeadlineExceeded) {
-    FailoverServers({id}, absl::StrCat("probe: ", last.message()));
+  return last;
+}
+
+void SchedulerCore::Probe(int id, std::string address) {
+  const absl::Status probe = ProbeServer(address);
+  if (probe.ok()) {
+    PS_LOG_INFO("S[{}] answered its probe: not dead", id);
+  } else {
+    FailoverServers({id}, absl::StrCat("probe: ", probe.message()));
   }
   absl::MutexLock l(&mu_);
   probing_.erase(id);
@@ -1051,7 +1037,7 @@ absl::Status SchedulerCore::BroadcastView(const proto::ClusterView& view) {
         absl::MutexLock l(&mu_);
         dead = replicas_ > 0 && !closing_;
       }
-      if (dead) dead = !ProbeAnswers(s.address());
+      if (dead) dead = !ProbeServer(s.address()).ok();
       if (dead) {
         PS_LOG_WARN("S[{}] at {} could not be told view epoch {} and does not "
                     "answer its probe: failing it over",

@@ -225,9 +225,10 @@ class SchedulerCore {
   // Probes server `id` (a thread of its own); fails it over when it does
   // not answer.
   void Probe(int id, std::string address);
-  // Whether the server at `address` answers a status call (two tries of
-  // fault_tolerance.probe_timeout_ms; an error answer counts). Without mu_.
-  bool ProbeAnswers(const std::string& address);
+  // OK when the server at `address` answers a status call (two tries of
+  // fault_tolerance.probe_timeout_ms; an error answer counts), else the
+  // last UNAVAILABLE/DEADLINE_EXCEEDED. Without mu_.
+  absl::Status ProbeServer(const std::string& address);
   // ---- elasticity (issue 9)
   // Range -> its new chain (owner, then backups), planned from the current
   // routing under mu_.
