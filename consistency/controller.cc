@@ -18,11 +18,25 @@ ConsistencyController::ConsistencyController(int num_workers, int num_ranges,
       clock_(clock),
       max_pending_per_worker_(std::max(max_pending_per_worker, 1)),
       tau_(tau),
-      ranges_(num_ranges_, VectorClock(num_workers_)),
-      live_(num_workers_, true),
-      finished_(num_workers_, false),
-      dead_(num_workers_, false),
-      pending_(num_workers_, 0) {}
+      ranges_(num_ranges_, VectorClock(num_workers)),
+      live_(std::max(num_workers, 0), true),
+      finished_(std::max(num_workers, 0), false),
+      dead_(std::max(num_workers, 0), false),
+      pending_(std::max(num_workers, 0), 0) {}
+
+int ConsistencyController::AddWorker(absl::Span<const int64_t> entries) {
+  absl::MutexLock l(&mu_);
+  const int id = num_workers_.load();
+  for (int r = 0; r < num_ranges_; ++r) {
+    ranges_[r].AddWorker(r < static_cast<int>(entries.size()) ? entries[r] : 0);
+  }
+  live_.push_back(true);
+  finished_.push_back(false);
+  dead_.push_back(false);
+  pending_.push_back(0);
+  num_workers_.store(id + 1);
+  return id;
+}
 
 void ConsistencyController::SetTau(int64_t tau) {
   std::vector<Ready> ready;
@@ -155,7 +169,7 @@ bool ConsistencyController::WaitPull(int worker, int64_t clock,
   if (worker < 0 || worker >= num_workers_) {
     ready(absl::InvalidArgumentError(absl::StrCat(
         "pull by worker ", worker, ": worker id out of range [0, ",
-        num_workers_, ")")));
+        num_workers_.load(), ")")));
     return true;
   }
   for (int r : ranges) {
@@ -205,7 +219,7 @@ std::string ConsistencyController::LagReasonLocked(const Wait& w,
   for (size_t i = 0; i < n; ++i) {
     const int r = w.ranges.empty() ? static_cast<int>(i) : w.ranges[i];
     const VectorClock& vc = ranges_[r];
-    for (int x = 0; x < num_workers_; ++x) {
+    for (int x = 0; x < num_workers_.load(); ++x) {
       if (!live_[x]) continue;
       const int64_t e = vc.Get(x);
       if (e >= need) continue;
@@ -312,10 +326,10 @@ int64_t ConsistencyController::Entry(int range, int worker) const {
 }
 
 std::vector<int64_t> ConsistencyController::MinClockPerWorker() const {
-  std::vector<int64_t> out(num_workers_, 0);
   absl::MutexLock l(&mu_);
+  std::vector<int64_t> out(num_workers_.load(), 0);
   if (ranges_.empty()) return out;
-  for (int w = 0; w < num_workers_; ++w) {
+  for (int w = 0; w < static_cast<int>(out.size()); ++w) {
     int64_t m = std::numeric_limits<int64_t>::max();
     for (const VectorClock& vc : ranges_) m = std::min(m, vc.Get(w));
     out[w] = m;
@@ -330,7 +344,7 @@ std::string ConsistencyController::DebugString() const {
     absl::StrAppend(&out, " r", r, "=", ranges_[r].DebugString());
   }
   std::vector<int> finished, dead;
-  for (int w = 0; w < num_workers_; ++w) {
+  for (int w = 0; w < num_workers_.load(); ++w) {
     if (finished_[w]) finished.push_back(w);
     if (dead_[w]) dead.push_back(w);
   }

@@ -9,6 +9,7 @@
 // work) or dead no longer blocks anyone.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -49,8 +50,14 @@ class ConsistencyController {
   // tell their owners.
   ~ConsistencyController() = default;
 
-  int num_workers() const { return num_workers_; }
+  int num_workers() const { return num_workers_.load(); }
   int num_ranges() const { return num_ranges_; }
+
+  // A worker joined the running job (issue 9): adds it as worker
+  // num_workers(), live, with entry entries[r] on range r (0 where not
+  // given), and returns its id. Entries below the other workers' keep
+  // waiting pulls waiting; nothing is released.
+  int AddWorker(absl::Span<const int64_t> entries);
 
   // Changes the staleness bound. Waits that become servable are run with
   // OkStatus() on the calling thread after the lock is dropped.
@@ -141,8 +148,10 @@ class ConsistencyController {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkNotLive(int worker, bool dead);
 
+  // Only grows (AddWorker, under mu_, after the vectors grew): an id below
+  // it indexes every per-worker vector.
+  std::atomic<int> num_workers_;
   // Constant after construction.
-  const int num_workers_;
   const int num_ranges_;
   Clock* const clock_;
   const int max_pending_per_worker_;

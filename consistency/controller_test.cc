@@ -56,6 +56,30 @@ TEST(ControllerTest, BspWaitsForEveryoneAndAdvanceReleases) {
   EXPECT_EQ(c.MinClockPerWorker(), (std::vector<int64_t>{1, 0}));
 }
 
+// Issue 9: a worker joining at the others' clock holds nobody back until
+// it lags; its own pulls wait like anyone's.
+TEST(ControllerTest, JoinedWorkerStartsAtItsEntries) {
+  FakeClock clock;
+  ConsistencyController c(1, 2, /*tau=*/1, &clock);
+  for (int k = 0; k < 3; ++k) c.AdvanceClock(0, k, {});  // entry 3
+  EXPECT_EQ(c.AddWorker({3, 3}), 1);
+  EXPECT_EQ(c.num_workers(), 2);
+  EXPECT_TRUE(c.IsLive(1));
+  EXPECT_EQ(c.Entry(1, 1), 3);
+  EXPECT_TRUE(c.CanServe(4, {}));  // 3 >= 4 - 1
+  EXPECT_FALSE(c.CanServe(5, {}));
+  Result r;
+  EXPECT_FALSE(c.WaitPull(1, 5, {0}, clock.Now() + kTimeout, r.Callback()));
+  c.AdvanceClock(0, 3, {0});
+  EXPECT_FALSE(r.fired);  // the joiner itself is at 3
+  c.AdvanceClock(1, 3, {0});
+  ASSERT_TRUE(r.fired);
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(c.MinClockPerWorker(), (std::vector<int64_t>{3, 3}));
+  c.SetWorkerDead(1);
+  EXPECT_TRUE(c.IsDead(1));
+}
+
 TEST(ControllerTest, AsyncNeverWaits) {
   FakeClock clock;
   ConsistencyController c(3, 2, kInfiniteTau, &clock);

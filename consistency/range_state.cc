@@ -155,6 +155,50 @@ absl::Status RangeState::SetDead(int worker, RangeActions* actions) {
   return absl::OkStatus();
 }
 
+int64_t RangeState::Frontier() const {
+  int64_t live_min = -1;
+  int64_t all_max = bsp_applied_;
+  for (const Worker& w : workers_) {
+    all_max = std::max(all_max, w.completed);
+    if (w.dead || w.finished) continue;
+    if (live_min < 0 || w.completed < live_min) live_min = w.completed;
+  }
+  return live_min >= 0 ? live_min : all_max;
+}
+
+absl::Status RangeState::Join(int worker, int64_t clock,
+                              RangeActions* actions) {
+  if (worker < 0 || worker > num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker, " cannot join a range of ", num_workers()));
+  }
+  if (worker == num_workers()) {
+    int64_t start = clock >= 0 ? clock : Frontier();
+    // In BSP a joiner never starts below the clocks applied: its segments
+    // for such a clock would be buffered for nothing.
+    if (bsp_) start = std::max(start, bsp_applied_);
+    Worker w;
+    w.completed = start;
+    workers_.push_back(std::move(w));
+    const int64_t entry = Entry(worker);
+    if (entry > 0) actions->advanced.emplace_back(worker, entry);
+    return absl::OkStatus();
+  }
+  Worker& w = workers_[worker];
+  if (clock <= w.completed) return absl::OkStatus();
+  if ((!w.received.empty() && w.received.begin()->first < clock) ||
+      (!w.announced.empty() && w.announced.begin()->first < clock) ||
+      (!w.unapplied.empty() && w.unapplied.begin()->first < clock)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker, " cannot start at clock ", clock,
+        ": it already sent data for an earlier clock"));
+  }
+  w.completed = clock;
+  if (!bsp_) actions->advanced.emplace_back(worker, w.completed);
+  Advance(worker, actions);
+  return absl::OkStatus();
+}
+
 void RangeState::Advance(int worker, RangeActions* actions) {
   Worker& w = workers_[worker];
   for (;;) {

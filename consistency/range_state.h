@@ -125,6 +125,19 @@ class RangeState {
   absl::Status Finish(int worker, int64_t final_clock, RangeActions* actions);
   // The worker is gone: it no longer holds back BSP clocks. Idempotent.
   absl::Status SetDead(int worker, RangeActions* actions);
+  // A worker joined the running job (issue 9). With worker ==
+  // num_workers() it is added, live, with `clock` clocks completed, or with
+  // Frontier() clocks when `clock` < 0 (in BSP never fewer than the clocks
+  // applied). With a known worker its completed clocks are raised to
+  // `clock` (its start): the clocks before it are done without data.
+  // Idempotent. INVALID_ARGUMENT for an id above num_workers();
+  // FAILED_PRECONDITION when the worker already sent segments or
+  // announcements below `clock`.
+  absl::Status Join(int worker, int64_t clock, RangeActions* actions);
+  // The clock a worker added now starts at: the lowest completed clocks of
+  // the live workers (none live: the highest of all), so a joiner holds
+  // back nothing already allowed.
+  int64_t Frontier() const;
 
   // Vector-clock entry of `worker` on this range (0 for a bad id).
   int64_t Entry(int worker) const;

@@ -208,6 +208,70 @@ TEST(RangeStateTest, BspDeadOrFinishedWorkerNoLongerHoldsClocksBack) {
   EXPECT_EQ(st.Entry(0), 2);
 }
 
+// Issue 9: a worker joining a running BSP job holds back the clock the
+// range is at (not one already applied), from its start clock on takes
+// part like any other, and the clocks before its start count as done.
+TEST(RangeStateTest, BspJoinedWorkerHoldsTheFrontierUntilItStarts) {
+  RangeState st = Make(2, true);
+  RangeActions a;
+  for (int w = 0; w < 2; ++w) Announce(&st, w, 0, 0, 1, &a);
+  Announce(&st, 0, 1, 0, 1, &a);  // worker 0 is one clock ahead
+  EXPECT_EQ(st.BspApplied(), 1);
+  EXPECT_EQ(st.Frontier(), 1);
+  ASSERT_TRUE(st.Join(2, -1, &a).ok());
+  ASSERT_EQ(st.num_workers(), 3);
+  EXPECT_EQ(st.Completed(2), 1);
+  EXPECT_EQ(st.Entry(2), 1);
+  EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+  a = RangeActions();
+  Announce(&st, 1, 1, 0, 1, &a);
+  EXPECT_TRUE(a.apply.empty());  // the joiner holds clock 1
+  // It starts at clock 3: clocks 1 and 2 are done for it without data.
+  ASSERT_TRUE(st.Join(2, 3, &a).ok());
+  ASSERT_EQ(a.apply.size(), 1u);
+  EXPECT_EQ(a.apply[0].clock, 1);
+  EXPECT_EQ(st.Completed(2), 3);
+  EXPECT_TRUE(st.Join(2, 3, &a).ok());  // idempotent
+  EXPECT_TRUE(st.Join(2, 2, &a).ok());  // never lowered
+  EXPECT_EQ(st.Completed(2), 3);
+  EXPECT_TRUE(Push(&st, 2, 1, 3, &a, "w2"));
+  Announce(&st, 2, 3, 1, 5, &a);
+  for (int w = 0; w < 2; ++w) Announce(&st, w, 2, 0, 1, &a);
+  Announce(&st, 0, 3, 0, 1, &a);
+  a = RangeActions();
+  Announce(&st, 1, 3, 0, 1, &a);
+  ASSERT_EQ(a.apply.size(), 1u);  // clock 2 went with worker 1's clock 2
+  EXPECT_EQ(a.apply[0].clock, 3);
+  ASSERT_EQ(a.apply[0].segments.size(), 1u);
+  EXPECT_EQ(a.apply[0].segments[0].keys, "w2");
+  EXPECT_EQ(a.apply[0].examples, 7);
+  EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+}
+
+TEST(RangeStateTest, JoinIsRefusedOutOfOrderOrBelowDataSent) {
+  RangeState st = Make(1, false);
+  RangeActions a;
+  EXPECT_EQ(st.Join(2, 0, &a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.Join(-1, 0, &a).code(), StatusCode::kInvalidArgument);
+  Announce(&st, 0, 0, 0, 1, &a);
+  Announce(&st, 0, 1, 0, 1, &a);
+  ASSERT_TRUE(st.Join(1, -1, &a).ok());  // ASP: at the live workers' lowest
+  EXPECT_EQ(st.Entry(1), 2);
+  Announce(&st, 1, 4, 1, 1, &a);  // announced clock 4 early
+  EXPECT_EQ(st.Join(1, 5, &a).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(st.Join(1, 4, &a).ok());
+  EXPECT_EQ(st.Entry(1), 4);  // clock 4 still needs its segment
+  EXPECT_TRUE(Push(&st, 1, 1, 4, &a));
+  EXPECT_EQ(st.Entry(1), 5);
+  // A copy of the grown range is the same range.
+  absl::StatusOr<proto::RangeStateSnapshot> snap = st.Snapshot();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  absl::StatusOr<RangeState> copy = RangeState::FromSnapshot(*snap);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(copy->num_workers(), 2);
+  EXPECT_EQ(copy->Entry(1), 5);
+}
+
 // A replica fed the same inputs, or restored from a snapshot midway and fed
 // the rest, ends in the same state as the primary; the snapshot keeps the
 // exactly-once window, so a resend to the new copy is a duplicate.

@@ -19,6 +19,9 @@ class VectorClock {
   // Entry of `worker`; 0 for an id out of range.
   int64_t Get(int worker) const;
 
+  // Adds a worker (id num_workers()) with entry `value` (issue 9).
+  void AddWorker(int64_t value) { entries_.push_back(value); }
+
   // entry = max(entry, value). Ignores an id out of range.
   void Advance(int worker, int64_t value);
 
