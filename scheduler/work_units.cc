@@ -177,6 +177,25 @@ int WorkQueue::Release(int worker) {
   return n;
 }
 
+int WorkQueue::AddWorker() {
+  const size_t k = own_.size();
+  std::set<int64_t> mine;
+  for (std::set<int64_t>& q : own_) {
+    size_t i = 0;
+    for (auto it = q.begin(); it != q.end();) {
+      if (i++ % (k + 1) == k) {
+        mine.insert(*it);
+        it = q.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  const int got = static_cast<int>(mine.size());
+  own_.push_back(std::move(mine));
+  return got;
+}
+
 void WorkQueue::SaveTo(proto::WorkQueueState* s) const {
   s->Clear();
   for (const Unit& u : state_) {
@@ -194,7 +213,7 @@ void WorkQueue::SaveTo(proto::WorkQueueState* s) const {
 
 absl::Status WorkQueue::RestoreFrom(const proto::WorkQueueState& s) {
   const int64_t n = static_cast<int64_t>(state_.size());
-  if (s.units_size() != n || s.own_size() != static_cast<int>(own_.size()) ||
+  if (s.units_size() != n || s.own_size() < static_cast<int>(own_.size()) ||
       s.epoch_examples_size() != static_cast<int>(examples_.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "work-unit state of ", s.units_size(), " units, ", s.own_size(),
@@ -217,7 +236,7 @@ absl::Status WorkQueue::RestoreFrom(const proto::WorkQueueState& s) {
       assigned[u.worker()].insert(id);
     }
   }
-  std::vector<std::set<int64_t>> own(own_.size());
+  std::vector<std::set<int64_t>> own(s.own_size());  // joiners' too
   for (int w = 0; w < s.own_size(); ++w) {
     for (int64_t id : s.own(w).ids()) {
       if (!id_ok(id)) return absl::InvalidArgumentError("unit id out of range");

@@ -72,9 +72,16 @@ class WorkQueue {
   // queue, to the pool; returns how many units were in progress.
   int Release(int worker);
 
+  // A worker joined the running job (issue 9): it gets id num_queues()
+  // and every (k+1)-th queued unit of each other queue (k = the queues
+  // before it), an even share of each epoch left, so it has work in BSP
+  // (no stealing) too. Returns how many units it got.
+  int AddWorker();
+  int num_queues() const { return static_cast<int>(own_.size()); }
+
   // Scheduler restart (issue 9): the queue's whole state, and a queue
-  // built from the same plan, epochs, workers and steal set back to it.
-  // INVALID_ARGUMENT when `s` does not fit this plan (unit count, queues,
+  // built from the same plan, epochs, workers and steal set back to it (with
+  // the queues of workers that joined since). INVALID_ARGUMENT when `s` does not fit this plan (unit count, queues,
   // epochs, an id out of range).
   void SaveTo(proto::WorkQueueState* s) const;
   absl::Status RestoreFrom(const proto::WorkQueueState& s);

@@ -78,6 +78,28 @@ TEST(WorkQueueTest, SavedStateRestoresTheSameQueue) {
   EXPECT_EQ(d.RestoreFrom(st).code(), StatusCode::kInvalidArgument);
 }
 
+// Issue 9: a worker joining takes an even share of every queue, BSP too,
+// and the grown queue survives a scheduler restart.
+TEST(WorkQueueTest, JoinedWorkerGetsAnEvenShareOfEachQueue) {
+  WorkQueue q(Rows(6), 2, 2, /*steal=*/false);  // W0: 0-2, 6-8; W1: 3-5, 9-11
+  EXPECT_EQ(q.Take(0)->id(), 0);  // in progress: stays with W0
+  EXPECT_EQ(q.AddWorker(), 3);    // every third of W0's 5 and W1's 6 queued
+  EXPECT_EQ(q.num_queues(), 3);
+  std::vector<int64_t> got;
+  while (std::optional<proto::WorkUnit> u = q.Take(2)) got.push_back(u->id());
+  EXPECT_EQ(got, (std::vector<int64_t>{5, 6, 11}));  // of 1,2,6,7,8 and 3-5,9-11
+  proto::WorkQueueState st;
+  q.SaveTo(&st);
+  WorkQueue r(Rows(6), 2, 2, /*steal=*/false);
+  ASSERT_TRUE(r.RestoreFrom(st).ok());
+  EXPECT_EQ(r.num_queues(), 3);
+  int64_t left = 0;
+  for (int w = 0; w < 3; ++w) {
+    while (r.Take(w).has_value()) ++left;
+  }
+  EXPECT_EQ(left, 8);  // 12 units, less 1 taken by W0 and 3 by W2
+}
+
 TEST(WorkQueueTest, PreferredWorkersGetContiguousBlocks) {
   EXPECT_EQ(PreferredWorker(0, 10, 3), 0);
   EXPECT_EQ(PreferredWorker(3, 10, 3), 0);

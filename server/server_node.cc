@@ -103,8 +103,9 @@ const Table* ServerNode::table(int id) const {
   return tables_[id].get();
 }
 
-absl::Status ServerNode::Configure(int server_id,
-                                   const proto::ClusterView& view) {
+absl::Status ServerNode::Configure(
+    int server_id, const proto::ClusterView& view,
+    google::protobuf::Map<int32_t, int64_t>* join_clocks) {
   PS_ASSIGN_OR_RETURN(Routing routing, Routing::FromProto(view.routing()));
   if (view.workers_size() == 0) {
     return absl::InvalidArgumentError("cluster view has no workers");
@@ -166,9 +167,9 @@ absl::Status ServerNode::Configure(int server_id,
       }
     } else {
       if (routing.num_ranges() != routing_->num_ranges() ||
-          view.workers_size() != static_cast<int>(workers_.size())) {
+          view.workers_size() < static_cast<int>(workers_.size())) {
         return absl::UnimplementedError(
-            "changing ranges or worker count in a running job");
+            "changing the ranges or removing workers in a running job");
       }
       if (view.epoch() < epoch_) {
         return absl::FailedPreconditionError(
@@ -195,6 +196,7 @@ absl::Status ServerNode::Configure(int server_id,
     }
     owned_ = routing_->RangesOf(id_);
     ReconfigureReplicationLocked(old_routing.get());
+    JoinWorkersLocked(view, join_clocks, &actions);
     for (const proto::NodeInfo& w : view.workers()) {
       if (w.id() < 0 || w.id() >= static_cast<int>(workers_.size())) continue;
       if (w.state() != proto::NODE_DEAD) continue;
@@ -244,10 +246,76 @@ absl::Status ServerNode::Configure(int server_id,
   return absl::OkStatus();
 }
 
+void ServerNode::JoinWorkersLocked(
+    const proto::ClusterView& view,
+    google::protobuf::Map<int32_t, int64_t>* join_clocks,
+    RangeActionList* actions) {
+  // View workers are in id order; ids below workers_.size() that never
+  // joined (the job's own) have nothing to do here.
+  for (int i = 0; i < view.workers_size(); ++i) {
+    const proto::NodeInfo& w = view.workers(i);
+    if (!w.joining() && w.start_clock() <= 0) continue;
+    const int64_t clock = w.joining() ? -1 : w.start_clock();
+    int64_t at = 0;
+    for (int r : owned_) {
+      RangeState& range = ranges_[r];
+      if (range.num_workers() < i) {
+        PS_LOG_ERROR("S[{}] range {} has {} workers: cannot add W[{}]", id_,
+                     r, range.num_workers(), i);
+        continue;
+      }
+      const int64_t before = range.num_workers() == i ? -1 : range.Completed(i);
+      RangeActions a;
+      if (absl::Status st = range.Join(i, clock, &a); !st.ok()) {
+        PS_LOG_WARN("S[{}] range {}: W[{}] joining at clock {}: {}", id_, r, i,
+                    clock, st.ToString());
+        continue;
+      }
+      at = std::max(at, range.Completed(i));
+      if (range.Completed(i) == before) continue;  // a view seen again
+      ApplyBsp(r, &a);
+      if (HasBackups(r)) {
+        // In order with the pushes, as a death is: the backups add the
+        // worker at the same clock.
+        proto::ReplicaEntry e;
+        e.mutable_join()->set_worker(i);
+        e.mutable_join()->set_clock(range.Completed(i));
+        LogEntry(r, std::move(e), nullptr);
+      }
+      actions->emplace_back(r, std::move(a));
+    }
+    if (w.joining() && join_clocks != nullptr) (*join_clocks)[i] = at;
+  }
+  const int known = static_cast<int>(workers_.size());
+  if (view.workers_size() <= known) return;
+  workers_.resize(view.workers_size());
+  for (int i = known; i < view.workers_size(); ++i) {
+    // Its entries where a range has it already (owned ranges, and backed-up
+    // ones whose log brought the join); 0 elsewhere until it is added.
+    std::vector<int64_t> entries(ranges_.size(), 0);
+    for (size_t r = 0; r < ranges_.size(); ++r) {
+      entries[r] = ranges_[r].Entry(i);
+    }
+    consistency_->AddWorker(entries);
+    PS_LOG_INFO("S[{}] epoch {}: W[{}] joined the job", id_, view.epoch(), i);
+  }
+}
+
 absl::Status ServerNode::Admit(int worker_id, int64_t epoch, int table,
                               Admitted* a) const {
   if (consistency_ == nullptr) {
     return absl::UnavailableError("server not configured yet");
+  }
+  if (epoch > epoch_) {
+    // Bug "A server that misses one view broadcast": the worker already has
+    // a newer view than this server; the server catches up (its heartbeat
+    // carries the scheduler's epoch), the worker resends the same request.
+    // Checked before the worker id: a worker that joined the running job
+    // (issue 9) is unknown to a server behind its view.
+    return ErrorWithReason(absl::StatusCode::kUnavailable,
+                           proto::REASON_VIEW_BEHIND,
+                           absl::StrCat("view behind: request epoch ", epoch,
+                                        ", server epoch ", epoch_));
   }
   if (worker_id < 0 || worker_id >= static_cast<int>(workers_.size())) {
     return absl::InvalidArgumentError(
@@ -255,15 +323,6 @@ absl::Status ServerNode::Admit(int worker_id, int64_t epoch, int table,
   }
   if (table < 0 || table >= static_cast<int>(tables_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("unknown table ", table));
-  }
-  if (epoch > epoch_) {
-    // Bug "A server that misses one view broadcast": the worker already has
-    // a newer view than this server; the server catches up (its heartbeat
-    // carries the scheduler's epoch), the worker resends the same request.
-    return ErrorWithReason(absl::StatusCode::kUnavailable,
-                           proto::REASON_VIEW_BEHIND,
-                           absl::StrCat("view behind: request epoch ", epoch,
-                                        ", server epoch ", epoch_));
   }
   if (epoch < epoch_) {
     return ErrorWithReason(absl::StatusCode::kFailedPrecondition,
@@ -587,6 +646,13 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
     }
     if (req.worker_id() < 0 ||
         req.worker_id() >= static_cast<int>(workers_.size())) {
+      if (req.worker_id() >= 0 && req.epoch() > epoch_) {
+        // A worker that joined at a view this server has not adopted yet.
+        return ErrorWithReason(
+            absl::StatusCode::kUnavailable, proto::REASON_VIEW_BEHIND,
+            absl::StrCat("view behind: clock epoch ", req.epoch(),
+                         ", server epoch ", epoch_));
+      }
       return absl::InvalidArgumentError(
           absl::StrCat("unknown worker id ", req.worker_id()));
     }

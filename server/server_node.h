@@ -71,8 +71,14 @@ class ServerNode {
   // consistency state; a later call with a newer epoch replaces routing and
   // consistency settings (ranges must keep their owners for now: moving
   // ranges between servers is the recovery issue's work). Errors:
-  // INVALID_ARGUMENT for a malformed view.
-  absl::Status Configure(int server_id, const proto::ClusterView& view);
+  // INVALID_ARGUMENT for a malformed view. Workers the view adds (joined
+  // the running job, issue 9) are added to every range this server owns,
+  // at the range's frontier while `joining` (`join_clocks`, when given,
+  // gets per joining worker the highest such clock), raised to their
+  // `start_clock` once it is set.
+  absl::Status Configure(
+      int server_id, const proto::ClusterView& view,
+      google::protobuf::Map<int32_t, int64_t>* join_clocks = nullptr);
 
   // Data plane. `done` runs exactly once, possibly on the caller's thread
   // before the call returns; `resp` must stay valid until then. Remote input
@@ -316,6 +322,13 @@ class ServerNode {
   // Waits whose needs are met now (OK) or lost (STALE_EPOCH), removed from
   // ack_waits_, with the status to fire each with.
   std::vector<std::pair<Fire, absl::Status>> TakeReadyLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Workers that joined the running job (issue 9), from Configure: adds
+  // them to the owned ranges (logged for the backups) and to the
+  // consistency controller; raises them to their start clock.
+  void JoinWorkersLocked(const proto::ClusterView& view,
+                         google::protobuf::Map<int32_t, int64_t>* join_clocks,
+                         RangeActionList* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Replication state for a new view (from Configure): new backups get a
   // copy, a promoted range copies to all its backups, a range this server

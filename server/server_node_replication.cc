@@ -761,7 +761,9 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
       return absl::InvalidArgumentError(absl::StrCat(
           "copy of range ", r, " from S[", from, "]: ", state.status().message()));
     }
-    if (state->num_workers() != static_cast<int>(workers_.size()) ||
+    // Fewer workers than this view: workers joined since the copy was
+    // taken (issue 9); the log that follows it adds them.
+    if (state->num_workers() > static_cast<int>(workers_.size()) ||
         state->bsp() != (mode_ == proto::MODE_BSP)) {
       return absl::InvalidArgumentError(
           absl::StrCat("copy of range ", r, ": another job's state"));
@@ -819,6 +821,13 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
       break;
     case proto::ReplicaEntry::kDeadWorker:
       s = range.SetDead(e.dead_worker(), &a);
+      break;
+    case proto::ReplicaEntry::kJoin:
+      if (e.join().clock() < 0) {
+        s = absl::InvalidArgumentError("join entry without a clock");
+      } else {
+        s = range.Join(e.join().worker(), e.join().clock(), &a);
+      }
       break;
     default:
       return absl::InvalidArgumentError("replica entry without an operation");

@@ -89,7 +89,8 @@ grpc::ServerUnaryReactor* ServerService::Control(
     case proto::ServerControlRequest::kSetConsistency:
       return Reply(ctx, node_->SetConsistency(req->set_consistency()));
     case proto::ServerControlRequest::kNewView:
-      return Reply(ctx, node_->Configure(node_->id(), req->new_view()));
+      return Reply(ctx, node_->Configure(node_->id(), req->new_view(),
+                                         resp->mutable_join_clocks()));
     case proto::ServerControlRequest::kSaveAndExit: {
       absl::Status s = node_->SaveModel("", resp);
       if (s.ok()) {
