@@ -54,6 +54,32 @@ absl::StatusOr<Membership> JoinCluster(SchedulerClient* scheduler,
           "the cluster view from ", scheduler_address, " never became ready"));
     }
   }
+  // A worker that joined the running job (issue 9) waits until the
+  // scheduler has fixed the clock it starts at (KVWorker reads it).
+  auto joining = [&m]() {
+    return m.id >= 0 && m.id < m.view.workers_size() &&
+           m.view.workers(m.id).joining();
+  };
+  while (joining()) {
+    proto::GetViewRequest gv;
+    gv.set_known_epoch(m.view.epoch());
+    gv.set_wait_ms(1000);
+    gv.set_role(req.role());
+    gv.set_id(m.id);
+    auto v = scheduler->GetView(gv, absl::Now() + absl::Seconds(5));
+    if (v.ok() && v->ready()) {
+      if (v->view().epoch() > m.view.epoch()) m.view = v->view();
+    } else if (!v.ok() &&
+               v.status().code() != absl::StatusCode::kUnavailable &&
+               v.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      return v.status();
+    }
+    if (joining() && absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "joined the running job at ", scheduler_address,
+          " as worker ", m.id, " but was never given a start clock"));
+    }
+  }
   return m;
 }
 

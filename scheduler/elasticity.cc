@@ -266,6 +266,62 @@ void SchedulerCore::Rebalance(int joiner) {
   SaveStateLocked();
 }
 
+void SchedulerCore::JoinWorker(int id, int units, absl::Time since) {
+  absl::MutexLock change(&view_change_mu_);
+  proto::ClusterView view;
+  {
+    absl::MutexLock l(&mu_);
+    if (concluding_ || id < 0 || id >= static_cast<int>(workers_.size()) ||
+        !workers_[id].info.joining()) {
+      return;
+    }
+    view = view_;  // has W[id] joining (a later view does too)
+  }
+  // Stage 1: every server adds W[id] to the ranges it owns at the range's
+  // frontier (the lowest clock of the live workers there), which W[id] now
+  // holds back, and answers with the highest of them.
+  std::vector<proto::ServerControlResponse> replies;
+  if (!BroadcastView(view, &replies).ok()) return;  // the job failed
+  int64_t start = 0;
+  for (const proto::ServerControlResponse& r : replies) {
+    auto it = r.join_clocks().find(id);
+    if (it != r.join_clocks().end()) start = std::max(start, it->second);
+  }
+  // Stage 2: W[id] starts at that clock; the servers count the clocks
+  // before it as done on every range.
+  {
+    absl::MutexLock l(&mu_);
+    if (concluding_) return;
+    Node& n = workers_[id];
+    if (!n.info.joining()) return;
+    n.info.set_joining(false);
+    n.info.set_start_clock(start);
+    n.info.set_clock(std::max(n.info.clock(), start));
+    view_.set_epoch(view_.epoch() + 1);
+    view_.mutable_routing()->set_epoch(view_.epoch());
+    for (proto::NodeInfo& wi : *view_.mutable_workers()) {
+      if (wi.id() != id) continue;
+      wi.set_joining(false);
+      wi.set_start_clock(start);
+      wi.set_clock(n.info.clock());
+    }
+    MembershipChange m;
+    m.event = "joined";
+    m.server = id;
+    m.worker = true;
+    m.epoch = view_.epoch();
+    m.ranges = units;
+    m.start_clock = start;
+    m.seconds = absl::ToDoubleSeconds(options_.clock->Now() - since);
+    membership_.push_back(std::move(m));
+    view = view_;
+    SaveStateLocked();
+  }
+  PS_LOG_INFO("W[{}] starts at clock {}: view epoch {}", id, start,
+              view.epoch());
+  BroadcastView(view).IgnoreError();  // a failure ends the job, naming why
+}
+
 absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
     const proto::DrainRequest& req) {
   const absl::Time t0 = options_.clock->Now();

@@ -297,6 +297,41 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
     *resp.mutable_view() = view_;
     return resp;
   }
+  if (id < 0 && req.role() == proto::ROLE_WORKER &&
+      phase_ == JobPhase::kRunning && !finalizing_ && !closing_) {
+    // Elasticity (issue 9): a worker joins the running job as W[n] with an
+    // even share of the queued work units. It is `joining` until
+    // JoinWorker has fixed the clock it starts at (it waits for that in
+    // JoinCluster).
+    if (work_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "register: a worker cannot join a running mlp job (its workers "
+          "read static shards, not work units)");
+    }
+    Node node;
+    node.info.set_id(n);
+    node.info.set_role(proto::ROLE_WORKER);
+    node.info.set_address(req.address());
+    node.info.set_state(proto::NODE_ALIVE);
+    node.info.set_joining(true);
+    node.last_seen = options_.clock->Now();
+    node.info.set_last_heartbeat_ms(absl::ToUnixMillis(node.last_seen));
+    workers_.push_back(node);
+    const int units = work_->AddWorker();
+    view_.set_epoch(view_.epoch() + 1);
+    view_.mutable_routing()->set_epoch(view_.epoch());
+    *view_.add_workers() = node.info;
+    PS_LOG_INFO("W[{}] joined the running job with {} work unit(s): view "
+                "epoch {}",
+                n, units, view_.epoch());
+    probes_.emplace_back(&SchedulerCore::JoinWorker, this, n, units,
+                         node.last_seen);
+    SaveStateLocked();
+    proto::RegisterResponse resp;
+    resp.set_id(n);
+    *resp.mutable_view() = view_;
+    return resp;
+  }
   if (id < 0 && phase_ != JobPhase::kRegistering) {
     return absl::FailedPreconditionError(absl::StrCat(
         "register: the job is ", JobPhaseName(phase_), " with all ", n,
@@ -304,7 +339,7 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
         " slots taken; ",
         req.role() == proto::ROLE_SERVER
             ? "a server can join only while the job is running"
-            : "a worker cannot join a running job yet"));
+            : "a worker can join only while the job is running"));
   }
   if (id < 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -656,7 +691,10 @@ void SchedulerCore::DropDeadWorkers(const std::vector<int>& ids) {
 int64_t SchedulerCore::OthersMinClockLocked(int worker) const {
   int64_t min = -1;
   for (const Node& n : workers_) {
-    if (n.info.id() == worker || n.info.state() != proto::NODE_ALIVE) continue;
+    if (n.info.id() == worker || n.info.state() != proto::NODE_ALIVE ||
+        n.info.joining()) {
+      continue;  // a joiner has no clock yet
+    }
     if (min < 0 || n.info.clock() < min) min = n.info.clock();
   }
   return min;
@@ -1008,7 +1046,9 @@ void SchedulerCore::CheckHeartbeats() {
   DropDeadWorkers(dead_workers);
 }
 
-absl::Status SchedulerCore::BroadcastView(const proto::ClusterView& view) {
+absl::Status SchedulerCore::BroadcastView(
+    const proto::ClusterView& view,
+    std::vector<proto::ServerControlResponse>* replies) {
   const absl::Time deadline = options_.clock->Now() + options_.view_deadline;
   proto::ServerControlRequest r;
   *r.mutable_new_view() = view;
@@ -1069,6 +1109,7 @@ absl::Status SchedulerCore::BroadcastView(const proto::ClusterView& view) {
       Conclude(failed);
       return failed;
     }
+    if (replies != nullptr) replies->push_back(*std::move(resp));
   }
   return absl::OkStatus();
 }
@@ -1122,9 +1163,12 @@ std::string SchedulerCore::MembershipReportLocked() const {
   bool first = true;
   for (const MembershipChange& m : membership_) {
     absl::StrAppend(&j, first ? "" : ", ", "{\"event\": ",
-                    JsonString(m.event), ", \"node\": \"S[", m.server,
-                    "]\", \"epoch\": ", m.epoch, ", \"ranges\": ", m.ranges,
-                    ", \"seconds\": ", Num(m.seconds), ", \"error\": ",
+                    JsonString(m.event), ", \"node\": \"",
+                    m.worker ? "W[" : "S[", m.server, "]\", \"epoch\": ",
+                    m.epoch, m.worker ? ", \"units\": " : ", \"ranges\": ",
+                    m.ranges);
+    if (m.worker) absl::StrAppend(&j, ", \"start_clock\": ", m.start_clock);
+    absl::StrAppend(&j, ", \"seconds\": ", Num(m.seconds), ", \"error\": ",
                     JsonString(m.error), "}");
     first = false;
   }

@@ -253,6 +253,11 @@ class SchedulerCore {
   // A server that joined the running job takes an even share of the
   // ranges (a thread of its own).
   void Rebalance(int joiner);
+  // A worker that joined the running job (issue 9; a thread of its own):
+  // tells the servers (each adds it to its ranges at the range's frontier
+  // and answers with that clock), then fixes its start clock at the
+  // highest of them and publishes it. `units`: work units it was dealt.
+  void JoinWorker(int id, int units, absl::Time since);
   // Ranges owned per server in `t` (index: server id).
   std::vector<int> OwnedCountsLocked(const proto::RoutingTable& t) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -267,7 +272,10 @@ class SchedulerCore {
   // server not told within a second that does not answer a probe either is
   // skipped and failed over instead (issue 9: a second server dying during
   // a failover or a range move). Called without mu_.
-  absl::Status BroadcastView(const proto::ClusterView& view);
+  // `replies`, when given, gets the answer of every server told.
+  absl::Status BroadcastView(
+      const proto::ClusterView& view,
+      std::vector<proto::ServerControlResponse>* replies = nullptr);
   // Calls `call(attempt_deadline)` until it succeeds, fails with a code
   // that a retry cannot fix, or `deadline` passes (backoff on the clock).
   absl::StatusOr<proto::ServerControlResponse> ControlWithRetry(
@@ -348,9 +356,12 @@ class SchedulerCore {
   // Elasticity (issue 9): joins and drains, for the report.
   struct MembershipChange {
     std::string event;  // "joined", "drained"
-    int server = -1;
+    int server = -1;    // the node's id (a worker's when `worker`)
+    bool worker = false;
+    int64_t start_clock = 0;  // a joined worker's first clock
     int64_t epoch = 0;  // the view that completed it
-    int ranges = 0;     // ranges moved to (joined) or off (drained) it
+    int ranges = 0;     // ranges moved to (joined) or off (drained) it;
+                        // a joined worker: the work units it was dealt
     double seconds = 0;
     std::string error;  // why it did not complete; empty: it did
   };

@@ -89,6 +89,8 @@ void SchedulerCore::SaveStateLocked() {
     o->set_ranges(m.ranges);
     o->set_seconds(m.seconds);
     o->set_error(m.error);
+    o->set_worker(m.worker);
+    o->set_start_clock(m.start_clock);
   }
   absl::Status s = WriteAtomically(options_.state_path, st.SerializeAsString());
   if (!s.ok() && !state_error_logged_) {
@@ -179,6 +181,8 @@ absl::StatusOr<bool> SchedulerCore::RestoreState() {
     m.ranges = o.ranges();
     m.seconds = o.seconds();
     m.error = o.error();
+    m.worker = o.worker();
+    m.start_clock = o.start_clock();
     membership_.push_back(std::move(m));
   }
   phase_ = JobPhase::kRunning;  // ResumeAfterRestore finishes a finalize
@@ -194,6 +198,14 @@ absl::StatusOr<bool> SchedulerCore::RestoreState() {
 void SchedulerCore::ResumeAfterRestore() {
   {
     absl::MutexLock l(&mu_);
+    // A worker whose join the previous scheduler had not finished: its
+    // start clock is fixed now (the servers answer again, idempotently).
+    for (const Node& w : workers_) {
+      if (w.info.joining() && w.info.state() == proto::NODE_ALIVE) {
+        probes_.emplace_back(&SchedulerCore::JoinWorker, this, w.info.id(), 0,
+                             options_.clock->Now());
+      }
+    }
     // The previous scheduler may have died while the model was being saved
     // (every worker done): save it again (each save overwrites its files).
     if (!StartFinalizingLocked()) return;

@@ -36,6 +36,11 @@ class FakeServerClient : public ServerClient {
     absl::MutexLock l(&mu_);
     for (auto& r : replies) script_.push_back(std::move(r));
   }
+  // A new_view with joining workers is answered with this clock for each.
+  void SetJoinClock(int64_t c) {
+    absl::MutexLock l(&mu_);
+    join_clock_ = c;
+  }
   // Every later Control call fails with `s`.
   void FailForever(absl::Status s) {
     absl::MutexLock l(&mu_);
@@ -77,6 +82,11 @@ class FakeServerClient : public ServerClient {
     }
     if (!s.ok()) return s;
     proto::ServerControlResponse resp;
+    if (req.has_new_view()) {
+      for (const proto::NodeInfo& w : req.new_view().workers()) {
+        if (w.joining()) (*resp.mutable_join_clocks())[w.id()] = join_clock_;
+      }
+    }
     if (req.has_save_and_exit()) {
       resp.set_model_path("model.bin");
       resp.set_keys(10);
@@ -103,6 +113,7 @@ class FakeServerClient : public ServerClient {
  private:
   absl::Status status_error_ ABSL_GUARDED_BY(mu_);
   int status_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t join_clock_ ABSL_GUARDED_BY(mu_) = 0;
   ::ps::Clock* const clock_;
   absl::Mutex mu_;
   std::deque<absl::Status> script_ ABSL_GUARDED_BY(mu_);
@@ -814,6 +825,61 @@ TEST_F(WorkUnitTest, UnitsCoverEveryEpochThenDone) {
   EXPECT_NE(r.find("\"epoch_examples\": [1000, 1000]"), std::string::npos) << r;
   EXPECT_NE(r.find("\"work_units_per_epoch\": 10"), std::string::npos) << r;
   EXPECT_NE(r.find("\"dead_workers\": []"), std::string::npos) << r;
+}
+
+// Issue 9: a worker registering with a running job joins as W[2] with an
+// even share of the queued units; its start clock is the highest clock the
+// servers added it at, published in a second view; the report has it.
+TEST_F(WorkUnitTest, WorkerJoinsTheRunningJobAtTheServersClock) {
+  Start();
+  RegisterAll();
+  clients_.server(Addr(0))->SetJoinClock(7);
+  clients_.server(Addr(1))->SetJoinClock(9);
+  auto r = Register(proto::ROLE_WORKER, -1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->id(), 2);
+  ASSERT_EQ(r->view().workers_size(), 3);
+  const int64_t join_epoch = r->view().epoch();
+  // The join completes on a thread of the scheduler's.
+  proto::ClusterView view;
+  for (int i = 0; i < 500; ++i) {
+    proto::GetViewRequest gv;
+    auto v = core_->GetView(gv, absl::Now());
+    ASSERT_TRUE(v.ok());
+    view = v->view();
+    if (view.workers_size() == 3 && !view.workers(2).joining()) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_FALSE(view.workers(2).joining());
+  EXPECT_EQ(view.workers(2).start_clock(), 9);
+  EXPECT_EQ(view.epoch(), join_epoch + 1);
+  // Both servers were told the joining view, then the started one.
+  for (int i = 0; i < 2; ++i) {
+    std::vector<proto::ServerControlRequest> calls =
+        clients_.server(Addr(i))->calls();
+    ASSERT_GE(calls.size(), 2u);
+    EXPECT_TRUE(calls[calls.size() - 2].new_view().workers(2).joining());
+    EXPECT_EQ(calls.back().new_view().workers(2).start_clock(), 9);
+  }
+  // W[2] has work: every third queued unit of W[0] and W[1] (ids 2, 5, ...).
+  auto u = Ask(2);
+  ASSERT_TRUE(u.ok()) << u.status();
+  ASSERT_EQ(u->state(), proto::WORK_UNIT);
+  EXPECT_EQ(u->unit().id(), 2);
+  EXPECT_NE(core_->ReportJson().find(
+                "{\"event\": \"joined\", \"node\": \"W[2]\""),
+            std::string::npos)
+      << core_->ReportJson();
+}
+
+TEST_F(SchedulerCoreTest, WorkerCannotJoinARunningMlpJob) {
+  config_.training.model = "mlp";
+  Start();
+  RegisterAll();
+  auto r = Register(proto::ROLE_WORKER, -1);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("static shards"), std::string::npos)
+      << r.status();
 }
 
 TEST_F(WorkUnitTest, DeadWorkersUnitsAreRedoneAndTheJobGoesOn) {

@@ -278,14 +278,6 @@ TEST_F(FailoverTest, DrainAndJoinRefuseWhatTheyCannotDo) {
   EXPECT_NE(r.status().message().find("only live server"),
             absl::string_view::npos)
       << r.status();
-  // A worker cannot join a running job (yet); the message says so.
-  proto::RegisterRequest w;
-  w.set_role(proto::ROLE_WORKER);
-  auto reg = cluster.scheduler()->Register(w);
-  EXPECT_EQ(reg.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(reg.status().message().find("a worker cannot join"),
-            absl::string_view::npos)
-      << reg.status();
   auto st = cluster.scheduler()->Status();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->view().epoch(), cluster.view().epoch());
@@ -426,6 +418,53 @@ TEST_P(FailoverModeTest, TrainingSurvivesAJoinAndADrain) {
       EXPECT_NEAR(a[i].second[0], b[i].second[0], 1e-6) << "key " << a[i].first;
     }
   }
+}
+
+// Elasticity: a third worker joins the running job an eighth of the way
+// in (and S[1] dies later, so its ranges fail over with the joiner in
+// their clocks): the job ends ok with every example exactly once, the
+// joiner trained its share from the clock the servers gave it, and the
+// model is as good as without it.
+TEST_P(FailoverModeTest, TrainingTakesAWorkerThatJoinsMidRun) {
+  LocalClusterOptions clean;
+  clean.config = TrainingJob(mode());
+  LocalCluster reference(clean);
+  ASSERT_TRUE(reference.Run().ok());
+  const std::string ref_report = reference.ReportJson();
+
+  LocalClusterOptions o;
+  o.config = TrainingJob(mode());
+  o.join_workers_after_pushes = {30};
+  o.kill_servers.push_back({1, 150});
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(cluster.joined_workers().size(), 1u);
+  EXPECT_EQ(cluster.joined_workers()[0].first, 2);
+  EXPECT_TRUE(cluster.joined_workers()[0].second.ok())
+      << cluster.joined_workers()[0].second;
+  const std::string report = cluster.ReportJson();
+  EXPECT_NE(report.find("\"status\": \"ok\""), std::string::npos) << report;
+  const size_t at = report.find("\"event\": \"joined\", \"node\": \"W[2]\"");
+  ASSERT_NE(at, std::string::npos) << report;
+  absl::StatusOr<double> start =
+      JsonNumber(report.substr(at), "start_clock");
+  ASSERT_TRUE(start.ok()) << report;
+  EXPECT_GT(*start, 0) << report;  // it joined after the others had clocks
+  absl::StatusOr<double> units = JsonNumber(report.substr(at), "units");
+  ASSERT_TRUE(units.ok()) << report;
+  EXPECT_GT(*units, 0) << report;
+  absl::StatusOr<double> examples = JsonNumber(report, "examples");
+  ASSERT_TRUE(examples.ok());
+  EXPECT_EQ(*examples, 20000);
+  // The per-worker results: W[2] trained rows.
+  const size_t w2 = report.find("{\"id\": 2, \"examples\"");
+  ASSERT_NE(w2, std::string::npos) << report;
+  absl::StatusOr<double> w2_examples =
+      JsonNumber(report.substr(w2), "examples");
+  ASSERT_TRUE(w2_examples.ok()) << report;
+  EXPECT_GT(*w2_examples, 0) << report;
+  EXPECT_NEAR(TestAuc(report), TestAuc(ref_report), 0.01) << report;
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, FailoverModeTest,

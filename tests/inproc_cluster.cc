@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
+#include "common/membership.h"
 #include "worker/worker_runner.h"
 
 namespace ps {
@@ -124,7 +125,7 @@ absl::StatusOr<proto::ServerControlResponse> ServerNodeHandler::Control(
       s = node_->SetConsistency(req.set_consistency());
       break;
     case proto::ServerControlRequest::kNewView:
-      s = node_->Configure(id_, req.new_view());
+      s = node_->Configure(id_, req.new_view(), resp.mutable_join_clocks());
       break;
     case proto::ServerControlRequest::kSaveAndExit:
       s = node_->SaveModel("", &resp);
@@ -312,11 +313,47 @@ absl::Status LocalCluster::Run() {
   join_status_.assign(options_.join_after_pushes.size(),
                       absl::UnknownError("not run"));
   std::vector<std::thread> drains;  // joined after the ticker
+  // Workers that join the running job: started by the ticker, joined
+  // after it (when they are all known).
+  std::vector<std::thread> joiners;  // only the ticker adds
+  // (id, status); id -1: never started (the job ended first).
+  std::vector<std::pair<int, absl::Status>> joined(
+      options_.join_workers_after_pushes.size(), {-1, absl::OkStatus()});
+  auto run_joiner = [this, &joined](size_t slot) {
+    proto::RegisterRequest reg;
+    reg.set_role(proto::ROLE_WORKER);
+    absl::StatusOr<Membership> m =
+        JoinCluster(scheduler_client_.get(), "in-process scheduler", reg,
+                    absl::Now() + absl::Seconds(30));
+    if (!m.ok()) {
+      joined[slot] = {-2, m.status()};
+      PS_LOG_ERROR("joining worker: {}", m.status().ToString());
+      return;
+    }
+    joined[slot].first = m->id;
+    PS_LOG_INFO("test: W[{}] joined, starting at clock {}", m->id,
+                m->view.workers(m->id).start_clock());
+    std::unique_ptr<ClientFactory> own;
+    ClientFactory* clients = &clients_;
+    if (options_.worker_clients) {
+      own = options_.worker_clients(m->id, &clients_);
+      clients = own.get();
+    }
+    absl::Status st =
+        RunWorkerWith(m->id, m->view, clients, scheduler_client_.get());
+    own.reset();
+    joined[slot].second = st;
+    if (!st.ok()) {
+      PS_LOG_ERROR("W[{}] failed: {}", m->id, st.ToString());
+      scheduler_->Fail(absl::Status(
+          st.code(), absl::StrCat("W[", m->id, "]: ", st.message())));
+    }
+  };
   std::thread ticker([&] {
     const absl::Duration hb =
         absl::Milliseconds(options_.config.cluster.heartbeat_ms);
     absl::Time next_hb = absl::InfinitePast();
-    size_t next_kill = 0, next_join = 0, next_drain = 0;
+    size_t next_kill = 0, next_join = 0, next_drain = 0, next_worker = 0;
     while (!stop.WaitForNotificationWithTimeout(options_.tick_every)) {
       for (auto& node : servers_) node->Tick();
       int64_t pushes = 0;
@@ -334,6 +371,10 @@ absl::Status LocalCluster::Run() {
                        static_cast<int>(next_join);
         join_status_[next_join] = JoinServer(id);
         ++next_join;
+      }
+      if (next_worker < options_.join_workers_after_pushes.size() &&
+          pushes >= options_.join_workers_after_pushes[next_worker]) {
+        joiners.emplace_back(run_joiner, next_worker++);
       }
       if (next_drain < options_.drain_servers.size() &&
           pushes >= options_.drain_servers[next_drain].after_pushes) {
@@ -400,6 +441,11 @@ absl::Status LocalCluster::Run() {
   stop.Notify();
   ticker.join();
   for (std::thread& t : drains) t.join();
+  for (std::thread& t : joiners) t.join();  // the ticker adds no more
+  joined_workers_ = joined;
+  for (const auto& [id, st] : joined) {
+    if (end.ok() && !st.ok()) end = st;
+  }
   for (const auto& h : server_handlers_) {
     if (absl::Status v = h->violation(); !v.ok()) return v;
   }

@@ -148,6 +148,10 @@ struct LocalClusterOptions {
     int64_t after_pushes = 0;
   };
   std::vector<ServerDrain> drain_servers;
+  // Issue 9: a worker joins the running job (registers, as a new worker
+  // process would, through JoinCluster, then trains) once the servers
+  // together acknowledged each of these many push requests.
+  std::vector<int64_t> join_workers_after_pushes;
   // Where the servers write the model at the end. Empty: a fresh directory
   // under the system temp dir, removed by the destructor.
   std::string model_dir;
@@ -189,6 +193,11 @@ class LocalCluster {
     return drain_status_;
   }
   const std::vector<absl::Status>& join_status() const { return join_status_; }
+  // After Run: (id, status) of each worker of join_workers_after_pushes
+  // (id -1: never started, the job ended first; -2: could not join).
+  const std::vector<std::pair<int, absl::Status>>& joined_workers() const {
+    return joined_workers_;
+  }
   // Issue 9: "SIGKILLs" server `i` (thread-safe; while Run runs): it stops
   // answering and heartbeating, and reaches no other node any more.
   void KillServer(int i);
@@ -223,6 +232,7 @@ class LocalCluster {
   std::vector<absl::Status> worker_status_;
   std::vector<absl::Status> drain_status_;
   std::vector<absl::Status> join_status_;
+  std::vector<std::pair<int, absl::Status>> joined_workers_;
   bool started_ = false;
 };
 

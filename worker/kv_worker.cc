@@ -64,6 +64,12 @@ KVWorker::KVWorker(KVWorkerOptions options, const proto::ClusterView& view,
       life_(std::make_shared<Life>()) {
   absl::MutexLock l(&mu_);
   InstallView(view);
+  // A worker that joined the running job (issue 9) starts at the clock the
+  // scheduler fixed for it: the servers count the clocks before it as done.
+  const int id = options_.worker_id;
+  if (id >= 0 && id < view.workers_size() && view.workers(id).id() == id) {
+    clock_count_ = std::max<int64_t>(0, view.workers(id).start_clock());
+  }
 }
 
 KVWorker::~KVWorker() {

@@ -83,7 +83,8 @@ struct KVWorkerOptions {
 class KVWorker {
  public:
   // `clients`, `scheduler` and `options.clock` must outlive the worker.
-  // `view` must be a ready cluster view.
+  // `view` must be a ready cluster view; the worker's clock starts at its
+  // NodeInfo's start_clock (0 unless it joined a running job).
   KVWorker(KVWorkerOptions options, const proto::ClusterView& view,
            ClientFactory* clients, SchedulerClient* scheduler);
   ~KVWorker();
