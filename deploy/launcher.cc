@@ -468,11 +468,15 @@ H, S[i], W[i].
                        does not stop the job for a process it killed: the
                        cluster decides
   --restart[=DELAY_S]  chaos: start a replacement of the same role DELAY_S
-                       (default 1) after each --kill (a server replacement
-                       joins the running job as a new server)
+                       (default 1) after each --kill (the replacement joins
+                       the running job as a new server or worker)
   --add-server SECONDS start one more server SECONDS after the cluster is
                        ready; it joins the running job and takes an even
                        share of the key ranges; repeatable
+  --add-worker SECONDS start one more worker SECONDS after the cluster is
+                       ready; it joins the running job at the clock the
+                       servers are at and takes an even share of the work
+                       units left (not for mlp jobs); repeatable
   --drain S<ID>@SECONDS
                        drain that server SECONDS after the cluster is ready
                        (as ps_status --drain ID): its ranges move to the
@@ -547,7 +551,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     static const char* const kValueFlags[] = {
         "--config", "--set",     "--report",  "--servers",  "--workers",
         "--mode",   "--tau",     "--bin-dir", "--run-dir", "--timeout_s",
-        "--kill", "--drain", "--add-server"};
+        "--kill", "--drain", "--add-server", "--add-worker"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || flag == f;
     if (!known) {
@@ -599,6 +603,13 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
             "flag --add-server wants seconds >= 0, got '", value, "'"));
       }
       options.add_servers.push_back(t);
+    } else if (flag == "--add-worker") {
+      double t = 0;
+      if (!absl::SimpleAtod(value, &t) || !(t >= 0) || t > 86400 * 30) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --add-worker wants seconds >= 0, got '", value, "'"));
+      }
+      options.add_workers.push_back(t);
     } else if (flag == "--timeout_s") {
       if (!absl::SimpleAtod(value, &options.timeout_s) ||
           !(options.timeout_s >= 0)) {
@@ -730,8 +741,10 @@ class Chaos {
         drain_(std::move(drain)) {
     for (const ChaosKill& k : o.kills) pending_.push_back(k);
     // Elasticity (issue 9): adds and drains on the same schedule, told
-    // apart by role ('A': add a server; 'D': drain server id).
+    // apart by role ('A': add a server; 'J': add a worker; 'D': drain
+    // server id).
     for (double t : o.add_servers) pending_.push_back(ChaosKill{'A', 0, t});
+    for (double t : o.add_workers) pending_.push_back(ChaosKill{'J', 0, t});
     for (const ChaosKill& d : o.drains) {
       pending_.push_back(ChaosKill{'D', d.id, d.after_s});
     }
@@ -781,8 +794,8 @@ class Chaos {
            ready + absl::Seconds(pending_.front().after_s) <= now) {
       const ChaosKill k = pending_.front();
       pending_.erase(pending_.begin());
-      if (k.role == 'A') {
-        AddServer(group, specs, ready, now);
+      if (k.role == 'A' || k.role == 'J') {
+        AddNode(k.role == 'A' ? 'S' : 'W', group, specs, ready, now);
         continue;
       }
       if (k.role == 'D') {
@@ -860,16 +873,19 @@ class Chaos {
   }
 
  private:
-  // --add-server: S[0]'s command line without its id, as "S+<n>".
-  void AddServer(ProcessGroup* group, const std::vector<ChildSpec>& specs,
-                 absl::Time ready, absl::Time now) {
+  // --add-server / --add-worker: S[0]'s (W[0]'s) command line without
+  // its id, as "S+<n>" ("W+<n>").
+  void AddNode(char role, ProcessGroup* group,
+               const std::vector<ChildSpec>& specs, absl::Time ready,
+               absl::Time now) {
     const ChildSpec* base = nullptr;
+    const std::string first = absl::StrCat(std::string(1, role), "[0]");
     for (const auto& sp : specs) {
-      if (sp.name == "S[0]") base = &sp;
+      if (sp.name == first) base = &sp;
     }
     if (base == nullptr) return;
     ChildSpec spec = *base;
-    spec.name = absl::StrCat("S+", ++added_);
+    spec.name = absl::StrCat(std::string(1, role), "+", ++added_[role]);
     for (size_t a = 0; a + 1 < spec.argv.size(); ++a) {
       if (spec.argv[a] == "--id") {
         spec.argv.erase(spec.argv.begin() + a, spec.argv.begin() + a + 2);
@@ -878,13 +894,15 @@ class Chaos {
     absl::StatusOr<pid_t> pid = group->Start(spec);
     const double at = absl::ToDoubleSeconds(now - ready);
     if (!pid.ok()) {
-      say_(absl::StrCat("--add-server: cannot start ", spec.name, ": ",
+      say_(absl::StrCat(role == 'S' ? "--add-server" : "--add-worker",
+                        ": cannot start ", spec.name, ": ",
                         pid.status().message()));
       return;
     }
-    say_(absl::StrFormat("added server %s (pid %d) at %.3f s after the "
+    say_(absl::StrFormat("added %s %s (pid %d) at %.3f s after the "
                          "cluster was ready",
-                         spec.name, *pid, at));
+                         role == 'S' ? "server" : "worker", spec.name, *pid,
+                         at));
     Record(absl::StrFormat(
         "{\"event\": \"add\", \"node\": \"%s\", \"pid\": %d, "
         "\"unix_ms\": %d, \"after_ready_s\": %.3f}",
@@ -934,7 +952,7 @@ class Chaos {
   const std::function<bool()> probe_ready_;
   const DrainFn drain_;
   std::vector<std::thread> drains_;
-  int added_ = 0;
+  std::map<char, int> added_;  // per role letter
   std::vector<ChaosKill> pending_;  // by after_s
   std::vector<Restart> restarts_;
   std::set<pid_t> killed_;
@@ -1191,10 +1209,10 @@ int Launcher::Run(const std::atomic<int>* stop) {
           }
           if (!r.exit.ok() && r.exit.name != "H" &&
               absl::StrContains(r.exit.name, "+")) {
-            // A --restart replacement or --add-server node that could not
-            // join (a worker cannot join a running job yet; a server can
-            // only while it runs) leaves the job as it was; its own error
-            // is printed above.
+            // A --restart replacement or --add-server/--add-worker node
+            // that could not join (only while the job runs; a worker not
+            // into an mlp job) leaves the job as it was; its own error is
+            // printed above.
             Say(absl::StrCat(r.exit.Describe(),
                              " (a node started mid-run that did not join); "
                              "the job goes on without it"));

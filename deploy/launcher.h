@@ -191,6 +191,8 @@ struct LaunchOptions {
   // node, "S+1", ...) that long after the cluster is ready; --drain S1@10
   // drains server 1 then (the Drain RPC, like ps_status --drain 1).
   std::vector<double> add_servers;
+  // --add-worker SECONDS: one more worker ("W+1", ...) joins likewise.
+  std::vector<double> add_workers;
   std::vector<ChaosKill> drains;  // role 'S'
 
   // Not flags; tests shorten them.

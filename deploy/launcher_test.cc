@@ -362,15 +362,18 @@ TEST(ParseLaunchArgsTest, KillAndRestart) {
 // Elasticity (issue 9).
 TEST(ParseLaunchArgsTest, AddServerAndDrain) {
   auto options = ParseLaunchArgs({"--config", "a", "--add-server", "2",
-                                  "--drain=S1@4.5", "--add-server=0"});
+                                  "--drain=S1@4.5", "--add-server=0",
+                                  "--add-worker", "1.5"});
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_THAT(options->add_servers, ElementsAre(2.0, 0.0));
+  EXPECT_THAT(options->add_workers, ElementsAre(1.5));
   EXPECT_THAT(options->drains, ElementsAre(ChaosKill{'S', 1, 4.5}));
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{
            {"--drain", "W1@1"}, {"--drain", "H@1"}, {"--drain", "S1"},
            {"--drain", "S1@-2"}, {"--add-server", "soon"},
-           {"--add-server", "-1"}, {"--add-server"}}) {
+           {"--add-server", "-1"}, {"--add-server"},
+           {"--add-worker", "x"}, {"--add-worker", "-3"}}) {
     std::vector<std::string> full = {"--config", "a"};
     full.insert(full.end(), args.begin(), args.end());
     auto bad = ParseLaunchArgs(full);
@@ -860,6 +863,21 @@ TEST_F(LauncherTest, AddServerStartsANewServerMidRun) {
   EXPECT_EQ(With("ps_launch: added server S+1 (pid ").size(), 1u)
       << lines_.Joined();
   const auto args = With("S+1 args:");
+  ASSERT_EQ(args.size(), 1u) << lines_.Joined();
+  EXPECT_THAT(args[0], Not(HasSubstr("--id")));
+  EXPECT_THAT(args[0], HasSubstr("--scheduler"));
+}
+
+TEST_F(LauncherTest, AddWorkerStartsANewWorkerMidRun) {
+  Steer("ps_scheduler", "--print-ready --sleep-ms 1500");
+  Steer("ps_server", "--sleep-ms 1500");
+  Steer("ps_worker", "--sleep-ms 1500");
+  Steer("ps_worker_new", "--echo-args --sleep-ms 200");
+  options_.add_workers = {0.2};
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: added worker W+1 (pid ").size(), 1u)
+      << lines_.Joined();
+  const auto args = With("W+1 args:");
   ASSERT_EQ(args.size(), 1u) << lines_.Joined();
   EXPECT_THAT(args[0], Not(HasSubstr("--id")));
   EXPECT_THAT(args[0], HasSubstr("--scheduler"));

@@ -166,14 +166,34 @@ absl::Status ServerNode::Configure(
         ranges_.push_back(std::move(st));
       }
     } else {
+      if (view.epoch() < epoch_) {
+        // A broadcast overtaken by a newer view (the scheduler publishes a
+        // view, e.g. one with a joining node, while it still tells the
+        // servers an older one; this server caught up first). Views only
+        // grow on the scheduler, so the newer one holds everything this
+        // one does: nothing to adopt. A joining worker's clock is answered
+        // from the ranges as they are.
+        if (join_clocks != nullptr) {
+          for (int i = 0; i < view.workers_size(); ++i) {
+            if (!view.workers(i).joining()) continue;
+            int64_t at = 0;
+            for (int r : owned_) {
+              if (ranges_[r].num_workers() > i) {
+                at = std::max(at, ranges_[r].Completed(i));
+              }
+            }
+            (*join_clocks)[i] = at;
+          }
+        }
+        PS_LOG_INFO("S[{}] at view epoch {}: told epoch {} late (nothing to "
+                    "adopt)",
+                    id_, epoch_, view.epoch());
+        return absl::OkStatus();
+      }
       if (routing.num_ranges() != routing_->num_ranges() ||
           view.workers_size() < static_cast<int>(workers_.size())) {
         return absl::UnimplementedError(
             "changing the ranges or removing workers in a running job");
-      }
-      if (view.epoch() < epoch_) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("view epoch ", view.epoch(), " older than ", epoch_));
       }
       if (view.has_consistency() &&
           view.consistency().mode() != proto::MODE_UNKNOWN) {

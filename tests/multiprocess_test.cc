@@ -716,7 +716,8 @@ TEST_F(MultiProcessTest, ResumeWithThreeServersFromTwoServerCheckpoint) {
 // ------------------------------------------------------------------ chaos
 // Issue 9: ps_launch --kill. The launcher names the kill and leaves the
 // verdict to the cluster: the scheduler drops the dead worker, hands its
-// work units to the other, and the job ends ok.
+// work units to the other, and the job ends ok; the --restart replacement
+// joins the running job as W[2].
 TEST_F(MultiProcessTest, LauncherKillsAWorker) {
   const fs::path dir = fs::path(::testing::TempDir()) /
                        absl::StrCat("ps_mp_kill_", ::getpid());
@@ -725,8 +726,15 @@ TEST_F(MultiProcessTest, LauncherKillsAWorker) {
       dir, A9aYaml("ssp", 2),
       {"training.epochs=15", "cluster.heartbeat_ms=100",
        "cluster.heartbeat_timeout_ms=1000"},
-      "--kill W1@1");
+      "--kill W1@1 --restart=0.1");
   EXPECT_EQ(r.exit_code, 0) << Tail(r.log, 4000);
+  // The replacement joins the running job as a new worker (issue 9).
+  EXPECT_NE(r.log.find("ps_launch: chaos: restarted W[1] as W[1]+1"),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"W[2]\""),
+            std::string::npos)
+      << r.report;
   EXPECT_NE(r.log.find("ps_launch: chaos: killed W[1] (pid "),
             std::string::npos)
       << Tail(r.log, 4000);
@@ -782,8 +790,10 @@ INSTANTIATE_TEST_SUITE_P(Modes, ServerKillTest,
                          });
 
 // Elasticity (issue 9), real processes: a fourth server started mid-run
-// (--add-server) joins and takes ranges, S[1] is drained (--drain: the
-// scheduler's Drain RPC) and exits 0; then S[0] is SIGKILLed and its
+// (--add-server) joins and takes ranges, a third worker joins (--add-worker:
+// at the servers' clock, with a share of the work units), S[1] is drained
+// (--drain: the scheduler's Drain RPC) and exits 0; then S[0] is SIGKILLed
+// and its
 // --restart replacement joins as a new server. The job ends ok with exact
 // epochs and the AUC of a run without any of it.
 class ElasticityTest : public MultiProcessTest,
@@ -801,8 +811,14 @@ TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
                   absl::StrCat("ps_mp_elastic_", mode, "_", ::getpid()));
   LaunchResult r =
       RunLaunch(dirs_.back(), yaml, sets,
-                "--add-server 0.2 --drain S1@0.6 --kill S0@1.2 --restart=0.1");
+                "--add-server 0.2 --add-worker 0.4 --drain S1@0.6 "
+                "--kill S0@1.2 --restart=0.1");
   ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.log.find("ps_launch: added worker W+1 (pid "), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"W[2]\""),
+            std::string::npos)
+      << r.report;
   EXPECT_NE(r.log.find("ps_launch: added server S+1 (pid "), std::string::npos)
       << Tail(r.log, 4000);
   EXPECT_NE(r.log.find("ps_launch: S[1] drained: "), std::string::npos)
