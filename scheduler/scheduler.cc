@@ -75,6 +75,27 @@ SchedulerCore::SchedulerCore(SchedulerOptions options)
         options_.config.cluster.num_workers,
         /*steal=*/options_.config.consistency.mode != Mode::kBsp);
   }
+  if (work_ != nullptr && !options_.restore_from.empty()) {
+    // Checkpoints (issue 9): continue the data where the checkpoint stood.
+    absl::StatusOr<proto::CheckpointManifest> m =
+        ReadManifest(options_.restore_from);
+    if (!m.ok() || !m->has_work()) {
+      PS_LOG_WARN("checkpoint {} has no data position: training starts "
+                  "from the first unit of epoch 0",
+                  options_.restore_from);
+    } else if (absl::StatusOr<int64_t> done = work_->ResumeFrom(m->work());
+               !done.ok()) {
+      PS_LOG_WARN("the data position of checkpoint {} does not fit this job "
+                  "(training starts from the first unit of epoch 0): {}",
+                  options_.restore_from, done.status().ToString());
+    } else {
+      resumed_units_ = *done;
+      PS_LOG_INFO("resuming the data of checkpoint {}: {} of {} work units "
+                  "were done",
+                  options_.restore_from, *done,
+                  work_->units_per_epoch() * work_->epochs());
+    }
+  }
   servers_.resize(options_.config.cluster.num_servers);
   workers_.resize(options_.config.cluster.num_workers);
   for (int i = 0; i < static_cast<int>(servers_.size()); ++i) {
@@ -1321,6 +1342,7 @@ absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
   std::vector<std::string> addresses;
   int64_t id;
   double since_ready;
+  proto::WorkQueueState work_at_start;
   {
     absl::MutexLock l(&mu_);
     if (phase_ != JobPhase::kRunning) {
@@ -1336,9 +1358,13 @@ absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
       addresses.push_back(s.info.address());
     }
     since_ready = absl::ToDoubleSeconds(options_.clock->Now() - ready_time_);
+    // The data position before any range is copied: a unit finished by now
+    // had its pushes acknowledged, so they are in the copies.
+    if (work_ != nullptr) work_->SaveTo(&work_at_start);
   }
   const std::string dir = absl::StrCat(root, "/", CheckpointFolderName(id));
   proto::CheckpointManifest m;
+  if (work_ != nullptr) *m.mutable_work() = std::move(work_at_start);
   m.set_checkpoint_id(id);
   m.set_num_servers(static_cast<int>(addresses.size()));
   int64_t clock = -1, keys = 0;
@@ -1448,6 +1474,7 @@ std::string SchedulerCore::CheckpointReportLocked() const {
   }
   return absl::StrCat(
       "  \"restored_from\": ", JsonString(options_.restore_from), ",\n",
+      "  \"resumed_units\": ", resumed_units_, ",\n",
       "  \"checkpoints\": [", absl::StrJoin(items, ", "), "],\n",
       "  \"checkpoint_error\": ", JsonString(checkpoint_error_), ",\n");
 }

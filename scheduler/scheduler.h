@@ -368,6 +368,8 @@ class SchedulerCore {
   std::vector<MembershipChange> membership_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   int restarts_ ABSL_GUARDED_BY(mu_) = 0;  // scheduler restarts so far
+  // Work units done before the checkpoint this job restored (issue 9).
+  int64_t resumed_units_ ABSL_GUARDED_BY(mu_) = 0;
   bool state_error_logged_ ABSL_GUARDED_BY(mu_) = false;
 
   // Checkpoints (issue 9). checkpoint_mu_ is held across one checkpoint,

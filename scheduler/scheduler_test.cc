@@ -706,6 +706,84 @@ TEST_F(SchedulerCheckpointTest, OnDemandAndFailure) {
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
 }
 
+// A job restored from a checkpoint continues the data where the
+// checkpoint stood: units done then are not trained again (and stay
+// counted); units in progress then are redone whole; any worker count.
+TEST_F(SchedulerCheckpointTest, RestoredJobContinuesTheDataWhereItStood) {
+  config_.data.format = "synthetic";
+  config_.data.synthetic.train_rows = 1000;
+  config_.fault_tolerance.work_unit_rows = 100;  // 10 units an epoch
+  config_.training.epochs = 2;
+  config_.fault_tolerance.checkpoint_interval_s = 0;
+  Start();
+  RegisterAll();
+  auto ask = [](SchedulerCore* core, int worker, int64_t finished) {
+    proto::GetWorkRequest r;
+    r.set_worker_id(worker);
+    if (finished >= 0) {
+      proto::FinishedUnit* f = r.add_finished();
+      f->set_id(finished);
+      f->set_examples(100);
+    }
+    auto resp = core->GetWork(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() && resp->state() == proto::WORK_UNIT ? resp->unit().id()
+                                                          : int64_t{-1};
+  };
+  EXPECT_EQ(ask(core_.get(), 0, -1), 0);
+  EXPECT_EQ(ask(core_.get(), 0, 0), 1);
+  EXPECT_EQ(ask(core_.get(), 0, 1), 2);  // in progress at the checkpoint
+  EXPECT_EQ(ask(core_.get(), 1, -1), 5);  // in progress too
+  auto ckpt = core_->Checkpoint();
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  absl::StatusOr<proto::CheckpointManifest> m = ReadManifest(ckpt->dir());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(m->has_work());
+  EXPECT_EQ(m->work().epoch_examples(0), 200);
+
+  // Restored with three workers: 18 units left, 0 and 1 never again.
+  config_.cluster.num_workers = 3;
+  SchedulerOptions o;
+  o.config = config_;
+  o.clock = &clock_;
+  o.clients = &clients_;
+  o.restore_from = ckpt->dir();
+  SchedulerCore core(o);
+  for (int i = 0; i < 2; ++i) {
+    proto::RegisterRequest r;
+    r.set_role(proto::ROLE_SERVER);
+    r.set_requested_id(i);
+    r.set_address(Addr(i));
+    ASSERT_TRUE(core.Register(r).ok());
+  }
+  for (int i = 0; i < 3; ++i) {
+    proto::RegisterRequest r;
+    r.set_role(proto::ROLE_WORKER);
+    r.set_requested_id(i);
+    ASSERT_TRUE(core.Register(r).ok());
+  }
+  std::set<int64_t> handed;
+  for (int w = 0; w < 3; ++w) {
+    int64_t last = -1;
+    for (;;) {
+      const int64_t id = ask(&core, w, last);
+      if (id < 0) break;
+      EXPECT_TRUE(handed.insert(id).second) << id;
+      last = id;
+    }
+  }
+  EXPECT_EQ(handed.size(), 18u);
+  EXPECT_FALSE(handed.contains(0));
+  EXPECT_FALSE(handed.contains(1));
+  EXPECT_TRUE(handed.contains(2));
+  EXPECT_TRUE(handed.contains(5));
+  const std::string report = core.ReportJson();
+  EXPECT_NE(report.find("\"resumed_units\": 2,"), std::string::npos) << report;
+  // Every unit of both epochs counted once: 2 before, 18 now.
+  EXPECT_NE(report.find("\"epoch_examples\": [1000, 1000]"), std::string::npos)
+      << report;
+}
+
 TEST_F(SchedulerCheckpointTest, ViewCarriesTheCheckpointToRestore) {
   Start();
   RegisterAll();

@@ -177,6 +177,45 @@ int WorkQueue::Release(int worker) {
   return n;
 }
 
+absl::StatusOr<int64_t> WorkQueue::ResumeFrom(
+    const proto::WorkQueueState& s) {
+  const int64_t n = static_cast<int64_t>(state_.size());
+  if (s.units_size() != n ||
+      s.epoch_examples_size() != static_cast<int>(examples_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the checkpoint's data position has ", s.units_size(), " units in ",
+        s.epoch_examples_size(), " epochs; this job plans ", n, " in ",
+        examples_.size()));
+  }
+  for (int64_t e : s.epoch_examples()) {
+    if (e < 0) return absl::InvalidArgumentError("negative example count");
+  }
+  const int workers = static_cast<int>(own_.size());
+  const int64_t per_epoch = units_per_epoch();
+  std::vector<Unit> state(n);
+  std::vector<std::set<int64_t>> own(workers);
+  int64_t done = 0;
+  for (int64_t id = 0; id < n; ++id) {
+    const proto::WorkQueueState::Unit& u = s.units(static_cast<int>(id));
+    if (u.done()) {
+      state[id].worker = u.worker();
+      state[id].done = true;
+      ++done;
+    } else {
+      own[PreferredWorker(id % per_epoch, per_epoch, workers)].insert(id);
+    }
+  }
+  state_ = std::move(state);
+  own_ = std::move(own);
+  pool_.clear();
+  assigned_.clear();
+  finished_by_.clear();  // per worker: this job's units only
+  examples_.assign(s.epoch_examples().begin(), s.epoch_examples().end());
+  skipped_ = s.skipped();
+  done_ = done;
+  return done;
+}
+
 int WorkQueue::AddWorker() {
   const size_t k = own_.size();
   std::set<int64_t> mine;

@@ -86,6 +86,15 @@ class WorkQueue {
   void SaveTo(proto::WorkQueueState* s) const;
   absl::Status RestoreFrom(const proto::WorkQueueState& s);
 
+  // Checkpoints (issue 9): a job restarted from a checkpoint continues the
+  // data where the checkpointed job stood. Units `s` (a SaveTo of a queue
+  // with this plan and epochs, any worker count) has done stay done and
+  // counted; every other unit is queued afresh for this queue's workers as
+  // the constructor queues it (a unit in progress then is redone whole).
+  // Returns how many units were done; INVALID_ARGUMENT (nothing changed)
+  // when `s` does not fit this plan (unit or epoch count).
+  absl::StatusOr<int64_t> ResumeFrom(const proto::WorkQueueState& s);
+
   bool AllDone() const { return done_ == static_cast<int64_t>(state_.size()); }
   int64_t units_per_epoch() const {
     return static_cast<int64_t>(plan_.size());

@@ -100,6 +100,29 @@ TEST(WorkQueueTest, JoinedWorkerGetsAnEvenShareOfEachQueue) {
   EXPECT_EQ(left, 8);  // 12 units, less 1 taken by W0 and 3 by W2
 }
 
+TEST(WorkQueueTest, ResumeKeepsDoneUnitsAndRequeuesTheRest) {
+  WorkQueue a(Rows(4), 2, 2, /*steal=*/true);
+  ASSERT_TRUE(a.Finish(0, Finished(a.Take(0)->id(), 10)).ok());  // unit 0
+  ASSERT_TRUE(a.Take(1).has_value());                            // unit 2
+  proto::WorkQueueState st;
+  a.SaveTo(&st);
+  WorkQueue b(Rows(4), 2, 3, /*steal=*/false);
+  absl::StatusOr<int64_t> done = b.ResumeFrom(st);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(*done, 1);
+  EXPECT_EQ(b.epoch_examples(), (std::vector<int64_t>{10, 0}));
+  int64_t left = 0;
+  for (int w = 0; w < 3; ++w) {
+    while (std::optional<proto::WorkUnit> u = b.Take(w)) {
+      EXPECT_NE(u->id(), 0);
+      ++left;
+    }
+  }
+  EXPECT_EQ(left, 7);
+  WorkQueue c(Rows(4), 3, 2, /*steal=*/true);  // other epochs: refused
+  EXPECT_EQ(c.ResumeFrom(st).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(WorkQueueTest, PreferredWorkersGetContiguousBlocks) {
   EXPECT_EQ(PreferredWorker(0, 10, 3), 0);
   EXPECT_EQ(PreferredWorker(3, 10, 3), 0);

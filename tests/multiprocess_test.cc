@@ -695,6 +695,25 @@ TEST_F(MultiProcessTest, ResumeWithThreeServersFromTwoServerCheckpoint) {
   ASSERT_TRUE(loss_a.ok()) << a.report;
   EXPECT_LT(std::abs(first - *loss_a), 0.08) << *loss_a;
   EXPECT_GE(Auc(b), 0.89);
+  // One epoch instead of eight: another data plan, so b trained from the
+  // first unit (its report says it resumed none).
+  EXPECT_NE(b.report.find("\"resumed_units\": 0,"), std::string::npos)
+      << b.report;
+
+  // The same data and epochs: the restored job continues the data where
+  // the checkpoint stood; every epoch still counts each example once.
+  LaunchResult d = RunLaunch(
+      dir / "d", A9aYaml("asp", 0),
+      {"cluster.num_servers=3", "fault_tolerance.restore_from=" + newest,
+       "training.epochs=8"});
+  ASSERT_LAUNCHED(d);
+  absl::StatusOr<double> resumed = JsonNumber(d.report, "resumed_units");
+  ASSERT_TRUE(resumed.ok()) << d.report;
+  EXPECT_GT(*resumed, 0) << d.report;
+  const std::string epochs = "\"epoch_examples\": [32561, 32561, 32561, "
+                             "32561, 32561, 32561, 32561, 32561]";
+  EXPECT_NE(d.report.find(epochs), std::string::npos) << d.report;
+  EXPECT_GE(Auc(d), 0.89);
 
   // A flipped byte: refused with DATA_LOSS naming the file, nothing starts.
   const std::string file = newest + "/table-0.server-1.ckpt";
