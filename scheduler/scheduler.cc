@@ -66,7 +66,7 @@ SchedulerCore::SchedulerCore(SchedulerOptions options)
     : options_(std::move(options)),
       config_yaml_(ToYaml(options_.config)),
       start_(options_.clock->Now()),
-      units_on_(options_.config.training.model != "mlp") {
+      units_on_(true) {
   absl::MutexLock l(&mu_);
   if (units_on_) {
     // BSP: no stealing, so its clocks combine the same batches every run.
@@ -79,9 +79,27 @@ SchedulerCore::SchedulerCore(SchedulerOptions options)
     // Checkpoints (issue 9): continue the data where the checkpoint stood.
     absl::StatusOr<proto::CheckpointManifest> m =
         ReadManifest(options_.restore_from);
-    if (!m.ok() || !m->has_work()) {
-      PS_LOG_WARN("checkpoint {} has no data position: training starts "
-                  "from the first unit of epoch 0",
+    // The position is in units of the checkpoint's plan (which depends on
+    // the worker count then): keep that plan when it is of this data.
+    const DataConfig& d = options_.config.data;
+    bool same_data = m.ok() && m->plan_size() > 0;
+    for (int i = 0; same_data && i < m->plan_size(); ++i) {
+      const proto::DataShard& u = m->plan(i);
+      same_data = d.format == "synthetic"
+                      ? u.path().empty() &&
+                            u.seed_begin() == d.synthetic.seed &&
+                            u.row_end() <= d.synthetic.train_rows
+                      : u.path() == d.train;
+    }
+    if (same_data) {
+      work_ = std::make_unique<WorkQueue>(
+          std::vector<proto::DataShard>(m->plan().begin(), m->plan().end()),
+          options_.config.training.epochs, options_.config.cluster.num_workers,
+          /*steal=*/options_.config.consistency.mode != Mode::kBsp);
+    }
+    if (!m.ok() || !m->has_work() || !same_data) {
+      PS_LOG_WARN("checkpoint {} has no data position for this data: "
+                  "training starts from the first unit of epoch 0",
                   options_.restore_from);
     } else if (absl::StatusOr<int64_t> done = work_->ResumeFrom(m->work());
                !done.ok()) {
@@ -324,11 +342,6 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
     // even share of the queued work units. It is `joining` until
     // JoinWorker has fixed the clock it starts at (it waits for that in
     // JoinCluster).
-    if (work_ == nullptr) {
-      return absl::FailedPreconditionError(
-          "register: a worker cannot join a running mlp job (its workers "
-          "read static shards, not work units)");
-    }
     Node node;
     node.info.set_id(n);
     node.info.set_role(proto::ROLE_WORKER);
@@ -1364,7 +1377,10 @@ absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
   }
   const std::string dir = absl::StrCat(root, "/", CheckpointFolderName(id));
   proto::CheckpointManifest m;
-  if (work_ != nullptr) *m.mutable_work() = std::move(work_at_start);
+  if (work_ != nullptr) {
+    *m.mutable_work() = std::move(work_at_start);
+    for (const proto::DataShard& u : work_->plan()) *m.add_plan() = u;
+  }
   m.set_checkpoint_id(id);
   m.set_num_servers(static_cast<int>(addresses.size()));
   int64_t clock = -1, keys = 0;

@@ -145,7 +145,7 @@ class SchedulerCore {
   // (never from its registration), is dead. A dead server fails over
   // (FailoverServers; without replication the job fails with UNAVAILABLE
   // naming it). A dead worker
-  // (when its data comes in work units: every model but mlp) is dropped
+  // (when its data comes in work units: every model) is dropped
   // instead: marked NODE_DEAD in a new view (epoch + 1) broadcast to the
   // servers, so BSP/SSP stop waiting for it, and its unfinished units are
   // queued again for the others; the job fails with UNAVAILABLE only when
@@ -327,8 +327,8 @@ class SchedulerCore {
   std::map<int, proto::WorkerDoneRequest> done_ ABSL_GUARDED_BY(mu_);
   std::vector<proto::ServerControlResponse> models_ ABSL_GUARDED_BY(mu_);
   bool finalizing_ ABSL_GUARDED_BY(mu_) = false;
-  // Work units (issue 9): on for every model but mlp (which still reads a
-  // static shard per worker, so a dead mlp worker fails the job).
+  // Work units (issue 9): on for every model (the mlp workers read their
+  // units as field rows).
   const bool units_on_;
   std::unique_ptr<WorkQueue> work_ ABSL_GUARDED_BY(mu_);
   int evaluator_ ABSL_GUARDED_BY(mu_) = -1;  // told to evaluate; -1: none

@@ -329,8 +329,9 @@ TEST_F(SchedulerCoreTest, HeartbeatDeadlineStartsWhenTheViewIsDelivered) {
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
 }
 
-// The mlp model reads static shards: a dead worker's data cannot be redone.
-TEST_F(SchedulerCoreTest, DeadMlpWorkerFailsTheJob) {
+// The mlp model reads work units too (issue 9): a dead mlp worker is
+// dropped and its units go to the others, as for LR.
+TEST_F(SchedulerCoreTest, DeadMlpWorkerIsDroppedAndTheJobGoesOn) {
   config_.training.model = "mlp";
   Start();
   RegisterAll();
@@ -341,24 +342,16 @@ TEST_F(SchedulerCoreTest, DeadMlpWorkerFailsTheJob) {
     ASSERT_TRUE(Beat(proto::ROLE_WORKER, 0).ok());  // W[1] is silent
     core_->CheckHeartbeats();
   }
-  EXPECT_EQ(core_->phase(), JobPhase::kFailed);
-  absl::Status s = End();
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
-  EXPECT_NE(s.message().find("worker W[1] died"), std::string::npos) << s;
-  auto hb = Beat(proto::ROLE_SERVER, 0);
-  ASSERT_TRUE(hb.ok());
-  EXPECT_TRUE(hb->shutdown());
-  EXPECT_TRUE(hb->failed());
-  EXPECT_NE(hb->error().find("W[1]"), std::string::npos) << hb->error();
-  // A survivor's WorkerDone learns the job failed.
-  absl::Status d = Done(0);
-  EXPECT_EQ(d.code(), StatusCode::kUnavailable);
-  EXPECT_EQ(ReasonOf(d), proto::REASON_JOB_FAILED);
-  const std::string r = Report();
-  EXPECT_NE(r.find("\"status\": \"failed\""), std::string::npos) << r;
-  EXPECT_NE(r.find("\"failed_in\": \"running\""), std::string::npos) << r;
-  EXPECT_NE(r.find("\"model_files\": []"), std::string::npos) << r;
-  EXPECT_TRUE(clients_.server(Addr(0))->calls().empty());  // nothing saved
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  proto::GetViewRequest gv;
+  auto v = core_->GetView(gv, absl::Now());
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->view().workers(1).state(), proto::NODE_DEAD);
+  proto::GetWorkRequest w;
+  w.set_worker_id(0);
+  auto unit = core_->GetWork(w);
+  ASSERT_TRUE(unit.ok()) << unit.status();
+  EXPECT_EQ(unit->state(), proto::WORK_UNIT);
 }
 
 TEST_F(SchedulerCoreTest, DeadServerFailsTheJob) {
@@ -948,16 +941,6 @@ TEST_F(WorkUnitTest, WorkerJoinsTheRunningJobAtTheServersClock) {
                 "{\"event\": \"joined\", \"node\": \"W[2]\""),
             std::string::npos)
       << core_->ReportJson();
-}
-
-TEST_F(SchedulerCoreTest, WorkerCannotJoinARunningMlpJob) {
-  config_.training.model = "mlp";
-  Start();
-  RegisterAll();
-  auto r = Register(proto::ROLE_WORKER, -1);
-  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("static shards"), std::string::npos)
-      << r.status();
 }
 
 TEST_F(WorkUnitTest, DeadWorkersUnitsAreRedoneAndTheJobGoesOn) {

@@ -17,10 +17,16 @@ std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config) {
   std::vector<proto::DataShard> units;
   if (d.format == "synthetic") {
     const int64_t rows = d.synthetic.train_rows;
-    for (int64_t b = 0; b < rows || units.empty(); b += rows_per_unit) {
+    // A multiple of the worker count of equal units (as for files below).
+    const int64_t workers = std::max(1, config.cluster.num_workers);
+    int64_t count =
+        std::max<int64_t>(1, (rows + rows_per_unit - 1) / rows_per_unit);
+    count = (count + workers - 1) / workers * workers;
+    const int64_t per_unit = std::max<int64_t>(1, (rows + count - 1) / count);
+    for (int64_t b = 0; b < rows || units.empty(); b += per_unit) {
       proto::DataShard s;
       s.set_row_begin(b);
-      s.set_row_end(std::min(rows, b + rows_per_unit));
+      s.set_row_end(std::min(rows, b + per_unit));
       s.set_seed_begin(d.synthetic.seed);
       s.set_seed_end(d.synthetic.seed);
       units.push_back(std::move(s));
@@ -52,7 +58,16 @@ std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config) {
         const size_t last = head.rfind('\n');
         line_bytes = std::max<int64_t>(1, static_cast<int64_t>(last + 1) / lines);
       }
-      const int64_t unit_bytes = std::max<int64_t>(1, line_bytes * rows_per_unit);
+      // A multiple of the worker count of units of (about) equal size, so
+      // each worker's queue holds the same share of the file: BSP does not
+      // steal, and a worker with less data idles through the others'.
+      const int64_t estimate =
+          std::max<int64_t>(1, line_bytes * rows_per_unit);
+      const int64_t workers = std::max(1, config.cluster.num_workers);
+      int64_t count = std::max<int64_t>(1, (size + estimate - 1) / estimate);
+      count = (count + workers - 1) / workers * workers;
+      const int64_t unit_bytes =
+          std::max<int64_t>(1, (size + count - 1) / count);
       for (int64_t b = 0; b < size || units.empty(); b += unit_bytes) {
         proto::DataShard s;
         s.set_path(d.train);

@@ -100,6 +100,7 @@ class WorkQueue {
     return static_cast<int64_t>(plan_.size());
   }
   int epochs() const { return epochs_; }
+  const std::vector<proto::DataShard>& plan() const { return plan_; }
   // Examples of finished units, per epoch (index = epoch).
   const std::vector<int64_t>& epoch_examples() const { return examples_; }
   // Malformed lines skipped in the finished units of epoch 0 (one pass).

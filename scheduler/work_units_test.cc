@@ -200,12 +200,17 @@ TEST(PlanWorkUnitsTest, SyntheticRowRanges) {
   c.data.format = "synthetic";
   c.data.synthetic.train_rows = 1050;
   c.fault_tolerance.work_unit_rows = 100;
+  c.cluster.num_workers = 3;
   std::vector<proto::DataShard> u = PlanWorkUnits(c);
-  ASSERT_EQ(u.size(), 11u);
-  EXPECT_EQ(u[10].row_begin(), 1000);
-  EXPECT_EQ(u[10].row_end(), 1050);
-  EXPECT_EQ(u[10].part(), 10);
-  EXPECT_EQ(u[10].num_parts(), 11);
+  // 11 units of 100 rows rounded up to a multiple of the 3 workers: 12 of
+  // 88 rows (the last 82), contiguous.
+  ASSERT_EQ(u.size(), 12u);
+  for (size_t i = 0; i < u.size(); ++i) {
+    EXPECT_EQ(u[i].row_begin(), static_cast<int64_t>(i) * 88);
+    EXPECT_EQ(u[i].part(), static_cast<int>(i));
+    EXPECT_EQ(u[i].num_parts(), 12);
+  }
+  EXPECT_EQ(u[11].row_end(), 1050);
 }
 
 // The units of a file cover it exactly once, whatever the line lengths.

@@ -5,6 +5,7 @@
 // its unfinished work units, and the job ends ok with the exact example
 // count of every epoch and the test metrics.
 #include <atomic>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -225,6 +226,67 @@ TEST(WorkUnitsTest, EveryExampleOncePerEpochWithoutFailures) {
   absl::StatusOr<double> examples = JsonNumber(r, "examples");
   ASSERT_TRUE(examples.ok());
   EXPECT_EQ(*examples, 12000);
+}
+
+// The mlp model on work units (issue 9): criteo field rows; a worker joins
+// mid-run and another dies (its units redone): every epoch counts each of
+// the 8000 rows once and the model still learns.
+TEST(WorkUnitsTest, MlpTrainsOnWorkUnitsThroughAJoinAndADeath) {
+  InitLogging("T", "warn");
+  const std::string data = PS_SOURCE_DIR "/../shared/data/criteo-10k";
+  if (!std::filesystem::exists(data + "/train.tsv")) {
+    GTEST_SKIP() << "no " << data << " (../shared/data/README.md)";
+  }
+  JobConfig c = Job(Mode::kAsp);
+  c.cluster.num_workers = 2;
+  c.training.model = "mlp";
+  c.data.format = "criteo";
+  c.data.train = data + "/train.tsv";
+  c.data.test = data + "/test.tsv";
+  c.training.minibatch = 50;
+  c.training.epochs = 2;
+  c.fault_tolerance.work_unit_rows = 500;
+  c.mlp.embedding_dim = 4;
+  c.mlp.hidden = {16};
+  c.mlp.optimizer = "adam";
+  c.mlp.learning_rate = 0.001;
+  Kill kill;
+  kill.after_pushes = 40;  // mid-unit (a step pushes 3 tables)
+  Kill never;
+  never.after_pushes = int64_t{1} << 60;
+  LocalClusterOptions o;
+  o.config = c;
+  o.killed_workers = {1};
+  o.timeout = absl::Seconds(120);
+  o.join_workers_after_pushes = {30};
+  o.worker_clients = [&](int w, ClientFactory* inproc)
+      -> std::unique_ptr<ClientFactory> {
+    return std::make_unique<KillableFactory>(inproc, w == 1 ? &kill : &never);
+  };
+  o.worker_scheduler = [&](int w, std::shared_ptr<SchedulerClient> inproc)
+      -> std::shared_ptr<SchedulerClient> {
+    return std::make_shared<KillableScheduler>(std::move(inproc),
+                                               w == 1 ? &kill : &never);
+  };
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(kill.dead);
+  ASSERT_EQ(cluster.joined_workers().size(), 1u);
+  EXPECT_EQ(cluster.joined_workers()[0].first, 2);
+  EXPECT_TRUE(cluster.joined_workers()[0].second.ok())
+      << cluster.joined_workers()[0].second;
+  const std::string r = cluster.ReportJson();
+  EXPECT_NE(r.find("\"status\": \"ok\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"epoch_examples\": [8000, 8000]"), std::string::npos)
+      << r;
+  EXPECT_NE(r.find("\"dead_workers\": [1]"), std::string::npos) << r;
+  EXPECT_NE(r.find("{\"event\": \"joined\", \"node\": \"W[2]\""),
+            std::string::npos)
+      << r;
+  absl::StatusOr<double> auc = JsonNumber(r, "test_auc");
+  ASSERT_TRUE(auc.ok()) << auc.status() << "\n" << r;
+  EXPECT_GT(*auc, 0.6) << r;
 }
 
 }  // namespace

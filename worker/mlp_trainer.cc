@@ -301,13 +301,99 @@ MlpParams MlpTrainer::Params() const {
   return p;
 }
 
+absl::StatusOr<int64_t> MlpTrainer::Step(const FieldBlock& block,
+                                         MlpBatch* batch, double* loss) {
+  const TrainingConfig& tc = config_.training;
+  const size_t n = block.rows();
+  BuildMlpBatch(block, batch);
+  // Each (worker, clock) its own dropout mask, the same on every run.
+  batch->seed = Mix64(tc.seed ^ Mix64((static_cast<uint64_t>(worker_id_) << 40) ^
+                                      static_cast<uint64_t>(params_->clock())));
+  const absl::Time t0 = absl::Now();
+  PS_RETURN_IF_ERROR(PullParams(*batch));
+  const absl::Time t1 = absl::Now();
+  gemb_.resize(emb_.size());
+  MlpGrads g;
+  g.emb = absl::MakeSpan(gemb_);
+  for (int l = 0; l < shape_.num_layers(); ++l) {
+    g.layers.push_back(absl::MakeSpan(glayers_[l]));
+  }
+  if (wide_) {
+    dlogit_.resize(batch->rows());
+    g.logit = absl::MakeSpan(dlogit_);
+  }
+  *loss = 0;
+  PS_RETURN_IF_ERROR(backend_->Gradient(shape_, *batch, Params(), g, loss));
+  if (wide_) {
+    // d loss / d w_key = sum over the rows holding key of d loss / d logit.
+    const size_t F = shape_.num_fields;
+    wide_g_.assign(batch->keys.size(), 0.0f);
+    for (size_t b = 0; b < batch->rows(); ++b) {
+      for (size_t f = 0; f < F; ++f) {
+        wide_g_[batch->slots[b * F + f]] += dlogit_[b];
+      }
+    }
+  }
+  absl::Time t2 = absl::Now();
+  if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
+    absl::SleepFor((t2 - t1) * (tc.straggler_factor - 1.0));
+    t2 = absl::Now();
+  }
+  const int rows = static_cast<int>(n);
+  params_->Push(kMlpEmbeddingTable, batch->keys, gemb_, rows);
+  for (int l = 0; l < shape_.num_layers(); ++l) {
+    params_->Push(kMlpFirstLayerTable + l, layer_keys_[l], glayers_[l], rows);
+  }
+  if (wide_) params_->Push(MlpWideTable(shape_), batch->keys, wide_g_, rows);
+  const int64_t ts = params_->Clock(rows);
+
+  stats_.wait_seconds += absl::ToDoubleSeconds(t1 - t0);
+  stats_.compute_seconds += absl::ToDoubleSeconds(t2 - t1);
+  stats_.examples += rows;
+  stats_.loss_sum += *loss;
+  examples_.store(stats_.examples);
+  return ts;
+}
+
+// Progress lines and the test curve, shared by both ways of training.
+struct MlpTrainer::Progress {
+  absl::Time start = absl::Now();
+  absl::Time last_report = start;
+  absl::Time last_eval = start;
+  int64_t examples = 0;
+  double loss = 0;
+};
+
+absl::Status MlpTrainer::AfterStep(int epoch, size_t rows, double loss,
+                                   FieldReader* eval, Progress* p) {
+  const TrainingConfig& tc = config_.training;
+  p->examples += static_cast<int64_t>(rows);
+  p->loss += loss;
+  const absl::Time now = absl::Now();
+  if (now - p->last_report >= absl::Seconds(tc.progress_interval_s)) {
+    PS_LOG_INFO("mlp epoch {} clock {}: {:.0f} examples/s, train loss {:.4f}",
+                epoch, params_->clock(),
+                p->examples / absl::ToDoubleSeconds(now - p->last_report),
+                p->loss / std::max<int64_t>(1, p->examples));
+    p->last_report = now;
+    p->examples = 0;
+    p->loss = 0;
+  }
+  if (eval != nullptr && tc.eval_interval_s > 0 &&
+      now - p->last_eval >= absl::Seconds(tc.eval_interval_s)) {
+    PS_RETURN_IF_ERROR(eval->Reset());
+    PS_ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(eval));
+    stats_.curve.push_back(
+        MakeEvalPoint(absl::Now() - p->start, m, stats_.examples));
+    p->last_eval = absl::Now();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MlpTrainer::Train(FieldReader* reader, FieldReader* eval) {
   const TrainingConfig& tc = config_.training;
   PS_RETURN_IF_ERROR(ValidateMlpShape(shape_));
-  const absl::Time start = absl::Now();
-  absl::Time last_report = start, last_eval = start;
-  int64_t report_examples = 0;
-  double report_loss = 0;
+  Progress progress;
   FieldBlock block;
   MlpBatch batch;
   for (int epoch = 0; epoch < tc.epochs; ++epoch) {
@@ -316,79 +402,53 @@ absl::Status MlpTrainer::Train(FieldReader* reader, FieldReader* eval) {
       block.Clear();
       PS_ASSIGN_OR_RETURN(size_t n, reader->Next(tc.minibatch, &block));
       if (n == 0) break;
-      BuildMlpBatch(block, &batch);
-      // Each (worker, clock) its own dropout mask, the same on every run.
-      batch.seed = Mix64(tc.seed ^ Mix64((static_cast<uint64_t>(worker_id_) << 40) ^
-                                         static_cast<uint64_t>(params_->clock())));
-      const absl::Time t0 = absl::Now();
-      PS_RETURN_IF_ERROR(PullParams(batch));
-      const absl::Time t1 = absl::Now();
-      gemb_.resize(emb_.size());
-      MlpGrads g;
-      g.emb = absl::MakeSpan(gemb_);
-      for (int l = 0; l < shape_.num_layers(); ++l) {
-        g.layers.push_back(absl::MakeSpan(glayers_[l]));
-      }
-      if (wide_) {
-        dlogit_.resize(batch.rows());
-        g.logit = absl::MakeSpan(dlogit_);
-      }
       double loss = 0;
-      PS_RETURN_IF_ERROR(backend_->Gradient(shape_, batch, Params(), g, &loss));
-      if (wide_) {
-        // d loss / d w_key = sum over the rows holding key of d loss / d logit.
-        const size_t F = shape_.num_fields;
-        wide_g_.assign(batch.keys.size(), 0.0f);
-        for (size_t b = 0; b < batch.rows(); ++b) {
-          for (size_t f = 0; f < F; ++f) {
-            wide_g_[batch.slots[b * F + f]] += dlogit_[b];
-          }
-        }
-      }
-      absl::Time t2 = absl::Now();
-      if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
-        absl::SleepFor((t2 - t1) * (tc.straggler_factor - 1.0));
-        t2 = absl::Now();
-      }
-      const int rows = static_cast<int>(n);
-      params_->Push(kMlpEmbeddingTable, batch.keys, gemb_, rows);
-      for (int l = 0; l < shape_.num_layers(); ++l) {
-        params_->Push(kMlpFirstLayerTable + l, layer_keys_[l], glayers_[l], rows);
-      }
-      if (wide_) params_->Push(MlpWideTable(shape_), batch.keys, wide_g_, rows);
-      params_->Clock(rows);
-
-      stats_.wait_seconds += absl::ToDoubleSeconds(t1 - t0);
-      stats_.compute_seconds += absl::ToDoubleSeconds(t2 - t1);
-      stats_.examples += rows;
-      stats_.loss_sum += loss;
-      examples_.store(stats_.examples);
-      report_examples += rows;
-      report_loss += loss;
-      const absl::Time now = absl::Now();
-      if (now - last_report >= absl::Seconds(tc.progress_interval_s)) {
-        PS_LOG_INFO("mlp epoch {} clock {}: {:.0f} examples/s, train loss {:.4f}",
-                    epoch, params_->clock(),
-                    report_examples / absl::ToDoubleSeconds(now - last_report),
-                    report_loss / std::max<int64_t>(1, report_examples));
-        last_report = now;
-        report_examples = 0;
-        report_loss = 0;
-      }
-      if (eval != nullptr && tc.eval_interval_s > 0 &&
-          now - last_eval >= absl::Seconds(tc.eval_interval_s)) {
-        PS_RETURN_IF_ERROR(eval->Reset());
-        PS_ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(eval));
-        stats_.curve.push_back(
-            MakeEvalPoint(absl::Now() - start, m, stats_.examples));
-        last_eval = absl::Now();
-      }
+      PS_RETURN_IF_ERROR(Step(block, &batch, &loss).status());
+      PS_RETURN_IF_ERROR(AfterStep(epoch, n, loss, eval, &progress));
     }
   }
-  stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - progress.start);
   stats_.train_skipped = SkippedLinesOf(reader->path(), reader->stats());
   return CheckTrainedExamples(worker_id_, reader->path(), reader->stats(),
                               stats_.examples);
+}
+
+absl::Status MlpTrainer::Train(WorkSource* work, FieldReader* eval) {
+  const TrainingConfig& tc = config_.training;
+  PS_RETURN_IF_ERROR(ValidateMlpShape(shape_));
+  Progress progress;
+  FieldBlock block;
+  MlpBatch batch;
+  std::vector<float> idle_w;
+  const std::vector<uint64_t> idle_key = {0};
+  for (;;) {
+    block.Clear();
+    int64_t unit = -1;
+    PS_ASSIGN_OR_RETURN(WorkSource::Got got,
+                        work->Next(tc.minibatch, &block, &unit));
+    if (got == WorkSource::Got::kDone) break;
+    if (got == WorkSource::Got::kWait) {
+      // No unit free now (others finish theirs; one may come back from a
+      // dead worker): keep step with an empty clock and a pull at the new
+      // clock (which waits as any pull would), as the LR trainer does.
+      const absl::Time t0 = absl::Now();
+      params_->Clock(0);
+      const int64_t ts = params_->Pull(kMlpFirstLayerTable, idle_key, &idle_w);
+      PS_RETURN_IF_ERROR(params_->Wait(ts, absl::Now() + absl::Seconds(600)));
+      absl::SleepFor(absl::Milliseconds(10));
+      stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+      continue;
+    }
+    double loss = 0;
+    PS_ASSIGN_OR_RETURN(const int64_t ts, Step(block, &batch, &loss));
+    work->Pushed(unit, ts);
+    PS_RETURN_IF_ERROR(
+        AfterStep(work->epoch(), block.rows(), loss, eval, &progress));
+  }
+  stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - progress.start);
+  // Whether the job trained any example is the scheduler's check.
+  stats_.train_skipped = work->skipped();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<EvalMetrics> MlpTrainer::Evaluate(FieldReader* reader) {

@@ -160,6 +160,12 @@ class MlpTrainer {
   // pull/push failure (including DEADLINE_EXCEEDED after 600 s);
   // FAILED_PRECONDITION when no example was trained (CheckTrainedExamples).
   absl::Status Train(FieldReader* reader, FieldReader* eval = nullptr);
+  // Trains on the work units `work` hands out (a WorkSource built with a
+  // FieldOpener) until the job's work is done, as Trainer::Train does for
+  // LR (issue 9): a dead worker's units are redone by the others, a worker
+  // that joins takes a share. Errors as above; whether the job trained any
+  // example is the scheduler's check.
+  absl::Status Train(WorkSource* work, FieldReader* eval = nullptr);
 
   // Test metrics of the current model over all rows of `reader`.
   absl::StatusOr<EvalMetrics> Evaluate(FieldReader* reader);
@@ -169,6 +175,14 @@ class MlpTrainer {
   int64_t examples_so_far() const { return examples_.load(); }
 
  private:
+  struct Progress;
+  // One minibatch: pull, gradient, push, clock. Returns the clock's
+  // timestamp; *loss is the batch's summed loss.
+  absl::StatusOr<int64_t> Step(const FieldBlock& block, MlpBatch* batch,
+                               double* loss);
+  // Progress line and test curve after a step of `rows` rows.
+  absl::Status AfterStep(int epoch, size_t rows, double loss,
+                         FieldReader* eval, Progress* p);
   // Pulls the batch's embeddings and all layers into emb_ / layers_, and
   // with the wide part its weights, summed per row into offset_.
   absl::Status PullParams(const MlpBatch& batch);

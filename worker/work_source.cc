@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "transport/errors.h"
+#include "worker/mlp_trainer.h"
 
 namespace ps {
 
@@ -15,13 +16,21 @@ WorkSource::WorkSource(WorkSourceOptions options, SchedulerClient* scheduler,
     : options_(options), scheduler_(scheduler), kv_(kv),
       open_(std::move(open)) {}
 
-absl::StatusOr<WorkSource::Got> WorkSource::Next(size_t max_rows,
-                                                 RowBlock* out,
-                                                 int64_t* unit) {
+WorkSource::WorkSource(WorkSourceOptions options, SchedulerClient* scheduler,
+                       KVWorker* kv, FieldOpener open)
+    : options_(options), scheduler_(scheduler), kv_(kv),
+      open_fields_(std::move(open)) {}
+
+WorkSource::~WorkSource() = default;
+
+template <typename Reader, typename Block, typename Open>
+absl::StatusOr<WorkSource::Got> WorkSource::NextFrom(
+    std::unique_ptr<Reader>* reader, const Open& open, size_t max_rows,
+    Block* out, int64_t* unit) {
   for (;;) {
-    if (reader_ != nullptr) {
+    if (*reader != nullptr) {
       Held& h = held_[current_];
-      PS_ASSIGN_OR_RETURN(size_t n, reader_->Next(max_rows, out));
+      PS_ASSIGN_OR_RETURN(size_t n, (*reader)->Next(max_rows, out));
       if (n > 0) {
         ++h.batches_read;
         h.rows += static_cast<int64_t>(n);
@@ -29,9 +38,9 @@ absl::StatusOr<WorkSource::Got> WorkSource::Next(size_t max_rows,
         return Got::kRows;
       }
       h.exhausted = true;
-      h.stats = reader_->stats();
-      h.path = reader_->path();
-      reader_.reset();
+      h.stats = (*reader)->stats();
+      h.path = (*reader)->path();
+      reader->reset();
       current_ = -1;
     }
     if (done_) return Got::kDone;
@@ -39,7 +48,7 @@ absl::StatusOr<WorkSource::Got> WorkSource::Next(size_t max_rows,
     switch (resp.state()) {
       case proto::WORK_UNIT: {
         const proto::WorkUnit& u = resp.unit();
-        PS_ASSIGN_OR_RETURN(reader_, open_(u.data()));
+        PS_ASSIGN_OR_RETURN(*reader, open(u.data()));
         current_ = u.id();
         Held& h = held_[u.id()];
         h.epoch = u.epoch();
@@ -59,6 +68,24 @@ absl::StatusOr<WorkSource::Got> WorkSource::Next(size_t max_rows,
             absl::StrCat("GetWork: unknown state ", resp.state()));
     }
   }
+}
+
+absl::StatusOr<WorkSource::Got> WorkSource::Next(size_t max_rows,
+                                                 RowBlock* out,
+                                                 int64_t* unit) {
+  if (!open_) {
+    return absl::FailedPreconditionError("a field-row work source read as rows");
+  }
+  return NextFrom(&reader_, open_, max_rows, out, unit);
+}
+
+absl::StatusOr<WorkSource::Got> WorkSource::Next(size_t max_rows,
+                                                 FieldBlock* out,
+                                                 int64_t* unit) {
+  if (!open_fields_) {
+    return absl::FailedPreconditionError("a row work source read as fields");
+  }
+  return NextFrom(&field_reader_, open_fields_, max_rows, out, unit);
 }
 
 void WorkSource::Pushed(int64_t unit, int64_t ts) {

@@ -22,6 +22,10 @@
 
 namespace ps {
 
+// The mlp model's field rows (worker/mlp_trainer.h).
+class FieldReader;
+struct FieldBlock;
+
 struct WorkSourceOptions {
   int worker_id = 0;
   // A GetWork that fails with UNAVAILABLE or DEADLINE_EXCEEDED (not
@@ -38,9 +42,16 @@ class WorkSource {
  public:
   using Opener = std::function<absl::StatusOr<std::unique_ptr<RowReader>>(
       const proto::DataShard&)>;
+  // The mlp model's units are read as field rows (Next with a FieldBlock).
+  using FieldOpener =
+      std::function<absl::StatusOr<std::unique_ptr<FieldReader>>(
+          const proto::DataShard&)>;
   // `scheduler` and `kv` must outlive it.
   WorkSource(WorkSourceOptions options, SchedulerClient* scheduler,
              KVWorker* kv, Opener open);
+  WorkSource(WorkSourceOptions options, SchedulerClient* scheduler,
+             KVWorker* kv, FieldOpener open);
+  ~WorkSource();
 
   enum class Got {
     kRows,  // rows appended
@@ -54,6 +65,9 @@ class WorkSource {
   // acknowledged) when the current unit is exhausted. Errors: the reader's,
   // the scheduler's (after retries), a finished unit's push failure.
   absl::StatusOr<Got> Next(size_t max_rows, RowBlock* out, int64_t* unit);
+  // The same for a source built with a FieldOpener (the other Next is
+  // FAILED_PRECONDITION on each kind of source).
+  absl::StatusOr<Got> Next(size_t max_rows, FieldBlock* out, int64_t* unit);
   // The rows Next handed out for `unit` so far are pushed, and clock
   // operation `ts` of the KVWorker covers them. Call once per batch.
   void Pushed(int64_t unit, int64_t ts);
@@ -83,13 +97,20 @@ class WorkSource {
   };
   // Reports the finished units and gets the answer (retried).
   absl::StatusOr<proto::GetWorkResponse> Ask();
+  // Next for either kind of reader.
+  template <typename Reader, typename Block, typename Open>
+  absl::StatusOr<Got> NextFrom(std::unique_ptr<Reader>* reader,
+                               const Open& open, size_t max_rows, Block* out,
+                               int64_t* unit);
 
   const WorkSourceOptions options_;
   SchedulerClient* const scheduler_;
   KVWorker* const kv_;
-  const Opener open_;
+  const Opener open_;             // one of the two is set
+  const FieldOpener open_fields_;
   std::map<int64_t, Held> held_;  // units assigned to this worker
   std::unique_ptr<RowReader> reader_;
+  std::unique_ptr<FieldReader> field_reader_;
   int64_t current_ = -1;
   bool done_ = false;
   bool evaluate_ = false;

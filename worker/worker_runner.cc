@@ -231,41 +231,44 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   KVWorker kv(ko, view, clients, scheduler);
 
   if (config.training.model == "mlp") {
-    // The mlp model still reads one static shard per worker (so the
-    // scheduler fails the job when an mlp worker dies).
-    const absl::Duration rpc = absl::Seconds(30);
-    proto::GetShardRequest sreq;
-    sreq.set_worker_id(worker_id);
-    PS_ASSIGN_OR_RETURN(proto::GetShardResponse shard,
-                        scheduler->GetShard(sreq, absl::Now() + rpc));
-    if (shard.train_size() == 0) {
-      return absl::InternalError("scheduler assigned no data shard");
-    }
+    // Work units too (issue 9), read as criteo field rows.
     const DataConfig& d = config.data;
     if (d.format != "criteo") {
       return absl::InvalidArgumentError(
           "config field data.format: the mlp model needs criteo data");
     }
-    int64_t begin, end;
-    PS_RETURN_IF_ERROR(ShardBytes(shard.train(0), &begin, &end));
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<FieldReader> train,
-                        OpenCriteoFields(shard.train(0).path(), begin, end,
-                                         d.skip_malformed));
+    WorkSourceOptions wo;
+    wo.worker_id = worker_id;
+    WorkSource work(
+        wo, scheduler, &kv,
+        [&d](const proto::DataShard& unit)
+            -> absl::StatusOr<std::unique_ptr<FieldReader>> {
+          int64_t begin, end;
+          PS_RETURN_IF_ERROR(ShardBytes(unit, &begin, &end));
+          return OpenCriteoFields(unit.path(), begin, end, d.skip_malformed);
+        });
     std::unique_ptr<FieldReader> test;
     if (worker_id == 0 && !d.test.empty()) {
       PS_ASSIGN_OR_RETURN(test,
                           OpenCriteoFields(d.test, 0, -1, d.skip_malformed));
     }
+    std::function<absl::StatusOr<FieldReader*>()> final_test =
+        [&]() -> absl::StatusOr<FieldReader*> {
+      if (!work.evaluate() || d.test.empty()) return nullptr;
+      if (test == nullptr) {
+        PS_ASSIGN_OR_RETURN(test,
+                            OpenCriteoFields(d.test, 0, -1, d.skip_malformed));
+      }
+      return test.get();
+    };
     PS_ASSIGN_OR_RETURN(std::unique_ptr<MlpBackend> backend,
                         CreateMlpBackend(config.training.backend));
     KVWorkerParamClient params(&kv);
     MlpTrainer trainer(worker_id, config, &params, backend.get());
     PS_LOG_INFO("training mlp: {} epochs, minibatch {}",
                 config.training.epochs, config.training.minibatch);
-    std::function<absl::StatusOr<FieldReader*>()> final_test =
-        [&test]() -> absl::StatusOr<FieldReader*> { return test.get(); };
-    return TrainAndReport(worker_id, config, &kv, &trainer, train.get(),
-                          test.get(), final_test, scheduler);
+    return TrainAndReport(worker_id, config, &kv, &trainer, &work, test.get(),
+                          final_test, scheduler);
   }
 
   // Every other model trains on dynamic work units (issue 9).
