@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/hash.h"
 #include "common/logging.h"
@@ -116,6 +118,24 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
   int64_t report_examples = 0;
   double report_loss = 0, report_compute = 0, report_wait = 0;
   const absl::Duration timeout = absl::Seconds(600);
+  // Before `curve`: its thread uses it until the curve's destructor joins.
+  std::unique_ptr<ComputeBackend> curve_backend;
+  // The test curve is evaluated beside training, on a thread of its own
+  // with a CPU backend of its own: evaluating inline stalled this worker's
+  // clock for the whole test set, and in BSP/SSP every other worker with it
+  // (in the 4x-straggler benchmark, where worker 0 both straggles and draws
+  // the curve, that was most of the others' waiting). One evaluation at a
+  // time; a point is stamped with the time and examples when it began.
+  struct Curve {
+    absl::Mutex mu;
+    bool busy ABSL_GUARDED_BY(mu) = false;
+    std::vector<proto::EvalPoint> points ABSL_GUARDED_BY(mu);
+    absl::Status status ABSL_GUARDED_BY(mu);
+    std::thread thread;
+    ~Curve() {
+      if (thread.joinable()) thread.join();
+    }
+  } curve;
   // With a staleness bound of at least one clock, the pull of the next
   // minibatch is sent before this one is computed (declared at the next
   // clock, so the bound still holds); BSP cannot prefetch.
@@ -277,14 +297,40 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     }
     if (eval != nullptr && tc.eval_interval_s > 0 &&
         now - last_eval >= absl::Seconds(tc.eval_interval_s)) {
-      // Let the prefetched pull land first: Evaluate reuses the KVWorker.
-      if (have) PS_RETURN_IF_ERROR(kv_->Wait(slots[cur].ts, now + timeout));
-      PS_RETURN_IF_ERROR(eval->Reset());
-      PS_ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(eval));
-      stats_.curve.push_back(
-          MakeEvalPoint(absl::Now() - start, m, stats_.examples));
-      last_eval = absl::Now();
-      if (have) slots[cur].ts = -1;  // already waited
+      absl::MutexLock l(&curve.mu);
+      if (!curve.busy) {
+        if (curve.thread.joinable()) curve.thread.join();  // it is done
+        if (curve_backend == nullptr) {
+          PS_ASSIGN_OR_RETURN(curve_backend, CreateBackend("cpu", 1));
+        }
+        curve.busy = true;
+        last_eval = now;
+        const absl::Duration at = now - start;
+        const int64_t examples = stats_.examples;
+        ComputeBackend* backend = curve_backend.get();
+        curve.thread = std::thread([this, &curve, eval, backend, at,
+                                    examples] {
+          const absl::Status reset = eval->Reset();
+          absl::StatusOr<EvalMetrics> m =
+              reset.ok() ? EvaluateOn(eval, backend)
+                         : absl::StatusOr<EvalMetrics>(reset);
+          absl::MutexLock l(&curve.mu);
+          if (m.ok()) {
+            curve.points.push_back(MakeEvalPoint(at, *m, examples));
+          } else if (curve.status.ok()) {
+            curve.status = m.status();
+          }
+          curve.busy = false;
+        });
+      }
+    }
+  }
+  if (curve.thread.joinable()) curve.thread.join();
+  {
+    absl::MutexLock l(&curve.mu);
+    PS_RETURN_IF_ERROR(curve.status);
+    for (proto::EvalPoint& p : curve.points) {
+      stats_.curve.push_back(std::move(p));
     }
   }
   stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -293,6 +339,13 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
 }
 
 absl::StatusOr<EvalMetrics> Trainer::Evaluate(RowReader* reader) {
+  PS_ASSIGN_OR_RETURN(EvalMetrics m, EvaluateOn(reader, backend_));
+  stats_.test_skipped = SkippedLinesOf(reader->path(), reader->stats());
+  return m;
+}
+
+absl::StatusOr<EvalMetrics> Trainer::EvaluateOn(RowReader* reader,
+                                                ComputeBackend* backend) {
   RowBlock block;
   CsrBatch batch;
   std::vector<float> w, prob, all_prob, all_labels;
@@ -305,12 +358,11 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(RowReader* reader) {
     PS_RETURN_IF_ERROR(kv_->Wait(ts, absl::Now() + absl::Seconds(600)));
     prob.assign(batch.rows(), 0.0f);
     PS_RETURN_IF_ERROR(
-        backend_->LogisticPredict(batch, w, absl::MakeSpan(prob)));
+        backend->LogisticPredict(batch, w, absl::MakeSpan(prob)));
     all_prob.insert(all_prob.end(), prob.begin(), prob.end());
     all_labels.insert(all_labels.end(), batch.labels.begin(),
                       batch.labels.end());
   }
-  stats_.test_skipped = SkippedLinesOf(reader->path(), reader->stats());
   return ps::Evaluate(all_prob, all_labels);
 }
 

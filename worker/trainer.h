@@ -87,7 +87,8 @@ class Trainer {
   // ahead to it with empty clocks, so a
   // straggler that takes fewer units holds the others back less.
   // When `eval` is given, evaluates on it every
-  // training.eval_interval_s and records the curve. Errors: the work
+  // training.eval_interval_s and records the curve (on a thread beside
+  // training, so the clocks never wait for it). Errors: the work
   // source's (reader, scheduler) or the servers'. Whether the job trained
   // any example is the scheduler's check (SchedulerCore::GetWork).
   absl::Status Train(WorkSource* work, RowReader* eval = nullptr);
@@ -113,6 +114,11 @@ class Trainer {
   TrainerStats stats_;
   std::atomic<int64_t> examples_{0};
   const std::atomic<int64_t>* others_min_clock_ = nullptr;
+
+  // Evaluate on `backend` (the curve's own, from its thread), leaving
+  // stats_ alone.
+  absl::StatusOr<EvalMetrics> EvaluateOn(RowReader* reader,
+                                         ComputeBackend* backend);
 };
 
 }  // namespace ps
