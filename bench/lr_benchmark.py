@@ -68,8 +68,9 @@ COLUMNS = [
     "wall_seconds", "train_seconds", "target_logloss", "time_to_target_s",
     "test_logloss", "test_auc", "test_accuracy", "model_nonzeros",
     "examples", "examples_per_sec", "mean_wait_share", "max_wait_share",
+    "mean_consistency_wait_share",
     "worker_compute_seconds", "worker_wait_seconds", "worker_wait_share",
-    "worker_units",
+    "worker_units", "worker_consistency_wait_share",
 ]
 CURVE_COLUMNS = ["run", "mode", "tau", "seconds", "logloss", "auc",
                  "examples"]
@@ -132,6 +133,9 @@ def time_to_target(report, target):
 def row_from_report(args, mode, tau, report, target):
     workers = sorted(report.get("per_worker", []), key=lambda w: w["id"])
     shares = [w["wait_share"] for w in workers]
+    # The part of the waiting the servers held pulls for the staleness bound
+    # (the rest is transfer and queueing, which ASP pays too).
+    cshares = [w.get("consistency_wait_share", 0.0) for w in workers]
     t = time_to_target(report, target)
     return {
         "data": args.label, "servers": report["servers"],
@@ -150,6 +154,8 @@ def row_from_report(args, mode, tau, report, target):
         "examples_per_sec": report.get("examples_per_sec", ""),
         "mean_wait_share": sum(shares) / len(shares) if shares else "",
         "max_wait_share": max(shares) if shares else "",
+        "mean_consistency_wait_share":
+            sum(cshares) / len(cshares) if cshares else "",
         "worker_compute_seconds": ";".join(
             f"{w['compute_seconds']:.4g}" for w in workers),
         "worker_wait_seconds": ";".join(
@@ -157,6 +163,8 @@ def row_from_report(args, mode, tau, report, target):
         "worker_wait_share": ";".join(f"{s:.4f}" for s in shares),
         # Work units each worker finished (issue 9: a straggler takes fewer).
         "worker_units": ";".join(str(w.get("units", "")) for w in workers),
+        "worker_consistency_wait_share": ";".join(
+            f"{s:.4f}" for s in cshares),
     }
 
 
@@ -345,12 +353,16 @@ def fmt(v, spec):
 
 def print_table(rows):
     head = ["mode", "tau", "wall_s", "t_target_s", "logloss", "auc", "acc",
-            "nnz", "ex/s", "wait%", "wait% per worker"]
+            "nnz", "ex/s", "wait%", "wait% per worker", "held%",
+            "held% per worker"]
     lines = [head]
     for r in rows:
         if r["status"] != "ok":
-            lines.append([r["mode"], r["tau"], "FAILED"] + [""] * 8)
+            lines.append([r["mode"], r["tau"], "FAILED"] + [""] * 10)
             continue
+        held = r["worker_consistency_wait_share"]
+        held = "/".join(f"{100 * float(s):.0f}" for s in held.split(";")) \
+            if held else "-"
         per = r["worker_wait_share"]
         per = "/".join(f"{100 * float(s):.0f}" for s in per.split(";")) \
             if per else "-"
@@ -360,10 +372,13 @@ def print_table(rows):
             fmt(r["test_auc"], ".4f"), fmt(r["test_accuracy"], ".4f"),
             fmt(r["model_nonzeros"], "d"), fmt(r["examples_per_sec"], ".0f"),
             fmt(r["mean_wait_share"] * 100 if r["mean_wait_share"] != ""
-                else "", ".1f"), per])
+                else "", ".1f"), per,
+            fmt(r["mean_consistency_wait_share"] * 100
+                if r["mean_consistency_wait_share"] != "" else "", ".1f"),
+            held])
     widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
     for i, l in enumerate(lines):
-        print("  ".join(c.rjust(w) if j not in (0, 10) else c.ljust(w)
+        print("  ".join(c.rjust(w) if j not in (0, 10, 12) else c.ljust(w)
                         for j, (c, w) in enumerate(zip(l, widths))))
         if i == 0:
             print("  ".join("-" * w for w in widths))
@@ -621,7 +636,8 @@ def main(argv):
             f"train {row['train_seconds']:.2f} s, log loss "
             f"{fmt(row['test_logloss'], '.4f')}, AUC "
             f"{fmt(row['test_auc'], '.4f')}, wait "
-            f"{100 * row['mean_wait_share']:.0f}%, "
+            f"{100 * row['mean_wait_share']:.0f}% (held for consistency "
+            f"{100 * row['mean_consistency_wait_share']:.1f}%), "
             f"{fmt(row['examples_per_sec'], '.0f')} examples/s")
         if args.straggler != 1.0:
             # Per worker (W0 is the straggler): wait share and work units.

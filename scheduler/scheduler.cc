@@ -1337,6 +1337,10 @@ std::string SchedulerCore::ReportJsonLocked() const {
         ", \"compute_seconds\": ", Num(d.compute_seconds()),
         ", \"wait_seconds\": ", Num(d.wait_seconds()),
         ", \"wait_share\": ", Num(busy > 0 ? d.wait_seconds() / busy : 0),
+        ", \"consistency_wait_seconds\": ",
+        Num(d.consistency_wait_seconds()),
+        ", \"consistency_wait_share\": ",
+        Num(busy > 0 ? d.consistency_wait_seconds() / busy : 0),
         ", \"wall_seconds\": ", Num(d.wall_seconds()),
         ", \"train_loss\": ", Num(d.train_loss()), "}");
     first = false;

@@ -587,13 +587,17 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
     done(absl::OkStatus());
     return;
   }
+  Clock* const clock = clock_;
+  const absl::Time asked = clock->Now();
   consistency_->WaitPull(
       req.worker_id(), req.clock(), std::move(ranges), deadline,
-      [t, routing, &req, resp, done = std::move(done)](const absl::Status& s) {
+      [t, routing, &req, resp, clock, asked,
+       done = std::move(done)](const absl::Status& s) {
         if (!s.ok()) {
           done(s);
           return;
         }
+        resp->set_held_us(absl::ToInt64Microseconds(clock->Now() - asked));
         absl::Span<const uint64_t> keys = ViewAs<uint64_t>(req.keys());
         const int dim = t->dim();
         resp->mutable_vals()->resize(keys.size() * dim * sizeof(float));

@@ -413,6 +413,7 @@ TEST_F(ServerNodeTest, BspPullOfNextClockWaitsForEveryWorker) {
   EXPECT_FALSE(p->done()) << "worker 1 has not completed clock 0";
   node_.Tick();
   EXPECT_FALSE(p->done());
+  clock_.Advance(absl::Milliseconds(7));  // held this long for worker 1
   ASSERT_TRUE(PushNow(&node_, MakePush(1, 1, 0, {4}, {6}, 2)).ok());
   EXPECT_FALSE(p->done()) << "a push does not complete a clock";
   ASSERT_TRUE(node_.ClockTick(MakeClock(1, 0, 1, 2)).ok());
@@ -420,6 +421,7 @@ TEST_F(ServerNodeTest, BspPullOfNextClockWaitsForEveryWorker) {
   EXPECT_EQ(p->calls, 1);
   ASSERT_TRUE(p->status.ok()) << p->status;
   EXPECT_EQ(p->values(), std::vector<float>{-2.0f});
+  EXPECT_EQ(p->resp.held_us(), 7000);  // the consistency wait, reported
   // A replayed ClockTick is harmless.
   EXPECT_TRUE(node_.ClockTick(MakeClock(1, 0, 1, 2)).ok());
   EXPECT_EQ(PullNow(&node_, 1, 1, {4}), std::vector<float>{-2.0f});

@@ -158,6 +158,7 @@ void KVWorker::PartDone(int64_t ts, const absl::Status& s) {
       if (sticky_.ok()) sticky_ = s;
     }
     if (--op.pending > 0) return;
+    held_us_total_.fetch_add(op.held_us);
     fn = std::move(op.on_done);
     // Failures stay for Wait, unless Wait already gave the op up.
     if (op.status.ok() || op.abandoned) ops_.erase(it);
@@ -565,6 +566,13 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
       return;
     }
     const float* v = reinterpret_cast<const float*>(resp->vals().data());
+    if (resp->held_us() > 0) {
+      absl::MutexLock l(&mu_);
+      auto it = ops_.find(slice->ts);
+      if (it != ops_.end()) {
+        it->second.held_us = std::max(it->second.held_us, resp->held_us());
+      }
+    }
     {
       // Under the target's lock: Wait clears `out` before it returns.
       absl::MutexLock l(&slice->target->mu);

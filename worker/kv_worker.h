@@ -43,6 +43,7 @@
 // loop normally drives one KVWorker from one thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -119,6 +120,12 @@ class KVWorker {
   int64_t Clock(int num_examples);
   // Clocks completed so far (= the clock of the next pull).
   int64_t clock() const;
+  // Seconds the servers held this worker's pulls for the consistency bound
+  // so far (per pull, its longest-held slice): the part of the waiting that
+  // BSP/SSP cost, apart from transfer and queueing. Thread-safe.
+  double consistency_wait_seconds() const {
+    return static_cast<double>(held_us_total_.load()) * 1e-6;
+  }
 
   // Waits for every outstanding operation, then tells every server this
   // worker has finished after clock() clocks (retrying UNAVAILABLE with
@@ -144,6 +151,7 @@ class KVWorker {
     absl::Time retry_deadline;      // no retry scheduled after it
     bool abandoned = false;         // Wait returned before it was done
     std::shared_ptr<PullTarget> target;  // pulls only
+    int64_t held_us = 0;  // pulls: the longest a server held a slice
   };
   struct ClockState {
     int pending_pushes = 0;
@@ -256,6 +264,7 @@ class KVWorker {
   std::map<int64_t, ClockState> clocks_ ABSL_GUARDED_BY(mu_);
   int64_t next_ts_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t clock_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> held_us_total_{0};
   absl::Status sticky_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   // Retry timers scheduled and not yet run (cancelled by the destructor).

@@ -144,6 +144,8 @@ absl::Status TrainAndReport(
   done.set_worker_id(worker_id);
   done.set_compute_seconds(st.compute_seconds);
   done.set_wait_seconds(st.wait_seconds);
+  done.set_consistency_wait_seconds(
+      std::min(st.wait_seconds, kv->consistency_wait_seconds()));
   done.set_examples(st.examples);
   done.set_train_loss(st.examples > 0 ? st.loss_sum / st.examples : 0);
   done.set_wall_seconds(st.wall_seconds);
