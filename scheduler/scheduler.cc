@@ -1360,6 +1360,7 @@ absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
   int64_t id;
   double since_ready;
   proto::WorkQueueState work_at_start;
+  std::vector<proto::DataShard> plan_at_start;  // empty: no work units
   {
     absl::MutexLock l(&mu_);
     if (phase_ != JobPhase::kRunning) {
@@ -1377,13 +1378,16 @@ absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
     since_ready = absl::ToDoubleSeconds(options_.clock->Now() - ready_time_);
     // The data position before any range is copied: a unit finished by now
     // had its pushes acknowledged, so they are in the copies.
-    if (work_ != nullptr) work_->SaveTo(&work_at_start);
+    if (work_ != nullptr) {
+      work_->SaveTo(&work_at_start);
+      plan_at_start = work_->plan();
+    }
   }
   const std::string dir = absl::StrCat(root, "/", CheckpointFolderName(id));
   proto::CheckpointManifest m;
-  if (work_ != nullptr) {
+  if (!plan_at_start.empty()) {
     *m.mutable_work() = std::move(work_at_start);
-    for (const proto::DataShard& u : work_->plan()) *m.add_plan() = u;
+    for (proto::DataShard& u : plan_at_start) *m.add_plan() = std::move(u);
   }
   m.set_checkpoint_id(id);
   m.set_num_servers(static_cast<int>(addresses.size()));
