@@ -813,10 +813,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, ServerKillTest,
                          });
 
 // Elasticity (issue 9), real processes: a fourth server started mid-run
-// (--add-server) joins and takes ranges, a third worker joins (--add-worker:
-// at the servers' clock, with a share of the work units), S[1] is drained
-// (--drain: the scheduler's Drain RPC) and exits 0; then S[0] is SIGKILLed
-// and its
+// (--add-server) joins and takes ranges, S[1] is drained (--drain: the
+// scheduler's Drain RPC) and exits 0; then S[0] is SIGKILLed and its
 // --restart replacement joins as a new server. The job ends ok with exact
 // epochs and the AUC of a run without any of it.
 class ElasticityTest : public MultiProcessTest,
@@ -834,14 +832,8 @@ TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
                   absl::StrCat("ps_mp_elastic_", mode, "_", ::getpid()));
   LaunchResult r =
       RunLaunch(dirs_.back(), yaml, sets,
-                "--add-server 0.2 --add-worker 0.4 --drain S1@0.6 "
-                "--kill S0@1.2 --restart=0.1");
+                "--add-server 0.2 --drain S1@0.6 --kill S0@1.2 --restart=0.1");
   ASSERT_LAUNCHED(r);
-  EXPECT_NE(r.log.find("ps_launch: added worker W+1 (pid "), std::string::npos)
-      << Tail(r.log, 4000);
-  EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"W[2]\""),
-            std::string::npos)
-      << r.report;
   EXPECT_NE(r.log.find("ps_launch: added server S+1 (pid "), std::string::npos)
       << Tail(r.log, 4000);
   EXPECT_NE(r.log.find("ps_launch: S[1] drained: "), std::string::npos)
@@ -869,6 +861,41 @@ TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
   EXPECT_NE(r.report.find(epochs), std::string::npos) << r.report;
   EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
 }
+
+// Worker join (issue 9), real processes: a third worker started mid-run
+// (--add-worker) joins at the servers' clock with a share of the work units;
+// the job ends ok with exact epochs and the AUC of a run without it.
+class WorkerJoinTest : public MultiProcessTest,
+                       public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(WorkerJoinTest, WorkerJoinsMidRun) {
+  const std::string mode = GetParam();
+  const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
+  const std::vector<std::string> sets = {"training.epochs=8"};
+  LaunchResult clean = Launch("clean_wjoin_" + mode, yaml, sets);
+  ASSERT_LAUNCHED(clean);
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_wjoin_", mode, "_", ::getpid()));
+  LaunchResult r = RunLaunch(dirs_.back(), yaml, sets, "--add-worker 0.3");
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.log.find("ps_launch: added worker W+1 (pid "), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report;
+  EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"W[2]\""),
+            std::string::npos)
+      << r.report;
+  const std::string epochs = "\"epoch_examples\": [32561, 32561, 32561, "
+                             "32561, 32561, 32561, 32561, 32561]";
+  EXPECT_NE(r.report.find(epochs), std::string::npos) << r.report;
+  EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, WorkerJoinTest,
+                         ::testing::Values("bsp", "ssp"),
+                         [](const auto& info) {
+                           return std::string(info.param);
+                         });
 
 // Scheduler restart (issue 9), real processes: a third server joins, then
 // the scheduler is SIGKILLed mid-run and started again with the same arguments (ps_launch --restart);
