@@ -175,14 +175,7 @@ absl::Status ServerNode::Configure(
         // from the ranges as they are.
         if (join_clocks != nullptr) {
           for (int i = 0; i < view.workers_size(); ++i) {
-            if (!view.workers(i).joining()) continue;
-            int64_t at = 0;
-            for (int r : owned_) {
-              if (ranges_[r].num_workers() > i) {
-                at = std::max(at, ranges_[r].Completed(i));
-              }
-            }
-            (*join_clocks)[i] = at;
+            if (view.workers(i).joining()) (*join_clocks)[i] = JoinClockLocked(i);
           }
         }
         PS_LOG_INFO("S[{}] at view epoch {}: told epoch {} late (nothing to "
@@ -266,6 +259,16 @@ absl::Status ServerNode::Configure(
   return absl::OkStatus();
 }
 
+int64_t ServerNode::JoinClockLocked(int worker) const {
+  int64_t at = 0;
+  for (int r : owned_) {
+    if (ranges_[r].num_workers() > worker) {
+      at = std::max(at, ranges_[r].Completed(worker));
+    }
+  }
+  return at;
+}
+
 void ServerNode::JoinWorkersLocked(
     const proto::ClusterView& view,
     google::protobuf::Map<int32_t, int64_t>* join_clocks,
@@ -276,7 +279,6 @@ void ServerNode::JoinWorkersLocked(
     const proto::NodeInfo& w = view.workers(i);
     if (!w.joining() && w.start_clock() <= 0) continue;
     const int64_t clock = w.joining() ? -1 : w.start_clock();
-    int64_t at = 0;
     for (int r : owned_) {
       RangeState& range = ranges_[r];
       if (range.num_workers() < i) {
@@ -291,7 +293,6 @@ void ServerNode::JoinWorkersLocked(
                     clock, st.ToString());
         continue;
       }
-      at = std::max(at, range.Completed(i));
       if (range.Completed(i) == before) continue;  // a view seen again
       ApplyBsp(r, &a);
       if (HasBackups(r)) {
@@ -304,7 +305,9 @@ void ServerNode::JoinWorkersLocked(
       }
       actions->emplace_back(r, std::move(a));
     }
-    if (w.joining() && join_clocks != nullptr) (*join_clocks)[i] = at;
+    if (w.joining() && join_clocks != nullptr) {
+      (*join_clocks)[i] = JoinClockLocked(i);
+    }
   }
   const int known = static_cast<int>(workers_.size());
   if (view.workers_size() <= known) return;

@@ -330,6 +330,9 @@ class ServerNode {
                          google::protobuf::Map<int32_t, int64_t>* join_clocks,
                          RangeActionList* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The highest clock the owned ranges hold `worker` at (a joining worker's
+  // answer to the scheduler).
+  int64_t JoinClockLocked(int worker) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Replication state for a new view (from Configure): new backups get a
   // copy, a promoted range copies to all its backups, a range this server
   // newly backs up awaits its copy.

@@ -146,13 +146,14 @@ int64_t KVWorker::NewOp(int pending) {
   return ts;
 }
 
-void KVWorker::PartDone(int64_t ts, const absl::Status& s) {
+void KVWorker::PartDone(int64_t ts, const absl::Status& s, int64_t held_us) {
   std::function<void()> fn;
   {
     absl::MutexLock l(&mu_);
     auto it = ops_.find(ts);
     if (it == ops_.end()) return;
     Op& op = it->second;
+    op.held_us = std::max(op.held_us, held_us);
     if (!s.ok()) {
       if (op.status.ok()) op.status = s;
       if (sticky_.ok()) sticky_ = s;
@@ -566,13 +567,6 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
       return;
     }
     const float* v = reinterpret_cast<const float*>(resp->vals().data());
-    if (resp->held_us() > 0) {
-      absl::MutexLock l(&mu_);
-      auto it = ops_.find(slice->ts);
-      if (it != ops_.end()) {
-        it->second.held_us = std::max(it->second.held_us, resp->held_us());
-      }
-    }
     {
       // Under the target's lock: Wait clears `out` before it returns.
       absl::MutexLock l(&slice->target->mu);
@@ -587,7 +581,7 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
         }
       }
     }
-    PartDone(slice->ts, s);
+    PartDone(slice->ts, s, resp->held_us());
     return;
   }
   const absl::Duration backoff = Backoff(attempt);

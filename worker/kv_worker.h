@@ -190,7 +190,9 @@ class KVWorker {
 
   int64_t NewOp(int pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks one part of op `ts` done with `s`; runs on_done when finished.
-  void PartDone(int64_t ts, const absl::Status& s);
+  // `held_us`: a pull slice's PullResponse.held_us (the op keeps the
+  // longest).
+  void PartDone(int64_t ts, const absl::Status& s, int64_t held_us = 0);
   // Whether a part of op `ts` that failed with attempt `attempt` may be
   // retried after `backoff`: budget left, no sticky error, not closing.
   bool MayRetry(int64_t ts, int attempt, absl::Duration backoff);
