@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/hash.h"
 
 namespace ps {
@@ -61,10 +62,10 @@ std::vector<int> PreferenceList(const proto::RoutingTable& ring, int range) {
   return out;
 }
 
-absl::StatusOr<proto::RoutingTable> Reassign(const proto::RoutingTable& ring,
-                                             const proto::RoutingTable& current,
-                                             const std::vector<bool>& live,
-                                             int replicas, int64_t epoch) {
+absl::StatusOr<proto::RoutingTable> Reassign(
+    const proto::RoutingTable& ring, const proto::RoutingTable& current,
+    const std::vector<bool>& live, int replicas, int64_t epoch,
+    const std::function<bool(int range, int server)>& incomplete) {
   auto is_live = [&](int s) {
     return s >= 0 && s < static_cast<int>(live.size()) && live[s];
   };
@@ -74,22 +75,34 @@ absl::StatusOr<proto::RoutingTable> Reassign(const proto::RoutingTable& ring,
   out.clear_range_backup();
   const int old_k = current.replicas();
   for (int r = 0; r < current.range_server_size(); ++r) {
-    std::vector<int> chain;  // live holders of the range's data, in order
-    if (is_live(current.range_server(r))) {
-      chain.push_back(current.range_server(r));
-    }
-    for (int i = 0; i < old_k; ++i) {
-      const int b = current.range_backup(r * old_k + i);
-      if (is_live(b) &&
-          std::find(chain.begin(), chain.end(), b) == chain.end()) {
-        chain.push_back(b);
+    // The live members of the range's chain, in order, those with a
+    // complete copy first.
+    std::vector<int> whole, copying;
+    auto add = [&](int s) {
+      if (!is_live(s) ||
+          std::find(whole.begin(), whole.end(), s) != whole.end() ||
+          std::find(copying.begin(), copying.end(), s) != copying.end()) {
+        return;
       }
+      (incomplete != nullptr && incomplete(r, s) ? copying : whole)
+          .push_back(s);
+    };
+    add(current.range_server(r));
+    for (int i = 0; i < old_k; ++i) add(current.range_backup(r * old_k + i));
+    if (whole.empty()) {
+      std::string why = absl::StrCat("range ", r, ": its owner S[",
+                                     current.range_server(r), "] and every ",
+                                     "backup with a complete copy are dead");
+      if (!copying.empty()) {
+        absl::StrAppend(&why, " (S[", absl::StrJoin(copying, "], S["),
+                        "] had not received a copy yet: two failures "
+                        "within one copy's time; raise "
+                        "fault_tolerance.replicas)");
+      }
+      return absl::DataLossError(why);
     }
-    if (chain.empty()) {
-      return absl::DataLossError(absl::StrCat(
-          "range ", r, ": its owner S[", current.range_server(r),
-          "] and every backup are dead"));
-    }
+    std::vector<int> chain = std::move(whole);
+    chain.insert(chain.end(), copying.begin(), copying.end());
     if (r < ring.range_server_size()) {
       for (int s : PreferenceList(ring, r)) {
         if (static_cast<int>(chain.size()) > replicas) break;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,15 +30,18 @@ std::vector<int> PreferenceList(const proto::RoutingTable& ring, int range);
 
 // The owners and backups after servers died or joined: for each range,
 // the owner is the first live server of its current chain (owner, then
-// backups, in `current`), so a backup that holds the range's data is
-// promoted; the backups are the live ones left of the current chain, then
-// the next live servers of the range's preference list in `ring`, up to
-// `replicas`. Keeps boundaries and servers of `current`; sets `epoch`.
-// DATA_LOSS naming the range when no live server of its chain is left.
-absl::StatusOr<proto::RoutingTable> Reassign(const proto::RoutingTable& ring,
-                                             const proto::RoutingTable& current,
-                                             const std::vector<bool>& live,
-                                             int replicas, int64_t epoch);
+// backups, in `current`) that holds a complete copy of the range, so a
+// backup that holds the range's data is promoted; `incomplete(range,
+// server)` names the chain members still waiting for their copy (they stay
+// backups and get a copy from the new owner). The backups are the live ones
+// left of the current chain, then the next live servers of the range's
+// preference list in `ring`, up to `replicas`. Keeps boundaries and servers
+// of `current`; sets `epoch`. DATA_LOSS naming the range when no live
+// member of its chain holds a complete copy.
+absl::StatusOr<proto::RoutingTable> Reassign(
+    const proto::RoutingTable& ring, const proto::RoutingTable& current,
+    const std::vector<bool>& live, int replicas, int64_t epoch,
+    const std::function<bool(int range, int server)>& incomplete = nullptr);
 
 // The keys of one destination server inside a sorted key array: index spans
 // [first, second) into that array, in ascending order.

@@ -52,6 +52,33 @@ bool SchedulerCore::AliveServerLocked(int id) const {
          servers_[id].info.state() == proto::NODE_ALIVE;
 }
 
+void SchedulerCore::NoteChainsLocked(const proto::RoutingTable& before,
+                                     const proto::RoutingTable& after) {
+  for (int r = 0; r < after.range_server_size(); ++r) {
+    const std::vector<int> now = ChainOf(after, r);
+    const std::vector<int> was = r < before.range_server_size()
+                                     ? ChainOf(before, r)
+                                     : std::vector<int>{};
+    for (int s : now) {
+      if (!Contains(was, s)) copying_[{r, s}] = after.epoch();
+    }
+  }
+  for (auto it = copying_.begin(); it != copying_.end();) {
+    const auto [r, s] = it->first;
+    if (r >= after.range_server_size() || !Contains(ChainOf(after, r), s)) {
+      it = copying_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void SchedulerCore::NoteCompleteLocked(int range, int server,
+                                       int64_t view_epoch) {
+  auto it = copying_.find({range, server});
+  if (it != copying_.end() && view_epoch >= it->second) copying_.erase(it);
+}
+
 std::vector<int> SchedulerCore::OwnedCountsLocked(
     const proto::RoutingTable& t) const {
   std::vector<int> n(servers_.size(), 0);
@@ -67,9 +94,9 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
   absl::MutexLock moving(&membership_mu_);
   Clock* clock = options_.clock;
   MovePlan plan;
-  std::set<int> to_sync;  // ranges whose owner changes
-  // Stage 1: each new owner that is not yet a backup of its range becomes
-  // one more backup; its primary copies the range to it.
+  // Stage 1: each member of a range's new chain that is not in its chain
+  // yet becomes one more backup; its primary copies the range to it.
+  std::set<std::pair<int, int>> pending;  // (range, new member)
   {
     absl::MutexLock change(&view_change_mu_);
     proto::ClusterView view;
@@ -88,10 +115,15 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
       int width = replicas_;
       bool grown = false;
       for (const auto& [r, target] : plan) {
-        if (target.empty() || target[0] == cur.range_server(r)) continue;
-        to_sync.insert(r);
-        if (!Contains(chains[r], target[0])) {
-          chains[r].push_back(target[0]);
+        for (int s : target) {
+          if (Contains(chains[r], s)) {
+            // Already a member; one still receiving its copy must finish
+            // before the range relies on it.
+            if (copying_.contains({r, s})) pending.insert({r, s});
+            continue;
+          }
+          chains[r].push_back(s);
+          pending.insert({r, s});
           grown = true;
         }
         width = std::max(width, static_cast<int>(chains[r].size()) - 1);
@@ -99,21 +131,22 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
       if (grown) {
         view_.set_epoch(view_.epoch() + 1);
         proto::RoutingTable* t = view_.mutable_routing();
+        const proto::RoutingTable before = *t;
         SetChains(t, chains, width);
         t->set_epoch(view_.epoch());
+        NoteChainsLocked(before, *t);
         view = view_;
         SaveStateLocked();
       }
     }
     if (view.epoch() > 0) {
-      PS_LOG_INFO("{}: view epoch {} copies {} range(s) to their new owners",
-                  what, view.epoch(), to_sync.size());
+      PS_LOG_INFO("{}: view epoch {} copies {} range(s) to their new members",
+                  what, view.epoch(), pending.size());
       PS_RETURN_IF_ERROR(BroadcastView(view));
     }
   }
-  // Wait until each new owner holds a synced copy, as its range's current
+  // Wait until every new member holds a synced copy, as its range's current
   // primary reports.
-  std::set<int> pending = to_sync;
   const absl::Time deadline = clock->Now() + options_.view_deadline;
   while (!pending.empty()) {
     std::map<std::string, std::vector<int>> by_owner;  // address -> ranges
@@ -122,9 +155,12 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
       if (concluding_) {
         return absl::AbortedError(absl::StrCat(what, ": the job ended"));
       }
-      for (int r : pending) {
+      for (const auto& [r, s] : pending) {
         const int owner = view_.routing().range_server(r);
         if (!AliveServerLocked(owner)) continue;  // failed over meanwhile
+        if (owner == s) {
+          continue;  // promoted by a failover: only a whole copy is
+        }
         by_owner[servers_[owner].info.address()].push_back(r);
       }
     }
@@ -132,11 +168,25 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
       auto st = options_.clients->Server(address)->GetStatus(
           clock->Now() + absl::Seconds(2));
       if (!st.ok()) continue;
+      absl::MutexLock l(&mu_);
       for (const proto::ServerStatus::Replica& rep : st->synced()) {
-        auto it = plan.find(rep.range());
-        if (it != plan.end() && pending.contains(rep.range()) &&
-            it->second[0] == rep.server()) {
-          pending.erase(rep.range());
+        if (pending.erase({rep.range(), rep.server()}) > 0) {
+          copying_.erase({rep.range(), rep.server()});
+        }
+      }
+    }
+    {
+      // Done: a member whose heartbeat said it holds the copy, or that a
+      // failover made the owner (it promotes only whole copies). Given up:
+      // one a failover dropped from the chain (stage 2 leaves its range).
+      absl::MutexLock l(&mu_);
+      for (auto it = pending.begin(); it != pending.end();) {
+        const auto [r, s] = *it;
+        if (!Contains(ChainOf(view_.routing(), r), s) ||
+            !copying_.contains({r, s})) {
+          it = pending.erase(it);
+        } else {
+          ++it;
         }
       }
     }
@@ -159,11 +209,14 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
       std::vector<std::vector<int>> chains(num_ranges);
       for (int r = 0; r < num_ranges; ++r) chains[r] = ChainOf(cur, r);
       for (const auto& [r, target] : plan) {
-        bool ok = !target.empty() && !pending.contains(r);
-        for (int s : target) ok = ok && AliveServerLocked(s);
-        // A new owner must still hold the range (a failover in between may
-        // have dropped it from the chain: its copy is gone).
-        if (ok && to_sync.contains(r)) ok = Contains(chains[r], target[0]);
+        bool ok = !target.empty();
+        // Every member must be alive and still hold a complete copy (a
+        // failover in between may have dropped one from the chain: its
+        // copy is gone).
+        for (int s : target) {
+          ok = ok && AliveServerLocked(s) && Contains(chains[r], s) &&
+               !copying_.contains({r, s});
+        }
         if (!ok) {
           result.not_moved.push_back(r);
           continue;
@@ -173,8 +226,10 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
       }
       view_.set_epoch(view_.epoch() + 1);
       proto::RoutingTable* t = view_.mutable_routing();
+      const proto::RoutingTable before = *t;
       SetChains(t, chains, replicas_);
       t->set_epoch(view_.epoch());
+      NoteChainsLocked(before, *t);
       for (proto::NodeInfo& si : *t->mutable_servers()) {
         if (si.id() >= 0 && si.id() < static_cast<int>(servers_.size())) {
           si.set_state(servers_[si.id()].info.state());

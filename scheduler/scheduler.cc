@@ -232,12 +232,16 @@ void SchedulerCore::FailoverServers(const std::vector<int>& ids,
         live[i] = servers_[i].info.state() == proto::NODE_ALIVE;
       }
       absl::StatusOr<proto::RoutingTable> t = Reassign(
-          ring_, view_.routing(), live, replicas_, view_.epoch() + 1);
+          ring_, view_.routing(), live, replicas_, view_.epoch() + 1,
+          [&](int r, int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return copying_.contains({r, s});
+          });
       if (!t.ok()) {
         failure = Annotate(t.status(), absl::StrCat("server S[", failed[0],
                                                     "] died"));
       } else {
         view_.set_epoch(view_.epoch() + 1);
+        NoteChainsLocked(view_.routing(), *t);
         *view_.mutable_routing() = std::move(*t);
         for (proto::NodeInfo& si : *view_.mutable_routing()->mutable_servers()) {
           if (si.id() >= 0 && si.id() < static_cast<int>(servers_.size())) {
@@ -502,6 +506,20 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   }
   n.last_seen = std::max(n.last_seen, options_.clock->Now());
   n.info.set_last_heartbeat_ms(absl::ToUnixMillis(n.last_seen));
+  if (req.role() == proto::ROLE_SERVER && req.view_epoch() > 0 &&
+      !copying_.empty()) {
+    // Issue 9: chain members of this server that now hold their copy.
+    std::vector<int> done;
+    for (const auto& [key, epoch] : copying_) {
+      if (key.second == req.id() && req.view_epoch() >= epoch &&
+          std::find(req.incomplete_ranges().begin(),
+                    req.incomplete_ranges().end(),
+                    key.first) == req.incomplete_ranges().end()) {
+        done.push_back(key.first);
+      }
+    }
+    for (int r : done) NoteCompleteLocked(r, req.id(), req.view_epoch());
+  }
   if (req.role() == proto::ROLE_SERVER && req.first_ack_unix_ms() > 0) {
     for (Failover& f : failovers_) {
       if (req.first_ack_epoch() >= f.epoch &&

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -238,12 +239,13 @@ class SchedulerCore {
     std::vector<int> not_moved;  // planned ranges left as they were
     int64_t epoch = 0;           // the view that moved them
   };
-  // The paper's two-stage move. Stage 1: a view in which each range whose
-  // owner changes also has its new owner as a backup (when it is not one
-  // yet); its primary copies the range to it in the background while it
-  // keeps serving, and from then on replicates every input to it
-  // synchronously. When each new owner holds a synced copy (its primary's
-  // status says so), stage 2: a view with the new chains. The old owner
+  // The paper's two-stage move, make-before-break. Stage 1: a view in
+  // which each member of a range's new chain that is not in its chain yet
+  // (a new owner, a new backup) is one more backup; the primary copies the
+  // range to it in the background while it keeps serving, and from then on
+  // replicates every input to it synchronously. When every new member holds
+  // a synced copy (its primary's status says so), stage 2: a view with the
+  // new chains, so a range never has fewer complete replicas than before. The old owner
   // fails what it had not yet replicated with STALE_EPOCH, and the
   // workers resend it to the new owner (dedup by seq). Takes
   // membership_mu_, and view_change_mu_ for each view.
@@ -262,6 +264,16 @@ class SchedulerCore {
   std::vector<int> OwnedCountsLocked(const proto::RoutingTable& t) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool AliveServerLocked(int id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Chain members of a range still waiting for their copy (issue 9): a
+  // failover never promotes one. NoteChainsLocked records the members
+  // `after` adds to each range's chain (and forgets those it drops);
+  // NoteCompleteLocked forgets (range, server) once the server reports, at
+  // a view no older than the one that added it, that it holds the copy.
+  void NoteChainsLocked(const proto::RoutingTable& before,
+                        const proto::RoutingTable& after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteCompleteLocked(int range, int server, int64_t view_epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MembershipReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The report's "failovers" entries.
   std::string FailoverReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -366,6 +378,9 @@ class SchedulerCore {
     std::string error;  // why it did not complete; empty: it did
   };
   std::vector<MembershipChange> membership_ ABSL_GUARDED_BY(mu_);
+  // (range, server) -> the view epoch that added the server to the range's
+  // chain, while it has no complete copy (NoteChainsLocked).
+  std::map<std::pair<int, int>, int64_t> copying_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   int restarts_ ABSL_GUARDED_BY(mu_) = 0;  // scheduler restarts so far
   // Work units done before the checkpoint this job restored (issue 9).

@@ -92,6 +92,12 @@ void SchedulerCore::SaveStateLocked() {
     o->set_worker(m.worker);
     o->set_start_clock(m.start_clock);
   }
+  for (const auto& [key, epoch] : copying_) {
+    proto::SchedulerState::CopyingRecord* o = st.add_copying();
+    o->set_range(key.first);
+    o->set_server(key.second);
+    o->set_epoch(epoch);
+  }
   absl::Status s = WriteAtomically(options_.state_path, st.SerializeAsString());
   if (!s.ok() && !state_error_logged_) {
     state_error_logged_ = true;
@@ -171,6 +177,10 @@ absl::StatusOr<bool> SchedulerCore::RestoreState() {
     f.first_ack_ms = o.first_ack_ms();
     f.why = o.why();
     failovers_.push_back(std::move(f));
+  }
+  copying_.clear();
+  for (const proto::SchedulerState::CopyingRecord& o : st.copying()) {
+    copying_[{o.range(), o.server()}] = o.epoch();
   }
   membership_.clear();
   for (const proto::SchedulerState::MembershipRecord& o : st.membership()) {

@@ -329,6 +329,7 @@ absl::Status ServerNode::Admit(int worker_id, int64_t epoch, int table,
   if (consistency_ == nullptr) {
     return absl::UnavailableError("server not configured yet");
   }
+  if (!lost_.ok()) return lost_;
   if (epoch > epoch_) {
     // Bug "A server that misses one view broadcast": the worker already has
     // a newer view than this server; the server catches up (its heartbeat

@@ -131,6 +131,10 @@ class ServerNode {
   // The newest epoch under which this server acknowledged a push and when
   // it first did (Unix ms); (0, 0) before any.
   std::pair<int64_t, int64_t> FirstAck() const;
+  // Fills a server heartbeat: role, id, FirstAck, the installed view's
+  // epoch and the ranges this server backs up in it without a complete copy
+  // (the scheduler promotes none of those).
+  void FillHeartbeat(proto::HeartbeatRequest* req) const;
 
   // Control plane. INVALID_ARGUMENT for a mode that is unset or not one of
   // the ConsistencyMode values.
@@ -394,6 +398,11 @@ class ServerNode {
   std::list<AckWait> ack_waits_ ABSL_GUARDED_BY(mu_);
   // Set by CancelAll: later waits fail at once with it.
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
+  // DATA_LOSS once this server was made the owner of a range it held no
+  // complete copy of (a failover the scheduler should never publish): every
+  // push and pull is refused with it, so the job fails naming the range
+  // instead of training on a silently emptied one.
+  absl::Status lost_ ABSL_GUARDED_BY(mu_);
   bool copy_retry_queued_ ABSL_GUARDED_BY(mu_) = false;
   mutable absl::Mutex ack_mu_;
   int64_t first_ack_epoch_ ABSL_GUARDED_BY(ack_mu_) = 0;

@@ -83,6 +83,22 @@ std::pair<int64_t, int64_t> ServerNode::FirstAck() const {
   return {first_ack_epoch_, first_ack_ms_};
 }
 
+void ServerNode::FillHeartbeat(proto::HeartbeatRequest* req) const {
+  req->set_role(proto::ROLE_SERVER);
+  const auto [ack_epoch, ack_ms] = FirstAck();
+  req->set_first_ack_epoch(ack_epoch);
+  req->set_first_ack_unix_ms(ack_ms);
+  absl::MutexLock l(&mu_);
+  req->set_id(id_);
+  if (routing_ == nullptr) return;
+  req->set_view_epoch(epoch_);
+  for (int r = 0; r < static_cast<int>(logs_.size()); ++r) {
+    if (!logs_[r].complete && routing_->IsBackupOf(r, id_)) {
+      req->add_incomplete_ranges(r);
+    }
+  }
+}
+
 void ServerNode::NoteAck(int64_t epoch) {
   if (epoch <= first_ack_seen_.load(std::memory_order_relaxed)) return;
   absl::MutexLock l(&ack_mu_);
@@ -320,12 +336,20 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
           PS_LOG_INFO("S[{}] promoted to owner of range {} while awaiting a "
                       "copy; its replica is complete up to entry {}",
                       id_, r, lg.index);
-        } else {
-          PS_LOG_ERROR("S[{}] promoted to owner of range {} before its first "
-                       "copy arrived: the range's state before now is lost",
-                       id_, r);
         }
         lg.awaiting_copy = false;
+      }
+      if (old != nullptr && !owner_before && !lg.complete && lost_.ok()) {
+        // Made the owner of a range it holds no complete copy of: serving
+        // it would hand the workers an emptied range as if nothing
+        // happened. The scheduler promotes only complete replicas, so this
+        // is a bug or two failures it could not see; refuse, loudly.
+        lost_ = absl::DataLossError(absl::StrCat(
+            "S[", id_, "] was made the owner of range ", r, " at epoch ",
+            routing_->epoch(),
+            " without a complete copy of it (its copy had not arrived): the "
+            "range's earlier state is lost"));
+        PS_LOG_ERROR("{}", std::string(lost_.message()));
       }
       lg.complete = true;
       std::map<int, int64_t> acked;

@@ -361,6 +361,67 @@ TEST_F(ServerNodeTest, NewerEpochIsViewBehind) {
   ASSERT_TRUE(PushNow(&node_, MakePush(0, 2, 0, {1}, {1}, 1, 2), &r).ok());
 }
 
+// Issue 9: a server made the owner of a range it never got a copy of
+// (a backup new to the range whose primary died before copying) holds
+// nothing of the range's state; it refuses every push and pull with
+// DATA_LOSS naming the range rather than serve an emptied range.
+TEST_F(ServerNodeTest, OwnerWithoutACopyRefusesWithDataLoss) {
+  // Epoch 1: S[0] owns every range and has no backup; S[1] (this node)
+  // holds nothing.
+  proto::ClusterView v = MakeView(2, 1, proto::MODE_ASP);
+  proto::RoutingTable* t = v.mutable_routing();
+  for (int r = 0; r < t->range_server_size(); ++r) t->set_range_server(r, 0);
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  // Epoch 2: S[1] becomes the backup of every range: it awaits copies.
+  v.set_epoch(2);
+  t->set_epoch(2);
+  t->set_replicas(1);
+  for (int r = 0; r < t->range_server_size(); ++r) t->add_range_backup(1);
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  proto::HeartbeatRequest hb;
+  node_.FillHeartbeat(&hb);
+  EXPECT_EQ(hb.view_epoch(), 2);
+  EXPECT_EQ(hb.incomplete_ranges_size(), t->range_server_size());
+  // Epoch 3: S[0] died before copying; S[1] is made the owner anyway.
+  v.set_epoch(3);
+  t->set_epoch(3);
+  t->set_replicas(0);
+  t->clear_range_backup();
+  for (int r = 0; r < t->range_server_size(); ++r) t->set_range_server(r, 1);
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  absl::Status s = PushNow(&node_, MakePush(0, 1, 0, {42}, {-1}, 1, 3));
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("without a complete copy"), std::string::npos)
+      << s;
+  auto p = StartPull(&node_, 0, 0, {42}, 60000, 3);
+  ASSERT_TRUE(p->done());
+  EXPECT_EQ(p->status.code(), StatusCode::kDataLoss) << p->status;
+}
+
+// A backup since the job's start holds every range it backs up: promoted,
+// it serves; its heartbeat names no incomplete range.
+TEST_F(ServerNodeTest, BackupSinceTheStartIsPromotedWhole) {
+  proto::ClusterView v = MakeView(2, 1, proto::MODE_ASP);
+  proto::RoutingTable* t = v.mutable_routing();
+  t->set_replicas(1);
+  for (int r = 0; r < t->range_server_size(); ++r) {
+    t->set_range_server(r, 0);
+    t->add_range_backup(1);
+  }
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  proto::HeartbeatRequest hb;
+  node_.FillHeartbeat(&hb);
+  EXPECT_EQ(hb.view_epoch(), 1);
+  EXPECT_EQ(hb.incomplete_ranges_size(), 0);
+  v.set_epoch(2);
+  t->set_epoch(2);
+  t->set_replicas(0);
+  t->clear_range_backup();
+  for (int r = 0; r < t->range_server_size(); ++r) t->set_range_server(r, 1);
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  EXPECT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {42}, {-1}, 1, 2)).ok());
+}
+
 TEST_F(ServerNodeTest, KeyOfAnotherServerIsStaleEpoch) {
   Configure(2, 1, proto::MODE_ASP);  // this node is server 0 of 2
   auto routing = Routing::FromProto(MakeView(2, 1, proto::MODE_ASP).routing());

@@ -137,11 +137,8 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
       exit_requested.WaitForNotificationWithTimeout(hb);
     }
     proto::HeartbeatRequest req;
-    req.set_role(proto::ROLE_SERVER);
+    node.FillHeartbeat(&req);
     req.set_id(id);
-    const auto [ack_epoch, ack_ms] = node.FirstAck();
-    req.set_first_ack_epoch(ack_epoch);
-    req.set_first_ack_unix_ms(ack_ms);
     auto resp = scheduler->Heartbeat(req, absl::Now() + hb_timeout / 2);
     if (resp.ok()) {
       last_ok = absl::Now();

@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "gtest/gtest.h"
 #include "tests/inproc_cluster.h"
+#include "transport/faulty_transport.h"
 #include "worker/kv_worker.h"
 
 namespace ps {
@@ -78,11 +79,8 @@ void RunExactCounter(
         cluster.server(i)->Tick();
         if (cluster.server_killed(i)) continue;
         proto::HeartbeatRequest h;
-        h.set_role(proto::ROLE_SERVER);
+        cluster.server(i)->FillHeartbeat(&h);
         h.set_id(i);
-        const auto [e, ms] = cluster.server(i)->FirstAck();
-        h.set_first_ack_epoch(e);
-        h.set_first_ack_unix_ms(ms);
         (void)cluster.scheduler()->Heartbeat(h);  // a spare: unknown
       }
       for (int w = 0; w < kWorkers; ++w) {
@@ -257,6 +255,105 @@ TEST_F(FailoverTest, ExactCounterWhileServersJoinAndOneIsDrained) {
             std::string::npos)
       << report;
 }
+
+// A failover refills each chain with a new backup, which holds nothing
+// until its primary's copy arrives. Here S[0] dies, then S[1] dies before
+// (copies lost on the way) or after S[2] received its copies of the ranges
+// it was added to. Before: the scheduler must not promote S[2] to owner of
+// those ranges (it would serve them emptied as if nothing happened): the
+// job fails with DATA_LOSS naming the range and S[2]. After (S[2]'s
+// heartbeat said it holds them): S[2] takes every range and the job runs
+// on.
+class CopyRaceTest : public FailoverTest,
+                     public ::testing::WithParamInterface<bool> {};
+
+TEST_P(CopyRaceTest, OwnerDiesWhileTheNewBackupIsCopying) {
+  const bool lose_copies = GetParam();
+  std::atomic<bool> lose{false};
+  LocalClusterOptions o;
+  o.config = CounterJob();
+  o.server_peers = [&](int, ClientFactory* inproc) {
+    FaultOptions f;
+    f.schedule = [&](RpcMethod m, int64_t) {
+      return m == RpcMethod::kReplicate && lose.load() ? Fault::kDropRequest
+                                                       : Fault::kNone;
+    };
+    return std::make_unique<FaultyClientFactory>(inproc, f);
+  };
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  lose = lose_copies;
+  SchedulerCore* sched = cluster.scheduler();
+  // Kills S[id] and has the scheduler probe it (as a worker that cannot
+  // reach it does); returns once a view newer than `known` is out or the
+  // job ended.
+  auto kill = [&](int id, int64_t known) {
+    cluster.KillServer(id);
+    proto::GetViewRequest req;
+    req.set_role(proto::ROLE_WORKER);
+    req.set_known_epoch(known);
+    req.set_wait_ms(20000);
+    req.add_suspect_servers(id);
+    return sched->GetView(req, absl::Now() + absl::Seconds(20));
+  };
+  // Sends S[i]'s heartbeat once it reports the view `epoch` and, unless the
+  // copies are lost, no incomplete range; returns its incomplete ranges.
+  auto beat = [&](int i, int64_t epoch) {
+    proto::HeartbeatRequest h;
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    for (;;) {
+      h.Clear();
+      cluster.server(i)->FillHeartbeat(&h);
+      if (h.view_epoch() >= epoch &&
+          (lose_copies || h.incomplete_ranges_size() == 0)) {
+        break;
+      }
+      if (absl::Now() > deadline) {
+        ADD_FAILURE() << "S[" << i << "] at epoch " << h.view_epoch() << ", "
+                      << h.incomplete_ranges_size() << " incomplete";
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_TRUE(sched->Heartbeat(h).ok());
+    return h.incomplete_ranges_size();
+  };
+  auto v = kill(0, 1);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_EQ(v->view().epoch(), 2);
+  beat(1, 2);
+  const int copying = beat(2, 2);
+  if (lose_copies) {
+    ASSERT_GT(copying, 0) << "S[2] was added to no range S[0] held";
+  }
+  v = kill(1, 2);
+  ASSERT_TRUE(v.ok()) << v.status();
+  auto st = sched->Status();
+  ASSERT_TRUE(st.ok());
+  if (lose_copies) {
+    absl::Status end = sched->WaitForEnd(absl::Now() + absl::Seconds(20));
+    EXPECT_EQ(end.code(), absl::StatusCode::kDataLoss) << end;
+    EXPECT_NE(end.message().find("had not received a copy yet"),
+              std::string::npos)
+        << end;
+    EXPECT_NE(end.message().find("S[2]"), std::string::npos) << end;
+    return;
+  }
+  EXPECT_EQ(st->phase(), "running");
+  const proto::RoutingTable& t = st->view().routing();
+  EXPECT_EQ(t.epoch(), 3);
+  for (int r = 0; r < t.range_server_size(); ++r) {
+    EXPECT_EQ(t.range_server(r), 2) << "range " << r;
+  }
+  EXPECT_EQ(cluster.server(2)->OwnedRanges().size(),
+            static_cast<size_t>(t.range_server_size()));
+  EXPECT_TRUE(cluster.server(2)->CheckInvariants().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Copies, CopyRaceTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Lost" : "Arrived";
+                         });
 
 // What a drain or a join cannot do is refused with a status that says why,
 // and changes nothing.

@@ -250,7 +250,12 @@ absl::Status LocalCluster::Start() {
   const int num_workers = config.cluster.num_workers;
   for (int i = 0; i < num_servers + options_.spare_servers; ++i) {
     servers_.push_back(std::make_unique<ServerNode>());
-    servers_.back()->SetPeers(&clients_);  // replication (issue 9)
+    ClientFactory* peers = &clients_;  // replication (issue 9)
+    if (options_.server_peers) {
+      peer_clients_.push_back(options_.server_peers(i, &clients_));
+      peers = peer_clients_.back().get();
+    }
+    servers_.back()->SetPeers(peers);
     servers_.back()->SetSuspectHandler([this](int server) {
       proto::GetViewRequest req;
       req.set_wait_ms(0);
@@ -389,11 +394,8 @@ absl::Status LocalCluster::Run() {
         for (int i = 0; i < num_servers(); ++i) {
           if (server_handlers_[i]->killed()) continue;
           proto::HeartbeatRequest h;
-          h.set_role(proto::ROLE_SERVER);
-          h.set_id(i);
-          const auto [ack_epoch, ack_ms] = servers_[i]->FirstAck();
-          h.set_first_ack_epoch(ack_epoch);
-          h.set_first_ack_unix_ms(ack_ms);
+          servers_[i]->FillHeartbeat(&h);
+          h.set_id(i);  // a spare not configured yet has no id of its own
           (void)scheduler_->Heartbeat(h);
         }
         next_hb = absl::Now() + hb;

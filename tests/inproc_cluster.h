@@ -120,6 +120,12 @@ struct LocalClusterOptions {
   std::function<std::unique_ptr<ClientFactory>(int worker,
                                                ClientFactory* inproc)>
       worker_clients;
+  // Issue 9: makes the client factory server `s` replicates to its backups
+  // with (e.g. a FaultyClientFactory that loses copies). Unset: the
+  // in-process one.
+  std::function<std::unique_ptr<ClientFactory>(int server,
+                                               ClientFactory* inproc)>
+      server_peers;
   // Issue 9 (worker failure): wraps the scheduler client worker `w` uses
   // (e.g. to cut it off). Unset: the shared in-process one.
   std::function<std::shared_ptr<SchedulerClient>(
@@ -221,6 +227,8 @@ class LocalCluster {
   std::string model_dir_;
   bool own_model_dir_ = false;
   InProcClientFactory clients_;
+  // options.server_peers' factories; after clients_, before the servers.
+  std::vector<std::unique_ptr<ClientFactory>> peer_clients_;
   std::unique_ptr<SchedulerCore> scheduler_;
   std::vector<std::unique_ptr<ServerNode>> servers_;
   // After the nodes they point to (destroyed first).
