@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -301,6 +302,7 @@ void SchedulerCore::Rebalance(int joiner) {
   absl::StatusOr<MoveResult> res =
       MoveRanges(plan, absl::StrCat("S[", joiner, "] joins"));
   absl::MutexLock l(&mu_);
+  rebalancing_.erase(joiner);
   MembershipChange m;
   m.event = "joined";
   m.server = joiner;
@@ -409,7 +411,13 @@ absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
           "drain: S[", x, "] is the only live server"));
     }
     replicas = replicas_;
+    if (draining_.insert(x).second) SaveStateLocked();
   }
+  // However the drain ends, it is no longer in progress.
+  absl::Cleanup done = [&] {
+    absl::MutexLock l(&mu_);
+    if (draining_.erase(x) > 0) SaveStateLocked();
+  };
   // Every range whose chain holds x: the chain without it (its first backup
   // takes over what it owned; a range without one goes to the live server
   // owning the fewest), refilled to 1 + replicas from the ring's preference

@@ -333,6 +333,7 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
     *view_.mutable_routing()->add_servers() = node.info;
     PS_LOG_INFO("S[{}] joined the running job ({}): view epoch {}", n,
                 req.address(), view_.epoch());
+    rebalancing_.insert(n);
     probes_.emplace_back(&SchedulerCore::Rebalance, this, n);
     SaveStateLocked();
     proto::RegisterResponse resp;

@@ -174,7 +174,9 @@ class SchedulerCore {
   // unreadable or malformed file.
   absl::StatusOr<bool> RestoreState();
   // After RestoreState returned true: finishes what the previous scheduler
-  // was doing when it died (saving the model, when every worker was done).
+  // was doing when it died: a worker's join, a server's join (its share of
+  // the ranges) or drain (on threads of their own), and saving the model
+  // when every worker was done.
   // Blocks; call from a thread of its own.
   void ResumeAfterRestore();
 
@@ -381,6 +383,10 @@ class SchedulerCore {
   // (range, server) -> the view epoch that added the server to the range's
   // chain, while it has no complete copy (NoteChainsLocked).
   std::map<std::pair<int, int>, int64_t> copying_ ABSL_GUARDED_BY(mu_);
+  // Server moves in progress (state file: a restarted scheduler finishes
+  // them): servers being drained, joiners taking their share.
+  std::set<int> draining_ ABSL_GUARDED_BY(mu_);
+  std::set<int> rebalancing_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   int restarts_ ABSL_GUARDED_BY(mu_) = 0;  // scheduler restarts so far
   // Work units done before the checkpoint this job restored (issue 9).

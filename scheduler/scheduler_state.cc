@@ -98,6 +98,8 @@ void SchedulerCore::SaveStateLocked() {
     o->set_server(key.second);
     o->set_epoch(epoch);
   }
+  st.mutable_draining()->Add(draining_.begin(), draining_.end());
+  st.mutable_rebalancing()->Add(rebalancing_.begin(), rebalancing_.end());
   absl::Status s = WriteAtomically(options_.state_path, st.SerializeAsString());
   if (!s.ok() && !state_error_logged_) {
     state_error_logged_ = true;
@@ -178,6 +180,9 @@ absl::StatusOr<bool> SchedulerCore::RestoreState() {
     f.why = o.why();
     failovers_.push_back(std::move(f));
   }
+  draining_ = std::set<int>(st.draining().begin(), st.draining().end());
+  rebalancing_ =
+      std::set<int>(st.rebalancing().begin(), st.rebalancing().end());
   copying_.clear();
   for (const proto::SchedulerState::CopyingRecord& o : st.copying()) {
     copying_[{o.range(), o.server()}] = o.epoch();
@@ -215,6 +220,29 @@ void SchedulerCore::ResumeAfterRestore() {
         probes_.emplace_back(&SchedulerCore::JoinWorker, this, w.info.id(), 0,
                              options_.clock->Now());
       }
+    }
+    // Server moves the previous scheduler had not finished: planned again
+    // from the current view (a stage-1 view's new members are already in
+    // their chains; those holding their copy count as synced).
+    for (int s : rebalancing_) {
+      if (!AliveServerLocked(s)) continue;
+      PS_LOG_INFO("S[{}] joined before the restart: moving its share of the "
+                  "ranges to it",
+                  s);
+      probes_.emplace_back(&SchedulerCore::Rebalance, this, s);
+    }
+    for (int s : draining_) {
+      if (!AliveServerLocked(s)) continue;
+      PS_LOG_INFO("S[{}] was being drained before the restart: draining it",
+                  s);
+      probes_.emplace_back([this, s] {
+        proto::DrainRequest d;
+        d.set_server(s);
+        absl::StatusOr<proto::DrainResponse> r = Drain(d);
+        if (!r.ok()) {
+          PS_LOG_WARN("resumed drain of S[{}]: {}", s, r.status().ToString());
+        }
+      });
     }
     // The previous scheduler may have died while the model was being saved
     // (every worker done): save it again (each save overwrites its files).

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
@@ -72,6 +73,12 @@ class FakeServerClient : public ServerClient {
   }
   absl::StatusOr<proto::ServerControlResponse> Control(
       const proto::ServerControlRequest& req, absl::Time) override {
+    std::function<void(const proto::ServerControlRequest&)> hook;
+    {
+      absl::MutexLock l(&mu_);
+      hook = on_control_;
+    }
+    if (hook) hook(req);
     absl::MutexLock l(&mu_);
     calls_.push_back(req);
     times_.push_back(clock_->Now());
@@ -98,7 +105,17 @@ class FakeServerClient : public ServerClient {
     absl::MutexLock l(&mu_);
     ++status_calls_;
     if (!status_error_.ok()) return status_error_;
-    return proto::ServerStatus();
+    return status_;
+  }
+  // What later GetStatus calls answer (default: an empty status).
+  void SetStatus(proto::ServerStatus s) {
+    absl::MutexLock l(&mu_);
+    status_ = std::move(s);
+  }
+  // Runs on every Control call, before it is answered.
+  void OnControl(std::function<void(const proto::ServerControlRequest&)> f) {
+    absl::MutexLock l(&mu_);
+    on_control_ = std::move(f);
   }
   // Every later GetStatus (the failover probe) fails with `s`.
   void FailStatus(absl::Status s) {
@@ -112,6 +129,9 @@ class FakeServerClient : public ServerClient {
 
  private:
   absl::Status status_error_ ABSL_GUARDED_BY(mu_);
+  proto::ServerStatus status_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const proto::ServerControlRequest&)> on_control_
+      ABSL_GUARDED_BY(mu_);
   int status_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t join_clock_ ABSL_GUARDED_BY(mu_) = 0;
   ::ps::Clock* const clock_;
@@ -1260,6 +1280,144 @@ TEST_F(WorkUnitTest, RestartedSchedulerTakesTheJobOver) {
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_FALSE(*fresh);
   EXPECT_EQ(core_->phase(), JobPhase::kRegistering);
+}
+
+// Scheduler restart during a drain (issue 9): the scheduler dies after the
+// drain's stage-1 view (the refilled backups added, copying); the one that
+// takes the job over from that state file finishes the drain: S[1] leaves,
+// no chain holds it, the report has the drain.
+TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesADrain) {
+  config_.cluster.num_servers = 3;
+  state_path_ = (std::filesystem::path(::testing::TempDir()) /
+                 absl::StrCat("scheduler_test_drain_state_", getpid()))
+                    .string();
+  const std::string snapshot = state_path_ + ".at-stage-1";
+  std::filesystem::remove(state_path_);
+  Start();
+  RegisterAll();
+  const int num_ranges = core_->Status()->view().routing().range_server_size();
+  // Every primary reports every member synced once asked.
+  proto::ServerStatus synced;
+  for (int r = 0; r < num_ranges; ++r) {
+    for (int sv = 0; sv < 3; ++sv) {
+      proto::ServerStatus::Replica* rep = synced.add_synced();
+      rep->set_range(r);
+      rep->set_server(sv);
+    }
+  }
+  for (int sv = 0; sv < 3; ++sv) clients_.server(Addr(sv))->SetStatus(synced);
+  // The state file as it is when the stage-1 view goes out: what a
+  // scheduler SIGKILLed right then leaves behind.
+  clients_.server(Addr(0))->OnControl(
+      [&](const proto::ServerControlRequest& req) {
+        if (req.has_new_view() && req.new_view().epoch() == 2) {
+          std::filesystem::copy_file(
+              state_path_, snapshot,
+              std::filesystem::copy_options::overwrite_existing);
+        }
+      });
+  proto::DrainRequest d;
+  d.set_server(1);
+  ASSERT_TRUE(core_->Drain(d).ok());
+  core_.reset();  // "SIGKILL"; its later state is lost
+  clients_.server(Addr(0))->OnControl(nullptr);
+  std::filesystem::copy_file(snapshot, state_path_,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::remove(snapshot);
+
+  Start();
+  absl::StatusOr<bool> restored = core_->RestoreState();
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(*restored);
+  auto st = core_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->view().epoch(), 2);
+  ASSERT_EQ(st->view().routing().servers(1).state(), proto::NODE_ALIVE);
+  core_->ResumeAfterRestore();  // the drain goes on on a thread
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  for (;;) {
+    st = core_->Status();
+    ASSERT_TRUE(st.ok());
+    if (st->view().routing().servers(1).state() == proto::NODE_LEFT) break;
+    ASSERT_LT(absl::Now(), deadline) << "the drain was not finished";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const proto::RoutingTable& t = st->view().routing();
+  ASSERT_EQ(t.replicas(), 1);
+  for (int r = 0; r < t.range_server_size(); ++r) {
+    EXPECT_NE(t.range_server(r), 1) << "range " << r;
+    EXPECT_NE(t.range_backup(r), 1) << "range " << r;
+    EXPECT_GE(t.range_backup(r), 0) << "range " << r;
+    EXPECT_NE(t.range_backup(r), t.range_server(r)) << "range " << r;
+  }
+  const std::string report = core_->ReportJson();
+  EXPECT_NE(report.find("\"event\": \"drained\", \"node\": \"S[1]\""),
+            std::string::npos)
+      << report;
+}
+
+// The same for a server that joined: the scheduler dies after the stage-1
+// view of the joiner's share; the one that takes over moves the share.
+TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesAJoin) {
+  config_.cluster.num_servers = 3;
+  state_path_ = (std::filesystem::path(::testing::TempDir()) /
+                 absl::StrCat("scheduler_test_join_state_", getpid()))
+                    .string();
+  const std::string snapshot = state_path_ + ".at-stage-1";
+  std::filesystem::remove(state_path_);
+  Start();
+  RegisterAll();
+  const int num_ranges = core_->Status()->view().routing().range_server_size();
+  proto::ServerStatus synced;
+  for (int r = 0; r < num_ranges; ++r) {
+    proto::ServerStatus::Replica* rep = synced.add_synced();
+    rep->set_range(r);
+    rep->set_server(3);
+  }
+  for (int sv = 0; sv < 3; ++sv) clients_.server(Addr(sv))->SetStatus(synced);
+  absl::Notification stage1;
+  clients_.server(Addr(0))->OnControl(
+      [&](const proto::ServerControlRequest& req) {
+        if (req.has_new_view() && req.new_view().epoch() == 3 &&
+            !stage1.HasBeenNotified()) {
+          std::filesystem::copy_file(
+              state_path_, snapshot,
+              std::filesystem::copy_options::overwrite_existing);
+          stage1.Notify();
+        }
+      });
+  ASSERT_TRUE(Register(proto::ROLE_SERVER, 3).ok());  // joins: epoch 2
+  ASSERT_TRUE(stage1.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  core_.reset();  // "SIGKILL" (its thread is joined; its later state lost)
+  clients_.server(Addr(0))->OnControl(nullptr);
+  std::filesystem::copy_file(snapshot, state_path_,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::remove(snapshot);
+
+  Start();
+  absl::StatusOr<bool> restored = core_->RestoreState();
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(*restored);
+  ASSERT_EQ(core_->Status()->view().epoch(), 3);
+  core_->ResumeAfterRestore();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::string report;
+  for (;;) {
+    report = core_->ReportJson();
+    if (report.find("\"event\": \"joined\", \"node\": \"S[3]\"") !=
+        std::string::npos) {
+      break;
+    }
+    ASSERT_LT(absl::Now(), deadline) << "the join was not finished";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const proto::RoutingTable t = core_->Status()->view().routing();
+  ASSERT_EQ(t.replicas(), 1);
+  int owned = 0;
+  for (int r = 0; r < t.range_server_size(); ++r) {
+    owned += t.range_server(r) == 3 ? 1 : 0;
+  }
+  EXPECT_EQ(owned, num_ranges / 4) << report;
 }
 
 }  // namespace ps
