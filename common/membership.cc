@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
+#include "transport/errors.h"
 
 namespace ps {
 
@@ -44,6 +46,22 @@ absl::StatusOr<Membership> JoinCluster(SchedulerClient* scheduler,
     auto v = scheduler->GetView(gv, absl::Now() + absl::Seconds(5));
     if (v.ok() && v->ready()) {
       m.view = v->view();
+    } else if (!v.ok() && ReasonOf(v.status()) == proto::REASON_NOT_REGISTERED) {
+      // The scheduler was restarted before the cluster was ready: register
+      // with the new one, asking for the same id.
+      PS_LOG_WARN("{}", std::string(v.status().message()));
+      proto::RegisterRequest again = req;
+      again.set_requested_id(m.id);
+      auto rr = scheduler->Register(again, absl::Now() + absl::Seconds(5));
+      if (rr.ok()) {
+        m.id = rr->id();
+        m.view = rr->view();
+      } else if (rr.status().code() != absl::StatusCode::kUnavailable) {
+        return absl::Status(rr.status().code(),
+                            absl::StrCat("register again with scheduler ",
+                                         scheduler_address, ": ",
+                                         rr.status().message()));
+      }
     } else if (!v.ok() &&
                v.status().code() != absl::StatusCode::kUnavailable &&
                v.status().code() != absl::StatusCode::kDeadlineExceeded) {

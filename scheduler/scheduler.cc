@@ -456,6 +456,20 @@ absl::StatusOr<proto::GetViewResponse> SchedulerCore::GetView(
   absl::Time until = std::min(
       deadline, absl::Now() + absl::Milliseconds(req.wait_ms()));
   absl::MutexLock l(&mu_);
+  if (!ready_ && !concluding_ &&
+      (req.role() == proto::ROLE_SERVER || req.role() == proto::ROLE_WORKER)) {
+    // Issue 9: a node that registered with a scheduler which died before
+    // the cluster was ready (and so wrote no state) is unknown here.
+    const Node* n = FindLocked(req.role(), req.id());
+    if (n == nullptr || n->info.state() == proto::NODE_UNKNOWN) {
+      return ErrorWithReason(
+          absl::StatusCode::kFailedPrecondition, proto::REASON_NOT_REGISTERED,
+          absl::StrCat(RoleLetter(req.role()), "[", req.id(),
+                       "] is not registered with this scheduler (it was "
+                       "restarted before the cluster was ready): register "
+                       "again"));
+    }
+  }
   // Failover (issue 9): a caller that could not reach a server has it
   // probed now.
   for (int s : req.suspect_servers()) {

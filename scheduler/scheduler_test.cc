@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "common/membership.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
 #include "transport/errors.h"
@@ -1418,6 +1420,109 @@ TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesAJoin) {
     owned += t.range_server(r) == 3 ? 1 : 0;
   }
   EXPECT_EQ(owned, num_ranges / 4) << report;
+}
+
+// A scheduler client that forwards to whichever SchedulerCore is current
+// (a scheduler process replaced by another on the same address).
+class SwappableScheduler : public SchedulerClient {
+ public:
+  void Set(SchedulerCore* core) {
+    absl::MutexLock l(&mu_);
+    core_ = core;
+  }
+  int registers() {
+    absl::MutexLock l(&mu_);
+    return registers_;
+  }
+  absl::StatusOr<proto::RegisterResponse> Register(
+      const proto::RegisterRequest& req, absl::Time) override {
+    SchedulerCore* c = Get();
+    {
+      absl::MutexLock l(&mu_);
+      ++registers_;
+    }
+    return c->Register(req);
+  }
+  absl::StatusOr<proto::GetViewResponse> GetView(
+      const proto::GetViewRequest& req, absl::Time deadline) override {
+    return Get()->GetView(req, deadline);
+  }
+  absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
+      const proto::HeartbeatRequest& req, absl::Time) override {
+    return Get()->Heartbeat(req);
+  }
+  absl::StatusOr<proto::GetShardResponse> GetShard(
+      const proto::GetShardRequest& req, absl::Time) override {
+    return Get()->GetShard(req);
+  }
+  absl::StatusOr<proto::GetWorkResponse> GetWork(
+      const proto::GetWorkRequest& req, absl::Time) override {
+    return Get()->GetWork(req);
+  }
+  absl::Status Barrier(const proto::BarrierRequest& req,
+                       absl::Time deadline) override {
+    return Get()->Barrier(req, deadline);
+  }
+  absl::Status WorkerDone(const proto::WorkerDoneRequest& req,
+                          absl::Time) override {
+    return Get()->WorkerDone(req);
+  }
+  absl::Status ServerDone(const proto::ServerDoneRequest&,
+                          absl::Time) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<proto::SetConsistencyResponse> SetConsistency(
+      const proto::SetConsistencyRequest& req, absl::Time) override {
+    return Get()->SetConsistency(req);
+  }
+  absl::StatusOr<proto::StatusResponse> Status(const proto::StatusRequest&,
+                                               absl::Time) override {
+    return Get()->Status();
+  }
+
+ private:
+  SchedulerCore* Get() {
+    absl::MutexLock l(&mu_);
+    return core_;
+  }
+  absl::Mutex mu_;
+  SchedulerCore* core_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int registers_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Issue 9: the scheduler dies while the nodes register (before the cluster
+// is ready, so it wrote no state) and a new one starts on the same
+// address. A node that registered with the old one and waits for the view
+// is told by the new one that it is not registered, registers again with
+// the same id, and gets the ready view once everyone is in.
+TEST_F(SchedulerCoreTest, NodeRegistersAgainWithARestartedScheduler) {
+  Start();
+  SwappableScheduler client;
+  client.Set(core_.get());
+  absl::StatusOr<Membership> joined;
+  std::thread node([&] {
+    proto::RegisterRequest r;
+    r.set_role(proto::ROLE_SERVER);
+    r.set_requested_id(1);
+    r.set_address(Addr(1));
+    joined = JoinCluster(&client, "fake:scheduler", r,
+                         absl::Now() + absl::Seconds(30));
+  });
+  while (client.registers() == 0) absl::SleepFor(absl::Milliseconds(1));
+  // "SIGKILL": a new scheduler, with nothing of the old one's registrations,
+  // takes the address; the old one answers nothing more.
+  std::unique_ptr<SchedulerCore> old = std::move(core_);
+  Start();
+  client.Set(core_.get());
+  while (client.registers() < 2) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(Register(proto::ROLE_SERVER, 0).ok());
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(Register(proto::ROLE_WORKER, w).ok());
+  node.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->id, 1);
+  EXPECT_GE(joined->view.epoch(), 1);
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  EXPECT_EQ(core_->Status()->view().routing().servers(1).address(), Addr(1));
 }
 
 }  // namespace ps
