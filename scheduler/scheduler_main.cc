@@ -8,6 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "common/logging.h"
+#include "common/process.h"
 #include "scheduler/scheduler_runner.h"
 
 ABSL_FLAG(std::string, config, "", "job config (YAML); defaults when empty");
@@ -24,6 +25,7 @@ ABSL_FLAG(bool, insecure, false,
           "allow listening on a non-loopback address without PS_AUTH_TOKEN");
 
 int main(int argc, char** argv) {
+  ps::UseReleaseMutexes();
   absl::ParseCommandLine(argc, argv);
   ps::InitLogging("H");
   ps::SchedulerRunOptions o;

@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "common/logging.h"
+#include "common/process.h"
 #include "server/server_runner.h"
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
@@ -18,6 +19,7 @@ ABSL_FLAG(std::string, advertise, "",
           "host other nodes reach this server at (default: --bind)");
 
 int main(int argc, char** argv) {
+  ps::UseReleaseMutexes();
   absl::ParseCommandLine(argc, argv);
   ps::InitLogging("S[?]");
   ps::ServerRunOptions o;
