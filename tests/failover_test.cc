@@ -345,6 +345,7 @@ TEST_P(CopyRaceTest, OwnerDiesWhileTheNewBackupIsCopying) {
   for (int r = 0; r < t.range_server_size(); ++r) {
     EXPECT_EQ(t.range_server(r), 2) << "range " << r;
   }
+  beat(2, 3);  // S[2] installed the view (it is sent after GetView answers)
   EXPECT_EQ(cluster.server(2)->OwnedRanges().size(),
             static_cast<size_t>(t.range_server_size()));
   EXPECT_TRUE(cluster.server(2)->CheckInvariants().ok());
