@@ -562,7 +562,10 @@ TEST_P(FailoverModeTest, TrainingTakesAWorkerThatJoinsMidRun) {
       JsonNumber(report.substr(w2), "examples");
   ASSERT_TRUE(w2_examples.ok()) << report;
   EXPECT_GT(*w2_examples, 0) << report;
-  EXPECT_NEAR(TestAuc(report), TestAuc(ref_report), 0.01) << report;
+  // Three workers from the join on update in another order than the
+  // reference's two (any mode): the model is not the same, only no worse
+  // (an ASP run once scored 0.0104 above the reference).
+  EXPECT_GE(TestAuc(report), TestAuc(ref_report) - 0.01) << report;
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, FailoverModeTest,
