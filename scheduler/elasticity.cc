@@ -74,12 +74,6 @@ void SchedulerCore::NoteChainsLocked(const proto::RoutingTable& before,
   }
 }
 
-void SchedulerCore::NoteCompleteLocked(int range, int server,
-                                       int64_t view_epoch) {
-  auto it = copying_.find({range, server});
-  if (it != copying_.end() && view_epoch >= it->second) copying_.erase(it);
-}
-
 std::vector<int> SchedulerCore::OwnedCountsLocked(
     const proto::RoutingTable& t) const {
   std::vector<int> n(servers_.size(), 0);
@@ -158,9 +152,8 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
       }
       for (const auto& [r, s] : pending) {
         const int owner = view_.routing().range_server(r);
-        if (!AliveServerLocked(owner)) continue;  // failed over meanwhile
-        if (owner == s) {
-          continue;  // promoted by a failover: only a whole copy is
+        if (!AliveServerLocked(owner) || owner == s) {
+          continue;  // failed over meanwhile (checked below)
         }
         by_owner[servers_[owner].info.address()].push_back(r);
       }

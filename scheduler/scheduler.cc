@@ -523,17 +523,20 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   n.info.set_last_heartbeat_ms(absl::ToUnixMillis(n.last_seen));
   if (req.role() == proto::ROLE_SERVER && req.view_epoch() > 0 &&
       !copying_.empty()) {
-    // Issue 9: chain members of this server that now hold their copy.
-    std::vector<int> done;
-    for (const auto& [key, epoch] : copying_) {
-      if (key.second == req.id() && req.view_epoch() >= epoch &&
-          std::find(req.incomplete_ranges().begin(),
-                    req.incomplete_ranges().end(),
-                    key.first) == req.incomplete_ranges().end()) {
-        done.push_back(key.first);
+    // Issue 9: chain members of this server that now hold their copy (it
+    // reports a view no older than the one that added it, without the
+    // range among its incomplete ones).
+    const auto& incomplete = req.incomplete_ranges();
+    for (auto it = copying_.begin(); it != copying_.end();) {
+      const auto [r, s] = it->first;
+      if (s == req.id() && req.view_epoch() >= it->second &&
+          std::find(incomplete.begin(), incomplete.end(), r) ==
+              incomplete.end()) {
+        it = copying_.erase(it);
+      } else {
+        ++it;
       }
     }
-    for (int r : done) NoteCompleteLocked(r, req.id(), req.view_epoch());
   }
   if (req.role() == proto::ROLE_SERVER && req.first_ack_unix_ms() > 0) {
     for (Failover& f : failovers_) {

@@ -267,14 +267,11 @@ class SchedulerCore {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool AliveServerLocked(int id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Chain members of a range still waiting for their copy (issue 9): a
-  // failover never promotes one. NoteChainsLocked records the members
-  // `after` adds to each range's chain (and forgets those it drops);
-  // NoteCompleteLocked forgets (range, server) once the server reports, at
-  // a view no older than the one that added it, that it holds the copy.
+  // failover never promotes one. Records the members `after` adds to each
+  // range's chain (and forgets those it drops); they are forgotten too once
+  // their primary's status or their own heartbeat says they hold the copy.
   void NoteChainsLocked(const proto::RoutingTable& before,
                         const proto::RoutingTable& after)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NoteCompleteLocked(int range, int server, int64_t view_epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MembershipReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The report's "failovers" entries.

@@ -241,6 +241,44 @@ class SchedulerCoreTest : public ::testing::Test {
     return core_->WorkerDone(d);
   }
   absl::Status End() { return core_->WaitForEnd(absl::Now()); }
+  // Scheduler restart (issue 9): the schedulers Start() makes from now on
+  // keep their state in a fresh file named after `name`.
+  void UseStateFile(const std::string& name) {
+    state_path_ = (std::filesystem::path(::testing::TempDir()) /
+                   absl::StrCat(name, "_", getpid()))
+                      .string();
+    std::filesystem::remove(state_path_);
+  }
+  // Copies the state file to `snapshot` when S[0] is sent the view of
+  // `epoch` (the scheduler saves before it broadcasts): what a scheduler
+  // SIGKILLed right then leaves behind. Notifies `taken`.
+  void SnapshotStateAt(int64_t epoch, const std::string& snapshot,
+                       absl::Notification* taken) {
+    clients_.server(Addr(0))->OnControl(
+        [this, epoch, snapshot, taken](const proto::ServerControlRequest& req) {
+          if (req.has_new_view() && req.new_view().epoch() == epoch &&
+              !taken->HasBeenNotified()) {
+            std::filesystem::copy_file(
+                state_path_, snapshot,
+                std::filesystem::copy_options::overwrite_existing);
+            taken->Notify();
+          }
+        });
+  }
+  // "SIGKILLs" the scheduler (its later state is lost) and starts one that
+  // takes the job over from `snapshot`.
+  void RestartFrom(const std::string& snapshot) {
+    core_.reset();
+    clients_.server(Addr(0))->OnControl(nullptr);
+    std::filesystem::copy_file(
+        snapshot, state_path_,
+        std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::remove(snapshot);
+    Start();
+    absl::StatusOr<bool> restored = core_->RestoreState();
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    ASSERT_TRUE(*restored);
+  }
   std::string Report() {
     std::ifstream in(report_path_);
     std::stringstream ss;
@@ -1223,10 +1261,7 @@ TEST_F(WorkUnitTest, WorkersHearTheOthersLowestClock) {
 // where they were (a unit handed out stays with its worker, a finished one
 // stays counted), every node's heartbeat deadline restarted.
 TEST_F(WorkUnitTest, RestartedSchedulerTakesTheJobOver) {
-  state_path_ = (std::filesystem::path(::testing::TempDir()) /
-                 absl::StrCat("scheduler_test_state_", getpid()))
-                    .string();
-  std::filesystem::remove(state_path_);
+  UseStateFile("scheduler_test_state");
   Start();
   RegisterAll();
   auto a = Ask(0);
@@ -1290,11 +1325,8 @@ TEST_F(WorkUnitTest, RestartedSchedulerTakesTheJobOver) {
 // no chain holds it, the report has the drain.
 TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesADrain) {
   config_.cluster.num_servers = 3;
-  state_path_ = (std::filesystem::path(::testing::TempDir()) /
-                 absl::StrCat("scheduler_test_drain_state_", getpid()))
-                    .string();
+  UseStateFile("scheduler_test_drain_state");
   const std::string snapshot = state_path_ + ".at-stage-1";
-  std::filesystem::remove(state_path_);
   Start();
   RegisterAll();
   const int num_ranges = core_->Status()->view().routing().range_server_size();
@@ -1308,29 +1340,14 @@ TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesADrain) {
     }
   }
   for (int sv = 0; sv < 3; ++sv) clients_.server(Addr(sv))->SetStatus(synced);
-  // The state file as it is when the stage-1 view goes out: what a
-  // scheduler SIGKILLed right then leaves behind.
-  clients_.server(Addr(0))->OnControl(
-      [&](const proto::ServerControlRequest& req) {
-        if (req.has_new_view() && req.new_view().epoch() == 2) {
-          std::filesystem::copy_file(
-              state_path_, snapshot,
-              std::filesystem::copy_options::overwrite_existing);
-        }
-      });
+  absl::Notification stage1;
+  SnapshotStateAt(2, snapshot, &stage1);
   proto::DrainRequest d;
   d.set_server(1);
   ASSERT_TRUE(core_->Drain(d).ok());
-  core_.reset();  // "SIGKILL"; its later state is lost
-  clients_.server(Addr(0))->OnControl(nullptr);
-  std::filesystem::copy_file(snapshot, state_path_,
-                             std::filesystem::copy_options::overwrite_existing);
-  std::filesystem::remove(snapshot);
-
-  Start();
-  absl::StatusOr<bool> restored = core_->RestoreState();
-  ASSERT_TRUE(restored.ok()) << restored.status();
-  ASSERT_TRUE(*restored);
+  ASSERT_TRUE(stage1.HasBeenNotified());
+  RestartFrom(snapshot);
+  if (HasFatalFailure()) return;
   auto st = core_->Status();
   ASSERT_TRUE(st.ok());
   ASSERT_EQ(st->view().epoch(), 2);
@@ -1362,11 +1379,8 @@ TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesADrain) {
 // view of the joiner's share; the one that takes over moves the share.
 TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesAJoin) {
   config_.cluster.num_servers = 3;
-  state_path_ = (std::filesystem::path(::testing::TempDir()) /
-                 absl::StrCat("scheduler_test_join_state_", getpid()))
-                    .string();
+  UseStateFile("scheduler_test_join_state");
   const std::string snapshot = state_path_ + ".at-stage-1";
-  std::filesystem::remove(state_path_);
   Start();
   RegisterAll();
   const int num_ranges = core_->Status()->view().routing().range_server_size();
@@ -1378,28 +1392,11 @@ TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesAJoin) {
   }
   for (int sv = 0; sv < 3; ++sv) clients_.server(Addr(sv))->SetStatus(synced);
   absl::Notification stage1;
-  clients_.server(Addr(0))->OnControl(
-      [&](const proto::ServerControlRequest& req) {
-        if (req.has_new_view() && req.new_view().epoch() == 3 &&
-            !stage1.HasBeenNotified()) {
-          std::filesystem::copy_file(
-              state_path_, snapshot,
-              std::filesystem::copy_options::overwrite_existing);
-          stage1.Notify();
-        }
-      });
+  SnapshotStateAt(3, snapshot, &stage1);
   ASSERT_TRUE(Register(proto::ROLE_SERVER, 3).ok());  // joins: epoch 2
   ASSERT_TRUE(stage1.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  core_.reset();  // "SIGKILL" (its thread is joined; its later state lost)
-  clients_.server(Addr(0))->OnControl(nullptr);
-  std::filesystem::copy_file(snapshot, state_path_,
-                             std::filesystem::copy_options::overwrite_existing);
-  std::filesystem::remove(snapshot);
-
-  Start();
-  absl::StatusOr<bool> restored = core_->RestoreState();
-  ASSERT_TRUE(restored.ok()) << restored.status();
-  ASSERT_TRUE(*restored);
+  RestartFrom(snapshot);  // the old one's thread is joined first
+  if (HasFatalFailure()) return;
   ASSERT_EQ(core_->Status()->view().epoch(), 3);
   core_->ResumeAfterRestore();
   const absl::Time deadline = absl::Now() + absl::Seconds(20);

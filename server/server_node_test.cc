@@ -361,6 +361,21 @@ TEST_F(ServerNodeTest, NewerEpochIsViewBehind) {
   ASSERT_TRUE(PushNow(&node_, MakePush(0, 2, 0, {1}, {1}, 1, 2), &r).ok());
 }
 
+// Gives every range of `v` the same chain at `epoch`: `owner`, then
+// `backup` as its one backup (none when -1).
+void SetEveryChain(proto::ClusterView* v, int64_t epoch, int owner,
+                   int backup) {
+  v->set_epoch(epoch);
+  proto::RoutingTable* t = v->mutable_routing();
+  t->set_epoch(epoch);
+  t->set_replicas(backup >= 0 ? 1 : 0);
+  t->clear_range_backup();
+  for (int r = 0; r < t->range_server_size(); ++r) {
+    t->set_range_server(r, owner);
+    if (backup >= 0) t->add_range_backup(backup);
+  }
+}
+
 // Issue 9: a server made the owner of a range it never got a copy of
 // (a backup new to the range whose primary died before copying) holds
 // nothing of the range's state; it refuses every push and pull with
@@ -369,25 +384,17 @@ TEST_F(ServerNodeTest, OwnerWithoutACopyRefusesWithDataLoss) {
   // Epoch 1: S[0] owns every range and has no backup; S[1] (this node)
   // holds nothing.
   proto::ClusterView v = MakeView(2, 1, proto::MODE_ASP);
-  proto::RoutingTable* t = v.mutable_routing();
-  for (int r = 0; r < t->range_server_size(); ++r) t->set_range_server(r, 0);
+  SetEveryChain(&v, 1, 0, -1);
   ASSERT_TRUE(node_.Configure(1, v).ok());
   // Epoch 2: S[1] becomes the backup of every range: it awaits copies.
-  v.set_epoch(2);
-  t->set_epoch(2);
-  t->set_replicas(1);
-  for (int r = 0; r < t->range_server_size(); ++r) t->add_range_backup(1);
+  SetEveryChain(&v, 2, 0, 1);
   ASSERT_TRUE(node_.Configure(1, v).ok());
   proto::HeartbeatRequest hb;
   node_.FillHeartbeat(&hb);
   EXPECT_EQ(hb.view_epoch(), 2);
-  EXPECT_EQ(hb.incomplete_ranges_size(), t->range_server_size());
+  EXPECT_EQ(hb.incomplete_ranges_size(), v.routing().range_server_size());
   // Epoch 3: S[0] died before copying; S[1] is made the owner anyway.
-  v.set_epoch(3);
-  t->set_epoch(3);
-  t->set_replicas(0);
-  t->clear_range_backup();
-  for (int r = 0; r < t->range_server_size(); ++r) t->set_range_server(r, 1);
+  SetEveryChain(&v, 3, 1, -1);
   ASSERT_TRUE(node_.Configure(1, v).ok());
   absl::Status s = PushNow(&node_, MakePush(0, 1, 0, {42}, {-1}, 1, 3));
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
@@ -402,22 +409,13 @@ TEST_F(ServerNodeTest, OwnerWithoutACopyRefusesWithDataLoss) {
 // it serves; its heartbeat names no incomplete range.
 TEST_F(ServerNodeTest, BackupSinceTheStartIsPromotedWhole) {
   proto::ClusterView v = MakeView(2, 1, proto::MODE_ASP);
-  proto::RoutingTable* t = v.mutable_routing();
-  t->set_replicas(1);
-  for (int r = 0; r < t->range_server_size(); ++r) {
-    t->set_range_server(r, 0);
-    t->add_range_backup(1);
-  }
+  SetEveryChain(&v, 1, 0, 1);
   ASSERT_TRUE(node_.Configure(1, v).ok());
   proto::HeartbeatRequest hb;
   node_.FillHeartbeat(&hb);
   EXPECT_EQ(hb.view_epoch(), 1);
   EXPECT_EQ(hb.incomplete_ranges_size(), 0);
-  v.set_epoch(2);
-  t->set_epoch(2);
-  t->set_replicas(0);
-  t->clear_range_backup();
-  for (int r = 0; r < t->range_server_size(); ++r) t->set_range_server(r, 1);
+  SetEveryChain(&v, 2, 1, -1);
   ASSERT_TRUE(node_.Configure(1, v).ok());
   EXPECT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {42}, {-1}, 1, 2)).ok());
 }

@@ -154,6 +154,24 @@ double Auc(const LaunchResult& r) {
   return auc.ok() ? *auc : 0;
 }
 
+// The report's "epoch_examples" for `epochs` exact epochs of a9a.train
+// (32561 rows).
+std::string A9aEpochs(int epochs) {
+  std::vector<std::string> each(epochs, "32561");
+  return absl::StrCat("\"epoch_examples\": [", absl::StrJoin(each, ", "), "]");
+}
+
+// A run with chaos (kills, joins, drains, restarts) ended like the clean
+// run of the same job: ok, every one of `epochs` epochs exact, the AUC
+// within 0.002.
+void ExpectLikeClean(const LaunchResult& r, const LaunchResult& clean,
+                     int epochs) {
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report;
+  EXPECT_NE(r.report.find(A9aEpochs(epochs)), std::string::npos) << r.report;
+  EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
+}
+
 // Every file of the model directory, by name.
 std::map<std::string, std::string> ModelFiles(const std::string& dir) {
   std::map<std::string, std::string> files;
@@ -527,10 +545,7 @@ TEST_F(HandStartedTest, KilledWorkerIsDroppedAndItsWorkRedone) {
   EXPECT_NE(report.find("\"status\": \"ok\""), std::string::npos) << report;
   EXPECT_NE(report.find("\"dead_workers\": [1]"), std::string::npos) << report;
   // a9a.train has 32561 rows; 5 epochs.
-  EXPECT_NE(report.find("\"epoch_examples\": [32561, 32561, 32561, 32561, "
-                        "32561]"),
-            std::string::npos)
-      << report;
+  EXPECT_NE(report.find(A9aEpochs(5)), std::string::npos) << report;
   absl::StatusOr<double> auc = JsonNumber(report, "test_auc");
   ASSERT_TRUE(auc.ok()) << auc.status() << "\n" << report;
   std::printf("test AUC %.4f with W1 killed\n", *auc);
@@ -714,9 +729,7 @@ TEST_F(MultiProcessTest, ResumeWithThreeServersFromTwoServerCheckpoint) {
   absl::StatusOr<double> resumed = JsonNumber(d.report, "resumed_units");
   ASSERT_TRUE(resumed.ok()) << d.report;
   EXPECT_GT(*resumed, 0) << d.report;
-  const std::string epochs = "\"epoch_examples\": [32561, 32561, 32561, "
-                             "32561, 32561, 32561, 32561, 32561]";
-  EXPECT_NE(d.report.find(epochs), std::string::npos) << d.report;
+  EXPECT_NE(d.report.find(A9aEpochs(8)), std::string::npos) << d.report;
   EXPECT_GE(Auc(d), 0.89);
 
   // A flipped byte: refused with DATA_LOSS naming the file, nothing starts.
@@ -791,19 +804,14 @@ TEST_P(ServerKillTest, JobSurvivesAKilledServer) {
   EXPECT_NE(r.log.find("ps_launch: chaos: killed S[1] (pid "),
             std::string::npos)
       << Tail(r.log, 4000);
-  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
-      << r.report;
   EXPECT_NE(r.report.find("\"failovers\": [{\"node\": \"S[1]\""),
             std::string::npos)
       << r.report;
-  const std::string epochs = "\"epoch_examples\": [32561, 32561, 32561, "
-                             "32561, 32561, 32561, 32561, 32561]";
-  EXPECT_NE(r.report.find(epochs), std::string::npos) << r.report;
+  ExpectLikeClean(r, clean, 8);
   absl::StatusOr<double> recovery = JsonNumber(r.report, "recovery_ms");
   ASSERT_TRUE(recovery.ok()) << recovery.status() << "\n" << r.report;
   std::printf("%s: S[1] killed, recovery_ms %.0f\n", mode.c_str(), *recovery);
   EXPECT_GT(*recovery, 0);
-  EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ServerKillTest,
@@ -841,8 +849,6 @@ TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
   EXPECT_NE(r.log.find("ps_launch: chaos: killed S[0] (pid "),
             std::string::npos)
       << Tail(r.log, 4000);
-  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
-      << r.report;
   EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"S[3]\""),
             std::string::npos)
       << r.report;
@@ -856,10 +862,7 @@ TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
   EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"S[4]\""),
             std::string::npos)
       << r.report;
-  const std::string epochs = "\"epoch_examples\": [32561, 32561, 32561, "
-                             "32561, 32561, 32561, 32561, 32561, 32561, 32561]";
-  EXPECT_NE(r.report.find(epochs), std::string::npos) << r.report;
-  EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
+  ExpectLikeClean(r, clean, 10);
 }
 
 // Worker join (issue 9), real processes: a third worker started mid-run
@@ -880,15 +883,10 @@ TEST_P(WorkerJoinTest, WorkerJoinsMidRun) {
   ASSERT_LAUNCHED(r);
   EXPECT_NE(r.log.find("ps_launch: added worker W+1 (pid "), std::string::npos)
       << Tail(r.log, 4000);
-  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
-      << r.report;
   EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"W[2]\""),
             std::string::npos)
       << r.report;
-  const std::string epochs = "\"epoch_examples\": [32561, 32561, 32561, "
-                             "32561, 32561, 32561, 32561, 32561]";
-  EXPECT_NE(r.report.find(epochs), std::string::npos) << r.report;
-  EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
+  ExpectLikeClean(r, clean, 8);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, WorkerJoinTest,
@@ -921,18 +919,13 @@ TEST_P(SchedulerRestartTest, JobSurvivesASchedulerRestart) {
       << Tail(r.log, 4000);
   EXPECT_NE(r.log.find("took over the running job"), std::string::npos)
       << Tail(r.log, 4000);
-  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
-      << r.report;
   EXPECT_NE(r.report.find("\"scheduler_restarts\": 1"), std::string::npos)
       << r.report;
   // The join before the restart is still in the report.
   EXPECT_NE(r.report.find("{\"event\": \"joined\", \"node\": \"S[2]\""),
             std::string::npos)
       << r.report;
-  const std::string epochs = "\"epoch_examples\": [32561, 32561, 32561, "
-                             "32561, 32561, 32561, 32561, 32561]";
-  EXPECT_NE(r.report.find(epochs), std::string::npos) << r.report;
-  EXPECT_NEAR(Auc(r), Auc(clean), 0.002) << r.report;
+  ExpectLikeClean(r, clean, 8);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SchedulerRestartTest,
