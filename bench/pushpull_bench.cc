@@ -1,19 +1,46 @@
 // pushpull_bench: push/pull throughput and latency of the real system over
 // real gRPC on loopback, next to one iperf3 TCP stream on the same machine.
 //
-//   pushpull_bench [--cases=dense,latency,sparse] [--topologies=1x1,2x2]
-//                  [--seconds=1] [--inflight=4] [--csv=out.csv]
+//   pushpull_bench [--cases=bulk,dense,latency,sparse] [--topologies=1x1,2x2]
+//                  [--ops=push,pull] [--seconds=1] [--inflight=4]
+//                  [--bulk_mib=1,4] [--bulk_keys=40] [--bulk_inflight=0]
+//                  [--csv=out.csv] [--optimizer=sgd|ftrl]
 //                  [--channels=2] [--client_grpc_args=name=v,...]
 //                  [--server_grpc_args=name=v,...] [--chunk_kib=0]
+//
+// The cases:
+//   bulk     bulk transfer, the equivalent of ps-lite's dense benchmark
+//            (the efa branch's tests/test_benchmark.cc): per size in
+//            --bulk_mib, a table of dim MiB * 2^18 floats, --bulk_keys keys
+//            per server, one key per request, all of them in flight
+//            (--bulk_inflight), push and pull.
+//   dense    one float per key of a dim-1 table, --dense_mib MiB of values
+//            per request: per-key overhead, not bulk transfer.
+//   latency  one synchronous request of --latency_kib KiB, then Wait, in a
+//            loop; p50 and p99.
+//   sparse   --sparse_keys random keys of the dim-1 table per request.
+// Each throughput figure is the requests completed in --seconds after a
+// --warmup_seconds warm-up, with --inflight requests outstanding per worker
+// (bulk: --bulk_inflight). Its CPU is this process's getrusage(RUSAGE_SELF)
+// plus every server child's utime + stime (/proc/PID/stat) over the
+// measured phase; "GB" is 1e9 bytes of values (keys not counted).
+//
+// --csv writes exactly one row per (topology, case, op, size) under the
+// header topology,case,op,size,gbit_s,cpu_s_per_gb,mkeys_s,p50_us,p99_us;
+// a cell that does not apply (p50 of a throughput case, Gbit/s of a latency
+// case) is empty. The rest (iperf3, req/s, ps-lite references) is printed on
+// stdout only.
 //
 // Each server is a child process: this binary re-executed with --serve. The
 // child runs a ServerNode behind a ServerService on 127.0.0.1:0, writes
 // "PORT <n>" on stdout, reads its id and the ClusterView (built here:
-// BuildHashRing over S servers, W workers, one table of dim 1, ASP so pulls
-// never wait) from stdin, configures itself and answers "READY". It exits
-// when its stdin closes, so it never outlives the benchmark. The W workers
-// are threads of this process, each with its own KVWorker and its own
-// client factory (own TCP connections), as separate worker processes would.
+// BuildHashRing over S servers, W workers, table 0 of dim 1 for the dense,
+// latency and sparse cases, then with --cases containing bulk one table per
+// --bulk_mib size, ids 1.., ASP so pulls never wait) from stdin, configures
+// itself and answers "READY". It exits when its stdin closes, so it never
+// outlives the benchmark. The W workers are threads of this process, each
+// with its own KVWorker and its own client factory (own TCP connections),
+// as separate worker processes would.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -52,7 +79,6 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "bench/tuned_transport.h"
-#include "transport/grpc_transport.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/net.h"
@@ -60,18 +86,27 @@
 #include "common/status_macros.h"
 #include "server/server_node.h"
 #include "server/server_service.h"
+#include "transport/grpc_transport.h"
 #include "worker/kv_worker.h"
 
 extern char** environ;
 
 ABSL_FLAG(bool, serve, false,
           "internal: run as a benchmark server child (see the file comment)");
-ABSL_FLAG(std::string, cases, "dense,latency,sparse",
-          "comma list of: dense, latency, sparse");
+ABSL_FLAG(std::string, cases, "bulk,dense,latency,sparse",
+          "comma list of: bulk, dense, latency, sparse (see the file comment)");
+ABSL_FLAG(std::string, ops, "push,pull",
+          "comma list of: push, pull (every case runs these)");
 ABSL_FLAG(std::string, topologies, "1x1,2x2",
           "comma list of SxW (servers x workers)");
 ABSL_FLAG(std::string, dense_mib, "1,4,16",
           "dense request sizes, MiB of values per request");
+ABSL_FLAG(std::string, bulk_mib, "1,4",
+          "bulk request sizes: MiB of values of the one key per request "
+          "(a table of dim MiB * 2^18 each)");
+ABSL_FLAG(int, bulk_keys, 40, "bulk keys per server (ps-lite's 40)");
+ABSL_FLAG(int, bulk_inflight, 0,
+          "bulk requests in flight per worker; 0: one per key, all at once");
 ABSL_FLAG(std::string, sparse_keys, "10000,100000,1000000",
           "sparse request sizes, keys per request");
 ABSL_FLAG(int, inflight, 4, "requests in flight per worker (throughput)");
@@ -230,6 +265,10 @@ std::string SelfExe() {
 // answers zeros of the right size, nothing is stored or checked.
 class NoopService final : public proto::Server::CallbackService {
  public:
+  // The dims of the view's tables, by id. Called once, before the child
+  // answers READY (no request arrives before that).
+  void SetDims(std::vector<int> dims) { dims_ = std::move(dims); }
+
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx,
                                  const proto::PushRequest*,
                                  proto::PushResponse*) override {
@@ -240,12 +279,19 @@ class NoopService final : public proto::Server::CallbackService {
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx,
                                  const proto::PullRequest* req,
                                  proto::PullResponse* resp) override {
-    resp->mutable_vals()->resize(req->keys().size() / sizeof(uint64_t) *
+    const int dim =
+        req->table() >= 0 && req->table() < static_cast<int>(dims_.size())
+            ? dims_[req->table()]
+            : 1;
+    resp->mutable_vals()->resize(req->keys().size() / sizeof(uint64_t) * dim *
                                  sizeof(float));
     auto* r = ctx->DefaultReactor();
     r->Finish(grpc::Status::OK);
     return r;
   }
+
+ private:
+  std::vector<int> dims_;
 };
 
 int ServeMain() {
@@ -295,6 +341,11 @@ int ServeMain() {
     s = absl::InvalidArgumentError("unparsable view");
   }
   if (s.ok()) s = node.Configure(id, view);
+  if (s.ok()) {
+    std::vector<int> dims;
+    for (const proto::TableConfig& t : view.tables()) dims.push_back(t.dim());
+    noop.SetDims(std::move(dims));
+  }
   if (!s.ok()) {
     std::printf("ERROR %s\n", s.ToString().c_str());
     std::fflush(stdout);
@@ -417,8 +468,10 @@ struct Topology {
   std::string name() const { return absl::StrCat(servers, "S", workers, "W"); }
 };
 
+// Table 0 has dim 1; tables 1.. have `extra_dims`.
 proto::ClusterView MakeView(const Topology& t,
-                            const std::vector<std::string>& addresses) {
+                            const std::vector<std::string>& addresses,
+                            const std::vector<int>& extra_dims) {
   proto::ClusterView v;
   v.set_epoch(1);
   std::vector<int> ids;
@@ -439,22 +492,28 @@ proto::ClusterView MakeView(const Topology& t,
   }
   v.mutable_consistency()->set_mode(proto::MODE_ASP);
   v.mutable_consistency()->set_tau(-1);
-  proto::TableConfig* table = v.add_tables();
-  table->set_id(0);
-  table->set_name("bench");
-  table->set_dim(1);
-  proto::OptimizerConfig* o = table->mutable_optimizer();
-  o->set_name(absl::GetFlag(FLAGS_optimizer));
-  o->set_learning_rate(0.01f);
-  o->set_alpha(0.1f);
-  o->set_beta(1.0f);
+  std::vector<int> dims = {1};
+  dims.insert(dims.end(), extra_dims.begin(), extra_dims.end());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    proto::TableConfig* table = v.add_tables();
+    table->set_id(static_cast<int>(i));
+    table->set_name(absl::StrCat("bench", i));
+    table->set_dim(dims[i]);
+    proto::OptimizerConfig* o = table->mutable_optimizer();
+    o->set_name(absl::GetFlag(FLAGS_optimizer));
+    o->set_learning_rate(0.01f);
+    o->set_alpha(0.1f);
+    o->set_beta(1.0f);
+  }
   return v;
 }
 
-// Servers (children) plus W KVWorkers, alive for one topology.
+// Servers (children) plus W KVWorkers, alive for one topology. The view's
+// tables: 0 of dim 1, then `extra_dims` (see MakeView).
 class Cluster {
  public:
-  static absl::StatusOr<std::unique_ptr<Cluster>> Start(const Topology& t) {
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(
+      const Topology& t, const std::vector<int>& extra_dims) {
     auto c = std::unique_ptr<Cluster>(new Cluster);
     const std::vector<std::string> argv = {
         SelfExe(), "--serve",
@@ -468,7 +527,7 @@ class Cluster {
       addresses.push_back(absl::StrCat("127.0.0.1:", s->port()));
       c->servers_.push_back(std::move(s));
     }
-    const proto::ClusterView view = MakeView(t, addresses);
+    const proto::ClusterView view = MakeView(t, addresses, extra_dims);
     for (int i = 0; i < t.servers; ++i) {
       PS_RETURN_IF_ERROR(c->servers_[i]->Configure(i, view));
     }
@@ -521,7 +580,19 @@ class Cluster {
 
 // -------------------------------------------------------------- workloads
 
+// Table 0 (dim 1) carries the dense, latency and sparse cases; the bulk
+// case's tables follow it.
 constexpr int kTable = 0;
+
+// What one throughput case moves: which table, its dim, requests in flight
+// per worker, and how requests are split (chunk_keys keys per KVWorker
+// request, 0: not split).
+struct Load {
+  int table = kTable;
+  size_t dim = 1;
+  int inflight = 1;
+  size_t chunk_keys = 0;
+};
 
 // n "dense" keys: FeatureKey(0..n-1), ascending.
 std::vector<uint64_t> DenseKeys(size_t n) {
@@ -576,25 +647,27 @@ struct Throughput {
   double cpu_seconds = 0;  // benchmark process + servers, measured phase
 };
 
-// Keeps `inflight` requests outstanding on `w` until `until`, rotating over
-// `sets`, then drains. Counts only what completed.
+// Keeps load.inflight requests outstanding on `w` until `until`, rotating
+// over `sets`, then drains. Counts only what completed. `vals` holds at
+// least (largest set) * load.dim floats.
 absl::Status RunWindow(KVWorker* w,
                        const std::vector<std::vector<uint64_t>>& sets,
                        const std::vector<float>& vals, bool push,
-                       size_t chunk_keys, int inflight,
-                       SteadyClock::time_point until, Throughput* out) {
+                       const Load& load, SteadyClock::time_point until,
+                       Throughput* out) {
   struct Slot {
     std::vector<int64_t> ts;
     std::vector<std::vector<float>> outs;  // pull destinations, per chunk
     size_t keys = 0;
   };
-  std::vector<Slot> slots(std::max(1, inflight));
+  std::vector<Slot> slots(std::max(1, load.inflight));
+  const size_t dim = load.dim;
   const int window = static_cast<int>(slots.size());
   auto issue = [&](Slot& s, const std::vector<uint64_t>& keys) {
     s.ts.clear();
     s.keys = keys.size();
-    const size_t step =
-        chunk_keys > 0 ? chunk_keys : std::max<size_t>(1, keys.size());
+    const size_t step = load.chunk_keys > 0 ? load.chunk_keys
+                                            : std::max<size_t>(1, keys.size());
     // Sized before any pull starts: KVWorker keeps pointers to these.
     if (!push) s.outs.resize((keys.size() + step - 1) / step);
     size_t c = 0;
@@ -602,11 +675,11 @@ absl::Status RunWindow(KVWorker* w,
       const size_t n = std::min(step, keys.size() - f);
       auto k = absl::MakeConstSpan(keys).subspan(f, n);
       if (push) {
-        s.ts.push_back(w->Push(kTable, k,
-                               absl::MakeConstSpan(vals).subspan(f, n),
-                               /*num_examples=*/1));
+        s.ts.push_back(w->Push(
+            load.table, k, absl::MakeConstSpan(vals).subspan(f * dim, n * dim),
+            /*num_examples=*/1));
       } else {
-        s.ts.push_back(w->Pull(kTable, k, &s.outs[c]));
+        s.ts.push_back(w->Pull(load.table, k, &s.outs[c]));
       }
     }
   };
@@ -641,9 +714,8 @@ absl::Status RunWindow(KVWorker* w,
 // is the sum over workers divided by the time until the last one drained.
 absl::StatusOr<Throughput> MeasureThroughput(
     Cluster* c, const std::vector<std::vector<std::vector<uint64_t>>>& sets,
-    const std::vector<float>& vals, bool push, size_t chunk_keys) {
+    const std::vector<float>& vals, bool push, const Load& load) {
   const int nw = c->num_workers();
-  const int inflight = absl::GetFlag(FLAGS_inflight);
   std::vector<Throughput> per(nw);
   std::vector<absl::Status> status(nw);
   std::vector<double> end(nw, 0);
@@ -654,14 +726,13 @@ absl::StatusOr<Throughput> MeasureThroughput(
   for (int i = 0; i < nw; ++i) {
     threads.emplace_back([&, i] {
       Throughput warm;
-      status[i] =
-          RunWindow(c->worker(i), sets[i], vals, push, chunk_keys, inflight,
-                    After(absl::GetFlag(FLAGS_warmup_seconds)), &warm);
+      status[i] = RunWindow(c->worker(i), sets[i], vals, push, load,
+                            After(absl::GetFlag(FLAGS_warmup_seconds)), &warm);
       ready.DecrementCount();
       if (!go.WaitForNotificationWithTimeout(absl::Seconds(300))) return;
       if (!status[i].ok()) return;
-      status[i] = RunWindow(c->worker(i), sets[i], vals, push, chunk_keys,
-                            inflight, until, &per[i]);
+      status[i] =
+          RunWindow(c->worker(i), sets[i], vals, push, load, until, &per[i]);
       end[i] = SecondsSince(t0);
     });
   }
@@ -735,14 +806,22 @@ absl::StatusOr<Latency> MeasureLatency(Cluster* c,
 
 struct Row {
   std::string topo, kase, op, size;
-  double req_per_s = 0, mkeys_per_s = 0, gbps_vals = 0, gbps_total = 0;
+  bool latency = false;  // p50/p99 apply; throughput figures do not
+  double req_per_s = 0, mkeys_per_s = 0;
+  double gbit_vals = 0, gbit_total = 0;  // Gbit/s: values; keys + values
   double p50_us = 0, p99_us = 0;
   double cpu_ns_per_key = 0;  // all processes' CPU over keys moved
+  double cpu_s_per_gb = 0;    // all processes' CPU over 1e9 value bytes
   std::string ref;            // the ps-lite reference, where there is one
 };
 
-std::string Reference(const std::string& kase, const std::string& op,
-                      const std::string& size) {
+std::string Reference(const std::string& topo, const std::string& kase,
+                      const std::string& op, const std::string& size) {
+  // bulk: ps-lite's own figures, 1 server + 1 worker, quiet machine
+  // (/work/shared/peers/ps-lite.md; bench/vs_pslite.sh measures both).
+  if (kase == "bulk" && topo == "1S1W" && size == "1MiB") return "8.9Gb/s";
+  if (kase == "bulk" && topo == "1S1W" && size == "4MiB")
+    return op == "push" ? "20.4Gb/s" : "15.4Gb/s";
   if (kase == "dense" && size == "4MiB")
     return op == "push" ? "1.47x" : "1.00x";
   if (kase == "dense" && size == "1MiB")
@@ -758,47 +837,53 @@ std::string KeysLabel(size_t n) {
   return absl::StrCat(n);
 }
 
-void PrintTable(const std::vector<Row>& rows, double iperf_gbps) {
+// iperf_gbytes: one iperf3 stream, GB/s (0: not measured).
+void PrintTable(const std::vector<Row>& rows, double iperf_gbytes) {
   std::printf(
-      "\n%-6s %-8s %-5s %-6s %10s %11s %9s %9s %7s %7s %9s %9s %8s %11s\n",
-      "topo", "case", "op", "size", "req/s", "Mkeys/s", "GB/s val", "GB/s tot",
-      "x iperf", "(tot)", "p50 us", "p99 us", "cpu ns/k", "ps-lite");
+      "\n%-6s %-7s %-5s %-6s %9s %9s %8s %8s %7s %7s %7s %7s %9s %8s %10s\n",
+      "topo", "case", "op", "size", "req/s", "Mkeys/s", "Gb/s val", "Gb/s tot",
+      "x iperf", "(tot)", "p50 us", "p99 us", "cpu ns/k", "cpu s/GB",
+      "ps-lite");
   for (const Row& r : rows) {
-    const bool lat = r.kase == "latency";
+    const bool lat = r.latency;
     std::string ratio = "-", ratio_tot = "-";
-    if (iperf_gbps > 0 && !lat) {
-      ratio = absl::StrFormat("%.3f", r.gbps_vals / iperf_gbps);
-      ratio_tot = absl::StrFormat("%.3f", r.gbps_total / iperf_gbps);
+    if (iperf_gbytes > 0 && !lat) {
+      ratio = absl::StrFormat("%.3f", r.gbit_vals / 8 / iperf_gbytes);
+      ratio_tot = absl::StrFormat("%.3f", r.gbit_total / 8 / iperf_gbytes);
     }
-    const std::string cpu =
-        lat ? "-" : absl::StrFormat("%.1f", r.cpu_ns_per_key);
     std::printf(
-        "%-6s %-8s %-5s %-6s %10.1f %11.2f %9.3f %9.3f %7s %7s %9s %9s %8s "
-        "%11s\n",
+        "%-6s %-7s %-5s %-6s %9.1f %9s %8s %8s %7s %7s %7s %7s %9s %8s %10s\n",
         r.topo.c_str(), r.kase.c_str(), r.op.c_str(), r.size.c_str(),
-        r.req_per_s, r.mkeys_per_s, r.gbps_vals, r.gbps_total, ratio.c_str(),
-        ratio_tot.c_str(),
+        r.req_per_s, lat ? "-" : absl::StrFormat("%.4g", r.mkeys_per_s).c_str(),
+        lat ? "-" : absl::StrFormat("%.3f", r.gbit_vals).c_str(),
+        lat ? "-" : absl::StrFormat("%.3f", r.gbit_total).c_str(),
+        ratio.c_str(), ratio_tot.c_str(),
         lat ? absl::StrFormat("%.0f", r.p50_us).c_str() : "-",
-        lat ? absl::StrFormat("%.0f", r.p99_us).c_str() : "-", cpu.c_str(),
+        lat ? absl::StrFormat("%.0f", r.p99_us).c_str() : "-",
+        lat ? "-" : absl::StrFormat("%.4g", r.cpu_ns_per_key).c_str(),
+        lat ? "-" : absl::StrFormat("%.3f", r.cpu_s_per_gb).c_str(),
         r.ref.c_str());
   }
 }
 
-absl::Status WriteCsv(const std::string& path, const std::vector<Row>& rows,
-                      double iperf_gbps) {
+// A CSV cell: the figure, or empty where it does not apply.
+std::string Cell(bool applies, double v) {
+  return applies ? absl::StrFormat("%.6g", v) : std::string();
+}
+
+// The header and one row per (topology, case, op, size); nothing else (the
+// file comment).
+absl::Status WriteCsv(const std::string& path, const std::vector<Row>& rows) {
   std::ofstream f(path);
   if (!f) return absl::UnavailableError(absl::StrCat("cannot write ", path));
-  f << "topo,case,op,size,req_per_s,mkeys_per_s,gbps_vals,gbps_total,"
-       "ratio_vals_to_iperf,ratio_total_to_iperf,p50_us,p99_us,cpu_ns_per_key,"
-       "iperf_gbps,reference\n";
+  f << "topology,case,op,size,gbit_s,cpu_s_per_gb,mkeys_s,p50_us,p99_us\n";
   for (const Row& r : rows) {
-    const double rv = iperf_gbps > 0 ? r.gbps_vals / iperf_gbps : 0;
-    const double rt = iperf_gbps > 0 ? r.gbps_total / iperf_gbps : 0;
-    f << absl::StrFormat(
-        "%s,%s,%s,%s,%.2f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%.1f,%.2f,%.3f,%s\n",
-        r.topo, r.kase, r.op, r.size, r.req_per_s, r.mkeys_per_s, r.gbps_vals,
-        r.gbps_total, rv, rt, r.p50_us, r.p99_us, r.cpu_ns_per_key, iperf_gbps,
-        r.ref);
+    const bool tp = !r.latency;
+    f << absl::StrJoin({r.topo, r.kase, r.op, r.size, Cell(tp, r.gbit_vals),
+                        Cell(tp, r.cpu_s_per_gb), Cell(tp, r.mkeys_per_s),
+                        Cell(r.latency, r.p50_us), Cell(r.latency, r.p99_us)},
+                       ",")
+      << "\n";
   }
   return f.good() ? absl::OkStatus()
                   : absl::UnavailableError(absl::StrCat("writing ", path));
@@ -834,58 +919,117 @@ absl::StatusOr<std::vector<Topology>> ParseTopologies(const std::string& spec) {
   return out;
 }
 
+// `dim` floats of values and 8 key bytes per key.
 Row ThroughputRow(const Topology& t, const std::string& kase, bool push,
-                  const std::string& size, const Throughput& th) {
+                  const std::string& size, size_t dim, const Throughput& th) {
   Row r;
   r.topo = t.name();
   r.kase = kase;
   r.op = push ? "push" : "pull";
   r.size = size;
   const double s = std::max(th.seconds, 1e-9);
+  const double keys = static_cast<double>(th.keys);
+  const double val_bytes = keys * static_cast<double>(dim) * sizeof(float);
   r.req_per_s = static_cast<double>(th.requests) / s;
-  r.mkeys_per_s = static_cast<double>(th.keys) / s / 1e6;
-  // dim 1: 4 value bytes and 8 key bytes per key.
-  r.gbps_vals = static_cast<double>(th.keys) * 4 / s / 1e9;
-  r.gbps_total = static_cast<double>(th.keys) * 12 / s / 1e9;
-  r.cpu_ns_per_key =
-      th.keys > 0 ? th.cpu_seconds * 1e9 / static_cast<double>(th.keys) : 0;
-  r.ref = Reference(kase, r.op, size);
+  r.mkeys_per_s = keys / s / 1e6;
+  r.gbit_vals = val_bytes * 8 / s / 1e9;
+  r.gbit_total = (val_bytes + keys * sizeof(uint64_t)) * 8 / s / 1e9;
+  r.cpu_ns_per_key = th.keys > 0 ? th.cpu_seconds * 1e9 / keys : 0;
+  r.cpu_s_per_gb = val_bytes > 0 ? th.cpu_seconds / (val_bytes / 1e9) : 0;
+  r.ref = Reference(r.topo, kase, r.op, size);
   return r;
 }
 
+// The bulk case's sizes (MiB), checked: the dim must fit the proto's int32
+// and a request the transport's message limit.
+absl::StatusOr<std::vector<size_t>> BulkSizes() {
+  PS_ASSIGN_OR_RETURN(auto sizes,
+                      ParseSizes("bulk_mib", absl::GetFlag(FLAGS_bulk_mib)));
+  for (size_t mib : sizes) {
+    if (mib >= static_cast<size_t>(kDefaultMaxMessageMb)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--bulk_mib: ", mib, " MiB; a request must stay under ",
+                       "the ", kDefaultMaxMessageMb, " MiB message limit"));
+    }
+  }
+  return sizes;
+}
+
+constexpr size_t kFloatsPerMib = (size_t{1} << 20) / sizeof(float);
+
+// `ops`: true for push, false for pull, in order.
 absl::Status RunTopology(const Topology& t,
                          const std::vector<std::string>& cases,
-                         std::vector<Row>* rows) {
-  PS_ASSIGN_OR_RETURN(auto cluster, Cluster::Start(t));
+                         const std::vector<bool>& ops, std::vector<Row>* rows) {
   auto has = [&](const char* c) {
     return std::find(cases.begin(), cases.end(), c) != cases.end();
   };
-  const size_t chunk_keys =
-      static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib)) * 1024 /
-      sizeof(float);
+  std::vector<size_t> bulk_mib;
+  if (has("bulk")) {
+    PS_ASSIGN_OR_RETURN(bulk_mib, BulkSizes());
+  }
+  std::vector<int> bulk_dims;
+  for (size_t mib : bulk_mib)
+    bulk_dims.push_back(static_cast<int>(mib * kFloatsPerMib));
+  PS_ASSIGN_OR_RETURN(auto cluster, Cluster::Start(t, bulk_dims));
+  Load dim1;
+  dim1.inflight = absl::GetFlag(FLAGS_inflight);
+  dim1.chunk_keys = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib)) * 1024 /
+                    sizeof(float);
   const int nw = t.workers;
   std::vector<float> vals;
   auto ensure_vals = [&](size_t n) {
     if (vals.size() < n) vals.assign(n, 0.001f);
   };
 
+  if (has("bulk")) {
+    // ps-lite's dense benchmark: --bulk_keys keys per server, each worker
+    // sends each key as its own request, all in flight.
+    const size_t nkeys =
+        static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_bulk_keys))) *
+        static_cast<size_t>(t.servers);
+    std::vector<std::vector<uint64_t>> one_key_each;
+    for (uint64_t k : DenseKeys(nkeys)) one_key_each.push_back({k});
+    const std::vector<std::vector<std::vector<uint64_t>>> sets(nw,
+                                                               one_key_each);
+    for (size_t i = 0; i < bulk_mib.size(); ++i) {
+      Load load;
+      load.table = kTable + 1 + static_cast<int>(i);
+      load.dim = static_cast<size_t>(bulk_dims[i]);
+      load.inflight = absl::GetFlag(FLAGS_bulk_inflight) > 0
+                          ? absl::GetFlag(FLAGS_bulk_inflight)
+                          : static_cast<int>(nkeys);
+      ensure_vals(load.dim);
+      for (bool push : ops) {
+        PS_ASSIGN_OR_RETURN(
+            Throughput th,
+            MeasureThroughput(cluster.get(), sets, vals, push, load));
+        rows->push_back(ThroughputRow(
+            t, "bulk", push, absl::StrCat(bulk_mib[i], "MiB"), load.dim, th));
+        std::fprintf(
+            stderr, "  %s bulk %zu MiB %s: %.3f Gbit/s values, %.3f CPU s/GB\n",
+            t.name().c_str(), bulk_mib[i], push ? "push" : "pull",
+            rows->back().gbit_vals, rows->back().cpu_s_per_gb);
+      }
+    }
+  }
   if (has("dense")) {
     PS_ASSIGN_OR_RETURN(
         auto sizes, ParseSizes("dense_mib", absl::GetFlag(FLAGS_dense_mib)));
     for (size_t mib : sizes) {
-      const size_t n = mib * (1 << 20) / sizeof(float);
+      const size_t n = mib * kFloatsPerMib;
       // Every worker pushes and pulls the same dense block.
       std::vector<std::vector<std::vector<uint64_t>>> sets(nw, {DenseKeys(n)});
       ensure_vals(n);
-      for (bool push : {true, false}) {
+      for (bool push : ops) {
         PS_ASSIGN_OR_RETURN(
             Throughput th,
-            MeasureThroughput(cluster.get(), sets, vals, push, chunk_keys));
+            MeasureThroughput(cluster.get(), sets, vals, push, dim1));
         rows->push_back(
-            ThroughputRow(t, "dense", push, absl::StrCat(mib, "MiB"), th));
-        std::fprintf(stderr, "  %s dense %zu MiB %s: %.3f GB/s values\n",
+            ThroughputRow(t, "dense", push, absl::StrCat(mib, "MiB"), 1, th));
+        std::fprintf(stderr, "  %s dense %zu MiB %s: %.3f Gbit/s values\n",
                      t.name().c_str(), mib, push ? "push" : "pull",
-                     rows->back().gbps_vals);
+                     rows->back().gbit_vals);
       }
     }
   }
@@ -895,18 +1039,19 @@ absl::Status RunTopology(const Topology& t,
     const std::vector<uint64_t> keys = DenseKeys(n);
     ensure_vals(n);
     const std::vector<float> v(vals.begin(), vals.begin() + n);
-    for (bool push : {true, false}) {
+    for (bool push : ops) {
       PS_ASSIGN_OR_RETURN(Latency l,
                           MeasureLatency(cluster.get(), keys, v, push));
       Row r;
       r.topo = t.name();
       r.kase = "latency";
+      r.latency = true;
       r.op = push ? "push" : "pull";
       r.size = absl::StrCat(absl::GetFlag(FLAGS_latency_kib), "KiB");
       r.p50_us = l.p50_us;
       r.p99_us = l.p99_us;
       r.req_per_s = l.samples / absl::GetFlag(FLAGS_latency_seconds);
-      r.ref = Reference(r.kase, r.op, r.size);
+      r.ref = Reference(r.topo, r.kase, r.op, r.size);
       rows->push_back(r);
       std::fprintf(stderr, "  %s latency %s: p50 %.0f us\n", t.name().c_str(),
                    r.op.c_str(), l.p50_us);
@@ -927,11 +1072,11 @@ absl::Status RunTopology(const Topology& t,
         }
       }
       ensure_vals(n);
-      for (bool push : {true, false}) {
+      for (bool push : ops) {
         PS_ASSIGN_OR_RETURN(
             Throughput th,
-            MeasureThroughput(cluster.get(), sets, vals, push, chunk_keys));
-        rows->push_back(ThroughputRow(t, "sparse", push, KeysLabel(n), th));
+            MeasureThroughput(cluster.get(), sets, vals, push, dim1));
+        rows->push_back(ThroughputRow(t, "sparse", push, KeysLabel(n), 1, th));
         std::fprintf(stderr, "  %s sparse %s %s: %.2f M keys/s\n",
                      t.name().c_str(), KeysLabel(n).c_str(),
                      push ? "push" : "pull", rows->back().mkeys_per_s);
@@ -946,6 +1091,21 @@ int BenchMain() {
   signal(SIGPIPE, SIG_IGN);
   const std::vector<std::string> cases =
       absl::StrSplit(absl::GetFlag(FLAGS_cases), ',', absl::SkipEmpty());
+  for (const std::string& c : cases) {
+    if (c != "bulk" && c != "dense" && c != "latency" && c != "sparse") {
+      std::fprintf(stderr, "--cases: unknown case %s\n", c.c_str());
+      return 2;
+    }
+  }
+  std::vector<bool> ops;
+  for (absl::string_view o :
+       absl::StrSplit(absl::GetFlag(FLAGS_ops), ',', absl::SkipEmpty())) {
+    if (o != "push" && o != "pull") {
+      std::fprintf(stderr, "--ops: unknown op %s\n", std::string(o).c_str());
+      return 2;
+    }
+    ops.push_back(o == "push");
+  }
   auto topologies = ParseTopologies(absl::GetFlag(FLAGS_topologies));
   if (!topologies.ok()) {
     std::fprintf(stderr, "%s\n", topologies.status().ToString().c_str());
@@ -970,7 +1130,7 @@ int BenchMain() {
     std::fprintf(stderr,
                  "%s: starting %d server processes, %d worker threads\n",
                  t.name().c_str(), t.servers, t.workers);
-    absl::Status s = RunTopology(t, cases, &rows);
+    absl::Status s = RunTopology(t, cases, ops, &rows);
     if (!s.ok()) {
       std::fprintf(stderr, "%s failed: %s\n", t.name().c_str(),
                    s.ToString().c_str());
@@ -980,8 +1140,12 @@ int BenchMain() {
   }
   std::printf(
       "pushpull_bench: gRPC on loopback, %d request(s) in flight per "
-      "worker, %d channel(s) per server%s%s%s, server: %s\n",
-      absl::GetFlag(FLAGS_inflight), absl::GetFlag(FLAGS_channels),
+      "worker (bulk: %s), %d channel(s) per server%s%s%s, server: %s\n",
+      absl::GetFlag(FLAGS_inflight),
+      absl::GetFlag(FLAGS_bulk_inflight) > 0
+          ? absl::StrCat(absl::GetFlag(FLAGS_bulk_inflight)).c_str()
+          : "one per key",
+      absl::GetFlag(FLAGS_channels),
       absl::GetFlag(FLAGS_chunk_kib) > 0
           ? absl::StrCat(", chunks of ", absl::GetFlag(FLAGS_chunk_kib), " KiB")
                 .c_str()
@@ -1001,14 +1165,18 @@ int BenchMain() {
           : absl::StrCat("ServerNode, ", absl::GetFlag(FLAGS_optimizer))
                 .c_str());
   std::printf(
-      "iperf3 one stream: %.3f GB/s; ratios below are GB/s over that "
-      "(val: values only, tot: keys + values)\n",
-      iperf_gbps);
+      "iperf3 one stream: %s; x iperf below is the rate over that (val: "
+      "values only, tot: keys + values); CPU is all processes' over the "
+      "measured phase, per 1e9 value bytes\n",
+      iperf_gbps > 0 ? absl::StrFormat("%.3f GB/s (%.2f Gbit/s)", iperf_gbps,
+                                       iperf_gbps * 8)
+                           .c_str()
+                     : "not measured");
   PrintTable(rows, iperf_gbps);
   std::printf("total run time %.1f s\n", SecondsSince(t0));
   const std::string csv = absl::GetFlag(FLAGS_csv);
   if (!csv.empty()) {
-    absl::Status s = WriteCsv(csv, rows, iperf_gbps);
+    absl::Status s = WriteCsv(csv, rows);
     if (!s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;
