@@ -391,6 +391,7 @@ const std::vector<Field>& Fields() {
       StringField(PS_CFG(cluster, bind_host)),
       // Limits, TLS (issue 8: security).
       IntField<int>(PS_CFG(cluster, max_message_mb), 1, 2047),
+      BoolField(PS_CFG(cluster, key_caching)),
       StringField(PS_CFG(cluster.tls, cert_file)),
       StringField(PS_CFG(cluster.tls, key_file)),
       StringField(PS_CFG(cluster.tls, ca_file)),

@@ -31,6 +31,11 @@ struct ClusterConfig {
   // Largest gRPC message any process sends or accepts, MiB (1..2047). The
   // largest push of the shipped configs is under 1 MiB.
   int max_message_mb = 64;
+  // Key caching (issue 10; the paper's section 4.2): workers send a key list
+  // a server already keeps by name (8 bytes per key saved, and the server
+  // skips its hash lookups). Servers keep at most 256 MiB of lists (least
+  // recently used go first). false: every request carries its keys.
+  bool key_caching = true;
   // gRPC TLS when cert_file or ca_file is set (PEM files; relative paths as
   // given). Servers and the scheduler present cert_file/key_file; clients
   // verify them against ca_file; with require_client_cert every process

@@ -16,6 +16,9 @@ namespace ps {
 namespace {
 
 constexpr absl::Duration kSyncPoll = absl::Milliseconds(20);
+// Moves one drain tries before it gives up (each after the previous one
+// left ranges behind because a member of their new chain died).
+constexpr int kDrainRounds = 3;
 
 // Range `r`'s chain in `t`: its owner, then its backups (none of them -1).
 std::vector<int> ChainOf(const proto::RoutingTable& t, int r) {
@@ -450,6 +453,20 @@ absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
   };
   PS_ASSIGN_OR_RETURN(MoveResult res,
                       MoveRanges(plan, absl::StrCat("draining S[", x, "]")));
+  // A server that died during the move (one the plan copied to) left some
+  // ranges where they were: plan again from the view the failover made.
+  for (int round = 1; round < kDrainRounds && !res.not_moved.empty();
+       ++round) {
+    PS_LOG_WARN("draining S[{}]: {} range(s) not moved (a member died "
+                "meanwhile?); planning again from the current view",
+                x, res.not_moved.size());
+    PS_ASSIGN_OR_RETURN(
+        MoveResult again,
+        MoveRanges(plan, absl::StrCat("draining S[", x, "] (round ",
+                                      round + 1, ")")));
+    again.moved += res.moved;
+    res = std::move(again);
+  }
   absl::Status failed;
   proto::ClusterView view;
   {

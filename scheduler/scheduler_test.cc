@@ -198,7 +198,7 @@ class SchedulerCoreTest : public ::testing::Test {
     o.report_path = report_path_;
     o.clock = &clock_;
     o.clients = &clients_;
-    o.view_deadline = absl::Seconds(10);
+    o.view_deadline = view_deadline_;
     o.save_deadline = absl::Seconds(20);
     o.state_path = state_path_;
     core_ = std::make_unique<SchedulerCore>(o);
@@ -291,6 +291,7 @@ class SchedulerCoreTest : public ::testing::Test {
   JobConfig config_;
   std::string report_path_;
   std::string state_path_;  // scheduler restart (issue 9); empty: none
+  absl::Duration view_deadline_ = absl::Seconds(10);
   std::unique_ptr<SchedulerCore> core_;
 };
 
@@ -1317,6 +1318,66 @@ TEST_F(WorkUnitTest, RestartedSchedulerTakesTheJobOver) {
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_FALSE(*fresh);
   EXPECT_EQ(core_->phase(), JobPhase::kRegistering);
+}
+
+// A server the drain was copying to dies during the copy (issue 9): the
+// ranges it left behind are planned again from the failover's view, and the
+// drain still ends with S[1] out of every chain.
+TEST_F(SchedulerCoreTest, DrainSurvivesTheDeathOfACopyTarget) {
+  config_.cluster.num_servers = 4;
+  view_deadline_ = absl::Hours(1);  // fake time: polls until the copies end
+  Start();
+  RegisterAll();
+  const int num_ranges = core_->Status()->view().routing().range_server_size();
+  // No copy is reported synced until S[2] has died and been failed over.
+  std::thread failover;
+  clients_.server(Addr(0))->OnControl(
+      [&](const proto::ServerControlRequest& req) {
+        if (!req.has_new_view() || req.new_view().epoch() != 2) return;
+        failover = std::thread([&] {
+          clients_.server(Addr(2))->FailStatus(
+              absl::UnavailableError("refused"));
+          proto::GetViewRequest gv;
+          gv.set_known_epoch(2);
+          gv.set_wait_ms(10000);
+          gv.set_role(proto::ROLE_WORKER);
+          gv.set_id(0);
+          gv.add_suspect_servers(2);
+          auto v = core_->GetView(gv, absl::Now() + absl::Seconds(10));
+          ASSERT_TRUE(v.ok()) << v.status();
+          ASSERT_EQ(v->view().routing().servers(2).state(), proto::NODE_DEAD);
+          proto::ServerStatus synced;
+          for (int r = 0; r < num_ranges; ++r) {
+            for (int sv : {0, 1, 3}) {
+              proto::ServerStatus::Replica* rep = synced.add_synced();
+              rep->set_range(r);
+              rep->set_server(sv);
+            }
+          }
+          for (int sv : {0, 1, 3}) {
+            clients_.server(Addr(sv))->SetStatus(synced);
+          }
+        });
+      });
+  proto::DrainRequest d;
+  d.set_server(1);
+  absl::StatusOr<proto::DrainResponse> res = core_->Drain(d);
+  ASSERT_TRUE(failover.joinable()) << "no stage-1 view was broadcast";
+  failover.join();
+  clients_.server(Addr(0))->OnControl(nullptr);
+  ASSERT_TRUE(res.ok()) << res.status();
+  auto st = core_->Status();
+  ASSERT_TRUE(st.ok());
+  const proto::RoutingTable& t = st->view().routing();
+  EXPECT_EQ(t.servers(1).state(), proto::NODE_LEFT);
+  EXPECT_EQ(t.servers(2).state(), proto::NODE_DEAD);
+  for (int r = 0; r < t.range_server_size(); ++r) {
+    for (int gone : {1, 2}) {
+      EXPECT_NE(t.range_server(r), gone) << "range " << r;
+      EXPECT_NE(t.range_backup(r), gone) << "range " << r;
+    }
+    EXPECT_GE(t.range_backup(r), 0) << "range " << r;
+  }
 }
 
 // Scheduler restart during a drain (issue 9): the scheduler dies after the

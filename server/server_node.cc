@@ -11,6 +11,7 @@
 
 #include "absl/synchronization/notification.h"
 
+#include "absl/strings/internal/resize_uninitialized.h"
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/config.h"
@@ -36,7 +37,7 @@ int64_t TauOf(const proto::ConsistencyConfig& c) {
 }  // namespace
 
 ServerNode::ServerNode(Clock* clock, ServerLimits limits)
-    : clock_(clock), limits_(limits) {}
+    : clock_(clock), limits_(limits), key_cache_(limits.key_cache_bytes) {}
 
 namespace {
 
@@ -386,6 +387,77 @@ absl::Status ServerNode::CheckKeys(const std::string& keys, const Admitted& a,
   return absl::OkStatus();
 }
 
+absl::Status ServerNode::ResolveKeys(int worker, int table, uint64_t key_list,
+                                     uint32_t num_keys, const std::string& keys,
+                                     const Admitted& a,
+                                     RequestKeys* out) {
+  if (key_list == 0 || !keys.empty() || num_keys == 0) {
+    PS_RETURN_IF_ERROR(CheckKeys(keys, a, &out->runs));
+    out->keys = ViewAs<uint64_t>(keys);
+    if (key_list != 0 && !out->keys.empty()) out->keep = key_list;
+    return absl::OkStatus();
+  }
+  out->cached = key_cache_.Find(worker, key_list);
+  if (out->cached == nullptr) {
+    return ErrorWithReason(
+        absl::StatusCode::kFailedPrecondition, proto::REASON_KEYS_NOT_CACHED,
+        absl::StrCat("key list ", key_list, " of worker ", worker,
+                     " is not cached on server ", a.id, "; resend its keys"));
+  }
+  const KeyList& l = *out->cached;
+  if (l.table != table || l.keys.size() != num_keys) {
+    // Ids name one list each: this is a client bug, not an eviction.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key list ", key_list, " has ", l.keys.size(), " keys of table ",
+        l.table, ", the request says ", num_keys, " of table ", table));
+  }
+  for (const RangeRun& run : l.runs) {
+    // Boundaries never change in a job; owners do.
+    if (a.routing->OwnerOfRange(run.range) != a.id) {
+      return ErrorWithReason(
+          absl::StatusCode::kFailedPrecondition, proto::REASON_STALE_EPOCH,
+          absl::StrCat("stale-epoch: keys not owned by server ", a.id));
+    }
+  }
+  out->keys = l.keys;
+  out->runs = l.runs;
+  out->keep = key_list;
+  return absl::OkStatus();
+}
+
+std::pair<uint32_t*, uint64_t*> ServerNode::Resolving(RequestKeys* rk,
+                                                      int table, size_t run) {
+  if (rk->keep == 0) return {nullptr, nullptr};
+  if (rk->resolved == nullptr) {
+    if (rk->cached != nullptr) {
+      rk->resolved = std::make_shared<KeyList>(*rk->cached);
+    } else {
+      rk->resolved = std::make_shared<KeyList>();
+      rk->resolved->table = table;
+      rk->resolved->keys.assign(rk->keys.begin(), rk->keys.end());
+      rk->resolved->runs = rk->runs;
+    }
+    KeyList& l = *rk->resolved;
+    l.slots.resize(l.keys.size(), Table::kNoSlot);
+    l.generations.resize(l.runs.size(), 0);  // 0: never a generation
+  }
+  KeyList& l = *rk->resolved;
+  return {l.slots.data() + l.runs[run].first, &l.generations[run]};
+}
+
+void ServerNode::KeepResolved(int worker, RequestKeys* rk) {
+  if (rk->keep == 0) return;
+  if (rk->resolved != nullptr) {
+    key_cache_.Put(worker, rk->keep, std::move(rk->resolved));
+  } else if (rk->cached == nullptr) {
+    // Kept unresolved (nothing was looked up: e.g. every run a duplicate).
+    auto l = std::make_shared<KeyList>();
+    l->keys.assign(rk->keys.begin(), rk->keys.end());
+    l->runs = rk->runs;
+    key_cache_.Put(worker, rk->keep, std::move(l));
+  }
+}
+
 void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
                       Done done) {
   Admitted adm;
@@ -395,10 +467,14 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
     s = Admit(req.worker_id(), req.epoch(), req.table(), &adm);
   }
   // The O(keys) work stays outside mu_, which every request takes.
-  std::vector<RangeRun> runs;
-  if (s.ok()) s = CheckKeys(req.keys(), adm, &runs);
+  RequestKeys rk;
   if (s.ok()) {
-    const size_t expect = req.keys().size() / 8 * adm.table->dim();
+    s = ResolveKeys(req.worker_id(), req.table(), req.key_list(),
+                    req.num_keys(), req.keys(), adm, &rk);
+  }
+  const std::vector<RangeRun>& runs = rk.runs;
+  if (s.ok()) {
+    const size_t expect = rk.keys.size() * adm.table->dim();
     if (req.vals().size() != expect * sizeof(float)) {
       s = absl::InvalidArgumentError(
           absl::StrCat("vals: expected ", expect, " floats, got ",
@@ -444,7 +520,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
   }
   Table* const t = adm.table;
   const int dim = t->dim();
-  absl::Span<const uint64_t> keys = ViewAs<uint64_t>(req.keys());
+  absl::Span<const uint64_t> keys = rk.keys;
   const float* g = reinterpret_cast<const float*>(req.vals().data());
   RangeActionList actions;
   std::vector<int> finished;
@@ -460,7 +536,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
       BufferedSegment seg;
       if (adm.bsp) {
         seg.table = req.table();
-        seg.keys.assign(req.keys(), run.first * sizeof(uint64_t),
+        seg.keys.assign(reinterpret_cast<const char*>(keys.data() + run.first),
                         (run.last - run.first) * sizeof(uint64_t));
         seg.vals.assign(req.vals(), run.first * dim * sizeof(float),
                         (run.last - run.first) * dim * sizeof(float));
@@ -493,7 +569,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
         fresh.push_back(i);
       }
     }
-    if (!logged.empty()) LogPushLocked(req, dim, logged);
+    if (!logged.empty()) LogPushLocked(req, keys, dim, logged);
     if (news > 0) {
       ++pushes_;
       if (req.segments_size() == 0) {
@@ -513,8 +589,18 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
         req.num_examples() > 0 ? 1.0f / req.num_examples() : 1.0f;
     for (size_t i : fresh) {
       const RangeRun& run = runs[i];
-      t->Push(run.range, keys.subspan(run.first, run.last - run.first),
-              g + run.first * dim, scale);
+      const size_t n = run.last - run.first;
+      const float* grads = g + run.first * dim;
+      // A cached list's slots, unless stale or incomplete: no hashing.
+      if (rk.cached != nullptr && !rk.cached->slots.empty() &&
+          t->PushSlots(run.range, rk.cached->generations[i],
+                       rk.cached->slots.data() + run.first, n, grads,
+                       scale)) {
+        continue;
+      }
+      auto [slots, generation] = Resolving(&rk, req.table(), i);
+      t->Push(run.range, keys.subspan(run.first, n), grads, scale, slots,
+              generation);
     }
     absl::MutexLock l(&mu_);
     for (size_t i : fresh) {
@@ -527,6 +613,17 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
     NoteFinished(req.worker_id(), actions, &finished);
   }
   Publish(actions, finished);
+  if (s.ok()) KeepResolved(req.worker_id(), &rk);
+  if (s.ok() && req.has_end_clock()) {
+    // The clock riding on the push: after its segments, answered with it.
+    if (req.end_clock().worker_id() != req.worker_id()) {
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "push of worker ", req.worker_id(), " ends the clock of worker ",
+          req.end_clock().worker_id()));
+    } else {
+      s = ClockTickImpl(req.end_clock(), &needs);
+    }
+  }
   if (needs.empty()) {
     if (s.ok()) NoteAck(req.epoch());
     done(s);
@@ -571,17 +668,19 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
                  std::min(absl::Milliseconds(wait_ms), max_wait);
     }
   }
-  std::vector<RangeRun> runs;
-  if (s.ok()) s = CheckKeys(req.keys(), adm, &runs);
+  auto rk = std::make_shared<RequestKeys>();
+  if (s.ok()) {
+    s = ResolveKeys(req.worker_id(), req.table(), req.key_list(),
+                    req.num_keys(), req.keys(), adm, rk.get());
+  }
   std::vector<int> ranges;
-  ranges.reserve(runs.size());
-  for (const RangeRun& run : runs) ranges.push_back(run.range);
+  ranges.reserve(rk->runs.size());
+  for (const RangeRun& run : rk->runs) ranges.push_back(run.range);
   if (!s.ok()) {
     done(s);
     return;
   }
   Table* const t = adm.table;
-  std::shared_ptr<const Routing> routing = adm.routing;
   if (max_wait <= absl::ZeroDuration()) {
     // The caller gave up already: do not queue a wait nobody will read.
     done(absl::DeadlineExceededError("pull arrived after its deadline"));
@@ -595,23 +694,35 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
   const absl::Time asked = clock->Now();
   consistency_->WaitPull(
       req.worker_id(), req.clock(), std::move(ranges), deadline,
-      [t, routing, &req, resp, clock, asked,
-       done = std::move(done)](const absl::Status& s) {
+      [this, t, rk, worker = req.worker_id(), table = req.table(), resp,
+       clock, asked, done = std::move(done)](const absl::Status& s) {
         if (!s.ok()) {
           done(s);
           return;
         }
         resp->set_held_us(absl::ToInt64Microseconds(clock->Now() - asked));
-        absl::Span<const uint64_t> keys = ViewAs<uint64_t>(req.keys());
-        const int dim = t->dim();
-        resp->mutable_vals()->resize(keys.size() * dim * sizeof(float));
-        float* out = reinterpret_cast<float*>(resp->mutable_vals()->data());
-        routing->ForEachRangeRun(keys,
-                                 [&](int range, size_t first, size_t last) {
-                                   t->Pull(range,
-                                           keys.subspan(first, last - first),
-                                           out + first * dim);
-                                 });
+        absl::Span<const uint64_t> keys = rk->keys;
+        const size_t dim = static_cast<size_t>(t->dim());
+        std::string* vals = resp->mutable_vals();
+        // Every float is written below: no zero-fill first.
+        absl::strings_internal::STLStringResizeUninitialized(
+            vals, keys.size() * dim * sizeof(float));
+        float* out = reinterpret_cast<float*>(vals->data());
+        const KeyList* cached = rk->cached.get();
+        for (size_t i = 0; i < rk->runs.size(); ++i) {
+          const RangeRun& run = rk->runs[i];
+          const auto run_keys = keys.subspan(run.first, run.last - run.first);
+          if (cached != nullptr && !cached->slots.empty() &&
+              t->PullSlots(run.range, cached->generations[i], run_keys,
+                           cached->slots.data() + run.first,
+                           out + run.first * dim)) {
+            continue;
+          }
+          auto [slots, generation] = Resolving(rk.get(), table, i);
+          t->Pull(run.range, run_keys, out + run.first * dim, slots,
+                  generation);
+        }
+        KeepResolved(worker, rk.get());
         done(absl::OkStatus());
       });
 }

@@ -32,6 +32,7 @@
 #include "consistency/controller.h"
 #include "consistency/range_state.h"
 #include "proto/ps.pb.h"
+#include "server/key_cache.h"
 #include "server/table.h"
 #include "transport/transport.h"
 
@@ -53,6 +54,9 @@ struct ServerLimits {
   // worker that never settles gets RESOURCE_EXHAUSTED +
   // REASON_TOO_MANY_PENDING beyond it.
   size_t max_unsettled_seqs = 1 << 16;
+  // Key lists kept for key caching (server/key_cache.h), all workers
+  // together, bytes; 0 turns key caching off on this server.
+  size_t key_cache_bytes = size_t{256} << 20;
 };
 
 class ServerNode {
@@ -93,6 +97,11 @@ class ServerNode {
   // REASON_NON_FINITE (counted in Status().non_finite_pushes); too many
   // waiting pulls or unsettled push seqs of one worker RESOURCE_EXHAUSTED +
   // REASON_TOO_MANY_PENDING.
+  // Key caching (server/key_cache.h): a request with key_list and keys
+  // keeps them under that name; one with key_list and no keys uses them
+  // (FAILED_PRECONDITION + REASON_KEYS_NOT_CACHED when not kept, or
+  // evicted: resend with the keys; INVALID_ARGUMENT when num_keys or the
+  // table differs from the kept list's).
   void Push(const proto::PushRequest& req, proto::PushResponse* resp,
             Done done);
   // A pull waits at most min(wait_ms or the default, max_wait_ms,
@@ -211,12 +220,29 @@ class ServerNode {
   // The O(keys) checks, without mu_: ascending, unique, owned by this
   // server. Appends the runs of keys per range, in key order, when `runs`
   // is not null.
-  struct RangeRun {
-    int range;
-    size_t first, last;  // key indices [first, last)
-  };
   static absl::Status CheckKeys(const std::string& keys, const Admitted& a,
                                 std::vector<RangeRun>* runs);
+  // The keys of a push or pull: its own (checked as CheckKeys does) or the
+  // cached list it names (server/key_cache.h; only ownership is checked).
+  struct RequestKeys {
+    absl::Span<const uint64_t> keys;
+    std::vector<RangeRun> runs;
+    std::shared_ptr<const KeyList> cached;  // the list named, if cached
+    uint64_t keep = 0;  // the request's keys are to be kept as this list
+    // The list with the slots resolved by keys this time (made by
+    // Resolving), to keep once the request succeeded.
+    std::shared_ptr<KeyList> resolved;
+  };
+  absl::Status ResolveKeys(int worker, int table, uint64_t key_list,
+                           uint32_t num_keys, const std::string& keys,
+                           const Admitted& a, RequestKeys* out);
+  // Where run `run` of `rk` records the slots it resolves by keys (its
+  // slots and its generation in rk->resolved, made on first use), or
+  // nulls when nothing is to be kept.
+  static std::pair<uint32_t*, uint64_t*> Resolving(RequestKeys* rk,
+                                                   int table, size_t run);
+  // Keeps rk.resolved for `worker`, when made.
+  void KeepResolved(int worker, RequestKeys* rk);
   // Per range: the range's consistency actions to carry out.
   using RangeActionList = std::vector<std::pair<int, RangeActions>>;
   // Applies the BSP clocks in `actions` to the tables (mu_ held: BSP
@@ -295,7 +321,8 @@ class ServerNode {
     uint64_t seq;
     int64_t index;
   };
-  void LogPushLocked(const proto::PushRequest& req, int dim,
+  void LogPushLocked(const proto::PushRequest& req,
+                     absl::Span<const uint64_t> keys, int dim,
                      const std::vector<LoggedSegment>& segs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops from `e` what `backup` no longer needs (ranges it stopped
@@ -369,6 +396,7 @@ class ServerNode {
   // Constant after construction.
   Clock* const clock_;
   const ServerLimits limits_;
+  KeyCache key_cache_;  // thread-safe
 
   mutable absl::Mutex mu_;
   int id_ ABSL_GUARDED_BY(mu_) = -1;

@@ -163,7 +163,8 @@ void ServerNode::LogEntry(int range, proto::ReplicaEntry e, Needs* needs) {
   }
 }
 
-void ServerNode::LogPushLocked(const proto::PushRequest& req, int dim,
+void ServerNode::LogPushLocked(const proto::PushRequest& req,
+                               absl::Span<const uint64_t> keys, int dim,
                                const std::vector<LoggedSegment>& segs) {
   std::map<int, proto::ReplicaEntry> per_backup;
   for (const LoggedSegment& seg : segs) {
@@ -181,8 +182,9 @@ void ServerNode::LogPushLocked(const proto::PushRequest& req, int dim,
       s->set_index(seg.index);
       s->set_seq(seg.seq);
       s->set_num_keys(static_cast<int64_t>(seg.last - seg.first));
-      p->mutable_keys()->append(req.keys(), seg.first * sizeof(uint64_t),
-                                (seg.last - seg.first) * sizeof(uint64_t));
+      p->mutable_keys()->append(
+          reinterpret_cast<const char*>(keys.data() + seg.first),
+          (seg.last - seg.first) * sizeof(uint64_t));
       p->mutable_vals()->append(req.vals(), seg.first * dim * sizeof(float),
                                 (seg.last - seg.first) * dim * sizeof(float));
     }

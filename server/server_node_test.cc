@@ -17,6 +17,7 @@
 #include "common/bytes.h"
 #include "common/clock.h"
 #include "common/routing.h"
+#include "transport/errors.h"
 #include "transport/transport.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
@@ -627,6 +628,85 @@ TEST_F(ServerNodeTest, BspClockArrivingBeforeItsPushes) {
   ASSERT_TRUE(p->done());
   ASSERT_TRUE(p->status.ok()) << p->status;
   EXPECT_EQ(p->values(), std::vector<float>{-1.0f});  // (1 + 3) / 4
+}
+
+// PushAndClock: the clock rides on the push and is processed after it.
+TEST_F(ServerNodeTest, PushCarryingItsClockEndsTheClock) {
+  Configure(1, 2, proto::MODE_BSP);
+  proto::PushRequest a = MakePush(0, 1, 0, {2}, {1}, 2);
+  *a.mutable_end_clock() = MakeClock(0, 0, /*pushes=*/1, 2);
+  ASSERT_TRUE(PushNow(&node_, a).ok());
+  auto p = StartPull(&node_, 0, 1, {2});
+  EXPECT_FALSE(p->done()) << "worker 1 has not completed clock 0";
+  // A resend after a lost answer: the push is a duplicate, the clock a
+  // replay, and nothing moves twice.
+  proto::PushResponse r;
+  ASSERT_TRUE(PushNow(&node_, a, &r).ok());
+  EXPECT_TRUE(r.duplicate());
+  proto::PushRequest b = MakePush(1, 1, 0, {2}, {3}, 2);
+  *b.mutable_end_clock() = MakeClock(1, 0, /*pushes=*/1, 2);
+  ASSERT_TRUE(PushNow(&node_, b).ok());
+  ASSERT_TRUE(p->done());
+  ASSERT_TRUE(p->status.ok()) << p->status;
+  // Answered only once both clocks were processed: (1 + 3) / 4.
+  EXPECT_EQ(p->values(), std::vector<float>{-1.0f});
+  // A push may end only its own worker's clock.
+  proto::PushRequest c = MakePush(0, 2, 1, {2}, {1}, 1);
+  *c.mutable_end_clock() = MakeClock(1, 1, 1, 1);
+  EXPECT_EQ(PushNow(&node_, c).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(node_.Status().worker_clocks(1), 1);
+}
+
+// Key caching: a list kept under a name serves later pushes and pulls that
+// name it, exactly as their keys would.
+TEST_F(ServerNodeTest, NamedKeyListWorksAsItsKeys) {
+  Configure(1, 1, proto::MODE_ASP);
+  proto::PushRequest a = MakePush(0, 1, 0, {2, 7}, {1, 2}, 1);
+  a.set_key_list(5);
+  ASSERT_TRUE(PushNow(&node_, a).ok());
+  proto::PushRequest b = MakePush(0, 2, 0, {}, {1, 2}, 1);
+  b.set_key_list(5);
+  b.set_num_keys(2);
+  ASSERT_TRUE(PushNow(&node_, b).ok());  // by the kept slots
+  auto p = StartPull(&node_, 0, 0, {});
+  ASSERT_TRUE(p->done());
+  p->req.set_key_list(5);
+  p->req.set_num_keys(2);
+  proto::PullResponse r;
+  absl::Status st = absl::InternalError("not called");
+  node_.Pull(p->req, &r, [&](const absl::Status& s) { st = s; });
+  ASSERT_TRUE(st.ok()) << st;
+  absl::Span<const float> v = ViewAs<float>(r.vals());
+  EXPECT_EQ(std::vector<float>(v.begin(), v.end()),
+            (std::vector<float>{-2.0f, -4.0f}));
+  EXPECT_EQ(PullNow(&node_, 0, 0, {2, 7}), (std::vector<float>{-2.0f, -4.0f}));
+  // Not kept: resend with keys. Another size or table: a client bug.
+  b.set_key_list(6);
+  b.set_seq(3);
+  absl::Status miss = PushNow(&node_, b);
+  EXPECT_EQ(miss.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(miss), proto::REASON_KEYS_NOT_CACHED);
+  b.set_key_list(5);
+  b.set_num_keys(3);
+  b.set_vals(Vals({1, 2, 3}));
+  EXPECT_EQ(PushNow(&node_, b).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(PullNow(&node_, 0, 0, {2, 7}), (std::vector<float>{-2.0f, -4.0f}))
+      << "nothing applied by the refused pushes";
+}
+
+TEST(ServerNodeKeyCacheTest, BudgetZeroKeepsNothing) {
+  FakeClock clock;
+  ServerLimits limits;
+  limits.key_cache_bytes = 0;
+  ServerNode node(&clock, limits);
+  ASSERT_TRUE(node.Configure(0, MakeView(1, 1, proto::MODE_ASP)).ok());
+  proto::PushRequest a = MakePush(0, 1, 0, {2}, {1}, 1);
+  a.set_key_list(5);
+  ASSERT_TRUE(PushNow(&node, a).ok());
+  proto::PushRequest b = MakePush(0, 2, 0, {}, {1}, 1);
+  b.set_key_list(5);
+  b.set_num_keys(1);
+  EXPECT_EQ(ReasonOf(PushNow(&node, b)), proto::REASON_KEYS_NOT_CACHED);
 }
 
 TEST_F(ServerNodeTest, SettledSeqBoundsDedupState) {

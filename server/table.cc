@@ -1,6 +1,7 @@
 #include "server/table.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <charconv>
@@ -151,6 +152,12 @@ int ChunkShift(size_t stride) {
 }
 }  // namespace
 
+namespace {
+// Range generations are unique in the process (not only per table), so that
+// slots resolved against one table never pass for another's.
+std::atomic<uint64_t> next_generation{1};
+}  // namespace
+
 Table::Table(const TableSpec& spec, int num_ranges,
              std::unique_ptr<Optimizer> optimizer)
     : spec_(spec),
@@ -161,7 +168,12 @@ Table::Table(const TableSpec& spec, int num_ranges,
       chunk_shift_(ChunkShift(stride_)),
       chunk_mask_((uint32_t{1} << chunk_shift_) - 1),
       init_seed_(Mix64(static_cast<uint64_t>(spec.id) ^ 0x7ab1e5eedULL)),
-      partitions_(new Partition[num_ranges]) {}
+      partitions_(new Partition[num_ranges]) {
+  for (int r = 0; r < num_ranges; ++r) {
+    absl::MutexLock l(&partitions_[r].mu);
+    partitions_[r].generation = next_generation.fetch_add(1);
+  }
+}
 
 Table::~Table() = default;
 
@@ -201,11 +213,12 @@ void Table::InitialValue(uint64_t key, float* w) const {
   }
 }
 
-void Table::Pull(int range, absl::Span<const uint64_t> keys,
-                 float* out) const {
+void Table::Pull(int range, absl::Span<const uint64_t> keys, float* out,
+                 uint32_t* slots, uint64_t* generation) const {
   const Partition& p = partition(range);
   const size_t dim = static_cast<size_t>(spec_.dim);
   absl::ReaderMutexLock l(&p.mu);
+  if (generation != nullptr) *generation = p.generation;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (i + kPrefetchDistance < keys.size()) {
       p.slots.prefetch(keys[i + kPrefetchDistance]);
@@ -214,17 +227,21 @@ void Table::Pull(int range, absl::Span<const uint64_t> keys,
     auto it = p.slots.find(keys[i]);
     if (it == p.slots.end()) {
       InitialValue(keys[i], dst);
+      if (slots != nullptr) slots[i] = kNoSlot;
     } else {
       std::memcpy(dst, SlotData(p, it->second), dim * sizeof(float));
+      if (slots != nullptr) slots[i] = it->second;
     }
   }
 }
 
 void Table::Push(int range, absl::Span<const uint64_t> keys,
-                 const float* grads, float scale) {
+                 const float* grads, float scale, uint32_t* slots,
+                 uint64_t* generation) {
   Partition& p = partition(range);
   const size_t dim = static_cast<size_t>(spec_.dim);
   absl::MutexLock l(&p.mu);
+  if (generation != nullptr) *generation = p.generation;
   // One switch on the rule for the whole batch; Rule::Apply inlines here.
   optimizer_->Visit([&](const auto& rule) {
     p.mu.AssertHeld();  // tells the analysis the lambda runs under the lock
@@ -242,9 +259,59 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
       } else {
         data = SlotData(p, it->second);
       }
+      if (slots != nullptr) slots[i] = it->second;
       rule.Apply(data, data + dim, grads + i * dim, scale, dim);
     }
   });
+}
+
+bool Table::PullSlots(int range, uint64_t generation,
+                      absl::Span<const uint64_t> keys, const uint32_t* slots,
+                      float* out) const {
+  const Partition& p = partition(range);
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  absl::ReaderMutexLock l(&p.mu);
+  if (p.generation != generation) return false;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kPrefetchDistance < keys.size() &&
+        slots[i + kPrefetchDistance] != kNoSlot) {
+      __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
+    }
+    float* dst = out + i * dim;
+    if (slots[i] != kNoSlot) {
+      std::memcpy(dst, SlotData(p, slots[i]), dim * sizeof(float));
+      continue;
+    }
+    auto it = p.slots.find(keys[i]);  // stored since it was resolved?
+    if (it == p.slots.end()) {
+      InitialValue(keys[i], dst);
+    } else {
+      std::memcpy(dst, SlotData(p, it->second), dim * sizeof(float));
+    }
+  }
+  return true;
+}
+
+bool Table::PushSlots(int range, uint64_t generation, const uint32_t* slots,
+                      size_t n, const float* grads, float scale) {
+  Partition& p = partition(range);
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  absl::MutexLock l(&p.mu);
+  if (p.generation != generation) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (slots[i] == kNoSlot || slots[i] >= p.num_slots) return false;
+  }
+  optimizer_->Visit([&](const auto& rule) {
+    p.mu.AssertHeld();
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n) {
+        __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
+      }
+      float* data = SlotData(p, slots[i]);
+      rule.Apply(data, data + dim, grads + i * dim, scale, dim);
+    }
+  });
+  return true;
 }
 
 size_t Table::size() const {
@@ -360,6 +427,7 @@ void Table::ClearRange(int range) {
   p.slots.clear();
   p.chunks.clear();
   p.num_slots = 0;
+  p.generation = next_generation.fetch_add(1);
 }
 
 std::vector<std::pair<uint64_t, std::vector<float>>> Table::Snapshot(

@@ -77,14 +77,35 @@ class Table {
   // used with the same range (not checked: otherwise it is stored twice).
   // Keys may come in any order (routing produces them ascending); out has
   // keys.size()*dim floats.
-  void Pull(int range, absl::Span<const uint64_t> keys, float* out) const;
+  // Key caching (server/key_cache.h): with `slots`, also writes each key's
+  // storage slot to slots[i] (kNoSlot for a key not stored) and the range's
+  // generation to *generation, both read under the same lock.
+  void Pull(int range, absl::Span<const uint64_t> keys, float* out,
+            uint32_t* slots = nullptr, uint64_t* generation = nullptr) const;
 
   // Applies the gradient scale * grads[i*dim ... (i+1)*dim) to each keys[i]
   // with the optimizer, creating missing keys (initial value, then the
   // update). A key repeated within one call is updated once per occurrence,
   // in order. Preconditions as for Pull.
+  // With `slots`, also writes each key's slot (all set: the push stores
+  // every key) and the range's generation, as Pull does.
   void Push(int range, absl::Span<const uint64_t> keys, const float* grads,
-            float scale);
+            float scale, uint32_t* slots = nullptr,
+            uint64_t* generation = nullptr);
+
+  // ---- Key caching: by slots, without hash lookups ----
+  static constexpr uint32_t kNoSlot = 0xffffffffu;
+  // Pull / Push by the slots a Pull or Push wrote for the same keys at
+  // `generation`. They return false, having done nothing, when the range's
+  // slots have been invalidated since (ClearRange: a new copy of the range
+  // arrived); the caller then goes by keys. PullSlots reads a kNoSlot key
+  // as Pull does (stored since, or its initial value); PushSlots returns
+  // false when any slot is kNoSlot.
+  bool PullSlots(int range, uint64_t generation,
+                 absl::Span<const uint64_t> keys, const uint32_t* slots,
+                 float* out) const;
+  bool PushSlots(int range, uint64_t generation, const uint32_t* slots,
+                 size_t n, const float* grads, float scale);
 
   // Number of keys stored (created by a push).
   size_t size() const;
@@ -161,6 +182,9 @@ class Table {
     absl::flat_hash_map<uint64_t, uint32_t> slots ABSL_GUARDED_BY(mu);
     std::vector<std::unique_ptr<float[]>> chunks ABSL_GUARDED_BY(mu);
     uint32_t num_slots ABSL_GUARDED_BY(mu) = 0;
+    // Unique in the process; replaced by ClearRange: slots handed out
+    // before are void.
+    uint64_t generation ABSL_GUARDED_BY(mu) = 0;
   };
 
   Table(const TableSpec& spec, int num_ranges,

@@ -33,4 +33,9 @@ inline bool IsStaleEpoch(const absl::Status& s) {
   return ReasonOf(s) == proto::REASON_STALE_EPOCH;
 }
 
+// The server does not hold the key list a request named: resend with keys.
+inline bool IsKeysNotCached(const absl::Status& s) {
+  return ReasonOf(s) == proto::REASON_KEYS_NOT_CACHED;
+}
+
 }  // namespace ps

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/internal/resize_uninitialized.h"
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/logging.h"
@@ -236,34 +237,8 @@ absl::Status KVWorker::GaveUp(const absl::Status& s, const char* what,
 int64_t KVWorker::Push(int table, absl::Span<const uint64_t> keys,
                        absl::Span<const float> vals, int num_examples) {
   int64_t ts, clock;
-  absl::Status bad;
-  {
-    absl::MutexLock l(&mu_);
-    ts = NewOp(1);  // a guard part, released below
-    clock = clock_count_;
-    ++clocks_[clock].pending_pushes;
-    ops_[ts].on_done = [this, clock] {
-      // Once the clock has ended, each of its pushes holds a part of the
-      // clock's op (see Clock).
-      int64_t clock_ts = -1;
-      {
-        absl::MutexLock l(&mu_);
-        auto it = clocks_.find(clock);
-        if (it == clocks_.end()) return;
-        ClockState& c = it->second;
-        --c.pending_pushes;
-        if (c.ended) clock_ts = c.ts;
-        if (c.pending_pushes == 0 && c.sent) clocks_.erase(it);
-      }
-      if (clock_ts >= 0) PartDone(clock_ts, absl::OkStatus());
-    };
-    if (table < 0 || table >= static_cast<int>(dims_.size()) ||
-        vals.size() != keys.size() * dims_[table]) {
-      bad = absl::InvalidArgumentError(absl::StrCat(
-          "push: table ", table, " with ", keys.size(), " keys and ",
-          vals.size(), " values"));
-    }
-  }
+  absl::Status bad = BeginPush(table, keys, vals, /*end_clock=*/false, 0, &ts,
+                               &clock, nullptr);
   if (!bad.ok()) {
     PartDone(ts, bad);
     return ts;
@@ -273,9 +248,59 @@ int64_t KVWorker::Push(int table, absl::Span<const uint64_t> keys,
   return ts;
 }
 
+int64_t KVWorker::PushAndClock(int table, absl::Span<const uint64_t> keys,
+                               absl::Span<const float> vals,
+                               int num_examples) {
+  int64_t ts, clock, clock_ts;
+  absl::Status bad = BeginPush(table, keys, vals, /*end_clock=*/true,
+                               num_examples, &ts, &clock, &clock_ts);
+  if (!bad.ok()) {
+    // No push to ride on: the clock travels alone.
+    PartDone(ts, bad);
+    SendClock(clock);
+    return clock_ts;
+  }
+  StartPush(ts, table, clock, keys, vals.data(), num_examples, 0, clock_ts);
+  PartDone(ts, absl::OkStatus());
+  return clock_ts;
+}
+
+absl::Status KVWorker::BeginPush(int table, absl::Span<const uint64_t> keys,
+                                 absl::Span<const float> vals, bool end_clock,
+                                 int clock_examples, int64_t* ts,
+                                 int64_t* clock, int64_t* clock_ts) {
+  absl::MutexLock l(&mu_);
+  *ts = NewOp(1);  // a guard part, released by the caller
+  *clock = clock_count_;
+  ++clocks_[*clock].pending_pushes;
+  ops_[*ts].on_done = [this, clock = *clock] {
+    // Once the clock has ended, each of its pushes holds a part of the
+    // clock's op (see Clock).
+    int64_t ended_ts = -1;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = clocks_.find(clock);
+      if (it == clocks_.end()) return;
+      ClockState& c = it->second;
+      --c.pending_pushes;
+      if (c.ended) ended_ts = c.ts;
+      if (c.pending_pushes == 0 && c.sent) clocks_.erase(it);
+    }
+    if (ended_ts >= 0) PartDone(ended_ts, absl::OkStatus());
+  };
+  if (end_clock) *clock_ts = EndClockLocked(clock_examples);
+  if (table < 0 || table >= static_cast<int>(dims_.size()) ||
+      vals.size() != keys.size() * dims_[table]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push: table ", table, " with ", keys.size(),
+                     " keys and ", vals.size(), " values"));
+  }
+  return absl::OkStatus();
+}
+
 void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
                          absl::Span<const uint64_t> keys, const float* vals,
-                         int num_examples, int attempt) {
+                         int num_examples, int attempt, int64_t clock_ts) {
   std::shared_ptr<const Routing> routing;
   int dim;
   int64_t epoch;
@@ -308,10 +333,13 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
     r.set_num_examples(num_examples);
     size_t count = 0;
     for (const Run& run : runs) count += run.last - run.first;
-    std::string* k = r.mutable_keys();
+    std::string* k = &p->keys;
     std::string* v = r.mutable_vals();
-    k->resize(count * sizeof(uint64_t));
-    v->resize(count * dim * sizeof(float));
+    // Both overwritten in full below: no zero-fill first.
+    absl::strings_internal::STLStringResizeUninitialized(
+        k, count * sizeof(uint64_t));
+    absl::strings_internal::STLStringResizeUninitialized(
+        v, count * dim * sizeof(float));
     size_t at = 0;
     for (const Run& run : runs) {
       const size_t n = run.last - run.first;
@@ -326,6 +354,11 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
     }
     out.push_back(std::move(p));
   }
+  // The clock ending with this push (PushAndClock): each server's share of
+  // the announcement rides on its slice; servers without one get their
+  // own Clock request.
+  std::vector<std::pair<int, std::shared_ptr<proto::ClockRequest>>> alone;
+  std::vector<std::shared_ptr<ServerClient>> servers;
   {
     absl::MutexLock l(&mu_);
     ClockState& cs = clocks_[clock];
@@ -338,8 +371,49 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
       }
       ++ops_[ts].pending;
     }
+    if (clock_ts >= 0) {
+      const proto::ClockRequest all = AnnouncementLocked(clock, cs);
+      std::map<int, proto::ClockRequest*> riding;
+      for (auto& p : out) {
+        p->clock_ts = clock_ts;
+        riding[p->server] = p->req.mutable_end_clock();
+      }
+      std::map<int, std::shared_ptr<proto::ClockRequest>> by_server;
+      for (const proto::RangeAnnouncement& a : all.ranges()) {
+        const int owner = routing->OwnerOfRange(a.range());
+        proto::ClockRequest* r;
+        if (auto it = riding.find(owner); it != riding.end()) {
+          r = it->second;
+        } else {
+          std::shared_ptr<proto::ClockRequest>& own = by_server[owner];
+          if (own == nullptr) own = std::make_shared<proto::ClockRequest>();
+          r = own.get();
+        }
+        if (r->ranges_size() == 0) {
+          r->set_worker_id(all.worker_id());
+          r->set_clock(all.clock());
+          r->set_epoch(epoch);
+          r->set_num_examples(all.num_examples());
+        }
+        *r->add_ranges() = a;
+      }
+      for (auto& [server, r] : by_server) alone.emplace_back(server, r);
+      ops_[clock_ts].pending += static_cast<int>(alone.size());
+      cs.sent = true;  // the pushes above keep cs alive
+      servers = servers_;
+    }
   }
   for (auto& p : out) SendPush(p, attempt);
+  if (clock_ts < 0) return;
+  for (auto& [server, r] : alone) {
+    if (server < 0 || server >= static_cast<int>(servers.size())) {
+      PartDone(clock_ts,
+               absl::InternalError("server not in the current view"));
+      continue;
+    }
+    SendClockTo(r, servers[server], clock_ts, server, 0);
+  }
+  PartDone(clock_ts, absl::OkStatus());  // the guard part of EndClockLocked
 }
 
 void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
@@ -352,7 +426,7 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
   }
   const proto::PushRequest& o = old.req;
   const size_t dim_bytes =
-      o.keys().empty() ? 0 : o.vals().size() / (o.keys().size() / 8);
+      old.keys.empty() ? 0 : o.vals().size() / (old.keys.size() / 8);
   std::map<int, std::shared_ptr<PushSlice>> by_server;
   size_t at = 0;  // key index in the old request
   for (const proto::PushSegment& seg : o.segments()) {
@@ -368,8 +442,8 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
       p->req.set_table(o.table());
       p->req.set_num_examples(o.num_examples());
     }
-    p->req.mutable_keys()->append(o.keys(), at * sizeof(uint64_t),
-                                  seg.num_keys() * sizeof(uint64_t));
+    p->keys.append(old.keys, at * sizeof(uint64_t),
+                   seg.num_keys() * sizeof(uint64_t));
     p->req.mutable_vals()->append(o.vals(), at * dim_bytes,
                                   seg.num_keys() * dim_bytes);
     *p->req.add_segments() = seg;  // the same (range, seq)
@@ -380,6 +454,54 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
     ops_[old.ts].pending += static_cast<int>(by_server.size());
   }
   for (auto& [server, p] : by_server) SendPush(p, attempt);
+}
+
+template <typename Req>
+void KVWorker::AttachKeys(int server, const std::string& keys, Req* req) {
+  req->clear_key_list();
+  req->clear_num_keys();
+  if (options_.key_lists_per_server <= 0 || keys.empty()) {
+    req->set_keys(keys);
+    return;
+  }
+  absl::MutexLock l(&mu_);
+  std::list<SentList>& sent = lists_[server];
+  // Few lists per server, and unequal ones differ early: a linear search
+  // with whole comparisons is cheap next to sending the keys.
+  auto it = std::find_if(sent.begin(), sent.end(), [&](const SentList& e) {
+    return e.table == req->table() && e.keys == keys;
+  });
+  if (it == sent.end()) {
+    sent.push_front(SentList{next_list_id_++, req->table(), keys, false});
+    while (static_cast<int>(sent.size()) > options_.key_lists_per_server) {
+      sent.pop_back();
+    }
+    it = sent.begin();
+  } else {
+    sent.splice(sent.begin(), sent, it);
+  }
+  req->set_key_list(it->id);
+  if (it->kept) {
+    req->clear_keys();
+    req->set_num_keys(static_cast<uint32_t>(keys.size() / sizeof(uint64_t)));
+  } else {
+    req->set_keys(keys);  // the server keeps it under the name
+  }
+}
+
+void KVWorker::ListKept(int server, uint64_t id) {
+  if (id == 0) return;
+  absl::MutexLock l(&mu_);
+  for (SentList& e : lists_[server]) {
+    if (e.id == id) e.kept = true;
+  }
+}
+
+void KVWorker::ListLost(int server, uint64_t id) {
+  absl::MutexLock l(&mu_);
+  for (SentList& e : lists_[server]) {
+    if (e.id == id) e.kept = false;
+  }
 }
 
 void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
@@ -395,6 +517,7 @@ void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
                 absl::InternalError("server not in the current view"));
     return;
   }
+  AttachKeys(slice->server, slice->keys, &slice->req);
   // The request is shared with the transport; `slice` keeps it alive.
   std::shared_ptr<const proto::PushRequest> req(slice, &slice->req);
   client->Push(req, clock_->Now() + options_.request_timeout,
@@ -413,8 +536,17 @@ void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
     }
   };
   if (s.ok()) {
+    if (!slice->req.keys().empty()) {
+      ListKept(slice->server, slice->req.key_list());
+    }
     settle();
     PartDone(slice->ts, s);
+    return;
+  }
+  if (IsKeysNotCached(s) && MayRetry(slice->ts, attempt, absl::ZeroDuration())) {
+    // Evicted or never kept (a restarted or promoted server): with keys.
+    ListLost(slice->server, slice->req.key_list());
+    SendPush(slice, attempt + 1);
     return;
   }
   const absl::Duration backoff = Backoff(attempt);
@@ -428,6 +560,10 @@ void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
     const bool queued = Later(backoff, [this, slice, attempt, suspect] {
       RefreshView(suspect, slice->req.epoch());
       ResendSegments(*slice, attempt + 1);
+      // A clock that rode on it goes to its ranges' owners on its own.
+      if (slice->req.has_end_clock()) {
+        SendClockRanges(slice->req.end_clock(), slice->clock_ts, attempt + 1);
+      }
       PartDone(slice->ts, absl::OkStatus());
     });
     if (queued) return;
@@ -502,8 +638,9 @@ void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
     r.set_epoch(epoch);
     r.set_table(table);
     r.set_wait_ms(absl::ToInt64Milliseconds(options_.pull_wait));
-    std::string* k = r.mutable_keys();
-    k->resize(ks.count * sizeof(uint64_t));
+    std::string* k = &p->keys;
+    absl::strings_internal::STLStringResizeUninitialized(
+        k, ks.count * sizeof(uint64_t));
     size_t at = 0;
     for (const auto& [first, last] : ks.spans) {
       std::memcpy(k->data() + at * sizeof(uint64_t), keys.data() + first,
@@ -546,6 +683,7 @@ void KVWorker::SendPull(std::shared_ptr<PullSlice> slice, int attempt) {
                 nullptr);
     return;
   }
+  AttachKeys(slice->server, slice->keys, &slice->req);
   std::shared_ptr<const proto::PullRequest> req(slice, &slice->req);
   client->Pull(req, clock_->Now() + options_.request_timeout,
                Guarded([this, slice, attempt](const absl::Status& s,
@@ -557,7 +695,10 @@ void KVWorker::SendPull(std::shared_ptr<PullSlice> slice, int attempt) {
 void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
                            const absl::Status& s, proto::PullResponse* resp) {
   if (s.ok()) {
-    const size_t n = slice->req.keys().size() / sizeof(uint64_t);
+    if (!slice->req.keys().empty()) {
+      ListKept(slice->server, slice->req.key_list());
+    }
+    const size_t n = slice->keys.size() / sizeof(uint64_t);
     const int dim = slice->dim;
     if (resp->vals().size() != n * dim * sizeof(float)) {
       PartDone(slice->ts,
@@ -584,6 +725,11 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
     PartDone(slice->ts, s, resp->held_us());
     return;
   }
+  if (IsKeysNotCached(s) && MayRetry(slice->ts, attempt, absl::ZeroDuration())) {
+    ListLost(slice->server, slice->req.key_list());
+    SendPull(slice, attempt + 1);
+    return;
+  }
   const absl::Duration backoff = Backoff(attempt);
   if ((IsStaleEpoch(s) || Unreachable(s)) &&
       MayRetry(slice->ts, attempt, backoff)) {
@@ -597,7 +743,7 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
         }
       }
       StartPull(slice->ts, slice->req.table(), slice->req.clock(),
-                ViewAs<uint64_t>(slice->req.keys()), pos, slice->target,
+                ViewAs<uint64_t>(slice->keys), pos, slice->target,
                 attempt + 1);
       PartDone(slice->ts, absl::OkStatus());
     });
@@ -618,15 +764,8 @@ int64_t KVWorker::Clock(int num_examples) {
   int64_t c, ts;
   {
     absl::MutexLock l(&mu_);
-    c = clock_count_++;
-    ClockState& cs = clocks_[c];
-    cs.ended = true;
-    cs.examples = num_examples;
-    // One part released by SendClock, one by each push still unacknowledged:
-    // the clock's op completes when the servers have the announcement and
-    // every push of the clock was acknowledged (work units wait on it).
-    ts = NewOp(1 + cs.pending_pushes);
-    cs.ts = ts;
+    c = clock_count_;
+    ts = EndClockLocked(num_examples);
   }
   // At once, not after the pushes' acknowledgements (with replication, a
   // round trip to the backups later): the announcement counts the segments
@@ -634,6 +773,37 @@ int64_t KVWorker::Clock(int num_examples) {
   // arrive before them.
   SendClock(c);
   return ts;
+}
+
+int64_t KVWorker::EndClockLocked(int num_examples) {
+  const int64_t c = clock_count_++;
+  ClockState& cs = clocks_[c];
+  cs.ended = true;
+  cs.examples = num_examples;
+  // One part released once the announcement is sent, one by each push still
+  // unacknowledged: the clock's op completes when the servers have the
+  // announcement and every push of the clock was acknowledged (work units
+  // wait on it).
+  cs.ts = NewOp(1 + cs.pending_pushes);
+  return cs.ts;
+}
+
+proto::ClockRequest KVWorker::AnnouncementLocked(int64_t clock,
+                                                 const ClockState& cs) {
+  proto::ClockRequest all;
+  all.set_worker_id(options_.worker_id);
+  all.set_clock(clock);
+  all.set_num_examples(cs.examples);
+  // Every range, so each one completes the clock (most with 0 segments).
+  for (int r = 0; r < routing_->num_ranges(); ++r) {
+    proto::RangeAnnouncement* a = all.add_ranges();
+    a->set_range(r);
+    auto n = cs.segments_per_range.find(r);
+    a->set_segments(n == cs.segments_per_range.end() ? 0 : n->second);
+    const auto& in = inflight_[r];
+    a->set_settled_seq(in.empty() ? next_seq_[r] : *in.begin() - 1);
+  }
+  return all;
 }
 
 void KVWorker::SendClock(int64_t clock) {
@@ -645,20 +815,7 @@ void KVWorker::SendClock(int64_t clock) {
     if (it == clocks_.end()) return;
     ClockState& cs = it->second;
     ts = cs.ts;
-    all.set_worker_id(options_.worker_id);
-    all.set_clock(clock);
-    all.set_num_examples(cs.examples);
-    // Every range, so each one completes the clock (most with 0 segments).
-    for (int r = 0; r < routing_->num_ranges(); ++r) {
-      proto::RangeAnnouncement* a = all.add_ranges();
-      a->set_range(r);
-      auto n = cs.segments_per_range.find(r);
-      a->set_segments(n == cs.segments_per_range.end() ? 0 : n->second);
-      const auto& in = inflight_[r];
-      a->set_settled_seq(in.empty() ? next_seq_[r] : *in.begin() - 1);
-    }
-    Op& op = ops_[ts];
-    op.retry_deadline = clock_->Now() + options_.retry_timeout;
+    all = AnnouncementLocked(clock, cs);
     cs.sent = true;
     if (cs.pending_pushes == 0) clocks_.erase(it);
   }

@@ -28,7 +28,9 @@
 //    advances the worker's vector-clock entry only after applying them
 //    (the announcement may arrive before the segments). The clock's
 //    timestamp completes when the announcement and every push of the
-//    clock were acknowledged.
+//    clock were acknowledged. PushAndClock ends it with its push: each
+//    server's share of the announcement rides on that server's push
+//    request, so an iteration costs one round trip per server, not two.
 //  * Once Wait(ts) has returned, with any status, no reply writes into the
 //    output of pull `ts` any more: the caller may free it at once.
 //  * After the destructor returns, no transport or timer callback touches
@@ -46,6 +48,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <set>
 #include <memory>
@@ -79,6 +82,11 @@ struct KVWorkerOptions {
   absl::Duration retry_timeout = absl::Seconds(300);
   // Timers and request deadlines. Must outlive the worker.
   Clock* clock = Clock::Real();
+  // Key caching (the paper's section 4.2, server/key_cache.h): per server,
+  // the key lists most recently sent there that the server keeps; a request
+  // with one of them sends its name instead of its keys. 0: off (every
+  // request carries its keys).
+  int key_lists_per_server = 16;
 };
 
 class KVWorker {
@@ -98,6 +106,14 @@ class KVWorker {
   // inputs. Returns the timestamp to wait on.
   int64_t Push(int table, absl::Span<const uint64_t> keys,
                absl::Span<const float> vals, int num_examples);
+
+  // Push, then Clock(num_examples), in one round trip per server: each
+  // server's share of the clock's announcement rides on its push request
+  // (servers the push does not reach get their own). Returns the clock's
+  // timestamp, which completes when the push and the announcement were
+  // acknowledged (as Clock's does). The end of a training iteration.
+  int64_t PushAndClock(int table, absl::Span<const uint64_t> keys,
+                       absl::Span<const float> vals, int num_examples);
 
   // Fetches the values of ascending, unique `keys` into *out (resized to
   // keys.size() * dim). *out must stay alive and untouched until Wait(ts)
@@ -164,6 +180,8 @@ class KVWorker {
   struct PushSlice {
     int64_t ts;
     int server;
+    int64_t clock_ts = -1;  // the op of req.end_clock, when it has one
+    std::string keys;  // uint64[]; req.keys is set from it when sent
     proto::PushRequest req;
   };
   struct PullSlice {
@@ -173,7 +191,15 @@ class KVWorker {
     std::vector<size_t> spans_first;  // key index ranges in the caller's
     std::vector<size_t> spans_last;   // array, in request order
     std::shared_ptr<PullTarget> target;
+    std::string keys;  // uint64[]; req.keys is set from it when sent
     proto::PullRequest req;
+  };
+  // A key list sent to a server under a name (key caching).
+  struct SentList {
+    uint64_t id;
+    int table;
+    std::string keys;
+    bool kept = false;  // a request carrying it succeeded: the server has it
   };
   // Lets transport and timer callbacks reach the worker only while it
   // lives: the destructor clears `alive` and waits until `running` is 0.
@@ -201,12 +227,35 @@ class KVWorker {
   // annotated with the server (and the attempts, when it was retriable).
   absl::Status GaveUp(const absl::Status& s, const char* what, int server,
                       int attempt) const;
+  // Key caching: sets req's keys from `keys`, or only its key_list and
+  // num_keys when `server` keeps that list; names new lists.
+  template <typename Req>
+  void AttachKeys(int server, const std::string& keys, Req* req);
+  // A request that carried its keys under key_list `id` succeeded: the
+  // server keeps them. Or it answered KEYS_NOT_CACHED: it does not.
+  void ListKept(int server, uint64_t id);
+  void ListLost(int server, uint64_t id);
   void SendPush(std::shared_ptr<PushSlice> slice, int attempt);
   void OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
                    const absl::Status& s);
   void SendPull(std::shared_ptr<PullSlice> slice, int attempt);
   void OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
                    const absl::Status& s, proto::PullResponse* resp);
+  // Push's first step: a new op (*ts, with a guard part for the caller to
+  // release) counted as a push of the current clock (*clock), which
+  // end_clock also ends (*clock_ts, see EndClockLocked). INVALID_ARGUMENT
+  // for a bad table or value count.
+  absl::Status BeginPush(int table, absl::Span<const uint64_t> keys,
+                         absl::Span<const float> vals, bool end_clock,
+                         int clock_examples, int64_t* ts, int64_t* clock,
+                         int64_t* clock_ts);
+  // Ends the current clock; returns its op, whose guard part the caller
+  // releases once the announcement is sent.
+  int64_t EndClockLocked(int num_examples) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The announcement of ended clock `clock`: every range, its segment
+  // count and settled seq.
+  proto::ClockRequest AnnouncementLocked(int64_t clock, const ClockState& cs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendClock(int64_t clock);
   // Sends the per-range announcements `req` to their owners in the current
   // view (one request per owner), as parts of op `ts`.
@@ -220,9 +269,11 @@ class KVWorker {
   void ResendSegments(const PushSlice& old, int attempt);
   // Slices and sends a push for `ts`; adds one part per slice to the op.
   // New slices start at `attempt` (the op's budget carries over).
+  // clock_ts >= 0: `clock` has ended (op clock_ts) with this push, whose
+  // slices carry its announcement (PushAndClock).
   void StartPush(int64_t ts, int table, int64_t clock,
                  absl::Span<const uint64_t> keys, const float* vals,
-                 int num_examples, int attempt);
+                 int num_examples, int attempt, int64_t clock_ts = -1);
   // Slices and sends a pull for `ts`; `pos[i]` is where key i's values go
   // in the output (in units of keys); empty = identity.
   void StartPull(int64_t ts, int table, int64_t clock,
@@ -264,6 +315,10 @@ class KVWorker {
   std::vector<uint64_t> range_begins_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, ClockState> clocks_ ABSL_GUARDED_BY(mu_);
+  // Per server, the key lists sent there, most recent first (at most
+  // options_.key_lists_per_server).
+  std::map<int, std::list<SentList>> lists_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_list_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_ts_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t clock_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> held_us_total_{0};

@@ -331,6 +331,86 @@ TEST_F(KVWorkerTest, PullAssemblesSlicesInKeyOrder) {
   }
 }
 
+// Key caching: a key list goes to a server once under a name; once the
+// server has answered that request, later requests name it instead.
+TEST_F(KVWorkerTest, KeyListIsSentOnceThenNamed) {
+  Make(1);
+  const std::vector<uint64_t> keys = {3, 5, 8};
+  std::vector<float> out;
+  const int64_t pull = worker_->Pull(0, keys, &out);
+  std::optional<HeldPull> first = S(0)->NextPull();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(ReqKeys(first->req->keys()), keys);
+  const uint64_t id = first->req->key_list();
+  EXPECT_NE(id, 0u);
+  // Sent again before the answer: still with its keys.
+  const int64_t push = Push(keys);
+  std::optional<HeldPush> p = S(0)->NextPush();
+  EXPECT_EQ(ReqKeys(p->req->keys()), keys);
+  EXPECT_EQ(p->req->key_list(), id);
+  first->Reply(absl::OkStatus(), Answer(*first->req));
+  p->Reply(absl::OkStatus());
+  ASSERT_TRUE(worker_->Wait(pull, Soon()).ok());
+  ASSERT_TRUE(worker_->Wait(push, Soon()).ok());
+  // Kept: named, without keys.
+  const int64_t push2 = Push(keys);
+  std::optional<HeldPush> named = S(0)->NextPush();
+  EXPECT_TRUE(named->req->keys().empty());
+  EXPECT_EQ(named->req->key_list(), id);
+  EXPECT_EQ(named->req->num_keys(), 3u);
+  EXPECT_EQ(named->req->vals().size(), 3 * kDim * sizeof(float));
+  named->Reply(absl::OkStatus());
+  ASSERT_TRUE(worker_->Wait(push2, Soon()).ok());
+  // Another list gets another name.
+  const int64_t push3 = Push({3, 5});
+  std::optional<HeldPush> other = S(0)->NextPush();
+  EXPECT_EQ(ReqKeys(other->req->keys()), (std::vector<uint64_t>{3, 5}));
+  EXPECT_NE(other->req->key_list(), id);
+  other->Reply(absl::OkStatus());
+  ASSERT_TRUE(worker_->Wait(push3, Soon()).ok());
+}
+
+// A server that lost the list (evicted, restarted, promoted) says so; the
+// worker resends at once with the keys, then names the list again.
+TEST_F(KVWorkerTest, KeysNotCachedIsResentWithTheKeys) {
+  Make(1);
+  const std::vector<uint64_t> keys = {3, 5, 8};
+  const int64_t a = Push(keys);
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  ASSERT_TRUE(worker_->Wait(a, Soon()).ok());
+  std::vector<float> out;
+  const int64_t pull = worker_->Pull(0, keys, &out);
+  std::optional<HeldPull> named = S(0)->NextPull();
+  ASSERT_TRUE(named->req->keys().empty());
+  named->Reply(ErrorWithReason(StatusCode::kFailedPrecondition,
+                               proto::REASON_KEYS_NOT_CACHED, "evicted"));
+  std::optional<HeldPull> again = S(0)->NextPull();  // no backoff
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(ReqKeys(again->req->keys()), keys);
+  again->Reply(absl::OkStatus(), Answer(*again->req));
+  ASSERT_TRUE(worker_->Wait(pull, Soon()).ok());
+  EXPECT_FLOAT_EQ(out[2 * kDim + 1], KeyValue(8, 1));
+  const int64_t b = Push(keys);
+  std::optional<HeldPush> p = S(0)->NextPush();
+  EXPECT_TRUE(p->req->keys().empty()) << "kept again";
+  p->Reply(absl::OkStatus());
+  ASSERT_TRUE(worker_->Wait(b, Soon()).ok());
+}
+
+TEST_F(KVWorkerTest, KeyCachingOffSendsKeysAlways) {
+  KVWorkerOptions o;
+  o.key_lists_per_server = 0;
+  Make(1, o);
+  for (int i = 0; i < 2; ++i) {
+    const int64_t ts = Push({3, 5});
+    std::optional<HeldPush> p = S(0)->NextPush();
+    EXPECT_EQ(ReqKeys(p->req->keys()), (std::vector<uint64_t>{3, 5}));
+    EXPECT_EQ(p->req->key_list(), 0u);
+    p->Reply(absl::OkStatus());
+    ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+  }
+}
+
 TEST_F(KVWorkerTest, PullWithWrongValueCountIsInternal) {
   Make(1);
   std::vector<float> out;
@@ -531,6 +611,86 @@ TEST_F(KVWorkerTest, ClockTellsEveryServerAtOnceAndCompletesAfterItsPushes) {
   }
   EXPECT_TRUE(worker_->Wait(push2, Soon()).ok());
   EXPECT_TRUE(worker_->Wait(clk2, Soon()).ok());
+}
+
+// PushAndClock: a server the push reaches gets its announcement inside the
+// push request; the others get a Clock request of their own.
+TEST_F(KVWorkerTest, PushAndClockRidesOnThePushRequests) {
+  Make(2);
+  absl::StatusOr<Routing> routing = Routing::FromProto(view_.routing());
+  ASSERT_TRUE(routing.ok());
+  const std::vector<uint64_t> keys = KeysOf(view_, 0, Iota(64));
+  std::set<int> touched;
+  for (uint64_t k : keys) touched.insert(routing->RangeOf(k));
+  std::vector<float> vals(keys.size() * kDim, 0.5f);
+  const int64_t clk = worker_->PushAndClock(0, keys, vals, 8);
+  EXPECT_EQ(worker_->clock(), 1);
+  EXPECT_EQ(S(0)->held_clocks(), 0u) << "S[0]'s clock rides on its push";
+  EXPECT_EQ(S(1)->held_pushes(), 0u);
+  std::optional<HeldPush> p = S(0)->NextPush();
+  ASSERT_TRUE(p.has_value());
+  ASSERT_TRUE(p->req->has_end_clock());
+  const proto::ClockRequest& c = p->req->end_clock();
+  EXPECT_EQ(c.worker_id(), 0);
+  EXPECT_EQ(c.clock(), 0);
+  EXPECT_EQ(c.epoch(), 1);
+  EXPECT_EQ(c.num_examples(), 8);
+  std::vector<int> ranges;
+  for (const proto::RangeAnnouncement& a : c.ranges()) {
+    ranges.push_back(a.range());
+    EXPECT_EQ(a.segments(), touched.count(a.range()) > 0 ? 1 : 0);
+    EXPECT_EQ(a.settled_seq(), 0u);
+  }
+  EXPECT_EQ(ranges, routing->RangesOf(0));
+  std::optional<HeldClock> alone = S(1)->NextClock();
+  ASSERT_TRUE(alone.has_value());
+  EXPECT_EQ(alone->req->clock(), 0);
+  ranges.clear();
+  for (const proto::RangeAnnouncement& a : alone->req->ranges()) {
+    ranges.push_back(a.range());
+    EXPECT_EQ(a.segments(), 0);
+  }
+  EXPECT_EQ(ranges, routing->RangesOf(1));
+  alone->Reply(absl::OkStatus());
+  EXPECT_EQ(worker_->Wait(clk, absl::Now() + absl::Milliseconds(50)).code(),
+            StatusCode::kDeadlineExceeded)
+      << "the push carrying S[0]'s share is unanswered";
+  p->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(clk, Soon()).ok());
+}
+
+// A push carrying its clock that meets a view change: the segments and the
+// announcement both go to the ranges' new owner.
+TEST_F(KVWorkerTest, RidingClockFollowsItsRangesToTheirNewOwner) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(64);
+  std::vector<float> vals(keys.size() * kDim, 0.5f);
+  const int64_t clk = worker_->PushAndClock(0, keys, vals, 8);
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  std::optional<HeldPush> stale = S(1)->NextPush();
+  ASSERT_TRUE(stale.has_value());
+  ASSERT_TRUE(stale->req->has_end_clock());
+  factory_.scheduler()->set_view(MovedTo(view_, 0, 2));
+  stale->Reply(StaleEpoch());
+  clock_.Advance(absl::Milliseconds(20));
+  std::optional<HeldPush> moved = S(0)->NextPush();
+  ASSERT_TRUE(moved.has_value());
+  EXPECT_FALSE(moved->req->has_end_clock());
+  EXPECT_EQ(moved->req->epoch(), 2);
+  std::optional<HeldClock> c = S(0)->NextClock();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->req->epoch(), 2);
+  const proto::ClockRequest& was = stale->req->end_clock();
+  ASSERT_EQ(c->req->ranges_size(), was.ranges_size());
+  for (int i = 0; i < c->req->ranges_size(); ++i) {
+    EXPECT_EQ(c->req->ranges(i).SerializeAsString(),
+              was.ranges(i).SerializeAsString());
+  }
+  c->Reply(absl::OkStatus());
+  EXPECT_EQ(worker_->Wait(clk, absl::Now() + absl::Milliseconds(50)).code(),
+            StatusCode::kDeadlineExceeded);
+  moved->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(clk, Soon()).ok());
 }
 
 // A clock whose ranges moved (a failover) is announced to the new owner

@@ -340,12 +340,23 @@ absl::StatusOr<int64_t> MlpTrainer::Step(const FieldBlock& block,
     t2 = absl::Now();
   }
   const int rows = static_cast<int>(n);
-  params_->Push(kMlpEmbeddingTable, batch->keys, gemb_, rows);
+  // The embedding, each layer, the wide part; the last push carries the
+  // clock (one round trip per server, not two).
+  struct Gradient {
+    int table;
+    absl::Span<const uint64_t> keys;
+    absl::Span<const float> vals;
+  };
+  std::vector<Gradient> grads = {{kMlpEmbeddingTable, batch->keys, gemb_}};
   for (int l = 0; l < shape_.num_layers(); ++l) {
-    params_->Push(kMlpFirstLayerTable + l, layer_keys_[l], glayers_[l], rows);
+    grads.push_back({kMlpFirstLayerTable + l, layer_keys_[l], glayers_[l]});
   }
-  if (wide_) params_->Push(MlpWideTable(shape_), batch->keys, wide_g_, rows);
-  const int64_t ts = params_->Clock(rows);
+  if (wide_) grads.push_back({MlpWideTable(shape_), batch->keys, wide_g_});
+  for (size_t i = 0; i + 1 < grads.size(); ++i) {
+    params_->Push(grads[i].table, grads[i].keys, grads[i].vals, rows);
+  }
+  const int64_t ts = params_->PushAndClock(
+      grads.back().table, grads.back().keys, grads.back().vals, rows);
 
   stats_.wait_seconds += absl::ToDoubleSeconds(t1 - t0);
   stats_.compute_seconds += absl::ToDoubleSeconds(t2 - t1);

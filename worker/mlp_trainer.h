@@ -123,6 +123,13 @@ class ParamClient {
                        absl::Span<const float> vals, int num_examples) = 0;
   virtual absl::Status Wait(int64_t ts, absl::Time deadline) = 0;
   virtual int64_t Clock(int num_examples) = 0;
+  // Push then Clock; KVWorker does both in one round trip per server.
+  virtual int64_t PushAndClock(int table, absl::Span<const uint64_t> keys,
+                               absl::Span<const float> vals,
+                               int num_examples) {
+    Push(table, keys, vals, num_examples);
+    return Clock(num_examples);
+  }
   virtual int64_t clock() const = 0;
 };
 
@@ -142,6 +149,11 @@ class KVWorkerParamClient final : public ParamClient {
     return kv_->Wait(ts, deadline);
   }
   int64_t Clock(int num_examples) override { return kv_->Clock(num_examples); }
+  int64_t PushAndClock(int table, absl::Span<const uint64_t> keys,
+                       absl::Span<const float> vals,
+                       int num_examples) override {
+    return kv_->PushAndClock(table, keys, vals, num_examples);
+  }
   int64_t clock() const override { return kv_->clock(); }
 
  private:

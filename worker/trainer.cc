@@ -245,8 +245,9 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
           s.batch, s.w, absl::MakeSpan(grad), &loss));
     }
     absl::Time t3 = absl::Now();
-    kv_->Push(0, s.batch.keys, grad, static_cast<int>(s.rows));
-    work->Pushed(s.unit, kv_->Clock(static_cast<int>(s.rows)));
+    // The clock rides on the push: one round trip per server.
+    work->Pushed(s.unit, kv_->PushAndClock(0, s.batch.keys, grad,
+                                           static_cast<int>(s.rows)));
     skip_ahead();
     if (ahead == Fill::kWaiting) {
       // Nothing read ahead (or no unit was free then): read now, after

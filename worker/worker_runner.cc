@@ -230,6 +230,7 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   ko.worker_id = worker_id;
   ko.pull_wait = absl::Milliseconds(config.consistency.pull_timeout_ms);
   ko.request_timeout = ko.pull_wait + absl::Seconds(30);
+  if (!config.cluster.key_caching) ko.key_lists_per_server = 0;
   KVWorker kv(ko, view, clients, scheduler);
 
   if (config.training.model == "mlp") {

@@ -1,0 +1,128 @@
+// Unit tests of KeyCache (bounded, least recently used first) and of the
+// Table calls key caching relies on (slots, generations).
+#include "server/key_cache.h"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/table.h"
+
+namespace ps {
+namespace {
+
+std::shared_ptr<const KeyList> ListOf(size_t n) {
+  auto l = std::make_shared<KeyList>();
+  l->keys.resize(n);
+  for (size_t i = 0; i < n; ++i) l->keys[i] = i + 1;
+  l->runs.push_back(RangeRun{0, 0, n});
+  return l;
+}
+
+TEST(KeyCacheTest, FindsWhatWasPutPerWorker) {
+  KeyCache cache(1 << 20);
+  auto l = ListOf(10);
+  cache.Put(0, 7, l);
+  EXPECT_EQ(cache.Find(0, 7), l);
+  EXPECT_EQ(cache.Find(1, 7), nullptr) << "another worker's list 7";
+  EXPECT_EQ(cache.Find(0, 8), nullptr);
+  EXPECT_EQ(cache.hits(), 1);
+  EXPECT_EQ(cache.misses(), 2);
+  EXPECT_EQ(cache.bytes(), l->bytes());
+}
+
+TEST(KeyCacheTest, EvictsLeastRecentlyUsedBeyondTheBudget) {
+  const size_t one = ListOf(100)->bytes();
+  KeyCache cache(3 * one);
+  for (uint64_t id = 1; id <= 3; ++id) cache.Put(0, id, ListOf(100));
+  ASSERT_NE(cache.Find(0, 1), nullptr);  // 1 is now the most recent
+  cache.Put(0, 4, ListOf(100));          // evicts 2, the least recent
+  EXPECT_NE(cache.Find(0, 1), nullptr);
+  EXPECT_EQ(cache.Find(0, 2), nullptr);
+  EXPECT_NE(cache.Find(0, 3), nullptr);
+  EXPECT_NE(cache.Find(0, 4), nullptr);
+  EXPECT_LE(cache.bytes(), 3 * one);
+  EXPECT_EQ(cache.lists(), 3u);
+}
+
+TEST(KeyCacheTest, ReplacingAListKeepsTheAccountExact) {
+  KeyCache cache(1 << 20);
+  cache.Put(0, 1, ListOf(10));
+  auto bigger = ListOf(50);
+  cache.Put(0, 1, bigger);
+  EXPECT_EQ(cache.Find(0, 1), bigger);
+  EXPECT_EQ(cache.bytes(), bigger->bytes());
+  EXPECT_EQ(cache.lists(), 1u);
+}
+
+TEST(KeyCacheTest, ListLargerThanTheBudgetIsNotKept) {
+  KeyCache cache(ListOf(10)->bytes());
+  cache.Put(0, 1, ListOf(10));
+  cache.Put(0, 2, ListOf(1000));
+  EXPECT_EQ(cache.Find(0, 2), nullptr);
+  EXPECT_NE(cache.Find(0, 1), nullptr) << "not evicted for nothing";
+  KeyCache off(0);
+  off.Put(0, 1, ListOf(1));
+  EXPECT_EQ(off.Find(0, 1), nullptr);
+  cache.Clear();
+  EXPECT_EQ(cache.lists(), 0u);
+  EXPECT_EQ(cache.bytes(), 0u);
+}
+
+std::unique_ptr<Table> SgdTable() {
+  TableSpec spec;
+  spec.dim = 2;
+  spec.optimizer.name = "sgd";
+  spec.optimizer.learning_rate = 1.0f;
+  auto t = Table::Create(spec, 2);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(*t);
+}
+
+TEST(TableSlotsTest, SlotsGiveTheSameResultsAsKeys) {
+  std::unique_ptr<Table> t = SgdTable();
+  std::unique_ptr<Table> by_keys = SgdTable();  // the reference
+  const std::vector<uint64_t> keys = {3, 5, 9};
+  const std::vector<float> g = {1, 2, 3, 4, 5, 6};
+  std::vector<uint32_t> slots(3, 0);
+  uint64_t gen = 0;
+  std::vector<float> out(6), want(6);
+  t->Pull(0, keys, out.data(), slots.data(), &gen);
+  EXPECT_EQ(slots, std::vector<uint32_t>(3, Table::kNoSlot));
+  EXPECT_FALSE(t->PushSlots(0, gen, slots.data(), 3, g.data(), 1.0f))
+      << "keys not stored yet go by keys";
+  t->Push(0, keys, g.data(), 1.0f, slots.data(), &gen);
+  by_keys->Push(0, keys, g.data(), 1.0f);
+  for (uint32_t s : slots) EXPECT_NE(s, Table::kNoSlot);
+  ASSERT_TRUE(t->PushSlots(0, gen, slots.data(), 3, g.data(), 0.5f));
+  by_keys->Push(0, keys, g.data(), 0.5f);
+  ASSERT_TRUE(t->PullSlots(0, gen, keys, slots.data(), out.data()));
+  by_keys->Pull(0, keys, want.data());
+  EXPECT_EQ(out, want);
+  EXPECT_NE(out, std::vector<float>(6, 0.0f));
+  // A kNoSlot key stored since reads its stored value.
+  std::vector<uint32_t> old(3, Table::kNoSlot);
+  ASSERT_TRUE(t->PullSlots(0, gen, keys, old.data(), out.data()));
+  EXPECT_EQ(out, want);
+}
+
+TEST(TableSlotsTest, ClearedRangeRefusesOldSlots) {
+  std::unique_ptr<Table> t = SgdTable();
+  std::unique_ptr<Table> other = SgdTable();
+  const std::vector<uint64_t> keys = {3};
+  const std::vector<float> g = {1, 1};
+  std::vector<uint32_t> slots(1);
+  uint64_t gen = 0;
+  t->Push(0, keys, g.data(), 1.0f, slots.data(), &gen);
+  std::vector<float> out(2);
+  EXPECT_FALSE(other->PullSlots(0, gen, keys, slots.data(), out.data()))
+      << "another table's slots";
+  t->ClearRange(0);
+  EXPECT_FALSE(t->PushSlots(0, gen, slots.data(), 1, g.data(), 1.0f));
+  EXPECT_FALSE(t->PullSlots(0, gen, keys, slots.data(), out.data()));
+  EXPECT_EQ(t->size(), 0u) << "nothing applied through stale slots";
+}
+
+}  // namespace
+}  // namespace ps
