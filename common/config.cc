@@ -410,6 +410,8 @@ const std::vector<Field>& Fields() {
       StringField(PS_CFG(data, train)),
       StringField(PS_CFG(data, test)),
       BoolField(PS_CFG(data, skip_malformed)),
+      BoolField(PS_CFG(data, shuffle)),
+      IntField<int64_t>(PS_CFG(data, shuffle_buffer_rows), 1),
       IntField<int64_t>(PS_CFG(data.synthetic, train_rows), 1),
       IntField<int64_t>(PS_CFG(data.synthetic, test_rows), 0),
       IntField<int64_t>(PS_CFG(data.synthetic, features), 1),

@@ -96,6 +96,23 @@ struct DataConfig {
   std::string train;                 // path (libsvm, criteo)
   std::string test;
   bool skip_malformed = false;  // false: a malformed line is an error
+  // Training rows are read in a new seeded order every epoch (seed:
+  // training.seed): the scheduler hands each epoch's work units out in a
+  // seeded order (which worker trains which unit changes every epoch), and
+  // a worker reads a unit's byte blocks (1 MiB) in a seeded order through a
+  // shuffle buffer of shuffle_buffer_rows rows (synthetic rows: a full
+  // permutation of the unit). Reproducible for a seed (a BSP run is
+  // bit-identical), whatever the timing. false: file order, every epoch the
+  // same, as before shuffling existed: for data that is already shuffled
+  // (saves the buffer's copy) or whose order matters (time-ordered data),
+  // and to compare with runs made before.
+  bool shuffle = true;
+  // Rows (parsed) the shuffle buffer of each open unit holds, >= 1: about 2x
+  // this many rows of memory per worker (a9a rows: ~200 B, criteo ~500 B).
+  // A unit smaller than the buffer (the default: units hold about
+  // fault_tolerance.work_unit_rows = 1000 rows) is shuffled whole; the test
+  // set is never shuffled.
+  int64_t shuffle_buffer_rows = 10000;
   SyntheticConfig synthetic;
 
   bool operator==(const DataConfig&) const = default;
@@ -108,7 +125,9 @@ struct TrainingConfig {
   int threads = 1;  // gradient threads per worker
   std::string backend = "cpu";  // cpu | cuda | auto
   double progress_interval_s = 2.0;
-  uint64_t seed = 1;  // shuffling
+  // Seeds the order training rows are read in (data.shuffle) and the mlp
+  // model's dropout masks; any value, 0 included.
+  uint64_t seed = 1;
   double straggler_factor = 1.0;  // worker 0 is made this many times slower
   double eval_interval_s = 0;     // 0: evaluate only at the end
 

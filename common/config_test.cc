@@ -70,6 +70,8 @@ data:
   train: /data/train.svm
   test: /data/test.svm
   skip_malformed: true
+  shuffle: false
+  shuffle_buffer_rows: 64
   synthetic:
     train_rows: 10
     test_rows: 0
@@ -120,6 +122,8 @@ output:
   EXPECT_EQ(c.data.train, "/data/train.svm");
   EXPECT_EQ(c.data.test, "/data/test.svm");
   EXPECT_TRUE(c.data.skip_malformed);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.data.shuffle_buffer_rows, 64);
   EXPECT_EQ(c.data.synthetic.train_rows, 10);
   EXPECT_EQ(c.data.synthetic.test_rows, 0);
   EXPECT_EQ(c.data.synthetic.features, 50);
@@ -231,6 +235,8 @@ TEST(ConfigTest, OutOfRangeNamesTheField) {
        "config field cluster.heartbeat_ms: must be >= 10, got 9"},
       {"fault_tolerance: {work_unit_rows: 0}",
        "config field fault_tolerance.work_unit_rows: must be >= 1, got 0"},
+      {"data: {shuffle_buffer_rows: 0}",
+       "config field data.shuffle_buffer_rows: must be >= 1, got 0"},
       {"cluster: {heartbeat_timeout_ms: 99}",
        "config field cluster.heartbeat_timeout_ms: must be >= 100, got 99"},
       {"cluster: {register_timeout_ms: 0}",
@@ -409,6 +415,8 @@ TEST(ConfigTest, ToYamlRoundTrips) {
   c.data.train = "";
   c.data.test = "null";
   c.data.skip_malformed = true;
+  c.data.shuffle = false;
+  c.data.shuffle_buffer_rows = int64_t{1} << 40;
   c.data.synthetic.features = int64_t{1} << 40;
   c.data.synthetic.nnz_per_row = 1;
   c.data.synthetic.true_sparsity = 1.0 / 3;

@@ -5,13 +5,19 @@
 //   * stats add up (rows + skipped <= lines);
 //   * the sharding promise: for a split point k taken from the input, the
 //     shards [0, k) and [k, end) hold exactly the rows of the whole file;
-//   * Reset() replays the same rows.
+//   * Reset() replays the same rows;
+//   * a shuffled read (data.shuffle: tiny blocks and buffer from the input)
+//     holds the same rows as the file-order read, the same counts and the
+//     same first bad line.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "fuzz/fuzz_util.h"
 #include "worker/data.h"
@@ -21,6 +27,8 @@ namespace {
 
 using OpenFn = absl::StatusOr<std::unique_ptr<RowReader>> (*)(
     const std::string&, int64_t, int64_t, bool);
+using ShuffledOpenFn = absl::StatusOr<std::unique_ptr<RowReader>> (*)(
+    const std::string&, int64_t, int64_t, bool, const ShuffleOptions&);
 
 // A temp file holding the input, removed on destruction.
 class TempFile {
@@ -107,7 +115,25 @@ bool SameRows(const RowBlock& whole, const RowBlock& a, const RowBlock& b) {
          joined.row_ptr == whole.row_ptr;
 }
 
-int RunText(const uint8_t* data, size_t size, OpenFn open, bool criteo) {
+// The rows of `b` as sortable values, to compare orders-free.
+std::vector<std::tuple<float, std::vector<uint64_t>, std::vector<float>>>
+SortedRows(const RowBlock& b) {
+  std::vector<std::tuple<float, std::vector<uint64_t>, std::vector<float>>>
+      rows;
+  for (size_t i = 0; i < b.rows(); ++i) {
+    rows.emplace_back(
+        b.labels[i],
+        std::vector<uint64_t>(b.keys.begin() + b.row_ptr[i],
+                              b.keys.begin() + b.row_ptr[i + 1]),
+        std::vector<float>(b.vals.begin() + b.row_ptr[i],
+                           b.vals.begin() + b.row_ptr[i + 1]));
+  }
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
+int RunText(const uint8_t* data, size_t size, OpenFn open,
+            ShuffledOpenFn open_shuffled, bool criteo) {
   // The first byte picks the split point and block size; the rest is the
   // file.
   if (size < 1) return 0;
@@ -133,6 +159,27 @@ int RunText(const uint8_t* data, size_t size, OpenFn open, bool criteo) {
   RowBlock strict = ReadAll(open, file.path(), 0, -1, false, step, criteo,
                             &bad, &ss);
   PS_FUZZ_CHECK(bad == (ws.skipped > 0));
+  // Shuffled, in blocks of 1-17 bytes through a buffer of 1-7 rows.
+  ShuffleOptions so;
+  so.enabled = true;
+  so.seed = ctl;
+  so.block_bytes = 1 + ctl % 17;
+  so.buffer_rows = 1 + ctl % 7;
+  auto sr = open_shuffled(file.path(), 0, -1, true, so);
+  PS_FUZZ_CHECK(sr.ok());
+  RowBlock shuffled;
+  while (true) {
+    auto got = (*sr)->Next(step, &shuffled);
+    PS_FUZZ_CHECK(got.ok());
+    if (*got == 0) break;
+  }
+  CheckBlock(shuffled, criteo);
+  PS_FUZZ_CHECK(SortedRows(shuffled) == SortedRows(whole));
+  const ReadStats& ss2 = (*sr)->stats();
+  PS_FUZZ_CHECK(ss2.lines == ws.lines && ss2.skipped == ws.skipped &&
+                ss2.rows == ws.rows);
+  PS_FUZZ_CHECK(ss2.first_bad_byte == ws.first_bad_byte &&
+                ss2.first_bad_line == ws.first_bad_line);
   // An empty or out-of-range shard is empty, not an error.
   auto past = open(file.path(), static_cast<int64_t>(size) + 1, -1, true);
   PS_FUZZ_CHECK(past.ok());
@@ -145,11 +192,11 @@ int RunText(const uint8_t* data, size_t size, OpenFn open, bool criteo) {
 }  // namespace
 
 int Libsvm(const uint8_t* data, size_t size) {
-  return RunText(data, size, &OpenLibsvm, /*criteo=*/false);
+  return RunText(data, size, &OpenLibsvm, &OpenLibsvm, /*criteo=*/false);
 }
 
 int Criteo(const uint8_t* data, size_t size) {
-  return RunText(data, size, &OpenCriteo, /*criteo=*/true);
+  return RunText(data, size, &OpenCriteo, &OpenCriteo, /*criteo=*/true);
 }
 
 }  // namespace ps::fuzz

@@ -60,6 +60,12 @@ std::string Num(double v) {
   return absl::StrFormat("%.6g", v);
 }
 
+// The seed of the work units' order (WorkQueue): data.shuffle's.
+std::optional<uint64_t> UnitShuffleSeed(const JobConfig& config) {
+  if (!config.data.shuffle) return std::nullopt;
+  return config.training.seed;
+}
+
 }  // namespace
 
 SchedulerCore::SchedulerCore(SchedulerOptions options)
@@ -73,7 +79,8 @@ SchedulerCore::SchedulerCore(SchedulerOptions options)
     work_ = std::make_unique<WorkQueue>(
         PlanWorkUnits(options_.config), options_.config.training.epochs,
         options_.config.cluster.num_workers,
-        /*steal=*/options_.config.consistency.mode != Mode::kBsp);
+        /*steal=*/options_.config.consistency.mode != Mode::kBsp,
+        UnitShuffleSeed(options_.config));
   }
   if (work_ != nullptr && !options_.restore_from.empty()) {
     // Checkpoints (issue 9): continue the data where the checkpoint stood.
@@ -95,7 +102,8 @@ SchedulerCore::SchedulerCore(SchedulerOptions options)
       work_ = std::make_unique<WorkQueue>(
           std::vector<proto::DataShard>(m->plan().begin(), m->plan().end()),
           options_.config.training.epochs, options_.config.cluster.num_workers,
-          /*steal=*/options_.config.consistency.mode != Mode::kBsp);
+          /*steal=*/options_.config.consistency.mode != Mode::kBsp,
+          UnitShuffleSeed(options_.config));
     }
     if (!m.ok() || !m->has_work() || !same_data) {
       PS_LOG_WARN("checkpoint {} has no data position for this data: "

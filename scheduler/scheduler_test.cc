@@ -3,6 +3,7 @@
 // whose Control replies the test scripts.
 #include "scheduler/scheduler.h"
 
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -998,6 +999,8 @@ TEST_F(WorkUnitTest, UnitsCoverEveryEpochThenDone) {
   const std::vector<int64_t> want = {0,  1,  2,  3,  4,  10, 11, 12, 13, 14,
                                      19, 18, 17, 16, 15, 9,  8,  7,  6,  5};
   std::vector<std::pair<int64_t, int64_t>> finished;
+  // The rows of unit id (data.shuffle is on: a seeded order every epoch).
+  std::vector<int64_t> rows_of(20, -1);
   for (int i = 0; i < 20; ++i) {
     auto r = Ask(0, finished);
     ASSERT_TRUE(r.ok()) << r.status();
@@ -1005,8 +1008,9 @@ TEST_F(WorkUnitTest, UnitsCoverEveryEpochThenDone) {
     const int64_t id = r->unit().id();
     EXPECT_EQ(id, want[i]);
     EXPECT_EQ(r->unit().epoch(), id / 10);
-    EXPECT_EQ(r->unit().data().row_begin(), (id % 10) * 100);
-    EXPECT_EQ(r->unit().data().row_end(), (id % 10) * 100 + 100);
+    EXPECT_EQ(r->unit().data().row_begin() % 100, 0);
+    EXPECT_EQ(r->unit().data().row_end(), r->unit().data().row_begin() + 100);
+    rows_of[id] = r->unit().data().row_begin();
     finished = {{id, 100}};
     if (i == 19) {
       // None queued, one in progress at W[0]: W[1] must wait.
@@ -1015,6 +1019,18 @@ TEST_F(WorkUnitTest, UnitsCoverEveryEpochThenDone) {
       EXPECT_EQ(w->state(), proto::WORK_WAIT);
     }
   }
+  // Each epoch covers the rows once, in its own order.
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int64_t> rows(rows_of.begin() + 10 * epoch,
+                              rows_of.begin() + 10 * epoch + 10);
+    std::vector<int64_t> sorted = rows;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, (std::vector<int64_t>{0, 100, 200, 300, 400, 500, 600,
+                                            700, 800, 900}));
+    EXPECT_NE(rows, sorted) << "epoch " << epoch << " in file order";
+  }
+  EXPECT_FALSE(std::equal(rows_of.begin(), rows_of.begin() + 10,
+                          rows_of.begin() + 10));
   auto d = Ask(0, finished);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->state(), proto::WORK_DONE);

@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "common/permutation.h"
 
 namespace ps {
 
@@ -93,8 +94,12 @@ int PreferredWorker(int64_t index, int64_t units, int workers) {
 }
 
 WorkQueue::WorkQueue(std::vector<proto::DataShard> units, int epochs,
-                     int workers, bool steal)
-    : plan_(std::move(units)), epochs_(std::max(1, epochs)), steal_(steal) {
+                     int workers, bool steal,
+                     std::optional<uint64_t> shuffle_seed)
+    : plan_(std::move(units)),
+      epochs_(std::max(1, epochs)),
+      steal_(steal),
+      shuffle_seed_(shuffle_seed) {
   state_.resize(plan_.size() * epochs_);
   examples_.assign(epochs_, 0);
   own_.resize(std::max(1, workers));
@@ -105,11 +110,21 @@ WorkQueue::WorkQueue(std::vector<proto::DataShard> units, int epochs,
   }
 }
 
+int64_t WorkQueue::PlanIndex(int64_t id) const {
+  const int64_t n = units_per_epoch();
+  if (!shuffle_seed_.has_value()) return id % n;
+  // O(1) memory whatever the plan's size (one small object per call).
+  const SeededPermutation order(
+      ShuffleKey(*shuffle_seed_, ShufflePurpose::kUnitOrder, id / n, 0),
+      static_cast<uint64_t>(n));
+  return static_cast<int64_t>(order.At(static_cast<uint64_t>(id % n)));
+}
+
 proto::WorkUnit WorkQueue::Make(int64_t id) const {
   proto::WorkUnit u;
   u.set_id(id);
   u.set_epoch(static_cast<int>(id / units_per_epoch()));
-  *u.mutable_data() = plan_[id % units_per_epoch()];
+  *u.mutable_data() = plan_[PlanIndex(id)];
   return u;
 }
 

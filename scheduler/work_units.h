@@ -44,14 +44,22 @@ int PreferredWorker(int64_t index, int64_t units, int workers);
 // worker whose queue and the pool are empty takes the last unit of the
 // longest other queue, so a slow worker does fewer units. Without it (BSP)
 // which worker trains which unit, and in which order, depends only on the
-// plan, so a BSP job is reproducible (its clocks combine the same batches
-// every run) as long as no worker dies.
+// plan and the shuffle seed, so a BSP job is reproducible (its clocks
+// combine the same batches every run) as long as no worker dies.
+//
+// Unit ids are slots: id = epoch * units_per_epoch() + i. Without a shuffle
+// seed slot i holds plan unit i (file order, every epoch the same); with one
+// (data.shuffle) it holds plan unit SeededPermutation(ShuffleKey(seed,
+// kUnitOrder, epoch, 0), units_per_epoch()).At(i) (common/permutation.h),
+// so which worker trains which part of the data, and in which order,
+// changes every epoch. Saved states and checkpoints hold slots: restore
+// them with the same plan and seed.
 class WorkQueue {
  public:
   // `units` is one epoch's plan (non-empty), repeated for `epochs` epochs,
-  // queued for `workers` workers (>= 1).
+  // queued for `workers` workers (>= 1); `shuffle_seed` as above.
   WorkQueue(std::vector<proto::DataShard> units, int epochs, int workers,
-            bool steal);
+            bool steal, std::optional<uint64_t> shuffle_seed = std::nullopt);
 
   // The next unit for `worker` (ids in [0, workers)), now assigned to it:
   // the pool's lowest id, else its own queue's lowest id (the lowest epoch
@@ -101,6 +109,8 @@ class WorkQueue {
   }
   int epochs() const { return epochs_; }
   const std::vector<proto::DataShard>& plan() const { return plan_; }
+  // The plan unit slot `id` holds (see the class comment).
+  int64_t PlanIndex(int64_t id) const;
   // Examples of finished units, per epoch (index = epoch).
   const std::vector<int64_t>& epoch_examples() const { return examples_; }
   // Malformed lines skipped in the finished units of epoch 0 (one pass).
@@ -118,6 +128,7 @@ class WorkQueue {
   const std::vector<proto::DataShard> plan_;
   const int epochs_;
   const bool steal_;
+  const std::optional<uint64_t> shuffle_seed_;
   std::vector<Unit> state_;          // by unit id
   // Queued ids, ascending (= ascending epoch): per worker, and the pool of
   // handed-back units.

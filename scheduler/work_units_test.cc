@@ -1,6 +1,7 @@
 // WorkQueue and PlanWorkUnits alone: no scheduler, no clock.
 #include "scheduler/work_units.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -45,6 +46,57 @@ TEST(WorkQueueTest, HandsOutInEpochOrderAndCountsPerEpoch) {
   EXPECT_TRUE(q.AllDone());
   EXPECT_EQ(q.epoch_examples(), (std::vector<int64_t>{30, 30}));
   EXPECT_EQ(q.finished_by(0), 6);
+}
+
+// data.shuffle: each epoch's slots hold the plan's units in a seeded order,
+// a permutation of the plan (every row once an epoch), the same for the
+// same seed (BSP stays reproducible), another for another seed or epoch.
+TEST(WorkQueueTest, ShuffleSeedPermutesEachEpochsUnits) {
+  constexpr int kUnits = 40, kEpochs = 3, kWorkers = 4;
+  // What each worker takes, in order, as the plan units' first rows.
+  auto run = [](std::optional<uint64_t> seed) {
+    WorkQueue q(Rows(kUnits), kEpochs, kWorkers, /*steal=*/false, seed);
+    std::vector<std::vector<int64_t>> taken(kWorkers);
+    for (bool any = true; any;) {
+      any = false;
+      for (int w = 0; w < kWorkers; ++w) {
+        std::optional<proto::WorkUnit> u = q.Take(w);
+        if (!u.has_value()) continue;
+        any = true;
+        taken[w].push_back(u->data().row_begin() / 10);
+        EXPECT_EQ(q.PlanIndex(u->id()), u->data().row_begin() / 10);
+        EXPECT_TRUE(q.Finish(w, Finished(u->id(), 10)).ok());
+      }
+    }
+    EXPECT_TRUE(q.AllDone());
+    return taken;
+  };
+  const auto plain = run(std::nullopt);
+  const auto a = run(1);
+  EXPECT_EQ(run(1), a);
+  EXPECT_NE(run(2), a);
+  EXPECT_NE(a, plain);
+  // Without a seed, worker w reads its contiguous quarter of the plan in
+  // order every epoch; with one, each epoch is a permutation of the plan.
+  EXPECT_EQ(plain[1], (std::vector<int64_t>{10, 11, 12, 13, 14, 15, 16, 17,
+                                            18, 19, 10, 11, 12, 13, 14, 15,
+                                            16, 17, 18, 19, 10, 11, 12, 13,
+                                            14, 15, 16, 17, 18, 19}));
+  WorkQueue q(Rows(kUnits), kEpochs, kWorkers, /*steal=*/false, 1);
+  std::vector<std::vector<int64_t>> epochs;
+  for (int e = 0; e < kEpochs; ++e) {
+    std::vector<int64_t> order;
+    for (int i = 0; i < kUnits; ++i) order.push_back(q.PlanIndex(e * kUnits + i));
+    std::vector<int64_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (int i = 0; i < kUnits; ++i) ASSERT_EQ(sorted[i], i) << "epoch " << e;
+    epochs.push_back(order);
+  }
+  EXPECT_NE(epochs[0], epochs[1]);
+  EXPECT_NE(epochs[1], epochs[2]);
+  // A worker trains other parts of the data in different epochs.
+  EXPECT_NE(std::vector<int64_t>(a[0].begin(), a[0].begin() + 10),
+            std::vector<int64_t>(a[0].begin() + 10, a[0].begin() + 20));
 }
 
 // Scheduler restart (issue 9): a queue restored from a saved state hands

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "tests/inproc_cluster.h"
 #include "worker/data.h"
 #include "worker/trainer.h"
+#include "worker/worker_runner.h"
 
 namespace ps {
 namespace {
@@ -219,6 +221,9 @@ TEST_F(MultiProcessTest, AspReachesAuc) {
 // The minibatches worker `w` of `n` trains on in BSP: every epoch, the work
 // units of its own queue (scheduler/work_units.h: BSP never steals), each
 // read in minibatches of `minibatch` rows (a unit's last one may be short).
+// data.shuffle and training.seed at their defaults, as in A9aYaml: slot k
+// of epoch e holds the plan unit the seeded order puts there, and its rows
+// come in that epoch's order (ShuffleOf).
 std::vector<RowBlock> WorkerBatches(int w, int n, int minibatch, int epochs) {
   std::vector<RowBlock> out;
   JobConfig c;
@@ -227,11 +232,15 @@ std::vector<RowBlock> WorkerBatches(int w, int n, int minibatch, int epochs) {
   c.cluster.num_workers = n;
   const std::vector<proto::DataShard> units = PlanWorkUnits(c);
   const int64_t count = static_cast<int64_t>(units.size());
+  const WorkQueue slots(units, epochs, n, /*steal=*/false,
+                        c.data.shuffle ? std::optional<uint64_t>(c.training.seed)
+                                       : std::nullopt);
   for (int e = 0; e < epochs; ++e) {
     for (int64_t k = 0; k < count; ++k) {
       if (PreferredWorker(k, count, n) != w) continue;
-      auto reader = OpenLibsvm(kTrain, units[k].begin_byte(),
-                               units[k].end_byte(), false);
+      const proto::DataShard& unit = units[slots.PlanIndex(e * count + k)];
+      auto reader = OpenLibsvm(kTrain, unit.begin_byte(), unit.end_byte(),
+                               false, ShuffleOf(c, e));
       EXPECT_TRUE(reader.ok()) << reader.status();
       if (!reader.ok()) return out;
       for (;;) {

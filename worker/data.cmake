@@ -1,5 +1,5 @@
 # Data readers (LIBSVM, Criteo TSV, synthetic) and evaluation metrics.
-add_library(ps_data libsvm.cc synthetic.cc metrics.cc)
+add_library(ps_data libsvm.cc shuffle.cc synthetic.cc metrics.cc)
 target_include_directories(ps_data PUBLIC ${CMAKE_SOURCE_DIR})
 target_link_libraries(ps_data PUBLIC ps_common
   absl::status absl::statusor absl::strings absl::span)

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -23,8 +24,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
+#include "common/permutation.h"
 #include "common/status_macros.h"
 #include "worker/data.h"
+#include "worker/shuffle.h"
 
 namespace ps {
 
@@ -73,10 +76,14 @@ class RawBuffer {
   size_t size_;
 };
 
-// The lines of one byte shard of a file (see OpenLibsvm for the rule).
+// The lines of one byte range of a file (see OpenLibsvm for the rule): a
+// shard, or one block of a shard read in a shuffled order.
 class LineSource {
  public:
   static constexpr size_t kChunk = 4 << 20;
+  // Past the end of the range, read this much at a time to finish its last
+  // line (not a whole chunk: a small range would read 4 MiB for nothing).
+  static constexpr int64_t kMinRead = 64 << 10;
 
   LineSource(std::string path, int fd, int64_t begin, int64_t end)
       : path_(std::move(path)), fd_(fd), begin_(begin), end_(end),
@@ -86,9 +93,38 @@ class LineSource {
   LineSource& operator=(const LineSource&) = delete;
 
   const std::string& path() const { return path_; }
-  int64_t begin() const { return begin_; }
-  // 1-based number of the last line returned (file-global iff begin() == 0).
+  // 1-based number of the last line returned, counted from the range's first
+  // line (file-global iff the range starts at byte 0).
   int64_t line_number() const { return line_number_; }
+
+  // Sets the range to read (end -1: to the end of the file); call Rewind
+  // before reading it.
+  void SetRange(int64_t begin, int64_t end) {
+    begin_ = begin;
+    end_ = end;
+  }
+
+  // How many lines start before byte `offset` of the file: the number of
+  // '\n' in [0, offset). Reads the file up to there (for error messages;
+  // not the hot path). Errors: UNAVAILABLE naming the path.
+  absl::StatusOr<int64_t> LinesBefore(int64_t offset) const {
+    constexpr size_t kBuf = 64 << 10;
+    std::unique_ptr<char[]> buf(new char[kBuf]);
+    int64_t lines = 0;
+    for (int64_t at = 0; at < offset;) {
+      const size_t want =
+          static_cast<size_t>(std::min<int64_t>(kBuf, offset - at));
+      const ssize_t n = ::pread(fd_, buf.get(), want, at);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return IoError("read", path_, errno);
+      }
+      if (n == 0) break;
+      lines += std::count(buf.get(), buf.get() + n, '\n');
+      at += n;
+    }
+    return lines;
+  }
 
   // Positions at the first line starting at or after begin_.
   absl::Status Rewind() {
@@ -161,8 +197,14 @@ class LineSource {
       pos_ = 0;
     }
     if (len_ == buf_.size()) buf_.Grow(buf_.size() * 2, len_);
+    size_t want = buf_.size() - len_;
+    if (end_ >= 0) {
+      const int64_t ahead = end_ - (buf_offset_ + static_cast<int64_t>(len_));
+      want = std::min(want,
+                      static_cast<size_t>(std::max<int64_t>(ahead, kMinRead)));
+    }
     while (true) {
-      const ssize_t n = ::read(fd_, buf_.data() + len_, buf_.size() - len_);
+      const ssize_t n = ::read(fd_, buf_.data() + len_, want);
       if (n < 0) {
         if (errno == EINTR) continue;
         return IoError("read", path_, errno);
@@ -176,8 +218,10 @@ class LineSource {
   // Constant after construction.
   const std::string path_;
   const int fd_;
-  const int64_t begin_;
-  const int64_t end_;  // -1: end of file
+
+  // The range being read (SetRange).
+  int64_t begin_;
+  int64_t end_;  // -1: end of file
 
   RawBuffer buf_;
   size_t pos_ = 0;          // next unread byte in buf_
@@ -338,18 +382,31 @@ LineKind ParseCriteoLine(std::string_view line, RowBlock* out,
   return LineKind::kRow;
 }
 
+// The lines of a shard cut into blocks (bounds[i], bounds[i+1]) in file
+// order (the last bound may be -1: to the end of the file), visited in
+// `order` (position -> block; unset: file order).
 class TextReader final : public RowReader {
  public:
-  TextReader(std::unique_ptr<LineSource> src, ParseFn parse, bool skip_malformed)
-      : src_(std::move(src)), parse_(parse), skip_malformed_(skip_malformed) {}
+  TextReader(std::unique_ptr<LineSource> src, ParseFn parse,
+             bool skip_malformed, std::vector<int64_t> bounds,
+             std::optional<SeededPermutation> order)
+      : src_(std::move(src)),
+        parse_(parse),
+        skip_malformed_(skip_malformed),
+        bounds_(std::move(bounds)),
+        order_(std::move(order)),
+        block_lines_(bounds_.size() - 1, 0) {}
 
   absl::StatusOr<size_t> Next(size_t max_rows, RowBlock* out) override {
     size_t appended = 0;
     std::string_view line;
     int64_t offset = 0;
-    while (appended < max_rows) {
+    while (appended < max_rows && !pass_done_) {
       PS_ASSIGN_OR_RETURN(bool more, src_->NextLine(&line, &offset));
-      if (!more) break;
+      if (!more) {
+        PS_RETURN_IF_ERROR(NextBlock());
+        continue;
+      }
       ++stats_.lines;
       switch (parse_(line, out, &reason_)) {
         case LineKind::kRow:
@@ -360,17 +417,12 @@ class TextReader final : public RowReader {
           break;
         case LineKind::kBad:
           if (skip_malformed_) {
-            if (stats_.skipped++ == 0) {
-              stats_.first_bad_line = src_->line_number();
-              stats_.first_bad_byte = offset;
-            }
+            ++stats_.skipped;
+            NoteSkipped(offset);
             break;
           }
           return absl::InvalidArgumentError(
-              src_->begin() == 0
-                  ? absl::StrCat(src_->path(), ":", src_->line_number(), ": ",
-                                 reason_)
-                  : absl::StrCat(src_->path(), ":byte ", offset, ": ", reason_));
+              absl::StrCat(Position(offset), ": ", reason_));
       }
     }
     return appended;
@@ -378,28 +430,92 @@ class TextReader final : public RowReader {
 
   absl::Status Reset() override {
     stats_ = ReadStats();
-    return src_->Rewind();
+    visit_ = 0;
+    pass_done_ = false;
+    bad_block_ = -1;
+    return StartBlock();
   }
 
   const ReadStats& stats() const override { return stats_; }
   const std::string& path() const override { return src_->path(); }
 
  private:
-  std::unique_ptr<LineSource> src_;
+  size_t blocks() const { return block_lines_.size(); }
+  // The block (in file order) at visit position visit_.
+  size_t current() const {
+    return order_.has_value() ? static_cast<size_t>(order_->At(visit_))
+                              : visit_;
+  }
+
+  absl::Status StartBlock() {
+    const size_t b = current();
+    src_->SetRange(bounds_[b], bounds_[b + 1]);
+    return src_->Rewind();
+  }
+
+  // The current block is read: counts its lines, moves to the next one.
+  absl::Status NextBlock() {
+    block_lines_[current()] = src_->line_number();
+    if (++visit_ < blocks()) return StartBlock();
+    pass_done_ = true;
+    if (bad_block_ > 0) {
+      // Now every block's line count is known.
+      int64_t before = 0;
+      for (int64_t b = 0; b < bad_block_; ++b) before += block_lines_[b];
+      stats_.first_bad_line = before + bad_line_in_block_;
+    }
+    return absl::OkStatus();
+  }
+
+  // A skipped line starting at `offset` of the current block: remembered
+  // when it is the earliest in the file so far.
+  void NoteSkipped(int64_t offset) {
+    if (stats_.first_bad_byte >= 0 && offset > stats_.first_bad_byte) return;
+    stats_.first_bad_byte = offset;
+    bad_block_ = static_cast<int64_t>(current());
+    bad_line_in_block_ = src_->line_number();
+    // In the shard's first block the block's count is the shard's; in
+    // another it is set when the pass ends (NextBlock).
+    stats_.first_bad_line = bad_block_ == 0 ? bad_line_in_block_ : 0;
+  }
+
+  // "PATH:LINE" (shard at byte 0) or "PATH:byte N" for the line starting at
+  // `offset` of the current block.
+  std::string Position(int64_t offset) const {
+    if (bounds_[0] != 0) return absl::StrCat(path(), ":byte ", offset);
+    if (current() == 0) return absl::StrCat(path(), ":", src_->line_number());
+    absl::StatusOr<int64_t> before = src_->LinesBefore(offset);
+    if (!before.ok()) return absl::StrCat(path(), ":byte ", offset);
+    return absl::StrCat(path(), ":", *before + 1);
+  }
+
+  // Constant after construction.
+  const std::unique_ptr<LineSource> src_;
   const ParseFn parse_;
   const bool skip_malformed_;
+  const std::vector<int64_t> bounds_;
+  const std::optional<SeededPermutation> order_;
+
+  std::vector<int64_t> block_lines_;  // lines per block (file order)
+  size_t visit_ = 0;
+  bool pass_done_ = false;
+  int64_t bad_block_ = -1;  // the block of stats_.first_bad_byte
+  int64_t bad_line_in_block_ = 0;
   ReadStats stats_;
   std::string reason_;  // scratch for the error path
 };
 
-absl::StatusOr<std::unique_ptr<RowReader>> OpenText(const std::string& path,
-                                                    int64_t begin_byte,
-                                                    int64_t end_byte,
-                                                    bool skip_malformed,
-                                                    ParseFn parse) {
+absl::StatusOr<std::unique_ptr<RowReader>> OpenText(
+    const std::string& path, int64_t begin_byte, int64_t end_byte,
+    bool skip_malformed, const ShuffleOptions& shuffle, ParseFn parse) {
   if (begin_byte < 0 || (end_byte != -1 && end_byte < begin_byte)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": bad byte range [", begin_byte, ", ", end_byte, ")"));
+  }
+  if (shuffle.enabled && (shuffle.buffer_rows < 1 || shuffle.block_bytes < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": shuffle buffer_rows and block_bytes must be >= 1, got ",
+        shuffle.buffer_rows, " and ", shuffle.block_bytes));
   }
   int fd;
   do {
@@ -407,25 +523,65 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenText(const std::string& path,
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return IoError("open", path, errno);
   auto src = std::make_unique<LineSource>(path, fd, begin_byte, end_byte);
-  PS_RETURN_IF_ERROR(src->Rewind());
-  return std::unique_ptr<RowReader>(
-      std::make_unique<TextReader>(std::move(src), parse, skip_malformed));
+  std::vector<int64_t> bounds = {begin_byte};
+  std::optional<SeededPermutation> order;
+  if (shuffle.enabled) {
+    int64_t end = end_byte;
+    if (end < 0) {
+      struct stat st;
+      if (::fstat(fd, &st) != 0) return IoError("stat", path, errno);
+      end = static_cast<int64_t>(st.st_size);
+    }
+    for (int64_t b = begin_byte + shuffle.block_bytes; b < end;
+         b += shuffle.block_bytes) {
+      bounds.push_back(b);
+    }
+    order.emplace(ShuffleKey(shuffle.seed, ShufflePurpose::kBlockOrder,
+                             shuffle.epoch, static_cast<uint64_t>(begin_byte)),
+                  bounds.size());
+  }
+  bounds.push_back(end_byte);
+  auto reader = std::make_unique<TextReader>(
+      std::move(src), parse, skip_malformed, std::move(bounds),
+      std::move(order));
+  PS_RETURN_IF_ERROR(reader->Reset());
+  if (!shuffle.enabled) return std::unique_ptr<RowReader>(std::move(reader));
+  return NewShuffleBuffer(
+      std::move(reader), shuffle.buffer_rows,
+      ShuffleKey(shuffle.seed, ShufflePurpose::kBuffer, shuffle.epoch,
+                 static_cast<uint64_t>(begin_byte)));
 }
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<RowReader>> OpenLibsvm(
+    const std::string& path, int64_t begin_byte, int64_t end_byte,
+    bool skip_malformed, const ShuffleOptions& shuffle) {
+  return OpenText(path, begin_byte, end_byte, skip_malformed, shuffle,
+                  &ParseLibsvmLine);
+}
 
 absl::StatusOr<std::unique_ptr<RowReader>> OpenLibsvm(const std::string& path,
                                                       int64_t begin_byte,
                                                       int64_t end_byte,
                                                       bool skip_malformed) {
-  return OpenText(path, begin_byte, end_byte, skip_malformed, &ParseLibsvmLine);
+  return OpenLibsvm(path, begin_byte, end_byte, skip_malformed,
+                    ShuffleOptions());
+}
+
+absl::StatusOr<std::unique_ptr<RowReader>> OpenCriteo(
+    const std::string& path, int64_t begin_byte, int64_t end_byte,
+    bool skip_malformed, const ShuffleOptions& shuffle) {
+  return OpenText(path, begin_byte, end_byte, skip_malformed, shuffle,
+                  &ParseCriteoLine);
 }
 
 absl::StatusOr<std::unique_ptr<RowReader>> OpenCriteo(const std::string& path,
                                                       int64_t begin_byte,
                                                       int64_t end_byte,
                                                       bool skip_malformed) {
-  return OpenText(path, begin_byte, end_byte, skip_malformed, &ParseCriteoLine);
+  return OpenCriteo(path, begin_byte, end_byte, skip_malformed,
+                    ShuffleOptions());
 }
 
 absl::StatusOr<int64_t> FileSize(const std::string& path) {

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
+#include "common/permutation.h"
 #include "worker/data.h"
 
 namespace ps {
@@ -66,12 +68,15 @@ float TrueWeight(const SyntheticConfig& cfg, double scale, int64_t feature) {
 
 class SyntheticReader final : public RowReader {
  public:
+  // `order` (unset: row order) permutes [0, row_end - row_begin).
   SyntheticReader(const SyntheticConfig& cfg, int64_t row_begin,
-                  int64_t row_end, bool test)
+                  int64_t row_end, bool test,
+                  std::optional<SeededPermutation> order)
       : cfg_(cfg),
         row_begin_(row_begin),
         row_end_(row_end),
         stream_offset_(test ? kTestRowOffset : 0),
+        order_(std::move(order)),
         k_(static_cast<int>(std::min<int64_t>(cfg.nnz_per_row, cfg.features))),
         scale_(WeightScale(cfg)),
         next_row_(row_begin) {
@@ -87,7 +92,12 @@ class SyntheticReader final : public RowReader {
   absl::StatusOr<size_t> Next(size_t max_rows, RowBlock* out) override {
     size_t appended = 0;
     while (appended < max_rows && (row_end_ < 0 || next_row_ < row_end_)) {
-      GenerateRow(next_row_ + stream_offset_, out);
+      const int64_t row =
+          order_.has_value()
+              ? row_begin_ + static_cast<int64_t>(order_->At(
+                                 static_cast<uint64_t>(next_row_ - row_begin_)))
+              : next_row_;
+      GenerateRow(row + stream_offset_, out);
       ++next_row_;
       ++appended;
     }
@@ -164,6 +174,7 @@ class SyntheticReader final : public RowReader {
   const int64_t row_begin_;
   const int64_t row_end_;  // -1: unbounded
   const int64_t stream_offset_;
+  const std::optional<SeededPermutation> order_;
   const int k_;
   const double scale_;
   double one_minus_s_ = 0;
@@ -182,7 +193,8 @@ float SyntheticTrueWeight(const SyntheticConfig& cfg, int64_t feature) {
 }
 
 absl::StatusOr<std::unique_ptr<RowReader>> OpenSynthetic(
-    const SyntheticConfig& cfg, int64_t row_begin, int64_t row_end, bool test) {
+    const SyntheticConfig& cfg, int64_t row_begin, int64_t row_end, bool test,
+    const ShuffleOptions& shuffle) {
   if (cfg.features < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("synthetic.features: must be >= 1, got ", cfg.features));
@@ -208,8 +220,18 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenSynthetic(
     return absl::InvalidArgumentError(absl::StrCat(
         "synthetic: bad row range [", row_begin, ", ", row_end, ")"));
   }
-  return std::unique_ptr<RowReader>(
-      std::make_unique<SyntheticReader>(cfg, row_begin, row_end, test));
+  std::optional<SeededPermutation> order;
+  if (shuffle.enabled) {
+    if (row_end < 0) {
+      return absl::InvalidArgumentError(
+          "synthetic: an unbounded row range cannot be shuffled");
+    }
+    order.emplace(ShuffleKey(shuffle.seed, ShufflePurpose::kRowOrder,
+                             shuffle.epoch, static_cast<uint64_t>(row_begin)),
+                  static_cast<uint64_t>(row_end - row_begin));
+  }
+  return std::unique_ptr<RowReader>(std::make_unique<SyntheticReader>(
+      cfg, row_begin, row_end, test, std::move(order)));
 }
 
 }  // namespace ps

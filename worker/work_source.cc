@@ -48,7 +48,7 @@ absl::StatusOr<WorkSource::Got> WorkSource::NextFrom(
     switch (resp.state()) {
       case proto::WORK_UNIT: {
         const proto::WorkUnit& u = resp.unit();
-        PS_ASSIGN_OR_RETURN(*reader, open(u.data()));
+        PS_ASSIGN_OR_RETURN(*reader, open(u));
         current_ = u.id();
         Held& h = held_[u.id()];
         h.epoch = u.epoch();

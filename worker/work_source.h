@@ -40,12 +40,14 @@ struct WorkSourceOptions {
 // Not thread-safe: the training loop drives it.
 class WorkSource {
  public:
+  // Opens the reader of a unit (its data, and its epoch for the order the
+  // rows are read in: data.shuffle).
   using Opener = std::function<absl::StatusOr<std::unique_ptr<RowReader>>(
-      const proto::DataShard&)>;
+      const proto::WorkUnit&)>;
   // The mlp model's units are read as field rows (Next with a FieldBlock).
   using FieldOpener =
       std::function<absl::StatusOr<std::unique_ptr<FieldReader>>(
-          const proto::DataShard&)>;
+          const proto::WorkUnit&)>;
   // `scheduler` and `kv` must outlive it.
   WorkSource(WorkSourceOptions options, SchedulerClient* scheduler,
              KVWorker* kv, Opener open);

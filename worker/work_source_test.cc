@@ -76,7 +76,8 @@ class WorkSourceTest : public ::testing::Test {
         });
     work_ = std::make_unique<WorkSource>(
         WorkSourceOptions(), clients_.scheduler(), kv_.get(),
-        [](const proto::DataShard& d) {
+        [](const proto::WorkUnit& u) {
+          const proto::DataShard& d = u.data();
           SyntheticConfig c;
           c.features = 100;
           c.nnz_per_row = 3;

@@ -28,20 +28,30 @@ absl::Status ShardBytes(const proto::DataShard& shard, int64_t* begin,
                         int64_t* end);
 }  // namespace
 
+ShuffleOptions ShuffleOf(const JobConfig& config, int64_t epoch) {
+  ShuffleOptions s;
+  s.enabled = config.data.shuffle;
+  s.seed = config.training.seed;
+  s.epoch = epoch;
+  s.buffer_rows = config.data.shuffle_buffer_rows;
+  return s;
+}
+
 absl::StatusOr<std::unique_ptr<RowReader>> OpenTrainShard(
-    const JobConfig& config, const proto::DataShard& shard) {
+    const JobConfig& config, const proto::DataShard& shard, int64_t epoch) {
   const DataConfig& d = config.data;
+  const ShuffleOptions shuffle = ShuffleOf(config, epoch);
   if (d.format == "synthetic") {
     return OpenSynthetic(d.synthetic, shard.row_begin(), shard.row_end(),
-                         /*test=*/false);
+                         /*test=*/false, shuffle);
   }
   int64_t begin, end;
   PS_RETURN_IF_ERROR(ShardBytes(shard, &begin, &end));
   if (d.format == "libsvm") {
-    return OpenLibsvm(shard.path(), begin, end, d.skip_malformed);
+    return OpenLibsvm(shard.path(), begin, end, d.skip_malformed, shuffle);
   }
   if (d.format == "criteo") {
-    return OpenCriteo(shard.path(), begin, end, d.skip_malformed);
+    return OpenCriteo(shard.path(), begin, end, d.skip_malformed, shuffle);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("config field data.format: unknown format '", d.format,
@@ -244,11 +254,14 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
     wo.worker_id = worker_id;
     WorkSource work(
         wo, scheduler, &kv,
-        [&d](const proto::DataShard& unit)
+        [&d](const proto::WorkUnit& unit)
             -> absl::StatusOr<std::unique_ptr<FieldReader>> {
+          // Read in file order: the mlp's field reader has no shuffle yet;
+          // the scheduler's seeded unit order still applies.
           int64_t begin, end;
-          PS_RETURN_IF_ERROR(ShardBytes(unit, &begin, &end));
-          return OpenCriteoFields(unit.path(), begin, end, d.skip_malformed);
+          PS_RETURN_IF_ERROR(ShardBytes(unit.data(), &begin, &end));
+          return OpenCriteoFields(unit.data().path(), begin, end,
+                                  d.skip_malformed);
         });
     std::unique_ptr<FieldReader> test;
     if (worker_id == 0 && !d.test.empty()) {
@@ -278,8 +291,8 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   WorkSourceOptions wo;
   wo.worker_id = worker_id;
   WorkSource work(wo, scheduler, &kv,
-                  [&config](const proto::DataShard& unit) {
-                    return OpenTrainShard(config, unit);
+                  [&config](const proto::WorkUnit& unit) {
+                    return OpenTrainShard(config, unit.data(), unit.epoch());
                   });
   // Worker 0 draws the test curve during training (when configured); the
   // worker the scheduler names evaluates at the end (worker 0 unless it

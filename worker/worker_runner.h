@@ -20,9 +20,14 @@ struct WorkerRunOptions {
   int register_timeout_ms = 60000;
 };
 
-// Opens the reader of a training shard the scheduler assigned.
+// How epoch `epoch` of the training data is read: data.shuffle with
+// training.seed and data.shuffle_buffer_rows.
+ShuffleOptions ShuffleOf(const JobConfig& config, int64_t epoch);
+
+// Opens the reader of a training shard the scheduler assigned, for epoch
+// `epoch` (rows in a seeded order for it when data.shuffle is on).
 absl::StatusOr<std::unique_ptr<RowReader>> OpenTrainShard(
-    const JobConfig& config, const proto::DataShard& shard);
+    const JobConfig& config, const proto::DataShard& shard, int64_t epoch);
 // Opens the test set; nullptr (and OK) when the config has none.
 absl::StatusOr<std::unique_ptr<RowReader>> OpenTestSet(const JobConfig& config);
 
