@@ -47,13 +47,24 @@ struct SgdRule {
   void Init(float* w, float* /*state*/, size_t n) const {
     for (size_t i = 0; i < n; ++i) w[i] = 0.0f;
   }
-  void Apply(float* w, float* /*state*/, const float* g, float scale,
-             size_t n) const {
+  // The l1 test is out of the loops, and w and g never overlap, so the
+  // common case (no l1) vectorises; each element's arithmetic is the same.
+  void Apply(float* __restrict w, float* /*state*/, const float* __restrict g,
+             float scale, size_t n) const {
+    const double s = scale;
+    if (l1 > 0) {
+      for (size_t i = 0; i < n; ++i) {
+        double wi = w[i];
+        const double gi = s * g[i] + l2 * wi;
+        wi -= lr * gi;
+        w[i] = static_cast<float>(SoftThreshold(wi, lr * l1));
+      }
+      return;
+    }
     for (size_t i = 0; i < n; ++i) {
       double wi = w[i];
-      double gi = static_cast<double>(scale) * g[i] + l2 * wi;
+      const double gi = s * g[i] + l2 * wi;
       wi -= lr * gi;
-      if (l1 > 0) wi = SoftThreshold(wi, lr * l1);
       w[i] = static_cast<float>(wi);
     }
   }

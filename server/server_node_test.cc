@@ -860,6 +860,21 @@ TEST_F(ServerNodeTest, NonFiniteGradientIsRejectedAndCounted) {
   EXPECT_EQ(PullNow(&node_, 0, 0, {1, 2}), (std::vector<float>{0.0f, 0.0f}));
   // The same seq with finite values is still accepted (never marked seen).
   EXPECT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {1, 2}, {1, 1}, 1)).ok());
+  // Wherever the bad value sits in a longer push (the check reads 16
+  // values at a time, then the rest one by one); the largest finite values
+  // and subnormals pass.
+  std::vector<uint64_t> keys(37);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = 100 + i;
+  for (size_t at : {0, 5, 15, 16, 31, 32, 36}) {
+    std::vector<float> g(keys.size(), std::numeric_limits<float>::max());
+    g[3] = std::numeric_limits<float>::denorm_min();
+    g[at] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(ReasonOf(PushNow(&node_, MakePush(0, 2, 0, keys, g, 1))),
+              proto::REASON_NON_FINITE)
+        << "NaN at " << at;
+  }
+  std::vector<float> fine(keys.size(), -std::numeric_limits<float>::max());
+  EXPECT_TRUE(PushNow(&node_, MakePush(0, 2, 0, keys, fine, 1)).ok());
 }
 
 TEST_F(ServerNodeTest, BspNonFiniteGradientIsRejectedBeforeBuffering) {

@@ -450,10 +450,13 @@ TEST_P(FailoverModeTest, TrainingSurvivesAServerKill) {
   EXPECT_NE(report.find("{\"node\": \"S[1]\""), std::string::npos) << report;
   EXPECT_EQ(report.find("\"recovery_ms\": null"), std::string::npos) << report;
   // SSP/ASP runs of this small job differ by a few 0.001 of AUC between
-  // fault-free runs already (the interleaving of workers); the a9a figures
-  // in docs/fault_tolerance.md compare full runs. BSP is exact (below).
+  // fault-free runs already (the interleaving of workers), and by up to
+  // 0.015 when the machine is overloaded (seen once in ASP with the full
+  // suite and a build running on 2 cores: one worker then runs far ahead);
+  // the a9a figures in docs/fault_tolerance.md compare full runs. BSP is
+  // exact, which is what shows nothing acknowledged was lost.
   EXPECT_NEAR(TestAuc(report), TestAuc(ref_report),
-              mode() == Mode::kBsp ? 1e-6 : 0.01)
+              mode() == Mode::kBsp ? 1e-6 : 0.025)
       << report;
   absl::StatusOr<double> examples = JsonNumber(report, "examples");
   ASSERT_TRUE(examples.ok());

@@ -9,11 +9,13 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/base/internal/raw_logging.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "grpc/grpc.h"
 #include "grpc/grpc_security.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace ps {
@@ -339,6 +341,79 @@ std::string TokenFromEnv(const std::string& fallback) {
 
 namespace {
 
+// Appends the tag and length of length-delimited field `field` with `len`
+// bytes (protobuf wire format).
+void AppendLengthDelimited(int field, size_t len, std::string* out) {
+  uint64_t v = (static_cast<uint64_t>(field) << 3) | 2;  // wire type LEN
+  for (int pass = 0; pass < 2; ++pass) {
+    while (v >= 0x80) {
+      out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+      v >>= 7;
+    }
+    out->push_back(static_cast<char>(v));
+    v = len;
+  }
+}
+
+// A slice of `bytes` (inside *owner) that holds a reference to the owner.
+grpc::Slice Referencing(const std::string& bytes,
+                        const std::shared_ptr<const proto::PushRequest>& owner) {
+  auto* ref = new std::shared_ptr<const proto::PushRequest>(owner);
+  return grpc::Slice(
+      const_cast<char*>(bytes.data()), bytes.size(),
+      [](void* p) {
+        delete static_cast<std::shared_ptr<const proto::PushRequest>*>(p);
+      },
+      ref);
+}
+
+}  // namespace
+
+grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
+                          size_t min_zero_copy_bytes) {
+  grpc::ByteBuffer out;
+  if (req->keys().size() + req->vals().size() < min_zero_copy_bytes) {
+    bool own = false;
+    grpc::Status st = grpc::SerializationTraits<proto::PushRequest>::Serialize(
+        *req, &out, &own);
+    ABSL_RAW_CHECK(st.ok(), "PushRequest serialization failed");
+    return out;
+  }
+  // Every field but keys and vals (PushWireTest checks none is missed).
+  proto::PushRequest head;
+  head.set_worker_id(req->worker_id());
+  head.set_seq(req->seq());
+  head.set_clock(req->clock());
+  head.set_epoch(req->epoch());
+  head.set_table(req->table());
+  head.set_num_examples(req->num_examples());
+  *head.mutable_segments() = req->segments();
+  if (req->has_end_clock()) *head.mutable_end_clock() = req->end_clock();
+  head.set_key_list(req->key_list());
+  head.set_num_keys(req->num_keys());
+  std::string prefix = head.SerializeAsString();
+  std::vector<grpc::Slice> slices;
+  slices.reserve(4);
+  if (!req->keys().empty()) {
+    AppendLengthDelimited(proto::PushRequest::kKeysFieldNumber,
+                          req->keys().size(), &prefix);
+    slices.emplace_back(prefix);
+    slices.push_back(Referencing(req->keys(), req));
+    prefix.clear();
+  }
+  if (!req->vals().empty()) {
+    AppendLengthDelimited(proto::PushRequest::kValsFieldNumber,
+                          req->vals().size(), &prefix);
+    slices.emplace_back(prefix);
+    slices.push_back(Referencing(req->vals(), req));
+    prefix.clear();
+  }
+  if (!prefix.empty()) slices.emplace_back(prefix);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+namespace {
+
 std::chrono::system_clock::time_point ToDeadline(absl::Time t) {
   absl::Time cap = absl::Now() + absl::Hours(24);
   if (t > cap) t = cap;
@@ -364,17 +439,44 @@ class GrpcServerClient : public ServerClient {
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       ApplyMessageLimit(o.max_message_mb, &args);
       ApplyGrpcArgs(o.extra_channel_args, &args);
-      stubs_.push_back(proto::Server::NewStub(
-          grpc::CreateCustomChannel(address, creds, args)));
+      std::shared_ptr<grpc::Channel> channel =
+          grpc::CreateCustomChannel(address, creds, args);
+      stubs_.push_back(proto::Server::NewStub(channel));
+      generic_.push_back(std::make_unique<grpc::GenericStub>(channel));
     }
   }
 
+  // Values never enter a serialized copy (PushWire): the generic stub sends
+  // the request's own buffers.
   void Push(std::shared_ptr<const proto::PushRequest> req, absl::Time deadline,
             Callback<proto::PushResponse> done) override {
-    Start<proto::PushRequest, proto::PushResponse>(
-        std::move(req), deadline, std::move(done),
-        [](proto::Server::Stub* s, auto* ctx, auto* rq, auto* rs, auto cb) {
-          s->async()->Push(ctx, rq, rs, std::move(cb));
+    struct Call {
+      grpc::ClientContext ctx;
+      grpc::ByteBuffer req;
+      grpc::ByteBuffer resp;
+      Callback<proto::PushResponse> done;
+    };
+    auto* call = new Call;
+    call->req = PushWire(std::move(req));
+    call->done = std::move(done);
+    Prepare(&call->ctx, deadline, token_);
+    {
+      absl::MutexLock l(&inflight_->mu);
+      ++inflight_->count;
+    }
+    const size_t i = next_.fetch_add(1, std::memory_order_relaxed);
+    generic_[i % generic_.size()]->UnaryCall(
+        &call->ctx, "/ps.proto.Server/Push", grpc::StubOptions(), &call->req,
+        &call->resp, [call, inflight = inflight_](grpc::Status s) {
+          proto::PushResponse resp;
+          if (s.ok()) {
+            s = grpc::SerializationTraits<proto::PushResponse>::Deserialize(
+                &call->resp, &resp);
+          }
+          call->done(FromGrpcStatus(s), &resp);
+          delete call;
+          absl::MutexLock l(&inflight->mu);
+          --inflight->count;
         });
   }
   void Pull(std::shared_ptr<const proto::PullRequest> req, absl::Time deadline,
@@ -479,6 +581,7 @@ class GrpcServerClient : public ServerClient {
   const std::string token_;
   std::shared_ptr<Inflight> inflight_;
   std::vector<std::unique_ptr<proto::Server::Stub>> stubs_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> generic_;  // same channels
   std::atomic<uint64_t> next_{0};
 };
 

@@ -111,6 +111,15 @@ bool IsLoopbackHost(const std::string& host);
 absl::Status CheckBindAllowed(const std::string& host, const GrpcSecurity& s,
                               bool insecure);
 
+// A push as gRPC sends it: the bytes of req's serialization (its keys and
+// vals fields last), with keys and vals not copied but referenced as slices
+// that keep `req` alive until gRPC is done with them. The server parses it
+// as any PushRequest. Requests under `min_zero_copy_bytes` of keys and
+// values are serialized as usual (a copy is cheaper than three slices).
+inline constexpr size_t kMinZeroCopyBytes = 64 * 1024;
+grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
+                          size_t min_zero_copy_bytes = kMinZeroCopyBytes);
+
 // A gRPC channel argument set on top of DefaultChannelArgs(): an integer
 // when the value parses as one, a string otherwise.
 struct GrpcArg {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "absl/strings/internal/resize_uninitialized.h"
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/logging.h"
@@ -335,19 +334,16 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
     for (const Run& run : runs) count += run.last - run.first;
     std::string* k = &p->keys;
     std::string* v = r.mutable_vals();
-    // Both overwritten in full below: no zero-fill first.
-    absl::strings_internal::STLStringResizeUninitialized(
-        k, count * sizeof(uint64_t));
-    absl::strings_internal::STLStringResizeUninitialized(
-        v, count * dim * sizeof(float));
-    size_t at = 0;
+    // Appended, not resized then overwritten: libstdc++ zero-fills on
+    // resize (a memset as costly as the copy).
+    k->reserve(count * sizeof(uint64_t));
+    v->reserve(count * dim * sizeof(float));
     for (const Run& run : runs) {
       const size_t n = run.last - run.first;
-      std::memcpy(k->data() + at * sizeof(uint64_t), keys.data() + run.first,
-                  n * sizeof(uint64_t));
-      std::memcpy(v->data() + at * dim * sizeof(float),
-                  vals + run.first * dim, n * dim * sizeof(float));
-      at += n;
+      k->append(reinterpret_cast<const char*>(keys.data() + run.first),
+                n * sizeof(uint64_t));
+      v->append(reinterpret_cast<const char*>(vals + run.first * dim),
+                n * dim * sizeof(float));
       proto::PushSegment* seg = r.add_segments();
       seg->set_range(run.range);
       seg->set_num_keys(static_cast<uint32_t>(n));
@@ -639,13 +635,10 @@ void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
     r.set_table(table);
     r.set_wait_ms(absl::ToInt64Milliseconds(options_.pull_wait));
     std::string* k = &p->keys;
-    absl::strings_internal::STLStringResizeUninitialized(
-        k, ks.count * sizeof(uint64_t));
-    size_t at = 0;
+    k->reserve(ks.count * sizeof(uint64_t));  // appended: no zero-fill
     for (const auto& [first, last] : ks.spans) {
-      std::memcpy(k->data() + at * sizeof(uint64_t), keys.data() + first,
-                  (last - first) * sizeof(uint64_t));
-      at += last - first;
+      k->append(reinterpret_cast<const char*>(keys.data() + first),
+                (last - first) * sizeof(uint64_t));
       if (pos.empty()) {
         p->spans_first.push_back(first);
         p->spans_last.push_back(last);
