@@ -654,7 +654,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
 }
 
 void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
-                      Done done, absl::Duration max_wait) {
+                      Done done, absl::Duration max_wait, ValueBuffer values) {
   Admitted adm;
   absl::Status s;
   absl::Time deadline;
@@ -710,7 +710,8 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
   consistency_->WaitPull(
       req.worker_id(), req.clock(), std::move(ranges), deadline,
       [this, t, rk, worker = req.worker_id(), table = req.table(), resp,
-       clock, asked, done = std::move(done)](const absl::Status& s) {
+       clock, asked, values = std::move(values),
+       done = std::move(done)](const absl::Status& s) {
         if (!s.ok()) {
           done(s);
           return;
@@ -718,11 +719,16 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
         resp->set_held_us(absl::ToInt64Microseconds(clock->Now() - asked));
         absl::Span<const uint64_t> keys = rk->keys;
         const size_t dim = static_cast<size_t>(t->dim());
-        std::string* vals = resp->mutable_vals();
-        // Every float is written below (libstdc++ still zero-fills first:
-        // it has no resize without initialisation before C++23).
-        vals->resize(keys.size() * dim * sizeof(float));
-        float* out = reinterpret_cast<float*>(vals->data());
+        float* out;
+        if (values != nullptr) {
+          out = values(keys.size() * dim);
+        } else {
+          // Every float is written below (libstdc++ still zero-fills first:
+          // it has no resize without initialisation before C++23).
+          std::string* vals = resp->mutable_vals();
+          vals->resize(keys.size() * dim * sizeof(float));
+          out = reinterpret_cast<float*>(vals->data());
+        }
         const KeyList* cached = rk->cached.get();
         for (size_t i = 0; i < rk->runs.size(); ++i) {
           const RangeRun& run = rk->runs[i];

@@ -107,8 +107,14 @@ class ServerNode {
   // A pull waits at most min(wait_ms or the default, max_wait_ms,
   // `max_wait`) for consistency (`max_wait`: what is left of the caller's
   // own deadline, so an abandoned call's wait expires with it).
+  // `values`, when given, provides the buffer of `floats` floats the
+  // values are written to instead of resp->vals (the gRPC service hands an
+  // uninitialised slice that is sent as is); called at most once, before
+  // `done`.
+  using ValueBuffer = std::function<float*(size_t floats)>;
   void Pull(const proto::PullRequest& req, proto::PullResponse* resp,
-            Done done, absl::Duration max_wait = absl::InfiniteDuration());
+            Done done, absl::Duration max_wait = absl::InfiniteDuration(),
+            ValueBuffer values = nullptr);
   // settled_seq is clamped to the highest push seq received from that
   // worker, so it can never make later pushes look like replays.
   // Replication: a push, clock or finish is answered once its effect is on

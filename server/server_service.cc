@@ -34,10 +34,22 @@ grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* ctx,
 }
 
 grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* ctx,
-                                              const proto::PullRequest* req,
-                                              proto::PullResponse* resp) {
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
   absl::Status auth = CheckToken(*ctx, token_);
   if (!auth.ok()) return Reply(ctx, auth);
+  struct Call {
+    proto::PullRequest req;
+    proto::PullResponse resp;
+    grpc::Slice vals;
+  };
+  auto call = std::make_shared<Call>();
+  grpc::ByteBuffer in(*request);  // shares the slices
+  if (!grpc::SerializationTraits<proto::PullRequest>::Deserialize(&in,
+                                                                 &call->req)
+           .ok()) {
+    return Reply(ctx, absl::InvalidArgumentError("malformed PullRequest"));
+  }
   auto* r = ctx->DefaultReactor();
   // A waiting pull gives up when its caller does: a client that abandons
   // its call (deadline) does not leave the wait behind until wait_ms.
@@ -46,8 +58,16 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* ctx,
     left = absl::FromChrono(ctx->deadline()) - absl::Now();
   }
   node_->Pull(
-      *req, resp, [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); },
-      left);
+      call->req, &call->resp,
+      [r, call, response](const absl::Status& s) {
+        if (s.ok()) *response = PullReplyWire(call->resp, std::move(call->vals));
+        r->Finish(ToGrpcStatus(s));
+      },
+      left,
+      [call](size_t floats) {
+        call->vals = grpc::Slice(floats * sizeof(float));  // uninitialised
+        return reinterpret_cast<float*>(const_cast<uint8_t*>(call->vals.begin()));
+      });
   return r;
 }
 

@@ -10,7 +10,11 @@
 
 namespace ps {
 
-class ServerService final : public proto::Server::CallbackService {
+// Pull is a raw method: its reply's values are written by the node straight
+// into the slice gRPC sends (PullReplyWire), never into a protobuf string.
+class ServerService final
+    : public proto::Server::WithRawCallbackMethod_Pull<
+          proto::Server::CallbackService> {
  public:
   // `node` must outlive the service. `on_save_and_exit` runs (on an RPC
   // thread, after the reply is sent) when the scheduler asks the server to
@@ -22,8 +26,8 @@ class ServerService final : public proto::Server::CallbackService {
                                  const proto::PushRequest* req,
                                  proto::PushResponse* resp) override;
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx,
-                                 const proto::PullRequest* req,
-                                 proto::PullResponse* resp) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Clock(grpc::CallbackServerContext* ctx,
                                   const proto::ClockRequest* req,
                                   proto::ClockResponse* resp) override;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <vector>
 
 #include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
@@ -213,24 +214,43 @@ void Table::InitialValue(uint64_t key, float* w) const {
   }
 }
 
+namespace {
+// Where a call records slots when its caller does not want them.
+uint32_t* Scratch(size_t n) {
+  thread_local std::vector<uint32_t> scratch;
+  if (scratch.size() < n) scratch.resize(n);
+  return scratch.data();
+}
+}  // namespace
+
+// Pull and Push make two passes: every key's slot first (the hash map
+// prefetched ahead), then the values (each slot's floats prefetched
+// ahead), so the cache misses of both overlap instead of the value's miss
+// waiting on the map's, key after key.
 void Table::Pull(int range, absl::Span<const uint64_t> keys, float* out,
                  uint32_t* slots, uint64_t* generation) const {
   const Partition& p = partition(range);
   const size_t dim = static_cast<size_t>(spec_.dim);
+  const size_t n = keys.size();
+  uint32_t* s = slots != nullptr ? slots : Scratch(n);
   absl::ReaderMutexLock l(&p.mu);
   if (generation != nullptr) *generation = p.generation;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i + kPrefetchDistance < keys.size()) {
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n) {
       p.slots.prefetch(keys[i + kPrefetchDistance]);
     }
-    float* dst = out + i * dim;
     auto it = p.slots.find(keys[i]);
-    if (it == p.slots.end()) {
+    s[i] = it == p.slots.end() ? kNoSlot : it->second;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n && s[i + kPrefetchDistance] != kNoSlot) {
+      __builtin_prefetch(SlotData(p, s[i + kPrefetchDistance]));
+    }
+    float* dst = out + i * dim;
+    if (s[i] == kNoSlot) {
       InitialValue(keys[i], dst);
-      if (slots != nullptr) slots[i] = kNoSlot;
     } else {
-      std::memcpy(dst, SlotData(p, it->second), dim * sizeof(float));
-      if (slots != nullptr) slots[i] = it->second;
+      std::memcpy(dst, SlotData(p, s[i]), dim * sizeof(float));
     }
   }
 }
@@ -240,26 +260,32 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
                  uint64_t* generation) {
   Partition& p = partition(range);
   const size_t dim = static_cast<size_t>(spec_.dim);
+  const size_t n = keys.size();
+  uint32_t* s = slots != nullptr ? slots : Scratch(n);
   absl::MutexLock l(&p.mu);
   if (generation != nullptr) *generation = p.generation;
   // One switch on the rule for the whole batch; Rule::Apply inlines here.
   optimizer_->Visit([&](const auto& rule) {
     p.mu.AssertHeld();  // tells the analysis the lambda runs under the lock
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (i + kPrefetchDistance < keys.size()) {
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n) {
         p.slots.prefetch(keys[i + kPrefetchDistance]);
       }
       auto [it, inserted] = p.slots.try_emplace(keys[i], 0);
-      float* data;
       if (inserted) {
         it->second = NewSlot(p);
-        data = SlotData(p, it->second);
+        float* data = SlotData(p, it->second);
         rule.Init(data, data + dim, dim);
         if (spec_.init_scale != 0) InitialValue(keys[i], data);
-      } else {
-        data = SlotData(p, it->second);
       }
-      if (slots != nullptr) slots[i] = it->second;
+      s[i] = it->second;
+    }
+    // A key repeated in the call is updated once per occurrence, in order.
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n) {
+        __builtin_prefetch(SlotData(p, s[i + kPrefetchDistance]));
+      }
+      float* data = SlotData(p, s[i]);
       rule.Apply(data, data + dim, grads + i * dim, scale, dim);
     }
   });

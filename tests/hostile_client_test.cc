@@ -36,6 +36,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/bytes.h"
 #include "common/routing.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/ps.grpc.pb.h"
@@ -279,6 +280,36 @@ TEST_F(HostileClientTest, UnauthenticatedHugePushIsRefusedBeforeItsBody) {
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(GetStatus(kToken, &st).ok());
   EXPECT_EQ(st.pushes(), 0);
+}
+
+// Pull is a raw method (its reply is written into the slice gRPC sends):
+// the service parses the request itself, and a body that is no PullRequest
+// gets INVALID_ARGUMENT; the server goes on.
+TEST_F(HostileClientTest, MalformedPullBodyIsInvalidArgument) {
+  grpc::ChannelArguments args;
+  grpc::GenericStub generic(grpc::CreateCustomChannel(
+      address_, grpc::InsecureChannelCredentials(), args));
+  // Field 1 (worker_id, a varint) announced as length-delimited, 200 bytes
+  // long, with 3 bytes after it.
+  const std::string garbage = "\x0a\xc8\x01" "abc";
+  grpc::Slice slice(garbage);
+  grpc::ByteBuffer req(&slice, 1);
+  grpc::ByteBuffer resp;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kTokenHeader, kToken);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  absl::Notification done;
+  grpc::Status status;
+  generic.UnaryCall(&ctx, "/ps.proto.Server/Pull", grpc::StubOptions(), &req,
+                    &resp, [&](grpc::Status s) {
+                      status = s;
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << status.error_message();
+  proto::ServerStatus st;
+  EXPECT_TRUE(GetStatus(kToken, &st).ok());
 }
 
 // Regression: 80k abandoned pulls with a huge wait_ms held 1.38 GB forever.

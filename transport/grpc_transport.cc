@@ -412,6 +412,20 @@ grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
+grpc::ByteBuffer PullReplyWire(const proto::PullResponse& resp,
+                               grpc::Slice vals) {
+  ABSL_RAW_CHECK(resp.vals().empty(), "PullReplyWire: vals go in the slice");
+  std::string head = resp.SerializeAsString();
+  if (vals.size() == 0) {
+    grpc::Slice only(head);
+    return grpc::ByteBuffer(&only, 1);
+  }
+  AppendLengthDelimited(proto::PullResponse::kValsFieldNumber, vals.size(),
+                        &head);
+  grpc::Slice slices[2] = {grpc::Slice(head), std::move(vals)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
 namespace {
 
 std::chrono::system_clock::time_point ToDeadline(absl::Time t) {

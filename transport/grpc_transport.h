@@ -120,6 +120,12 @@ inline constexpr size_t kMinZeroCopyBytes = 64 * 1024;
 grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
                           size_t min_zero_copy_bytes = kMinZeroCopyBytes);
 
+// A pull reply as gRPC sends it: `resp` (its vals empty) followed by `vals`
+// as its vals field, the slice sent as is (the server writes the values
+// straight into it: no zero-fill, no serialized copy).
+grpc::ByteBuffer PullReplyWire(const proto::PullResponse& resp,
+                               grpc::Slice vals);
+
 // A gRPC channel argument set on top of DefaultChannelArgs(): an integer
 // when the value parses as one, a string otherwise.
 struct GrpcArg {

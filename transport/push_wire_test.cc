@@ -1,6 +1,7 @@
 // PushWire: the zero-copy form of a push is byte for byte a PushRequest,
 // whatever fields it has, and keeps the request alive while gRPC holds it.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,23 @@ TEST(PushWireTest, SmallPushIsSerializedAsUsual) {
   proto::PushRequest got;
   ASSERT_TRUE(got.ParseFromString(Flatten(PushWire(req))));
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got, *req));
+}
+
+TEST(PullReplyWireTest, IsAPullResponseWithTheSliceAsVals) {
+  proto::PullResponse head;
+  FillEveryField(&head);
+  head.clear_vals();
+  std::string vals(4 * 1000, '\x05');
+  grpc::Slice slice(vals.size());
+  std::memcpy(const_cast<uint8_t*>(slice.begin()), vals.data(), vals.size());
+  proto::PullResponse got;
+  ASSERT_TRUE(got.ParseFromString(Flatten(PullReplyWire(head, slice))));
+  proto::PullResponse want = head;
+  want.set_vals(vals);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got, want));
+  // No values (a pull of no keys): the head alone.
+  EXPECT_EQ(Flatten(PullReplyWire(head, grpc::Slice())),
+            head.SerializeAsString());
 }
 
 }  // namespace
