@@ -266,6 +266,31 @@ class SchedulerCoreTest : public ::testing::Test {
           }
         });
   }
+  // A worker's GetView reporting `server` unreachable (the failover probe
+  // follows), from a view at `known_epoch`.
+  absl::StatusOr<proto::GetViewResponse> Suspect(int server,
+                                                 int64_t known_epoch) {
+    proto::GetViewRequest gv;
+    gv.set_known_epoch(known_epoch);
+    gv.set_wait_ms(10000);
+    gv.set_role(proto::ROLE_WORKER);
+    gv.set_id(0);
+    gv.add_suspect_servers(server);
+    return core_->GetView(gv, absl::Now() + absl::Seconds(10));
+  }
+  // A primary's status saying `servers` hold synced copies of every range.
+  static proto::ServerStatus Synced(int num_ranges,
+                                    const std::vector<int>& servers) {
+    proto::ServerStatus st;
+    for (int r = 0; r < num_ranges; ++r) {
+      for (int sv : servers) {
+        proto::ServerStatus::Replica* rep = st.add_synced();
+        rep->set_range(r);
+        rep->set_server(sv);
+      }
+    }
+    return st;
+  }
   // "SIGKILLs" the scheduler (its later state is lost) and starts one that
   // takes the job over from `snapshot`.
   void RestartFrom(const std::string& snapshot) {
@@ -585,13 +610,7 @@ TEST_F(SchedulerCoreTest, SuspectThatFailsItsProbeIsFailedOver) {
   Start();
   RegisterAll();
   clients_.server(Addr(1))->FailStatus(absl::UnavailableError("refused"));
-  proto::GetViewRequest gv;
-  gv.set_known_epoch(1);
-  gv.set_wait_ms(10000);
-  gv.set_role(proto::ROLE_WORKER);
-  gv.set_id(0);
-  gv.add_suspect_servers(1);
-  auto v = core_->GetView(gv, absl::Now() + absl::Seconds(10));
+  auto v = Suspect(1, 1);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->view().epoch(), 2);
   EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_DEAD);
@@ -1353,23 +1372,10 @@ TEST_F(SchedulerCoreTest, DrainSurvivesTheDeathOfACopyTarget) {
         failover = std::thread([&] {
           clients_.server(Addr(2))->FailStatus(
               absl::UnavailableError("refused"));
-          proto::GetViewRequest gv;
-          gv.set_known_epoch(2);
-          gv.set_wait_ms(10000);
-          gv.set_role(proto::ROLE_WORKER);
-          gv.set_id(0);
-          gv.add_suspect_servers(2);
-          auto v = core_->GetView(gv, absl::Now() + absl::Seconds(10));
+          auto v = Suspect(2, 2);
           ASSERT_TRUE(v.ok()) << v.status();
           ASSERT_EQ(v->view().routing().servers(2).state(), proto::NODE_DEAD);
-          proto::ServerStatus synced;
-          for (int r = 0; r < num_ranges; ++r) {
-            for (int sv : {0, 1, 3}) {
-              proto::ServerStatus::Replica* rep = synced.add_synced();
-              rep->set_range(r);
-              rep->set_server(sv);
-            }
-          }
+          const proto::ServerStatus synced = Synced(num_ranges, {0, 1, 3});
           for (int sv : {0, 1, 3}) {
             clients_.server(Addr(sv))->SetStatus(synced);
           }
@@ -1408,14 +1414,7 @@ TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesADrain) {
   RegisterAll();
   const int num_ranges = core_->Status()->view().routing().range_server_size();
   // Every primary reports every member synced once asked.
-  proto::ServerStatus synced;
-  for (int r = 0; r < num_ranges; ++r) {
-    for (int sv = 0; sv < 3; ++sv) {
-      proto::ServerStatus::Replica* rep = synced.add_synced();
-      rep->set_range(r);
-      rep->set_server(sv);
-    }
-  }
+  const proto::ServerStatus synced = Synced(num_ranges, {0, 1, 2});
   for (int sv = 0; sv < 3; ++sv) clients_.server(Addr(sv))->SetStatus(synced);
   absl::Notification stage1;
   SnapshotStateAt(2, snapshot, &stage1);
@@ -1461,12 +1460,7 @@ TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesAJoin) {
   Start();
   RegisterAll();
   const int num_ranges = core_->Status()->view().routing().range_server_size();
-  proto::ServerStatus synced;
-  for (int r = 0; r < num_ranges; ++r) {
-    proto::ServerStatus::Replica* rep = synced.add_synced();
-    rep->set_range(r);
-    rep->set_server(3);
-  }
+  const proto::ServerStatus synced = Synced(num_ranges, {3});
   for (int sv = 0; sv < 3; ++sv) clients_.server(Addr(sv))->SetStatus(synced);
   absl::Notification stage1;
   SnapshotStateAt(3, snapshot, &stage1);

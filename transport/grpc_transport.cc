@@ -394,18 +394,15 @@ grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
   std::string prefix = head.SerializeAsString();
   std::vector<grpc::Slice> slices;
   slices.reserve(4);
-  if (!req->keys().empty()) {
-    AppendLengthDelimited(proto::PushRequest::kKeysFieldNumber,
-                          req->keys().size(), &prefix);
+  // Each non-empty field: its tag and length (copied), then its bytes.
+  for (const auto& [field, bytes] :
+       {std::pair<int, const std::string*>{proto::PushRequest::kKeysFieldNumber,
+                                           &req->keys()},
+        {proto::PushRequest::kValsFieldNumber, &req->vals()}}) {
+    if (bytes->empty()) continue;
+    AppendLengthDelimited(field, bytes->size(), &prefix);
     slices.emplace_back(prefix);
-    slices.push_back(Referencing(req->keys(), req));
-    prefix.clear();
-  }
-  if (!req->vals().empty()) {
-    AppendLengthDelimited(proto::PushRequest::kValsFieldNumber,
-                          req->vals().size(), &prefix);
-    slices.emplace_back(prefix);
-    slices.push_back(Referencing(req->vals(), req));
+    slices.push_back(Referencing(*bytes, req));
     prefix.clear();
   }
   if (!prefix.empty()) slices.emplace_back(prefix);
