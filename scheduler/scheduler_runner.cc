@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "transport/grpc_transport.h"
+#include "common/health.h"
 #include "common/logging.h"
 #include "common/membership.h"
 #include "common/security.h"
@@ -72,6 +74,11 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   PS_ASSIGN_OR_RETURN(const bool restored, core.RestoreState());
   SchedulerService service(&core, token);
 
+  // grpc.health.v1.Health on the same port (common/health.h): SERVING from
+  // the moment it listens (nodes must be able to register), NOT_SERVING
+  // once the job has ended.
+  EnableGrpcHealthService();
+  NodeHealth health({proto::Scheduler::service_full_name()});
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder, security.max_message_mb);
   int selected = 0;
@@ -82,6 +89,9 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", host, ":", port));
   }
+  health.Attach(server->GetHealthCheckService());
+  absl::Cleanup detach_health = [&health] { health.Detach(); };
+  health.Set(Serving::kServing, "listening");
   PS_LOG_INFO("scheduler listening on {}:{}, waiting for {} servers and {} "
               "workers",
               host, selected, config.cluster.num_servers,
@@ -110,6 +120,8 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   // Registration must finish in time, then the job may run as long as it
   // needs (failures end it through heartbeats).
   absl::Status result = core.WaitForEnd(absl::InfiniteFuture());
+  health.Set(Serving::kStopping,
+             result.ok() ? "the job is over" : std::string(result.message()));
   stop.Notify();
   checker.join();
   checkpointer.join();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
+#include "common/health.h"
 #include "transport/grpc_transport.h"
 #include "common/logging.h"
 #include "common/membership.h"
@@ -56,6 +57,10 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   absl::Notification exit_requested;
   ServerService service(&node, token, [&] { exit_requested.Notify(); });
 
+  // grpc.health.v1.Health on the same port (common/health.h): NOT_SERVING
+  // until the view is installed, and again once the server stops.
+  EnableGrpcHealthService();
+  NodeHealth health({proto::Server::service_full_name()});
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder, security.max_message_mb);
   int port = 0;
@@ -67,6 +72,8 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", options.bind_host, ":", options.port));
   }
+  health.Attach(server->GetHealthCheckService());
+  absl::Cleanup detach_health = [&health] { health.Detach(); };
   const std::string address = absl::StrCat(
       options.advertise_host.empty() ? options.bind_host
                                      : options.advertise_host,
@@ -113,6 +120,7 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   InitLogging(absl::StrCat("S[", id, "]"), config->output.log_level);
   PS_LOG_INFO("configured: epoch {}, {} of {} ranges", view.epoch(),
               node.Status().ranges(), view.routing().range_begin_size());
+  health.Set(Serving::kServing, absl::StrCat("registered as S[", id, "]"));
 
   absl::Notification stop;
   std::thread ticker([&] {
@@ -172,6 +180,8 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
       break;
     }
   }
+  health.Set(Serving::kStopping,
+             result.ok() ? "the job is over" : std::string(result.message()));
   stop.Notify();
   ticker.join();
   node.CancelAll(absl::CancelledError("server shutting down"));

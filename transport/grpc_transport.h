@@ -38,6 +38,11 @@ absl::Status FromGrpcStatus(const grpc::Status& s);
 absl::Status CheckToken(const grpc::ServerContextBase& ctx,
                         const std::string& expected);
 
+// Whether `path` (a call's ":path") is a method of gRPC's health-checking
+// service (grpc.health.v1.Health Check or Watch, common/health.h): the only
+// calls the server credentials let through without the token.
+bool IsHealthCheckMethod(std::string_view path);
+
 // Compares in time that depends only on the lengths (token checks).
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 
@@ -88,7 +93,8 @@ std::vector<std::string> SecurityEnv(const GrpcSecurity& s);
 // Server credentials for `s`: TLS (mutual when require_client_cert) or
 // plaintext, and, when `s.token` is set, a check of the token on each call's
 // initial metadata, before its message is read: a call without the token is
-// refused with UNAUTHENTICATED without its body being buffered.
+// refused with UNAUTHENTICATED without its body being buffered. Calls of the
+// health-checking service (IsHealthCheckMethod) need no token.
 // INVALID_ARGUMENT when a certificate file cannot be read or TLS is asked
 // for without cert_file and key_file.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
