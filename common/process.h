@@ -2,6 +2,10 @@
 // ps_scheduler), set first thing in main().
 #pragma once
 
+#include <vector>
+
+#include "absl/time/time.h"
+
 namespace ps {
 
 // Debian 12's Abseil is built without NDEBUG, so every absl::Mutex runs its
@@ -12,5 +16,14 @@ namespace ps {
 // which is where a lock-order inversion is caught (with clang's
 // -Wthread-safety and TSan).
 void UseReleaseMutexes();
+
+// Blocks `signals` in the calling thread and in every thread it starts
+// afterwards, so that they stay pending until WaitForSignal takes them.
+// Call first thing in main(), before any thread exists (gRPC starts some).
+void BlockSignals(const std::vector<int>& signals);
+
+// Waits up to `timeout` for one of `signals` (blocked with BlockSignals) and
+// returns it; 0 when none arrived in time. Any thread may call.
+int WaitForSignal(const std::vector<int>& signals, absl::Duration timeout);
 
 }  // namespace ps

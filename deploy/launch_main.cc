@@ -32,6 +32,14 @@ int main(int argc, char** argv) {
     std::fputs(ps::LaunchUsage().c_str(), stdout);
     return 0;
   }
+  auto print = [](absl::string_view line) {
+    std::fwrite(line.data(), 1, line.size(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  };
+  if (options->check) {  // validate only, start nothing
+    return ps::Launcher(*std::move(options), print).Check();
+  }
   if (options->bin_dir.empty()) options->bin_dir = ps::SelfExeDir();
 
   struct sigaction sa = {};
@@ -45,10 +53,6 @@ int main(int argc, char** argv) {
   // stopped its children; children get SIGPIPE back to default.
   std::signal(SIGPIPE, SIG_IGN);
 
-  ps::Launcher launcher(*std::move(options), [](absl::string_view line) {
-    std::fwrite(line.data(), 1, line.size(), stdout);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-  });
+  ps::Launcher launcher(*std::move(options), print);
   return launcher.Run(&g_stop_signal);
 }

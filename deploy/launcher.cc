@@ -461,6 +461,11 @@ H, S[i], W[i].
                        (default: the directory of ps_launch)
   --run-dir DIR        where job.yaml goes (default: runs/<time>-<pid>)
   --timeout_s SECONDS  stop everything and exit 124 after this long (0: never)
+  --check[=resources]  only check the config and flags (every field, the
+                       --kill/--drain targets) and exit 0, or 2 with the
+                       error, starting nothing; =resources also checks that
+                       the data files can be read and model_dir written (on
+                       this machine; it creates model_dir)
   --kill ROLE[ID]@SECONDS
                        chaos: SIGKILL that process SECONDS after the cluster
                        is ready; ROLE S (server), W (worker) or H (scheduler),
@@ -535,6 +540,18 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
       value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);
       has_value = true;
+    }
+    // --check takes its value only as --check=resources.
+    if (flag == "--check") {
+      options.check = true;
+      if (has_value) {
+        if (value != "resources") {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "flag --check takes no value or =resources, got '", value, "'"));
+        }
+        options.check_resources = true;
+      }
+      continue;
     }
     // Chaos (issue 9): --restart takes its value only as --restart=DELAY_S.
     if (flag == "--restart") {
@@ -658,6 +675,43 @@ absl::StatusOr<ChaosKill> ParseKillSpec(absl::string_view spec,
 
 absl::StatusOr<JobConfig> ResolveJobConfig(const LaunchOptions& options) {
   return LoadJobConfigWithOverrides(options.config_path, options.overrides);
+}
+
+absl::StatusOr<JobConfig> CheckLaunch(const LaunchOptions& options,
+                                      bool check_resources) {
+  PS_ASSIGN_OR_RETURN(JobConfig config, ResolveJobConfig(options));
+  std::string host;
+  int port = 0;
+  if (absl::Status s = SplitHostPort(config.cluster.scheduler, &host, &port);
+      !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field cluster.scheduler: ", s.message()));
+  }
+  // Chaos (issue 9): every --kill and --drain names a process of this job.
+  for (const ChaosKill& k : options.drains) {
+    const int n = config.cluster.num_servers +
+                  static_cast<int>(options.add_servers.size());
+    if (k.id >= n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --drain ", k.Target(), "@", k.after_s, ": the job has ", n,
+          " servers"));
+    }
+  }
+  for (const ChaosKill& k : options.kills) {
+    const int n = k.role == 'S'   ? config.cluster.num_servers
+                  : k.role == 'W' ? config.cluster.num_workers
+                                  : 1;
+    if (k.id >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --kill ", k.Target(), "@", k.after_s,
+                       ": the job has ", n,
+                       k.role == 'S' ? " servers" : " workers"));
+    }
+  }
+  // Data files and model_dir (the scheduler checks again: it may be started
+  // without the launcher).
+  if (check_resources) PS_RETURN_IF_ERROR(CheckJobResources(config));
+  return config;
 }
 
 std::string RandomHexToken() {
@@ -977,43 +1031,38 @@ void Launcher::Say(absl::string_view line) {
   Emit(absl::StrCat("ps_launch: ", line));
 }
 
+int Launcher::Check() {
+  absl::StatusOr<JobConfig> config =
+      CheckLaunch(options_, options_.check_resources);
+  if (!config.ok()) {
+    Say(config.status().message());
+    return kExitUsage;
+  }
+  const int64_t tau = config->EffectiveTau();
+  Say(absl::StrFormat(
+      "config ok: %s: mode=%s tau=%s servers=%d workers=%d data=%s model=%s%s",
+      options_.config_path, ModeName(config->consistency.mode),
+      tau < 0 ? std::string("inf") : absl::StrCat(tau),
+      config->cluster.num_servers, config->cluster.num_workers,
+      config->data.format, config->training.model,
+      options_.check_resources
+          ? ""
+          : " (data files and model_dir not checked: --check=resources)"));
+  return kExitOk;
+}
+
 int Launcher::Run(const std::atomic<int>* stop) {
   const absl::Time start = absl::Now();
 
-  // 1. The job config.
-  absl::StatusOr<JobConfig> resolved = ResolveJobConfig(options_);
+  // 1. The job config, the flags, the data files and model_dir, before
+  // any process starts.
+  absl::StatusOr<JobConfig> resolved =
+      CheckLaunch(options_, /*check_resources=*/true);
   if (!resolved.ok()) {
     Say(resolved.status().message());
     return kExitUsage;
   }
   JobConfig config = *std::move(resolved);
-  // Chaos (issue 9): every --kill names a process of this job.
-  for (const ChaosKill& k : options_.drains) {
-    const int n = config.cluster.num_servers +
-                  static_cast<int>(options_.add_servers.size());
-    if (k.id >= n) {
-      Say(absl::StrCat("flag --drain ", k.Target(), "@", k.after_s,
-                       ": the job has ", n, " servers"));
-      return kExitUsage;
-    }
-  }
-  for (const ChaosKill& k : options_.kills) {
-    const int n = k.role == 'S'   ? config.cluster.num_servers
-                  : k.role == 'W' ? config.cluster.num_workers
-                                  : 1;
-    if (k.id >= n) {
-      Say(absl::StrCat("flag --kill ", k.Target(), "@", k.after_s,
-                       ": the job has ", n,
-                       k.role == 'S' ? " servers" : " workers"));
-      return kExitUsage;
-    }
-  }
-  // Data files and model_dir, before any process starts (the scheduler
-  // checks again: it may be started without the launcher).
-  if (absl::Status s = CheckJobResources(config); !s.ok()) {
-    Say(s.message());
-    return kExitUsage;
-  }
 
   // 2. The scheduler's address.
   std::string host;

@@ -194,6 +194,10 @@ struct LaunchOptions {
   // --add-worker SECONDS: one more worker ("W+1", ...) joins likewise.
   std::vector<double> add_workers;
   std::vector<ChaosKill> drains;  // role 'S'
+  // --check: validate the config and flags (CheckLaunch) and exit, starting
+  // nothing; --check=resources also checks the data files and model_dir.
+  bool check = false;
+  bool check_resources = false;
 
   // Not flags; tests shorten them.
   absl::Duration kill_grace = absl::Seconds(3);  // SIGTERM -> SIGKILL
@@ -230,6 +234,16 @@ std::string LaunchUsage();
 // Errors (INVALID_ARGUMENT/NOT_FOUND/PERMISSION_DENIED) name the file or
 // field.
 absl::StatusOr<JobConfig> ResolveJobConfig(const LaunchOptions& options);
+
+// Everything ps_launch checks before it starts a process, starting none:
+// the config (ResolveJobConfig), cluster.scheduler as host:port, and the
+// --kill/--drain targets against the job's servers and workers; with
+// `check_resources` also CheckJobResources (data files exist and can be
+// read, output.model_dir can be written: it is created). Returns the
+// resolved config; errors name the file, field or flag (INVALID_ARGUMENT,
+// or the codes of ResolveJobConfig and CheckJobResources).
+absl::StatusOr<JobConfig> CheckLaunch(const LaunchOptions& options,
+                                      bool check_resources);
 
 // A 128-bit random token as 32 lowercase hex characters.
 std::string RandomHexToken();
@@ -269,6 +283,12 @@ class Launcher {
   // replacement is started (servers and workers without their id, as new
   // nodes named e.g. "S[1]+1"; the scheduler with its own arguments).
   int Run(const std::atomic<int>* stop = nullptr);
+
+  // ps_launch --check: CheckLaunch (with the resources when
+  // options.check_resources), then prints "ps_launch: config ok: ..." and
+  // returns kExitOk, or prints the error and returns kExitUsage. Starts
+  // nothing and writes nothing (but model_dir, with check_resources).
+  int Check();
 
   // Valid after Run: the run directory and the scheduler's address.
   const std::string& run_dir() const { return run_dir_; }

@@ -761,6 +761,72 @@ TEST_F(LauncherTest, ConfigErrorExits2NamingTheField) {
   EXPECT_FALSE(std::filesystem::exists(options_.run_dir));  // nothing started
 }
 
+// ps_launch --check: the same checks as Run, nothing started or written.
+TEST_F(LauncherTest, CheckAcceptsAGoodConfigAndStartsNothing) {
+  auto options = ParseLaunchArgs({"--check", "--config", options_.config_path});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_TRUE(options->check);
+  EXPECT_FALSE(options->check_resources);
+  options->bin_dir = (dir_ / "no_bin_dir").string();  // not needed
+  options->run_dir = options_.run_dir;
+  Launcher launcher(*options, [this](absl::string_view line) {
+    lines_.Add(std::string(line));
+  });
+  EXPECT_EQ(launcher.Check(), kExitOk) << lines_.Joined();
+  EXPECT_THAT(lines_.Joined(),
+              HasSubstr("ps_launch: config ok: " + options_.config_path +
+                        ": mode=ssp tau=4 servers=2 workers=2"));
+  EXPECT_FALSE(std::filesystem::exists(options_.run_dir));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "model"));  // not created
+}
+
+TEST_F(LauncherTest, CheckNamesTheFieldOrFlag) {
+  for (const auto& [args, expected] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--set", "training.minibatch=0"},
+            "config field training.minibatch: must be >= 1, got 0"},
+           {{"--set", "cluster.scheduler=nohostport"},
+            "config field cluster.scheduler"},
+           {{"--kill", "W5@1"}, "flag --kill W[5]@1: the job has 2 workers"},
+           {{"--set", "cluster.heartbeat_timeout_ms=10"},
+            "cluster.heartbeat_timeout_ms"},
+       }) {
+    std::vector<std::string> argv = {"--check", "--config",
+                                     options_.config_path};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto options = ParseLaunchArgs(argv);
+    ASSERT_TRUE(options.ok()) << options.status();
+    Lines out;
+    Launcher launcher(*options, [&out](absl::string_view line) {
+      out.Add(std::string(line));
+    });
+    EXPECT_EQ(launcher.Check(), kExitUsage) << expected;
+    EXPECT_THAT(out.Joined(), HasSubstr(expected));
+  }
+  auto bad = ParseLaunchArgs({"--check=data", "--config", "x.yaml"});
+  EXPECT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("--check"));
+}
+
+// Without =resources a data file absent here passes (a Kubernetes
+// ConfigMap is checked where the data is not); with it, it is the error
+// Run would print.
+TEST_F(LauncherTest, CheckResourcesOnlyWhenAsked) {
+  const std::string missing = (dir_ / "no_such.train").string();
+  LaunchOptions options = options_;
+  options.check = true;
+  options.overrides = {"data.format=libsvm", "data.train=" + missing};
+  EXPECT_EQ(Launcher(options, [](absl::string_view) {}).Check(), kExitOk);
+  options.check_resources = true;
+  Launcher launcher(options, [this](absl::string_view line) {
+    lines_.Add(std::string(line));
+  });
+  EXPECT_EQ(launcher.Check(), kExitUsage);
+  EXPECT_THAT(lines_.Joined(),
+              HasSubstr("ps_launch: config field data.train: " + missing));
+  EXPECT_TRUE(With("H ").empty());
+}
+
 TEST_F(LauncherTest, RegressionMissingDataFileReportedAfterClusterStarted) {
   options_.overrides = {"data.format=libsvm",
                         "data.train=" + (dir_ / "no_such.train").string()};

@@ -1,6 +1,7 @@
 #include "scheduler/scheduler_runner.h"
 
 #include <algorithm>
+#include <csignal>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
@@ -12,6 +13,7 @@
 #include "common/membership.h"
 #include "common/security.h"
 #include "common/net.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_service.h"
@@ -96,6 +98,7 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
               "workers",
               host, selected, config.cluster.num_servers,
               config.cluster.num_workers);
+  if (options.on_listening) options.on_listening(selected);
 
   absl::Notification stop;
   std::thread checker([&] {
@@ -117,6 +120,20 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   std::thread resume([&] {
     if (restored) core.ResumeAfterRestore();
   });
+  // Cancellation (scancel, Ctrl-C): the job ends as failed, with a report.
+  std::thread canceller([&] {
+    if (options.cancel_signals.empty()) return;
+    while (!stop.HasBeenNotified()) {
+      const int sig =
+          WaitForSignal(options.cancel_signals, absl::Milliseconds(200));
+      if (sig <= 0) continue;
+      const std::string name = sig == SIGTERM  ? "SIGTERM"
+                               : sig == SIGINT ? "SIGINT"
+                                               : absl::StrCat("signal ", sig);
+      PS_LOG_WARN("received {}: cancelling the job", name);
+      core.Fail(absl::CancelledError(absl::StrCat("cancelled: received ", name)));
+    }
+  });
   // Registration must finish in time, then the job may run as long as it
   // needs (failures end it through heartbeats).
   absl::Status result = core.WaitForEnd(absl::InfiniteFuture());
@@ -126,6 +143,7 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   checker.join();
   checkpointer.join();
   resume.join();
+  canceller.join();
   if (result.ok()) {
     PS_LOG_INFO("job done\n{}", core.ReportJson());
   }

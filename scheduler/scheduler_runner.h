@@ -2,6 +2,7 @@
 // returns when the job has ended.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,15 @@ struct SchedulerRunOptions {
   std::string state_path;
   // Listen on a non-loopback address without a token (CheckBindAllowed).
   bool insecure = false;
+  // Called once, with the port it listens on, as soon as it listens (before
+  // any node can have registered), e.g. to publish a port the kernel chose
+  // (port 0).
+  std::function<void(int port)> on_listening;
+  // Signals (blocked in every thread by the caller: BlockSignals in
+  // common/process.h) that cancel the job: it ends as failed with
+  // CANCELLED ("cancelled: received SIGTERM"), the report says so, the
+  // nodes are told, and RunScheduler returns that status.
+  std::vector<int> cancel_signals;
 };
 
 // Loads `path` (defaults when empty) and applies the overrides in order
