@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/hash.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
 
@@ -36,6 +37,23 @@ std::vector<int> Ids(int n) {
   std::vector<int> ids(n);
   for (int i = 0; i < n; ++i) ids[i] = i;
   return ids;
+}
+
+TEST(HashTest, UnMix64InvertsMix64) {
+  std::mt19937_64 rng(7);
+  for (uint64_t x : {uint64_t{0}, uint64_t{1}, kMax, uint64_t{0x9e3779b97f4a7c15}}) {
+    EXPECT_EQ(UnMix64(Mix64(x)), x);
+    EXPECT_EQ(Mix64(UnMix64(x)), x);
+  }
+  for (int i = 0; i < 10000; ++i) {
+    const uint64_t x = rng();
+    ASSERT_EQ(UnMix64(Mix64(x)), x) << x;
+  }
+  for (uint64_t field : {0, 3, 0xb1a5}) {
+    for (uint64_t f : {uint64_t{0}, uint64_t{123}, uint64_t{1} << 40, kMax}) {
+      EXPECT_EQ(FeatureOf(FeatureKey(f, field), field), f);
+    }
+  }
 }
 
 TEST(HashRingTest, WellFormedAndDeterministic) {

@@ -60,6 +60,13 @@ std::string Num(double v) {
   return absl::StrFormat("%.6g", v);
 }
 
+// All 17 significant digits: figures a tool must reproduce exactly
+// (ps_predict's test metrics).
+std::string ExactNum(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.17g", v);
+}
+
 // The seed of the work units' order (WorkQueue): data.shuffle's.
 std::optional<uint64_t> UnitShuffleSeed(const JobConfig& config) {
   if (!config.data.shuffle) return std::nullopt;
@@ -1321,11 +1328,12 @@ std::string SchedulerCore::ReportJsonLocked() const {
   // Scheduler restart (issue 9): how many schedulers took this job over.
   absl::StrAppend(&j, "  \"scheduler_restarts\": ", restarts_, ",\n");
   if (eval != nullptr) {
-    absl::StrAppend(&j, "  \"test_auc\": ", Num(eval->test_auc()), ",\n");
-    absl::StrAppend(&j, "  \"test_logloss\": ", Num(eval->test_logloss()),
+    absl::StrAppend(&j, "  \"test_auc\": ", ExactNum(eval->test_auc()),
                     ",\n");
-    absl::StrAppend(&j, "  \"test_accuracy\": ", Num(eval->test_accuracy()),
-                    ",\n");
+    absl::StrAppend(&j, "  \"test_logloss\": ",
+                    ExactNum(eval->test_logloss()), ",\n");
+    absl::StrAppend(&j, "  \"test_accuracy\": ",
+                    ExactNum(eval->test_accuracy()), ",\n");
     absl::StrAppend(&j, "  \"test_rows\": ", eval->test_rows(), ",\n");
     absl::StrAppend(&j, "  \"curve\": [");
     for (int i = 0; i < eval->curve_size(); ++i) {
@@ -1386,6 +1394,7 @@ std::string SchedulerCore::ReportJsonLocked() const {
         ", \"consistency_wait_share\": ",
         Num(busy > 0 ? d.consistency_wait_seconds() / busy : 0),
         ", \"wall_seconds\": ", Num(d.wall_seconds()),
+        ", \"first_epoch_updates\": ", d.first_epoch_updates(),
         ", \"train_loss\": ", Num(d.train_loss()), "}");
     first = false;
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda_backend.h"
 #include "tests/inproc_cluster.h"
+#include "worker/trainer.h"
 
 namespace ps {
 namespace {
@@ -84,6 +86,37 @@ TEST_F(LocalClusterTest, EvalIntervalJobWaitsOnlyOnRealTimestamps) {
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_NE(cluster.ReportJson().find("\"curve\": [{"), std::string::npos)
       << cluster.ReportJson();
+}
+
+// Issue 12: the report counts each worker's updates in its first epoch
+// (fewer than kFewUpdatesPerEpoch also logs a warning). 8000 rows in units
+// of 1000 rows, minibatch 1000: one update per unit, so the two workers'
+// counts add up to the 8 units.
+TEST_F(LocalClusterTest, ReportCountsTheUpdatesOfEachWorkersFirstEpoch) {
+  LocalClusterOptions o;
+  o.config = SyntheticJob(Mode::kBsp);
+  o.config.data.synthetic.train_rows = 8000;
+  o.config.data.synthetic.test_rows = 1000;
+  o.config.training.minibatch = 1000;
+  o.timeout = absl::Seconds(120);
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  ASSERT_TRUE(s.ok()) << s;
+  const std::string report = cluster.ReportJson();
+  int64_t total = 0;
+  size_t at = 0;
+  int workers = 0;
+  const std::string label = "\"first_epoch_updates\": ";
+  while ((at = report.find(label, at)) != std::string::npos) {
+    at += label.size();
+    const int64_t n = std::strtoll(report.c_str() + at, nullptr, 10);
+    EXPECT_GE(n, 0) << report;
+    EXPECT_LT(n, kFewUpdatesPerEpoch) << report;
+    total += n;
+    ++workers;
+  }
+  EXPECT_EQ(workers, 2) << report;
+  EXPECT_EQ(total, 8) << report;
 }
 
 TEST_P(ModeTest, SyntheticTrainsToGoodAuc) {

@@ -185,10 +185,40 @@ std::map<std::string, std::string> ModelFiles(const std::string& dir) {
   return files;
 }
 
+// Runs ps_predict on the model `r` saved and a9a.test, and checks that it
+// reproduces the report's test figures (issue 12: to 1e-9; they are the
+// same computation on the same weights, so they agree exactly) and writes
+// one probability per row.
+void ExpectPredictReproducesReport(const LaunchResult& r) {
+  const fs::path dir = fs::path(r.model_dir).parent_path();
+  const std::string probs = (dir / "predictions.txt").string();
+  const std::string log = (dir / "predict.log").string();
+  const std::string cmd = absl::StrCat(
+      PS_BIN_DIR "/ps_predict --model ", r.model_dir, " --data ", kTest,
+      " --out ", probs, " > ", log, " 2>&1");
+  const int status = std::system(cmd.c_str());
+  const std::string out = ReadFile(log);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  for (const char* metric : {"auc", "logloss", "accuracy"}) {
+    absl::StatusOr<double> reported =
+        JsonNumber(r.report, absl::StrCat("test_", metric));
+    ASSERT_TRUE(reported.ok()) << reported.status() << r.report;
+    const std::string label = absl::StrCat(" ", metric, " ");
+    const size_t at = out.find(label);
+    ASSERT_NE(at, std::string::npos) << out;
+    const double predicted = std::strtod(out.c_str() + at + label.size(),
+                                         nullptr);
+    EXPECT_NEAR(predicted, *reported, 1e-9) << metric << "\n" << out;
+  }
+  const std::string lines = ReadFile(probs);
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 16281);
+}
+
 TEST_F(MultiProcessTest, BspReachesAucAndIsReproducible) {
   LaunchResult a = Launch("bsp_a", A9aYaml("bsp", 0));
   ASSERT_LAUNCHED(a);
   EXPECT_GE(Auc(a), 0.90) << a.report;
+  ExpectPredictReproducesReport(a);
 
   LaunchResult b = Launch("bsp_b", A9aYaml("bsp", 0));
   ASSERT_LAUNCHED(b);
@@ -213,6 +243,7 @@ TEST_F(MultiProcessTest, SspReachesAuc) {
 TEST_F(MultiProcessTest, AspReachesAuc) {
   LaunchResult r = Launch("asp", A9aYaml("asp", 0));
   ASSERT_LAUNCHED(r);
+  ExpectPredictReproducesReport(r);
   EXPECT_GE(Auc(r), 0.90) << r.report;
 }
 

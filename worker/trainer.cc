@@ -187,6 +187,40 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     floor = std::min(floor, kv_->clock() + 256);
     while (kv_->clock() < floor) kv_->Clock(0);
   };
+  // Issue 12: a worker that makes few updates per epoch trains a poor model
+  // (minibatch 1000 on a small set gave each worker 1 to 7), so the first
+  // epoch this worker finishes is checked once: the rows and updates of
+  // its units of that epoch.
+  struct EpochCount {
+    int epoch = -1;
+    int64_t updates = 0, rows = 0;
+    bool checked = false;
+  } counted;
+  auto check_updates = [&]() {
+    if (counted.checked || counted.epoch < 0) return;
+    counted.checked = true;
+    stats_.first_epoch = counted.epoch;
+    stats_.first_epoch_updates = counted.updates;
+    if (counted.updates >= kFewUpdatesPerEpoch) return;
+    PS_LOG_WARN(
+        "W[{}] made {} updates in epoch {} ({} rows, training.minibatch "
+        "{}): with fewer than {} updates per epoch per worker a model "
+        "trains poorly; a training.minibatch of at most {} gives {}",
+        worker_id_, counted.updates, counted.epoch, counted.rows,
+        tc.minibatch, kFewUpdatesPerEpoch,
+        std::max<int64_t>(1, counted.rows / kFewUpdatesPerEpoch),
+        kFewUpdatesPerEpoch);
+  };
+  auto count_update = [&](size_t rows) {
+    if (counted.checked) return;
+    if (counted.epoch >= 0 && work->epoch() != counted.epoch) {
+      check_updates();  // the first epoch is over for this worker
+      return;
+    }
+    counted.epoch = work->epoch();
+    ++counted.updates;
+    counted.rows += static_cast<int64_t>(rows);
+  };
   enum class Fill { kHave, kWaiting, kDone };
   // Reads the next minibatch into `s`. With `may_idle` (nothing of this
   // worker's is still unpushed), waits out WorkSource::kWait with idle
@@ -199,6 +233,7 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
       if (got == WorkSource::Got::kRows) {
         BuildBatch(block, 0, block.rows(), &s->batch);
         s->rows = block.rows();
+        count_update(s->rows);
         return Fill::kHave;
       }
       if (got == WorkSource::Got::kDone) return Fill::kDone;
@@ -326,6 +361,7 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
       }
     }
   }
+  check_updates();  // a one-epoch job, or no later unit came
   if (curve.thread.joinable()) curve.thread.join();
   {
     absl::MutexLock l(&curve.mu);

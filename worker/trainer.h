@@ -20,6 +20,11 @@
 
 namespace ps {
 
+// A worker that makes fewer updates (minibatches) than this in its first
+// epoch logs a warning naming a training.minibatch that would give this
+// many (issue 12).
+inline constexpr int64_t kFewUpdatesPerEpoch = 100;
+
 // The key of the bias feature every row gets.
 uint64_t BiasKey();
 
@@ -38,6 +43,10 @@ struct TrainerStats {
   double wall_seconds = 0;
   int64_t examples = 0;
   double loss_sum = 0;  // training log loss, summed over examples
+  // Updates in the first epoch this worker finished, and that epoch (-1:
+  // not counted); see kFewUpdatesPerEpoch.
+  int64_t first_epoch_updates = -1;
+  int first_epoch = -1;
   std::vector<proto::EvalPoint> curve;
   // Malformed lines skipped in one pass over the training shard (set when
   // Train returns) and over the test file (set by each Evaluate); path ""

@@ -159,6 +159,8 @@ absl::Status TrainAndReport(
   done.set_examples(st.examples);
   done.set_train_loss(st.examples > 0 ? st.loss_sum / st.examples : 0);
   done.set_wall_seconds(st.wall_seconds);
+  done.set_first_epoch_updates(st.first_epoch_updates);
+  done.set_first_epoch(st.first_epoch);
   for (const auto& p : st.curve) *done.add_curve() = p;
   absl::StatusOr<ReaderT*> test_or = final_test();
   if (!test_or.ok()) return finish(test_or.status());
