@@ -301,6 +301,11 @@ function validate(objects, options) {
         if (action && !containerPort(c, action.port)) {
           cerr(`${kind}: port ${action.port} is not a port of the container`);
         }
+        // Our nodes' "" is NOT_SERVING until registered: a liveness probe
+        // on it would restart a node that is still registering.
+        if (kind !== 'readinessProbe' && probe.grpc && probe.grpc.service !== 'liveness') {
+          cerr(`${kind}: gRPC health service "${probe.grpc.service || ''}", want "liveness"`);
+        }
       }
     }
     for (const v of spec.volumes || []) {
@@ -309,6 +314,12 @@ function validate(objects, options) {
     const ann = (template.metadata || {}).annotations || {};
     if (ann['prometheus.io/scrape'] === 'true') {
       const port = Number(ann['prometheus.io/port']);
+      for (const c of containers) {
+        const e = (c.env || []).find((x) => x.name === 'PS_METRICS_PORT');
+        if (e && Number(e.value) !== port) {
+          err(`container ${c.name}: PS_METRICS_PORT ${e.value} != prometheus.io/port ${port}`);
+        }
+      }
       if (!containers.some((c) => (c.ports || []).some(
         (p) => p.containerPort === port && p.name === 'metrics'))) {
         err(`prometheus.io/port ${ann['prometheus.io/port']} is no container port named metrics`);
@@ -532,6 +543,12 @@ const BREAKS = [
   ['metrics annotation without the port',
     (o) => { tpl(o, 'ps-worker').metadata.annotations['prometheus.io/port'] = '9401'; },
     'prometheus.io/port 9401'],
+  ['liveness on the life-cycle health',
+    (o) => { delete ctr(o, 'ps-server').livenessProbe.grpc.service; },
+    'livenessProbe: gRPC health service "", want "liveness"'],
+  ['metrics on another port than scraped',
+    (o) => { env(ctr(o, 'ps-scheduler'), 'PS_METRICS_PORT').value = '9500'; },
+    'PS_METRICS_PORT 9500 != prometheus.io/port 9400'],
   ['a GPU worker on a cpu job',
     (o) => { ctr(o, 'ps-worker').resources.limits['nvidia.com/gpu'] = 1; },
     'has nvidia.com/gpu but training.backend is cpu'],
