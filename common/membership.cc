@@ -18,20 +18,40 @@ absl::StatusOr<Membership> JoinCluster(SchedulerClient* scheduler,
                                        const std::string& scheduler_address,
                                        const proto::RegisterRequest& req,
                                        absl::Time deadline) {
+  // Unreachable looks the same whether the scheduler is not up yet, the
+  // address is wrong, or TLS settings differ (gRPC only says "failed to
+  // connect"): say so while retrying, not only at the deadline.
+  constexpr char kUnreachableHint[] =
+      "is the scheduler running at that address, and do this node's "
+      "PS_TLS_* settings match the scheduler's?";
   absl::StatusOr<proto::RegisterResponse> r;
+  absl::Time next_warning = absl::Now() + absl::Seconds(5);
   for (;;) {
     r = scheduler->Register(req, absl::Now() + absl::Seconds(5));
     if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
         absl::Now() > deadline) {
       break;
     }
+    if (absl::Now() >= next_warning) {
+      PS_LOG_WARN("scheduler {} not reachable yet ({}); retrying for {} "
+                  "more ({})",
+                  scheduler_address, std::string(r.status().message()),
+                  absl::FormatDuration(absl::Trunc(deadline - absl::Now(),
+                                                   absl::Seconds(1))),
+                  kUnreachableHint);
+      next_warning = absl::Now() + absl::Seconds(15);
+    }
     absl::SleepFor(absl::Milliseconds(100));
   }
   if (!r.ok()) {
-    return absl::Status(r.status().code(),
-                        absl::StrCat("register with scheduler ",
-                                     scheduler_address, ": ",
-                                     r.status().message()));
+    const bool unreachable =
+        r.status().code() == absl::StatusCode::kUnavailable;
+    return absl::Status(
+        r.status().code(),
+        absl::StrCat("register with scheduler ", scheduler_address, ": ",
+                     r.status().message(),
+                     unreachable ? absl::StrCat(" (", kUnreachableHint, ")")
+                                 : std::string()));
   }
   Membership m;
   m.id = r->id();

@@ -21,7 +21,10 @@ void UseFastGrpcBackupPolling();
 
 // Registers, retrying while the scheduler is unreachable (it may not be up
 // yet) until `deadline`, then waits for a ready cluster view. Returns the
-// assigned id and the view; errors name the scheduler address.
+// assigned id and the view; errors name the scheduler address. While it
+// stays unreachable, warns after 5 s and then every 15 s; UNAVAILABLE at
+// the deadline asks whether the scheduler runs there and whether the TLS
+// settings match (a TLS mismatch is indistinguishable from no scheduler).
 struct Membership {
   int id = -1;
   proto::ClusterView view;

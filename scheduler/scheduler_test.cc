@@ -1593,4 +1593,31 @@ TEST_F(SchedulerCoreTest, NodeRegistersAgainWithARestartedScheduler) {
   EXPECT_EQ(core_->Status()->view().routing().servers(1).address(), Addr(1));
 }
 
+
+// Issue 11: a node that cannot reach the scheduler (not up, wrong address,
+// or TLS settings that differ from the scheduler's: gRPC says only
+// "failed to connect" for all three) fails at the deadline with
+// UNAVAILABLE naming the address and what to check.
+TEST(JoinClusterTest, UnreachableSchedulerErrorSaysWhatToCheck) {
+  class Unreachable : public SwappableScheduler {
+   public:
+    absl::StatusOr<proto::RegisterResponse> Register(
+        const proto::RegisterRequest&, absl::Time) override {
+      return absl::UnavailableError("failed to connect to all addresses");
+    }
+  } client;
+  proto::RegisterRequest r;
+  r.set_role(proto::ROLE_WORKER);
+  absl::StatusOr<Membership> joined = JoinCluster(
+      &client, "hostA:7000", r, absl::Now() + absl::Milliseconds(300));
+  ASSERT_EQ(joined.status().code(), absl::StatusCode::kUnavailable)
+      << joined.status();
+  EXPECT_NE(joined.status().message().find("register with scheduler "
+                                           "hostA:7000: failed to connect"),
+            absl::string_view::npos)
+      << joined.status();
+  EXPECT_NE(joined.status().message().find("PS_TLS_"), absl::string_view::npos)
+      << joined.status();
+}
+
 }  // namespace ps
