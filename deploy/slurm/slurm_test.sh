@@ -246,15 +246,15 @@ fi
 # Jobs.
 sbatch_script="$src/deploy/slurm/paramserver.sbatch"
 
-# submit NAME SBATCH_ARGS... -- SCRIPT_ARGS...: prints the job id.
+# submit SBATCH_ARGS... -- SCRIPT_ARGS...: prints the job id. Submitted as
+# the README says (the output file and the run dir are the script's
+# defaults: paramserver-<id>.out and paramserver-<id>/ in the submit dir).
 submit() {
-  local name="$1"; shift
   local -a sargs=()
   while (($#)) && [[ "$1" != -- ]]; do sargs+=("$1"); shift; done
   shift
-  (cd "$tmp/jobs" && env "$mark" sbatch --parsable --job-name="ps-$name" \
-     --output="$tmp/jobs/$name-%j.out" "${sargs[@]}" "$sbatch_script" \
-     --config "$config" --bin "$bin" "$@") | cut -d';' -f1
+  (cd "$tmp/jobs" && env "$mark" sbatch --parsable "${sargs[@]}" \
+     "$sbatch_script" --config "$config" --bin "$bin" "$@") | cut -d';' -f1
 }
 
 # wait_gone ID SECONDS: until Slurm no longer lists the job as pending or
@@ -355,14 +355,15 @@ show_output() {
 run_ok() {
   local name="$1" comps="$2"; shift 2
   local start=$SECONDS id
-  id=$(submit "$name" "$@") || fail "sbatch failed"
+  id=$(submit "$@") || fail "sbatch failed"
   [[ "$id" =~ ^[0-9]+$ ]] || fail "sbatch printed no job id: '$id'"
   log "$name: submitted job $id"
-  local out="$tmp/jobs/$name-$id.out" run="$tmp/jobs/paramserver-$id"
+  local out="$tmp/jobs/paramserver-$id.out" run="$tmp/jobs/paramserver-$id"
   if ! wait_gone "$id" 150; then
     show_output "$out" 40
     fail "$name: job $id still in the queue after 150 s"
   fi
+  [[ -s "$out" ]] || fail "$name: no job output at $out (#SBATCH --output)"
   show_output "$out" 12
   check_accounted "$id" COMPLETED "$comps"
   [[ -s "$run/report.json" ]] || fail "$name: no report at $run/report.json"
@@ -388,11 +389,11 @@ for c in "${todo[@]}"; do
       ;;
     cancel)
       start=$SECONDS
-      id=$(submit cancel -n1 : -n2 : -n2 -- \
+      id=$(submit -n1 : -n2 : -n2 -- \
              --set "output.model_dir=$tmp/jobs/model-cancel,training.epochs=100000") ||
         fail "sbatch failed"
       [[ "$id" =~ ^[0-9]+$ ]] || fail "sbatch printed no job id: '$id'"
-      out="$tmp/jobs/cancel-$id.out" run="$tmp/jobs/paramserver-$id"
+      out="$tmp/jobs/paramserver-$id.out" run="$tmp/jobs/paramserver-$id"
       log "cancel: submitted job $id"
       # Cancel once every process runs and the workers train.
       for _ in $(seq 1 120); do
