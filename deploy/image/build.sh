@@ -48,9 +48,12 @@ done
 build=$(cd "$build" && pwd)
 out=${out:-$build/image}
 cache=${cache:-$build/image-cache/apt}
-mkdir -p "$out" "$cache"
+# The package lists too: apt then only checks they are current.
+lists=$cache-lists
+mkdir -p "$out" "$cache" "$lists"
 out=$(cd "$out" && pwd)
 cache=$(cd "$cache" && pwd)
+lists=$(cd "$lists" && pwd)
 say() { echo "build.sh: $*"; }
 
 # --- Tools (Debian packages) ---------------------------------------------------
@@ -119,9 +122,11 @@ mmdebstrap --variant=essential --include="$include" \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
   --dpkgopt='path-exclude=/usr/share/info/*' \
-  --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
+  --setup-hook='mkdir -p "$1"/var/cache/apt/archives/ "$1"/var/lib/apt/lists/' \
   --setup-hook="sync-in $cache /var/cache/apt/archives/" \
+  --setup-hook="sync-in $lists /var/lib/apt/lists/" \
   --customize-hook="sync-out /var/cache/apt/archives $cache" \
+  --customize-hook="sync-out /var/lib/apt/lists $lists" \
   --customize-hook='rm -f "$1"/var/cache/apt/archives/*.deb' \
   --customize-hook="copy-in $stage/bin /usr/local" \
   --customize-hook='mkdir -p "$1"/usr/local/share/paramserver' \
