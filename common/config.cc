@@ -453,6 +453,8 @@ const std::vector<Field>& Fields() {
       IntField<int64_t>(PS_CFG(fault_tolerance, work_unit_rows), 1),
       IntField<int>(PS_CFG(fault_tolerance, replicas), -1, 8),
       IntField<int64_t>(PS_CFG(fault_tolerance, probe_timeout_ms), 1),
+      // Metrics and health (issue 11).
+      IntField<int>(PS_CFG(observability, metrics_port), 0, 65535),
   };
   return *fields;
 }
@@ -463,7 +465,8 @@ bool IsSection(absl::string_view path) {
   return path == "cluster" || path == "consistency" || path == "optimizer" ||
          path == "data" || path == "data.synthetic" || path == "training" ||
          path == "mlp" || path == "output" || path == "fault_tolerance" ||
-         path == "cluster.tls";  // limits, TLS (issue 8: security)
+         path == "cluster.tls" ||  // limits, TLS (issue 8: security)
+         path == "observability";  // issue 11
 }
 
 const Field* FindField(absl::string_view path) {

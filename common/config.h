@@ -212,6 +212,19 @@ struct FaultToleranceConfig {
   bool operator==(const FaultToleranceConfig&) const = default;
 };
 
+// Issue 11: metrics and health (docs/observability.md).
+struct ObservabilityConfig {
+  // The port every node serves Prometheus metrics (/metrics) and /healthz
+  // on, over HTTP on the host its gRPC binds to (0..65535; 0: none). One
+  // port for all the nodes of a job: the one-node-per-host (or per-pod)
+  // layout. Several nodes on one host need one port each: --metrics_port
+  // or $PS_METRICS_PORT, which win over this field (ps_launch gives every
+  // process a free one).
+  int metrics_port = 0;
+
+  bool operator==(const ObservabilityConfig&) const = default;
+};
+
 struct JobConfig {
   ClusterConfig cluster;
   ConsistencyConfig consistency;
@@ -221,6 +234,7 @@ struct JobConfig {
   MlpConfig mlp;
   OutputConfig output;
   FaultToleranceConfig fault_tolerance;
+  ObservabilityConfig observability;  // issue 11
 
   // tau as the consistency controller sees it: 0 for BSP, -1 (infinity)
   // for ASP, the configured tau for SSP.

@@ -6,6 +6,7 @@ PKGS=(build-essential cmake pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libspdlog-dev libyaml-cpp-dev libgtest-dev libgmock-dev
       libgoogle-perftools-dev libjemalloc-dev
+      libcpp-httplib-dev
       iperf3 python3 openssl)
 missing=()
 for p in "${PKGS[@]}"; do
