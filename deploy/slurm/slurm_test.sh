@@ -66,11 +66,11 @@ if need_install; then
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt_install() {
-    apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends \
+    apt-get -o DPkg::Lock::Timeout=120 install -y -q --no-install-recommends \
       slurm-wlm munge
   }
   ok=""
-  if apt_install || { apt-get -o DPkg::Lock::Timeout=600 update -q && apt_install; }; then
+  if apt_install || { apt-get -o DPkg::Lock::Timeout=120 update -q && apt_install; }; then
     ok=1
   fi
   [[ -n "$policy" ]] && rm -f "$policy"
@@ -81,7 +81,10 @@ fi
 [[ $(id -u) -eq 0 ]] || skip "slurmd needs root to start job steps"
 
 # ---------------------------------------------------------------------------
-# The private cluster.
+# The private cluster. Everything from here on must end within
+# PS_SLURM_TEST_BUDGET_S seconds (below ctest's TIMEOUT, so that a hung
+# job still fails here and the daemons are stopped by the trap).
+budget_end=$((SECONDS + ${PS_SLURM_TEST_BUDGET_S:-240}))
 tmp=$(mktemp -d /tmp/ps-slurm-test.XXXXXX) || fail "mktemp"
 # munged wants every directory above its socket searchable by all, and none
 # writable by others.
@@ -261,6 +264,7 @@ submit() {
 # running.
 wait_gone() {
   local id="$1" limit="$2" start=$SECONDS
+  ((start + limit > budget_end)) && limit=$((budget_end - start))
   while ((SECONDS - start < limit)); do
     [[ -z "$(squeue -h -j "$id" 2>/dev/null)" ]] && return 0
     sleep 1
@@ -361,7 +365,7 @@ run_ok() {
   local out="$tmp/jobs/paramserver-$id.out" run="$tmp/jobs/paramserver-$id"
   if ! wait_gone "$id" 150; then
     show_output "$out" 40
-    fail "$name: job $id still in the queue after 150 s"
+    fail "$name: job $id still in the queue after $((SECONDS - start)) s"
   fi
   [[ -s "$out" ]] || fail "$name: no job output at $out (#SBATCH --output)"
   show_output "$out" 12
