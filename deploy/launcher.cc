@@ -945,6 +945,17 @@ class Chaos {
         spec.argv.erase(spec.argv.begin() + a, spec.argv.begin() + a + 2);
       }
     }
+    // A metrics port of its own (issue 11), not S[0]'s.
+    for (size_t a = 0; a + 1 < spec.argv.size(); ++a) {
+      if (spec.argv[a] == "--metrics_port") {
+        absl::StatusOr<int> p = PickFreePort("127.0.0.1");
+        spec.argv[a + 1] = absl::StrCat(p.ok() ? *p : 0);
+        if (p.ok()) {
+          say_(absl::StrCat("metrics ", spec.name, " http://127.0.0.1:", *p,
+                            "/metrics"));
+        }
+      }
+    }
     absl::StatusOr<pid_t> pid = group->Start(spec);
     const double at = absl::ToDoubleSeconds(now - ready);
     if (!pid.ok()) {
@@ -1015,6 +1026,52 @@ class Chaos {
   absl::Mutex mu_;
   absl::Time ready_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };
+
+}  // namespace
+
+namespace {
+
+// Issue 11: gives every child a free metrics port (--metrics_port), prints
+// "metrics <node> http://<host>:<port>/metrics" for each and writes the
+// targets for Prometheus's file_sd_configs to <run_dir>/metrics_targets.json
+// ({"targets": ["host:port"], "labels": {"node": ..., "role": ...}} each).
+absl::Status AssignMetricsPorts(const std::string& connect_host,
+                                const std::string& bind_host,
+                                const std::string& run_dir,
+                                std::vector<ChildSpec>* specs,
+                                const std::function<void(absl::string_view)>& say) {
+  // The children listen on bind_host; a wildcard is reached on loopback.
+  const std::string pick_host =
+      bind_host.empty() || bind_host == "0.0.0.0" ? "127.0.0.1" : bind_host;
+  std::string json = "[";
+  for (ChildSpec& spec : *specs) {
+    absl::StatusOr<int> port = PickFreePort(pick_host);
+    if (!port.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot pick a metrics port for ", spec.name, ": ",
+          port.status().message()));
+    }
+    spec.argv.push_back("--metrics_port");
+    spec.argv.push_back(absl::StrCat(*port));
+    const std::string host =
+        spec.name == "H" ? connect_host : pick_host;
+    say(absl::StrCat("metrics ", spec.name, " http://", host, ":", *port,
+                     "/metrics"));
+    const char* role = spec.name == "H"       ? "scheduler"
+                       : spec.name[0] == 'S' ? "server"
+                                             : "worker";
+    absl::StrAppend(&json, json.size() > 1 ? ",\n " : "", "{\"targets\": [\"",
+                    host, ":", *port, "\"], \"labels\": {\"node\": \"",
+                    spec.name, "\", \"role\": \"", role, "\"}}");
+  }
+  json += "]\n";
+  const std::string path =
+      (std::filesystem::path(run_dir) / "metrics_targets.json").string();
+  std::ofstream out(path, std::ios::trunc);
+  out << json;
+  if (!out.flush()) return absl::InternalError("cannot write " + path);
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -1187,6 +1244,16 @@ int Launcher::Run(const std::atomic<int>* stop) {
                               {bin("ps_worker"), "--scheduler",
                                scheduler_address_, "--id", absl::StrCat(i)},
                               env});
+  }
+  // Metrics (issue 11): a free port for every process, on the host its
+  // gRPC binds to, printed one line per node and written as a Prometheus
+  // file_sd target list (<run_dir>/metrics_targets.json).
+  if (absl::Status s = AssignMetricsPorts(
+          connect_host, config.cluster.bind_host, run_dir_, &specs,
+          [this](absl::string_view l) { Say(l); });
+      !s.ok()) {
+    Say(s.message());
+    return kExitSetupError;
   }
 
   int code = kExitOk;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -531,19 +532,49 @@ TEST_F(LauncherTest, AllExitZeroSucceedsWithPrefixedOutput) {
   std::string job_yaml =
       std::filesystem::absolute(std::filesystem::path(run_dir_) / "job.yaml");
   std::string port = scheduler_.substr(scheduler_.rfind(':') + 1);
+  // Issue 11: each node's metrics port, as printed ("ps_launch: metrics
+  // S[0] http://127.0.0.1:PORT/metrics"), distinct, passed as
+  // --metrics_port and listed in metrics_targets.json.
+  std::map<std::string, std::string> metrics;
+  for (const std::string node : {"H", "S[0]", "S[1]", "W[0]", "W[1]"}) {
+    auto printed = With("ps_launch: metrics " + node + " http://127.0.0.1:");
+    ASSERT_EQ(printed.size(), 1u) << node << "\n" << lines_.Joined();
+    const std::string& l = printed[0];
+    const size_t from = l.rfind(':') + 1;
+    metrics[node] = l.substr(from, l.find('/', from) - from);
+    EXPECT_GT(std::stoi(metrics[node]), 0) << l;
+  }
+  std::set<std::string> ports;
+  for (const auto& [node, p] : metrics) ports.insert(p);
+  EXPECT_EQ(ports.size(), 5u);
   EXPECT_THAT(With("H args:"),
               ElementsAre("H args: --config " + job_yaml + " --port " + port +
                           " --report " + run_dir_ + "/report.json" +
-                          " --state_file " + run_dir_ + "/scheduler.state"));
+                          " --state_file " + run_dir_ + "/scheduler.state" +
+                          " --metrics_port " + metrics["H"]));
   EXPECT_THAT(With("S[0] args:"),
-              ElementsAre("S[0] args: --scheduler " + scheduler_ + " --id 0"));
+              ElementsAre("S[0] args: --scheduler " + scheduler_ +
+                          " --id 0 --metrics_port " + metrics["S[0]"]));
   EXPECT_THAT(With("S[1] args:"),
-              ElementsAre("S[1] args: --scheduler " + scheduler_ + " --id 1"));
+              ElementsAre("S[1] args: --scheduler " + scheduler_ +
+                          " --id 1 --metrics_port " + metrics["S[1]"]));
   EXPECT_THAT(With("W[0] args:"),
-              ElementsAre("W[0] args: --scheduler " + scheduler_ + " --id 0"));
+              ElementsAre("W[0] args: --scheduler " + scheduler_ +
+                          " --id 0 --metrics_port " + metrics["W[0]"]));
   EXPECT_THAT(With("W[1] args:"),
-              ElementsAre("W[1] args: --scheduler " + scheduler_ + " --id 1"));
+              ElementsAre("W[1] args: --scheduler " + scheduler_ +
+                          " --id 1 --metrics_port " + metrics["W[1]"]));
   EXPECT_TRUE(With("W[2]").empty());
+  {
+    std::ifstream targets(std::filesystem::path(run_dir_) /
+                          "metrics_targets.json");
+    std::stringstream t;
+    t << targets.rdbuf();
+    EXPECT_THAT(t.str(), HasSubstr("{\"targets\": [\"127.0.0.1:" +
+                                   metrics["S[1]"] +
+                                   "\"], \"labels\": {\"node\": \"S[1]\", "
+                                   "\"role\": \"server\"}}"));
+  }
 
   // One random token, the same for every node.
   std::set<std::string> distinct;

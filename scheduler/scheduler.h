@@ -163,6 +163,16 @@ class SchedulerCore {
 
   JobPhase phase() const;
 
+  // Issue 11: the state the metrics endpoint exports, copied under the lock
+  // without asking the servers (cheap, unlike Status()).
+  struct MetricsView {
+    std::vector<proto::NodeInfo> nodes;  // servers, then workers
+    JobPhase phase = JobPhase::kRegistering;
+    int64_t epoch = 0;      // the view's
+    int64_t failovers = 0;  // servers failed over so far
+  };
+  MetricsView GetMetricsView() const;
+
   // Scheduler restart (issue 9). Call once, right after construction,
   // before serving: when options.state_path holds the state of this job
   // (same config) that was running, takes it over (membership, view, work

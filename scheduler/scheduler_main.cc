@@ -35,6 +35,10 @@ ABSL_FLAG(std::string, state_file, "",
           "takes the running job over (issue 9)");
 ABSL_FLAG(bool, insecure, false,
           "allow listening on a non-loopback address without PS_AUTH_TOKEN");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve Prometheus metrics and /healthz over HTTP on this port, on "
+          "the gRPC host (0: none; default: $PS_METRICS_PORT, else "
+          "observability.metrics_port)");
 
 namespace {
 
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
   o.report_path = absl::GetFlag(FLAGS_report);
   o.state_path = absl::GetFlag(FLAGS_state_file);
   o.insecure = absl::GetFlag(FLAGS_insecure);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.cancel_signals = {SIGTERM, SIGINT};
   if (const std::string f = absl::GetFlag(FLAGS_port_file); !f.empty()) {
     o.on_listening = [f](int port) { PublishPort(f, port); };

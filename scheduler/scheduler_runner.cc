@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "transport/grpc_transport.h"
 #include "common/health.h"
+#include "common/metrics_http.h"
 #include "common/logging.h"
 #include "common/membership.h"
 #include "common/security.h"
@@ -16,6 +17,7 @@
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_metrics.h"
 #include "scheduler/scheduler_service.h"
 
 namespace ps {
@@ -94,6 +96,17 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   health.Attach(server->GetHealthCheckService());
   absl::Cleanup detach_health = [&health] { health.Detach(); };
   health.Set(Serving::kServing, "listening");
+  // Metrics (issue 11, docs/observability.md), on the gRPC host.
+  PS_ASSIGN_OR_RETURN(
+      const int metrics_port,
+      ResolveMetricsPort(options.metrics_port,
+                         config.observability.metrics_port));
+  NodeMetrics metrics("scheduler", &health);
+  metrics.SetName("H");
+  metrics.registry()->AddCollector([&core](ExpositionWriter* w) {
+    WriteSchedulerMetrics(core.GetMetricsView(), w);
+  });
+  PS_RETURN_IF_ERROR(metrics.Serve(host, metrics_port));
   PS_LOG_INFO("scheduler listening on {}:{}, waiting for {} servers and {} "
               "workers",
               host, selected, config.cluster.num_servers,

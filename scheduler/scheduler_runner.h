@@ -22,6 +22,9 @@ struct SchedulerRunOptions {
   std::string state_path;
   // Listen on a non-loopback address without a token (CheckBindAllowed).
   bool insecure = false;
+  // Issue 11: the metrics endpoint's port (ResolveMetricsPort: this when
+  // >= 0, else $PS_METRICS_PORT, else observability.metrics_port; 0: none).
+  int metrics_port = -1;
   // Called once, with the port it listens on, as soon as it listens (before
   // any node can have registered), e.g. to publish a port the kernel chose
   // (port 0).

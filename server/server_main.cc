@@ -17,6 +17,10 @@ ABSL_FLAG(bool, insecure, false,
           "allow listening on a non-loopback address without PS_AUTH_TOKEN");
 ABSL_FLAG(std::string, advertise, "",
           "host other nodes reach this server at (default: --bind)");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve Prometheus metrics and /healthz over HTTP on this port, on "
+          "the --bind host (0: none; default: $PS_METRICS_PORT, else the "
+          "config's observability.metrics_port)");
 
 int main(int argc, char** argv) {
   ps::UseReleaseMutexes();
@@ -29,6 +33,7 @@ int main(int argc, char** argv) {
   o.port = absl::GetFlag(FLAGS_port);
   o.advertise_host = absl::GetFlag(FLAGS_advertise);
   o.insecure = absl::GetFlag(FLAGS_insecure);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   absl::Status s = ps::RunServer(o);
   if (!s.ok()) {
     PS_LOG_ERROR("server failed: {}", s.ToString());

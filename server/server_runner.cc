@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/health.h"
+#include "common/metrics_http.h"
 #include "transport/grpc_transport.h"
 #include "common/logging.h"
 #include "common/membership.h"
@@ -39,6 +40,31 @@ absl::Status CatchUpView(ServerNode* node, SchedulerClient* scheduler, int id,
   return absl::OkStatus();
 }
 
+void WriteServerMetrics(const ServerNode& node, ExpositionWriter* w) {
+  const proto::ServerStatus st = node.Status();
+  for (int t = 0;; ++t) {
+    const Table* table = node.table(t);
+    if (table == nullptr) break;
+    w->AddGauge("ps_server_keys", "keys stored, by table",
+                {{"table", absl::StrCat(t)}},
+                static_cast<double>(table->size()));
+  }
+  w->AddGauge("ps_server_ranges", "key ranges this server owns", {},
+              st.ranges());
+  w->AddGauge("ps_server_view_epoch", "the cluster view installed", {},
+              static_cast<double>(node.epoch()));
+  w->AddCounter("ps_server_non_finite_pushes_total",
+                "pushes refused for NaN or infinite values", {},
+                static_cast<double>(st.non_finite_pushes()));
+  for (int i = 0; i < st.worker_clocks_size(); ++i) {
+    w->AddGauge("ps_server_worker_clock",
+                "per worker, the lowest clock it completed on this server's "
+                "ranges",
+                {{"worker", absl::StrCat(i)}},
+                static_cast<double>(st.worker_clocks(i)));
+  }
+}
+
 absl::Status RunServer(const ServerRunOptions& options_in) {
   UseFastGrpcBackupPolling();  // before any gRPC object
   ServerRunOptions options = options_in;
@@ -55,12 +81,28 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   const std::string& token = security.token;
   ServerNode node;
   absl::Notification exit_requested;
-  ServerService service(&node, token, [&] { exit_requested.Notify(); });
+  // Metrics (issue 11, docs/observability.md): served from the start when
+  // the port is known (flag, environment), else once the config says.
+  PS_ASSIGN_OR_RETURN(int metrics_port,
+                      ResolveMetricsPort(options.metrics_port));
+  NodeHealth health({proto::Server::service_full_name()});
+  NodeMetrics metrics("server", &health);
+  PushPullMetrics rpc_metrics(
+      metrics.registry(), "ps_server",
+      "seconds a push spent in its handler (checks and applying it; a "
+      "replicated push's wait for its backups comes after)",
+      "seconds from a pull's arrival to its answer, the consistency wait "
+      "included");
+  metrics.registry()->AddCollector([&node](ExpositionWriter* w) {
+    WriteServerMetrics(node, w);
+  });
+  PS_RETURN_IF_ERROR(metrics.Serve(options.bind_host, metrics_port));
+  ServerService service(&node, token, [&] { exit_requested.Notify(); },
+                        &rpc_metrics);
 
   // grpc.health.v1.Health on the same port (common/health.h): NOT_SERVING
   // until the view is installed, and again once the server stops.
   EnableGrpcHealthService();
-  NodeHealth health({proto::Server::service_full_name()});
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder, security.max_message_mb);
   int port = 0;
@@ -118,6 +160,11 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   auto config = ParseJobConfig(view.job_config_yaml());
   if (!config.ok()) return config.status();
   InitLogging(absl::StrCat("S[", id, "]"), config->output.log_level);
+  metrics.SetName(absl::StrCat("S[", id, "]"));
+  if (metrics_port < 0) {
+    PS_RETURN_IF_ERROR(metrics.Serve(options.bind_host,
+                                     config->observability.metrics_port));
+  }
   PS_LOG_INFO("configured: epoch {}, {} of {} ranges", view.epoch(),
               node.Status().ranges(), view.routing().range_begin_size());
   health.Set(Serving::kServing, absl::StrCat("registered as S[", id, "]"));

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "server/server_node.h"
 #include "transport/transport.h"
 
@@ -21,12 +22,21 @@ struct ServerRunOptions {
   int register_timeout_ms = 60000;
   // Listen on a non-loopback address without a token (CheckBindAllowed).
   bool insecure = false;
+  // Issue 11: the metrics endpoint's port (ResolveMetricsPort: this when
+  // >= 0, else $PS_METRICS_PORT, else the config's
+  // observability.metrics_port once registered; 0: none), on bind_host.
+  int metrics_port = -1;
 };
 
 // OK once the job ended well; ABORTED (reason JOB_FAILED) with the
 // scheduler's error when it failed; UNAVAILABLE when the scheduler stayed
 // unreachable for the heartbeat timeout before the model was saved.
 absl::Status RunServer(const ServerRunOptions& options);
+
+// The server's own metrics at scrape time (issue 11): ps_server_keys{table},
+// ps_server_ranges, ps_server_view_epoch, ps_server_non_finite_pushes_total,
+// ps_server_worker_clock{worker}. The data path's are PushPullMetrics'.
+void WriteServerMetrics(const ServerNode& node, ExpositionWriter* w);
 
 // Bug "A server that misses one view broadcast": when `scheduler_epoch`
 // (from a heartbeat reply) is newer than the node's, fetches the view

@@ -17,10 +17,12 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
 }  // namespace
 
 ServerService::ServerService(ServerNode* node, std::string token,
-                             std::function<void()> on_save_and_exit)
+                             std::function<void()> on_save_and_exit,
+                             PushPullMetrics* metrics)
     : node_(node),
       token_(std::move(token)),
-      on_save_and_exit_(std::move(on_save_and_exit)) {}
+      on_save_and_exit_(std::move(on_save_and_exit)),
+      metrics_(metrics) {}
 
 grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* ctx,
                                               const proto::PushRequest* req,
@@ -28,8 +30,23 @@ grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* ctx,
   absl::Status auth = CheckToken(*ctx, token_);
   if (!auth.ok()) return Reply(ctx, auth);
   auto* r = ctx->DefaultReactor();
-  node_->Push(*req, resp,
-              [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); });
+  if (metrics_ == nullptr) {
+    node_->Push(*req, resp,
+                [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); });
+    return r;
+  }
+  // Metrics (issue 11): the callback keeps to two pointers, so that
+  // std::function holds it without allocating.
+  const int64_t t0 = MonotonicNanos();
+  const int table = req->table();
+  const uint64_t bytes = req->keys().size() + req->vals().size();
+  Counter* errors = metrics_->Errors(PushPullMetrics::kPush, table);
+  node_->Push(*req, resp, [r, errors](const absl::Status& s) {
+    if (!s.ok()) errors->Add();
+    r->Finish(ToGrpcStatus(s));
+  });
+  metrics_->Record(PushPullMetrics::kPush, table, bytes,
+                   MonotonicNanos() - t0, /*ok=*/true);
   return r;
 }
 
@@ -42,12 +59,18 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* ctx,
     proto::PullRequest req;
     proto::PullResponse resp;
     grpc::Slice vals;
+    int64_t t0 = 0;  // metrics (issue 11)
   };
   auto call = std::make_shared<Call>();
+  if (metrics_ != nullptr) call->t0 = MonotonicNanos();
   grpc::ByteBuffer in(*request);  // shares the slices
   if (!grpc::SerializationTraits<proto::PullRequest>::Deserialize(&in,
                                                                  &call->req)
            .ok()) {
+    if (metrics_ != nullptr) {
+      metrics_->Record(PushPullMetrics::kPull, -1, request->Length(), -1,
+                       /*ok=*/false);
+    }
     return Reply(ctx, absl::InvalidArgumentError("malformed PullRequest"));
   }
   auto* r = ctx->DefaultReactor();
@@ -59,7 +82,12 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* ctx,
   }
   node_->Pull(
       call->req, &call->resp,
-      [r, call, response](const absl::Status& s) {
+      [this, r, call, response](const absl::Status& s) {
+        if (metrics_ != nullptr) {
+          metrics_->Record(PushPullMetrics::kPull, call->req.table(),
+                           call->req.keys().size() + call->vals.size(),
+                           MonotonicNanos() - call->t0, s.ok());
+        }
         if (s.ok()) *response = PullReplyWire(call->resp, std::move(call->vals));
         r->Finish(ToGrpcStatus(s));
       },

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "common/metrics.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/server_node.h"
 
@@ -18,9 +19,14 @@ class ServerService final
  public:
   // `node` must outlive the service. `on_save_and_exit` runs (on an RPC
   // thread, after the reply is sent) when the scheduler asks the server to
-  // write its model and leave.
+  // write its model and leave. `metrics` (may be null; must outlive the
+  // service) gets every push and pull (issue 11): a push's latency is the
+  // time in its handler (applying it; a replicated push's wait for its
+  // backups comes after), a pull's from arrival to answer (its consistency
+  // wait included).
   ServerService(ServerNode* node, std::string token,
-                std::function<void()> on_save_and_exit);
+                std::function<void()> on_save_and_exit,
+                PushPullMetrics* metrics = nullptr);
 
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx,
                                  const proto::PushRequest* req,
@@ -48,6 +54,7 @@ class ServerService final
   ServerNode* const node_;
   const std::string token_;
   std::function<void()> on_save_and_exit_;
+  PushPullMetrics* const metrics_;
 };
 
 }  // namespace ps

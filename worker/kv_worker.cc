@@ -148,6 +148,10 @@ int64_t KVWorker::NewOp(int pending) {
 
 void KVWorker::PartDone(int64_t ts, const absl::Status& s, int64_t held_us) {
   std::function<void()> fn;
+  int kind = -1, table = 0;
+  uint64_t bytes = 0;
+  int64_t start_ns = 0;
+  bool ok = true;
   {
     absl::MutexLock l(&mu_);
     auto it = ops_.find(ts);
@@ -161,8 +165,17 @@ void KVWorker::PartDone(int64_t ts, const absl::Status& s, int64_t held_us) {
     if (--op.pending > 0) return;
     held_us_total_.fetch_add(op.held_us);
     fn = std::move(op.on_done);
+    kind = op.kind;
+    table = op.table;
+    bytes = op.bytes;
+    start_ns = op.start_ns;
+    ok = op.status.ok();
     // Failures stay for Wait, unless Wait already gave the op up.
     if (op.status.ok() || op.abandoned) ops_.erase(it);
+  }
+  if (kind >= 0) {
+    options_.metrics->Record(static_cast<PushPullMetrics::Kind>(kind), table,
+                             bytes, MonotonicNanos() - start_ns, ok);
   }
   if (fn) fn();
 }
@@ -188,7 +201,11 @@ absl::Status KVWorker::Wait(int64_t ts, absl::Time deadline) {
     auto it = ops_.find(ts);
     return it == ops_.end() || it->second.pending <= 0;
   };
+  const int64_t t0 = options_.wait_ns != nullptr ? MonotonicNanos() : 0;
   const bool in_time = mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  if (options_.wait_ns != nullptr) {
+    options_.wait_ns->Add(static_cast<uint64_t>(MonotonicNanos() - t0));
+  }
   auto it = ops_.find(ts);
   if (it == ops_.end()) return sticky_;  // done and fine
   if (it->second.pending <= 0) {
@@ -270,6 +287,13 @@ absl::Status KVWorker::BeginPush(int table, absl::Span<const uint64_t> keys,
                                  int64_t* clock, int64_t* clock_ts) {
   absl::MutexLock l(&mu_);
   *ts = NewOp(1);  // a guard part, released by the caller
+  if (options_.metrics != nullptr) {
+    Op& op = ops_[*ts];
+    op.kind = PushPullMetrics::kPush;
+    op.table = table;
+    op.bytes = keys.size() * sizeof(uint64_t) + vals.size() * sizeof(float);
+    op.start_ns = MonotonicNanos();
+  }
   *clock = clock_count_;
   ++clocks_[*clock].pending_pushes;
   ops_[*ts].on_done = [this, clock = *clock] {
@@ -588,6 +612,13 @@ int64_t KVWorker::Pull(int table, absl::Span<const uint64_t> keys,
     clock = at_clock >= 0 ? at_clock : clock_count_;
     if (table >= 0 && table < static_cast<int>(dims_.size())) {
       dim = dims_[table];
+    }
+    if (options_.metrics != nullptr) {
+      Op& op = ops_[ts];
+      op.kind = PushPullMetrics::kPull;
+      op.table = table;
+      op.bytes = keys.size() * (sizeof(uint64_t) + sizeof(float) * dim);
+      op.start_ns = MonotonicNanos();
     }
     if (dim != 0) {
       target = std::make_shared<PullTarget>();

@@ -60,6 +60,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "common/routing.h"
 #include "transport/transport.h"
 #include "proto/ps.pb.h"
@@ -87,6 +88,13 @@ struct KVWorkerOptions {
   // with one of them sends its name instead of its keys. 0: off (every
   // request carries its keys).
   int key_lists_per_server = 16;
+  // Metrics (issue 11; may be null, must outlive the worker): every push and
+  // pull once it is done, its latency from the call to its last slice's
+  // answer (retries included), its bytes the keys and values asked for
+  // (before key caching); `wait_ns` counts the nanoseconds callers spent
+  // blocked in Wait (the training thread's waiting on the network).
+  PushPullMetrics* metrics = nullptr;
+  Counter* wait_ns = nullptr;
 };
 
 class KVWorker {
@@ -168,6 +176,11 @@ class KVWorker {
     bool abandoned = false;         // Wait returned before it was done
     std::shared_ptr<PullTarget> target;  // pulls only
     int64_t held_us = 0;  // pulls: the longest a server held a slice
+    // Metrics (issue 11): kind (-1: not recorded), when it began.
+    int kind = -1;
+    int table = 0;
+    uint64_t bytes = 0;
+    int64_t start_ns = 0;
   };
   struct ClockState {
     int pending_pushes = 0;

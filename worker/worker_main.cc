@@ -10,6 +10,13 @@
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
 ABSL_FLAG(int, id, -1, "requested worker id (-1: any)");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve Prometheus metrics and /healthz over HTTP on this port (0: "
+          "none; default: $PS_METRICS_PORT, else the config's "
+          "observability.metrics_port)");
+ABSL_FLAG(std::string, bind, "",
+          "interface the metrics endpoint listens on (default: "
+          "$PS_BIND_HOST, else 127.0.0.1)");
 
 int main(int argc, char** argv) {
   ps::UseReleaseMutexes();
@@ -18,6 +25,8 @@ int main(int argc, char** argv) {
   ps::WorkerRunOptions o;
   o.scheduler = absl::GetFlag(FLAGS_scheduler);
   o.requested_id = absl::GetFlag(FLAGS_id);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.bind_host = absl::GetFlag(FLAGS_bind);
   absl::Status s = ps::RunWorker(o);
   if (!s.ok()) {
     PS_LOG_ERROR("worker failed: {}", s.ToString());

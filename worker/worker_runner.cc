@@ -1,13 +1,16 @@
 #include "worker/worker_runner.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "transport/grpc_transport.h"
 #include "common/clock.h"
+#include "common/health.h"
 #include "common/logging.h"
+#include "common/metrics_http.h"
 #include "common/membership.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
@@ -218,6 +221,32 @@ absl::Status WorkerDoneWithRetry(SchedulerClient* scheduler,
   }
 }
 
+// A collector of `metrics` (when not null) for as long as this lives.
+class ScopedCollector {
+ public:
+  ScopedCollector(const WorkerMetrics* metrics,
+                  MetricsRegistry::Collector collector)
+      : registry_(metrics == nullptr ? nullptr : metrics->registry),
+        id_(registry_ == nullptr ? 0
+                                 : registry_->AddCollector(std::move(collector))) {
+  }
+  ~ScopedCollector() {
+    if (registry_ != nullptr) registry_->RemoveCollector(id_);
+  }
+  ScopedCollector(const ScopedCollector&) = delete;
+  ScopedCollector& operator=(const ScopedCollector&) = delete;
+
+ private:
+  MetricsRegistry* const registry_;
+  const int id_;
+};
+
+void WriteExamples(int64_t examples, ExpositionWriter* w) {
+  w->AddCounter("ps_worker_examples_total",
+                "examples trained (rate(): examples/s)", {},
+                static_cast<double>(examples));
+}
+
 // The byte range of a file shard; cut here when the scheduler could not.
 absl::Status ShardBytes(const proto::DataShard& shard, int64_t* begin,
                         int64_t* end) {
@@ -236,14 +265,43 @@ absl::Status ShardBytes(const proto::DataShard& shard, int64_t* begin,
 }  // namespace
 
 absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
-                           ClientFactory* clients, SchedulerClient* scheduler) {
+                           ClientFactory* clients, SchedulerClient* scheduler,
+                           const WorkerMetrics* metrics) {
   PS_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(view.job_config_yaml()));
   KVWorkerOptions ko;
   ko.worker_id = worker_id;
   ko.pull_wait = absl::Milliseconds(config.consistency.pull_timeout_ms);
   ko.request_timeout = ko.pull_wait + absl::Seconds(30);
   if (!config.cluster.key_caching) ko.key_lists_per_server = 0;
+  Counter* wait_ns = nullptr;
+  if (metrics != nullptr) {
+    ko.metrics = metrics->push_pull;
+    wait_ns = metrics->registry->GetCounter(
+        "ps_worker_wait_seconds_total",
+        "seconds the worker's threads spent blocked waiting for pushes and "
+        "pulls (rate(): the share of time spent waiting on the network)",
+        {}, 1e-9);
+    ko.wait_ns = wait_ns;
+  }
   KVWorker kv(ko, view, clients, scheduler);
+  // The clock and the wait share, read at scrape time while `kv` lives.
+  const int64_t started_ns = MonotonicNanos();
+  ScopedCollector kv_metrics(metrics, [&kv, wait_ns,
+                                       started_ns](ExpositionWriter* w) {
+    w->AddGauge("ps_worker_clock", "clocks completed", {},
+                static_cast<double>(kv.clock()));
+    const double elapsed = static_cast<double>(MonotonicNanos() - started_ns);
+    w->AddGauge("ps_worker_wait_share",
+                "share of the time since training began spent waiting on the "
+                "network (ps_worker_wait_seconds_total over wall time)",
+                {},
+                elapsed > 0 ? static_cast<double>(wait_ns->raw()) / elapsed
+                            : 0);
+    w->AddCounter("ps_worker_consistency_wait_seconds_total",
+                  "seconds servers held this worker's pulls for the "
+                  "consistency bound (BSP/SSP)",
+                  {}, kv.consistency_wait_seconds());
+  });
 
   if (config.training.model == "mlp") {
     // Work units too (issue 9), read as criteo field rows.
@@ -283,6 +341,9 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
                         CreateMlpBackend(config.training.backend));
     KVWorkerParamClient params(&kv);
     MlpTrainer trainer(worker_id, config, &params, backend.get());
+    ScopedCollector examples(metrics, [&trainer](ExpositionWriter* w) {
+      WriteExamples(trainer.examples_so_far(), w);
+    });
     PS_LOG_INFO("training mlp: {} epochs, minibatch {}",
                 config.training.epochs, config.training.minibatch);
     return TrainAndReport(worker_id, config, &kv, &trainer, &work, test.get(),
@@ -315,6 +376,9 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
       std::unique_ptr<ComputeBackend> backend,
       CreateBackend(config.training.backend, config.training.threads));
   Trainer trainer(worker_id, config, &kv, backend.get());
+  ScopedCollector examples(metrics, [&trainer](ExpositionWriter* w) {
+    WriteExamples(trainer.examples_so_far(), w);
+  });
   PS_LOG_INFO("training: {} epochs, minibatch {}, backend {}",
               config.training.epochs, config.training.minibatch,
               backend->name());
@@ -329,6 +393,27 @@ absl::Status RunWorker(const WorkerRunOptions& options) {
   PS_ASSIGN_OR_RETURN(const GrpcSecurity security,
                       SecurityFromEnv(GrpcSecurity()));
   PS_RETURN_IF_ERROR(MakeChannelCredentials(security).status());
+  // Metrics and health (issue 11): a worker serves no gRPC, so its
+  // endpoint's /healthz is its health check (starting until registered,
+  // serving while it trains, stopping once it is done).
+  std::string bind_host = options.bind_host;
+  if (bind_host.empty()) {
+    const char* env = std::getenv("PS_BIND_HOST");
+    bind_host = env != nullptr && *env != '\0' ? env : "127.0.0.1";
+  }
+  PS_ASSIGN_OR_RETURN(const int metrics_port,
+                      ResolveMetricsPort(options.metrics_port));
+  NodeHealth health;
+  NodeMetrics node_metrics("worker", &health);
+  PushPullMetrics push_pull(
+      node_metrics.registry(), "ps_worker",
+      "seconds from a push to its last answer (all its servers, retries "
+      "included)",
+      "seconds from a pull to its last answer (all its servers, the "
+      "consistency wait and retries included)");
+  const WorkerMetrics metrics{node_metrics.registry(), &push_pull};
+  PS_RETURN_IF_ERROR(node_metrics.Serve(bind_host, metrics_port));
+
   GrpcClientFactory clients(GrpcClientFactory::Options(security, 2));
   std::shared_ptr<SchedulerClient> scheduler =
       clients.Scheduler(options.scheduler);
@@ -347,7 +432,17 @@ absl::Status RunWorker(const WorkerRunOptions& options) {
   if (config.ok()) {
     InitLogging(absl::StrCat("W[", id, "]"), config->output.log_level);
   }
-  return RunWorkerWith(id, view, &clients, scheduler.get());
+  node_metrics.SetName(absl::StrCat("W[", id, "]"));
+  if (metrics_port < 0 && config.ok()) {
+    PS_RETURN_IF_ERROR(
+        node_metrics.Serve(bind_host, config->observability.metrics_port));
+  }
+  health.Set(Serving::kServing, absl::StrCat("registered as W[", id, "]"));
+  absl::Status s =
+      RunWorkerWith(id, view, &clients, scheduler.get(), &metrics);
+  health.Set(Serving::kStopping,
+             s.ok() ? "the job is over" : std::string(s.message()));
+  return s;
 }
 
 }  // namespace ps

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/config.h"
+#include "common/metrics.h"
 #include "transport/transport.h"
 #include "proto/ps.pb.h"
 #include "worker/data.h"
@@ -18,6 +19,19 @@ struct WorkerRunOptions {
   std::string scheduler;  // host:port
   int requested_id = -1;
   int register_timeout_ms = 60000;
+  // Issue 11: the metrics endpoint (a worker runs no gRPC server; its
+  // /healthz is its health check): port as ResolveMetricsPort decides
+  // (this when >= 0, else $PS_METRICS_PORT, else the config's
+  // observability.metrics_port once registered; 0: none), on bind_host
+  // (empty: $PS_BIND_HOST, else 127.0.0.1).
+  int metrics_port = -1;
+  std::string bind_host;
+};
+
+// Where a worker's metrics go (issue 11); both must outlive RunWorkerWith.
+struct WorkerMetrics {
+  MetricsRegistry* registry = nullptr;
+  PushPullMetrics* push_pull = nullptr;
 };
 
 // How epoch `epoch` of the training data is read: data.shuffle with
@@ -33,8 +47,12 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenTestSet(const JobConfig& config);
 
 // The whole life of a worker against an already-reachable cluster: used by
 // the process (RunWorker) and by in-process clusters in tests.
+// `metrics` (may be null) gets the KVWorker's pushes and pulls and, while
+// it trains, ps_worker_clock, ps_worker_examples_total,
+// ps_worker_wait_seconds_total and ps_worker_wait_share.
 absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
-                           ClientFactory* clients, SchedulerClient* scheduler);
+                           ClientFactory* clients, SchedulerClient* scheduler,
+                           const WorkerMetrics* metrics = nullptr);
 
 absl::Status RunWorker(const WorkerRunOptions& options);
 
