@@ -369,6 +369,104 @@ Field TauField() {
   return f;
 }
 
+// training.minibatch: an integer >= 1, or `auto` (stored as kAutoMinibatch,
+// resolved by ResolveAutoMinibatch).
+Field MinibatchField() {
+  Field f;
+  f.path = "training.minibatch";
+  f.set = [path = f.path](const YAML::Node& n, JobConfig* c) {
+    const std::string v = n.IsScalar()
+                              ? absl::AsciiStrToLower(
+                                    absl::StripAsciiWhitespace(n.Scalar()))
+                              : std::string();
+    if (v == "auto") {
+      c->training.minibatch = kAutoMinibatch;
+      return absl::OkStatus();
+    }
+    int64_t rows = 0;
+    if (!n.IsScalar() || !absl::SimpleAtoi(v, &rows)) {
+      return FieldError(path, absl::StrCat("expected an integer, got ",
+                                           Describe(n), " (or auto)"));
+    }
+    if (rows < 1 || rows > std::numeric_limits<int>::max()) {
+      return FieldError(
+          path, absl::StrCat("must be >= 1, got ", rows, " (or auto)"));
+    }
+    c->training.minibatch = static_cast<int>(rows);
+    return absl::OkStatus();
+  };
+  f.get = [](const JobConfig& c) {
+    return c.training.minibatch == kAutoMinibatch
+               ? std::string("auto")
+               : absl::StrCat(c.training.minibatch);
+  };
+  return f;
+}
+
+// A positive integer, or `auto` (stored as `auto_value`).
+Field AutoIntField(std::string path, Member<int> m, int auto_value) {
+  Field f;
+  f.path = path;
+  f.set = [path, m, auto_value](const YAML::Node& n, JobConfig* c) {
+    const std::string v = n.IsScalar()
+                              ? absl::AsciiStrToLower(
+                                    absl::StripAsciiWhitespace(n.Scalar()))
+                              : std::string();
+    if (v == "auto") {
+      m(*c) = auto_value;
+      return absl::OkStatus();
+    }
+    int64_t x = 0;
+    if (!n.IsScalar() || !absl::SimpleAtoi(v, &x)) {
+      return FieldError(path, absl::StrCat("expected an integer, got ",
+                                           Describe(n), " (or auto)"));
+    }
+    if (x < 1 || x > std::numeric_limits<int>::max()) {
+      return FieldError(path,
+                        absl::StrCat("must be >= 1, got ", x, " (or auto)"));
+    }
+    m(*c) = static_cast<int>(x);
+    return absl::OkStatus();
+  };
+  f.get = [m, auto_value](const JobConfig& c) {
+    const int v = Read(m, c);
+    return v == auto_value ? std::string("auto") : absl::StrCat(v);
+  };
+  return f;
+}
+
+// A finite number > 0, or `auto` (stored as `auto_value`).
+Field AutoDoubleField(std::string path, Member<double> m, double auto_value) {
+  Field f;
+  f.path = path;
+  f.set = [path, m, auto_value](const YAML::Node& n, JobConfig* c) {
+    const std::string v = n.IsScalar()
+                              ? absl::AsciiStrToLower(
+                                    absl::StripAsciiWhitespace(n.Scalar()))
+                              : std::string();
+    if (v == "auto") {
+      m(*c) = auto_value;
+      return absl::OkStatus();
+    }
+    double x = 0;
+    if (!n.IsScalar() || !absl::SimpleAtod(v, &x)) {
+      return FieldError(path, absl::StrCat("expected a number, got ",
+                                           Describe(n), " (or auto)"));
+    }
+    if (!std::isfinite(x) || x <= 0) {
+      return FieldError(path, absl::StrCat("must be > 0 and finite, got ",
+                                           FormatDouble(x), " (or auto)"));
+    }
+    m(*c) = x;
+    return absl::OkStatus();
+  };
+  f.get = [m, auto_value](const JobConfig& c) {
+    const double v = Read(m, c);
+    return v == auto_value ? std::string("auto") : FormatDouble(v);
+  };
+  return f;
+}
+
 // "section.field" and an accessor for it, e.g. PS_CFG(training, minibatch).
 #define PS_CFG(section, field)   \
   #section "." #field,           \
@@ -406,6 +504,7 @@ const std::vector<Field>& Fields() {
       DoubleField(PS_CFG(optimizer, l1), kNonNegative),
       DoubleField(PS_CFG(optimizer, l2), kNonNegative),
       DoubleField(PS_CFG(optimizer, initial_accumulator), kNonNegative),
+      AutoDoubleField(PS_CFG(optimizer, feature_scale), kAutoFeatureScale),
       StringField(PS_CFG(data, format), {"synthetic", "libsvm", "criteo"}),
       StringField(PS_CFG(data, train)),
       StringField(PS_CFG(data, test)),
@@ -425,8 +524,8 @@ const std::vector<Field>& Fields() {
                    /*hi_open=*/false}),
       Uint64Field(PS_CFG(data.synthetic, seed)),
       StringField(PS_CFG(training, model), {"logistic_regression", "mlp"}),
-      IntField<int>(PS_CFG(training, minibatch), 1),
-      IntField<int>(PS_CFG(training, epochs), 1),
+      MinibatchField(),
+      AutoIntField(PS_CFG(training, epochs), kAutoEpochs),
       IntField<int>(PS_CFG(training, threads), 1, 256),
       StringField(PS_CFG(training, backend), {"cpu", "cuda", "auto"}),
       DoubleField(PS_CFG(training, progress_interval_s), kPositive),
@@ -525,6 +624,70 @@ absl::Status SyntaxError(const YAML::Exception& e) {
 }
 
 }  // namespace
+
+std::string ResolveAutoMinibatch(JobConfig* config, int64_t estimated_rows) {
+  TrainingConfig& t = config->training;
+  if (t.minibatch != kAutoMinibatch) return "";
+  const int64_t workers = std::max(1, config->cluster.num_workers);
+  if (estimated_rows < 0) {
+    t.minibatch = 100;
+    return "training.minibatch auto: 100 (the scheduler cannot see the "
+           "training data to size it)";
+  }
+  const int64_t per_worker = estimated_rows / workers;
+  t.minibatch = static_cast<int>(std::clamp<int64_t>(
+      per_worker / kAutoUpdatesPerEpoch, 10, 1000));
+  return absl::StrCat("training.minibatch auto: ", t.minibatch, " (about ",
+                      estimated_rows, " training rows, ", workers,
+                      " workers: about ", per_worker / t.minibatch,
+                      " updates per worker per epoch)");
+}
+
+absl::Status CheckMinibatchResolved(const TrainingConfig& training) {
+  if (training.minibatch >= 1 && training.epochs >= 1) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      "training.minibatch or training.epochs is auto: the scheduler sizes "
+      "them from the data (ResolveAutoMinibatch, ResolveAutoEpochs) before "
+      "a trainer may use them");
+}
+
+std::string ResolveAutoEpochs(JobConfig* config, int64_t estimated_rows) {
+  TrainingConfig& t = config->training;
+  if (t.epochs != kAutoEpochs) return "";
+  if (estimated_rows < 0) {
+    t.epochs = 1;
+    return "training.epochs auto: 1 (the scheduler cannot see the training "
+           "data)";
+  }
+  const int64_t rows = std::max<int64_t>(1, estimated_rows);
+  t.epochs = static_cast<int>(
+      std::clamp<int64_t>((100000 + rows - 1) / rows, 1, 3));
+  return absl::StrCat("training.epochs auto: ", t.epochs, " (about ",
+                      estimated_rows, " training rows)");
+}
+
+std::string ResolveFeatureScale(JobConfig* config, double estimated_scale) {
+  OptimizerConfig& o = config->optimizer;
+  double s = o.feature_scale;
+  const bool automatic = s == kAutoFeatureScale;
+  if (automatic) s = estimated_scale > 0 ? estimated_scale : 1.0;
+  o.feature_scale = 1.0;
+  if (o.name != "ftrl" || s == 1.0) return "";
+  o.alpha /= s;
+  o.beta *= s;
+  o.l1 *= s;
+  o.l2 *= s * s;
+  return absl::StrCat("optimizer.feature_scale ", automatic ? "auto: " : "",
+                      FormatDouble(s),
+                      automatic ? " (the mean |feature value| of the training "
+                                  "file's first lines)"
+                                : "",
+                      ": ftrl alpha ", FormatDouble(o.alpha), ", beta ",
+                      FormatDouble(o.beta), ", l1 ", FormatDouble(o.l1),
+                      ", l2 ", FormatDouble(o.l2));
+}
 
 int64_t JobConfig::EffectiveTau() const {
   switch (consistency.mode) {

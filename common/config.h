@@ -65,6 +65,14 @@ struct ConsistencyConfig {
   bool operator==(const ConsistencyConfig&) const = default;
 };
 
+// training.minibatch, training.epochs and optimizer.feature_scale: auto
+// (issue 12). Resolved by the scheduler (ResolveAutoMinibatch,
+// ResolveAutoEpochs, ResolveFeatureScale) before any other process sees the
+// config.
+inline constexpr int kAutoMinibatch = 0;
+inline constexpr int kAutoEpochs = 0;
+inline constexpr double kAutoFeatureScale = 0;
+
 struct OptimizerConfig {
   std::string name = "ftrl";  // sgd | adagrad | ftrl | adam
   double learning_rate = 0.1;  // sgd, adagrad
@@ -75,6 +83,15 @@ struct OptimizerConfig {
   double l1 = 0.001;
   double l2 = 0.001;
   double initial_accumulator = 0.1;  // adagrad
+  // ftrl: alpha, beta, l1 and l2 are meant for features whose values are
+  // about 1 in size. The servers use alpha / s, beta * s, l1 * s and
+  // l2 * s^2 (the same model as with every value divided by s), where s is
+  // this field (> 0), or, with `auto` (kAutoFeatureScale, the default), the
+  // mean |value| of the features in the training file's first 64 KiB (1
+  // for criteo and synthetic data). The scheduler applies and logs it
+  // (ResolveDataDefaults in scheduler/scheduler.cc), then records s = 1.
+  // Other optimizers ignore it.
+  double feature_scale = kAutoFeatureScale;
 
   bool operator==(const OptimizerConfig&) const = default;
 };
@@ -118,10 +135,20 @@ struct DataConfig {
   bool operator==(const DataConfig&) const = default;
 };
 
+
 struct TrainingConfig {
   std::string model = "logistic_regression";
-  int minibatch = 1000;  // per worker, per clock
-  int epochs = 1;
+  // Rows per update (per worker, per clock), >= 1, or `auto`
+  // (kAutoMinibatch, the default): sized from the training rows the
+  // scheduler estimates so that each worker makes about
+  // kAutoUpdatesPerEpoch updates per epoch, clamped to [10, 1000] (100 when
+  // the scheduler cannot see the data). A worker with fewer than 100
+  // updates in its first epoch logs a warning.
+  int minibatch = kAutoMinibatch;
+  // Passes over the training data, >= 1, or `auto` (kAutoEpochs, the
+  // default): 100000 / rows rounded up, within [1, 3] (1 when the scheduler
+  // cannot see the data), so small data sets get a few passes.
+  int epochs = kAutoEpochs;
   int threads = 1;  // gradient threads per worker
   std::string backend = "cpu";  // cpu | cuda | auto
   double progress_interval_s = 2.0;
@@ -292,6 +319,26 @@ std::string ToYaml(const JobConfig& config);
 // with data.format criteo, training.eval_interval_s > 0 only with a test
 // set). Errors are INVALID_ARGUMENT naming the fields.
 absl::Status Validate(const JobConfig& config);
+
+// The updates per worker per epoch `training.minibatch: auto` aims at.
+inline constexpr int64_t kAutoUpdatesPerEpoch = 200;
+
+// Replaces training.minibatch `auto` with rows / (workers *
+// kAutoUpdatesPerEpoch) clamped to [10, 1000], `estimated_rows` being the
+// training rows of one epoch (< 0: unknown, then 100). Returns a line for
+// the log saying what was chosen and why ("" when the minibatch was set).
+std::string ResolveAutoMinibatch(JobConfig* config, int64_t estimated_rows);
+// FAILED_PRECONDITION when training.minibatch is still `auto` (a trainer
+// given a config the scheduler did not resolve).
+absl::Status CheckMinibatchResolved(const TrainingConfig& training);
+// Replaces training.epochs `auto` (see TrainingConfig::epochs); returns a
+// log line ("" when epochs was set).
+std::string ResolveAutoEpochs(JobConfig* config, int64_t estimated_rows);
+// Applies optimizer.feature_scale to ftrl's parameters (see
+// OptimizerConfig::feature_scale) with `estimated_scale` standing for
+// `auto` (<= 0: unknown, then 1), and sets feature_scale to 1; returns a log
+// line ("" when nothing changed).
+std::string ResolveFeatureScale(JobConfig* config, double estimated_scale);
 
 // What CheckJobResources demands of the machine.
 struct ResourceCheckOptions {

@@ -146,6 +146,89 @@ output:
   EXPECT_TRUE(Validate(c).ok()) << Validate(c);
 }
 
+// Issue 12: the default minibatch is sized from the data.
+TEST(ConfigTest, AutoMinibatchIsSizedFromTheRowsPerWorker) {
+  JobConfig c;
+  EXPECT_EQ(c.training.minibatch, kAutoMinibatch);
+  EXPECT_EQ(CheckMinibatchResolved(c.training).code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<JobConfig> parsed =
+      ParseJobConfig("training: {minibatch: AUTO}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->training.minibatch, kAutoMinibatch);
+  EXPECT_NE(ToYaml(*parsed).find("minibatch: auto"), std::string::npos);
+
+  c.cluster.num_workers = 4;
+  JobConfig a9a = c;  // 32561 rows: 8140 per worker
+  EXPECT_NE(ResolveAutoMinibatch(&a9a, 32561).find("minibatch auto: 40"),
+            std::string::npos);
+  EXPECT_EQ(a9a.training.minibatch, 40);
+  EXPECT_FALSE(CheckMinibatchResolved(a9a.training).ok());  // epochs auto
+  EXPECT_NE(ResolveAutoEpochs(&a9a, 32561).find("epochs auto: 3"),
+            std::string::npos);
+  EXPECT_EQ(a9a.training.epochs, 3);
+  EXPECT_TRUE(CheckMinibatchResolved(a9a.training).ok());
+  JobConfig mid = c;
+  ResolveAutoEpochs(&mid, 60000);
+  EXPECT_EQ(mid.training.epochs, 2);
+
+  JobConfig tiny = c;
+  ResolveAutoMinibatch(&tiny, 100);
+  EXPECT_EQ(tiny.training.minibatch, 10);
+  JobConfig huge = c;
+  ResolveAutoMinibatch(&huge, int64_t{1} << 40);
+  EXPECT_EQ(huge.training.minibatch, 1000);
+  JobConfig unseen = c;
+  ResolveAutoMinibatch(&unseen, -1);
+  EXPECT_EQ(unseen.training.minibatch, 100);
+  ResolveAutoEpochs(&huge, int64_t{1} << 40);
+  EXPECT_EQ(huge.training.epochs, 1);
+  ResolveAutoEpochs(&unseen, -1);
+  EXPECT_EQ(unseen.training.epochs, 1);
+  JobConfig set = c;
+  set.training.minibatch = 7;
+  set.training.epochs = 5;
+  EXPECT_EQ(ResolveAutoMinibatch(&set, 32561), "");
+  EXPECT_EQ(ResolveAutoEpochs(&set, 32561), "");
+  EXPECT_EQ(set.training.minibatch, 7);
+  EXPECT_EQ(set.training.epochs, 5);
+}
+
+// optimizer.feature_scale: ftrl's parameters as for values divided by s.
+TEST(ConfigTest, FeatureScaleRescalesFtrl) {
+  JobConfig c;  // ftrl alpha 0.5, beta 1, l1 = l2 = 0.001
+  ASSERT_EQ(c.optimizer.feature_scale, kAutoFeatureScale);
+  JobConfig news = c;
+  EXPECT_NE(ResolveFeatureScale(&news, 0.05).find("feature_scale auto: 0.05"),
+            std::string::npos);
+  EXPECT_DOUBLE_EQ(news.optimizer.alpha, 0.5 / 0.05);
+  EXPECT_DOUBLE_EQ(news.optimizer.beta, 0.05);
+  EXPECT_DOUBLE_EQ(news.optimizer.l1, 0.001 * 0.05);
+  EXPECT_DOUBLE_EQ(news.optimizer.l2, 0.001 * 0.05 * 0.05);
+  EXPECT_EQ(news.optimizer.feature_scale, 1.0);
+  JobConfig again = news;  // resolved once: nothing more happens
+  EXPECT_EQ(ResolveFeatureScale(&again, 0.05), "");
+  EXPECT_TRUE(again == news);
+  JobConfig unknown = c;
+  EXPECT_EQ(ResolveFeatureScale(&unknown, -1), "");
+  EXPECT_DOUBLE_EQ(unknown.optimizer.alpha, 0.5);
+  JobConfig given = c;
+  given.optimizer.feature_scale = 2;
+  ResolveFeatureScale(&given, 0.05);  // the field wins over the estimate
+  EXPECT_DOUBLE_EQ(given.optimizer.alpha, 0.25);
+  JobConfig sgd = c;
+  sgd.optimizer.name = "sgd";
+  EXPECT_EQ(ResolveFeatureScale(&sgd, 0.05), "");
+  EXPECT_DOUBLE_EQ(sgd.optimizer.learning_rate, c.optimizer.learning_rate);
+  absl::StatusOr<JobConfig> p =
+      ParseJobConfig("optimizer: {feature_scale: 0.5}");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->optimizer.feature_scale, 0.5);
+  ExpectInvalid(ParseStatus("optimizer: {feature_scale: 0}"),
+                "config field optimizer.feature_scale: must be > 0 and "
+                "finite, got 0 (or auto)");
+}
+
 TEST(ConfigTest, ModesAndTau) {
   absl::StatusOr<JobConfig> c = ParseJobConfig("consistency: {mode: ssp, tau: 4}");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -282,7 +365,10 @@ TEST(ConfigTest, OutOfRangeNamesTheField) {
        "config field training.model: must be one of logistic_regression|mlp, "
        "got 'svm'"},
       {"training: {minibatch: 0}",
-       "config field training.minibatch: must be >= 1, got 0"},
+       "config field training.minibatch: must be >= 1, got 0 (or auto)"},
+      {"training: {minibatch: many}",
+       "config field training.minibatch: expected an integer, got 'many' "
+       "(or auto)"},
       {"training: {epochs: 0}",
        "config field training.epochs: must be >= 1, got 0"},
       {"training: {threads: 257}",

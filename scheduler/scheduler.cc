@@ -73,10 +73,25 @@ std::optional<uint64_t> UnitShuffleSeed(const JobConfig& config) {
   return config.training.seed;
 }
 
+// `options` with training.minibatch `auto` replaced by its value for this
+// data (issue 12), logged, before the config is shown to anyone.
+SchedulerOptions ResolveDataDefaults(SchedulerOptions options) {
+  JobConfig& c = options.config;
+  const int64_t rows = EstimateTrainRows(c);
+  for (const std::string& chosen :
+       {ResolveAutoMinibatch(&c, rows), ResolveAutoEpochs(&c, rows),
+        ResolveFeatureScale(&c, c.optimizer.feature_scale == kAutoFeatureScale
+                                    ? EstimateFeatureScale(c)
+                                    : 0)}) {
+    if (!chosen.empty()) PS_LOG_INFO("{}", chosen);
+  }
+  return options;
+}
+
 }  // namespace
 
 SchedulerCore::SchedulerCore(SchedulerOptions options)
-    : options_(std::move(options)),
+    : options_(ResolveDataDefaults(std::move(options))),
       config_yaml_(ToYaml(options_.config)),
       start_(options_.clock->Now()),
       units_on_(true) {

@@ -3,13 +3,80 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/permutation.h"
 
 namespace ps {
+
+namespace {
+
+// The average line length over the first 64 KiB of `path` (whole lines
+// only); 100 when that holds no line break.
+int64_t AverageLineBytes(const std::string& path) {
+  int64_t line_bytes = 100;
+  std::ifstream in(path, std::ios::binary);
+  std::string head(64 << 10, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  const int64_t lines = std::count(head.begin(), head.end(), '\n');
+  if (lines > 0) {
+    const size_t last = head.rfind('\n');
+    line_bytes = std::max<int64_t>(1, static_cast<int64_t>(last + 1) / lines);
+  }
+  return line_bytes;
+}
+
+}  // namespace
+
+int64_t EstimateTrainRows(const JobConfig& config) {
+  const DataConfig& d = config.data;
+  if (d.format == "synthetic") return d.synthetic.train_rows;
+  struct stat st;
+  if (::stat(d.train.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.st_size) / AverageLineBytes(d.train);
+}
+
+double EstimateFeatureScale(const JobConfig& config) {
+  const DataConfig& d = config.data;
+  if (d.format != "libsvm") return 1.0;
+  std::ifstream in(d.train, std::ios::binary);
+  if (!in) return -1;
+  std::string head(64 << 10, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  head.resize(head.rfind('\n') == std::string::npos ? 0
+                                                     : head.rfind('\n') + 1);
+  double sum = 0;
+  int64_t n = 0;
+  for (absl::string_view line : absl::StrSplit(head, '\n')) {
+    line = line.substr(0, std::min(line.size(), line.find('#')));
+    bool label = true;
+    for (absl::string_view tok :
+         absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty())) {
+      if (label) {  // the label comes first
+        label = false;
+        continue;
+      }
+      const size_t colon = tok.find(':');
+      double v = 0;
+      if (colon == absl::string_view::npos || tok.substr(0, colon) == "qid" ||
+          !absl::SimpleAtod(tok.substr(colon + 1), &v) || !std::isfinite(v)) {
+        continue;  // malformed: the reader reports it
+      }
+      sum += std::abs(v);
+      ++n;
+    }
+  }
+  if (n == 0 || sum <= 0) return -1;
+  return sum / static_cast<double>(n);
+}
 
 std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config) {
   const DataConfig& d = config.data;
@@ -48,17 +115,7 @@ std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config) {
       }
     } else {
       const int64_t size = st.st_size;
-      // Average line length over the first 64 KiB (whole lines only).
-      int64_t line_bytes = 100;
-      std::ifstream in(d.train, std::ios::binary);
-      std::string head(64 << 10, '\0');
-      in.read(head.data(), static_cast<std::streamsize>(head.size()));
-      head.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
-      const int64_t lines = std::count(head.begin(), head.end(), '\n');
-      if (lines > 0) {
-        const size_t last = head.rfind('\n');
-        line_bytes = std::max<int64_t>(1, static_cast<int64_t>(last + 1) / lines);
-      }
+      const int64_t line_bytes = AverageLineBytes(d.train);
       // A multiple of the worker count of units of (about) equal size, so
       // each worker's queue holds the same share of the file: BSP does not
       // steal, and a worker with less data idles through the others'.

@@ -32,6 +32,17 @@ namespace ps {
 // Never empty: at least one unit.
 std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config);
 
+// The training rows of one epoch as PlanWorkUnits sees them: synthetic
+// train_rows; for a file the scheduler can read, its size over the average
+// line length of its first 64 KiB; -1 when it cannot see the file.
+int64_t EstimateTrainRows(const JobConfig& config);
+
+// The mean |value| of the features in the first 64 KiB of a LIBSVM
+// training file (what optimizer.feature_scale `auto` stands for); 1 for
+// criteo and synthetic data (every value is 1); -1 when the file cannot be
+// read or its first lines hold no feature.
+double EstimateFeatureScale(const JobConfig& config);
+
 // The worker whose queue unit `index` (0-based, of `units` an epoch) starts
 // in: contiguous blocks, as the static shards were cut, so each worker
 // first reads its own part of the file in order.

@@ -283,6 +283,14 @@ TEST(PlanWorkUnitsTest, FileUnitsCoverEveryLineOnce) {
   c.data.format = "libsvm";
   c.data.train = path;
   c.fault_tolerance.work_unit_rows = 50;
+  // The estimate training.minibatch auto is sized from (issue 12): the
+  // file's size over the average length of its first lines.
+  const int64_t estimate = EstimateTrainRows(c);
+  EXPECT_GE(estimate, 900);
+  EXPECT_LE(estimate, 1100);
+  JobConfig unseen = c;
+  unseen.data.train = path + ".missing";
+  EXPECT_EQ(EstimateTrainRows(unseen), -1);
   std::vector<proto::DataShard> units = PlanWorkUnits(c);
   EXPECT_GE(units.size(), 15u);
   EXPECT_LE(units.size(), 25u);

@@ -98,6 +98,7 @@ TEST_F(LocalClusterTest, ReportCountsTheUpdatesOfEachWorkersFirstEpoch) {
   o.config.data.synthetic.train_rows = 8000;
   o.config.data.synthetic.test_rows = 1000;
   o.config.training.minibatch = 1000;
+  o.config.training.epochs = 1;
   o.timeout = absl::Seconds(120);
   LocalCluster cluster(o);
   absl::Status s = cluster.Run();

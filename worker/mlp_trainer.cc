@@ -403,6 +403,7 @@ absl::Status MlpTrainer::AfterStep(int epoch, size_t rows, double loss,
 
 absl::Status MlpTrainer::Train(FieldReader* reader, FieldReader* eval) {
   const TrainingConfig& tc = config_.training;
+  PS_RETURN_IF_ERROR(CheckMinibatchResolved(tc));
   PS_RETURN_IF_ERROR(ValidateMlpShape(shape_));
   Progress progress;
   FieldBlock block;
@@ -426,6 +427,7 @@ absl::Status MlpTrainer::Train(FieldReader* reader, FieldReader* eval) {
 
 absl::Status MlpTrainer::Train(WorkSource* work, FieldReader* eval) {
   const TrainingConfig& tc = config_.training;
+  PS_RETURN_IF_ERROR(CheckMinibatchResolved(tc));
   PS_RETURN_IF_ERROR(ValidateMlpShape(shape_));
   Progress progress;
   FieldBlock block;

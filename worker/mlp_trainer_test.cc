@@ -323,6 +323,7 @@ TEST(MlpTrainer, RegressionAllLinesSkippedTrainsZeroExamples) {
   JobConfig c;
   c.training.model = "mlp";
   c.training.minibatch = 2;
+  c.training.epochs = 1;
   c.training.progress_interval_s = 1000;
   c.mlp.embedding_dim = 2;
   c.mlp.hidden = {3};

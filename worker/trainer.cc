@@ -112,6 +112,7 @@ Trainer::Trainer(int worker_id, const JobConfig& config, KVWorker* kv,
 
 absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
   const TrainingConfig& tc = config_.training;
+  PS_RETURN_IF_ERROR(CheckMinibatchResolved(tc));
   const absl::Time start = absl::Now();
   absl::Time last_report = start;
   absl::Time last_eval = start;
