@@ -4,16 +4,22 @@
 //   ps_status --scheduler host:port --set_mode ssp --set_tau 8
 //   ps_status --scheduler host:port --checkpoint
 //   ps_status --scheduler host:port --drain 1
+//   ps_status --scheduler host:port --watch 2    (refreshes until the job ends)
 // The cluster token comes from --token_file, else $PS_AUTH_TOKEN, else the
 // newest runs/*/token under the current directory (ps_launch writes one per
 // run). TLS settings come from the PS_TLS_* variables (SecurityFromEnv).
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "transport/grpc_transport.h"
 
@@ -35,6 +41,12 @@ ABSL_FLAG(int, drain, -1,
           "let it leave the running job; waits until done (issue 9). A "
           "server is added by starting one more ps_server with --scheduler");
 ABSL_FLAG(int64_t, drain_timeout_s, 300, "--drain: how long to wait");
+ABSL_FLAG(double, watch, 0,
+          "refresh the table every this many seconds (0: print it once); in "
+          "place on a terminal, frame after frame otherwise; ends with the "
+          "job: exit 0 when it succeeded, 1 when it failed, 2 when the "
+          "scheduler could not be reached");
+ABSL_FLAG(int, count, 0, "--watch: stop after this many frames (0: no limit)");
 ABSL_FLAG(std::string, token_file, "",
           "file holding the cluster token (default: $PS_AUTH_TOKEN, else the "
           "newest runs/*/token)");
@@ -70,6 +82,113 @@ std::string FindToken() {
     return "";
   }
   return std::string(absl::StripAsciiWhitespace(ss.str()));
+}
+
+// The cluster table of `s`. With `prev` (the frame `seconds` before), each
+// worker's examples/s since then, and the job's.
+std::string StatusTable(const ps::proto::StatusResponse& s,
+                        const ps::proto::StatusResponse* prev,
+                        double seconds) {
+  const auto& v = s.view();
+  auto examples_per_s = [&](const ps::proto::NodeInfo& n) -> std::string {
+    if (prev == nullptr || seconds <= 0) return "-";
+    for (const auto& p : prev->nodes()) {
+      if (p.role() == n.role() && p.id() == n.id()) {
+        return absl::StrFormat(
+            "%.0f", static_cast<double>(n.examples() - p.examples()) / seconds);
+      }
+    }
+    return "-";
+  };
+  int64_t examples = 0, keys = 0;
+  for (const auto& n : s.nodes()) examples += n.examples();
+  for (const auto& ss : s.servers()) keys += ss.keys();
+  std::string out = absl::StrFormat(
+      "phase %s, epoch %lld, mode %s tau %lld, %d key ranges, %lld keys, "
+      "%lld examples",
+      s.phase(), static_cast<long long>(v.epoch()),
+      ps::proto::ConsistencyMode_Name(v.consistency().mode()),
+      static_cast<long long>(v.consistency().tau()),
+      v.routing().range_begin_size(), static_cast<long long>(keys),
+      static_cast<long long>(examples));
+  if (prev != nullptr && seconds > 0) {
+    int64_t before = 0;
+    for (const auto& n : prev->nodes()) before += n.examples();
+    absl::StrAppendFormat(&out, " (%.0f/s)",
+                          static_cast<double>(examples - before) / seconds);
+  }
+  absl::StrAppendFormat(&out, "\n\n%-6s %-8s %-22s %-9s %8s %12s %10s %10s %s\n",
+                        "node", "role", "address", "state", "clock",
+                        "examples", "examples/s", "hb_age_ms",
+                        "ranges/keys/clocks");
+  for (const auto& n : s.nodes()) {
+    const bool server = n.role() == ps::proto::ROLE_SERVER;
+    std::string name = (server ? "S[" : "W[") + std::to_string(n.id()) + "]";
+    std::string extra;
+    if (server) {
+      for (const auto& ss : s.servers()) {
+        if (ss.id() != n.id()) continue;
+        extra = std::to_string(ss.ranges()) + " ranges, " +
+                std::to_string(ss.keys()) + " keys, worker clocks [" +
+                absl::StrJoin(ss.worker_clocks(), ",") + "]";
+      }
+    }
+    std::string state = ps::proto::NodeState_Name(n.state());
+    if (state.rfind("NODE_", 0) == 0) state = state.substr(5);
+    absl::StrAppendFormat(
+        &out, "%-6s %-8s %-22s %-9s %8lld %12lld %10s %10lld %s\n", name,
+        server ? "server" : "worker",
+        n.address().empty() ? "-" : n.address(), state,
+        static_cast<long long>(n.clock()),
+        static_cast<long long>(n.examples()),
+        server ? "-" : examples_per_s(n),
+        n.last_heartbeat_ms() > 0
+            ? static_cast<long long>(s.now_ms() - n.last_heartbeat_ms())
+            : -1LL,
+        extra);
+  }
+  return out;
+}
+
+// --watch: a frame every `interval` until the job ends. The scheduler is
+// asked at least every 200 ms so that the end is seen before it exits (it
+// lingers 2 heartbeats, at most 2 s); frames are printed every `interval`
+// and once more at the end. Exit 0 when the job succeeded, 1 when it
+// failed, 2 when the scheduler could not be reached (the outcome unknown).
+int Watch(ps::SchedulerClient* scheduler, double interval, int count) {
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  const absl::Duration every = absl::Seconds(interval);
+  const absl::Duration poll = std::min(every, absl::Milliseconds(200));
+  std::optional<ps::proto::StatusResponse> prev;  // the last frame printed
+  absl::Time prev_at;
+  absl::Time next_frame = absl::Now();
+  int frames = 0;
+  for (bool first = true;; first = false) {
+    if (!first) absl::SleepFor(poll);
+    auto s = scheduler->Status(ps::proto::StatusRequest(),
+                               absl::Now() + absl::Seconds(5));
+    const absl::Time at = absl::Now();
+    if (!s.ok()) {
+      std::fprintf(stderr, "ps_status: %s%s\n",
+                   prev ? "lost the scheduler before the job ended: " : "",
+                   s.status().ToString().c_str());
+      return 2;
+    }
+    const bool ended = s->phase() == "done" || s->phase() == "failed";
+    if (!ended && at < next_frame) continue;
+    const std::string table = StatusTable(
+        *s, prev ? &*prev : nullptr,
+        prev ? absl::ToDoubleSeconds(at - prev_at) : 0);
+    // In place on a terminal: home, clear, the table.
+    std::fputs(tty ? "\033[H\033[2J" : (frames > 0 ? "\n" : ""), stdout);
+    std::fputs(table.c_str(), stdout);
+    std::fflush(stdout);
+    if (ended) return s->phase() == "done" ? 0 : 1;
+    if (++frames == count) return 0;
+    prev = *std::move(s);
+    prev_at = at;
+    next_frame = at + every;
+  }
 }
 
 }  // namespace
@@ -151,44 +270,16 @@ int main(int argc, char** argv) {
                 static_cast<long long>(req.consistency().tau()));
     return 0;
   }
+  if (const double every = absl::GetFlag(FLAGS_watch); every > 0) {
+    return Watch(scheduler.get(), every, absl::GetFlag(FLAGS_count));
+  }
   auto s = scheduler->Status(ps::proto::StatusRequest(),
                         absl::Now() + absl::Seconds(5));
   if (!s.ok()) {
     std::fprintf(stderr, "ps_status: %s\n", s.status().ToString().c_str());
     return 1;
   }
-  const auto& v = s->view();
-  std::printf("phase %s, epoch %lld, mode %s tau %lld, %d key ranges\n\n",
-              s->phase().c_str(), static_cast<long long>(v.epoch()),
-              ps::proto::ConsistencyMode_Name(v.consistency().mode()).c_str(),
-              static_cast<long long>(v.consistency().tau()),
-              v.routing().range_begin_size());
-  std::printf("%-6s %-8s %-22s %-9s %8s %12s %10s %s\n", "node", "role",
-              "address", "state", "clock", "examples", "hb_age_ms",
-              "ranges/keys/clocks");
-  for (const auto& n : s->nodes()) {
-    const bool server = n.role() == ps::proto::ROLE_SERVER;
-    std::string name = (server ? "S[" : "W[") + std::to_string(n.id()) + "]";
-    std::string extra;
-    if (server) {
-      for (const auto& ss : s->servers()) {
-        if (ss.id() != n.id()) continue;
-        extra = std::to_string(ss.ranges()) + " ranges, " +
-                std::to_string(ss.keys()) + " keys, worker clocks [" +
-                absl::StrJoin(ss.worker_clocks(), ",") + "]";
-      }
-    }
-    std::string state = ps::proto::NodeState_Name(n.state());
-    if (state.rfind("NODE_", 0) == 0) state = state.substr(5);
-    std::printf("%-6s %-8s %-22s %-9s %8lld %12lld %10lld %s\n", name.c_str(),
-                server ? "server" : "worker",
-                n.address().empty() ? "-" : n.address().c_str(), state.c_str(),
-                static_cast<long long>(n.clock()),
-                static_cast<long long>(n.examples()),
-                n.last_heartbeat_ms() > 0
-                    ? static_cast<long long>(s->now_ms() - n.last_heartbeat_ms())
-                    : -1LL,
-                extra.c_str());
-  }
+  std::fputs(StatusTable(*s, nullptr, 0).c_str(), stdout);
   return 0;
 }
+

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
@@ -639,6 +640,78 @@ TEST_F(HandStartedTest, StatusCheckpointOnDemand) {
   EXPECT_EQ(m->files_size(), 2);
   for (Proc& p : procs_) ::kill(p.pid, SIGKILL);
   WaitAll(&procs_, absl::Now() + absl::Seconds(30));
+}
+
+// Issue 11: `ps_status --watch` follows a running job frame by frame and
+// exits with the job's outcome: 0 when it succeeds, 1 when it fails (here
+// cancelled with SIGTERM); `--count N` stops after N frames.
+TEST_F(HandStartedTest, StatusWatchFollowsTheJobToItsEnd) {
+  for (const bool cancel : {false, true}) {
+    SCOPED_TRACE(cancel ? "cancelled" : "succeeds");
+    procs_.clear();
+    StartSchedulerAndServers(cancel ? "watch_cancel" : "watch",
+                             SyntheticYaml(cancel ? 1000 : 3, 5000));
+    const std::string once = (dir_ / "once.out").string();
+    const std::string cmd =
+        absl::StrCat("PS_AUTH_TOKEN=multiprocess-test-token " PS_BIN_DIR
+                     "/ps_status --scheduler ",
+                     scheduler_, " > ", once, " 2>&1");
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    int status = 0;
+    do {  // until the scheduler listens (real processes: no fake clock)
+      absl::SleepFor(absl::Milliseconds(100));
+      status = std::system(cmd.c_str());
+    } while (WEXITSTATUS(status) != 0 && absl::Now() < deadline);
+    ASSERT_EQ(WEXITSTATUS(status), 0) << ReadFile(once);
+    EXPECT_NE(ReadFile(once).find("phase registering"), std::string::npos)
+        << ReadFile(once);
+    StartWorkers();
+    const std::vector<std::string> watch = {PS_BIN_DIR "/ps_status",
+                                            "--scheduler", scheduler_,
+                                            "--watch", "0.2"};
+    procs_.push_back(Spawn("watch", watch, dir_));
+    if (cancel) {
+      Proc* w0 = Find("W0");
+      const absl::Time give_up = absl::Now() + absl::Seconds(60);
+      while (ReadFile(w0->log).find(" clock ") == std::string::npos &&
+             absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      // Two frames of the running job, then out.
+      status = std::system(
+          absl::StrReplaceAll(cmd, {{" > ", " --watch 0.2 --count 2 > "}})
+              .c_str());
+      EXPECT_EQ(WEXITSTATUS(status), 0);
+      const std::string two_frames = ReadFile(once);
+      size_t n = 0;
+      for (size_t at = 0;
+           (at = two_frames.find("phase running", at)) != std::string::npos;
+           ++at) {
+        ++n;
+      }
+      EXPECT_EQ(n, 2u) << two_frames;
+      ASSERT_EQ(::kill(Find("H")->pid, SIGTERM), 0);
+    }
+    WaitAll(&procs_, absl::Now() + absl::Seconds(120));
+    const Proc* w = Find("watch");
+    const std::string frames = ReadFile(w->log);
+    if (cancel) {
+      EXPECT_TRUE(w->FailedByItself() && WEXITSTATUS(w->status) == 1)
+          << w->Describe();
+      EXPECT_NE(frames.rfind("phase failed"), std::string::npos) << frames;
+    } else {
+      EXPECT_TRUE(w->Exited0()) << w->Describe();
+      // The last frame is the end; an earlier one saw the job running and
+      // every later one reports a rate.
+      const size_t last = frames.rfind("phase ");
+      ASSERT_NE(last, std::string::npos) << frames;
+      EXPECT_EQ(frames.compare(last, 10, "phase done"), 0) << frames;
+      EXPECT_NE(frames.find("phase running"), std::string::npos) << frames;
+      EXPECT_NE(frames.find("examples (", last), std::string::npos) << frames;
+      EXPECT_NE(frames.find("examples/s"), std::string::npos) << frames;
+      for (const Proc& p : procs_) EXPECT_TRUE(p.Exited0()) << p.Describe();
+    }
+  }
 }
 
 // ------------------------------------------------ the MLP on criteo-10k
