@@ -1555,6 +1555,26 @@ void SchedulerCore::MaybeCheckpoint() {
   Checkpoint().IgnoreError();  // logged and reported by Checkpoint()
 }
 
+std::optional<std::string> SchedulerCore::MaybeProgress() {
+  absl::MutexLock l(&mu_);
+  if (phase_ != JobPhase::kRunning || work_ == nullptr) return std::nullopt;
+  const absl::Time now = options_.clock->Now();
+  const JobProgress p = work_->Progress();
+  if (!progress_base_) {
+    progress_base_.emplace(now, p.done);
+    last_progress_ = now;
+    return std::nullopt;
+  }
+  if (now - last_progress_ <
+      absl::Seconds(options_.config.training.progress_interval_s)) {
+    return std::nullopt;
+  }
+  last_progress_ = now;
+  const double seconds = absl::ToDoubleSeconds(now - progress_base_->first);
+  return FormatProgress(
+      p, seconds > 0 ? (p.done - progress_base_->second) / seconds : 0);
+}
+
 std::string SchedulerCore::CheckpointReportLocked() const {
   std::vector<std::string> items;
   for (const CheckpointRecord& r : checkpoints_) {

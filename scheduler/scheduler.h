@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -224,6 +225,12 @@ class SchedulerCore {
   // or the last interval checkpoint started. Blocks while it runs: call it
   // periodically from a thread of its own, not from a clock timer.
   void MaybeCheckpoint();
+  // The job's progress line (FormatProgress: the current epoch's share of
+  // work units done, the job's, and ETAs at the rate units were done since
+  // the first call that saw the job running), once every
+  // training.progress_interval_s on the injected clock while the job
+  // runs; nullopt otherwise. Call periodically.
+  std::optional<std::string> MaybeProgress();
 
  private:
   struct Node {
@@ -414,6 +421,10 @@ class SchedulerCore {
       absl::Time deadline);
   absl::Mutex checkpoint_mu_;
   int64_t next_checkpoint_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: not scanned
+  // MaybeProgress: the first sample while running, and the last line's time.
+  std::optional<std::pair<absl::Time, int64_t>> progress_base_
+      ABSL_GUARDED_BY(mu_);
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_interval_checkpoint_ ABSL_GUARDED_BY(mu_) =
       absl::InfinitePast();
   std::vector<CheckpointRecord> checkpoints_ ABSL_GUARDED_BY(mu_);

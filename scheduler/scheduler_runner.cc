@@ -118,6 +118,8 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
     while (!stop.WaitForNotificationWithTimeout(
         absl::Milliseconds(config.cluster.heartbeat_ms))) {
       core.CheckHeartbeats();
+      // The job's progress with ETAs (what ps_launch shows as H's line).
+      if (auto line = core.MaybeProgress()) PS_LOG_INFO("progress: {}", *line);
     }
   });
   // Checkpoints (issue 9) on a thread of their own: one can take long, and

@@ -1067,6 +1067,35 @@ TEST_F(WorkUnitTest, UnitsCoverEveryEpochThenDone) {
   EXPECT_NE(r.find("\"dead_workers\": []"), std::string::npos) << r;
 }
 
+// Issue 11: the scheduler's progress line (ps_launch shows it as H's):
+// every progress_interval_s on the injected clock while the job runs, the
+// current epoch's share and ETAs at the rate units were done.
+TEST_F(WorkUnitTest, ProgressLineHasTheEpochAndETAs) {
+  config_.training.progress_interval_s = 2;
+  Start();
+  EXPECT_EQ(core_->MaybeProgress(), std::nullopt);  // not running yet
+  RegisterAll();
+  EXPECT_EQ(core_->MaybeProgress(), std::nullopt);  // the first sample
+  // W[0] alone does 9 units in 2 s: 0-4 of epoch 0 (its queue), then
+  // 10-13 of epoch 1.
+  std::vector<std::pair<int64_t, int64_t>> finished;
+  for (int i = 0; i < 9; ++i) {
+    auto r = Ask(0, finished);
+    ASSERT_TRUE(r.ok()) << r.status();
+    finished = {{r->unit().id(), 100}};
+    if (i == 4) {
+      clock_.Advance(absl::Seconds(1));
+      EXPECT_EQ(core_->MaybeProgress(), std::nullopt);  // 1 s < 2 s
+    }
+  }
+  ASSERT_TRUE(Ask(0, finished).ok());  // finishes the 9th, takes a 10th
+  clock_.Advance(absl::Seconds(1));
+  // 4.5 units/s; epoch 0 (the lowest not done) has 5 left, the job 11.
+  EXPECT_EQ(core_->MaybeProgress(),
+            "epoch 1/2 50% (5/10 units), job 45%, ETA epoch 2s, job 3s");
+  EXPECT_EQ(core_->MaybeProgress(), std::nullopt);  // not 2 s again yet
+}
+
 // Issue 9: a worker registering with a running job joins as W[2] with an
 // even share of the queued units; its start clock is the highest clock the
 // servers added it at, published in a second view; the report has it.

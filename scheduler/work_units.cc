@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/permutation.h"
@@ -383,6 +384,62 @@ absl::Status WorkQueue::RestoreFrom(const proto::WorkQueueState& s) {
   skipped_ = s.skipped();
   done_ = done;
   return absl::OkStatus();
+}
+
+int64_t WorkQueue::done_in_epoch(int epoch) const {
+  if (epoch < 0 || epoch >= epochs_) return 0;
+  const int64_t n = units_per_epoch();
+  int64_t done = 0;
+  for (int64_t id = epoch * n; id < (epoch + 1) * n; ++id) {
+    done += state_[id].done ? 1 : 0;
+  }
+  return done;
+}
+
+JobProgress WorkQueue::Progress() const {
+  JobProgress p;
+  p.epochs = epochs_;
+  p.units_per_epoch = units_per_epoch();
+  p.done = done_;
+  p.total = static_cast<int64_t>(state_.size());
+  p.epoch = epochs_ - 1;
+  p.epoch_done = done_in_epoch(p.epoch);
+  for (int e = 0; e < epochs_; ++e) {
+    const int64_t d = done_in_epoch(e);
+    if (d < p.units_per_epoch) {
+      p.epoch = e;
+      p.epoch_done = d;
+      break;
+    }
+  }
+  return p;
+}
+
+namespace {
+
+// 7s, 1m05s, 2h03m.
+std::string ShortDuration(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::ceil(std::max(0.0, seconds)));
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm", s / 3600, s / 60 % 60);
+}
+
+}  // namespace
+
+std::string FormatProgress(const JobProgress& p, double units_per_s) {
+  const auto percent = [](int64_t a, int64_t b) {
+    return b > 0 ? static_cast<int>(100 * a / b) : 0;
+  };
+  std::string out = absl::StrFormat(
+      "epoch %d/%d %d%% (%d/%d units), job %d%%", p.epoch + 1, p.epochs,
+      percent(p.epoch_done, p.units_per_epoch), p.epoch_done,
+      p.units_per_epoch, percent(p.done, p.total));
+  if (units_per_s <= 0) return absl::StrCat(out, ", ETA unknown");
+  return absl::StrCat(
+      out, ", ETA epoch ",
+      ShortDuration((p.units_per_epoch - p.epoch_done) / units_per_s),
+      ", job ", ShortDuration((p.total - p.done) / units_per_s));
 }
 
 int64_t WorkQueue::finished_by(int worker) const {

@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +48,21 @@ double EstimateFeatureScale(const JobConfig& config);
 // in: contiguous blocks, as the static shards were cut, so each worker
 // first reads its own part of the file in order.
 int PreferredWorker(int64_t index, int64_t units, int workers);
+
+// Where a job stands, for the scheduler's progress line.
+struct JobProgress {
+  int epoch = 0;             // the lowest epoch not done (0-based)
+  int epochs = 0;
+  int64_t epoch_done = 0;    // its units done
+  int64_t units_per_epoch = 0;
+  int64_t done = 0;          // units done, all epochs
+  int64_t total = 0;
+};
+
+// "epoch 3/20 41% (14/34 units), job 12%, ETA epoch 2s, job 1m05s" (epochs
+// counted from 1): the ETAs at `units_per_s` (units done a second lately);
+// "ETA unknown" while that is not positive.
+std::string FormatProgress(const JobProgress& p, double units_per_s);
 
 // Not thread-safe: the caller serialises.
 //
@@ -128,6 +144,10 @@ class WorkQueue {
   int64_t skipped_first_epoch() const { return skipped_; }
   // Units finished by `worker` (a redone unit counts for who finished it).
   int64_t finished_by(int worker) const;
+  // Units finished in `epoch` (0-based; 0 for one out of range).
+  int64_t done_in_epoch(int epoch) const;
+  int64_t done() const { return done_; }
+  JobProgress Progress() const;
 
  private:
   struct Unit {

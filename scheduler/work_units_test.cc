@@ -51,6 +51,46 @@ TEST(WorkQueueTest, HandsOutInEpochOrderAndCountsPerEpoch) {
 // data.shuffle: each epoch's slots hold the plan's units in a seeded order,
 // a permutation of the plan (every row once an epoch), the same for the
 // same seed (BSP stays reproducible), another for another seed or epoch.
+TEST(WorkQueueTest, ProgressIsTheLowestEpochNotDone) {
+  WorkQueue q(std::vector<proto::DataShard>(4), 3, 1, /*steal=*/false);
+  JobProgress p = q.Progress();
+  EXPECT_EQ(p.epoch, 0);
+  EXPECT_EQ(p.epochs, 3);
+  EXPECT_EQ(p.total, 12);
+  for (int i = 0; i < 5; ++i) {
+    std::optional<proto::WorkUnit> u = q.Take(0);
+    ASSERT_TRUE(u.has_value());
+    proto::FinishedUnit f;
+    f.set_id(u->id());
+    f.set_examples(1);
+    ASSERT_TRUE(q.Finish(0, f).ok());
+  }
+  p = q.Progress();
+  EXPECT_EQ(p.epoch, 1);
+  EXPECT_EQ(p.epoch_done, 1);
+  EXPECT_EQ(p.done, 5);
+  EXPECT_EQ(q.done_in_epoch(0), 4);
+  EXPECT_EQ(q.done_in_epoch(7), 0);
+}
+
+TEST(FormatProgressTest, EtasAtTheRate) {
+  JobProgress p;
+  p.epoch = 2;
+  p.epochs = 20;
+  p.epoch_done = 14;
+  p.units_per_epoch = 34;
+  p.done = 82;
+  p.total = 680;
+  EXPECT_EQ(FormatProgress(p, 10),
+            "epoch 3/20 41% (14/34 units), job 12%, ETA epoch 2s, "
+            "job 1m00s");
+  EXPECT_EQ(FormatProgress(p, 0.1),
+            "epoch 3/20 41% (14/34 units), job 12%, ETA epoch 3m20s, "
+            "job 1h39m");
+  EXPECT_EQ(FormatProgress(p, 0),
+            "epoch 3/20 41% (14/34 units), job 12%, ETA unknown");
+}
+
 TEST(WorkQueueTest, ShuffleSeedPermutesEachEpochsUnits) {
   constexpr int kUnits = 40, kEpochs = 3, kWorkers = 4;
   // What each worker takes, in order, as the plan units' first rows.

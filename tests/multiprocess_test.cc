@@ -690,7 +690,18 @@ TEST_F(HandStartedTest, StatusWatchFollowsTheJobToItsEnd) {
         ++n;
       }
       EXPECT_EQ(n, 2u) << two_frames;
-      ASSERT_EQ(::kill(Find("H")->pid, SIGTERM), 0);
+      // The scheduler's progress line (ps_launch shows it) has ETAs: one
+      // every training.progress_interval_s (2 s).
+      Proc* h = Find("H");
+      while (ReadFile(h->log).find(", ETA epoch ") == std::string::npos &&
+             absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      EXPECT_NE(ReadFile(h->log).find(" units), job "), std::string::npos)
+          << ReadFile(h->log);
+      EXPECT_NE(ReadFile(h->log).find(", ETA epoch "), std::string::npos)
+          << ReadFile(h->log);
+      ASSERT_EQ(::kill(h->pid, SIGTERM), 0);
     }
     WaitAll(&procs_, absl::Now() + absl::Seconds(120));
     const Proc* w = Find("watch");
