@@ -579,6 +579,8 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   if (req.role() == proto::ROLE_WORKER) {
     n.info.set_clock(std::max(n.info.clock(), req.clock()));
     n.info.set_examples(req.examples());
+    n.info.set_wait_seconds(req.wait_seconds());
+    n.info.set_compute_seconds(req.compute_seconds());
   }
   proto::HeartbeatResponse resp;
   if (req.role() == proto::ROLE_WORKER) {

@@ -100,11 +100,26 @@ std::string StatusTable(const ps::proto::StatusResponse& s,
     }
     return "-";
   };
+  // The share of its time a worker spent waiting on pushes and pulls:
+  // since `prev` when given, else since it began.
+  auto wait_share = [&](const ps::proto::NodeInfo& n) -> std::string {
+    double wait = n.wait_seconds(), compute = n.compute_seconds();
+    if (prev != nullptr) {
+      for (const auto& p : prev->nodes()) {
+        if (p.role() == n.role() && p.id() == n.id()) {
+          wait -= p.wait_seconds();
+          compute -= p.compute_seconds();
+        }
+      }
+    }
+    if (wait + compute <= 0) return "-";
+    return absl::StrFormat("%.0f%%", 100 * wait / (wait + compute));
+  };
   int64_t examples = 0, keys = 0;
   for (const auto& n : s.nodes()) examples += n.examples();
   for (const auto& ss : s.servers()) keys += ss.keys();
   std::string out = absl::StrFormat(
-      "phase %s, epoch %lld, mode %s tau %lld, %d key ranges, %lld keys, "
+      "phase %s, view epoch %lld, mode %s tau %lld, %d key ranges, %lld keys, "
       "%lld examples",
       s.phase(), static_cast<long long>(v.epoch()),
       ps::proto::ConsistencyMode_Name(v.consistency().mode()),
@@ -117,10 +132,10 @@ std::string StatusTable(const ps::proto::StatusResponse& s,
     absl::StrAppendFormat(&out, " (%.0f/s)",
                           static_cast<double>(examples - before) / seconds);
   }
-  absl::StrAppendFormat(&out, "\n\n%-6s %-8s %-22s %-9s %8s %12s %10s %10s %s\n",
-                        "node", "role", "address", "state", "clock",
-                        "examples", "examples/s", "hb_age_ms",
-                        "ranges/keys/clocks");
+  absl::StrAppendFormat(
+      &out, "\n\n%-6s %-8s %-22s %-9s %8s %12s %10s %5s %10s %s\n", "node",
+      "role", "address", "state", "clock", "examples", "examples/s", "wait",
+      "hb_age_ms", "ranges/keys/clocks");
   for (const auto& n : s.nodes()) {
     const bool server = n.role() == ps::proto::ROLE_SERVER;
     std::string name = (server ? "S[" : "W[") + std::to_string(n.id()) + "]";
@@ -136,12 +151,12 @@ std::string StatusTable(const ps::proto::StatusResponse& s,
     std::string state = ps::proto::NodeState_Name(n.state());
     if (state.rfind("NODE_", 0) == 0) state = state.substr(5);
     absl::StrAppendFormat(
-        &out, "%-6s %-8s %-22s %-9s %8lld %12lld %10s %10lld %s\n", name,
+        &out, "%-6s %-8s %-22s %-9s %8lld %12lld %10s %5s %10lld %s\n", name,
         server ? "server" : "worker",
         n.address().empty() ? "-" : n.address(), state,
         static_cast<long long>(n.clock()),
         static_cast<long long>(n.examples()),
-        server ? "-" : examples_per_s(n),
+        server ? "-" : examples_per_s(n), server ? "-" : wait_share(n),
         n.last_heartbeat_ms() > 0
             ? static_cast<long long>(s.now_ms() - n.last_heartbeat_ms())
             : -1LL,

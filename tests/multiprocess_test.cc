@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
@@ -720,6 +722,13 @@ TEST_F(HandStartedTest, StatusWatchFollowsTheJobToItsEnd) {
       EXPECT_NE(frames.find("phase running"), std::string::npos) << frames;
       EXPECT_NE(frames.find("examples (", last), std::string::npos) << frames;
       EXPECT_NE(frames.find("examples/s"), std::string::npos) << frames;
+      // Some frame has W[0]'s wait share (its heartbeats carry it).
+      bool wait_share = false;
+      for (absl::string_view line : absl::StrSplit(frames, '\n')) {
+        wait_share |= absl::StartsWith(line, "W[0]") &&
+                      absl::StrContains(line, "% ");
+      }
+      EXPECT_TRUE(wait_share) << frames;
       for (const Proc& p : procs_) EXPECT_TRUE(p.Exited0()) << p.Describe();
     }
   }

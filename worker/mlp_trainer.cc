@@ -363,6 +363,8 @@ absl::StatusOr<int64_t> MlpTrainer::Step(const FieldBlock& block,
   stats_.examples += rows;
   stats_.loss_sum += *loss;
   examples_.store(stats_.examples);
+  wait_ns_.store(static_cast<int64_t>(stats_.wait_seconds * 1e9));
+  compute_ns_.store(static_cast<int64_t>(stats_.compute_seconds * 1e9));
   return ts;
 }
 

@@ -185,6 +185,8 @@ class MlpTrainer {
   const TrainerStats& stats() const { return stats_; }
   // Safe from other threads (heartbeats).
   int64_t examples_so_far() const { return examples_.load(); }
+  double wait_seconds_so_far() const { return wait_ns_.load() * 1e-9; }
+  double compute_seconds_so_far() const { return compute_ns_.load() * 1e-9; }
 
  private:
   struct Progress;
@@ -214,6 +216,7 @@ class MlpTrainer {
   std::vector<float> wide_w_, wide_g_, offset_, dlogit_;  // wide part
   TrainerStats stats_;
   std::atomic<int64_t> examples_{0};
+  std::atomic<int64_t> wait_ns_{0}, compute_ns_{0};  // stats_'s, for others
 };
 
 }  // namespace ps

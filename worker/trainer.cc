@@ -309,6 +309,8 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     stats_.examples += s.rows;
     stats_.loss_sum += loss;
     examples_.store(stats_.examples);
+    wait_ns_.store(static_cast<int64_t>(stats_.wait_seconds * 1e9));
+    compute_ns_.store(static_cast<int64_t>(stats_.compute_seconds * 1e9));
     report_examples += s.rows;
     report_loss += loss;
     report_compute += compute_s;

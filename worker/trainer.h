@@ -114,6 +114,8 @@ class Trainer {
   const TrainerStats& stats() const { return stats_; }
   // Safe from other threads (heartbeats).
   int64_t examples_so_far() const { return examples_.load(); }
+  double wait_seconds_so_far() const { return wait_ns_.load() * 1e-9; }
+  double compute_seconds_so_far() const { return compute_ns_.load() * 1e-9; }
 
  private:
   const int worker_id_;
@@ -122,6 +124,7 @@ class Trainer {
   ComputeBackend* const backend_;
   TrainerStats stats_;
   std::atomic<int64_t> examples_{0};
+  std::atomic<int64_t> wait_ns_{0}, compute_ns_{0};  // stats_'s, for others
   const std::atomic<int64_t>* others_min_clock_ = nullptr;
 
   // Evaluate on `backend` (the curve's own, from its thread), leaving

@@ -104,6 +104,8 @@ absl::Status TrainAndReport(
       hb.set_id(worker_id);
       hb.set_clock(kv->clock());
       hb.set_examples(trainer->examples_so_far());
+      hb.set_wait_seconds(trainer->wait_seconds_so_far());
+      hb.set_compute_seconds(trainer->compute_seconds_so_far());
       auto r = scheduler->Heartbeat(hb, absl::Now() + every * 4);
       if (!r.ok()) {
         PS_LOG_DEBUG("heartbeat: {}", r.status().ToString());
