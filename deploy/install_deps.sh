@@ -7,7 +7,8 @@ PKGS=(build-essential cmake pkg-config
       libabsl-dev libspdlog-dev libyaml-cpp-dev libgtest-dev libgmock-dev
       libgoogle-perftools-dev libjemalloc-dev
       libcpp-httplib-dev
-      iperf3 python3 openssl)
+      iperf3 python3 openssl
+      python3-matplotlib)  # ps_launch --plot, bench/lr_benchmark.py plots
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -461,6 +461,8 @@ H, S[i], W[i].
                        (default: the directory of ps_launch)
   --run-dir DIR        where job.yaml goes (default: runs/<time>-<pid>)
   --timeout_s SECONDS  stop everything and exit 124 after this long (0: never)
+  --plot FILE          after the job, draw its training and test loss over
+                       time into FILE (PNG; needs python3-matplotlib)
   --check[=resources]  only check the config and flags (every field, the
                        --kill/--drain targets) and exit 0, or 2 with the
                        error, starting nothing; =resources also checks that
@@ -568,7 +570,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     static const char* const kValueFlags[] = {
         "--config", "--set",     "--report",  "--servers",  "--workers",
         "--mode",   "--tau",     "--bin-dir", "--run-dir", "--timeout_s",
-        "--kill", "--drain", "--add-server", "--add-worker"};
+        "--kill", "--drain", "--add-server", "--add-worker", "--plot"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || flag == f;
     if (!known) {
@@ -599,6 +601,11 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
       options.overrides.push_back("consistency.tau=" + value);
     } else if (flag == "--report") {
       options.report_path = value;
+    } else if (flag == "--plot") {
+      if (value.empty()) {
+        return absl::InvalidArgumentError("flag --plot wants a file name");
+      }
+      options.plot_path = value;
     } else if (flag == "--bin-dir") {
       options.bin_dir = value;
     } else if (flag == "--run-dir") {
@@ -729,6 +736,79 @@ std::string RandomHexToken() {
   std::string hex;
   for (unsigned char b : bytes) absl::StrAppend(&hex, absl::Hex(b, absl::kZeroPad2));
   return hex;
+}
+
+namespace {
+
+// Runs argv (argv[0] looked up in PATH) and waits; its stdout and stderr
+// go to /dev/null with `quiet`, else to ours. The raw wait status, or -1
+// when it could not be started.
+int RunAndWait(const std::vector<std::string>& argv, bool quiet) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (quiet) {
+      const int null = open("/dev/null", O_WRONLY);
+      if (null >= 0) {
+        dup2(null, 1);
+        dup2(null, 2);
+      }
+    }
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return status;
+}
+
+}  // namespace
+
+absl::StatusOr<Plotter> FindPlotter(const std::string& bin_dir) {
+  Plotter p;
+  p.script = (std::filesystem::path(bin_dir) / "plot_report.py").string();
+  if (access(p.script.c_str(), R_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--plot: cannot read ", p.script, " (", strerror(errno),
+        "); it is built next to ps_launch"));
+  }
+  std::vector<std::string> pythons;
+  if (const char* env = getenv("PS_PYTHON"); env != nullptr && *env) {
+    pythons.push_back(env);
+  }
+  pythons.push_back("python3");
+  pythons.push_back("/usr/bin/python3");
+  for (const std::string& python : pythons) {
+    const int status =
+        RunAndWait({python, "-c", "import matplotlib"}, /*quiet=*/true);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      p.python = python;
+      return p;
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--plot needs matplotlib and none of ", absl::StrJoin(pythons, ", "),
+      " imports it: apt-get install python3-matplotlib (or set PS_PYTHON)"));
+}
+
+absl::Status PlotReport(const Plotter& plotter, const std::string& report_path,
+                        const std::string& png) {
+  const int status =
+      RunAndWait({plotter.python, plotter.script, report_path, png},
+                 /*quiet=*/false);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(
+      "--plot: ", plotter.script, " ",
+      status < 0 ? std::string("could not be started")
+      : WIFEXITED(status)
+          ? absl::StrCat("exited ", WEXITSTATUS(status))
+          : absl::StrCat("was killed by signal ", WTERMSIG(status)),
+      "; ", png, " not written"));
 }
 
 std::string SelfExeDir() {
@@ -1160,6 +1240,17 @@ int Launcher::Run(const std::atomic<int>* stop) {
       return kExitUsage;
     }
   }
+  // --plot: what draws it, found before the job rather than after.
+  std::optional<Plotter> plotter;
+  if (!options_.plot_path.empty()) {
+    absl::StatusOr<Plotter> p = FindPlotter(
+        options_.bin_dir.empty() ? SelfExeDir() : options_.bin_dir);
+    if (!p.ok()) {
+      Say(p.status().message());
+      return kExitUsage;
+    }
+    plotter = *std::move(p);
+  }
 
   // 4. The run directory and the resolved config.
   run_dir_ = options_.run_dir;
@@ -1411,6 +1502,18 @@ int Launcher::Run(const std::atomic<int>* stop) {
       // failed job), but never call a failed job a success.
       Say(absl::StrCat("job failed: ", *e));
       code = 1;
+    }
+  }
+  // --plot: whatever the outcome, as long as the scheduler wrote a report
+  // (a failed job's curve shows where it stood). A plot that cannot be
+  // drawn fails a successful run.
+  if (plotter && std::filesystem::exists(report_path)) {
+    if (absl::Status s = PlotReport(*plotter, report_path, options_.plot_path);
+        s.ok()) {
+      Say(absl::StrCat("loss curves drawn in ", options_.plot_path));
+    } else {
+      Say(s.message());
+      if (code == kExitOk) code = 1;
     }
   }
   if (!dead_workers.empty()) {

@@ -198,12 +198,28 @@ struct LaunchOptions {
   // nothing; --check=resources also checks the data files and model_dir.
   bool check = false;
   bool check_resources = false;
+  // --plot FILE (issue 11): after the job, the report's loss curves drawn
+  // into FILE (PNG) by plot_report.py (next to ps_launch) with matplotlib.
+  std::string plot_path;
 
   // Not flags; tests shorten them.
   absl::Duration kill_grace = absl::Seconds(3);  // SIGTERM -> SIGKILL
   // Once the scheduler has exited 0, how long the others may take to exit.
   absl::Duration shutdown_grace = absl::Seconds(30);
 };
+
+// --plot: a Python that imports matplotlib ($PS_PYTHON, else python3 on
+// PATH, else /usr/bin/python3, Debian's) and plot_report.py in `bin_dir`;
+// FAILED_PRECONDITION saying what to install otherwise.
+struct Plotter {
+  std::string python;
+  std::string script;
+};
+absl::StatusOr<Plotter> FindPlotter(const std::string& bin_dir);
+// Runs `plotter` on `report_path` into `png`; the error names the exit
+// status (the script prints why to stderr).
+absl::Status PlotReport(const Plotter& plotter, const std::string& report_path,
+                        const std::string& png);
 
 // The scheduler's verdict: the "error" of the JSON report at `report_path`
 // when its "status" is "failed"; nullopt when the file is missing or the job

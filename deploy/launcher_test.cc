@@ -281,8 +281,9 @@ TEST(ParseLaunchArgsTest, ShortcutsBecomeOverridesInOrder) {
       {"--config", "job.yaml", "--servers", "3", "--set",
        "training.minibatch=7", "--mode=bsp", "--tau", "2", "--workers=5",
        "--set=cluster.num_servers=4", "--report", "r.json", "--bin-dir", "/b",
-       "--run-dir", "/r", "--timeout_s", "1.5"});
+       "--run-dir", "/r", "--timeout_s", "1.5", "--plot", "loss.png"});
   ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->plot_path, "loss.png");
   EXPECT_EQ(options->config_path, "job.yaml");
   EXPECT_THAT(options->overrides,
               ElementsAre("cluster.num_servers=3", "training.minibatch=7",
@@ -308,6 +309,7 @@ TEST(ParseLaunchArgsTest, FlagErrorsNameTheFlag) {
            {{"--config", "a", "--timeout_s", "-1"}, "--timeout_s"},
            {{"--config", "a", "--timeout_s", "soon"}, "--timeout_s"},
            {{"--config", "a", "extra"}, "extra"},
+           {{"--config", "a", "--plot="}, "--plot wants a file name"},
        }) {
     auto options = ParseLaunchArgs(c.args);
     EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument)
@@ -315,6 +317,12 @@ TEST(ParseLaunchArgsTest, FlagErrorsNameTheFlag) {
     EXPECT_THAT(std::string(options.status().message()), HasSubstr(c.want));
   }
   auto help = ParseLaunchArgs({"--help"});
+  // --plot without a plot_report.py beside the binaries: said before the
+  // job, with where it was looked for.
+  auto plotter = FindPlotter("/nonexistent");
+  EXPECT_EQ(plotter.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(plotter.status().message()),
+              HasSubstr("/nonexistent/plot_report.py"));
   ASSERT_TRUE(help.ok());
   EXPECT_TRUE(help->help);
 }

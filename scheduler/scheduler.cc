@@ -581,6 +581,7 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
     n.info.set_examples(req.examples());
     n.info.set_wait_seconds(req.wait_seconds());
     n.info.set_compute_seconds(req.compute_seconds());
+    n.info.set_loss_sum(req.loss_sum());
   }
   proto::HeartbeatResponse resp;
   if (req.role() == proto::ROLE_WORKER) {
@@ -1344,6 +1345,8 @@ std::string SchedulerCore::ReportJsonLocked() const {
   absl::StrAppend(&j, MembershipReportLocked());
   // Scheduler restart (issue 9): how many schedulers took this job over.
   absl::StrAppend(&j, "  \"scheduler_restarts\": ", restarts_, ",\n");
+  // The training loss every training.progress_interval_s (issue 11).
+  absl::StrAppend(&j, ProgressReportLocked());
   if (eval != nullptr) {
     absl::StrAppend(&j, "  \"test_auc\": ", ExactNum(eval->test_auc()),
                     ",\n");
@@ -1572,9 +1575,51 @@ std::optional<std::string> SchedulerCore::MaybeProgress() {
     return std::nullopt;
   }
   last_progress_ = now;
+  AddProgressPointLocked(now, p.epoch);
   const double seconds = absl::ToDoubleSeconds(now - progress_base_->first);
   return FormatProgress(
       p, seconds > 0 ? (p.done - progress_base_->second) / seconds : 0);
+}
+
+void SchedulerCore::AddProgressPointLocked(absl::Time now, int epoch) {
+  // Every worker's examples and summed loss, the dead ones' last reports
+  // included (they stay in workers_).
+  int64_t examples = 0;
+  double loss = 0;
+  for (const Node& w : workers_) {
+    examples += w.info.examples();
+    loss += w.info.loss_sum();
+  }
+  const int64_t n = examples - progress_last_.first;
+  const double l = loss - progress_last_.second;
+  if (n <= 0 || progress_lines_++ % progress_stride_ != 0) return;
+  progress_last_ = {examples, loss};
+  ProgressPoint point;
+  point.seconds = absl::ToDoubleSeconds(now - ready_time_);
+  point.examples = examples;
+  point.train_loss = l / static_cast<double>(n);
+  point.epoch = epoch;
+  progress_points_.push_back(point);
+  if (progress_points_.size() >= kMaxProgressPoints) {
+    for (size_t i = 0; 2 * i < progress_points_.size(); ++i) {
+      progress_points_[i] = progress_points_[2 * i];
+    }
+    progress_points_.resize((progress_points_.size() + 1) / 2);
+    progress_stride_ *= 2;
+  }
+}
+
+std::string SchedulerCore::ProgressReportLocked() const {
+  std::vector<std::string> items;
+  items.reserve(progress_points_.size());
+  for (const ProgressPoint& p : progress_points_) {
+    items.push_back(absl::StrCat(
+        "{\"seconds\": ", Num(p.seconds), ", \"examples\": ", p.examples,
+        ", \"train_loss\": ", Num(p.train_loss), ", \"epoch\": ", p.epoch,
+        "}"));
+  }
+  return absl::StrCat("  \"progress\": [", absl::StrJoin(items, ", "),
+                      "],\n");
 }
 
 std::string SchedulerCore::CheckpointReportLocked() const {

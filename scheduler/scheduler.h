@@ -424,6 +424,23 @@ class SchedulerCore {
   // MaybeProgress: the first sample while running, and the last line's time.
   std::optional<std::pair<absl::Time, int64_t>> progress_base_
       ABSL_GUARDED_BY(mu_);
+  // The report's "progress" curve: a point per progress line (at most
+  // kMaxProgressPoints; past that every other one is dropped and points
+  // are taken half as often).
+  struct ProgressPoint {
+    double seconds = 0;  // since the cluster became ready
+    int64_t examples = 0;
+    double train_loss = 0;  // mean over the examples since the last point
+    int epoch = 0;          // 0-based, the lowest epoch not done
+  };
+  static constexpr size_t kMaxProgressPoints = 2048;
+  std::vector<ProgressPoint> progress_points_ ABSL_GUARDED_BY(mu_);
+  int progress_stride_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t progress_lines_ ABSL_GUARDED_BY(mu_) = 0;
+  std::pair<int64_t, double> progress_last_ ABSL_GUARDED_BY(mu_);  // sums
+  std::string ProgressReportLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddProgressPointLocked(absl::Time now, int epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_interval_checkpoint_ ABSL_GUARDED_BY(mu_) =
       absl::InfinitePast();

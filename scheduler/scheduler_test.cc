@@ -1090,10 +1090,32 @@ TEST_F(WorkUnitTest, ProgressLineHasTheEpochAndETAs) {
   }
   ASSERT_TRUE(Ask(0, finished).ok());  // finishes the 9th, takes a 10th
   clock_.Advance(absl::Seconds(1));
+  // The heartbeats' examples and summed loss make the report's curve.
+  auto beat = [&](int64_t examples, double loss_sum) {
+    proto::HeartbeatRequest h;
+    h.set_role(proto::ROLE_WORKER);
+    h.set_id(0);
+    h.set_examples(examples);
+    h.set_loss_sum(loss_sum);
+    ASSERT_TRUE(core_->Heartbeat(h).ok());
+  };
+  beat(900, 450);
   // 4.5 units/s; epoch 0 (the lowest not done) has 5 left, the job 11.
   EXPECT_EQ(core_->MaybeProgress(),
             "epoch 1/2 50% (5/10 units), job 45%, ETA epoch 2s, job 3s");
   EXPECT_EQ(core_->MaybeProgress(), std::nullopt);  // not 2 s again yet
+  clock_.Advance(absl::Seconds(2));
+  beat(1000, 480);  // 100 more examples, loss 30: a mean of 0.3
+  EXPECT_TRUE(core_->MaybeProgress().has_value());
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_TRUE(core_->MaybeProgress().has_value());  // no new example: no point
+  core_->Fail(absl::InternalError("end"));
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"progress\": [{\"seconds\": 2, \"examples\": 900, "
+                   "\"train_loss\": 0.5, \"epoch\": 0}, {\"seconds\": 4, "
+                   "\"examples\": 1000, \"train_loss\": 0.3, \"epoch\": 0}]"),
+            std::string::npos)
+      << r;
 }
 
 // Issue 9: a worker registering with a running job joins as W[2] with an

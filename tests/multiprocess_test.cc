@@ -237,10 +237,23 @@ TEST_F(MultiProcessTest, BspReachesAucAndIsReproducible) {
   EXPECT_EQ(Auc(a), Auc(b));
 }
 
-TEST_F(MultiProcessTest, SspReachesAuc) {
-  LaunchResult r = Launch("ssp", A9aYaml("ssp", 4));
+// Also issue 11: `ps_launch --plot FILE` draws the report's training-loss
+// points (one per progress interval) and its test log loss into a PNG.
+TEST_F(MultiProcessTest, SspReachesAucAndPlotsItsLoss) {
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_ssp_", ::getpid()));
+  const std::string png = (dirs_.back() / "loss.png").string();
+  LaunchResult r = RunLaunch(dirs_.back(), A9aYaml("ssp", 4),
+                             {"training.progress_interval_s=0.2"},
+                             "--plot " + png);
   ASSERT_LAUNCHED(r);
   EXPECT_GE(Auc(r), 0.90) << r.report;
+  EXPECT_NE(r.report.find("\"progress\": [{\"seconds\": "), std::string::npos)
+      << r.report;
+  EXPECT_NE(r.report.find("\"train_loss\": "), std::string::npos) << r.report;
+  EXPECT_NE(r.log.find("loss curves drawn in " + png), std::string::npos)
+      << Tail(r.log, 2000);
+  EXPECT_EQ(ReadFile(png).substr(0, 8), "\x89PNG\r\n\x1a\n");
 }
 
 TEST_F(MultiProcessTest, AspReachesAuc) {

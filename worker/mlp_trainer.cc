@@ -365,6 +365,7 @@ absl::StatusOr<int64_t> MlpTrainer::Step(const FieldBlock& block,
   examples_.store(stats_.examples);
   wait_ns_.store(static_cast<int64_t>(stats_.wait_seconds * 1e9));
   compute_ns_.store(static_cast<int64_t>(stats_.compute_seconds * 1e9));
+  loss_sum_.store(stats_.loss_sum);
   return ts;
 }
 

@@ -187,6 +187,7 @@ class MlpTrainer {
   int64_t examples_so_far() const { return examples_.load(); }
   double wait_seconds_so_far() const { return wait_ns_.load() * 1e-9; }
   double compute_seconds_so_far() const { return compute_ns_.load() * 1e-9; }
+  double loss_sum_so_far() const { return loss_sum_.load(); }
 
  private:
   struct Progress;
@@ -217,6 +218,7 @@ class MlpTrainer {
   TrainerStats stats_;
   std::atomic<int64_t> examples_{0};
   std::atomic<int64_t> wait_ns_{0}, compute_ns_{0};  // stats_'s, for others
+  std::atomic<double> loss_sum_{0};
 };
 
 }  // namespace ps

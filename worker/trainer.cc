@@ -311,6 +311,7 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     examples_.store(stats_.examples);
     wait_ns_.store(static_cast<int64_t>(stats_.wait_seconds * 1e9));
     compute_ns_.store(static_cast<int64_t>(stats_.compute_seconds * 1e9));
+    loss_sum_.store(stats_.loss_sum);
     report_examples += s.rows;
     report_loss += loss;
     report_compute += compute_s;

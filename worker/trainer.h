@@ -116,6 +116,7 @@ class Trainer {
   int64_t examples_so_far() const { return examples_.load(); }
   double wait_seconds_so_far() const { return wait_ns_.load() * 1e-9; }
   double compute_seconds_so_far() const { return compute_ns_.load() * 1e-9; }
+  double loss_sum_so_far() const { return loss_sum_.load(); }
 
  private:
   const int worker_id_;
@@ -125,6 +126,7 @@ class Trainer {
   TrainerStats stats_;
   std::atomic<int64_t> examples_{0};
   std::atomic<int64_t> wait_ns_{0}, compute_ns_{0};  // stats_'s, for others
+  std::atomic<double> loss_sum_{0};
   const std::atomic<int64_t>* others_min_clock_ = nullptr;
 
   // Evaluate on `backend` (the curve's own, from its thread), leaving

@@ -106,6 +106,7 @@ absl::Status TrainAndReport(
       hb.set_examples(trainer->examples_so_far());
       hb.set_wait_seconds(trainer->wait_seconds_so_far());
       hb.set_compute_seconds(trainer->compute_seconds_so_far());
+      hb.set_loss_sum(trainer->loss_sum_so_far());
       auto r = scheduler->Heartbeat(hb, absl::Now() + every * 4);
       if (!r.ok()) {
         PS_LOG_DEBUG("heartbeat: {}", r.status().ToString());
