@@ -1283,9 +1283,12 @@ std::string SchedulerCore::ReportJsonLocked() const {
   const JobConfig& c = options_.config;
   const double wall = absl::ToDoubleSeconds(
       (concluding_ ? end_time_ : options_.clock->Now()) - start_);
-  const double train = absl::ToDoubleSeconds(
-      (concluding_ ? end_time_ : options_.clock->Now()) -
-      ready_time_);
+  // 0 for a job that never became ready (it failed while registering).
+  const double train =
+      ready_ ? absl::ToDoubleSeconds(
+                   (concluding_ ? end_time_ : options_.clock->Now()) -
+                   ready_time_)
+             : 0;
   int64_t examples = 0;
   double max_worker_wall = 0;
   const proto::WorkerDoneRequest* eval = nullptr;
@@ -1315,7 +1318,12 @@ std::string SchedulerCore::ReportJsonLocked() const {
   }
   absl::StrAppend(&j, "  \"mode\": ", JsonString(ModeName(c.consistency.mode)),
                   ",\n");
-  absl::StrAppend(&j, "  \"tau\": ", view_.consistency().tau(), ",\n");
+  // The view's (ps_status may have changed it), the config's before there
+  // is a view.
+  absl::StrAppend(&j, "  \"tau\": ",
+                  ready_ ? view_.consistency().tau()
+                         : ToProto(c.consistency).tau(),
+                  ",\n");
   absl::StrAppend(&j, "  \"servers\": ", servers_.size(), ",\n");
   absl::StrAppend(&j, "  \"workers\": ", workers_.size(), ",\n");
   absl::StrAppend(&j, "  \"data\": ", JsonString(c.data.format == "synthetic"

@@ -365,6 +365,11 @@ TEST_F(SchedulerCoreTest, StartupDeadlineNamesWhoIsMissing) {
   EXPECT_NE(r.find("\"status\": \"failed\""), std::string::npos) << r;
   EXPECT_NE(r.find("\"failed_in\": \"registering\""), std::string::npos) << r;
   EXPECT_NE(r.find("waiting for S[1], W[1]"), std::string::npos) << r;
+  // It never ran: no job time (not the time since 1970), the config's tau.
+  EXPECT_NE(r.find("\"job_seconds\": 0,"), std::string::npos) << r;
+  EXPECT_NE(r.find(absl::StrCat("\"tau\": ", config_.consistency.tau, ",")),
+            std::string::npos)
+      << r;
   // Late nodes are refused.
   auto late = Register(proto::ROLE_SERVER, 1);
   EXPECT_EQ(late.status().code(), StatusCode::kFailedPrecondition);
