@@ -75,14 +75,24 @@ inline constexpr double kAutoFeatureScale = 0;
 
 struct OptimizerConfig {
   std::string name = "ftrl";  // sgd | adagrad | ftrl | adam
-  double learning_rate = 0.1;  // sgd, adagrad
-  // Defaults tuned on a9a (minibatch 100; README of the shared data): the
-  // servers average gradients over the minibatch, so L1/L2 are per example.
+  // Units. Every rule is applied once per update to the MEAN gradient of
+  // the examples behind it (the servers divide a push's summed gradient by
+  // its example count): an update is one worker's minibatch in SSP and ASP,
+  // and all workers' rows of a clock in BSP (one aggregated update a
+  // clock). So learning_rate is a step per update, and l1/l2 act once per
+  // update: per-example regularisation is l1/l2 divided by the examples an
+  // update holds, which makes the same l1 about num_workers times stronger
+  // in BSP than in SSP/ASP (issue 12 wants one meaning; not built yet).
+  double learning_rate = 0.1;  // sgd, adagrad, adam: step size per update
+  // FTRL-Proximal (McMahan et al. 2013): per-coordinate step
+  // alpha / (beta + sqrt(sum of squared gradients)); beta/alpha also acts
+  // as an L2 of that size. Defaults tuned on a9a at minibatch 100 (README
+  // of the shared data).
   double alpha = 0.5;          // ftrl
   double beta = 1.0;           // ftrl
-  double l1 = 0.001;
-  double l2 = 0.001;
-  double initial_accumulator = 0.1;  // adagrad
+  double l1 = 0.001;           // ftrl, sgd, adagrad: per update (above)
+  double l2 = 0.001;           // every rule: per update (above)
+  double initial_accumulator = 0.1;  // adagrad: starting sum of squares
   // ftrl: alpha, beta, l1 and l2 are meant for features whose values are
   // about 1 in size. The servers use alpha / s, beta * s, l1 * s and
   // l2 * s^2 (the same model as with every value divided by s), where s is

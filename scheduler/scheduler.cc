@@ -15,7 +15,7 @@
 #include "common/routing.h"
 #include "common/status_macros.h"
 #include "server/checkpoint.h"
-#include "worker/mlp_trainer.h"
+#include "models/tables.h"
 
 namespace ps {
 
@@ -465,15 +465,7 @@ void SchedulerCore::BuildViewLocked() {
   *v.mutable_consistency() = view_.has_consistency()
                                  ? view_.consistency()
                                  : ps::ToProto(c.consistency);
-  if (c.training.model == "mlp") {
-    for (const proto::TableConfig& t : MlpTables(c)) *v.add_tables() = t;
-  } else {
-    proto::TableConfig* t = v.add_tables();
-    t->set_id(0);
-    t->set_name("weights");
-    t->set_dim(1);
-    *t->mutable_optimizer() = OptimizerProto(c.optimizer);
-  }
+  for (const proto::TableConfig& t : ModelTables(c)) *v.add_tables() = t;
   v.set_job_config_yaml(config_yaml_);
   v.set_model_dir(c.output.model_dir);
   v.set_restore_from(options_.restore_from);  // checkpoints (issue 9)

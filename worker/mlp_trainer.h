@@ -16,7 +16,7 @@
 // are categories), so every one of the 39 fields is an embedding lookup and
 // the MLP input is 39 * embedding_dim wide.
 //
-// Parameter-server tables (MlpTables): table 0 "mlp_embeddings", dim
+// Parameter-server tables (MlpTables, models/tables.h): table 0 "mlp_embeddings", dim
 // embedding_dim, one key per (field, value) — the keys already carry the
 // field namespace, so this one table is the 39 per-field tables without 39
 // pushes per minibatch; tables 1..L "mlp_layer<l>", dim fan_in + 1, key o =
@@ -43,21 +43,13 @@
 #include "absl/types/span.h"
 #include "common/config.h"
 #include "kernels/mlp.h"
+#include "models/tables.h"
 #include "proto/ps.pb.h"
 #include "worker/kv_worker.h"
 #include "worker/metrics.h"
 #include "worker/trainer.h"
 
 namespace ps {
-
-inline constexpr int kCriteoNumFields = 39;  // 13 integer + 26 categorical
-inline constexpr int kMlpEmbeddingTable = 0;
-// Layer l is table kMlpFirstLayerTable + l.
-inline constexpr int kMlpFirstLayerTable = 1;
-// The wide part's table (mlp.wide), after the last layer.
-inline int MlpWideTable(const MlpShape& shape) {
-  return kMlpFirstLayerTable + shape.num_layers();
-}
 
 // The key standing for an empty field `field`.
 uint64_t MissingFieldKey(int field);
@@ -98,16 +90,6 @@ class FieldReader {
 absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
     const std::string& path, int64_t begin_byte, int64_t end_byte,
     bool skip_malformed);
-
-// The model shape of a job: 39 fields, mlp.embedding_dim, mlp.hidden.
-MlpShape MlpShapeOf(const JobConfig& config);
-
-// The tables the scheduler must publish for training.model: mlp (see the
-// file comment), with mlp.optimizer / learning_rate / l2 as their update
-// rule and init scales: embeddings mlp.embedding_init, layer l
-// sqrt(6 / (fan_in + fan_out)) (Glorot uniform); with mlp.wide, the wide
-// table with the `optimizer` section's rule.
-std::vector<proto::TableConfig> MlpTables(const JobConfig& config);
 
 // Turns a block into a minibatch: unique keys ascending, slots into them.
 void BuildMlpBatch(const FieldBlock& block, MlpBatch* batch);
