@@ -128,7 +128,8 @@ struct DataConfig {
   // seeded order (which worker trains which unit changes every epoch), and
   // a worker reads a unit's byte blocks (1 MiB) in a seeded order through a
   // shuffle buffer of shuffle_buffer_rows rows (synthetic rows: a full
-  // permutation of the unit). Reproducible for a seed (a BSP run is
+  // permutation of the unit; the mlp model's criteo field rows: the unit,
+  // in file order, through the same kind of buffer). Reproducible for a seed (a BSP run is
   // bit-identical), whatever the timing. false: file order, every epoch the
   // same, as before shuffling existed: for data that is already shuffled
   // (saves the buffer's copy) or whose order matters (time-ordered data),

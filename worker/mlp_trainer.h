@@ -91,6 +91,16 @@ absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
     const std::string& path, int64_t begin_byte, int64_t end_byte,
     bool skip_malformed);
 
+// Reads `source` through a shuffle buffer of `capacity` field rows (>= 1),
+// drawn with ShuffleRng(key): the mlp's half of data.shuffle, as
+// NewShuffleBuffer (worker/shuffle.h) is the LR readers'. Every row of the
+// source comes out exactly once per pass; a source of at most `capacity`
+// rows (a work unit, by default) is permuted whole. At most 2 * capacity
+// rows in memory. Reset replays the same order; errors, stats() and path()
+// are the source's. Not thread-safe: one caller.
+std::unique_ptr<FieldReader> NewFieldShuffleBuffer(
+    std::unique_ptr<FieldReader> source, int64_t capacity, uint64_t key);
+
 // Turns a block into a minibatch: unique keys ascending, slots into them.
 void BuildMlpBatch(const FieldBlock& block, MlpBatch* batch);
 

@@ -226,6 +226,87 @@ absl::StatusOr<CriteoRun> TrainOnCriteo10k(const JobConfig& c,
 // and FTRL over averaged pushes), CPU backend: at least the AUC of
 // LIBLINEAR's best logistic regression on the same data, 0.745
 // (../shared/data/README.md).
+// data.shuffle for the mlp (issue 12): rows numbered 0..n-1 (field f of
+// row r holds key r * 100 + f) through the field shuffle buffer.
+class NumberedRows final : public FieldReader {
+ public:
+  explicit NumberedRows(int n) : n_(n) {}
+  absl::StatusOr<size_t> Next(size_t max_rows, FieldBlock* out) override {
+    size_t k = 0;
+    for (; k < max_rows && next_ < n_; ++k, ++next_) {
+      for (int f = 0; f < kCriteoNumFields; ++f) {
+        out->keys.push_back(static_cast<uint64_t>(next_) * 100 + f);
+      }
+      out->labels.push_back(static_cast<float>(next_ % 2));
+    }
+    return k;
+  }
+  absl::Status Reset() override {
+    next_ = 0;
+    return absl::OkStatus();
+  }
+
+ private:
+  const int n_;
+  int next_ = 0;
+};
+
+// The row numbers one pass of `reader` gives, read `batch` rows at a time;
+// every row's fields and label must be intact.
+std::vector<int> RowOrder(FieldReader* reader, size_t batch) {
+  std::vector<int> order;
+  FieldBlock b;
+  for (;;) {
+    b.Clear();
+    absl::StatusOr<size_t> n = reader->Next(batch, &b);
+    EXPECT_TRUE(n.ok()) << n.status();
+    if (!n.ok() || *n == 0) break;
+    EXPECT_EQ(b.keys.size(), *n * kCriteoNumFields);
+    for (size_t r = 0; r < *n; ++r) {
+      const int row = static_cast<int>(b.keys[r * kCriteoNumFields] / 100);
+      for (int f = 0; f < kCriteoNumFields; ++f) {
+        EXPECT_EQ(b.keys[r * kCriteoNumFields + f],
+                  static_cast<uint64_t>(row) * 100 + f);
+      }
+      EXPECT_EQ(b.labels[r], static_cast<float>(row % 2));
+      order.push_back(row);
+    }
+  }
+  return order;
+}
+
+TEST(FieldShuffle, EveryRowOnceInASeededOrder) {
+  constexpr int kRows = 1000;
+  std::vector<int> identity(kRows);
+  for (int i = 0; i < kRows; ++i) identity[i] = i;
+  for (const int64_t capacity : {int64_t{1}, int64_t{7}, int64_t{10000}}) {
+    SCOPED_TRACE(capacity);
+    auto a = NewFieldShuffleBuffer(std::make_unique<NumberedRows>(kRows),
+                                   capacity, /*key=*/11);
+    const std::vector<int> order = RowOrder(a.get(), 64);
+    std::vector<int> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, identity);  // each row exactly once
+    if (capacity == 1) {
+      EXPECT_EQ(order, identity);  // a buffer of one: the source's order
+      continue;
+    }
+    EXPECT_NE(order, identity);
+    // No row comes out more than capacity - 1 places before its own.
+    for (int i = 0; i < kRows; ++i) EXPECT_LE(order[i], i + (capacity - 1));
+    // Reset replays it; the same key gives the same order, another key
+    // another one, whatever the batch sizes.
+    ASSERT_TRUE(a->Reset().ok());
+    EXPECT_EQ(RowOrder(a.get(), 5), order);
+    auto same = NewFieldShuffleBuffer(std::make_unique<NumberedRows>(kRows),
+                                      capacity, 11);
+    EXPECT_EQ(RowOrder(same.get(), 1000), order);
+    auto other = NewFieldShuffleBuffer(std::make_unique<NumberedRows>(kRows),
+                                       capacity, 12);
+    EXPECT_NE(RowOrder(other.get(), 64), order);
+  }
+}
+
 TEST(MlpTrainer, LearnsCriteo10k) {
   if (!Exists(kCriteoTrain) || !Exists(kCriteoTest)) {
     GTEST_SKIP() << "missing criteo-10k";

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/metrics_http.h"
 #include "common/membership.h"
+#include "common/permutation.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
 #include "kernels/mlp.h"
@@ -317,14 +318,21 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
     wo.worker_id = worker_id;
     WorkSource work(
         wo, scheduler, &kv,
-        [&d](const proto::WorkUnit& unit)
+        [&config, &d](const proto::WorkUnit& unit)
             -> absl::StatusOr<std::unique_ptr<FieldReader>> {
-          // Read in file order: the mlp's field reader has no shuffle yet;
-          // the scheduler's seeded unit order still applies.
+          // data.shuffle: the scheduler's seeded unit order, and each unit's
+          // rows through a seeded shuffle buffer (a unit of at most
+          // shuffle_buffer_rows rows is permuted whole).
           int64_t begin, end;
           PS_RETURN_IF_ERROR(ShardBytes(unit.data(), &begin, &end));
-          return OpenCriteoFields(unit.data().path(), begin, end,
-                                  d.skip_malformed);
+          PS_ASSIGN_OR_RETURN(std::unique_ptr<FieldReader> reader,
+                              OpenCriteoFields(unit.data().path(), begin, end,
+                                               d.skip_malformed));
+          if (!d.shuffle) return reader;
+          return NewFieldShuffleBuffer(
+              std::move(reader), d.shuffle_buffer_rows,
+              ShuffleKey(config.training.seed, ShufflePurpose::kBuffer,
+                         unit.epoch(), static_cast<uint64_t>(begin)));
         });
     std::unique_ptr<FieldReader> test;
     if (worker_id == 0 && !d.test.empty()) {
