@@ -78,6 +78,40 @@ class ComputeBackend {
   virtual absl::Status LogisticPredict(const CsrBatch& batch,
                                        absl::Span<const float> w,
                                        absl::Span<float> prob) = 0;
+
+  // LogisticGradient in two halves, so that a device can compute while its
+  // caller does other work (issue 12: the trainer uses these on every
+  // backend, no dynamic_cast). SubmitGradient starts the gradient of
+  // `batch` at `w` and returns a ticket; the inputs may be reused as soon as
+  // it returns. At most two tickets may be uncollected at a time.
+  // CollectGradient blocks until the ticket's gradient is ready and writes
+  // it (num_cols() entries of the submitted batch) and its loss sum (may be
+  // null); tickets may be collected in any order, each once. Errors:
+  // INVALID_ARGUMENT as LogisticGradient, or for an unknown ticket or a grad
+  // of the wrong size (the ticket is then still collectable);
+  // FAILED_PRECONDITION when two tickets are already uncollected.
+  //
+  // The default computes the whole gradient in SubmitGradient (into a
+  // buffer of its own, copied out by CollectGradient): correct anywhere,
+  // but it overlaps nothing; pipelined() says whether a backend overlaps.
+  virtual absl::StatusOr<int64_t> SubmitGradient(const CsrBatch& batch,
+                                                 absl::Span<const float> w);
+  virtual absl::Status CollectGradient(int64_t ticket, absl::Span<float> grad,
+                                       double* loss_sum);
+  // True when SubmitGradient returns before the gradient is computed (the
+  // CUDA backend's streams), so work between Submit and Collect overlaps
+  // it; the trainer then reads the next minibatch in between.
+  virtual bool pipelined() const { return false; }
+
+ private:
+  // The default SubmitGradient's results, by ticket.
+  struct Done {
+    int64_t ticket = -1;  // -1: the slot is free
+    std::vector<float> grad;
+    double loss = 0;
+  };
+  Done done_[2];
+  int64_t next_ticket_ = 0;
 };
 
 // "cpu" -> the CPU backend using `threads` threads (<= 1: the caller's thread

@@ -111,6 +111,49 @@ TEST(CpuBackend, GradientMatchesNaiveAndLossMatches) {
   EXPECT_NEAR(loss, NaiveLoss(b, wd), 1e-6 * loss);
 }
 
+// Issue 12: every backend has SubmitGradient / CollectGradient (the
+// trainer's one code path); the CPU one computes at Submit and overlaps
+// nothing, with the CUDA backend's ticket rules.
+TEST(CpuBackend, SubmitAndCollectAsLogisticGradient) {
+  auto backend = CreateCpuBackend(1, 0);
+  EXPECT_FALSE(backend->pipelined());
+  CsrBatch a = RandomBatch(200, 50, 8, 1), b = RandomBatch(100, 20, 6, 3);
+  std::vector<float> wa = RandomWeights(50, 2), wb = RandomWeights(20, 4);
+  std::vector<float> want_a(50), want_b(20);
+  double loss_a = 0, loss_b = 0;
+  ASSERT_TRUE(
+      backend->LogisticGradient(a, wa, absl::MakeSpan(want_a), &loss_a).ok());
+  ASSERT_TRUE(
+      backend->LogisticGradient(b, wb, absl::MakeSpan(want_b), &loss_b).ok());
+  for (int round = 0; round < 2; ++round) {  // slots are reused
+    auto ta = backend->SubmitGradient(a, wa);
+    auto tb = backend->SubmitGradient(b, wb);
+    ASSERT_TRUE(ta.ok() && tb.ok());
+    EXPECT_NE(*ta, *tb);
+    auto third = backend->SubmitGradient(a, wa);
+    EXPECT_EQ(third.status().code(), absl::StatusCode::kFailedPrecondition);
+    std::vector<float> grad(19);
+    EXPECT_EQ(backend->CollectGradient(*tb, absl::MakeSpan(grad), nullptr)
+                  .code(),
+              absl::StatusCode::kInvalidArgument);  // wrong size: kept
+    grad.assign(20, -1);
+    double loss = 0;
+    ASSERT_TRUE(backend->CollectGradient(*tb, absl::MakeSpan(grad), &loss).ok());
+    EXPECT_EQ(grad, want_b);  // collected out of order
+    EXPECT_EQ(loss, loss_b);
+    grad.assign(50, -1);
+    ASSERT_TRUE(backend->CollectGradient(*ta, absl::MakeSpan(grad), &loss).ok());
+    EXPECT_EQ(grad, want_a);
+    EXPECT_EQ(loss, loss_a);
+    EXPECT_EQ(backend->CollectGradient(*ta, absl::MakeSpan(grad), &loss).code(),
+              absl::StatusCode::kInvalidArgument);  // each once
+  }
+  CsrBatch bad = a;
+  bad.cols[0] = 999;
+  EXPECT_EQ(backend->SubmitGradient(bad, wa).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CpuBackend, GradientMatchesFiniteDifferences) {
   CsrBatch b = RandomBatch(100, 20, 6, 3);
   std::vector<float> w = RandomWeights(20, 4);

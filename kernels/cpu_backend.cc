@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "common/status_macros.h"
 #include "kernels/cuda_backend.h"
 
 namespace ps {
@@ -88,6 +89,41 @@ absl::Status ValidatePredictArgs(const CsrBatch& batch,
         " entries"));
   }
   return ValidateCsrBatch(batch);
+}
+
+absl::StatusOr<int64_t> ComputeBackend::SubmitGradient(
+    const CsrBatch& batch, absl::Span<const float> w) {
+  Done* slot = done_[0].ticket < 0 ? &done_[0]
+               : done_[1].ticket < 0 ? &done_[1]
+                                      : nullptr;
+  if (slot == nullptr) {
+    return absl::FailedPreconditionError(
+        "SubmitGradient: two gradients are already in flight; collect one");
+  }
+  slot->grad.assign(batch.num_cols(), 0.0f);
+  PS_RETURN_IF_ERROR(
+      LogisticGradient(batch, w, absl::MakeSpan(slot->grad), &slot->loss));
+  slot->ticket = next_ticket_++;
+  return slot->ticket;
+}
+
+absl::Status ComputeBackend::CollectGradient(int64_t ticket,
+                                             absl::Span<float> grad,
+                                             double* loss_sum) {
+  for (Done& d : done_) {
+    if (d.ticket != ticket || ticket < 0) continue;
+    if (grad.size() != d.grad.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CollectGradient: ticket ", ticket, " has ", d.grad.size(),
+          " columns but grad has ", grad.size(), " entries"));
+    }
+    std::copy(d.grad.begin(), d.grad.end(), grad.begin());
+    if (loss_sum != nullptr) *loss_sum = d.loss;
+    d.ticket = -1;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("CollectGradient: unknown ticket ", ticket));
 }
 
 double StableSigmoid(double m) {

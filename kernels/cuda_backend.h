@@ -64,15 +64,16 @@ class CudaBackend : public ComputeBackend {
   // collecting batch k overlaps k+1's host-to-device copy with k's kernels.
   // Errors: INVALID_ARGUMENT as LogisticGradient; FAILED_PRECONDITION when
   // two tickets are already uncollected; INTERNAL on a CUDA error.
-  virtual absl::StatusOr<int64_t> SubmitGradient(const CsrBatch& batch,
-                                                 absl::Span<const float> w) = 0;
+  absl::StatusOr<int64_t> SubmitGradient(
+      const CsrBatch& batch, absl::Span<const float> w) override = 0;
   // Blocks until ticket's gradient is ready and writes it (num_cols()
   // entries of the submitted batch) and the loss sum (may be null).
   // Tickets may be collected in any order, each once. Errors:
   // INVALID_ARGUMENT for an unknown ticket or a grad of the wrong size (the
   // ticket is then still collectable); INTERNAL on a CUDA error.
-  virtual absl::Status CollectGradient(int64_t ticket, absl::Span<float> grad,
-                                       double* loss_sum) = 0;
+  absl::Status CollectGradient(int64_t ticket, absl::Span<float> grad,
+                               double* loss_sum) override = 0;
+  bool pipelined() const override { return true; }
 
   virtual GradientAlgo algo() const = 0;
 };

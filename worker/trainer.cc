@@ -10,7 +10,6 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "kernels/cuda_backend.h"
 
 namespace ps {
 
@@ -141,9 +140,10 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
   // minibatch is sent before this one is computed (declared at the next
   // clock, so the bound still holds); BSP cannot prefetch.
   const bool prefetch = config_.EffectiveTau() != 0;
-  auto* pipelined = dynamic_cast<CudaBackend*>(backend_);
+  // A backend that computes while this thread goes on (CUDA's streams).
+  const bool pipelined = backend_->pipelined();
   // Whether the next minibatch is read before this one's gradient is done.
-  const bool read_ahead = prefetch || pipelined != nullptr;
+  const bool read_ahead = prefetch || pipelined;
 
   struct Slot {
     CsrBatch batch;
@@ -254,13 +254,13 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     // ts < 0: its pull was already waited for (before an evaluation).
     if (s.ts >= 0) PS_RETURN_IF_ERROR(kv_->Wait(s.ts, absl::Now() + timeout));
     absl::Time t1 = absl::Now();
-    // On a CUDA backend the gradient is submitted first and collected after
-    // the worker's own work for the next minibatch (reading and parsing it,
-    // sending its prefetch pull), which then overlaps the device's copy and
-    // kernels. The same weights and batch either way.
+    // On a pipelined backend the gradient is submitted first and collected
+    // after the worker's own work for the next minibatch (reading and
+    // parsing it, sending its prefetch pull), which then overlaps the
+    // device's copy and kernels. The same weights and batch either way.
     int64_t ticket = -1;
-    if (pipelined != nullptr) {
-      PS_ASSIGN_OR_RETURN(ticket, pipelined->SubmitGradient(s.batch, s.w));
+    if (pipelined) {
+      PS_ASSIGN_OR_RETURN(ticket, backend_->SubmitGradient(s.batch, s.w));
     }
     bool have_next = false;
     Fill ahead = Fill::kWaiting;
@@ -273,9 +273,9 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     }
     grad.assign(s.batch.keys.size(), 0.0f);
     double loss = 0;
-    if (pipelined != nullptr) {
+    if (pipelined) {
       PS_RETURN_IF_ERROR(
-          pipelined->CollectGradient(ticket, absl::MakeSpan(grad), &loss));
+          backend_->CollectGradient(ticket, absl::MakeSpan(grad), &loss));
     } else {
       PS_RETURN_IF_ERROR(backend_->LogisticGradient(
           s.batch, s.w, absl::MakeSpan(grad), &loss));
