@@ -636,7 +636,8 @@ std::string ResolveAutoMinibatch(JobConfig* config, int64_t estimated_rows) {
   }
   const int64_t per_worker = estimated_rows / workers;
   t.minibatch = static_cast<int>(std::clamp<int64_t>(
-      per_worker / kAutoUpdatesPerEpoch, 10, 1000));
+      per_worker / kAutoUpdatesPerEpoch, kAutoMinibatchMin,
+      kAutoMinibatchMax));
   return absl::StrCat("training.minibatch auto: ", t.minibatch, " (about ",
                       estimated_rows, " training rows, ", workers,
                       " workers: about ", per_worker / t.minibatch,

@@ -174,7 +174,10 @@ TEST(ConfigTest, AutoMinibatchIsSizedFromTheRowsPerWorker) {
 
   JobConfig tiny = c;
   ResolveAutoMinibatch(&tiny, 100);
-  EXPECT_EQ(tiny.training.minibatch, 10);
+  EXPECT_EQ(tiny.training.minibatch, kAutoMinibatchMin);
+  JobConfig criteo = c;  // criteo-10k: 8000 rows, 2000 per worker
+  ResolveAutoMinibatch(&criteo, 8000);
+  EXPECT_EQ(criteo.training.minibatch, 24);  // 10 without the floor
   JobConfig huge = c;
   ResolveAutoMinibatch(&huge, int64_t{1} << 40);
   EXPECT_EQ(huge.training.minibatch, 1000);
