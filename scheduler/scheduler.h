@@ -438,7 +438,7 @@ class SchedulerCore {
   int progress_stride_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t progress_lines_ ABSL_GUARDED_BY(mu_) = 0;
   std::pair<int64_t, double> progress_last_ ABSL_GUARDED_BY(mu_);  // sums
-  std::string ProgressReportLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string ProgressReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void AddProgressPointLocked(absl::Time now, int epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
