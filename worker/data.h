@@ -32,6 +32,9 @@ struct RowBlock {
   void Clear();
   // Appends row `row` (< src.rows()) of `src`. `src` must not be *this.
   void AppendRow(const RowBlock& src, size_t row);
+  // Keeps only the rows `*rows` names (ascending, each < rows()), in their
+  // order, in place; then (*rows)[i] = i. A shuffle buffer's compaction.
+  void KeepRows(std::vector<size_t>* rows);
 };
 
 // What one pass over a shard read so far (Reset zeroes it: after the last

@@ -47,6 +47,27 @@ void RowBlock::AppendRow(const RowBlock& src, size_t row) {
   row_ptr.push_back(static_cast<int64_t>(keys.size()));
 }
 
+void RowBlock::KeepRows(std::vector<size_t>* rows) {
+  std::vector<int64_t> ptr = {0};
+  ptr.reserve(rows->size() + 1);
+  int64_t nnz = 0;
+  for (size_t i = 0; i < rows->size(); ++i) {
+    const size_t r = (*rows)[i];  // r >= i: rows only move down
+    const int64_t b = row_ptr[r];
+    const int64_t e = row_ptr[r + 1];
+    std::copy(keys.begin() + b, keys.begin() + e, keys.begin() + nnz);
+    std::copy(vals.begin() + b, vals.begin() + e, vals.begin() + nnz);
+    labels[i] = labels[r];
+    nnz += e - b;
+    ptr.push_back(nnz);
+    (*rows)[i] = i;
+  }
+  keys.resize(static_cast<size_t>(nnz));
+  vals.resize(static_cast<size_t>(nnz));
+  labels.resize(rows->size());
+  row_ptr.swap(ptr);
+}
+
 namespace {
 
 absl::Status IoError(const std::string& what, const std::string& path, int err) {

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/hash.h"
-#include "common/permutation.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "worker/shuffle.h"
 
 namespace ps {
 
@@ -184,90 +184,30 @@ absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
   return std::unique_ptr<FieldReader>(std::move(r));
 }
 
-namespace {
+void FieldBlock::AppendRow(const FieldBlock& src, size_t row) {
+  const size_t nf = static_cast<size_t>(src.num_fields);
+  keys.insert(keys.end(), src.keys.begin() + row * nf,
+              src.keys.begin() + (row + 1) * nf);
+  labels.push_back(src.labels[row]);
+}
 
-class FieldShuffleBuffer final : public FieldReader {
- public:
-  FieldShuffleBuffer(std::unique_ptr<FieldReader> source, int64_t capacity,
-                     uint64_t key)
-      : source_(std::move(source)),
-        capacity_(static_cast<size_t>(std::max<int64_t>(1, capacity))),
-        key_(key),
-        rng_(key) {}
-
-  absl::StatusOr<size_t> Next(size_t max_rows, FieldBlock* out) override {
-    const size_t nf = static_cast<size_t>(arena_.num_fields);
-    size_t appended = 0;
-    while (appended < max_rows) {
-      if (!source_done_ && slots_.size() < capacity_) {
-        const size_t before = arena_.rows();
-        absl::StatusOr<size_t> n =
-            source_->Next(capacity_ - slots_.size(), &arena_);
-        for (size_t r = before; r < arena_.rows(); ++r) slots_.push_back(r);
-        if (!n.ok()) return n.status();  // rows read so far stay buffered
-        if (*n == 0) source_done_ = true;
-        continue;
-      }
-      if (slots_.empty()) break;
-      const size_t j = static_cast<size_t>(rng_.Below(slots_.size()));
-      const size_t r = slots_[j];
-      out->keys.insert(out->keys.end(), arena_.keys.begin() + r * nf,
-                       arena_.keys.begin() + (r + 1) * nf);
-      out->labels.push_back(arena_.labels[r]);
-      slots_[j] = slots_.back();
-      slots_.pop_back();
-      ++appended;
-      if (arena_.rows() >= 2 * capacity_) Compact();
-    }
-    return appended;
+void FieldBlock::KeepRows(std::vector<size_t>* rows) {
+  const size_t nf = static_cast<size_t>(num_fields);
+  for (size_t i = 0; i < rows->size(); ++i) {
+    const size_t r = (*rows)[i];  // r >= i: rows only move down
+    std::copy(keys.begin() + r * nf, keys.begin() + (r + 1) * nf,
+              keys.begin() + i * nf);
+    labels[i] = labels[r];
+    (*rows)[i] = i;
   }
-
-  absl::Status Reset() override {
-    arena_.Clear();
-    slots_.clear();
-    source_done_ = false;
-    rng_ = ShuffleRng(key_);
-    return source_->Reset();
-  }
-
-  const ReadStats& stats() const override { return source_->stats(); }
-  const std::string& path() const override { return source_->path(); }
-
- private:
-  // Drops the rows already handed out from the arena (the live ones keep
-  // their relative order; the slots are renumbered to match).
-  void Compact() {
-    const size_t nf = static_cast<size_t>(arena_.num_fields);
-    std::sort(slots_.begin(), slots_.end());
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      const size_t r = slots_[i];  // r >= i: rows only move down
-      std::copy(arena_.keys.begin() + r * nf,
-                arena_.keys.begin() + (r + 1) * nf,
-                arena_.keys.begin() + i * nf);
-      arena_.labels[i] = arena_.labels[r];
-      slots_[i] = i;
-    }
-    arena_.keys.resize(slots_.size() * nf);
-    arena_.labels.resize(slots_.size());
-  }
-
-  // Constant after construction.
-  const std::unique_ptr<FieldReader> source_;
-  const size_t capacity_;
-  const uint64_t key_;
-
-  ShuffleRng rng_;
-  FieldBlock arena_;           // rows read from the source, some handed out
-  std::vector<size_t> slots_;  // the arena rows still in the buffer
-  bool source_done_ = false;
-};
-
-}  // namespace
+  keys.resize(rows->size() * nf);
+  labels.resize(rows->size());
+}
 
 std::unique_ptr<FieldReader> NewFieldShuffleBuffer(
     std::unique_ptr<FieldReader> source, int64_t capacity, uint64_t key) {
-  return std::make_unique<FieldShuffleBuffer>(std::move(source), capacity,
-                                              key);
+  return std::make_unique<ShuffleBuffer<FieldReader, FieldBlock>>(
+      std::move(source), capacity, key);
 }
 
 void BuildMlpBatch(const FieldBlock& block, MlpBatch* batch) {

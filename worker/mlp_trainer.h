@@ -66,6 +66,9 @@ struct FieldBlock {
     keys.clear();
     labels.clear();
   }
+  // As RowBlock's (worker/data.h): the shuffle buffer's row operations.
+  void AppendRow(const FieldBlock& src, size_t row);
+  void KeepRows(std::vector<size_t>* rows);
 };
 
 // Streams field rows from one shard. Not thread-safe. Semantics of Next and
@@ -92,8 +95,8 @@ absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
     bool skip_malformed);
 
 // Reads `source` through a shuffle buffer of `capacity` field rows (>= 1),
-// drawn with ShuffleRng(key): the mlp's half of data.shuffle, as
-// NewShuffleBuffer (worker/shuffle.h) is the LR readers'. Every row of the
+// drawn with ShuffleRng(key): the mlp's half of data.shuffle, the same
+// ShuffleBuffer (worker/shuffle.h) as the LR readers' NewShuffleBuffer. Every row of the
 // source comes out exactly once per pass; a source of at most `capacity`
 // rows (a work unit, by default) is permuted whole. At most 2 * capacity
 // rows in memory. Reset replays the same order; errors, stats() and path()
