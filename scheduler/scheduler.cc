@@ -1564,9 +1564,8 @@ std::optional<std::string> SchedulerCore::MaybeProgress() {
   absl::MutexLock l(&mu_);
   if (phase_ != JobPhase::kRunning || work_ == nullptr) return std::nullopt;
   const absl::Time now = options_.clock->Now();
-  const JobProgress p = work_->Progress();
   if (!progress_base_) {
-    progress_base_.emplace(now, p.done);
+    progress_base_.emplace(now, work_->done());
     last_progress_ = now;
     return std::nullopt;
   }
@@ -1575,6 +1574,8 @@ std::optional<std::string> SchedulerCore::MaybeProgress() {
     return std::nullopt;
   }
   last_progress_ = now;
+  // A scan of the units: once a line, not on every call.
+  const JobProgress p = work_->Progress();
   AddProgressPointLocked(now, p.epoch);
   const double seconds = absl::ToDoubleSeconds(now - progress_base_->first);
   return FormatProgress(
