@@ -52,9 +52,9 @@ consistency:
 optimizer:
   name: ftrl
   alpha: 0.5
-  beta: 1.0
-  l1: 0.001
-  l2: 0.001
+  beta: 100
+  l1: 0.1
+  l2: 0.1
 data:
   format: libsvm
   train: {data}/a9a.train

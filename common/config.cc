@@ -511,6 +511,8 @@ const std::vector<Field>& Fields() {
       BoolField(PS_CFG(data, skip_malformed)),
       BoolField(PS_CFG(data, shuffle)),
       IntField<int64_t>(PS_CFG(data, shuffle_buffer_rows), 1),
+      DoubleField(PS_CFG(data, validation_fraction),
+                  {0, /*lo_open=*/false, /*has_hi=*/true, 0.5}),
       IntField<int64_t>(PS_CFG(data.synthetic, train_rows), 1),
       IntField<int64_t>(PS_CFG(data.synthetic, test_rows), 0),
       IntField<int64_t>(PS_CFG(data.synthetic, features), 1),
@@ -532,6 +534,7 @@ const std::vector<Field>& Fields() {
       Uint64Field(PS_CFG(training, seed)),
       DoubleField(PS_CFG(training, straggler_factor), {1, /*lo_open=*/false}),
       DoubleField(PS_CFG(training, eval_interval_s), kNonNegative),
+      IntField<int>(PS_CFG(training, early_stopping), 0, 1000),
       IntField<int>(PS_CFG(mlp, embedding_dim), 1, 1024),
       IntListField(PS_CFG(mlp, hidden), 1, 65536),
       StringField(PS_CFG(mlp, optimizer), {"adam", "adagrad", "sgd"}),
@@ -947,6 +950,18 @@ absl::Status Validate(const JobConfig& config) {
     return FieldError("training.model",
                       absl::StrCat("mlp needs data.format criteo, got ",
                                    config.data.format));
+  }
+  if (config.data.validation_fraction > 0 &&
+      config.training.model != "logistic_regression") {
+    return FieldError("data.validation_fraction",
+                      absl::StrCat("applies to logistic_regression only, not ",
+                                   config.training.model));
+  }
+  if (config.training.early_stopping > 0 &&
+      config.data.validation_fraction == 0) {
+    return FieldError("training.early_stopping",
+                      "needs data.validation_fraction > 0 (the rows it "
+                      "watches)");
   }
   // Would silently record no curve.
   const bool has_test = config.data.format == "synthetic"

@@ -199,15 +199,15 @@ TEST(ConfigTest, AutoMinibatchIsSizedFromTheRowsPerWorker) {
 
 // optimizer.feature_scale: ftrl's parameters as for values divided by s.
 TEST(ConfigTest, FeatureScaleRescalesFtrl) {
-  JobConfig c;  // ftrl alpha 0.5, beta 1, l1 = l2 = 0.001
+  JobConfig c;  // ftrl alpha 0.5, beta 32, l1 = l2 = 0.03
   ASSERT_EQ(c.optimizer.feature_scale, kAutoFeatureScale);
   JobConfig news = c;
   EXPECT_NE(ResolveFeatureScale(&news, 0.05).find("feature_scale auto: 0.05"),
             std::string::npos);
   EXPECT_DOUBLE_EQ(news.optimizer.alpha, 0.5 / 0.05);
-  EXPECT_DOUBLE_EQ(news.optimizer.beta, 0.05);
-  EXPECT_DOUBLE_EQ(news.optimizer.l1, 0.001 * 0.05);
-  EXPECT_DOUBLE_EQ(news.optimizer.l2, 0.001 * 0.05 * 0.05);
+  EXPECT_DOUBLE_EQ(news.optimizer.beta, 32 * 0.05);
+  EXPECT_DOUBLE_EQ(news.optimizer.l1, 0.03 * 0.05);
+  EXPECT_DOUBLE_EQ(news.optimizer.l2, 0.03 * 0.05 * 0.05);
   EXPECT_EQ(news.optimizer.feature_scale, 1.0);
   JobConfig again = news;  // resolved once: nothing more happens
   EXPECT_EQ(ResolveFeatureScale(&again, 0.05), "");
@@ -340,6 +340,10 @@ TEST(ConfigTest, OutOfRangeNamesTheField) {
        "config field optimizer.beta: must be >= 0, got -0.5"},
       {"optimizer: {l1: -1}", "config field optimizer.l1: must be >= 0"},
       {"optimizer: {l2: -1}", "config field optimizer.l2: must be >= 0"},
+      {"data: {validation_fraction: 0.6}",
+       "config field data.validation_fraction: must be in [0, 0.5], got 0.6"},
+      {"training: {early_stopping: -1}",
+       "config field training.early_stopping: must be >= 0"},
       {"optimizer: {initial_accumulator: -1}",
        "config field optimizer.initial_accumulator: must be >= 0"},
       {"data: {format: csv}",
@@ -457,6 +461,22 @@ TEST(ConfigTest, ValidateChecksCrossFieldConstraints) {
   JobConfig e;
   e.training.threads = 0;  // built in code, never parsed
   ExpectInvalid(Validate(e), "config field training.threads: must be >= 1");
+}
+
+// Issue 12: early stopping watches the validation split; the split is
+// logistic regression's.
+TEST(ConfigTest, EarlyStoppingNeedsAValidationSplit) {
+  JobConfig c;
+  c.training.early_stopping = 2;
+  ExpectInvalid(Validate(c), "config field training.early_stopping: needs "
+                             "data.validation_fraction > 0");
+  c.data.validation_fraction = 0.1;
+  EXPECT_TRUE(Validate(c).ok()) << Validate(c);
+  c.training.model = "mlp";
+  c.data.format = "criteo";
+  c.data.train = "/data/train.tsv";
+  ExpectInvalid(Validate(c), "config field data.validation_fraction: applies "
+                             "to logistic_regression only, not mlp");
 }
 
 // Issue 8 ("late checks"): the workers found these only after the cluster

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "deploy/launcher.h"
+#include "deploy/tune.h"
 
 namespace {
 
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   // stopped its children; children get SIGPIPE back to default.
   std::signal(SIGPIPE, SIG_IGN);
 
+  if (options->tune) return ps::RunTune(*options, print, &g_stop_signal);
   ps::Launcher launcher(*std::move(options), print);
   return launcher.Run(&g_stop_signal);
 }

@@ -463,6 +463,13 @@ H, S[i], W[i].
   --timeout_s SECONDS  stop everything and exit 124 after this long (0: never)
   --plot FILE          after the job, draw its training and test loss over
                        time into FILE (PNG; needs python3-matplotlib)
+  --tune[=TRIALS]      first search the optimizer's step size and
+                       regularisation on a validation split (the config's
+                       data.validation_fraction, else 0.1): a grid of 9
+                       jobs, or TRIALS seeded random ones; print the table,
+                       write the best config to --tune-out (default
+                       RUN_DIR/tuned.yaml), then train with it
+  --tune-out FILE      where --tune writes the best config
   --check[=resources]  only check the config and flags (every field, the
                        --kill/--drain targets) and exit 0, or 2 with the
                        error, starting nothing; =resources also checks that
@@ -555,6 +562,18 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
       }
       continue;
     }
+    // Issue 12: --tune takes its value only as --tune=TRIALS.
+    if (flag == "--tune") {
+      options.tune = true;
+      if (has_value && (!absl::SimpleAtoi(value, &options.tune_trials) ||
+                        options.tune_trials < 1 ||
+                        options.tune_trials > 1000)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --tune takes no value or =TRIALS in [1, 1000], got '",
+            value, "'"));
+      }
+      continue;
+    }
     // Chaos (issue 9): --restart takes its value only as --restart=DELAY_S.
     if (flag == "--restart") {
       options.restart = true;
@@ -570,7 +589,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     static const char* const kValueFlags[] = {
         "--config", "--set",     "--report",  "--servers",  "--workers",
         "--mode",   "--tau",     "--bin-dir", "--run-dir", "--timeout_s",
-        "--kill", "--drain", "--add-server", "--add-worker", "--plot"};
+        "--kill", "--drain", "--add-server", "--add-worker", "--plot",
+        "--tune-out"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || flag == f;
     if (!known) {
@@ -606,6 +626,11 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
         return absl::InvalidArgumentError("flag --plot wants a file name");
       }
       options.plot_path = value;
+    } else if (flag == "--tune-out") {
+      if (value.empty()) {
+        return absl::InvalidArgumentError("flag --tune-out wants a file name");
+      }
+      options.tune_out = value;
     } else if (flag == "--bin-dir") {
       options.bin_dir = value;
     } else if (flag == "--run-dir") {

@@ -201,6 +201,13 @@ struct LaunchOptions {
   // --plot FILE (issue 11): after the job, the report's loss curves drawn
   // into FILE (PNG) by plot_report.py (next to ps_launch) with matplotlib.
   std::string plot_path;
+  // --tune[=TRIALS] (issue 12; deploy/tune.h): search the optimizer's step
+  // size and regularisation on a validation split, write the best config
+  // to --tune-out (default RUN_DIR/tuned.yaml), then train with it.
+  // tune_trials 0: the default grid; N > 0: N seeded random trials.
+  bool tune = false;
+  int tune_trials = 0;
+  std::string tune_out;
 
   // Not flags; tests shorten them.
   absl::Duration kill_grace = absl::Seconds(3);  // SIGTERM -> SIGKILL

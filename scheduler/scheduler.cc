@@ -574,6 +574,7 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
     n.info.set_wait_seconds(req.wait_seconds());
     n.info.set_compute_seconds(req.compute_seconds());
     n.info.set_loss_sum(req.loss_sum());
+    if (req.validation_rows() > 0) NoteValidationLocked(req);
   }
   proto::HeartbeatResponse resp;
   if (req.role() == proto::ROLE_WORKER) {
@@ -1284,10 +1285,12 @@ std::string SchedulerCore::ReportJsonLocked() const {
   int64_t examples = 0;
   double max_worker_wall = 0;
   const proto::WorkerDoneRequest* eval = nullptr;
+  const proto::WorkerDoneRequest* validated = nullptr;
   for (const auto& [id, d] : done_) {
     examples += d.examples();
     max_worker_wall = std::max(max_worker_wall, d.wall_seconds());
     if (d.has_eval() && eval == nullptr) eval = &d;
+    if (d.validation_rows() > 0 && validated == nullptr) validated = &d;
   }
   if (work_ != nullptr) {
     // The finished units, a dead worker's included (its WorkerDone never
@@ -1365,6 +1368,7 @@ std::string SchedulerCore::ReportJsonLocked() const {
     }
     absl::StrAppend(&j, "],\n");
   }
+  absl::StrAppend(&j, ValidationReportLocked(validated));
   int64_t keys = 0, nonzeros = 0;
   std::vector<std::string> files;
   for (const auto& m : models_) {
@@ -1560,6 +1564,71 @@ void SchedulerCore::MaybeCheckpoint() {
   Checkpoint().IgnoreError();  // logged and reported by Checkpoint()
 }
 
+void SchedulerCore::NoteValidationLocked(const proto::HeartbeatRequest& req) {
+  if (!validation_points_.empty() &&
+      req.validation_epoch() <= validation_points_.back().epoch) {
+    return;  // already noted
+  }
+  ValidationPoint p;
+  p.epoch = req.validation_epoch();
+  p.auc = req.validation_auc();
+  p.logloss = req.validation_logloss();
+  p.rows = req.validation_rows();
+  p.seconds = ready_ ? absl::ToDoubleSeconds(options_.clock->Now() -
+                                             ready_time_)
+                     : 0;
+  validation_points_.push_back(p);
+  const int index = static_cast<int>(validation_points_.size()) - 1;
+  if (validation_best_ < 0 ||
+      p.logloss < validation_points_[validation_best_].logloss) {
+    validation_best_ = index;
+  }
+  const ValidationPoint& best = validation_points_[validation_best_];
+  PS_LOG_INFO("validation after {} epochs: AUC {:.4f}, log loss {:.4f} ({} "
+              "rows; best log loss {:.4f} after {} epochs)",
+              p.epoch, p.auc, p.logloss, p.rows, best.logloss, best.epoch);
+  const int patience = options_.config.training.early_stopping;
+  if (patience <= 0 || stopped_early_after_ > 0 || work_ == nullptr) return;
+  if (index - validation_best_ < patience) return;
+  const int64_t dropped = work_->StopAfter(p.epoch);
+  stopped_early_after_ = p.epoch;
+  PS_LOG_INFO("early stopping: the validation log loss has not improved for "
+              "{} evaluations (best {:.4f} after {} epochs); training ends "
+              "with the units of epoch {} in progress ({} units dropped)",
+              patience, best.logloss, best.epoch, p.epoch + 1, dropped);
+}
+
+std::string SchedulerCore::ValidationReportLocked(
+    const proto::WorkerDoneRequest* eval) const {
+  if (options_.config.data.validation_fraction <= 0) return "";
+  std::string j;
+  if (eval != nullptr && eval->validation_rows() > 0) {
+    absl::StrAppend(&j, "  \"validation_auc\": ",
+                    ExactNum(eval->validation_auc()), ",\n");
+    absl::StrAppend(&j, "  \"validation_logloss\": ",
+                    ExactNum(eval->validation_logloss()), ",\n");
+    absl::StrAppend(&j, "  \"validation_rows\": ", eval->validation_rows(),
+                    ",\n");
+  }
+  absl::StrAppend(&j, "  \"validation_curve\": [");
+  for (size_t i = 0; i < validation_points_.size(); ++i) {
+    const ValidationPoint& p = validation_points_[i];
+    absl::StrAppend(&j, i ? ", " : "", "{\"epoch\": ", p.epoch,
+                    ", \"seconds\": ", Num(p.seconds),
+                    ", \"auc\": ", Num(p.auc), ", \"logloss\": ",
+                    Num(p.logloss), "}");
+  }
+  absl::StrAppend(&j, "],\n");
+  absl::StrAppend(&j, "  \"best_validation_epoch\": ",
+                  validation_best_ < 0
+                      ? 0
+                      : validation_points_[validation_best_].epoch,
+                  ",\n");
+  absl::StrAppend(&j, "  \"stopped_early_after_epochs\": ",
+                  stopped_early_after_, ",\n");
+  return j;
+}
+
 std::optional<std::string> SchedulerCore::MaybeProgress() {
   absl::MutexLock l(&mu_);
   if (phase_ != JobPhase::kRunning || work_ == nullptr) return std::nullopt;
@@ -1578,8 +1647,16 @@ std::optional<std::string> SchedulerCore::MaybeProgress() {
   const JobProgress p = work_->Progress();
   AddProgressPointLocked(now, p.epoch);
   const double seconds = absl::ToDoubleSeconds(now - progress_base_->first);
-  return FormatProgress(
+  std::string line = FormatProgress(
       p, seconds > 0 ? (p.done - progress_base_->second) / seconds : 0);
+  if (!validation_points_.empty()) {
+    const ValidationPoint& v = validation_points_.back();
+    absl::StrAppend(&line, absl::StrFormat(
+                               ", validation AUC %.4f log loss %.4f (after "
+                               "%d epochs)",
+                               v.auc, v.logloss, v.epoch));
+  }
+  return line;
 }
 
 void SchedulerCore::AddProgressPointLocked(absl::Time now, int epoch) {

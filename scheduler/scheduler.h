@@ -433,6 +433,22 @@ class SchedulerCore {
     double train_loss = 0;  // mean over the examples since the last point
     int epoch = 0;          // 0-based, the lowest epoch not done
   };
+  // Issue 12: the validation split's evaluations at each epoch start (worker
+  // heartbeats; at most one per epoch), and early stopping by them.
+  struct ValidationPoint {
+    int epoch = 0;  // evaluated after this many epochs
+    double auc = 0, logloss = 0;
+    int64_t rows = 0;
+    double seconds = 0;  // since the cluster became ready
+  };
+  std::vector<ValidationPoint> validation_points_ ABSL_GUARDED_BY(mu_);
+  int validation_best_ ABSL_GUARDED_BY(mu_) = -1;  // its index; -1: none
+  // Epochs trained when early stopping ended the job's data; 0: it did not.
+  int stopped_early_after_ ABSL_GUARDED_BY(mu_) = 0;
+  void NoteValidationLocked(const proto::HeartbeatRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string ValidationReportLocked(const proto::WorkerDoneRequest* eval)
+      const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static constexpr size_t kMaxProgressPoints = 2048;
   std::vector<ProgressPoint> progress_points_ ABSL_GUARDED_BY(mu_);
   int progress_stride_ ABSL_GUARDED_BY(mu_) = 1;

@@ -1123,6 +1123,78 @@ TEST_F(WorkUnitTest, ProgressLineHasTheEpochAndETAs) {
       << r;
 }
 
+// Issue 12: validation points from worker 0's heartbeats show on the
+// progress line and in the report; with training.early_stopping = 2 the
+// second evaluation in a row without a better log loss drops the epochs
+// not handed out yet, and the job ends after the units in progress.
+TEST_F(WorkUnitTest, EarlyStoppingEndsTheDataAfterNoImprovement) {
+  config_.training.epochs = 6;
+  config_.training.progress_interval_s = 1;
+  config_.data.validation_fraction = 0.1;
+  config_.training.early_stopping = 2;
+  Start();
+  RegisterAll();
+  EXPECT_EQ(core_->MaybeProgress(), std::nullopt);  // the first sample
+  auto validation = [&](int epoch, double logloss) {
+    proto::HeartbeatRequest h;
+    h.set_role(proto::ROLE_WORKER);
+    h.set_id(0);
+    h.set_validation_epoch(epoch);
+    h.set_validation_auc(0.9);
+    h.set_validation_logloss(logloss);
+    h.set_validation_rows(50);
+    ASSERT_TRUE(core_->Heartbeat(h).ok());
+  };
+  // W[0] and W[1] take turns (5 units of each epoch each); at each epoch
+  // start the validation comes.
+  std::vector<std::pair<int64_t, int64_t>> finished[2];
+  for (int i = 0; i < 20; ++i) {
+    for (int w = 0; w < 2; ++w) {
+      auto r = Ask(w, finished[w]);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(r->state(), proto::WORK_UNIT) << i;
+      EXPECT_EQ(r->unit().epoch(), i / 5);
+      finished[w] = {{r->unit().id(), 100}};
+    }
+    if (i == 5) validation(1, 0.40);   // epoch 1 started
+    if (i == 10) validation(2, 0.35);  // better
+    if (i == 15) validation(3, 0.36);  // worse: 1
+    if (i == 16) validation(3, 0.30);  // the same epoch again: ignored
+  }
+  clock_.Advance(absl::Seconds(1));
+  const std::optional<std::string> line = core_->MaybeProgress();
+  ASSERT_TRUE(line.has_value());
+  EXPECT_NE(line->find("validation AUC 0.9000 log loss 0.3600 (after 3 "
+                       "epochs)"),
+            std::string::npos)
+      << *line;
+  validation(4, 0.37);  // worse again: 2 in a row, stop
+  // The units of epochs 4 and 5 are gone; each worker finishes its own.
+  for (int w = 0; w < 2; ++w) {
+    auto d = Ask(w, finished[w]);
+    ASSERT_TRUE(d.ok());
+    EXPECT_NE(d->state(), proto::WORK_UNIT);
+  }
+  for (int w = 0; w < 2; ++w) {
+    auto d = Ask(w);
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(d->state(), proto::WORK_DONE);
+  }
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  EXPECT_TRUE(End().ok());
+  const std::string r = Report();
+  EXPECT_NE(r.find("\"best_validation_epoch\": 2,"), std::string::npos) << r;
+  EXPECT_NE(r.find("\"stopped_early_after_epochs\": 4,"), std::string::npos)
+      << r;
+  EXPECT_NE(r.find("\"validation_curve\": [{\"epoch\": 1, "),
+            std::string::npos)
+      << r;
+  EXPECT_NE(r.find("\"epoch_examples\": [1000, 1000, 1000, 1000, 0, 0]"),
+            std::string::npos)
+      << r;
+}
+
 // Issue 9: a worker registering with a running job joins as W[2] with an
 // even share of the queued units; its start clock is the highest clock the
 // servers added it at, published in a second view; the report has it.

@@ -249,6 +249,24 @@ absl::Status WorkQueue::Finish(int worker, const proto::FinishedUnit& u) {
   return absl::OkStatus();
 }
 
+int64_t WorkQueue::StopAfter(int epochs) {
+  const int64_t first = static_cast<int64_t>(std::max(epochs, 0)) *
+                        units_per_epoch();
+  int64_t dropped = 0;
+  auto drop = [&](std::set<int64_t>* q) {
+    for (auto it = q->lower_bound(first); it != q->end();) {
+      Unit& unit = state_[*it];
+      unit.done = true;
+      ++done_;
+      ++dropped;
+      it = q->erase(it);
+    }
+  };
+  drop(&pool_);
+  for (std::set<int64_t>& q : own_) drop(&q);
+  return dropped;
+}
+
 int WorkQueue::Release(int worker) {
   if (worker >= 0 && worker < static_cast<int>(own_.size())) {
     pool_.insert(own_[worker].begin(), own_[worker].end());

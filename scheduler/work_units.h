@@ -107,6 +107,12 @@ class WorkQueue {
   // queue, to the pool; returns how many units were in progress.
   int Release(int worker);
 
+  // Early stopping (issue 12): the units of epochs >= `epochs` (0-based)
+  // not handed out yet are dropped (counted done, with no examples), so
+  // the job's data ends once the units in progress are finished. Returns
+  // how many were dropped.
+  int64_t StopAfter(int epochs);
+
   // A worker joined the running job (issue 9): it gets id num_queues()
   // and every (k+1)-th queued unit of each other queue (k = the queues
   // before it), an even share of each epoch left, so it has work in BSP

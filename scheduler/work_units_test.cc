@@ -51,6 +51,30 @@ TEST(WorkQueueTest, HandsOutInEpochOrderAndCountsPerEpoch) {
 // data.shuffle: each epoch's slots hold the plan's units in a seeded order,
 // a permutation of the plan (every row once an epoch), the same for the
 // same seed (BSP stays reproducible), another for another seed or epoch.
+TEST(WorkQueueTest, StopAfterDropsTheLaterEpochsNotHandedOut) {
+  // 3 units an epoch, 4 epochs, 2 workers; worker 0 holds unit 3 (epoch 1).
+  WorkQueue q(Rows(3), 4, 2, /*steal=*/true);
+  std::vector<int64_t> taken;
+  for (int i = 0; i < 4; ++i) {
+    std::optional<proto::WorkUnit> u = q.Take(i % 2);
+    ASSERT_TRUE(u.has_value());
+    taken.push_back(u->id());
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(q.Finish(i % 2, Finished(taken[i], 10)).ok());
+  }
+  // Everything of epochs 1..3 not handed out: 12 - 3 (epoch 0) - 1 (held).
+  EXPECT_EQ(q.StopAfter(1), 8);
+  EXPECT_FALSE(q.AllDone());  // the unit in progress still counts
+  EXPECT_FALSE(q.Take(0).has_value());
+  EXPECT_FALSE(q.Take(1).has_value());
+  ASSERT_TRUE(q.Finish(1, Finished(taken[3], 10)).ok());
+  EXPECT_TRUE(q.AllDone());
+  EXPECT_EQ(q.epoch_examples()[0], 30);
+  EXPECT_EQ(q.epoch_examples()[1], 10);
+  EXPECT_EQ(q.StopAfter(1), 0);  // again: nothing left to drop
+}
+
 TEST(WorkQueueTest, ProgressIsTheLowestEpochNotDone) {
   WorkQueue q(std::vector<proto::DataShard>(4), 3, 1, /*steal=*/false);
   JobProgress p = q.Progress();

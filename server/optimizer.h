@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -200,6 +201,18 @@ class Optimizer {
   // State floats per value element: sgd 0, adagrad 1 (n), ftrl 2 (z, n),
   // adam 3 (m, v, step count).
   int state_floats() const;
+
+  // The factor a pushed gradient, the SUM over `examples` examples, is
+  // multiplied by before Apply: 1 for ftrl, whose l1, l2 and beta then weigh
+  // against the summed loss of the examples trained on (LIBLINEAR's 1/C),
+  // whatever the minibatch, worker count and consistency mode; 1 / examples
+  // (the mean gradient) for sgd, adagrad and adam, whose learning_rate is a
+  // step per update and whose l1/l2 weigh against the mean loss, again
+  // whatever the update's size. 1 when examples <= 0.
+  float GradientScale(int64_t examples) const {
+    if (kind_ == OptimizerKind::kFtrl || examples <= 0) return 1.0f;
+    return 1.0f / static_cast<float>(examples);
+  }
 
   // Initialises the value (to 0) and optimizer state of n elements.
   // `state` holds n * state_floats() floats (may be null when that is 0).

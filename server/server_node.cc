@@ -600,8 +600,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
     if (fresh.empty()) NoteFinished(req.worker_id(), actions, &finished);
   }
   if (!fresh.empty()) {
-    const float scale =
-        req.num_examples() > 0 ? 1.0f / req.num_examples() : 1.0f;
+    const float scale = t->optimizer().GradientScale(req.num_examples());
     for (size_t i : fresh) {
       const RangeRun& run = runs[i];
       const size_t n = run.last - run.first;
@@ -974,9 +973,9 @@ void ServerNode::AnnounceLegacy(int worker, RangeActionList* out,
 
 void ServerNode::ApplyBsp(int range, RangeActions* actions) {
   for (RangeActions::Apply& apply : actions->apply) {
-    const float scale = apply.examples > 0 ? 1.0f / apply.examples : 1.0f;
     for (size_t ti = 0; ti < tables_.size(); ++ti) {
       Table* t = tables_[ti].get();
+      const float scale = t->optimizer().GradientScale(apply.examples);
       GradAccumulator acc(t->dim(), routing_->num_ranges());
       bool touched = false;
       for (const BufferedSegment& seg : apply.segments) {

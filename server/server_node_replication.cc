@@ -753,8 +753,7 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
     absl::Status s =
         range.Accept(p.worker(), seg.seq(), p.clock(), &buffered, &dup, &a);
     if (s.ok() && !dup && !range.bsp()) {
-      const float scale = p.num_examples() > 0 ? 1.0f / p.num_examples() : 1.0f;
-      t->Push(r, k, v, scale);
+      t->Push(r, k, v, t->optimizer().GradientScale(p.num_examples()));
       s = range.Applied(p.worker(), p.clock(), &a);
     }
     if (!s.ok()) {

@@ -412,9 +412,9 @@ JobConfig TrainingJob(Mode mode) {
   c.consistency.pull_timeout_ms = 60000;
   c.optimizer.name = "ftrl";
   c.optimizer.alpha = 0.5;
-  c.optimizer.beta = 0.001;
-  c.optimizer.l1 = 0.001;
-  c.optimizer.l2 = 0.001;
+  c.optimizer.beta = 0.25;  // summed gradients of 250 rows (issue 12)
+  c.optimizer.l1 = 0.25;
+  c.optimizer.l2 = 0.25;
   c.data.format = "synthetic";
   c.data.synthetic.train_rows = 20000;
   c.data.synthetic.test_rows = 4000;

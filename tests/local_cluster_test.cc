@@ -44,9 +44,9 @@ JobConfig SyntheticJob(Mode mode) {
   c.consistency.pull_timeout_ms = 60000;
   c.optimizer.name = "ftrl";
   c.optimizer.alpha = 0.5;
-  c.optimizer.beta = 0.001;
-  c.optimizer.l1 = 0.001;
-  c.optimizer.l2 = 0.001;
+  c.optimizer.beta = 0.5;  // summed gradients of 500 rows (issue 12)
+  c.optimizer.l1 = 0.5;
+  c.optimizer.l2 = 0.5;
   c.data.format = "synthetic";
   c.data.synthetic.train_rows = 50000;
   c.data.synthetic.test_rows = 10000;

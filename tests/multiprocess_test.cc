@@ -71,9 +71,9 @@ consistency:
 optimizer:
   name: ftrl
   alpha: 0.5
-  beta: 1.0
-  l1: 0.001
-  l2: 0.001
+  beta: 100
+  l1: 0.1
+  l2: 0.1
 data:
   format: libsvm
   train: )",
@@ -254,6 +254,40 @@ TEST_F(MultiProcessTest, SspReachesAucAndPlotsItsLoss) {
   EXPECT_NE(r.log.find("loss curves drawn in " + png), std::string::npos)
       << Tail(r.log, 2000);
   EXPECT_EQ(ReadFile(png).substr(0, 8), "\x89PNG\r\n\x1a\n");
+}
+
+// Issue 12: ps_launch --tune=2 runs two trials on a validation split (the
+// held-out rows are never trained on: each epoch trains the rest), writes
+// the best config and trains the final job with it.
+TEST_F(MultiProcessTest, TuneWritesTheBestConfigAndTrainsWithIt) {
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_tune_", ::getpid()));
+  const fs::path dir = dirs_.back();
+  const std::string tuned = (dir / "tuned.yaml").string();
+  LaunchResult r = RunLaunch(dir, A9aYaml("asp", 0), {"training.epochs=1"},
+                             "--tune=2 --tune-out " + tuned);
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.log.find("--tune: trials, best first:"), std::string::npos)
+      << Tail(r.log, 3000);
+  EXPECT_GE(Auc(r), 0.89) << r.report;
+  const std::string yaml = ReadFile(tuned);
+  EXPECT_NE(yaml.find("# Written by ps_launch --tune"), std::string::npos)
+      << yaml;
+  absl::StatusOr<JobConfig> parsed = ParseJobConfig(yaml);
+  EXPECT_TRUE(parsed.ok()) << parsed.status() << "\n" << yaml;
+  // The final job trains on every row; a trial held out about 10%.
+  EXPECT_NE(r.report.find(A9aEpochs(1)), std::string::npos) << r.report;
+  const std::string trial = ReadFile((dir / "run/trial-0/report.json").string());
+  absl::StatusOr<double> rows = JsonNumber(trial, "validation_rows");
+  absl::StatusOr<double> auc = JsonNumber(trial, "validation_auc");
+  ASSERT_TRUE(rows.ok() && auc.ok()) << trial;
+  EXPECT_GT(*rows, 2900);
+  EXPECT_LT(*rows, 3600);
+  EXPECT_GT(*auc, 0.88);
+  EXPECT_NE(trial.find(absl::StrCat("\"epoch_examples\": [",
+                                    32561 - static_cast<int64_t>(*rows), "]")),
+            std::string::npos)
+      << trial;
 }
 
 TEST_F(MultiProcessTest, AspReachesAuc) {

@@ -131,9 +131,9 @@ JobConfig Job(Mode mode) {
   c.consistency.pull_timeout_ms = 60000;
   c.optimizer.name = "ftrl";
   c.optimizer.alpha = 0.5;
-  c.optimizer.beta = 0.001;
-  c.optimizer.l1 = 0.001;
-  c.optimizer.l2 = 0.001;
+  c.optimizer.beta = 0.1;  // summed gradients of 100 rows (issue 12)
+  c.optimizer.l1 = 0.1;
+  c.optimizer.l2 = 0.1;
   c.data.format = "synthetic";
   c.data.synthetic.train_rows = 6000;
   c.data.synthetic.test_rows = 2000;

@@ -136,6 +136,19 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
       if (thread.joinable()) thread.join();
     }
   } curve;
+  // Epoch-start validation (set_validation), on a thread of its own with a
+  // CPU backend of its own, as the curve.
+  std::unique_ptr<ComputeBackend> validation_backend;
+  struct Validation {
+    absl::Mutex mu;
+    bool busy ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    int last_epoch = 0;  // the training thread's: the last epoch started
+    std::thread thread;
+    ~Validation() {
+      if (thread.joinable()) thread.join();
+    }
+  } validation;
   // With a staleness bound of at least one clock, the pull of the next
   // minibatch is sent before this one is computed (declared at the next
   // clock, so the bound still holds); BSP cannot prefetch.
@@ -335,6 +348,35 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
       report_examples = 0;
       report_loss = report_compute = report_wait = 0;
     }
+    if (validation_ != nullptr && work->epoch() > validation.last_epoch) {
+      validation.last_epoch = work->epoch();
+      absl::MutexLock l(&validation.mu);
+      if (!validation.busy) {
+        if (validation.thread.joinable()) validation.thread.join();
+        if (validation_backend == nullptr) {
+          PS_ASSIGN_OR_RETURN(validation_backend, CreateBackend("cpu", 1));
+        }
+        validation.busy = true;
+        ComputeBackend* backend = validation_backend.get();
+        const int epoch = work->epoch();
+        validation.thread = std::thread([this, &validation, backend, epoch] {
+          const absl::Status reset = validation_->Reset();
+          absl::StatusOr<EvalMetrics> m =
+              reset.ok() ? EvaluateOn(validation_, backend)
+                         : absl::StatusOr<EvalMetrics>(reset);
+          if (m.ok()) {
+            PS_LOG_INFO("validation after {} epochs: AUC {:.4f}, log loss "
+                        "{:.4f} ({} rows)",
+                        epoch, m->auc, m->logloss, m->n);
+            absl::MutexLock v(&validation_mu_);
+            validation_point_ = {epoch, m->auc, m->logloss, m->n};
+          }
+          absl::MutexLock l(&validation.mu);
+          if (!m.ok() && validation.status.ok()) validation.status = m.status();
+          validation.busy = false;
+        });
+      }
+    }
     if (eval != nullptr && tc.eval_interval_s > 0 &&
         now - last_eval >= absl::Seconds(tc.eval_interval_s)) {
       absl::MutexLock l(&curve.mu);
@@ -367,6 +409,11 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
   }
   check_updates();  // a one-epoch job, or no later unit came
   if (curve.thread.joinable()) curve.thread.join();
+  if (validation.thread.joinable()) validation.thread.join();
+  {
+    absl::MutexLock l(&validation.mu);
+    PS_RETURN_IF_ERROR(validation.status);
+  }
   {
     absl::MutexLock l(&curve.mu);
     PS_RETURN_IF_ERROR(curve.status);

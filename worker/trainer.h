@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/config.h"
 #include "kernels/backend.h"
 #include "proto/ps.pb.h"
@@ -113,6 +114,24 @@ class Trainer {
     others_min_clock_ = v;
   }
 
+  // data.validation_fraction (issue 12): `validation` (may be null; must
+  // outlive Train) is evaluated, on a thread beside training, each time
+  // this worker starts an epoch after the first (the model as it stands
+  // after the previous ones; skipped when the previous evaluation is still
+  // running), and the result is kept for validation_so_far().
+  void set_validation(RowReader* validation) { validation_ = validation; }
+  // The newest epoch-start validation evaluation (rows 0: none yet). Safe
+  // from other threads (heartbeats).
+  struct ValidationPoint {
+    int epoch = 0;  // evaluated when this worker started epoch `epoch`
+    double auc = 0, logloss = 0;
+    int64_t rows = 0;
+  };
+  ValidationPoint validation_so_far() const {
+    absl::MutexLock l(&validation_mu_);
+    return validation_point_;
+  }
+
   const TrainerStats& stats() const { return stats_; }
   // Safe from other threads (heartbeats).
   int64_t examples_so_far() const { return examples_.load(); }
@@ -130,6 +149,9 @@ class Trainer {
   std::atomic<int64_t> wait_ns_{0}, compute_ns_{0};  // stats_'s, for others
   std::atomic<double> loss_sum_{0};
   const std::atomic<int64_t>* others_min_clock_ = nullptr;
+  RowReader* validation_ = nullptr;
+  mutable absl::Mutex validation_mu_;
+  ValidationPoint validation_point_ ABSL_GUARDED_BY(validation_mu_);
 
   // Evaluate on `backend` (the curve's own, from its thread), leaving
   // stats_ alone.

@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "kernels/backend.h"
 #include "kernels/mlp.h"
+#include "worker/holdout.h"
 #include "worker/kv_worker.h"
 #include "worker/mlp_trainer.h"
 #include "worker/trainer.h"
@@ -41,7 +42,45 @@ ShuffleOptions ShuffleOf(const JobConfig& config, int64_t epoch) {
   return s;
 }
 
+namespace {
+absl::StatusOr<std::unique_ptr<RowReader>> OpenTrainRows(
+    const JobConfig& config, const proto::DataShard& shard, int64_t epoch);
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<RowReader>> OpenTrainShard(
+    const JobConfig& config, const proto::DataShard& shard, int64_t epoch) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<RowReader> rows,
+                      OpenTrainRows(config, shard, epoch));
+  const double fraction = config.data.validation_fraction;
+  if (fraction <= 0) return rows;
+  return NewHoldoutReader(std::move(rows), config.training.seed, fraction,
+                          /*keep_validation=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<RowReader>> OpenValidationSet(
+    const JobConfig& config) {
+  const DataConfig& d = config.data;
+  const double fraction = d.validation_fraction;
+  if (fraction <= 0) return std::unique_ptr<RowReader>();
+  proto::DataShard whole;
+  if (d.format == "synthetic") {
+    whole.set_row_begin(0);
+    whole.set_row_end(d.synthetic.train_rows);
+  } else {
+    whole.set_path(d.train);
+    whole.set_begin_byte(0);
+    whole.set_end_byte(-1);
+  }
+  JobConfig in_order = config;
+  in_order.data.shuffle = false;
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<RowReader> rows,
+                      OpenTrainRows(in_order, whole, 0));
+  return NewHoldoutReader(std::move(rows), config.training.seed, fraction,
+                          /*keep_validation=*/true);
+}
+
+namespace {
+absl::StatusOr<std::unique_ptr<RowReader>> OpenTrainRows(
     const JobConfig& config, const proto::DataShard& shard, int64_t epoch) {
   const DataConfig& d = config.data;
   const ShuffleOptions shuffle = ShuffleOf(config, epoch);
@@ -61,6 +100,7 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenTrainShard(
       absl::StrCat("config field data.format: unknown format '", d.format,
                    "'"));
 }
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<RowReader>> OpenTestSet(
     const JobConfig& config) {
@@ -89,7 +129,8 @@ absl::Status TrainAndReport(
     SourceT* train, ReaderT* curve_test,
     const std::function<absl::StatusOr<ReaderT*>()>& final_test,
     SchedulerClient* scheduler,
-    std::atomic<int64_t>* others_min_clock = nullptr) {
+    std::atomic<int64_t>* others_min_clock = nullptr,
+    ReaderT* final_validation = nullptr) {
   // Heartbeats carry the clock and progress, for ps_status and failure
   // detection; their replies tell when the job has ended, and how.
   absl::Notification stop;
@@ -108,6 +149,15 @@ absl::Status TrainAndReport(
       hb.set_wait_seconds(trainer->wait_seconds_so_far());
       hb.set_compute_seconds(trainer->compute_seconds_so_far());
       hb.set_loss_sum(trainer->loss_sum_so_far());
+      if constexpr (requires { trainer->validation_so_far(); }) {
+        const auto v = trainer->validation_so_far();
+        if (v.rows > 0) {
+          hb.set_validation_epoch(v.epoch);
+          hb.set_validation_auc(v.auc);
+          hb.set_validation_logloss(v.logloss);
+          hb.set_validation_rows(v.rows);
+        }
+      }
       auto r = scheduler->Heartbeat(hb, absl::Now() + every * 4);
       if (!r.ok()) {
         PS_LOG_DEBUG("heartbeat: {}", r.status().ToString());
@@ -184,6 +234,18 @@ absl::Status TrainAndReport(
     done.set_test_logloss(m->logloss);
     done.set_test_accuracy(m->accuracy);
     done.set_test_rows(m->n);
+  }
+  // The validation split: by the worker that evaluates, as the test set.
+  if (final_validation != nullptr && train->evaluate()) {
+    s = final_validation->Reset();
+    if (!s.ok()) return finish(s);
+    auto m = trainer->Evaluate(final_validation);
+    if (!m.ok()) return finish(m.status());
+    PS_LOG_INFO("validation: AUC {:.4f}, log loss {:.4f} ({} rows)", m->auc,
+                m->logloss, m->n);
+    done.set_validation_auc(m->auc);
+    done.set_validation_logloss(m->logloss);
+    done.set_validation_rows(m->n);
   }
   ReportSkippedLines(trainer->stats(), &done);
   s = WorkerDoneWithRetry(scheduler, done, absl::Now() + absl::Seconds(600));
@@ -395,8 +457,15 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
               backend->name());
   std::atomic<int64_t> others_min_clock{-1};  // from heartbeat replies
   trainer.set_others_min_clock(&others_min_clock);
+  // data.validation_fraction: worker 0 evaluates the held-out rows at each
+  // epoch start (the progress line, early stopping) and at the end (the
+  // report; the worker that evaluates the test set, or worker 0).
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<RowReader> validation,
+                      OpenValidationSet(config));
+  if (worker_id == 0) trainer.set_validation(validation.get());
   return TrainAndReport(worker_id, config, &kv, &trainer, &work, test.get(),
-                        final_test, scheduler, &others_min_clock);
+                        final_test, scheduler, &others_min_clock,
+                        validation.get());
 }
 
 absl::Status RunWorker(const WorkerRunOptions& options) {

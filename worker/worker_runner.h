@@ -42,6 +42,11 @@ ShuffleOptions ShuffleOf(const JobConfig& config, int64_t epoch);
 // `epoch` (rows in a seeded order for it when data.shuffle is on).
 absl::StatusOr<std::unique_ptr<RowReader>> OpenTrainShard(
     const JobConfig& config, const proto::DataShard& shard, int64_t epoch);
+// With data.validation_fraction > 0, the shard's held-out rows are left out.
+// The held-out validation rows of the whole training file (or generated
+// training rows), in file order; null when data.validation_fraction is 0.
+absl::StatusOr<std::unique_ptr<RowReader>> OpenValidationSet(
+    const JobConfig& config);
 // Opens the test set; nullptr (and OK) when the config has none.
 absl::StatusOr<std::unique_ptr<RowReader>> OpenTestSet(const JobConfig& config);
 
