@@ -107,6 +107,11 @@ class Trainer {
 
   // Computes test metrics of the current model on all rows of `reader`.
   absl::StatusOr<EvalMetrics> Evaluate(RowReader* reader);
+  // The same for the validation split: its skipped lines are the training
+  // file's, already counted, so stats() is left alone.
+  absl::StatusOr<EvalMetrics> EvaluateHeldOut(RowReader* reader) {
+    return EvaluateOn(reader, backend_);
+  }
 
   // SSP: a second source of the other workers' lowest clock (the
   // heartbeat replies'), read during Train; may be null. Must outlive Train.

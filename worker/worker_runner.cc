@@ -222,6 +222,20 @@ absl::Status TrainAndReport(
   absl::StatusOr<ReaderT*> test_or = final_test();
   if (!test_or.ok()) return finish(test_or.status());
   ReaderT* test = *test_or;
+  // The validation split: by the worker that evaluates, as the test set.
+  if constexpr (requires { trainer->EvaluateHeldOut(final_validation); }) {
+    if (final_validation != nullptr && train->evaluate()) {
+      s = final_validation->Reset();
+      if (!s.ok()) return finish(s);
+      auto m = trainer->EvaluateHeldOut(final_validation);
+      if (!m.ok()) return finish(m.status());
+      PS_LOG_INFO("validation: AUC {:.4f}, log loss {:.4f} ({} rows)",
+                  m->auc, m->logloss, m->n);
+      done.set_validation_auc(m->auc);
+      done.set_validation_logloss(m->logloss);
+      done.set_validation_rows(m->n);
+    }
+  }
   if (test != nullptr) {
     s = test->Reset();
     if (!s.ok()) return finish(s);
@@ -234,18 +248,6 @@ absl::Status TrainAndReport(
     done.set_test_logloss(m->logloss);
     done.set_test_accuracy(m->accuracy);
     done.set_test_rows(m->n);
-  }
-  // The validation split: by the worker that evaluates, as the test set.
-  if (final_validation != nullptr && train->evaluate()) {
-    s = final_validation->Reset();
-    if (!s.ok()) return finish(s);
-    auto m = trainer->Evaluate(final_validation);
-    if (!m.ok()) return finish(m.status());
-    PS_LOG_INFO("validation: AUC {:.4f}, log loss {:.4f} ({} rows)", m->auc,
-                m->logloss, m->n);
-    done.set_validation_auc(m->auc);
-    done.set_validation_logloss(m->logloss);
-    done.set_validation_rows(m->n);
   }
   ReportSkippedLines(trainer->stats(), &done);
   s = WorkerDoneWithRetry(scheduler, done, absl::Now() + absl::Seconds(600));
