@@ -184,8 +184,9 @@ struct TrainingConfig {
   // Early stopping (needs data.validation_fraction > 0): the validation set
   // is evaluated at the end of every epoch (as one worker sees it) and
   // training stops once its log loss has not improved for this many
-  // evaluations in a row; the report says at which epoch. 0 (the default):
-  // off, every epoch is trained.
+  // evaluations in a row; the report says at which epoch, and the model of
+  // the best evaluation is also saved in <output.model_dir>/best. 0 (the
+  // default): off, every epoch is trained.
   int early_stopping = 0;
 
   bool operator==(const TrainingConfig&) const = default;

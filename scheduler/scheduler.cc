@@ -928,9 +928,22 @@ void SchedulerCore::Finalize() {
   // (saving again overwrites the same files) until save_deadline.
   const absl::Time deadline = options_.clock->Now() + options_.save_deadline;
   std::vector<proto::ServerControlResponse> models;
+  // Early stopping (issue 12): also the best model's copy (in
+  // <model_dir>/best), when the job stopped early and every server kept the
+  // copy of the best epoch.
+  bool save_copy = false;
+  int copy_epoch = 0;
+  {
+    absl::MutexLock l(&mu_);
+    copy_epoch = copy_kept_;
+    save_copy = stopped_early_after_ > 0 && validation_best_ >= 0 &&
+                copy_kept_ == validation_points_[validation_best_].epoch;
+  }
+  bool all_from_copy = save_copy;
   for (size_t i = 0; i < addresses.size(); ++i) {
     proto::ServerControlRequest req;
     req.set_save_and_exit(true);
+    req.set_save_kept_copy(save_copy);
     auto resp = ControlWithRetry(addresses[i], req, deadline);
     if (!resp.ok()) {
       Conclude(absl::Status(
@@ -939,11 +952,23 @@ void SchedulerCore::Finalize() {
                        " could not save its model: ", resp.status().message())));
       return;
     }
+    all_from_copy = all_from_copy && resp->saved_kept_copy();
     models.push_back(*resp);
   }
   {
     absl::MutexLock l(&mu_);
     models_ = std::move(models);
+    best_model_epoch_ = all_from_copy ? copy_epoch : 0;
+  }
+  if (save_copy && !all_from_copy) {
+    PS_LOG_WARN("early stopping: not every server had the copy of the best "
+                "model (a failover since?); {}/best is incomplete",
+                options_.config.output.model_dir);
+  } else if (save_copy) {
+    PS_LOG_INFO("early stopping: the best model (after {} epochs) is in "
+                "{}/best; {} holds the model as training left it",
+                copy_epoch, options_.config.output.model_dir,
+                options_.config.output.model_dir);
   }
   Conclude(absl::OkStatus());
 }
@@ -1564,6 +1589,41 @@ void SchedulerCore::MaybeCheckpoint() {
   Checkpoint().IgnoreError();  // logged and reported by Checkpoint()
 }
 
+void SchedulerCore::MaybeKeepModelCopy() {
+  int epoch = 0;
+  std::vector<std::pair<int, std::string>> servers;
+  {
+    absl::MutexLock l(&mu_);
+    if (phase_ != JobPhase::kRunning || copy_wanted_ == 0) return;
+    epoch = copy_wanted_;
+    copy_wanted_ = 0;
+    for (const Node& s : servers_) {
+      if (s.info.state() == proto::NODE_ALIVE) {
+        servers.emplace_back(s.info.id(), s.info.address());
+      }
+    }
+  }
+  proto::ServerControlRequest req;
+  req.set_keep_model_copy(true);
+  const absl::Time deadline = options_.clock->Now() + absl::Seconds(30);
+  for (const auto& [id, address] : servers) {
+    auto r = ControlWithRetry(address, req, deadline);
+    if (!r.ok()) {
+      PS_LOG_WARN("S[{}] could not keep a copy of the model after {} epochs "
+                  "(early stopping will save the live model): {}",
+                  id, epoch, r.status().ToString());
+      absl::MutexLock l(&mu_);
+      copy_kept_ = 0;
+      return;
+    }
+  }
+  absl::MutexLock l(&mu_);
+  copy_kept_ = epoch;
+  PS_LOG_INFO("the servers keep a copy of the model after {} epochs (the "
+              "best validation log loss so far)",
+              epoch);
+}
+
 void SchedulerCore::NoteValidationLocked(const proto::HeartbeatRequest& req) {
   if (!validation_points_.empty() &&
       req.validation_epoch() <= validation_points_.back().epoch) {
@@ -1582,6 +1642,7 @@ void SchedulerCore::NoteValidationLocked(const proto::HeartbeatRequest& req) {
   if (validation_best_ < 0 ||
       p.logloss < validation_points_[validation_best_].logloss) {
     validation_best_ = index;
+    if (options_.config.training.early_stopping > 0) copy_wanted_ = p.epoch;
   }
   const ValidationPoint& best = validation_points_[validation_best_];
   PS_LOG_INFO("validation after {} epochs: AUC {:.4f}, log loss {:.4f} ({} "
@@ -1626,6 +1687,10 @@ std::string SchedulerCore::ValidationReportLocked(
                   ",\n");
   absl::StrAppend(&j, "  \"stopped_early_after_epochs\": ",
                   stopped_early_after_, ",\n");
+  // <model_dir>/best holds the model after this many epochs, the best
+  // validation log loss (0: no such copy was saved). model_dir and the
+  // test_* figures are the model as training left it.
+  absl::StrAppend(&j, "  \"best_model_epoch\": ", best_model_epoch_, ",\n");
   return j;
 }
 

@@ -225,6 +225,12 @@ class SchedulerCore {
   // or the last interval checkpoint started. Blocks while it runs: call it
   // periodically from a thread of its own, not from a clock timer.
   void MaybeCheckpoint();
+  // Early stopping (issue 12): when the validation log loss reached a new
+  // best since the last call, tells every live server to keep a copy of
+  // its model (ServerControlRequest.keep_model_copy); the job's save then
+  // writes that copy if the job stopped early. Call it periodically, as
+  // MaybeCheckpoint, from a thread that may block on RPCs.
+  void MaybeKeepModelCopy();
   // The job's progress line (FormatProgress: the current epoch's share of
   // work units done, the job's, and ETAs at the rate units were done since
   // the first call that saw the job running), once every
@@ -445,6 +451,13 @@ class SchedulerCore {
   int validation_best_ ABSL_GUARDED_BY(mu_) = -1;  // its index; -1: none
   // Epochs trained when early stopping ended the job's data; 0: it did not.
   int stopped_early_after_ ABSL_GUARDED_BY(mu_) = 0;
+  // With early stopping, the servers keep a copy of the model at each new
+  // best (MaybeKeepModelCopy): the epoch wanted (0: none), the epoch of
+  // the copy every live server kept (0: none), and the epoch of the copy
+  // saved in <model_dir>/best (0: none).
+  int copy_wanted_ ABSL_GUARDED_BY(mu_) = 0;
+  int copy_kept_ ABSL_GUARDED_BY(mu_) = 0;
+  int best_model_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   void NoteValidationLocked(const proto::HeartbeatRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string ValidationReportLocked(const proto::WorkerDoneRequest* eval)

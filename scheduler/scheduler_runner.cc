@@ -124,6 +124,13 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   });
   // Checkpoints (issue 9) on a thread of their own: one can take long, and
   // must not hold up failure detection.
+  // Early stopping's model copies (issue 12) on another: they call servers.
+  std::thread copier([&] {
+    if (config.training.early_stopping <= 0) return;
+    while (!stop.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+      core.MaybeKeepModelCopy();
+    }
+  });
   std::thread checkpointer([&] {
     if (config.fault_tolerance.checkpoint_interval_s <= 0) return;
     const absl::Duration poll = std::min(
@@ -157,6 +164,7 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   stop.Notify();
   checker.join();
   checkpointer.join();
+  copier.join();
   resume.join();
   canceller.join();
   if (result.ok()) {

@@ -1056,8 +1056,32 @@ absl::Status ServerNode::SetConsistency(const proto::ConsistencyConfig& c) {
   return absl::OkStatus();
 }
 
+void ServerNode::KeepModelCopy() {
+  absl::MutexLock l(&mu_);
+  kept_copy_.clear();
+  for (const auto& t : tables_) kept_copy_.push_back(t->CopyValues(&owned_));
+  kept_owned_ = owned_;
+}
+
+absl::Status ServerNode::SaveKeptCopy(proto::ServerControlResponse* resp) {
+  std::string dir;
+  {
+    absl::MutexLock l(&mu_);
+    if (kept_copy_.size() != tables_.size() || kept_owned_ != owned_) {
+      resp->set_saved_kept_copy(false);
+      return absl::OkStatus();
+    }
+    dir = absl::StrCat(model_dir_.empty() ? "." : model_dir_, "/best");
+  }
+  proto::ServerControlResponse copy;
+  PS_RETURN_IF_ERROR(SaveModel(dir, &copy, /*kept_copy=*/true));
+  resp->set_saved_kept_copy(copy.saved_kept_copy());
+  return absl::OkStatus();
+}
+
 absl::Status ServerNode::SaveModel(const std::string& dir_arg,
-                                   proto::ServerControlResponse* resp) {
+                                   proto::ServerControlResponse* resp,
+                                   bool kept_copy) {
   // No partial models (issue 8: a full disk left a partial model). Every
   // file is written under a temporary name in the same folder and fsynced;
   // only when all of them are complete are they renamed into place (then
@@ -1105,16 +1129,24 @@ absl::Status ServerNode::SaveModel(const std::string& dir_arg,
   int64_t keys = 0, nonzeros = 0;
   std::string first_path;
   absl::Status status;
-  for (const auto& t : tables_) {
+  const bool from_copy = kept_copy && kept_copy_.size() == tables_.size() &&
+                         kept_owned_ == owned_;
+  if (kept_copy && !from_copy) {
+    PS_LOG_WARN("no model copy kept over the ranges this server owns now; "
+                "saving the live model");
+  }
+  for (size_t ti = 0; ti < tables_.size(); ++ti) {
+    const auto& t = tables_[ti];
+    const Table::ValueCopy* from = from_copy ? &kept_copy_[ti] : nullptr;
     const std::string base =
         absl::StrCat(dir, "/table-", t->id(), ".server-", id_);
     size_t k = 0, nz = 0;
     files.push_back({base + ".bin.partial", base + ".bin"});
-    status = t->SaveBinary(files.back().temp, &k, &owned_);
+    status = t->SaveBinary(files.back().temp, &k, &owned_, from);
     if (status.ok()) status = fsync_path(files.back().temp, O_RDONLY);
     if (!status.ok()) break;
     files.push_back({base + ".txt.partial", base + ".txt"});
-    status = t->SaveText(files.back().temp, &nz, &owned_);
+    status = t->SaveText(files.back().temp, &nz, &owned_, from);
     if (status.ok()) status = fsync_path(files.back().temp, O_RDONLY);
     if (!status.ok()) break;
     keys += k;
@@ -1139,6 +1171,7 @@ absl::Status ServerNode::SaveModel(const std::string& dir_arg,
   resp->set_model_path(first_path);
   resp->set_keys(keys);
   resp->set_nonzeros(nonzeros);
+  resp->set_saved_kept_copy(from_copy);
   return absl::OkStatus();
 }
 

@@ -161,8 +161,19 @@ class ServerNode {
   // any error no file of this save is left (temporaries removed) and the
   // error names the file and why, with the errno's code (ENOSPC:
   // RESOURCE_EXHAUSTED; UNAVAILABLE when `dir` cannot be created).
+  // With `kept_copy` (issue 12, early stopping): writes the copy
+  // KeepModelCopy kept, when it covers exactly the ranges this server owns
+  // now (resp->saved_kept_copy() says so), else the live model.
   absl::Status SaveModel(const std::string& dir,
-                         proto::ServerControlResponse* resp);
+                         proto::ServerControlResponse* resp,
+                         bool kept_copy = false);
+  // Keeps a copy of every table's values over the ranges this server owns
+  // now (not the optimizer state), replacing the previous copy.
+  void KeepModelCopy();
+  // Writes that copy as SaveModel(<view's model_dir>/best, ..., true) does,
+  // setting only resp->saved_kept_copy(): false (and OK, nothing written)
+  // when no copy covers the ranges this server owns now.
+  absl::Status SaveKeptCopy(proto::ServerControlResponse* resp);
   proto::ServerStatus Status() const;
   // The invariants of every range's consistency state
   // (RangeState::CheckInvariants), annotated with the range; tests run it
@@ -418,6 +429,9 @@ class ServerNode {
   std::vector<RangeState> ranges_ ABSL_GUARDED_BY(mu_);
   // The ranges routing_ gives this server, ascending (set with routing_).
   std::vector<int> owned_ ABSL_GUARDED_BY(mu_);
+  // KeepModelCopy's copy, per table, and the ranges it covers.
+  std::vector<Table::ValueCopy> kept_copy_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> kept_owned_ ABSL_GUARDED_BY(mu_);
   int64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t non_finite_pushes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -788,6 +788,34 @@ TEST_F(ServerNodeTest, SaveModelWritesBinaryShard) {
   EXPECT_EQ((*loaded)[1].second, std::vector<float>{0.0f});
 }
 
+// Issue 12 (early stopping): the copy KeepModelCopy kept is what a save
+// from the copy writes, whatever was pushed since; without a copy nothing
+// is saved from one.
+TEST_F(ServerNodeTest, KeptModelCopyIsSavedAsItWas) {
+  Configure(1, 1, proto::MODE_ASP);
+  proto::ServerControlResponse none;
+  ASSERT_TRUE(node_.SaveKeptCopy(&none).ok());
+  EXPECT_FALSE(none.saved_kept_copy());
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {3, 8}, {1, 0}, 1)).ok());
+  node_.KeepModelCopy();
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 2, 0, {3, 9}, {1, 1}, 1)).ok());
+  const std::string dir = ::testing::TempDir() + "/server_node_test_copy";
+  proto::ServerControlResponse resp;
+  ASSERT_TRUE(node_.SaveModel(dir, &resp, /*kept_copy=*/true).ok());
+  EXPECT_TRUE(resp.saved_kept_copy());
+  EXPECT_EQ(resp.keys(), 2);  // key 9 came after the copy
+  EXPECT_EQ(resp.nonzeros(), 1);
+  auto loaded = Table::LoadBinary(dir + "/table-0.server-0.bin");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 2u);
+  EXPECT_EQ((*loaded)[0].first, 3u);
+  EXPECT_EQ((*loaded)[0].second, std::vector<float>{-1.0f});  // not -2
+  proto::ServerControlResponse live;
+  ASSERT_TRUE(node_.SaveModel(dir, &live).ok());
+  EXPECT_FALSE(live.saved_kept_copy());
+  EXPECT_EQ(live.keys(), 3);
+}
+
 // Issue 8: "a full disk leaves a partial model". A save that fails on its
 // second table leaves no file of the first behind, and says which file.
 TEST_F(ServerNodeTest, RegressionFullDiskLeavesPartialModel) {

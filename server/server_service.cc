@@ -141,6 +141,7 @@ grpc::ServerUnaryReactor* ServerService::Control(
                                          resp->mutable_join_clocks()));
     case proto::ServerControlRequest::kSaveAndExit: {
       absl::Status s = node_->SaveModel("", resp);
+      if (s.ok() && req->save_kept_copy()) s = node_->SaveKeptCopy(resp);
       if (s.ok()) {
         PS_LOG_INFO("model shard written: {} ({} keys, {} non-zero)",
                     resp->model_path(), resp->keys(), resp->nonzeros());
@@ -148,6 +149,9 @@ grpc::ServerUnaryReactor* ServerService::Control(
       }
       return Reply(ctx, s);
     }
+    case proto::ServerControlRequest::kKeepModelCopy:  // issue 12
+      node_->KeepModelCopy();
+      return Reply(ctx, absl::OkStatus());
     case proto::ServerControlRequest::kCheckpoint:  // checkpoints (issue 9)
       return Reply(ctx, node_->Checkpoint(req->checkpoint(), resp));
     default:

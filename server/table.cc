@@ -471,12 +471,25 @@ std::vector<std::pair<uint64_t, std::vector<float>>> Table::Snapshot(
   return out;
 }
 
+Table::ValueCopy Table::CopyValues(const std::vector<int>* ranges) const {
+  ValueCopy copy;
+  Gather(/*nonzero_only=*/false, ranges, &copy.keys, &copy.values);
+  return copy;
+}
+
 absl::Status Table::SaveBinary(const std::string& path, size_t* keys_written,
-                               const std::vector<int>* ranges) const {
+                               const std::vector<int>* ranges,
+                               const ValueCopy* from) const {
   const size_t dim = static_cast<size_t>(spec_.dim);
-  std::vector<uint64_t> keys;
-  std::vector<float> values;
-  Gather(/*nonzero_only=*/false, ranges, &keys, &values);
+  std::vector<uint64_t> gathered_keys;
+  std::vector<float> gathered_values;
+  if (from == nullptr) {
+    Gather(/*nonzero_only=*/false, ranges, &gathered_keys, &gathered_values);
+  }
+  const std::vector<uint64_t>& keys =
+      from != nullptr ? from->keys : gathered_keys;
+  const std::vector<float>& values =
+      from != nullptr ? from->values : gathered_values;
   PS_RETURN_IF_ERROR(WriteAtomically(path, [&](File& f) -> absl::Status {
     const uint32_t version = kFormatVersion;
     const int32_t table_id = spec_.id;
@@ -498,11 +511,21 @@ absl::Status Table::SaveBinary(const std::string& path, size_t* keys_written,
 }
 
 absl::Status Table::SaveText(const std::string& path, size_t* nonzeros_written,
-                             const std::vector<int>* ranges) const {
+                             const std::vector<int>* ranges,
+                             const ValueCopy* from) const {
   const size_t dim = static_cast<size_t>(spec_.dim);
   std::vector<uint64_t> keys;
   std::vector<float> values;
-  Gather(/*nonzero_only=*/true, ranges, &keys, &values);
+  if (from == nullptr) {
+    Gather(/*nonzero_only=*/true, ranges, &keys, &values);
+  } else {
+    for (size_t i = 0; i < from->keys.size(); ++i) {
+      const float* v = from->values.data() + i * dim;
+      if (std::all_of(v, v + dim, [](float x) { return x == 0.0f; })) continue;
+      keys.push_back(from->keys[i]);
+      values.insert(values.end(), v, v + dim);
+    }
+  }
   PS_RETURN_IF_ERROR(WriteAtomically(path, [&](File& f) -> absl::Status {
     // One line at a time in a reused buffer: no allocation per key.
     std::string line;

@@ -126,15 +126,26 @@ class Table {
   // directory, PERMISSION_DENIED, RESOURCE_EXHAUSTED for a full disk, ...).
   // `ranges` (issue 9: a server also holds its backups' ranges): only the
   // keys of these ranges; null: every range.
+  // `from` (issue 12): write that copy (CopyValues) instead of the live
+  // values; `ranges` is then ignored.
+  struct ValueCopy {
+    std::vector<uint64_t> keys;  // ascending
+    std::vector<float> values;   // dim floats per key
+  };
   absl::Status SaveBinary(const std::string& path, size_t* keys_written,
-                          const std::vector<int>* ranges = nullptr) const;
+                          const std::vector<int>* ranges = nullptr,
+                          const ValueCopy* from = nullptr) const;
+  // The keys and values of `ranges` (null: all) as they are now (one
+  // partition at a time, as the saves), for a later SaveBinary/SaveText.
+  ValueCopy CopyValues(const std::vector<int>* ranges) const;
 
   // Writes the keys with any non-zero value as text lines
   // "key<TAB>v1 v2 ... vdim\n", key in decimal, values in shortest
   // round-trip form, ascending by key. Sets *nonzeros_written (may be null).
   // Errors as for SaveBinary.
   absl::Status SaveText(const std::string& path, size_t* nonzeros_written,
-                        const std::vector<int>* ranges = nullptr) const;
+                        const std::vector<int>* ranges = nullptr,
+                        const ValueCopy* from = nullptr) const;
 
   // Reads a file written by SaveBinary. NOT_FOUND (etc., from errno) when
   // it cannot be opened, INVALID_ARGUMENT when it is not a PSTB file,

@@ -129,6 +129,10 @@ absl::StatusOr<proto::ServerControlResponse> ServerNodeHandler::Control(
       break;
     case proto::ServerControlRequest::kSaveAndExit:
       s = node_->SaveModel("", &resp);
+      if (s.ok() && req.save_kept_copy()) s = node_->SaveKeptCopy(&resp);
+      break;
+    case proto::ServerControlRequest::kKeepModelCopy:  // issue 12
+      node_->KeepModelCopy();
       break;
     case proto::ServerControlRequest::kCheckpoint:  // checkpoints (issue 9)
       s = node_->Checkpoint(req.checkpoint(), &resp);
