@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
+#include "common/job_report.h"
 #include "common/net.h"
 #include "transport/grpc_transport.h"
 #include "common/security.h"
@@ -513,21 +514,10 @@ bool ClusterHandlesWorkerDeath(const JobConfig& config,
 }
 
 std::optional<std::string> FailedJobError(const std::string& report_path) {
-  std::ifstream in(report_path);
-  if (!in) return std::nullopt;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  if (!absl::StrContains(text, "\"status\": \"failed\"")) return std::nullopt;
-  const std::string key = "\"error\": \"";
-  size_t at = text.find(key);
-  if (at == std::string::npos) return std::string("(no error in the report)");
-  std::string error;
-  for (size_t i = at + key.size(); i < text.size() && text[i] != '"'; ++i) {
-    if (text[i] == '\\' && i + 1 < text.size()) ++i;  // an escaped character
-    error += text[i];
-  }
-  return error;
+  absl::StatusOr<proto::JobReport> report = ReadJobReport(report_path);
+  if (!report.ok() || report->status() != "failed") return std::nullopt;
+  if (report->error().empty()) return std::string("(no error in the report)");
+  return report->error();
 }
 
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(

@@ -229,8 +229,8 @@ absl::Status PlotReport(const Plotter& plotter, const std::string& report_path,
                         const std::string& png);
 
 // The scheduler's verdict: the "error" of the JSON report at `report_path`
-// when its "status" is "failed"; nullopt when the file is missing or the job
-// did not fail.
+// (proto/report.proto) when its "status" is "failed"; nullopt when the file
+// is missing, is not a report, or the job did not fail.
 std::optional<std::string> FailedJobError(const std::string& report_path);
 
 // Issue 9: whether the death of child `child_name` ("W[1]") is left to the

@@ -685,6 +685,14 @@ TEST(FailedJobErrorTest, ReadsTheErrorOfAFailedReportOnly) {
   EXPECT_FALSE(FailedJobError(path).has_value());
   std::ofstream(path) << "{\"status\": \"failed\", \"error\": \"a \\\"b\\\" c\"}";
   EXPECT_EQ(FailedJobError(path).value_or(""), "a \"b\" c");
+  // Protobuf's JSON escapes '<' and '>' (and control characters) as \uXXXX.
+  std::ofstream(path) << "{\"status\": \"failed\", \"error\": "
+                         "\"bad \\u003cline\\u003e\\n\"}";
+  EXPECT_EQ(FailedJobError(path).value_or(""), "bad <line>\n");
+  std::ofstream(path) << "{\"status\": \"failed\", \"error\": \"\"}";
+  EXPECT_EQ(FailedJobError(path).value_or(""), "(no error in the report)");
+  std::ofstream(path) << "{\"status\": \"failed\", \"err";  // half written
+  EXPECT_FALSE(FailedJobError(path).has_value());
   std::remove(path.c_str());
 }
 

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/numbers.h"
+#include "common/job_report.h"
 #include "common/logging.h"
 #include "common/routing.h"
 #include "common/status_macros.h"
@@ -40,31 +42,24 @@ proto::ConsistencyConfig ToProto(const ConsistencyConfig& c) {
 
 namespace {
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
+// `v` to 6 significant digits, as the report shows measured figures (the
+// double nearest that decimal: protobuf's JSON prints it back as at most 6
+// digits). A non-finite `v` is returned as is.
+double Round6(double v) {
+  if (!std::isfinite(v)) return v;
+  double rounded = v;
+  (void)absl::SimpleAtod(absl::StrFormat("%.6g", v), &rounded);
+  return rounded;
+}
+
+// A report figure that may be non-finite: the number, or null (JSON has no
+// NaN or infinity).
+void SetNumber(double v, google::protobuf::Value* out) {
+  if (std::isfinite(v)) {
+    out->set_number_value(v);
+  } else {
+    out->set_null_value(google::protobuf::NULL_VALUE);
   }
-  return out + "\"";
-}
-
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.6g", v);
-}
-
-// All 17 significant digits: figures a tool must reproduce exactly
-// (ps_predict's test metrics).
-std::string ExactNum(double v) {
-  if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.17g", v);
 }
 
 // The seed of the work units' order (WorkQueue): data.shuffle's.
@@ -994,10 +989,22 @@ void SchedulerCore::Conclude(absl::Status status) {
     SaveStateLocked();  // ended: a restarted scheduler takes nothing over
   }
   if (!options_.report_path.empty()) {
-    std::ofstream out(options_.report_path);
+    // A file is written beside and renamed over: a reader (ps_launch reads
+    // it as children exit) sees no report or a whole one, never half of
+    // one. Anything else (/dev/stdout, a pipe) is written in place.
+    std::error_code ec;
+    const auto type = std::filesystem::status(options_.report_path, ec).type();
+    const bool in_place = type != std::filesystem::file_type::regular &&
+                          type != std::filesystem::file_type::not_found;
+    const std::string tmp =
+        in_place ? options_.report_path : options_.report_path + ".tmp";
+    std::ofstream out(tmp);
     out << report;
     out.close();
-    if (!out) {
+    ec.clear();
+    if (out && !in_place) std::filesystem::rename(tmp, options_.report_path, ec);
+    if (!out || ec) {
+      if (!in_place) std::filesystem::remove(tmp, ec);
       PS_LOG_ERROR("cannot write report {}", options_.report_path);
       absl::MutexLock l(&mu_);
       if (end_status_.ok()) {
@@ -1259,45 +1266,51 @@ std::string SchedulerCore::ReportJson() const {
   return ReportJsonLocked();
 }
 
-std::string SchedulerCore::FailoverReportLocked() const {
-  std::string j = "  \"failovers\": [";
-  bool first = true;
+void SchedulerCore::FailoverReportLocked(proto::JobReport* report) const {
   for (const Failover& f : failovers_) {
-    absl::StrAppend(
-        &j, first ? "" : ", ", "{\"node\": \"S[", f.server, "]\"",
-        ", \"epoch\": ", f.epoch, ", \"why\": ", JsonString(f.why),
-        ", \"detect_ms\": ", f.detected_ms - f.last_seen_ms,
-        ", \"last_heartbeat_unix_ms\": ", f.last_seen_ms,
-        ", \"first_ack_unix_ms\": ", f.first_ack_ms,
-        ", \"recovery_ms\": ",
-        f.first_ack_ms > 0 ? absl::StrCat(f.first_ack_ms - f.last_seen_ms)
-                           : std::string("null"),
-        "}");
-    first = false;
+    proto::JobReport::Failover* r = report->add_failovers();
+    r->set_node(absl::StrCat("S[", f.server, "]"));
+    r->set_epoch(static_cast<int32_t>(f.epoch));
+    r->set_why(f.why);
+    r->set_detect_ms(static_cast<double>(f.detected_ms - f.last_seen_ms));
+    r->set_last_heartbeat_unix_ms(static_cast<double>(f.last_seen_ms));
+    r->set_first_ack_unix_ms(static_cast<double>(f.first_ack_ms));
+    if (f.first_ack_ms > 0) {
+      r->mutable_recovery_ms()->set_number_value(
+          static_cast<double>(f.first_ack_ms - f.last_seen_ms));
+    } else {
+      r->mutable_recovery_ms()->set_null_value(google::protobuf::NULL_VALUE);
+    }
   }
-  absl::StrAppend(&j, "],\n");
-  return j;
 }
 
-std::string SchedulerCore::MembershipReportLocked() const {
-  std::string j = "  \"membership\": [";
-  bool first = true;
+void SchedulerCore::MembershipReportLocked(proto::JobReport* report) const {
   for (const MembershipChange& m : membership_) {
-    absl::StrAppend(&j, first ? "" : ", ", "{\"event\": ",
-                    JsonString(m.event), ", \"node\": \"",
-                    m.worker ? "W[" : "S[", m.server, "]\", \"epoch\": ",
-                    m.epoch, m.worker ? ", \"units\": " : ", \"ranges\": ",
-                    m.ranges);
-    if (m.worker) absl::StrAppend(&j, ", \"start_clock\": ", m.start_clock);
-    absl::StrAppend(&j, ", \"seconds\": ", Num(m.seconds), ", \"error\": ",
-                    JsonString(m.error), "}");
-    first = false;
+    proto::JobReport::MembershipChange* r = report->add_membership();
+    r->set_event(m.event);
+    r->set_node(absl::StrCat(m.worker ? "W[" : "S[", m.server, "]"));
+    r->set_epoch(static_cast<int32_t>(m.epoch));
+    if (m.worker) {
+      r->set_units(m.ranges);
+      r->set_start_clock(static_cast<int32_t>(m.start_clock));
+    } else {
+      r->set_ranges(m.ranges);
+    }
+    r->set_seconds(Round6(m.seconds));
+    r->set_error(m.error);
   }
-  absl::StrAppend(&j, "],\n");
-  return j;
+}
+
+proto::JobReport SchedulerCore::Report() const {
+  absl::MutexLock l(&mu_);
+  return ReportLocked();
 }
 
 std::string SchedulerCore::ReportJsonLocked() const {
+  return JobReportJson(ReportLocked());
+}
+
+proto::JobReport SchedulerCore::ReportLocked() const {
   const JobConfig& c = options_.config;
   const double wall = absl::ToDoubleSeconds(
       (concluding_ ? end_time_ : options_.clock->Now()) - start_);
@@ -1323,132 +1336,98 @@ std::string SchedulerCore::ReportJsonLocked() const {
     examples = 0;
     for (int64_t n : work_->epoch_examples()) examples += n;
   }
-  std::string j = "{\n";
-  const char* status = phase_ == JobPhase::kDone     ? "ok"
-                       : phase_ == JobPhase::kFailed ? "failed"
-                                                     : "running";
-  absl::StrAppend(&j, "  \"status\": ", JsonString(status), ",\n");
-  absl::StrAppend(&j, "  \"error\": ",
-                  JsonString(std::string(end_status_.message())), ",\n");
-  absl::StrAppend(&j, "  \"phase\": ", JsonString(JobPhaseName(phase_)),
-                  ",\n");
-  if (phase_ == JobPhase::kFailed) {
-    absl::StrAppend(&j, "  \"failed_in\": ",
-                    JsonString(JobPhaseName(failed_in_)), ",\n");
-  }
-  absl::StrAppend(&j, "  \"mode\": ", JsonString(ModeName(c.consistency.mode)),
-                  ",\n");
+  proto::JobReport r;
+  r.set_status(phase_ == JobPhase::kDone     ? "ok"
+               : phase_ == JobPhase::kFailed ? "failed"
+                                             : "running");
+  r.set_error(std::string(end_status_.message()));
+  r.set_phase(JobPhaseName(phase_));
+  if (phase_ == JobPhase::kFailed) r.set_failed_in(JobPhaseName(failed_in_));
+  r.set_mode(ModeName(c.consistency.mode));
   // The view's (ps_status may have changed it), the config's before there
   // is a view.
-  absl::StrAppend(&j, "  \"tau\": ",
-                  ready_ ? view_.consistency().tau()
-                         : ToProto(c.consistency).tau(),
-                  ",\n");
-  absl::StrAppend(&j, "  \"servers\": ", servers_.size(), ",\n");
-  absl::StrAppend(&j, "  \"workers\": ", workers_.size(), ",\n");
-  absl::StrAppend(&j, "  \"data\": ", JsonString(c.data.format == "synthetic"
-                                                     ? "synthetic"
-                                                     : c.data.train),
-                  ",\n");
-  absl::StrAppend(&j, "  \"optimizer\": ", JsonString(c.optimizer.name), ",\n");
-  absl::StrAppend(&j, "  \"wall_seconds\": ", Num(wall), ",\n");
-  absl::StrAppend(&j, "  \"train_seconds\": ", Num(max_worker_wall), ",\n");
-  absl::StrAppend(&j, "  \"job_seconds\": ", Num(train), ",\n");
-  absl::StrAppend(&j, "  \"examples\": ", examples, ",\n");
-  absl::StrAppend(
-      &j, "  \"examples_per_sec\": ",
-      Num(max_worker_wall > 0 ? examples / max_worker_wall : 0), ",\n");
+  r.set_tau(ready_ ? view_.consistency().tau() : ToProto(c.consistency).tau());
+  r.set_servers(static_cast<int32_t>(servers_.size()));
+  r.set_workers(static_cast<int32_t>(workers_.size()));
+  r.set_data(c.data.format == "synthetic" ? "synthetic" : c.data.train);
+  r.set_optimizer(c.optimizer.name);
+  r.set_wall_seconds(Round6(wall));
+  r.set_train_seconds(Round6(max_worker_wall));
+  r.set_job_seconds(Round6(train));
+  r.set_examples(static_cast<double>(examples));
+  r.set_examples_per_sec(
+      Round6(max_worker_wall > 0 ? examples / max_worker_wall : 0));
   // Issue 9: examples of the finished work units per epoch (each equals the
   // data's row count once the job is done), and the workers that died.
   if (work_ != nullptr) {
-    absl::StrAppend(&j, "  \"work_units_per_epoch\": ",
-                    work_->units_per_epoch(), ",\n");
-    absl::StrAppend(&j, "  \"epoch_examples\": [",
-                    absl::StrJoin(work_->epoch_examples(), ", "), "],\n");
-  }
-  absl::StrAppend(&j, "  \"dead_workers\": [",
-                  absl::StrJoin(dead_workers_, ", "), "],\n");
-  absl::StrAppend(&j, "  \"replicas\": ", replicas_, ",\n");
-  absl::StrAppend(&j, FailoverReportLocked());
-  absl::StrAppend(&j, MembershipReportLocked());
-  // Scheduler restart (issue 9): how many schedulers took this job over.
-  absl::StrAppend(&j, "  \"scheduler_restarts\": ", restarts_, ",\n");
-  // The training loss every training.progress_interval_s (issue 11).
-  absl::StrAppend(&j, ProgressReportLocked());
-  if (eval != nullptr) {
-    absl::StrAppend(&j, "  \"test_auc\": ", ExactNum(eval->test_auc()),
-                    ",\n");
-    absl::StrAppend(&j, "  \"test_logloss\": ",
-                    ExactNum(eval->test_logloss()), ",\n");
-    absl::StrAppend(&j, "  \"test_accuracy\": ",
-                    ExactNum(eval->test_accuracy()), ",\n");
-    absl::StrAppend(&j, "  \"test_rows\": ", eval->test_rows(), ",\n");
-    absl::StrAppend(&j, "  \"curve\": [");
-    for (int i = 0; i < eval->curve_size(); ++i) {
-      const proto::EvalPoint& p = eval->curve(i);
-      absl::StrAppend(&j, i ? ", " : "", "{\"seconds\": ", Num(p.seconds()),
-                      ", \"logloss\": ", Num(p.logloss()),
-                      ", \"auc\": ", Num(p.auc()),
-                      ", \"examples\": ", p.examples(), "}");
+    r.set_work_units_per_epoch(static_cast<int32_t>(work_->units_per_epoch()));
+    for (int64_t n : work_->epoch_examples()) {
+      r.add_epoch_examples(static_cast<double>(n));
     }
-    absl::StrAppend(&j, "],\n");
   }
-  absl::StrAppend(&j, ValidationReportLocked(validated));
+  for (int w : dead_workers_) r.add_dead_workers(w);
+  r.set_replicas(replicas_);
+  FailoverReportLocked(&r);
+  MembershipReportLocked(&r);
+  // Scheduler restart (issue 9): how many schedulers took this job over.
+  r.set_scheduler_restarts(restarts_);
+  // The training loss every training.progress_interval_s (issue 11).
+  ProgressReportLocked(&r);
+  if (eval != nullptr) {
+    // Exact: ps_predict must reproduce these figures.
+    SetNumber(eval->test_auc(), r.mutable_test_auc());
+    SetNumber(eval->test_logloss(), r.mutable_test_logloss());
+    SetNumber(eval->test_accuracy(), r.mutable_test_accuracy());
+    r.set_test_rows(static_cast<double>(eval->test_rows()));
+    for (const proto::EvalPoint& p : eval->curve()) {
+      proto::JobReport::EvalPoint* e = r.add_curve();
+      e->set_seconds(Round6(p.seconds()));
+      SetNumber(Round6(p.logloss()), e->mutable_logloss());
+      SetNumber(Round6(p.auc()), e->mutable_auc());
+      e->set_examples(static_cast<double>(p.examples()));
+    }
+  }
+  ValidationReportLocked(validated, &r);
   int64_t keys = 0, nonzeros = 0;
-  std::vector<std::string> files;
   for (const auto& m : models_) {
     keys += m.keys();
     nonzeros += m.nonzeros();
-    files.push_back(JsonString(m.model_path()));
+    r.add_model_files(m.model_path());
   }
-  absl::StrAppend(&j, "  \"model_dir\": ", JsonString(c.output.model_dir),
-                  ",\n");
-  absl::StrAppend(&j, "  \"model_files\": [", absl::StrJoin(files, ", "),
-                  "],\n");
-  absl::StrAppend(&j, "  \"model_keys\": ", keys, ",\n");
-  absl::StrAppend(&j, "  \"model_nonzeros\": ", nonzeros, ",\n");
-  absl::StrAppend(&j, CheckpointReportLocked());  // checkpoints (issue 9)
+  r.set_model_dir(c.output.model_dir);
+  r.set_model_keys(static_cast<double>(keys));
+  r.set_model_nonzeros(static_cast<double>(nonzeros));
+  CheckpointReportLocked(&r);  // checkpoints (issue 9)
   // Malformed lines skipped, per file (the shards of one file summed).
-  std::map<std::string, int64_t> skipped;
+  auto& skipped = *r.mutable_skipped_lines();
   for (const auto& [id, d] : done_) {
     for (const proto::SkippedLines& s : d.skipped_lines()) {
-      skipped[s.path()] += s.skipped();
+      skipped[s.path()] += static_cast<double>(s.skipped());
     }
   }
-  absl::StrAppend(&j, "  \"skipped_lines\": {");
-  bool first = true;
-  for (const auto& [path, count] : skipped) {
-    absl::StrAppend(&j, first ? "" : ", ", JsonString(path), ": ", count);
-    first = false;
-  }
-  absl::StrAppend(&j, "},\n");
-  absl::StrAppend(&j, "  \"per_worker\": [");
-  first = true;
   for (const auto& [id, d] : done_) {
     const double busy = d.compute_seconds() + d.wait_seconds();
     int64_t worker_skipped = 0;
     for (const proto::SkippedLines& s : d.skipped_lines()) {
       worker_skipped += s.skipped();
     }
-    absl::StrAppend(
-        &j, first ? "\n" : ",\n", "    {\"id\": ", id,
-        ", \"examples\": ", d.examples(),
-        ", \"units\": ", work_ != nullptr ? work_->finished_by(id) : 0,
-        ", \"skipped_lines\": ", worker_skipped,
-        ", \"compute_seconds\": ", Num(d.compute_seconds()),
-        ", \"wait_seconds\": ", Num(d.wait_seconds()),
-        ", \"wait_share\": ", Num(busy > 0 ? d.wait_seconds() / busy : 0),
-        ", \"consistency_wait_seconds\": ",
-        Num(d.consistency_wait_seconds()),
-        ", \"consistency_wait_share\": ",
-        Num(busy > 0 ? d.consistency_wait_seconds() / busy : 0),
-        ", \"wall_seconds\": ", Num(d.wall_seconds()),
-        ", \"first_epoch_updates\": ", d.first_epoch_updates(),
-        ", \"train_loss\": ", Num(d.train_loss()), "}");
-    first = false;
+    proto::JobReport::Worker* w = r.add_per_worker();
+    w->set_id(id);
+    w->set_examples(static_cast<double>(d.examples()));
+    w->set_units(work_ != nullptr ? static_cast<int32_t>(work_->finished_by(id))
+                                  : 0);
+    w->set_skipped_lines(static_cast<double>(worker_skipped));
+    w->set_compute_seconds(Round6(d.compute_seconds()));
+    w->set_wait_seconds(Round6(d.wait_seconds()));
+    w->set_wait_share(Round6(busy > 0 ? d.wait_seconds() / busy : 0));
+    w->set_consistency_wait_seconds(Round6(d.consistency_wait_seconds()));
+    w->set_consistency_wait_share(
+        Round6(busy > 0 ? d.consistency_wait_seconds() / busy : 0));
+    w->set_wall_seconds(Round6(d.wall_seconds()));
+    w->set_first_epoch_updates(static_cast<int32_t>(d.first_epoch_updates()));
+    SetNumber(Round6(d.train_loss()), w->mutable_train_loss());
   }
-  absl::StrAppend(&j, "\n  ]\n}\n");
-  return j;
+  return r;
 }
 
 // ---------------------------------------------------------------------------
@@ -1659,39 +1638,28 @@ void SchedulerCore::NoteValidationLocked(const proto::HeartbeatRequest& req) {
               patience, best.logloss, best.epoch, p.epoch + 1, dropped);
 }
 
-std::string SchedulerCore::ValidationReportLocked(
-    const proto::WorkerDoneRequest* eval) const {
-  if (options_.config.data.validation_fraction <= 0) return "";
-  std::string j;
+void SchedulerCore::ValidationReportLocked(const proto::WorkerDoneRequest* eval,
+                                           proto::JobReport* report) const {
+  if (options_.config.data.validation_fraction <= 0) return;
   if (eval != nullptr && eval->validation_rows() > 0) {
-    absl::StrAppend(&j, "  \"validation_auc\": ",
-                    ExactNum(eval->validation_auc()), ",\n");
-    absl::StrAppend(&j, "  \"validation_logloss\": ",
-                    ExactNum(eval->validation_logloss()), ",\n");
-    absl::StrAppend(&j, "  \"validation_rows\": ", eval->validation_rows(),
-                    ",\n");
+    SetNumber(eval->validation_auc(), report->mutable_validation_auc());
+    SetNumber(eval->validation_logloss(), report->mutable_validation_logloss());
+    report->set_validation_rows(static_cast<double>(eval->validation_rows()));
   }
-  absl::StrAppend(&j, "  \"validation_curve\": [");
-  for (size_t i = 0; i < validation_points_.size(); ++i) {
-    const ValidationPoint& p = validation_points_[i];
-    absl::StrAppend(&j, i ? ", " : "", "{\"epoch\": ", p.epoch,
-                    ", \"seconds\": ", Num(p.seconds),
-                    ", \"auc\": ", Num(p.auc), ", \"logloss\": ",
-                    Num(p.logloss), "}");
+  for (const ValidationPoint& p : validation_points_) {
+    proto::JobReport::ValidationPoint* r = report->add_validation_curve();
+    r->set_epoch(p.epoch);
+    r->set_seconds(Round6(p.seconds));
+    SetNumber(Round6(p.auc), r->mutable_auc());
+    SetNumber(Round6(p.logloss), r->mutable_logloss());
   }
-  absl::StrAppend(&j, "],\n");
-  absl::StrAppend(&j, "  \"best_validation_epoch\": ",
-                  validation_best_ < 0
-                      ? 0
-                      : validation_points_[validation_best_].epoch,
-                  ",\n");
-  absl::StrAppend(&j, "  \"stopped_early_after_epochs\": ",
-                  stopped_early_after_, ",\n");
+  report->set_best_validation_epoch(
+      validation_best_ < 0 ? 0 : validation_points_[validation_best_].epoch);
+  report->set_stopped_early_after_epochs(stopped_early_after_);
   // <model_dir>/best holds the model after this many epochs, the best
   // validation log loss (0: no such copy was saved). model_dir and the
   // test_* figures are the model as training left it.
-  absl::StrAppend(&j, "  \"best_model_epoch\": ", best_model_epoch_, ",\n");
-  return j;
+  report->set_best_model_epoch(best_model_epoch_);
 }
 
 std::optional<std::string> SchedulerCore::MaybeProgress() {
@@ -1752,33 +1720,28 @@ void SchedulerCore::AddProgressPointLocked(absl::Time now, int epoch) {
   }
 }
 
-std::string SchedulerCore::ProgressReportLocked() const {
-  std::vector<std::string> items;
-  items.reserve(progress_points_.size());
+void SchedulerCore::ProgressReportLocked(proto::JobReport* report) const {
   for (const ProgressPoint& p : progress_points_) {
-    items.push_back(absl::StrCat(
-        "{\"seconds\": ", Num(p.seconds), ", \"examples\": ", p.examples,
-        ", \"train_loss\": ", Num(p.train_loss), ", \"epoch\": ", p.epoch,
-        "}"));
+    proto::JobReport::ProgressPoint* r = report->add_progress();
+    r->set_seconds(Round6(p.seconds));
+    r->set_examples(static_cast<double>(p.examples));
+    SetNumber(Round6(p.train_loss), r->mutable_train_loss());
+    r->set_epoch(p.epoch);
   }
-  return absl::StrCat("  \"progress\": [", absl::StrJoin(items, ", "),
-                      "],\n");
 }
 
-std::string SchedulerCore::CheckpointReportLocked() const {
-  std::vector<std::string> items;
-  for (const CheckpointRecord& r : checkpoints_) {
-    items.push_back(absl::StrCat(
-        "{\"id\": ", r.resp.checkpoint_id(),
-        ", \"dir\": ", JsonString(r.resp.dir()), ", \"keys\": ", r.resp.keys(),
-        ", \"clock\": ", r.resp.clock(), ", \"seconds\": ", Num(r.seconds),
-        "}"));
+void SchedulerCore::CheckpointReportLocked(proto::JobReport* report) const {
+  report->set_restored_from(options_.restore_from);
+  report->set_resumed_units(static_cast<int32_t>(resumed_units_));
+  for (const CheckpointRecord& c : checkpoints_) {
+    proto::JobReport::Checkpoint* r = report->add_checkpoints();
+    r->set_id(static_cast<int32_t>(c.resp.checkpoint_id()));
+    r->set_dir(c.resp.dir());
+    r->set_keys(static_cast<double>(c.resp.keys()));
+    r->set_clock(static_cast<int32_t>(c.resp.clock()));
+    r->set_seconds(Round6(c.seconds));
   }
-  return absl::StrCat(
-      "  \"restored_from\": ", JsonString(options_.restore_from), ",\n",
-      "  \"resumed_units\": ", resumed_units_, ",\n",
-      "  \"checkpoints\": [", absl::StrJoin(items, ", "), "],\n",
-      "  \"checkpoint_error\": ", JsonString(checkpoint_error_), ",\n");
+  report->set_checkpoint_error(checkpoint_error_);
 }
 
 absl::StatusOr<std::string> ResolveRestore(const JobConfig& config) {

@@ -25,6 +25,7 @@
 #include "scheduler/work_units.h"
 #include "transport/transport.h"
 #include "proto/ps.pb.h"
+#include "proto/report.pb.h"
 
 namespace ps {
 
@@ -191,9 +192,12 @@ class SchedulerCore {
   // Blocks; call from a thread of its own.
   void ResumeAfterRestore();
 
-  // The JSON report: always "status" ("ok" | "failed" | "running"), "error"
-  // and "phase"; a failed job lists no model files. Written to report_path
-  // when the job ends, whichever way.
+  // The job report (proto/report.proto): always status ("ok" | "failed" |
+  // "running"), error and phase; a failed job lists no model files.
+  // Written to report_path as JSON (ReportJson, common/job_report.h) when
+  // the job ends, whichever way.
+  proto::JobReport Report() const;
+  // Report() as the report file's JSON text.
   std::string ReportJson() const;
 
   // Elasticity (issue 9, docs/fault_tolerance.md). Moves every key range
@@ -296,9 +300,13 @@ class SchedulerCore {
   void NoteChainsLocked(const proto::RoutingTable& before,
                         const proto::RoutingTable& after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string MembershipReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The report's "membership" entries.
+  void MembershipReportLocked(proto::JobReport* report) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The report's "failovers" entries.
-  std::string FailoverReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void FailoverReportLocked(proto::JobReport* report) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  proto::JobReport ReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string ReportJsonLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   Node* FindLocked(proto::Role role, int id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `view` to every server, each retried until view_deadline; the
@@ -419,7 +427,10 @@ class SchedulerCore {
     proto::CheckpointResponse resp;
     double seconds = 0;  // since the cluster became ready
   };
-  std::string CheckpointReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The report's restored_from, resumed_units, checkpoints and
+  // checkpoint_error.
+  void CheckpointReportLocked(proto::JobReport* report) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // ControlWithRetry for a checkpoint command, given up once the job is no
   // longer running (FAILED_PRECONDITION) instead of at `deadline` only.
   absl::StatusOr<proto::ServerControlResponse> CheckpointCall(
@@ -460,14 +471,17 @@ class SchedulerCore {
   int best_model_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   void NoteValidationLocked(const proto::HeartbeatRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string ValidationReportLocked(const proto::WorkerDoneRequest* eval)
-      const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The report's validation_* keys (none without a validation split).
+  void ValidationReportLocked(const proto::WorkerDoneRequest* eval,
+                              proto::JobReport* report) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static constexpr size_t kMaxProgressPoints = 2048;
   std::vector<ProgressPoint> progress_points_ ABSL_GUARDED_BY(mu_);
   int progress_stride_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t progress_lines_ ABSL_GUARDED_BY(mu_) = 0;
   std::pair<int64_t, double> progress_last_ ABSL_GUARDED_BY(mu_);  // sums
-  std::string ProgressReportLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void ProgressReportLocked(proto::JobReport* report) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void AddProgressPointLocked(absl::Time now, int epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -20,7 +21,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "common/job_report.h"
 #include "common/membership.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
 #include "transport/errors.h"
@@ -29,6 +32,15 @@ namespace ps {
 namespace {
 
 using absl::StatusCode;
+using ::testing::ElementsAre;
+
+// The report file's JSON parsed back into the message (an empty message,
+// and a test failure, when it does not parse).
+proto::JobReport Parsed(const std::string& json) {
+  absl::StatusOr<proto::JobReport> r = ParseJobReport(json);
+  EXPECT_TRUE(r.ok()) << r.status() << "\n" << json;
+  return r.ok() ? *r : proto::JobReport();
+}
 
 // A server whose Control replies come from a script (then OK); every call
 // is recorded with the fake time it arrived.
@@ -338,13 +350,144 @@ TEST_F(SchedulerCoreTest, PhasesOfASuccessfulJob) {
   EXPECT_NE(r.find("\"status\": \"ok\""), std::string::npos) << r;
   EXPECT_NE(r.find("\"error\": \"\""), std::string::npos) << r;
   EXPECT_NE(r.find("\"phase\": \"done\""), std::string::npos) << r;
-  EXPECT_NE(r.find("\"model_files\": [\"model.bin\", \"model.bin\"]"),
-            std::string::npos)
+  EXPECT_THAT(Parsed(r).model_files(), ElementsAre("model.bin", "model.bin"))
       << r;
   auto hb = Beat(proto::ROLE_WORKER, 0);
   ASSERT_TRUE(hb.ok());
   EXPECT_TRUE(hb->shutdown());
   EXPECT_FALSE(hb->failed());
+}
+
+// Issue 12: the report is a JobReport printed by protobuf; what its readers
+// (ps_launch, plot_report.py, the Slurm and image scripts, bench/, the
+// tests) take from it parses back, with numbers as JSON numbers (not the
+// strings protobuf gives int64), and the text keeps the `"key": value`
+// form that scripts grep (`grep -o '"test_auc": [0-9.]*'`).
+TEST_F(SchedulerCoreTest, ReportParsesBackWithWhatReadersUse) {
+  Start();
+  RegisterAll();
+  proto::WorkerDoneRequest d;
+  d.set_worker_id(0);
+  d.set_examples(1000);
+  d.set_wall_seconds(2.5);
+  d.set_compute_seconds(2);
+  d.set_wait_seconds(0.5);
+  d.set_train_loss(0.125);
+  d.set_has_eval(true);
+  d.set_test_auc(0.90123456789012345);  // exact: ps_predict reproduces it
+  d.set_test_logloss(0.3);
+  d.set_test_accuracy(0.85);
+  d.set_test_rows(4000000000);  // past 2^31: still a number
+  proto::EvalPoint* p = d.add_curve();
+  p->set_seconds(1.23456789);  // a measurement: 6 significant digits
+  p->set_logloss(0.5);
+  p->set_auc(0.75);
+  p->set_examples(500);
+  proto::SkippedLines* sk = d.add_skipped_lines();
+  sk->set_path("train <1>.txt");
+  sk->set_skipped(3);
+  ASSERT_TRUE(core_->WorkerDone(d).ok());
+  ASSERT_TRUE(Done(1).ok());
+  EXPECT_TRUE(End().ok());
+  const std::string text = Report();
+  absl::StatusOr<proto::JobReport> r = ParseJobReport(text);
+  ASSERT_TRUE(r.ok()) << r.status() << "\n" << text;
+  EXPECT_EQ(r->status(), "ok");
+  EXPECT_EQ(r->error(), "");
+  EXPECT_EQ(r->phase(), "done");
+  EXPECT_FALSE(r->has_failed_in());
+  EXPECT_EQ(r->mode(), "ssp");
+  EXPECT_EQ(r->tau(), config_.consistency.tau);
+  EXPECT_EQ(r->servers(), 2);
+  EXPECT_EQ(r->workers(), 2);
+  EXPECT_EQ(r->train_seconds(), 2.5);
+  EXPECT_EQ(r->test_auc().number_value(), 0.90123456789012345);
+  EXPECT_EQ(r->test_logloss().number_value(), 0.3);
+  EXPECT_EQ(r->test_accuracy().number_value(), 0.85);
+  EXPECT_EQ(r->test_rows(), 4000000000.0);
+  ASSERT_EQ(r->curve_size(), 1);
+  EXPECT_EQ(r->curve(0).seconds(), 1.23457);
+  EXPECT_EQ(r->curve(0).auc().number_value(), 0.75);
+  EXPECT_THAT(r->model_files(), ElementsAre("model.bin", "model.bin"));
+  EXPECT_EQ(r->skipped_lines().at("train <1>.txt"), 3);
+  ASSERT_EQ(r->per_worker_size(), 2);
+  EXPECT_EQ(r->per_worker(0).id(), 0);
+  EXPECT_EQ(r->per_worker(0).examples(), 1000);
+  EXPECT_EQ(r->per_worker(0).wait_share(), 0.2);
+  EXPECT_EQ(r->per_worker(0).train_loss().number_value(), 0.125);
+  // The text: readers search it for these.
+  for (const char* want :
+       {"\n \"status\": \"ok\",\n", "\"error\": \"\",", "\"failovers\": []",
+        "\"test_rows\": 4000000000", "\"test_auc\": 0.90123456789012",
+        "\"examples\": 1000", "\"job_seconds\": ", "\"model_nonzeros\": 10",
+        "\"seconds\": 1.23457,"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+  EXPECT_EQ(text.find("\"examples\": \""), std::string::npos) << text;
+  EXPECT_EQ(text.find("failed_in"), std::string::npos) << text;
+  EXPECT_LT(text.find("\"error\""), text.find("\"membership\"")) << text;
+}
+
+// A figure that is not finite is null, as JSON has no NaN; a job with no
+// test evaluation has no test_* keys at all.
+TEST_F(SchedulerCoreTest, ReportNonFiniteIsNullAndNoEvalNoTestKeys) {
+  Start();
+  RegisterAll();
+  proto::WorkerDoneRequest d;
+  d.set_worker_id(0);
+  d.set_examples(100);
+  d.set_train_loss(std::numeric_limits<double>::quiet_NaN());
+  ASSERT_TRUE(core_->WorkerDone(d).ok());
+  std::string text = core_->ReportJson();
+  EXPECT_EQ(text.find("test_"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"train_loss\": null"), std::string::npos) << text;
+  EXPECT_EQ(text.find("NaN"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"status\": \"running\""), std::string::npos) << text;
+
+  proto::WorkerDoneRequest e;
+  e.set_worker_id(1);
+  e.set_examples(100);
+  e.set_has_eval(true);
+  e.set_test_auc(std::numeric_limits<double>::quiet_NaN());
+  e.set_test_logloss(std::numeric_limits<double>::infinity());
+  ASSERT_TRUE(core_->WorkerDone(e).ok());
+  EXPECT_TRUE(End().ok());
+  text = Report();
+  EXPECT_NE(text.find("\"test_auc\": null"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"test_logloss\": null"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"test_accuracy\": 0"), std::string::npos) << text;
+  EXPECT_EQ(text.find("NaN"), std::string::npos) << text;
+  EXPECT_EQ(text.find("Infinity"), std::string::npos) << text;
+  const proto::JobReport r = Parsed(text);
+  EXPECT_EQ(r.test_auc().kind_case(), google::protobuf::Value::kNullValue);
+  EXPECT_EQ(r.per_worker(0).train_loss().kind_case(),
+            google::protobuf::Value::kNullValue);
+}
+
+// The report file is renamed into place whole (ps_launch reads it as the
+// children exit): nothing is left beside it. A report that cannot be
+// written fails a job that was ok.
+TEST_F(SchedulerCoreTest, ReportFileIsWrittenWholeOrTheJobFails) {
+  std::filesystem::remove(report_path_);
+  Start();
+  RegisterAll();
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  EXPECT_TRUE(End().ok());
+  EXPECT_EQ(Parsed(Report()).status(), "ok");
+  EXPECT_FALSE(std::filesystem::exists(report_path_ + ".tmp"));
+
+  core_.reset();
+  report_path_ = "/nonexistent-dir/report.json";
+  Start();
+  RegisterAll();
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("cannot write report"), std::string::npos) << s;
+  EXPECT_EQ(core_->Report().status(), "failed");
+  EXPECT_EQ(core_->Report().failed_in(), "finishing");
 }
 
 TEST_F(SchedulerCoreTest, StartupDeadlineNamesWhoIsMissing) {
@@ -516,9 +659,10 @@ TEST_F(SchedulerCoreTest, DeadServerFailsOverToItsBackups) {
     EXPECT_FALSE(c.has_save_and_exit()) << "saved on the dead server";
   }
   const std::string r = Report();
-  EXPECT_NE(r.find("\"failovers\": [{\"node\": \"S[0]\", \"epoch\": 2"),
-            std::string::npos)
-      << r;
+  const proto::JobReport parsed = Parsed(r);
+  ASSERT_GE(parsed.failovers_size(), 1) << r;
+  EXPECT_EQ(parsed.failovers(0).node(), "S[0]") << r;
+  EXPECT_EQ(parsed.failovers(0).epoch(), 2) << r;
   // From its last heartbeat (t = 0 s, the view) to the first ack (4.3 s).
   EXPECT_NE(r.find("\"recovery_ms\": 4301"), std::string::npos) << r;
 }
@@ -813,8 +957,9 @@ TEST_F(SchedulerCheckpointTest, IntervalOnTheInjectedClock) {
   EXPECT_EQ(CheckpointCalls(0), 3);
   EXPECT_EQ(ListCheckpoints(dir_), (std::vector<int64_t>{2, 3}));
   const std::string report = core_->ReportJson();
-  EXPECT_NE(report.find("\"checkpoints\": [{\"id\": 1"), std::string::npos)
-      << report;
+  const proto::JobReport parsed = Parsed(report);
+  ASSERT_GE(parsed.checkpoints_size(), 1) << report;
+  EXPECT_EQ(parsed.checkpoints(0).id(), 1) << report;
 }
 
 TEST_F(SchedulerCheckpointTest, OnDemandAndFailure) {
@@ -932,7 +1077,7 @@ TEST_F(SchedulerCheckpointTest, RestoredJobContinuesTheDataWhereItStood) {
   const std::string report = core.ReportJson();
   EXPECT_NE(report.find("\"resumed_units\": 2,"), std::string::npos) << report;
   // Every unit of both epochs counted once: 2 before, 18 now.
-  EXPECT_NE(report.find("\"epoch_examples\": [1000, 1000]"), std::string::npos)
+  EXPECT_THAT(Parsed(report).epoch_examples(), ElementsAre(1000, 1000))
       << report;
 }
 
@@ -1067,7 +1212,7 @@ TEST_F(WorkUnitTest, UnitsCoverEveryEpochThenDone) {
   ASSERT_TRUE(Done(1).ok());
   EXPECT_TRUE(End().ok());
   const std::string r = Report();
-  EXPECT_NE(r.find("\"epoch_examples\": [1000, 1000]"), std::string::npos) << r;
+  EXPECT_THAT(Parsed(r).epoch_examples(), ElementsAre(1000, 1000)) << r;
   EXPECT_NE(r.find("\"work_units_per_epoch\": 10"), std::string::npos) << r;
   EXPECT_NE(r.find("\"dead_workers\": []"), std::string::npos) << r;
 }
@@ -1116,11 +1261,16 @@ TEST_F(WorkUnitTest, ProgressLineHasTheEpochAndETAs) {
   EXPECT_TRUE(core_->MaybeProgress().has_value());  // no new example: no point
   core_->Fail(absl::InternalError("end"));
   const std::string r = Report();
-  EXPECT_NE(r.find("\"progress\": [{\"seconds\": 2, \"examples\": 900, "
-                   "\"train_loss\": 0.5, \"epoch\": 0}, {\"seconds\": 4, "
-                   "\"examples\": 1000, \"train_loss\": 0.3, \"epoch\": 0}]"),
-            std::string::npos)
-      << r;
+  const proto::JobReport parsed = Parsed(r);
+  ASSERT_EQ(parsed.progress_size(), 2) << r;
+  EXPECT_EQ(parsed.progress(0).seconds(), 2) << r;
+  EXPECT_EQ(parsed.progress(0).examples(), 900) << r;
+  EXPECT_EQ(parsed.progress(0).train_loss().number_value(), 0.5) << r;
+  EXPECT_EQ(parsed.progress(0).epoch(), 0) << r;
+  EXPECT_EQ(parsed.progress(1).seconds(), 4) << r;
+  EXPECT_EQ(parsed.progress(1).examples(), 1000) << r;
+  EXPECT_EQ(parsed.progress(1).train_loss().number_value(), 0.3) << r;
+  EXPECT_EQ(parsed.progress(1).epoch(), 0) << r;
 }
 
 // Issue 12: validation points from worker 0's heartbeats show on the
@@ -1184,14 +1334,12 @@ TEST_F(WorkUnitTest, EarlyStoppingEndsTheDataAfterNoImprovement) {
   ASSERT_TRUE(Done(1).ok());
   EXPECT_TRUE(End().ok());
   const std::string r = Report();
-  EXPECT_NE(r.find("\"best_validation_epoch\": 2,"), std::string::npos) << r;
-  EXPECT_NE(r.find("\"stopped_early_after_epochs\": 4,"), std::string::npos)
-      << r;
-  EXPECT_NE(r.find("\"validation_curve\": [{\"epoch\": 1, "),
-            std::string::npos)
-      << r;
-  EXPECT_NE(r.find("\"epoch_examples\": [1000, 1000, 1000, 1000, 0, 0]"),
-            std::string::npos)
+  const proto::JobReport parsed = Parsed(r);
+  EXPECT_EQ(parsed.best_validation_epoch(), 2) << r;
+  EXPECT_EQ(parsed.stopped_early_after_epochs(), 4) << r;
+  ASSERT_GE(parsed.validation_curve_size(), 1) << r;
+  EXPECT_EQ(parsed.validation_curve(0).epoch(), 1) << r;
+  EXPECT_THAT(parsed.epoch_examples(), ElementsAre(1000, 1000, 1000, 1000, 0, 0))
       << r;
 }
 
@@ -1234,10 +1382,13 @@ TEST_F(WorkUnitTest, WorkerJoinsTheRunningJobAtTheServersClock) {
   ASSERT_TRUE(u.ok()) << u.status();
   ASSERT_EQ(u->state(), proto::WORK_UNIT);
   EXPECT_EQ(u->unit().id(), 2);
-  EXPECT_NE(core_->ReportJson().find(
-                "{\"event\": \"joined\", \"node\": \"W[2]\""),
-            std::string::npos)
-      << core_->ReportJson();
+  const proto::JobReport report = core_->Report();
+  ASSERT_EQ(report.membership_size(), 1) << report.DebugString();
+  EXPECT_EQ(report.membership(0).event(), "joined");
+  EXPECT_EQ(report.membership(0).node(), "W[2]");
+  EXPECT_TRUE(report.membership(0).has_units());
+  EXPECT_TRUE(report.membership(0).has_start_clock());
+  EXPECT_FALSE(report.membership(0).has_ranges());
 }
 
 TEST_F(WorkUnitTest, DeadWorkersUnitsAreRedoneAndTheJobGoesOn) {
@@ -1287,8 +1438,8 @@ TEST_F(WorkUnitTest, DeadWorkersUnitsAreRedoneAndTheJobGoesOn) {
   EXPECT_TRUE(End().ok());
   const std::string r = Report();
   EXPECT_NE(r.find("\"status\": \"ok\""), std::string::npos) << r;
-  EXPECT_NE(r.find("\"epoch_examples\": [1000, 1000]"), std::string::npos) << r;
-  EXPECT_NE(r.find("\"dead_workers\": [1]"), std::string::npos) << r;
+  EXPECT_THAT(Parsed(r).epoch_examples(), ElementsAre(1000, 1000)) << r;
+  EXPECT_THAT(Parsed(r).dead_workers(), ElementsAre(1)) << r;
 }
 
 TEST_F(WorkUnitTest, EveryWorkerDeadFailsTheJob) {
@@ -1305,7 +1456,7 @@ TEST_F(WorkUnitTest, EveryWorkerDeadFailsTheJob) {
       << s;
   const std::string r = Report();
   EXPECT_NE(r.find("\"status\": \"failed\""), std::string::npos) << r;
-  EXPECT_NE(r.find("\"dead_workers\": [0, 1]"), std::string::npos) << r;
+  EXPECT_THAT(Parsed(r).dead_workers(), ElementsAre(0, 1)) << r;
 }
 
 TEST_F(WorkUnitTest, UnitLostInAReplyIsHandedOutAgain) {
@@ -1325,8 +1476,7 @@ TEST_F(WorkUnitTest, UnitLostInAReplyIsHandedOutAgain) {
   // A resent report counts once.
   ASSERT_TRUE(Ask(0, {{0, 100}}, {1}).ok());
   ASSERT_TRUE(Ask(0, {{0, 100}}, {1, 2}).ok());
-  EXPECT_NE(core_->ReportJson().find("\"epoch_examples\": [100, 0]"),
-            std::string::npos)
+  EXPECT_THAT(core_->Report().epoch_examples(), ElementsAre(100, 0))
       << core_->ReportJson();
 }
 
@@ -1573,10 +1723,11 @@ TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesADrain) {
     EXPECT_GE(t.range_backup(r), 0) << "range " << r;
     EXPECT_NE(t.range_backup(r), t.range_server(r)) << "range " << r;
   }
-  const std::string report = core_->ReportJson();
-  EXPECT_NE(report.find("\"event\": \"drained\", \"node\": \"S[1]\""),
-            std::string::npos)
-      << report;
+  const proto::JobReport report = core_->Report();
+  ASSERT_EQ(report.membership_size(), 1) << report.DebugString();
+  EXPECT_EQ(report.membership(0).event(), "drained");
+  EXPECT_EQ(report.membership(0).node(), "S[1]");
+  EXPECT_TRUE(report.membership(0).has_ranges());
 }
 
 // The same for a server that joined: the scheduler dies after the stage-1
@@ -1599,11 +1750,12 @@ TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesAJoin) {
   ASSERT_EQ(core_->Status()->view().epoch(), 3);
   core_->ResumeAfterRestore();
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  std::string report;
   for (;;) {
-    report = core_->ReportJson();
-    if (report.find("\"event\": \"joined\", \"node\": \"S[3]\"") !=
-        std::string::npos) {
+    const proto::JobReport report = core_->Report();
+    if (std::any_of(report.membership().begin(), report.membership().end(),
+                    [](const proto::JobReport::MembershipChange& m) {
+                      return m.event() == "joined" && m.node() == "S[3]";
+                    })) {
       break;
     }
     ASSERT_LT(absl::Now(), deadline) << "the join was not finished";
@@ -1615,7 +1767,7 @@ TEST_F(SchedulerCoreTest, RestartedSchedulerFinishesAJoin) {
   for (int r = 0; r < t.range_server_size(); ++r) {
     owned += t.range_server(r) == 3 ? 1 : 0;
   }
-  EXPECT_EQ(owned, num_ranges / 4) << report;
+  EXPECT_EQ(owned, num_ranges / 4) << core_->ReportJson();
 }
 
 // A scheduler client that forwards to whichever SchedulerCore is current

@@ -193,8 +193,8 @@ TEST_F(FailoverTest, ExactCounterWhileServersAreKilled) {
   EXPECT_EQ(cluster.server(0)->OwnedRanges().size(),
             static_cast<size_t>(cluster.view().routing().range_begin_size()));
   const std::string report = cluster.scheduler()->ReportJson();
-  EXPECT_NE(report.find("{\"node\": \"S[1]\""), std::string::npos) << report;
-  EXPECT_NE(report.find("{\"node\": \"S[2]\""), std::string::npos) << report;
+  EXPECT_TRUE(HasFailover(report, "S[1]")) << report;
+  EXPECT_TRUE(HasFailover(report, "S[2]")) << report;
 }
 
 // Two of four servers die at the same moment (2 replicas, so every range
@@ -265,12 +265,8 @@ TEST_F(FailoverTest, ExactCounterWhileServersJoinAndOneIsDrained) {
   }
   EXPECT_GT(owned[3], 0);
   const std::string report = cluster.scheduler()->ReportJson();
-  EXPECT_NE(report.find("\"event\": \"joined\", \"node\": \"S[3]\""),
-            std::string::npos)
-      << report;
-  EXPECT_NE(report.find("\"event\": \"drained\", \"node\": \"S[0]\""),
-            std::string::npos)
-      << report;
+  EXPECT_TRUE(FindMembership(report, "joined", "S[3]").has_value()) << report;
+  EXPECT_TRUE(FindMembership(report, "drained", "S[0]").has_value()) << report;
 }
 
 // A failover refills each chain with a new backup, which holds nothing
@@ -464,7 +460,7 @@ TEST_P(FailoverModeTest, TrainingSurvivesAServerKill) {
   ASSERT_TRUE(cluster.server_killed(1));
   const std::string report = cluster.ReportJson();
   EXPECT_NE(report.find("\"status\": \"ok\""), std::string::npos) << report;
-  EXPECT_NE(report.find("{\"node\": \"S[1]\""), std::string::npos) << report;
+  EXPECT_TRUE(HasFailover(report, "S[1]")) << report;
   EXPECT_EQ(report.find("\"recovery_ms\": null"), std::string::npos) << report;
   ExpectAucLikeReference(TestAuc(report), TestAuc(ref_report), mode(),
                          report);
@@ -506,12 +502,8 @@ TEST_P(FailoverModeTest, TrainingSurvivesAJoinAndADrain) {
   EXPECT_TRUE(cluster.drain_status()[0].ok()) << cluster.drain_status()[0];
   const std::string report = cluster.ReportJson();
   EXPECT_NE(report.find("\"status\": \"ok\""), std::string::npos) << report;
-  EXPECT_NE(report.find("\"event\": \"joined\", \"node\": \"S[3]\""),
-            std::string::npos)
-      << report;
-  EXPECT_NE(report.find("\"event\": \"drained\", \"node\": \"S[1]\""),
-            std::string::npos)
-      << report;
+  EXPECT_TRUE(FindMembership(report, "joined", "S[3]").has_value()) << report;
+  EXPECT_TRUE(FindMembership(report, "drained", "S[1]").has_value()) << report;
   EXPECT_TRUE(cluster.server(1)->OwnedRanges().empty());
   EXPECT_FALSE(cluster.server(3)->OwnedRanges().empty());
   ExpectAucLikeReference(TestAuc(report), TestAuc(ref_report), mode(),
@@ -563,25 +555,20 @@ TEST_P(FailoverModeTest, TrainingTakesAWorkerThatJoinsMidRun) {
       << cluster.joined_workers()[0].second;
   const std::string report = cluster.ReportJson();
   EXPECT_NE(report.find("\"status\": \"ok\""), std::string::npos) << report;
-  const size_t at = report.find("\"event\": \"joined\", \"node\": \"W[2]\"");
-  ASSERT_NE(at, std::string::npos) << report;
-  absl::StatusOr<double> start =
-      JsonNumber(report.substr(at), "start_clock");
-  ASSERT_TRUE(start.ok()) << report;
-  EXPECT_GT(*start, 0) << report;  // it joined after the others had clocks
-  absl::StatusOr<double> units = JsonNumber(report.substr(at), "units");
-  ASSERT_TRUE(units.ok()) << report;
-  EXPECT_GT(*units, 0) << report;
+  const std::optional<proto::JobReport::MembershipChange> joined =
+      FindMembership(report, "joined", "W[2]");
+  ASSERT_TRUE(joined.has_value()) << report;
+  ASSERT_TRUE(joined->has_start_clock()) << report;
+  EXPECT_GT(joined->start_clock(), 0) << report;  // the others had clocks
+  ASSERT_TRUE(joined->has_units()) << report;
+  EXPECT_GT(joined->units(), 0) << report;
   absl::StatusOr<double> examples = JsonNumber(report, "examples");
   ASSERT_TRUE(examples.ok());
   EXPECT_EQ(*examples, 20000);
   // The per-worker results: W[2] trained rows.
-  const size_t w2 = report.find("{\"id\": 2, \"examples\"");
-  ASSERT_NE(w2, std::string::npos) << report;
-  absl::StatusOr<double> w2_examples =
-      JsonNumber(report.substr(w2), "examples");
-  ASSERT_TRUE(w2_examples.ok()) << report;
-  EXPECT_GT(*w2_examples, 0) << report;
+  const std::optional<proto::JobReport::Worker> w2 = FindWorker(report, 2);
+  ASSERT_TRUE(w2.has_value()) << report;
+  EXPECT_GT(w2->examples(), 0) << report;
   // Three workers from the join on update in another order than the
   // reference's two (any mode): the model is not the same, only no worse.
   // BSP makes fewer, larger steps with three (0.004-0.007 below the

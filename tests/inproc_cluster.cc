@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/job_report.h"
 #include "common/logging.h"
 #include "common/membership.h"
 #include "worker/worker_runner.h"
@@ -549,6 +550,37 @@ absl::StatusOr<double> JsonNumber(const std::string& json,
     at = json.find(quoted, at + 1);  // a value equal to the key, not a key
   }
   return absl::NotFoundError(absl::StrCat("no \"", key, "\" in the JSON"));
+}
+
+proto::JobReport ParseReportOrEmpty(const std::string& json) {
+  absl::StatusOr<proto::JobReport> r = ParseJobReport(json);
+  return r.ok() ? *std::move(r) : proto::JobReport();
+}
+
+bool HasFailover(const std::string& json, const std::string& node) {
+  const proto::JobReport r = ParseReportOrEmpty(json);
+  return std::any_of(
+      r.failovers().begin(), r.failovers().end(),
+      [&](const proto::JobReport::Failover& f) { return f.node() == node; });
+}
+
+std::optional<proto::JobReport::MembershipChange> FindMembership(
+    const std::string& json, const std::string& event,
+    const std::string& node) {
+  const proto::JobReport r = ParseReportOrEmpty(json);
+  for (const auto& m : r.membership()) {
+    if (m.event() == event && m.node() == node) return m;
+  }
+  return std::nullopt;
+}
+
+std::optional<proto::JobReport::Worker> FindWorker(const std::string& json,
+                                                   int id) {
+  const proto::JobReport r = ParseReportOrEmpty(json);
+  for (const auto& w : r.per_worker()) {
+    if (w.id() == id) return w;
+  }
+  return std::nullopt;
 }
 
 }  // namespace ps

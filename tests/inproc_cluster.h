@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -29,6 +30,7 @@
 #include "transport/faulty_transport.h"
 #include "transport/inproc_transport.h"
 #include "transport/transport.h"
+#include "proto/report.pb.h"
 #include "scheduler/scheduler.h"
 #include "server/server_node.h"
 
@@ -249,5 +251,18 @@ class LocalCluster {
 // INVALID_ARGUMENT when it is not a number (e.g. null).
 absl::StatusOr<double> JsonNumber(const std::string& json,
                                   const std::string& key);
+
+// The report JSON (common/job_report.h) parsed back; an empty JobReport when
+// it does not parse (the caller's checks of its fields then fail).
+proto::JobReport ParseReportOrEmpty(const std::string& json);
+// Whether the report JSON has a failover of `node` ("S[1]").
+bool HasFailover(const std::string& json, const std::string& node);
+// The report's membership entry for `event` ("joined", "drained") of `node`
+// ("S[3]", "W[2]"); nullopt when there is none.
+std::optional<proto::JobReport::MembershipChange> FindMembership(
+    const std::string& json, const std::string& event, const std::string& node);
+// The report's per_worker entry of worker `id`; nullopt when there is none.
+std::optional<proto::JobReport::Worker> FindWorker(const std::string& json,
+                                                   int id);
 
 }  // namespace ps
