@@ -11,7 +11,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "worker/shuffle.h"
+#include "data/shuffle.h"
 
 namespace ps {
 

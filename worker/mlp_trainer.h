@@ -42,11 +42,11 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/config.h"
+#include "data/metrics.h"
 #include "kernels/mlp.h"
 #include "models/tables.h"
 #include "proto/ps.pb.h"
 #include "worker/kv_worker.h"
-#include "worker/metrics.h"
 #include "worker/trainer.h"
 
 namespace ps {
@@ -66,13 +66,13 @@ struct FieldBlock {
     keys.clear();
     labels.clear();
   }
-  // As RowBlock's (worker/data.h): the shuffle buffer's row operations.
+  // As RowBlock's (data/data.h): the shuffle buffer's row operations.
   void AppendRow(const FieldBlock& src, size_t row);
   void KeepRows(std::vector<size_t>* rows);
 };
 
 // Streams field rows from one shard. Not thread-safe. Semantics of Next and
-// Reset as RowReader's (worker/data.h): Next appends up to max_rows rows and
+// Reset as RowReader's (data/data.h): Next appends up to max_rows rows and
 // returns how many (0 at the end of the shard).
 class FieldReader {
  public:
@@ -85,7 +85,7 @@ class FieldReader {
   virtual const std::string& path() const;
 };
 
-// Criteo TSV (see OpenCriteo in worker/data.h: the same keys, sharding by
+// Criteo TSV (see OpenCriteo in data/data.h: the same keys, sharding by
 // [begin_byte, end_byte) line starts, and errors: NOT_FOUND / UNAVAILABLE
 // naming the path, INVALID_ARGUMENT "PATH:LINE: reason" (shard at byte 0) or
 // "PATH:byte N: reason" (other shards) for a malformed line unless
@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
 
 // Reads `source` through a shuffle buffer of `capacity` field rows (>= 1),
 // drawn with ShuffleRng(key): the mlp's half of data.shuffle, the same
-// ShuffleBuffer (worker/shuffle.h) as the LR readers' NewShuffleBuffer. Every row of the
+// ShuffleBuffer (data/shuffle.h) as the LR readers' NewShuffleBuffer. Every row of the
 // source comes out exactly once per pass; a source of at most `capacity`
 // rows (a work unit, by default) is permuted whole. At most 2 * capacity
 // rows in memory. Reset replays the same order; errors, stats() and path()

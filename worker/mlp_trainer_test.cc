@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "common/status_macros.h"
+#include "data/data.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda_backend.h"
 #include "server/table.h"
-#include "worker/data.h"
 
 namespace ps {
 namespace {

@@ -15,9 +15,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "data/data.h"
 #include "proto/ps.pb.h"
 #include "transport/transport.h"
-#include "worker/data.h"
 #include "worker/kv_worker.h"
 
 namespace ps {

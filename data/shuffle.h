@@ -1,5 +1,5 @@
 // The shuffle buffer the file readers are read through when data.shuffle is
-// on (worker/data.h, ShuffleOptions): the in-memory half of shuffling data
+// on (data/data.h, ShuffleOptions): the in-memory half of shuffling data
 // larger than memory, after the block-level half (a shard's byte ranges
 // visited in a seeded order).
 #pragma once
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/permutation.h"
-#include "worker/data.h"
+#include "data/data.h"
 
 namespace ps {
 

@@ -62,7 +62,7 @@ struct ShuffleOptions {
   bool enabled = false;  // false: file (or row) order, the rest is ignored
   uint64_t seed = 0;
   int64_t epoch = 0;
-  // Text formats: rows held by the shuffle buffer (worker/shuffle.h), >= 1.
+  // Text formats: rows held by the shuffle buffer (data/shuffle.h), >= 1.
   int64_t buffer_rows = 10000;
   // Text formats: the size of the byte blocks the shard is cut into, >= 1.
   int64_t block_bytes = int64_t{1} << 20;
@@ -110,7 +110,7 @@ class RowReader {
 // shuffle.block_bytes (a line belongs to the block it starts in, as to a
 // shard), the blocks are visited in a seeded order (SeededPermutation in
 // common/permutation.h), and their rows come out through a shuffle buffer of
-// shuffle.buffer_rows rows (NewShuffleBuffer in worker/shuffle.h). Memory:
+// shuffle.buffer_rows rows (NewShuffleBuffer in data/shuffle.h). Memory:
 // the 4 MiB read buffer, at most 2 * buffer_rows parsed rows and 8 bytes per
 // block; never the whole shard. The error positions are the same (with
 // begin_byte == 0 the reader counts the lines before the bad one, reading

@@ -1,4 +1,4 @@
-#include "worker/shuffle.h"
+#include "data/shuffle.h"
 
 namespace ps {
 

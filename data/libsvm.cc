@@ -26,8 +26,8 @@
 #include "common/hash.h"
 #include "common/permutation.h"
 #include "common/status_macros.h"
-#include "worker/data.h"
-#include "worker/shuffle.h"
+#include "data/data.h"
+#include "data/shuffle.h"
 
 namespace ps {
 
