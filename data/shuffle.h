@@ -35,6 +35,12 @@ namespace ps {
 std::unique_ptr<RowReader> NewShuffleBuffer(std::unique_ptr<RowReader> source,
                                             int64_t capacity, uint64_t key);
 
+// The same for field rows (FieldReader): the mlp's half of data.shuffle. A
+// source of at most `capacity` rows (a work unit, by default) is permuted
+// whole.
+std::unique_ptr<FieldReader> NewFieldShuffleBuffer(
+    std::unique_ptr<FieldReader> source, int64_t capacity, uint64_t key);
+
 // The buffer itself, for any reader of blocks of rows: Reader has
 // Next(size_t, Block*), Reset(), stats() and path() (RowReader,
 // FieldReader); Block has rows(), Clear(), AppendRow(const Block&, size_t)

@@ -22,10 +22,6 @@
 
 namespace ps {
 
-// The mlp model's field rows (worker/mlp_trainer.h).
-class FieldReader;
-struct FieldBlock;
-
 struct WorkSourceOptions {
   int worker_id = 0;
   // A GetWork that fails with UNAVAILABLE or DEADLINE_EXCEEDED (not

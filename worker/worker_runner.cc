@@ -14,6 +14,7 @@
 #include "common/membership.h"
 #include "common/permutation.h"
 #include "common/status_macros.h"
+#include "data/shuffle.h"
 #include "kernels/backend.h"
 #include "kernels/mlp.h"
 #include "worker/kv_worker.h"
