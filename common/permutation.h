@@ -1,6 +1,6 @@
 // Seeded orders for shuffling data larger than memory (data.shuffle,
 // training.seed): the work-unit queue (scheduler/work_units.h) and the
-// readers (worker/data.h) build their orders from these. Every order is a
+// readers (data/data.h) build their orders from these. Every order is a
 // pure function of its key, so a run is reproducible: nothing depends on
 // timing, threads or the order calls happen in.
 #pragma once

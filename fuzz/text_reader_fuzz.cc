@@ -1,4 +1,4 @@
-// Fuzz targets for the LIBSVM and Criteo readers (worker/data.h): the input
+// Fuzz targets for the LIBSVM and Criteo readers (data/data.h): the input
 // is a whole data file. Checks, besides "no crash, no sanitizer report":
 //   * every row is well formed (row_ptr grows, labels 0/1, LIBSVM values
 //     finite, at most 39 Criteo features);
@@ -19,8 +19,8 @@
 #include <tuple>
 #include <vector>
 
+#include "data/data.h"
 #include "fuzz/fuzz_util.h"
-#include "worker/data.h"
 
 namespace ps::fuzz {
 namespace {

@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "common/config.h"
+#include "data/criteo.h"  // kCriteoNumFields
 #include "kernels/mlp.h"
 #include "proto/ps.pb.h"
 
 namespace ps {
 
-inline constexpr int kCriteoNumFields = 39;  // 13 integer + 26 categorical
 inline constexpr int kLrWeightsTable = 0;
 inline constexpr int kMlpEmbeddingTable = 0;
 // Layer l is table kMlpFirstLayerTable + l.

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "data/data.h"
 #include "gtest/gtest.h"
-#include "worker/data.h"
 
 namespace ps {
 namespace {

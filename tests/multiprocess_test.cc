@@ -27,6 +27,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/net.h"
+#include "data/data.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -34,7 +35,6 @@
 #include "server/checkpoint.h"
 #include "server/table.h"
 #include "tests/inproc_cluster.h"
-#include "worker/data.h"
 #include "worker/trainer.h"
 #include "worker/worker_runner.h"
 

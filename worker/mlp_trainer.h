@@ -7,10 +7,10 @@
 // Inputs: Criteo rows WITH field identity. The generic RowReader drops which
 // field a key came from (empty fields are skipped), and the MLP needs it to
 // place each embedding in the concatenated input, so Criteo files are read
-// here by OpenCriteoFields: 39 keys per row, the same keys OpenCriteo gives
-// (integer field i -> FeatureKey(bucket, i), categorical field j ->
-// FeatureKey(HashBytes(s), 13 + j)), and an empty field gets its own
-// learned "missing" key MissingFieldKey(field).
+// as field rows (FieldReader, OpenCriteoFields in data/data.h): 39 keys per
+// row, the same keys OpenCriteo gives (integer field i -> FeatureKey(bucket,
+// i), categorical field j -> FeatureKey(HashBytes(s), 13 + j)), and an empty
+// field gets its own learned "missing" key MissingFieldKey(field).
 //
 // Integer features are embedded like categorical ones (their log^2 buckets
 // are categories), so every one of the 39 fields is an embedding lookup and
@@ -42,67 +42,15 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/config.h"
+#include "data/data.h"
+#include "data/metrics.h"
 #include "kernels/mlp.h"
 #include "models/tables.h"
 #include "proto/ps.pb.h"
 #include "worker/kv_worker.h"
-#include "worker/metrics.h"
 #include "worker/trainer.h"
 
 namespace ps {
-
-// The key standing for an empty field `field`.
-uint64_t MissingFieldKey(int field);
-
-// Rows with exactly num_fields keys each: row b's field f is
-// keys[b * num_fields + f].
-struct FieldBlock {
-  int num_fields = kCriteoNumFields;
-  std::vector<uint64_t> keys;
-  std::vector<float> labels;  // 0 or 1
-
-  size_t rows() const { return labels.size(); }
-  void Clear() {
-    keys.clear();
-    labels.clear();
-  }
-  // As RowBlock's (worker/data.h): the shuffle buffer's row operations.
-  void AppendRow(const FieldBlock& src, size_t row);
-  void KeepRows(std::vector<size_t>* rows);
-};
-
-// Streams field rows from one shard. Not thread-safe. Semantics of Next and
-// Reset as RowReader's (worker/data.h): Next appends up to max_rows rows and
-// returns how many (0 at the end of the shard).
-class FieldReader {
- public:
-  virtual ~FieldReader() = default;
-  virtual absl::StatusOr<size_t> Next(size_t max_rows, FieldBlock* out) = 0;
-  virtual absl::Status Reset() = 0;
-  // As RowReader's: counts of the pass so far (Reset zeroes them), and the
-  // file read ("" when none). The defaults are for in-memory test readers.
-  virtual const ReadStats& stats() const;
-  virtual const std::string& path() const;
-};
-
-// Criteo TSV (see OpenCriteo in worker/data.h: the same keys, sharding by
-// [begin_byte, end_byte) line starts, and errors: NOT_FOUND / UNAVAILABLE
-// naming the path, INVALID_ARGUMENT "PATH:LINE: reason" (shard at byte 0) or
-// "PATH:byte N: reason" (other shards) for a malformed line unless
-// skip_malformed, which counts it in stats() instead).
-absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
-    const std::string& path, int64_t begin_byte, int64_t end_byte,
-    bool skip_malformed);
-
-// Reads `source` through a shuffle buffer of `capacity` field rows (>= 1),
-// drawn with ShuffleRng(key): the mlp's half of data.shuffle, the same
-// ShuffleBuffer (worker/shuffle.h) as the LR readers' NewShuffleBuffer. Every row of the
-// source comes out exactly once per pass; a source of at most `capacity`
-// rows (a work unit, by default) is permuted whole. At most 2 * capacity
-// rows in memory. Reset replays the same order; errors, stats() and path()
-// are the source's. Not thread-safe: one caller.
-std::unique_ptr<FieldReader> NewFieldShuffleBuffer(
-    std::unique_ptr<FieldReader> source, int64_t capacity, uint64_t key);
 
 // Turns a block into a minibatch: unique keys ascending, slots into them.
 void BuildMlpBatch(const FieldBlock& block, MlpBatch* batch);

@@ -13,9 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "data/data.h"
+#include "data/metrics.h"
 #include "kernels/backend.h"
-#include "worker/data.h"
-#include "worker/metrics.h"
 
 namespace ps {
 
@@ -54,7 +54,7 @@ using PredictSink = std::function<absl::Status(absl::Span<const float> prob,
 // `model` (dim 1) and returns the metrics over all rows. Rows are batched,
 // keyed and predicted as the job's final evaluation does
 // (Trainer::EvaluateOn: BuildBatch with the bias key, the same backend
-// kernel, worker/metrics.h's Evaluate), so the same weights give the same
+// kernel, data/metrics.h's Evaluate), so the same weights give the same
 // probabilities bit for bit and the same AUC. A sink error stops the pass
 // and is returned. FAILED_PRECONDITION when model.dim != 1; reader errors as
 // RowReader::Next.

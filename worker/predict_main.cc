@@ -14,8 +14,8 @@
 #include "absl/strings/string_view.h"
 #include "common/config.h"
 #include "common/status_macros.h"
+#include "data/data.h"
 #include "kernels/backend.h"
-#include "worker/data.h"
 #include "worker/predict.h"
 #include "worker/worker_runner.h"
 

@@ -12,11 +12,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config.h"
+#include "data/data.h"
+#include "data/metrics.h"
 #include "kernels/backend.h"
 #include "proto/ps.pb.h"
-#include "worker/data.h"
 #include "worker/kv_worker.h"
-#include "worker/metrics.h"
 #include "worker/work_source.h"
 
 namespace ps {

@@ -15,16 +15,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "data/data.h"
 #include "proto/ps.pb.h"
 #include "transport/transport.h"
-#include "worker/data.h"
 #include "worker/kv_worker.h"
 
 namespace ps {
-
-// The mlp model's field rows (worker/mlp_trainer.h).
-class FieldReader;
-struct FieldBlock;
 
 struct WorkSourceOptions {
   int worker_id = 0;

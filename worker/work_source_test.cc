@@ -14,9 +14,9 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/routing.h"
+#include "data/data.h"
 #include "gtest/gtest.h"
 #include "transport/fake_transport.h"
-#include "worker/data.h"
 
 namespace ps {
 namespace {

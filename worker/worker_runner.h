@@ -9,9 +9,9 @@
 #include "absl/status/statusor.h"
 #include "common/config.h"
 #include "common/metrics.h"
+#include "data/data.h"
 #include "transport/transport.h"
 #include "proto/ps.pb.h"
-#include "worker/data.h"
 
 namespace ps {
 

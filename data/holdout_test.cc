@@ -1,4 +1,4 @@
-#include "worker/holdout.h"
+#include "data/holdout.h"
 
 #include <memory>
 #include <set>

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "worker/data.h"
+#include "data/data.h"
 
 namespace ps {
 

@@ -1,5 +1,5 @@
 // The shuffle buffer the file readers are read through when data.shuffle is
-// on (worker/data.h, ShuffleOptions): the in-memory half of shuffling data
+// on (data/data.h, ShuffleOptions): the in-memory half of shuffling data
 // larger than memory, after the block-level half (a shard's byte ranges
 // visited in a seeded order).
 #pragma once
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/permutation.h"
-#include "worker/data.h"
+#include "data/data.h"
 
 namespace ps {
 
@@ -34,6 +34,12 @@ namespace ps {
 // be in the buffer until the pass ends. Not thread-safe: one caller.
 std::unique_ptr<RowReader> NewShuffleBuffer(std::unique_ptr<RowReader> source,
                                             int64_t capacity, uint64_t key);
+
+// The same for field rows (FieldReader): the mlp's half of data.shuffle. A
+// source of at most `capacity` rows (a work unit, by default) is permuted
+// whole.
+std::unique_ptr<FieldReader> NewFieldShuffleBuffer(
+    std::unique_ptr<FieldReader> source, int64_t capacity, uint64_t key);
 
 // The buffer itself, for any reader of blocks of rows: Reader has
 // Next(size_t, Block*), Reset(), stats() and path() (RowReader,

@@ -1,4 +1,4 @@
-#include "worker/metrics.h"
+#include "data/metrics.h"
 
 #include <algorithm>
 #include <cmath>

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/permutation.h"
-#include "worker/data.h"
+#include "data/data.h"
 
 namespace ps {
 namespace {

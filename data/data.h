@@ -3,7 +3,9 @@
 //
 // Every reader yields rows with 0/1 labels and features as (key, value), the
 // key being FeatureKey(feature_id, field) from common/hash.h. Readers never
-// add a bias feature.
+// add a bias feature. Criteo files can also be read as field rows
+// (FieldReader: one key per field, for the MLP), through the same line
+// parser (data/criteo.h).
 #pragma once
 
 #include <cstddef>
@@ -15,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/config.h"
+#include "data/criteo.h"
 
 namespace ps {
 
@@ -62,7 +65,7 @@ struct ShuffleOptions {
   bool enabled = false;  // false: file (or row) order, the rest is ignored
   uint64_t seed = 0;
   int64_t epoch = 0;
-  // Text formats: rows held by the shuffle buffer (worker/shuffle.h), >= 1.
+  // Text formats: rows held by the shuffle buffer (data/shuffle.h), >= 1.
   int64_t buffer_rows = 10000;
   // Text formats: the size of the byte blocks the shard is cut into, >= 1.
   int64_t block_bytes = int64_t{1} << 20;
@@ -110,7 +113,7 @@ class RowReader {
 // shuffle.block_bytes (a line belongs to the block it starts in, as to a
 // shard), the blocks are visited in a seeded order (SeededPermutation in
 // common/permutation.h), and their rows come out through a shuffle buffer of
-// shuffle.buffer_rows rows (NewShuffleBuffer in worker/shuffle.h). Memory:
+// shuffle.buffer_rows rows (NewShuffleBuffer in data/shuffle.h). Memory:
 // the 4 MiB read buffer, at most 2 * buffer_rows parsed rows and 8 bytes per
 // block; never the whole shard. The error positions are the same (with
 // begin_byte == 0 the reader counts the lines before the bad one, reading
@@ -129,16 +132,18 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenLibsvm(const std::string& path,
                                                       bool skip_malformed);
 
 // Criteo raw TSV: "label \t I1..I13 \t C1..C26", exactly 40 tab-separated
-// fields, any of I/C may be empty. Label: 0 or 1 (an integer; > 0 -> 1).
+// fields, any of I/C may be empty (ParseCriteoLine in data/criteo.h). Label:
+// 0 or 1 (an integer; > 0 -> 1).
 // Integer field i (0-based, 0..12) with value v:
 //   key = FeatureKey(bucket, i), value 1, where bucket = v > 2 ?
 //   floor(ln(v)^2) : v (negative values keep their own bucket v, as a
 //   two's-complement uint64).
 // Categorical field j (0-based, 0..25), non-empty string s:
 //   key = FeatureKey(HashBytes(s), 13 + j), value 1.
-// So a row has at most 39 features. Wrong field count, a bad label or a bad
-// integer is a malformed line. Sharding, shuffling, error positions and
-// Open errors are as for OpenLibsvm.
+// (CriteoFieldKey.) Empty fields give no feature, so a row has at most 39
+// features. Wrong field count, a bad label or a bad integer is a malformed
+// line; the reasons are ParseCriteoLine's. Sharding, shuffling, error
+// positions and Open errors are as for OpenLibsvm.
 absl::StatusOr<std::unique_ptr<RowReader>> OpenCriteo(
     const std::string& path, int64_t begin_byte, int64_t end_byte,
     bool skip_malformed, const ShuffleOptions& shuffle);
@@ -147,6 +152,47 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenCriteo(const std::string& path,
                                                       int64_t begin_byte,
                                                       int64_t end_byte,
                                                       bool skip_malformed);
+
+// Criteo rows WITH field identity, for the MLP: a row has exactly num_fields
+// keys, row b's field f being keys[b * num_fields + f].
+struct FieldBlock {
+  int num_fields = kCriteoNumFields;
+  std::vector<uint64_t> keys;
+  std::vector<float> labels;  // 0 or 1
+
+  size_t rows() const { return labels.size(); }
+  void Clear() {
+    keys.clear();
+    labels.clear();
+  }
+  // As RowBlock's: the shuffle buffer's row operations.
+  void AppendRow(const FieldBlock& src, size_t row);
+  void KeepRows(std::vector<size_t>* rows);
+};
+
+// Streams field rows from one shard. Not thread-safe. Semantics of Next and
+// Reset as RowReader's: Next appends up to max_rows rows and returns how
+// many (0 at the end of the shard).
+class FieldReader {
+ public:
+  virtual ~FieldReader() = default;
+  virtual absl::StatusOr<size_t> Next(size_t max_rows, FieldBlock* out) = 0;
+  virtual absl::Status Reset() = 0;
+  // As RowReader's: counts of the pass so far (Reset zeroes them), and the
+  // file read ("" when none). The defaults are for in-memory test readers.
+  virtual const ReadStats& stats() const;
+  virtual const std::string& path() const;
+};
+
+// Criteo TSV as field rows: 39 keys per row, the same keys OpenCriteo gives
+// for the present fields (CriteoFieldKey) and MissingFieldKey(f) for an
+// empty field f. The same lines are rows, and the same are malformed with
+// the same reasons, as for OpenCriteo; sharding, error positions and Open
+// errors are as for OpenLibsvm (in file order: shuffling field rows is
+// NewFieldShuffleBuffer's, in data/shuffle.h).
+absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
+    const std::string& path, int64_t begin_byte, int64_t end_byte,
+    bool skip_malformed);
 
 // Seeded synthetic data: rows [row_begin, row_end) (row_end = -1: unbounded)
 // of an infinite deterministic sequence. Row r depends only on (cfg.seed, r,

@@ -1,4 +1,5 @@
-// Text readers: LIBSVM and Criteo TSV, over a chunked, sharded line source.
+// Text readers: LIBSVM and Criteo TSV (as feature rows and as field rows),
+// over a chunked, sharded line source.
 //
 // Hot path: a 4 MiB buffer is filled with read(2); lines are string_views
 // into it; numbers are parsed with std::from_chars. Nothing is allocated per
@@ -26,8 +27,9 @@
 #include "common/hash.h"
 #include "common/permutation.h"
 #include "common/status_macros.h"
-#include "worker/data.h"
-#include "worker/shuffle.h"
+#include "data/criteo.h"
+#include "data/data.h"
+#include "data/shuffle.h"
 
 namespace ps {
 
@@ -66,6 +68,36 @@ void RowBlock::KeepRows(std::vector<size_t>* rows) {
   vals.resize(static_cast<size_t>(nnz));
   labels.resize(rows->size());
   row_ptr.swap(ptr);
+}
+
+void FieldBlock::AppendRow(const FieldBlock& src, size_t row) {
+  const size_t nf = static_cast<size_t>(src.num_fields);
+  keys.insert(keys.end(), src.keys.begin() + row * nf,
+              src.keys.begin() + (row + 1) * nf);
+  labels.push_back(src.labels[row]);
+}
+
+void FieldBlock::KeepRows(std::vector<size_t>* rows) {
+  const size_t nf = static_cast<size_t>(num_fields);
+  for (size_t i = 0; i < rows->size(); ++i) {
+    const size_t r = (*rows)[i];  // r >= i: rows only move down
+    std::copy(keys.begin() + r * nf, keys.begin() + (r + 1) * nf,
+              keys.begin() + i * nf);
+    labels[i] = labels[r];
+    (*rows)[i] = i;
+  }
+  keys.resize(rows->size() * nf);
+  labels.resize(rows->size());
+}
+
+const ReadStats& FieldReader::stats() const {
+  static const ReadStats* const kNone = new ReadStats();
+  return *kNone;
+}
+
+const std::string& FieldReader::path() const {
+  static const std::string* const kNone = new std::string();
+  return *kNone;
 }
 
 namespace {
@@ -257,7 +289,8 @@ enum class LineKind { kRow, kBlank, kBad };
 
 // A parse function appends one row to *out (returning kRow), returns kBlank
 // for a line that holds no row, or kBad with *reason set (and *out untouched).
-using ParseFn = LineKind (*)(std::string_view line, RowBlock* out,
+template <typename Block>
+using ParseFn = LineKind (*)(std::string_view line, Block* out,
                              std::string* reason);
 
 inline bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\r'; }
@@ -337,78 +370,56 @@ LineKind ParseLibsvmLine(std::string_view line, RowBlock* out,
   return LineKind::kRow;
 }
 
-constexpr int kCriteoIntFields = 13;
-constexpr int kCriteoCatFields = 26;
-constexpr int kCriteoFields = 1 + kCriteoIntFields + kCriteoCatFields;
-
-LineKind ParseCriteoLine(std::string_view line, RowBlock* out,
-                         std::string* reason) {
-  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-  if (line.empty()) return LineKind::kBlank;
-  const size_t nnz0 = out->keys.size();
-  const char* p = line.data();
-  const char* e = p + line.size();
-  float label = 0;
-  int field = 0;
-  while (true) {
-    const char* t = p;
-    const char* tab = static_cast<const char*>(std::memchr(p, '\t', e - p));
-    const char* fe = tab != nullptr ? tab : e;
-    if (field >= kCriteoFields) {
-      field = kCriteoFields + 1;
-      for (const char* q = fe; q < e; ++q) field += (*q == '\t');
+// Criteo as LR's feature rows: the present fields' keys, value 1.
+LineKind ParseCriteoRow(std::string_view line, RowBlock* out,
+                        std::string* reason) {
+  CriteoLine c;
+  switch (ParseCriteoLine(line, &c, reason)) {
+    case CriteoParse::kBlank:
+      return LineKind::kBlank;
+    case CriteoParse::kBad:
+      return LineKind::kBad;
+    case CriteoParse::kRow:
       break;
-    }
-    if (field == 0) {
-      int64_t y;
-      if (!ParseInt(t, fe, &y)) {
-        Rollback(out, nnz0);
-        *reason = absl::StrCat("bad label ", Quote(std::string_view(t, fe - t)));
-        return LineKind::kBad;
-      }
-      label = y > 0 ? 1.0f : 0.0f;
-    } else if (t < fe && field <= kCriteoIntFields) {
-      int64_t v;
-      if (!ParseInt(t, fe, &v)) {
-        Rollback(out, nnz0);
-        *reason = absl::StrCat("bad integer ", Quote(std::string_view(t, fe - t)),
-                               " in field I", field);
-        return LineKind::kBad;
-      }
-      int64_t bucket = v;
-      if (v > 2) {
-        const double l = std::log(static_cast<double>(v));
-        bucket = static_cast<int64_t>(std::floor(l * l));
-      }
-      out->keys.push_back(FeatureKey(static_cast<uint64_t>(bucket), field - 1));
-      out->vals.push_back(1.0f);
-    } else if (t < fe) {
-      const int j = field - 1 - kCriteoIntFields;
-      out->keys.push_back(FeatureKey(HashBytes(std::string_view(t, fe - t)),
-                                     kCriteoIntFields + j));
-      out->vals.push_back(1.0f);
-    }
-    ++field;
-    if (tab == nullptr) break;
-    p = tab + 1;
   }
-  if (field != kCriteoFields) {
-    Rollback(out, nnz0);
-    *reason = absl::StrCat("expected ", kCriteoFields,
-                           " tab-separated fields, got ", field);
-    return LineKind::kBad;
+  for (int f = 0; f < kCriteoNumFields; ++f) {
+    if (!c.present(f)) continue;
+    out->keys.push_back(CriteoFieldKey(c, f));
+    out->vals.push_back(1.0f);
   }
-  out->labels.push_back(label);
+  out->labels.push_back(c.label);
   out->row_ptr.push_back(static_cast<int64_t>(out->keys.size()));
+  return LineKind::kRow;
+}
+
+// Criteo as the MLP's field rows: a key for every field, present or not.
+LineKind ParseCriteoFieldRow(std::string_view line, FieldBlock* out,
+                             std::string* reason) {
+  CriteoLine c;
+  switch (ParseCriteoLine(line, &c, reason)) {
+    case CriteoParse::kBlank:
+      return LineKind::kBlank;
+    case CriteoParse::kBad:
+      return LineKind::kBad;
+    case CriteoParse::kRow:
+      break;
+  }
+  for (int f = 0; f < kCriteoNumFields; ++f) {
+    out->keys.push_back(c.present(f) ? CriteoFieldKey(c, f)
+                                     : MissingFieldKey(f));
+  }
+  out->labels.push_back(c.label);
   return LineKind::kRow;
 }
 
 // The lines of a shard cut into blocks (bounds[i], bounds[i+1]) in file
 // order (the last bound may be -1: to the end of the file), visited in
 // `order` (position -> block; unset: file order).
-class TextReader final : public RowReader {
+// Reader is RowReader or FieldReader, Block its block type.
+template <typename Reader, typename Block>
+class TextReader final : public Reader {
  public:
-  TextReader(std::unique_ptr<LineSource> src, ParseFn parse,
+  TextReader(std::unique_ptr<LineSource> src, ParseFn<Block> parse,
              bool skip_malformed, std::vector<int64_t> bounds,
              std::optional<SeededPermutation> order)
       : src_(std::move(src)),
@@ -418,7 +429,7 @@ class TextReader final : public RowReader {
         order_(std::move(order)),
         block_lines_(bounds_.size() - 1, 0) {}
 
-  absl::StatusOr<size_t> Next(size_t max_rows, RowBlock* out) override {
+  absl::StatusOr<size_t> Next(size_t max_rows, Block* out) override {
     size_t appended = 0;
     std::string_view line;
     int64_t offset = 0;
@@ -512,7 +523,7 @@ class TextReader final : public RowReader {
 
   // Constant after construction.
   const std::unique_ptr<LineSource> src_;
-  const ParseFn parse_;
+  const ParseFn<Block> parse_;
   const bool skip_malformed_;
   const std::vector<int64_t> bounds_;
   const std::optional<SeededPermutation> order_;
@@ -526,9 +537,11 @@ class TextReader final : public RowReader {
   std::string reason_;  // scratch for the error path
 };
 
-absl::StatusOr<std::unique_ptr<RowReader>> OpenText(
+// The reader, unbuffered: a shuffled one still needs its shuffle buffer.
+template <typename Reader, typename Block>
+absl::StatusOr<std::unique_ptr<Reader>> OpenText(
     const std::string& path, int64_t begin_byte, int64_t end_byte,
-    bool skip_malformed, const ShuffleOptions& shuffle, ParseFn parse) {
+    bool skip_malformed, const ShuffleOptions& shuffle, ParseFn<Block> parse) {
   if (begin_byte < 0 || (end_byte != -1 && end_byte < begin_byte)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": bad byte range [", begin_byte, ", ", end_byte, ")"));
@@ -562,11 +575,23 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenText(
                   bounds.size());
   }
   bounds.push_back(end_byte);
-  auto reader = std::make_unique<TextReader>(
+  auto reader = std::make_unique<TextReader<Reader, Block>>(
       std::move(src), parse, skip_malformed, std::move(bounds),
       std::move(order));
   PS_RETURN_IF_ERROR(reader->Reset());
-  if (!shuffle.enabled) return std::unique_ptr<RowReader>(std::move(reader));
+  return std::unique_ptr<Reader>(std::move(reader));
+}
+
+// Feature rows, through the shuffle buffer when shuffled.
+absl::StatusOr<std::unique_ptr<RowReader>> OpenRows(
+    const std::string& path, int64_t begin_byte, int64_t end_byte,
+    bool skip_malformed, const ShuffleOptions& shuffle,
+    ParseFn<RowBlock> parse) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<RowReader> reader,
+                      (OpenText<RowReader, RowBlock>(path, begin_byte, end_byte,
+                                                     skip_malformed, shuffle,
+                                                     parse)));
+  if (!shuffle.enabled) return reader;
   return NewShuffleBuffer(
       std::move(reader), shuffle.buffer_rows,
       ShuffleKey(shuffle.seed, ShufflePurpose::kBuffer, shuffle.epoch,
@@ -578,7 +603,7 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenText(
 absl::StatusOr<std::unique_ptr<RowReader>> OpenLibsvm(
     const std::string& path, int64_t begin_byte, int64_t end_byte,
     bool skip_malformed, const ShuffleOptions& shuffle) {
-  return OpenText(path, begin_byte, end_byte, skip_malformed, shuffle,
+  return OpenRows(path, begin_byte, end_byte, skip_malformed, shuffle,
                   &ParseLibsvmLine);
 }
 
@@ -593,8 +618,8 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenLibsvm(const std::string& path,
 absl::StatusOr<std::unique_ptr<RowReader>> OpenCriteo(
     const std::string& path, int64_t begin_byte, int64_t end_byte,
     bool skip_malformed, const ShuffleOptions& shuffle) {
-  return OpenText(path, begin_byte, end_byte, skip_malformed, shuffle,
-                  &ParseCriteoLine);
+  return OpenRows(path, begin_byte, end_byte, skip_malformed, shuffle,
+                  &ParseCriteoRow);
 }
 
 absl::StatusOr<std::unique_ptr<RowReader>> OpenCriteo(const std::string& path,
@@ -603,6 +628,14 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenCriteo(const std::string& path,
                                                       bool skip_malformed) {
   return OpenCriteo(path, begin_byte, end_byte, skip_malformed,
                     ShuffleOptions());
+}
+
+absl::StatusOr<std::unique_ptr<FieldReader>> OpenCriteoFields(
+    const std::string& path, int64_t begin_byte, int64_t end_byte,
+    bool skip_malformed) {
+  return OpenText<FieldReader, FieldBlock>(path, begin_byte, end_byte,
+                                           skip_malformed, ShuffleOptions(),
+                                           &ParseCriteoFieldRow);
 }
 
 absl::StatusOr<int64_t> FileSize(const std::string& path) {

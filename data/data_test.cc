@@ -1,4 +1,4 @@
-#include "worker/data.h"
+#include "data/data.h"
 
 #include <algorithm>
 #include <chrono>
@@ -14,9 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
+#include "data/metrics.h"
+#include "data/shuffle.h"
 #include "gtest/gtest.h"
-#include "worker/metrics.h"
-#include "worker/shuffle.h"
 
 namespace ps {
 namespace {
