@@ -30,12 +30,31 @@
 #include "common/net.h"
 #include "transport/grpc_transport.h"
 #include "common/security.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 
 extern char** environ;
 
 namespace ps {
 namespace {
+
+// PickFreePort, but never a port this process has handed out before: a
+// picked port is free only until its process binds it, so two picks before
+// either binds can return the same one (CI once gave W[0]'s metrics
+// endpoint the scheduler's port, and W[0] could not listen). The set is
+// this process's picks (every launcher in it: --tune runs several), so it
+// is process-wide on purpose; it grows by one int per process started.
+absl::StatusOr<int> PickUnusedPort(const std::string& host) {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::set<int>* handed_out = new std::set<int>;
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    PS_ASSIGN_OR_RETURN(int port, PickFreePort(host));
+    absl::MutexLock l(&mu);
+    if (handed_out->insert(port).second) return port;
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "bind ", host, ": 64 picks gave only ports handed out already"));
+}
 
 constexpr size_t kMaxLineBytes = 64 * 1024;
 constexpr absl::Duration kPollInterval = absl::Milliseconds(10);
@@ -1043,7 +1062,7 @@ class Chaos {
     // A metrics port of its own (issue 11), not S[0]'s.
     for (size_t a = 0; a + 1 < spec.argv.size(); ++a) {
       if (spec.argv[a] == "--metrics_port") {
-        absl::StatusOr<int> p = PickFreePort("127.0.0.1");
+        absl::StatusOr<int> p = PickUnusedPort("127.0.0.1");
         spec.argv[a + 1] = absl::StrCat(p.ok() ? *p : 0);
         if (p.ok()) {
           say_(absl::StrCat("metrics ", spec.name, " http://127.0.0.1:", *p,
@@ -1140,7 +1159,7 @@ absl::Status AssignMetricsPorts(const std::string& connect_host,
       bind_host.empty() || bind_host == "0.0.0.0" ? "127.0.0.1" : bind_host;
   std::string json = "[";
   for (ChildSpec& spec : *specs) {
-    absl::StatusOr<int> port = PickFreePort(pick_host);
+    absl::StatusOr<int> port = PickUnusedPort(pick_host);
     if (!port.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "cannot pick a metrics port for ", spec.name, ": ",
@@ -1225,7 +1244,7 @@ int Launcher::Run(const std::atomic<int>* stop) {
     return kExitUsage;
   }
   if (port == 0) {
-    absl::StatusOr<int> picked = PickFreePort(host);
+    absl::StatusOr<int> picked = PickUnusedPort(host);
     if (!picked.ok()) {
       Say(absl::StrCat("config field cluster.scheduler: cannot pick a port: ",
                        picked.status().message()));

@@ -56,7 +56,7 @@ class InMemoryParams final : public ParamClient {
                absl::Span<const float> vals, int num_examples) override {
     Table* t = tables_.at(table).get();
     EXPECT_EQ(vals.size(), keys.size() * t->dim());
-    t->Push(0, keys, vals.data(), 1.0f / num_examples);
+    t->Push(0, keys, vals.data(), t->optimizer().GradientScale(num_examples));
     return ++ts_;
   }
   absl::Status Wait(int64_t, absl::Time) override { return absl::OkStatus(); }
