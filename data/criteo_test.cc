@@ -42,9 +42,11 @@ std::string Line(int fields,
 TEST(CriteoLine, SplitsAndValidates) {
   CriteoLine c;
   std::string reason;
+  // The views in `c` point into `line`: it outlives every check below.
   const std::string line =
-      Line(40, {{0, "+1"}, {1, "5"}, {3, "-3"}, {14, "abc"}, {39, "z"}});
-  ASSERT_EQ(ParseCriteoLine(line + "\r", &c, &reason), CriteoParse::kRow);
+      Line(40, {{0, "+1"}, {1, "5"}, {3, "-3"}, {14, "abc"}, {39, "z"}}) +
+      "\r";
+  ASSERT_EQ(ParseCriteoLine(line, &c, &reason), CriteoParse::kRow);
   EXPECT_EQ(c.label, 1.0f);
   EXPECT_TRUE(c.present(0));
   EXPECT_FALSE(c.present(1));
