@@ -192,7 +192,7 @@ struct TrainingConfig {
   bool operator==(const TrainingConfig&) const = default;
 };
 
-// The dense CTR model (training.model: mlp; worker/mlp_trainer.h): per-field
+// The dense CTR model (training.model: mlp; models/wide_deep.h): per-field
 // embeddings of embedding_dim floats, concatenated, then fully connected
 // ReLU layers of the `hidden` widths and a logistic output. Its tables are
 // trained with their own update rule (`optimizer`, `learning_rate`, `l2`),

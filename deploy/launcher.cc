@@ -490,6 +490,9 @@ H, S[i], W[i].
                        write the best config to --tune-out (default
                        RUN_DIR/tuned.yaml), then train with it
   --tune-out FILE      where --tune writes the best config
+  --tune-folds N       score each --tune setting on N validation splits
+                       (training.seed, +1, ...; default 2, at most 5): the
+                       mean validation log loss picks the best
   --check[=resources]  only check the config and flags (every field, the
                        --kill/--drain targets) and exit 0, or 2 with the
                        error, starting nothing; =resources also checks that
@@ -599,7 +602,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
         "--config", "--set",     "--report",  "--servers",  "--workers",
         "--mode",   "--tau",     "--bin-dir", "--run-dir", "--timeout_s",
         "--kill", "--drain", "--add-server", "--add-worker", "--plot",
-        "--tune-out"};
+        "--tune-out", "--tune-folds"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || flag == f;
     if (!known) {
@@ -640,6 +643,12 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
         return absl::InvalidArgumentError("flag --tune-out wants a file name");
       }
       options.tune_out = value;
+    } else if (flag == "--tune-folds") {
+      if (!absl::SimpleAtoi(value, &options.tune_folds) ||
+          options.tune_folds < 1 || options.tune_folds > 5) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --tune-folds wants a number in [1, 5], got '", value, "'"));
+      }
     } else if (flag == "--bin-dir") {
       options.bin_dir = value;
     } else if (flag == "--run-dir") {

@@ -205,8 +205,10 @@ struct LaunchOptions {
   // size and regularisation on a validation split, write the best config
   // to --tune-out (default RUN_DIR/tuned.yaml), then train with it.
   // tune_trials 0: the default grid; N > 0: N seeded random trials.
+  // --tune-folds N: each setting is scored on N validation splits (seeds).
   bool tune = false;
   int tune_trials = 0;
+  int tune_folds = 2;
   std::string tune_out;
 
   // Not flags; tests shorten them.

@@ -37,19 +37,23 @@ std::string ReadText(const std::string& path) {
   return ss.str();
 }
 
+// One setting, run on every fold; its score is the folds' mean.
 struct Trial {
   TuneSetting setting;
-  int rc = -1;
-  bool scored = false;
+  bool scored = false;  // every fold ran and reported both figures
   double auc = 0, logloss = 0, seconds = 0;
-  std::string error;
+  std::string error;  // the first failed fold's
 };
 
-// Better first: scored before failed, then higher AUC, then lower log loss.
+// Better first: scored before failed, then lower validation log loss, then
+// higher AUC. Log loss, not AUC: on a small validation split (criteo-10k's
+// 10% is about 800 rows) AUC moved by more between settings than their
+// test AUCs did, and picked a step size 0.011 worse on test; log loss, a
+// proper score of every probability, ranked them as the test set did.
 bool Better(const Trial& a, const Trial& b) {
   if (a.scored != b.scored) return a.scored;
-  if (a.auc != b.auc) return a.auc > b.auc;
-  return a.logloss < b.logloss;
+  if (a.logloss != b.logloss) return a.logloss < b.logloss;
+  return a.auc > b.auc;
 }
 
 }  // namespace
@@ -154,55 +158,74 @@ int RunTune(const LaunchOptions& options, const Launcher::Output& out,
   const std::vector<TuneSetting> settings =
       TuneSettings(*base, options.tune_trials);
   say(absl::StrCat("--tune: ", settings.size(), " trials of ",
-                   base->optimizer.name, " on a validation split of ",
-                   Fmt(fraction), " of the training rows (", run_dir,
-                   "/trial-*)"));
+                   base->optimizer.name, ", each on ", options.tune_folds,
+                   " validation split(s) of ", Fmt(fraction),
+                   " of the training rows (", run_dir,
+                   "/trial-*/fold-*), best by mean validation log loss"));
 
+  const int folds = std::max(1, options.tune_folds);
   std::vector<Trial> trials;
   for (size_t i = 0; i < settings.size(); ++i) {
-    if (stop != nullptr && stop->load() != 0) return 128 + stop->load();
     Trial t;
     t.setting = settings[i];
-    LaunchOptions o = options;
-    o.tune = false;
-    o.plot_path.clear();
-    o.kills.clear();
-    o.restart = false;
-    o.add_servers.clear();
-    o.add_workers.clear();
-    o.drains.clear();
-    const std::string dir = absl::StrCat(run_dir, "/trial-", i);
-    o.run_dir = absl::StrCat(dir, "/run");
-    o.report_path = absl::StrCat(dir, "/report.json");
-    for (const std::string& s : t.setting.sets) o.overrides.push_back(s);
-    o.overrides.push_back(
-        absl::StrCat("data.validation_fraction=", Fmt(fraction)));
-    o.overrides.push_back(absl::StrCat("output.model_dir=", dir, "/model"));
-    std::filesystem::create_directories(dir, ec);
-    std::ofstream log(absl::StrCat(dir, "/launch.log"));
-    const absl::Time t0 = absl::Now();
-    {
-      Launcher launcher(o, [&log](absl::string_view line) {
-        log << line << '\n';
-      });
-      t.rc = launcher.Run(stop);
-    }
-    log.flush();
-    t.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    const std::string report = ReadText(o.report_path);
-    absl::StatusOr<double> auc = ReportNumber(report, "validation_auc");
-    absl::StatusOr<double> logloss = ReportNumber(report, "validation_logloss");
-    if (t.rc == 0 && auc.ok() && logloss.ok() && std::isfinite(*auc) &&
-        std::isfinite(*logloss)) {
-      t.scored = true;
-      t.auc = *auc;
-      t.logloss = *logloss;
-    } else {
-      t.error = t.rc != 0 ? absl::StrCat("exit ", t.rc, ", see ", dir,
+    double auc_sum = 0, logloss_sum = 0;
+    int scored_folds = 0;
+    std::vector<std::string> fold_figures;
+    for (int f = 0; f < folds; ++f) {
+      if (stop != nullptr && stop->load() != 0) return 128 + stop->load();
+      LaunchOptions o = options;
+      o.tune = false;
+      o.plot_path.clear();
+      o.kills.clear();
+      o.restart = false;
+      o.add_servers.clear();
+      o.add_workers.clear();
+      o.drains.clear();
+      const std::string dir = absl::StrCat(run_dir, "/trial-", i, "/fold-", f);
+      o.run_dir = absl::StrCat(dir, "/run");
+      o.report_path = absl::StrCat(dir, "/report.json");
+      for (const std::string& s : t.setting.sets) o.overrides.push_back(s);
+      o.overrides.push_back(
+          absl::StrCat("data.validation_fraction=", Fmt(fraction)));
+      // Fold f: its own validation split (and shuffle), seeded seed + f.
+      o.overrides.push_back(
+          absl::StrCat("training.seed=", base->training.seed + f));
+      o.overrides.push_back(absl::StrCat("output.model_dir=", dir, "/model"));
+      std::filesystem::create_directories(dir, ec);
+      std::ofstream log(absl::StrCat(dir, "/launch.log"));
+      const absl::Time t0 = absl::Now();
+      int rc;
+      {
+        Launcher launcher(o, [&log](absl::string_view line) {
+          log << line << '\n';
+        });
+        rc = launcher.Run(stop);
+      }
+      log.flush();
+      t.seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+      if (stop != nullptr && stop->load() != 0) return 128 + stop->load();
+      const std::string report = ReadText(o.report_path);
+      absl::StatusOr<double> auc = ReportNumber(report, "validation_auc");
+      absl::StatusOr<double> logloss =
+          ReportNumber(report, "validation_logloss");
+      if (rc == 0 && auc.ok() && logloss.ok() && std::isfinite(*auc) &&
+          std::isfinite(*logloss)) {
+        ++scored_folds;
+        auc_sum += *auc;
+        logloss_sum += *logloss;
+        fold_figures.push_back(absl::StrFormat("%.4f/%.4f", *auc, *logloss));
+      } else if (t.error.empty()) {
+        t.error = rc != 0 ? absl::StrCat("exit ", rc, ", see ", dir,
                                          "/launch.log")
                           : std::string((auc.ok() ? logloss : auc)
                                             .status()
                                             .message());
+      }
+    }
+    t.scored = scored_folds == folds;
+    if (t.scored) {
+      t.auc = auc_sum / folds;
+      t.logloss = logloss_sum / folds;
     }
     say(absl::StrCat(
         "--tune: trial ", i + 1, "/", settings.size(), " ",
@@ -210,8 +233,11 @@ int RunTune(const LaunchOptions& options, const Launcher::Output& out,
         t.scored ? absl::StrFormat("validation AUC %.4f, log loss %.4f",
                                    t.auc, t.logloss)
                  : absl::StrCat("failed (", t.error, ")"),
+        folds > 1 && t.scored
+            ? absl::StrCat(" (mean of ", folds, " splits, AUC/log loss ",
+                           absl::StrJoin(fold_figures, " "), ")")
+            : "",
         absl::StrFormat(" (%.1fs)", t.seconds)));
-    if (stop != nullptr && stop->load() != 0) return 128 + stop->load();
     trials.push_back(std::move(t));
   }
 

@@ -32,16 +32,18 @@ std::vector<TuneSetting> TuneSettings(const JobConfig& config, int trials);
 absl::StatusOr<double> ReportNumber(const std::string& report_text,
                                     const std::string& field);
 
-// Runs ps_launch --tune: every TuneSetting as its own job (in
-// RUN_DIR/trial-<i>, its output in trial-<i>/launch.log, with
-// data.validation_fraction 0.1 unless the config sets one), scored by
-// validation AUC (ties: validation log loss); prints one line per trial and
+// Runs ps_launch --tune: every TuneSetting as its own jobs, one per fold
+// (options.tune_folds): fold f in RUN_DIR/trial-<i>/fold-<f> (its output in
+// launch.log there) with data.validation_fraction 0.1 unless the config
+// sets one and training.seed the config's plus f, so each fold holds out
+// other rows. A setting scores the mean of its folds' validation log loss
+// (lower first; ties: mean validation AUC); prints one line per setting and
 // the table, writes the best config (the user's config with the best
 // setting; ToYaml) to options.tune_out (default RUN_DIR/tuned.yaml), then
 // runs the final job with it in RUN_DIR/final, as ps_launch would, and
-// returns that job's exit code. A trial that fails is reported and scored
-// last; when every trial fails, returns 1 without a final job. Stops (and
-// returns 128+signal) when `*stop` becomes a signal number.
+// returns that job's exit code. A setting with a failed fold is reported
+// and scored last; when every setting fails, returns 1 without a final job.
+// Stops (and returns 128+signal) when `*stop` becomes a signal number.
 int RunTune(const LaunchOptions& options, const Launcher::Output& out,
             const std::atomic<int>* stop);
 

@@ -4,7 +4,7 @@
 // (cuBLAS GEMMs, cuDNN activations, embedding gather/scatter kernels;
 // kernels/mlp_cuda.cc). No CUDA types here.
 //
-// Parameter layout (the parameter-server tables of worker/mlp_trainer.h use
+// Parameter layout (the parameter-server tables of models/wide_deep.h use
 // exactly these blocks):
 //  * embeddings: one row of `embedding_dim` floats per (field, value) key;
 //  * layer l (0 .. num_layers()-1): fan_out(l) rows of fan_in(l)+1 floats,
@@ -82,7 +82,7 @@ struct MlpParams {
   std::vector<absl::Span<const float>> layers;
   // Optional, empty or rows() floats: added to row b's logit before the
   // sigmoid. The "wide" part of a wide & deep model (a linear model over the
-  // same keys, worker/mlp_trainer.h) enters the network here.
+  // same keys, models/wide_deep.h) enters the network here.
   absl::Span<const float> logit_offset;
 };
 // Gradient outputs, same sizes as MlpParams; overwritten.

@@ -7,7 +7,7 @@
 // logistic regression (training.model: lr): table 0 "weights", dim 1, one
 // weight per feature key, updated by the `optimizer` section's rule.
 //
-// mlp (wide & deep on Criteo fields; worker/mlp_trainer.h has the model):
+// mlp (wide & deep on Criteo fields; models/wide_deep.h has the model):
 // table 0 "mlp_embeddings", dim embedding_dim, one key per (field, value);
 // tables 1..L "mlp_layer<l>", dim fan_in + 1, key o = output unit o, value =
 // [weights..., bias] (kernels/mlp.h's layout), initialised Glorot-uniform;

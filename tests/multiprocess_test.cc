@@ -35,6 +35,7 @@
 #include "server/checkpoint.h"
 #include "server/table.h"
 #include "tests/inproc_cluster.h"
+#include "models/logistic.h"
 #include "worker/trainer.h"
 #include "worker/worker_runner.h"
 
@@ -261,18 +262,21 @@ TEST_F(MultiProcessTest, SspReachesAucAndPlotsItsLoss) {
   EXPECT_EQ(ReadFile(png).substr(0, 8), "\x89PNG\r\n\x1a\n");
 }
 
-// Issue 12: ps_launch --tune=2 runs two trials on a validation split (the
-// held-out rows are never trained on: each epoch trains the rest), writes
-// the best config and trains the final job with it.
+// Issue 12: ps_launch --tune=1 --tune-folds 2 runs one setting on two
+// validation splits (the held-out rows are never trained on: each epoch
+// trains the rest; the second split holds out other rows), writes the best
+// config and trains the final job with it.
 TEST_F(MultiProcessTest, TuneWritesTheBestConfigAndTrainsWithIt) {
   dirs_.push_back(fs::path(::testing::TempDir()) /
                   absl::StrCat("ps_mp_tune_", ::getpid()));
   const fs::path dir = dirs_.back();
   const std::string tuned = (dir / "tuned.yaml").string();
   LaunchResult r = RunLaunch(dir, A9aYaml("asp", 0), {"training.epochs=1"},
-                             "--tune=2 --tune-out " + tuned);
+                             "--tune=1 --tune-folds 2 --tune-out " + tuned);
   ASSERT_LAUNCHED(r);
   EXPECT_NE(r.log.find("--tune: trials, best first:"), std::string::npos)
+      << Tail(r.log, 3000);
+  EXPECT_NE(r.log.find("(mean of 2 splits"), std::string::npos)
       << Tail(r.log, 3000);
   EXPECT_GE(Auc(r), 0.89) << r.report;
   const std::string yaml = ReadFile(tuned);
@@ -280,18 +284,26 @@ TEST_F(MultiProcessTest, TuneWritesTheBestConfigAndTrainsWithIt) {
       << yaml;
   absl::StatusOr<JobConfig> parsed = ParseJobConfig(yaml);
   EXPECT_TRUE(parsed.ok()) << parsed.status() << "\n" << yaml;
-  // The final job trains on every row; a trial held out about 10%.
+  // The final job trains on every row; a fold held out about 10%.
   EXPECT_TRUE(A9aEpochs(r.report, 1)) << r.report;
-  const std::string trial = ReadFile((dir / "run/trial-0/report.json").string());
-  absl::StatusOr<double> rows = JsonNumber(trial, "validation_rows");
-  absl::StatusOr<double> auc = JsonNumber(trial, "validation_auc");
-  ASSERT_TRUE(rows.ok() && auc.ok()) << trial;
-  EXPECT_GT(*rows, 2900);
-  EXPECT_LT(*rows, 3600);
-  EXPECT_GT(*auc, 0.88);
-  EXPECT_THAT(ParseReportOrEmpty(trial).epoch_examples(),
-              ElementsAre(32561 - *rows))
-      << trial;
+  std::vector<double> fold_rows, fold_auc;
+  for (const char* fold : {"fold-0", "fold-1"}) {
+    const std::string trial = ReadFile(
+        (dir / "run/trial-0" / fold / "report.json").string());
+    absl::StatusOr<double> rows = JsonNumber(trial, "validation_rows");
+    absl::StatusOr<double> auc = JsonNumber(trial, "validation_auc");
+    ASSERT_TRUE(rows.ok() && auc.ok()) << fold << ": " << trial;
+    EXPECT_GT(*rows, 2900) << fold;
+    EXPECT_LT(*rows, 3600) << fold;
+    EXPECT_GT(*auc, 0.88) << fold;
+    EXPECT_THAT(ParseReportOrEmpty(trial).epoch_examples(),
+                ElementsAre(32561 - *rows))
+        << fold << ": " << trial;
+    fold_rows.push_back(*rows);
+    fold_auc.push_back(*auc);
+  }
+  // Two different splits (equal row counts and AUCs by chance: ~never).
+  EXPECT_TRUE(fold_rows[0] != fold_rows[1] || fold_auc[0] != fold_auc[1]);
 }
 
 TEST_F(MultiProcessTest, AspReachesAuc) {

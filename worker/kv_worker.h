@@ -62,6 +62,7 @@
 #include "common/clock.h"
 #include "common/metrics.h"
 #include "common/routing.h"
+#include "models/model.h"
 #include "transport/transport.h"
 #include "proto/ps.pb.h"
 
@@ -97,7 +98,7 @@ struct KVWorkerOptions {
   Counter* wait_ns = nullptr;
 };
 
-class KVWorker {
+class KVWorker final : public ParamClient {
  public:
   // `clients`, `scheduler` and `options.clock` must outlive the worker.
   // `view` must be a ready cluster view; the worker's clock starts at its
@@ -113,7 +114,7 @@ class KVWorker {
   // `num_examples` examples) for ascending, unique `keys`. Copies its
   // inputs. Returns the timestamp to wait on.
   int64_t Push(int table, absl::Span<const uint64_t> keys,
-               absl::Span<const float> vals, int num_examples);
+               absl::Span<const float> vals, int num_examples) override;
 
   // Push, then Clock(num_examples), in one round trip per server: each
   // server's share of the clock's announcement rides on its push request
@@ -121,7 +122,8 @@ class KVWorker {
   // timestamp, which completes when the push and the announcement were
   // acknowledged (as Clock's does). The end of a training iteration.
   int64_t PushAndClock(int table, absl::Span<const uint64_t> keys,
-                       absl::Span<const float> vals, int num_examples);
+                       absl::Span<const float> vals,
+                       int num_examples) override;
 
   // Fetches the values of ascending, unique `keys` into *out (resized to
   // keys.size() * dim). *out must stay alive and untouched until Wait(ts)
@@ -129,7 +131,7 @@ class KVWorker {
   // `at_clock` (default: this worker's current clock). A prefetch for the
   // next clock passes clock() + 1: it then waits as that clock's pull would.
   int64_t Pull(int table, absl::Span<const uint64_t> keys,
-               std::vector<float>* out, int64_t at_clock = -1);
+               std::vector<float>* out, int64_t at_clock = -1) override;
 
   // Blocks until operation `ts` is done, at most until `deadline` (real
   // time). Returns OK when it succeeded; its own error; the sticky error
@@ -138,12 +140,12 @@ class KVWorker {
   // INVALID_ARGUMENT for a timestamp never handed out. Whatever it returns,
   // operation `ts` is given up by the caller: a pull's output is no longer
   // written. Wait once per timestamp.
-  absl::Status Wait(int64_t ts, absl::Time deadline);
+  absl::Status Wait(int64_t ts, absl::Time deadline) override;
 
   // Ends the current clock (see above). Returns a timestamp.
-  int64_t Clock(int num_examples);
+  int64_t Clock(int num_examples) override;
   // Clocks completed so far (= the clock of the next pull).
-  int64_t clock() const;
+  int64_t clock() const override;
   // Seconds the servers held this worker's pulls for the consistency bound
   // so far (per pull, its longest-held slice): the part of the waiting that
   // BSP/SSP cost, apart from transfer and queueing. Thread-safe.

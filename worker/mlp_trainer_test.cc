@@ -1,4 +1,5 @@
-// MlpTrainer without the network: the trainer drives an in-memory
+// The wide & deep model (models/wide_deep.h) in the one training loop
+// (worker/trainer.h) without the network: the loop drives an in-memory
 // ParamClient whose tables are the servers' own Table class (same random
 // initialisation, same averaging by the example count, same Adam), so the
 // learning logic is the cluster's minus the transport. Also the table
@@ -7,7 +8,7 @@
 //
 // Reads ../shared/data/criteo-10k; the tests that need it skip when missing.
 
-#include "worker/mlp_trainer.h"
+#include "models/wide_deep.h"
 
 #include <fstream>
 #include <map>
@@ -20,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda_backend.h"
 #include "server/table.h"
+#include "worker/trainer.h"
 
 namespace ps {
 namespace {
@@ -45,8 +47,10 @@ class InMemoryParams final : public ParamClient {
       tables_[t.id()] = std::move(*table);
     }
   }
+  // Answered at once, whatever the clock asked for: the loop pulls at the
+  // next clock only with a staleness bound, and these tests train BSP.
   int64_t Pull(int table, absl::Span<const uint64_t> keys,
-               std::vector<float>* out) override {
+               std::vector<float>* out, int64_t /*at_clock*/ = -1) override {
     Table* t = tables_.at(table).get();
     out->resize(keys.size() * t->dim());
     t->Pull(0, keys, out->data());
@@ -129,16 +133,20 @@ struct CriteoRun {
 };
 
 // Trains `c` on criteo-10k's training split as one worker against in-memory
-// tables, then evaluates on the test split.
-absl::StatusOr<CriteoRun> TrainOnCriteo10k(const JobConfig& c,
-                                           MlpBackend* backend) {
+// tables (BSP: each pull sees every earlier push), then evaluates on the
+// test split.
+absl::StatusOr<CriteoRun> TrainOnCriteo10k(JobConfig c, MlpBackend* backend) {
+  c.consistency.mode = Mode::kBsp;
   InMemoryParams params(MlpTables(c));
-  MlpTrainer trainer(0, c, &params, backend);
+  WideDeepModel model(0, c, &params, backend);
+  PS_RETURN_IF_ERROR(model.Validate());
+  Trainer trainer(0, c, &params, &model);
   PS_ASSIGN_OR_RETURN(auto train, OpenCriteoFields(kCriteoTrain, 0, -1, false));
   PS_ASSIGN_OR_RETURN(auto test, OpenCriteoFields(kCriteoTest, 0, -1, false));
-  PS_RETURN_IF_ERROR(trainer.Train(train.get()));
+  EpochSource source(train.get(), c.training.epochs);
+  PS_RETURN_IF_ERROR(trainer.Train(&source));
   CriteoRun run;
-  PS_ASSIGN_OR_RETURN(run.metrics, trainer.Evaluate(test.get()));
+  PS_ASSIGN_OR_RETURN(run.metrics, model.Evaluate(backend, test.get()));
   run.examples = trainer.stats().examples;
   run.clocks = params.clock();
   return run;
@@ -208,7 +216,8 @@ TEST(MlpTrainer, WidePartIsTrained) {
   c.mlp.dropout = 0.5;
   InMemoryParams params(MlpTables(c));
   auto backend = CreateCpuMlpBackend();
-  MlpTrainer trainer(0, c, &params, backend.get());
+  WideDeepModel model(0, c, &params, backend.get());
+  Trainer trainer(0, c, &params, &model);
   class TwoRows final : public FieldReader {
    public:
     absl::StatusOr<size_t> Next(size_t, FieldBlock* out) override {
@@ -230,7 +239,8 @@ TEST(MlpTrainer, WidePartIsTrained) {
    private:
     bool done_ = false;
   } rows;
-  ASSERT_TRUE(trainer.Train(&rows).ok());
+  EpochSource source(&rows, 1);
+  ASSERT_TRUE(trainer.Train(&source).ok());
   const int wide = MlpWideTable(MlpShapeOf(c));
   std::vector<float> w;
   params.Pull(wide, std::vector<uint64_t>{5000, 5001}, &w);
@@ -256,8 +266,12 @@ TEST(MlpTrainer, RegressionAllLinesSkippedTrainsZeroExamples) {
   ASSERT_TRUE(reader.ok());
   InMemoryParams params(MlpTables(c));
   auto backend = CreateCpuMlpBackend();
-  MlpTrainer trainer(3, c, &params, backend.get());
-  absl::Status s = trainer.Train(reader->get());
+  WideDeepModel model(3, c, &params, backend.get());
+  Trainer trainer(3, c, &params, &model);
+  EpochSource source(reader->get(), 1);
+  ASSERT_TRUE(trainer.Train(&source).ok());
+  absl::Status s = CheckTrainedExamples(3, source.path(), source.stats(),
+                                        trainer.stats().examples);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_EQ(s.message(),
             "W[3] trained 0 examples from " + path + " (2 lines skipped)");

@@ -11,12 +11,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/hash.h"
 #include "common/status_macros.h"
+#include "models/logistic.h"
 #include "server/table.h"
-#include "worker/trainer.h"
 
 namespace ps {
 namespace {
@@ -38,12 +38,12 @@ constexpr uint64_t kMaxLibsvmIndex = uint64_t{1} << 48;
 
 }  // namespace
 
-const float* Model::Find(uint64_t key) const {
+const float* SavedTable::Find(uint64_t key) const {
   auto it = index.find(key);
   return it == index.end() ? nullptr : values.data() + size_t{it->second} * dim;
 }
 
-absl::StatusOr<Model> LoadModel(const std::string& dir, int table) {
+absl::StatusOr<SavedTable> LoadModel(const std::string& dir, int table) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
     return absl::NotFoundError(
@@ -68,7 +68,7 @@ absl::StatusOr<Model> LoadModel(const std::string& dir, int table) {
   }
   std::sort(shards.begin(), shards.end());
 
-  Model m;
+  SavedTable m;
   m.table = table;
   std::vector<uint32_t> file_of;  // per position in keys: the file, for errors
   for (auto& [server, path] : shards) {
@@ -126,7 +126,8 @@ absl::StatusOr<Model> LoadModel(const std::string& dir, int table) {
   return m;
 }
 
-absl::StatusOr<EvalMetrics> PredictRows(const Model& model, RowReader* reader,
+absl::StatusOr<EvalMetrics> PredictRows(const SavedTable& model,
+                                        RowReader* reader,
                                         ComputeBackend* backend,
                                         const PredictSink& sink) {
   if (model.dim != 1) {
@@ -167,7 +168,7 @@ absl::StatusOr<ExportFormat> ParseExportFormat(const std::string& name) {
       "export format '", name, "': expected keys or libsvm"));
 }
 
-absl::Status ExportModel(const Model& model, ExportFormat format,
+absl::Status ExportModel(const SavedTable& model, ExportFormat format,
                          const std::string& path) {
   const size_t dim = static_cast<size_t>(model.dim);
   // Lines in output order: (sort key, position in model.keys).

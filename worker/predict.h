@@ -20,7 +20,7 @@
 namespace ps {
 
 // One table of a saved model: every key any server stored, with its value.
-struct Model {
+struct SavedTable {
   int table = 0;
   int dim = 0;
   std::vector<std::string> files;  // the shards read, by server id
@@ -43,7 +43,7 @@ struct Model {
 // when two files disagree on the table's dim, or hold the same key (shards
 // of two jobs in one folder: a job with fewer servers leaves an earlier
 // job's higher-numbered files in place).
-absl::StatusOr<Model> LoadModel(const std::string& dir, int table = 0);
+absl::StatusOr<SavedTable> LoadModel(const std::string& dir, int table = 0);
 
 // Called with each block of predictions, in row order: the probabilities
 // and the rows' labels (same size).
@@ -53,12 +53,13 @@ using PredictSink = std::function<absl::Status(absl::Span<const float> prob,
 // Predicts every row `reader` yields with the logistic-regression model
 // `model` (dim 1) and returns the metrics over all rows. Rows are batched,
 // keyed and predicted as the job's final evaluation does
-// (Trainer::EvaluateOn: BuildBatch with the bias key, the same backend
-// kernel, data/metrics.h's Evaluate), so the same weights give the same
-// probabilities bit for bit and the same AUC. A sink error stops the pass
+// (EvaluateLogistic in models/logistic.h: BuildBatch with the bias key, the
+// same backend kernel, data/metrics.h's Evaluate), so the same weights give the
+// same probabilities bit for bit and the same AUC. A sink error stops the pass
 // and is returned. FAILED_PRECONDITION when model.dim != 1; reader errors as
 // RowReader::Next.
-absl::StatusOr<EvalMetrics> PredictRows(const Model& model, RowReader* reader,
+absl::StatusOr<EvalMetrics> PredictRows(const SavedTable& model,
+                                        RowReader* reader,
                                         ComputeBackend* backend,
                                         const PredictSink& sink);
 
@@ -80,7 +81,7 @@ absl::StatusOr<ExportFormat> ParseExportFormat(const std::string& name);
 
 // Writes `model` to `path` in `format`, atomically (a temporary file renamed
 // into place); UNAVAILABLE naming the path on an IO error.
-absl::Status ExportModel(const Model& model, ExportFormat format,
+absl::Status ExportModel(const SavedTable& model, ExportFormat format,
                          const std::string& path);
 
 }  // namespace ps

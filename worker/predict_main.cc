@@ -133,7 +133,7 @@ absl::Status Run(const Args& args) {
   }
   if (args.skip_malformed_given) config.data.skip_malformed = true;
 
-  PS_ASSIGN_OR_RETURN(Model model, LoadModel(model_dir, args.table));
+  PS_ASSIGN_OR_RETURN(SavedTable model, LoadModel(model_dir, args.table));
   std::fprintf(stderr, "ps_predict: model %s table %d: %zu keys of dim %d from %zu files\n",
                model_dir.c_str(), model.table, model.size(), model.dim,
                model.files.size());

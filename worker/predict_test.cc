@@ -14,7 +14,7 @@
 #include "common/hash.h"
 #include "gtest/gtest.h"
 #include "server/table.h"
-#include "worker/trainer.h"
+#include "models/logistic.h"
 
 namespace ps {
 namespace {

@@ -13,41 +13,6 @@
 
 namespace ps {
 
-uint64_t BiasKey() { return FeatureKey(0, 0xb1a5); }
-
-void BuildBatch(const RowBlock& block, size_t first, size_t last,
-                CsrBatch* batch) {
-  batch->Clear();
-  const int64_t nz_begin = block.row_ptr[first];
-  const int64_t nz_end = block.row_ptr[last];
-  const uint64_t bias = BiasKey();
-  batch->keys.assign(block.keys.begin() + nz_begin,
-                     block.keys.begin() + nz_end);
-  batch->keys.push_back(bias);
-  std::sort(batch->keys.begin(), batch->keys.end());
-  batch->keys.erase(std::unique(batch->keys.begin(), batch->keys.end()),
-                    batch->keys.end());
-  const auto col_of = [&](uint64_t k) {
-    return static_cast<uint32_t>(
-        std::lower_bound(batch->keys.begin(), batch->keys.end(), k) -
-        batch->keys.begin());
-  };
-  const uint32_t bias_col = col_of(bias);
-  batch->row_ptr.assign(1, 0);
-  batch->cols.reserve(nz_end - nz_begin + (last - first));
-  batch->vals.reserve(nz_end - nz_begin + (last - first));
-  for (size_t r = first; r < last; ++r) {
-    for (int64_t j = block.row_ptr[r]; j < block.row_ptr[r + 1]; ++j) {
-      batch->cols.push_back(col_of(block.keys[j]));
-      batch->vals.push_back(block.vals[j]);
-    }
-    batch->cols.push_back(bias_col);
-    batch->vals.push_back(1.0f);
-    batch->row_ptr.push_back(static_cast<int64_t>(batch->cols.size()));
-    batch->labels.push_back(block.labels[r]);
-  }
-}
-
 proto::SkippedLines SkippedLinesOf(const std::string& path,
                                    const ReadStats& stats) {
   proto::SkippedLines s;
@@ -105,11 +70,104 @@ proto::EvalPoint MakeEvalPoint(absl::Duration elapsed, const EvalMetrics& m,
   return p;
 }
 
-Trainer::Trainer(int worker_id, const JobConfig& config, KVWorker* kv,
-                 ComputeBackend* backend)
-    : worker_id_(worker_id), config_(config), kv_(kv), backend_(backend) {}
+template <typename Reader, typename Block>
+absl::StatusOr<BatchSource::Got> EpochSource::NextFrom(Reader* reader,
+                                                       size_t max_rows,
+                                                       Block* out,
+                                                       int64_t* unit) {
+  if (reader == nullptr) {
+    return absl::FailedPreconditionError(
+        "this EpochSource reads the other kind of rows");
+  }
+  while (epoch_ < epochs_) {
+    PS_ASSIGN_OR_RETURN(size_t n, reader->Next(max_rows, out));
+    if (n > 0) {
+      *unit = epoch_;
+      return Got::kRows;
+    }
+    if (++epoch_ < epochs_) PS_RETURN_IF_ERROR(reader->Reset());
+  }
+  return Got::kDone;
+}
 
-absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
+absl::StatusOr<BatchSource::Got> EpochSource::Next(size_t max_rows,
+                                                   RowBlock* out,
+                                                   int64_t* unit) {
+  return NextFrom(rows_, max_rows, out, unit);
+}
+
+absl::StatusOr<BatchSource::Got> EpochSource::Next(size_t max_rows,
+                                                   FieldBlock* out,
+                                                   int64_t* unit) {
+  return NextFrom(fields_, max_rows, out, unit);
+}
+
+std::string EpochSource::path() const {
+  return rows_ != nullptr ? rows_->path() : fields_->path();
+}
+
+ReadStats EpochSource::stats() const {
+  return rows_ != nullptr ? rows_->stats() : fields_->stats();
+}
+
+proto::SkippedLines EpochSource::skipped() const {
+  return SkippedLinesOf(path(), stats());
+}
+
+namespace {
+
+// One evaluation at a time, on a thread of its own (the test curve, the
+// validation split): evaluating inline stalled this worker's clock for the
+// whole data set, and in BSP/SSP every other worker with it (in the
+// 4x-straggler benchmark, where worker 0 both straggles and draws the
+// curve, that was most of the others' waiting).
+class BackgroundEval {
+ public:
+  ~BackgroundEval() { Join(); }
+  // Runs `fn` on the thread unless an evaluation is still running; then
+  // returns false and drops it. `fn` returns its error.
+  bool Start(std::function<absl::Status()> fn) {
+    absl::MutexLock l(&mu_);
+    if (busy_) return false;
+    if (thread_.joinable()) thread_.join();  // it is done
+    busy_ = true;
+    thread_ = std::thread([this, fn = std::move(fn)] {
+      absl::Status s = fn();
+      absl::MutexLock l(&mu_);
+      if (!s.ok() && status_.ok()) status_ = std::move(s);
+      busy_ = false;
+    });
+    return true;
+  }
+  // Waits for the running evaluation; the first error any returned.
+  absl::Status Join() {
+    std::thread t;
+    {
+      absl::MutexLock l(&mu_);
+      t = std::move(thread_);
+    }
+    if (t.joinable()) t.join();
+    absl::MutexLock l(&mu_);
+    return status_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+Trainer::Trainer(int worker_id, const JobConfig& config, ParamClient* params,
+                 Model* model)
+    : worker_id_(worker_id),
+      config_(config),
+      params_(params),
+      model_(model) {}
+
+absl::Status Trainer::Train(BatchSource* work, EvalFn curve_fn) {
   const TrainingConfig& tc = config_.training;
   PS_RETURN_IF_ERROR(CheckMinibatchResolved(tc));
   const absl::Time start = absl::Now();
@@ -118,66 +176,38 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
   int64_t report_examples = 0;
   double report_loss = 0, report_compute = 0, report_wait = 0;
   const absl::Duration timeout = absl::Seconds(600);
-  // Before `curve`: its thread uses it until the curve's destructor joins.
-  std::unique_ptr<ComputeBackend> curve_backend;
-  // The test curve is evaluated beside training, on a thread of its own
-  // with a CPU backend of its own: evaluating inline stalled this worker's
-  // clock for the whole test set, and in BSP/SSP every other worker with it
-  // (in the 4x-straggler benchmark, where worker 0 both straggles and draws
-  // the curve, that was most of the others' waiting). One evaluation at a
-  // time; a point is stamped with the time and examples when it began.
-  struct Curve {
-    absl::Mutex mu;
-    bool busy ABSL_GUARDED_BY(mu) = false;
-    std::vector<proto::EvalPoint> points ABSL_GUARDED_BY(mu);
-    absl::Status status ABSL_GUARDED_BY(mu);
-    std::thread thread;
-    ~Curve() {
-      if (thread.joinable()) thread.join();
-    }
-  } curve;
-  // Epoch-start validation (set_validation), on a thread of its own with a
-  // CPU backend of its own, as the curve.
-  std::unique_ptr<ComputeBackend> validation_backend;
-  struct Validation {
-    absl::Mutex mu;
-    bool busy ABSL_GUARDED_BY(mu) = false;
-    absl::Status status ABSL_GUARDED_BY(mu);
-    int last_epoch = 0;  // the training thread's: the last epoch started
-    std::thread thread;
-    ~Validation() {
-      if (thread.joinable()) thread.join();
-    }
-  } validation;
+  absl::Mutex curve_mu;
+  std::vector<proto::EvalPoint> curve_points;  // guarded by curve_mu
+  // Declared after what their threads use: destroyed (joined) first.
+  BackgroundEval curve, validation;
+  int validation_epoch = 0;  // the last epoch started
   // With a staleness bound of at least one clock, the pull of the next
   // minibatch is sent before this one is computed (declared at the next
   // clock, so the bound still holds); BSP cannot prefetch.
   const bool prefetch = config_.EffectiveTau() != 0;
-  // A backend that computes while this thread goes on (CUDA's streams).
-  const bool pipelined = backend_->pipelined();
+  // A model that computes while this thread goes on (CUDA's streams).
+  const bool pipelined = model_->pipelined();
   // Whether the next minibatch is read before this one's gradient is done.
   const bool read_ahead = prefetch || pipelined;
 
   struct Slot {
-    CsrBatch batch;
-    std::vector<float> w;
-    int64_t ts = -1;
+    bool pulled = false;  // a pull was sent and not yet waited for
     size_t rows = 0;
     int64_t unit = -1;
   };
-  Slot slots[2];
-  RowBlock block;
+  Slot slots[Model::kSlots];
   std::vector<float> idle_w;
-  const std::vector<uint64_t> idle_keys = {BiasKey()};
+  const auto [idle_table, idle_key] = model_->idle_key();
+  const std::vector<uint64_t> idle_keys = {idle_key};
   // An idle step while no unit is free: an empty clock, then a pull at the
   // new clock (which waits as any pull would: BSP/SSP keep this worker in
   // step with the others instead of blocked by it), then a short pause so
   // an ASP worker does not hammer the scheduler.
   auto idle = [&]() -> absl::Status {
     const absl::Time t0 = absl::Now();
-    kv_->Clock(0);
-    const int64_t ts = kv_->Pull(0, idle_keys, &idle_w);
-    PS_RETURN_IF_ERROR(kv_->Wait(ts, absl::Now() + timeout));
+    params_->Clock(0);
+    const int64_t ts = params_->Pull(idle_table, idle_keys, &idle_w);
+    PS_RETURN_IF_ERROR(params_->Wait(ts, absl::Now() + timeout));
     absl::SleepFor(absl::Milliseconds(10));
     stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
     return absl::OkStatus();
@@ -195,11 +225,11 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     if (others_min_clock_ != nullptr) {
       floor = std::max(floor, others_min_clock_->load());
     }
-    if (floor - kv_->clock() <= slack) return;
+    if (floor - params_->clock() <= slack) return;
     // At most 256 clocks in flight at once: a server refuses a clock more
     // than 1000 ahead of this worker's completed ones (CLOCK_TOO_FAR).
-    floor = std::min(floor, kv_->clock() + 256);
-    while (kv_->clock() < floor) kv_->Clock(0);
+    floor = std::min(floor, params_->clock() + 256);
+    while (params_->clock() < floor) params_->Clock(0);
   };
   // Issue 12: a worker that makes few updates per epoch trains a poor model
   // (minibatch 1000 on a small set gave each worker 1 to 7), so the first
@@ -236,77 +266,67 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     counted.rows += static_cast<int64_t>(rows);
   };
   enum class Fill { kHave, kWaiting, kDone };
-  // Reads the next minibatch into `s`. With `may_idle` (nothing of this
-  // worker's is still unpushed), waits out WorkSource::kWait with idle
-  // steps; without it, returns kWaiting.
-  auto next = [&](Slot* s, bool may_idle) -> absl::StatusOr<Fill> {
+  // Reads the next minibatch into slot `i`. With `may_idle` (nothing of
+  // this worker's is still unpushed), waits out BatchSource::Got::kWait
+  // with idle steps; without it, returns kWaiting.
+  auto next = [&](int i, bool may_idle) -> absl::StatusOr<Fill> {
     for (;;) {
-      block.Clear();
-      PS_ASSIGN_OR_RETURN(WorkSource::Got got,
-                          work->Next(tc.minibatch, &block, &s->unit));
-      if (got == WorkSource::Got::kRows) {
-        BuildBatch(block, 0, block.rows(), &s->batch);
-        s->rows = block.rows();
-        count_update(s->rows);
+      PS_ASSIGN_OR_RETURN(
+          BatchSource::Got got,
+          model_->Read(work, tc.minibatch, i, &slots[i].unit, &slots[i].rows));
+      if (got == BatchSource::Got::kRows) {
+        count_update(slots[i].rows);
         return Fill::kHave;
       }
-      if (got == WorkSource::Got::kDone) return Fill::kDone;
+      if (got == BatchSource::Got::kDone) return Fill::kDone;
       if (!may_idle) return Fill::kWaiting;
       PS_RETURN_IF_ERROR(idle());
     }
   };
-  std::vector<float> grad;
+  auto pull = [&](int i, int64_t at_clock) {
+    model_->Pull(i, at_clock);
+    slots[i].pulled = true;
+  };
   int cur = 0;
-  PS_ASSIGN_OR_RETURN(Fill first, next(&slots[cur], /*may_idle=*/true));
+  PS_ASSIGN_OR_RETURN(Fill first, next(cur, /*may_idle=*/true));
   bool have = first == Fill::kHave;
-  if (have) slots[cur].ts = kv_->Pull(0, slots[cur].batch.keys, &slots[cur].w);
+  if (have) pull(cur, -1);
   while (have) {
     Slot& s = slots[cur];
-    Slot& n = slots[1 - cur];
+    const int n = 1 - cur;
     absl::Time t0 = absl::Now();
-    // ts < 0: its pull was already waited for (before an evaluation).
-    if (s.ts >= 0) PS_RETURN_IF_ERROR(kv_->Wait(s.ts, absl::Now() + timeout));
+    if (s.pulled) {
+      s.pulled = false;
+      PS_RETURN_IF_ERROR(model_->WaitPull(cur, absl::Now() + timeout));
+    }
     absl::Time t1 = absl::Now();
-    // On a pipelined backend the gradient is submitted first and collected
+    // On a pipelined model the gradient is submitted first and collected
     // after the worker's own work for the next minibatch (reading and
     // parsing it, sending its prefetch pull), which then overlaps the
     // device's copy and kernels. The same weights and batch either way.
-    int64_t ticket = -1;
-    if (pipelined) {
-      PS_ASSIGN_OR_RETURN(ticket, backend_->SubmitGradient(s.batch, s.w));
-    }
+    PS_RETURN_IF_ERROR(model_->Submit(cur, params_->clock()));
     bool have_next = false;
     Fill ahead = Fill::kWaiting;
     if (read_ahead) {
-      PS_ASSIGN_OR_RETURN(ahead, next(&n, /*may_idle=*/false));
+      PS_ASSIGN_OR_RETURN(ahead, next(n, /*may_idle=*/false));
       have_next = ahead == Fill::kHave;
-      if (prefetch && have_next) {
-        n.ts = kv_->Pull(0, n.batch.keys, &n.w, kv_->clock() + 1);
-      }
+      if (prefetch && have_next) pull(n, params_->clock() + 1);
     }
-    grad.assign(s.batch.keys.size(), 0.0f);
     double loss = 0;
-    if (pipelined) {
-      PS_RETURN_IF_ERROR(
-          backend_->CollectGradient(ticket, absl::MakeSpan(grad), &loss));
-    } else {
-      PS_RETURN_IF_ERROR(backend_->LogisticGradient(
-          s.batch, s.w, absl::MakeSpan(grad), &loss));
-    }
+    PS_RETURN_IF_ERROR(model_->Collect(cur, &loss));
     absl::Time t3 = absl::Now();
-    // The clock rides on the push: one round trip per server.
-    work->Pushed(s.unit, kv_->PushAndClock(0, s.batch.keys, grad,
-                                           static_cast<int>(s.rows)));
+    work->Pushed(s.unit,
+                 model_->PushAndClock(cur, static_cast<int>(s.rows)));
     skip_ahead();
     if (ahead == Fill::kWaiting) {
       // Nothing read ahead (or no unit was free then): read now, after
       // this minibatch's push, idling while no unit is free.
-      PS_ASSIGN_OR_RETURN(ahead, next(&n, /*may_idle=*/true));
+      PS_ASSIGN_OR_RETURN(ahead, next(n, /*may_idle=*/true));
       have_next = ahead == Fill::kHave;
-      if (have_next) n.ts = kv_->Pull(0, n.batch.keys, &n.w);
+      if (have_next) pull(n, -1);
       t3 = absl::Now();  // reading the next minibatch is worker-local work
     } else if (!prefetch && have_next) {
-      n.ts = kv_->Pull(0, n.batch.keys, &n.w);
+      pull(n, -1);
       t3 = absl::Now();
     }
     if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
@@ -329,7 +349,7 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
     report_loss += loss;
     report_compute += compute_s;
     report_wait += wait_s;
-    cur = 1 - cur;
+    cur = n;
     have = have_next;
 
     const absl::Time now = absl::Now();
@@ -339,8 +359,7 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
       PS_LOG_INFO(
           "epoch {} clock {}: {:.0f} examples/s, train loss {:.4f}, "
           "compute {:.0f}% / wait {:.0f}%",
-          work->epoch(), kv_->clock(),
-          report_examples / secs,
+          work->epoch(), params_->clock(), report_examples / secs,
           report_loss / std::max<int64_t>(1, report_examples),
           busy > 0 ? 100 * report_compute / busy : 0,
           busy > 0 ? 100 * report_wait / busy : 0);
@@ -348,110 +367,47 @@ absl::Status Trainer::Train(WorkSource* work, RowReader* eval) {
       report_examples = 0;
       report_loss = report_compute = report_wait = 0;
     }
-    if (validation_ != nullptr && work->epoch() > validation.last_epoch) {
-      validation.last_epoch = work->epoch();
-      absl::MutexLock l(&validation.mu);
-      if (!validation.busy) {
-        if (validation.thread.joinable()) validation.thread.join();
-        if (validation_backend == nullptr) {
-          PS_ASSIGN_OR_RETURN(validation_backend, CreateBackend("cpu", 1));
-        }
-        validation.busy = true;
-        ComputeBackend* backend = validation_backend.get();
-        const int epoch = work->epoch();
-        validation.thread = std::thread([this, &validation, backend, epoch] {
-          const absl::Status reset = validation_->Reset();
-          absl::StatusOr<EvalMetrics> m =
-              reset.ok() ? EvaluateOn(validation_, backend)
-                         : absl::StatusOr<EvalMetrics>(reset);
-          if (m.ok()) {
-            PS_LOG_INFO("validation after {} epochs: AUC {:.4f}, log loss "
-                        "{:.4f} ({} rows)",
-                        epoch, m->auc, m->logloss, m->n);
-            absl::MutexLock v(&validation_mu_);
-            validation_point_ = {epoch, m->auc, m->logloss, m->n};
-          }
-          absl::MutexLock l(&validation.mu);
-          if (!m.ok() && validation.status.ok()) validation.status = m.status();
-          validation.busy = false;
-        });
-      }
+    if (validation_ && work->epoch() > validation_epoch) {
+      validation_epoch = work->epoch();
+      const int epoch = validation_epoch;
+      validation.Start([this, epoch]() -> absl::Status {
+        PS_ASSIGN_OR_RETURN(EvalMetrics m, validation_());
+        PS_LOG_INFO("validation after {} epochs: AUC {:.4f}, log loss "
+                    "{:.4f} ({} rows)",
+                    epoch, m.auc, m.logloss, m.n);
+        absl::MutexLock v(&validation_mu_);
+        validation_point_ = {epoch, m.auc, m.logloss, m.n};
+        return absl::OkStatus();
+      });
     }
-    if (eval != nullptr && tc.eval_interval_s > 0 &&
+    if (curve_fn && tc.eval_interval_s > 0 &&
         now - last_eval >= absl::Seconds(tc.eval_interval_s)) {
-      absl::MutexLock l(&curve.mu);
-      if (!curve.busy) {
-        if (curve.thread.joinable()) curve.thread.join();  // it is done
-        if (curve_backend == nullptr) {
-          PS_ASSIGN_OR_RETURN(curve_backend, CreateBackend("cpu", 1));
-        }
-        curve.busy = true;
+      // A point is stamped with the time and examples when it began.
+      const absl::Duration at = now - start;
+      const int64_t examples = stats_.examples;
+      if (curve.Start([&curve_fn, &curve_mu, &curve_points, at,
+                       examples]() -> absl::Status {
+            PS_ASSIGN_OR_RETURN(EvalMetrics m, curve_fn());
+            absl::MutexLock l(&curve_mu);
+            curve_points.push_back(MakeEvalPoint(at, m, examples));
+            return absl::OkStatus();
+          })) {
         last_eval = now;
-        const absl::Duration at = now - start;
-        const int64_t examples = stats_.examples;
-        ComputeBackend* backend = curve_backend.get();
-        curve.thread = std::thread([this, &curve, eval, backend, at,
-                                    examples] {
-          const absl::Status reset = eval->Reset();
-          absl::StatusOr<EvalMetrics> m =
-              reset.ok() ? EvaluateOn(eval, backend)
-                         : absl::StatusOr<EvalMetrics>(reset);
-          absl::MutexLock l(&curve.mu);
-          if (m.ok()) {
-            curve.points.push_back(MakeEvalPoint(at, *m, examples));
-          } else if (curve.status.ok()) {
-            curve.status = m.status();
-          }
-          curve.busy = false;
-        });
       }
     }
   }
   check_updates();  // a one-epoch job, or no later unit came
-  if (curve.thread.joinable()) curve.thread.join();
-  if (validation.thread.joinable()) validation.thread.join();
+  PS_RETURN_IF_ERROR(validation.Join());
+  PS_RETURN_IF_ERROR(curve.Join());
   {
-    absl::MutexLock l(&validation.mu);
-    PS_RETURN_IF_ERROR(validation.status);
-  }
-  {
-    absl::MutexLock l(&curve.mu);
-    PS_RETURN_IF_ERROR(curve.status);
-    for (proto::EvalPoint& p : curve.points) {
+    absl::MutexLock l(&curve_mu);
+    for (proto::EvalPoint& p : curve_points) {
       stats_.curve.push_back(std::move(p));
     }
   }
   stats_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   stats_.train_skipped = work->skipped();
   return absl::OkStatus();
-}
-
-absl::StatusOr<EvalMetrics> Trainer::Evaluate(RowReader* reader) {
-  PS_ASSIGN_OR_RETURN(EvalMetrics m, EvaluateOn(reader, backend_));
-  stats_.test_skipped = SkippedLinesOf(reader->path(), reader->stats());
-  return m;
-}
-
-absl::StatusOr<EvalMetrics> Trainer::EvaluateOn(RowReader* reader,
-                                                ComputeBackend* backend) {
-  RowBlock block;
-  CsrBatch batch;
-  std::vector<float> w, prob, all_prob, all_labels;
-  for (;;) {
-    block.Clear();
-    PS_ASSIGN_OR_RETURN(size_t n, reader->Next(20000, &block));
-    if (n == 0) break;
-    BuildBatch(block, 0, block.rows(), &batch);
-    int64_t ts = kv_->Pull(0, batch.keys, &w);
-    PS_RETURN_IF_ERROR(kv_->Wait(ts, absl::Now() + absl::Seconds(600)));
-    prob.assign(batch.rows(), 0.0f);
-    PS_RETURN_IF_ERROR(
-        backend->LogisticPredict(batch, w, absl::MakeSpan(prob)));
-    all_prob.insert(all_prob.end(), prob.begin(), prob.end());
-    all_labels.insert(all_labels.end(), batch.labels.begin(),
-                      batch.labels.end());
-  }
-  return ps::Evaluate(all_prob, all_labels);
 }
 
 }  // namespace ps

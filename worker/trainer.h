@@ -1,10 +1,13 @@
-// The training application of a worker: streams its data shard in
-// minibatches, pulls the weights each minibatch touches, computes the
-// logistic-loss gradient on a ComputeBackend, pushes it and ends the clock.
+// The one training loop of a worker (issue 12: both models share it):
+// takes minibatches from a BatchSource, has the Model pull the weights each
+// touches, compute the gradient and push it with the clock, and keeps the
+// clocks moving (prefetching, pipelining, idle steps, SSP catch-up), the
+// progress line, the test curve and the validation split's evaluations.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,10 +17,8 @@
 #include "common/config.h"
 #include "data/data.h"
 #include "data/metrics.h"
-#include "kernels/backend.h"
+#include "models/model.h"
 #include "proto/ps.pb.h"
-#include "worker/kv_worker.h"
-#include "worker/work_source.h"
 
 namespace ps {
 
@@ -28,17 +29,43 @@ namespace ps {
 // criteo-10k's 4 workers 83 each, and trains better than 10-row updates.
 inline constexpr int64_t kFewUpdatesPerEpoch = 50;
 
-// The key of the bias feature every row gets.
-uint64_t BiasKey();
-
-// Turns rows [first, last) of `block` into a minibatch: unique keys
-// ascending (plus the bias key), columns remapped to them.
-void BuildBatch(const RowBlock& block, size_t first, size_t last,
-                CsrBatch* batch);
-
 // A point of the test curve: metrics after `elapsed` and `examples`.
 proto::EvalPoint MakeEvalPoint(absl::Duration elapsed, const EvalMetrics& m,
                                int64_t examples);
+
+// Metrics of the model as the servers hold it on one data set, read from
+// its start. Runs on a thread beside training: it must share no scratch or
+// backend with the training thread's model.
+using EvalFn = std::function<absl::StatusOr<EvalMetrics>()>;
+
+// The epochs of one reader as a BatchSource (tests, and training without a
+// scheduler): `epochs` passes, each after a Reset; the unit is the epoch.
+// The reader must outlive it.
+class EpochSource final : public BatchSource {
+ public:
+  EpochSource(RowReader* rows, int epochs) : rows_(rows), epochs_(epochs) {}
+  EpochSource(FieldReader* fields, int epochs)
+      : fields_(fields), epochs_(epochs) {}
+  absl::StatusOr<Got> Next(size_t max_rows, RowBlock* out,
+                           int64_t* unit) override;
+  absl::StatusOr<Got> Next(size_t max_rows, FieldBlock* out,
+                           int64_t* unit) override;
+  void Pushed(int64_t, int64_t) override {}
+  int epoch() const override { return epoch_; }
+  proto::SkippedLines skipped() const override;
+  // The reader's path and statistics (one pass).
+  std::string path() const;
+  ReadStats stats() const;
+
+ private:
+  template <typename Reader, typename Block>
+  absl::StatusOr<Got> NextFrom(Reader* reader, size_t max_rows, Block* out,
+                               int64_t* unit);
+  RowReader* const rows_ = nullptr;
+  FieldReader* const fields_ = nullptr;
+  const int epochs_;
+  int epoch_ = 0;
+};
 
 struct TrainerStats {
   double compute_seconds = 0;  // gradient computation
@@ -84,34 +111,29 @@ absl::Status CheckTrainedExamples(int worker_id, const std::string& path,
 
 class Trainer {
  public:
-  // Everything passed must outlive the trainer.
-  Trainer(int worker_id, const JobConfig& config, KVWorker* kv,
-          ComputeBackend* backend);
+  // Everything passed must outlive the trainer; `model` trains through
+  // `params`.
+  Trainer(int worker_id, const JobConfig& config, ParamClient* params,
+          Model* model);
 
-  // Trains on the work units `work` hands out until the job's work is done
-  // (every epoch: the scheduler cuts the epochs into units). Each minibatch
-  // holds rows of one unit; after its push and clock the unit is told
-  // (WorkSource::Pushed). While no unit is free (others are finishing
-  // theirs, one may come back from a dead worker) the worker keeps step:
-  // an empty clock and a pull of the bias key, so BSP/SSP never wait for
-  // an idle worker. In SSP a worker more than tau/2 clocks behind the
-  // other workers' lowest clock (as the scheduler last heard it) skips
-  // ahead to it with empty clocks, so a
-  // straggler that takes fewer units holds the others back less.
-  // When `eval` is given, evaluates on it every
-  // training.eval_interval_s and records the curve (on a thread beside
-  // training, so the clocks never wait for it). Errors: the work
-  // source's (reader, scheduler) or the servers'. Whether the job trained
-  // any example is the scheduler's check (SchedulerCore::GetWork).
-  absl::Status Train(WorkSource* work, RowReader* eval = nullptr);
-
-  // Computes test metrics of the current model on all rows of `reader`.
-  absl::StatusOr<EvalMetrics> Evaluate(RowReader* reader);
-  // The same for the validation split: its skipped lines are the training
-  // file's, already counted, so stats() is left alone.
-  absl::StatusOr<EvalMetrics> EvaluateHeldOut(RowReader* reader) {
-    return EvaluateOn(reader, backend_);
-  }
+  // Trains on the minibatches `source` hands out until it is done (with a
+  // WorkSource: every epoch of the job; the scheduler cuts the epochs into
+  // units). Each minibatch holds rows of one unit; after its push and
+  // clock the unit is told (BatchSource::Pushed). While no unit is free
+  // (others are finishing theirs, one may come back from a dead worker) the
+  // worker keeps step: an empty clock and a pull of the model's idle key,
+  // so BSP/SSP never wait for an idle worker. In SSP a worker more than
+  // tau/2 clocks behind the other workers' lowest clock (as the scheduler
+  // last heard it) skips ahead to it with empty clocks, so a straggler
+  // that takes fewer units holds the others back less. With a staleness
+  // bound of at least one clock the next minibatch's pull is sent before
+  // this one's gradient (declared at the next clock, so the bound holds).
+  // When `curve` is given, evaluates it every training.eval_interval_s and
+  // records the curve (on a thread beside training, so the clocks never
+  // wait for it). Errors: the source's (reader, scheduler), the model's or
+  // the servers'. Whether the job trained any example is the scheduler's
+  // check (SchedulerCore::GetWork), or CheckTrainedExamples.
+  absl::Status Train(BatchSource* source, EvalFn curve = nullptr);
 
   // SSP: a second source of the other workers' lowest clock (the
   // heartbeat replies'), read during Train; may be null. Must outlive Train.
@@ -119,12 +141,14 @@ class Trainer {
     others_min_clock_ = v;
   }
 
-  // data.validation_fraction (issue 12): `validation` (may be null; must
-  // outlive Train) is evaluated, on a thread beside training, each time
-  // this worker starts an epoch after the first (the model as it stands
-  // after the previous ones; skipped when the previous evaluation is still
-  // running), and the result is kept for validation_so_far().
-  void set_validation(RowReader* validation) { validation_ = validation; }
+  // data.validation_fraction (issue 12): `validation` (may be empty) is
+  // evaluated, on a thread beside training, each time this worker starts
+  // an epoch after the first (the model as it stands after the previous
+  // ones; skipped when the previous evaluation is still running), and the
+  // result is kept for validation_so_far().
+  void set_validation(EvalFn validation) {
+    validation_ = std::move(validation);
+  }
   // The newest epoch-start validation evaluation (rows 0: none yet). Safe
   // from other threads (heartbeats).
   struct ValidationPoint {
@@ -137,6 +161,11 @@ class Trainer {
     return validation_point_;
   }
 
+  // The test file's malformed lines, for the report (ReportSkippedLines).
+  void set_test_skipped(proto::SkippedLines s) {
+    stats_.test_skipped = std::move(s);
+  }
+
   const TrainerStats& stats() const { return stats_; }
   // Safe from other threads (heartbeats).
   int64_t examples_so_far() const { return examples_.load(); }
@@ -147,21 +176,16 @@ class Trainer {
  private:
   const int worker_id_;
   const JobConfig& config_;
-  KVWorker* const kv_;
-  ComputeBackend* const backend_;
+  ParamClient* const params_;
+  Model* const model_;
   TrainerStats stats_;
   std::atomic<int64_t> examples_{0};
   std::atomic<int64_t> wait_ns_{0}, compute_ns_{0};  // stats_'s, for others
   std::atomic<double> loss_sum_{0};
   const std::atomic<int64_t>* others_min_clock_ = nullptr;
-  RowReader* validation_ = nullptr;
+  EvalFn validation_;
   mutable absl::Mutex validation_mu_;
   ValidationPoint validation_point_ ABSL_GUARDED_BY(validation_mu_);
-
-  // Evaluate on `backend` (the curve's own, from its thread), leaving
-  // stats_ alone.
-  absl::StatusOr<EvalMetrics> EvaluateOn(RowReader* reader,
-                                         ComputeBackend* backend);
 };
 
 }  // namespace ps

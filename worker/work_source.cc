@@ -7,7 +7,6 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "transport/errors.h"
-#include "worker/mlp_trainer.h"
 
 namespace ps {
 

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "data/data.h"
+#include "models/model.h"
 #include "proto/ps.pb.h"
 #include "transport/transport.h"
 #include "worker/kv_worker.h"
@@ -34,7 +35,7 @@ struct WorkSourceOptions {
 };
 
 // Not thread-safe: the training loop drives it.
-class WorkSource {
+class WorkSource final : public BatchSource {
  public:
   // Opens the reader of a unit (its data, and its epoch for the order the
   // rows are read in: data.shuffle).
@@ -51,36 +52,34 @@ class WorkSource {
              KVWorker* kv, FieldOpener open);
   ~WorkSource();
 
-  enum class Got {
-    kRows,  // rows appended
-    kWait,  // no unit free now, others still in progress: keep step with
-            // the clocks (push what was read), then ask again
-    kDone,  // every unit of the job is done
-  };
+  // Got::kWait: no unit free now, others still in progress; kDone: every
+  // unit of the job is done.
   // Appends up to max_rows rows of ONE unit to *out (a unit's last batch
   // may be short) and sets *unit to its id. Asks the scheduler (reporting
   // the finished units, which may block until their pushes are
   // acknowledged) when the current unit is exhausted. Errors: the reader's,
   // the scheduler's (after retries), a finished unit's push failure.
-  absl::StatusOr<Got> Next(size_t max_rows, RowBlock* out, int64_t* unit);
+  absl::StatusOr<Got> Next(size_t max_rows, RowBlock* out,
+                           int64_t* unit) override;
   // The same for a source built with a FieldOpener (the other Next is
   // FAILED_PRECONDITION on each kind of source).
-  absl::StatusOr<Got> Next(size_t max_rows, FieldBlock* out, int64_t* unit);
+  absl::StatusOr<Got> Next(size_t max_rows, FieldBlock* out,
+                           int64_t* unit) override;
   // The rows Next handed out for `unit` so far are pushed, and clock
   // operation `ts` of the KVWorker covers them. Call once per batch.
-  void Pushed(int64_t unit, int64_t ts);
+  void Pushed(int64_t unit, int64_t ts) override;
 
   // After kDone: whether the scheduler chose this worker to evaluate.
   bool evaluate() const { return evaluate_; }
   // The epoch of the unit being read (for logs).
-  int epoch() const { return epoch_; }
+  int epoch() const override { return epoch_; }
   int64_t units_finished() const { return units_finished_; }
   // The lowest clock of the other workers still training, as of the last
   // GetWork answer; -1 when unknown.
-  int64_t others_min_clock() const { return others_min_clock_; }
+  int64_t others_min_clock() const override { return others_min_clock_; }
   // Malformed lines skipped in the epoch-0 units this worker finished (one
   // pass over its part of the data); path "" when none was read.
-  const proto::SkippedLines& skipped() const { return skipped_; }
+  proto::SkippedLines skipped() const override { return skipped_; }
 
  private:
   struct Held {

@@ -19,7 +19,8 @@
 #include "kernels/backend.h"
 #include "kernels/mlp.h"
 #include "worker/kv_worker.h"
-#include "worker/mlp_trainer.h"
+#include "models/logistic.h"
+#include "models/wide_deep.h"
 #include "worker/trainer.h"
 #include "worker/work_source.h"
 #include "transport/errors.h"
@@ -121,17 +122,18 @@ absl::StatusOr<std::unique_ptr<RowReader>> OpenTestSet(
 namespace {
 
 // Trains, finishes, waits for the other workers, evaluates (when
-// `final_test` gives a reader: this worker evaluates) and reports to the
-// scheduler: the part every model shares. `curve_test` (may be null) is
-// evaluated during training every training.eval_interval_s.
-template <typename TrainerT, typename SourceT, typename ReaderT>
+// `final_test` gives a function: this worker evaluates) and reports to the
+// scheduler: the part every model shares. `curve` (may be empty) is
+// evaluated during training every training.eval_interval_s;
+// `final_validation` (may be empty) is the validation split, evaluated at
+// the end by the worker that evaluates the test set.
 absl::Status TrainAndReport(
-    int worker_id, const JobConfig& config, KVWorker* kv, TrainerT* trainer,
-    SourceT* train, ReaderT* curve_test,
-    const std::function<absl::StatusOr<ReaderT*>()>& final_test,
+    int worker_id, const JobConfig& config, KVWorker* kv, Trainer* trainer,
+    WorkSource* train, EvalFn curve,
+    const std::function<absl::StatusOr<EvalFn>()>& final_test,
     SchedulerClient* scheduler,
     std::atomic<int64_t>* others_min_clock = nullptr,
-    ReaderT* final_validation = nullptr) {
+    EvalFn final_validation = nullptr) {
   // Heartbeats carry the clock and progress, for ps_status and failure
   // detection; their replies tell when the job has ended, and how.
   absl::Notification stop;
@@ -150,14 +152,12 @@ absl::Status TrainAndReport(
       hb.set_wait_seconds(trainer->wait_seconds_so_far());
       hb.set_compute_seconds(trainer->compute_seconds_so_far());
       hb.set_loss_sum(trainer->loss_sum_so_far());
-      if constexpr (requires { trainer->validation_so_far(); }) {
-        const auto v = trainer->validation_so_far();
-        if (v.rows > 0) {
-          hb.set_validation_epoch(v.epoch);
-          hb.set_validation_auc(v.auc);
-          hb.set_validation_logloss(v.logloss);
-          hb.set_validation_rows(v.rows);
-        }
+      const Trainer::ValidationPoint v = trainer->validation_so_far();
+      if (v.rows > 0) {
+        hb.set_validation_epoch(v.epoch);
+        hb.set_validation_auc(v.auc);
+        hb.set_validation_logloss(v.logloss);
+        hb.set_validation_rows(v.rows);
       }
       auto r = scheduler->Heartbeat(hb, absl::Now() + every * 4);
       if (!r.ok()) {
@@ -192,7 +192,7 @@ absl::Status TrainAndReport(
     return s;
   };
 
-  absl::Status s = trainer->Train(train, curve_test);
+  absl::Status s = trainer->Train(train, std::move(curve));
   if (s.ok()) s = kv->Finish(absl::Now() + absl::Seconds(600));
   if (!s.ok()) return finish(s);
   const TrainerStats& st = trainer->stats();
@@ -220,27 +220,21 @@ absl::Status TrainAndReport(
   done.set_first_epoch_updates(st.first_epoch_updates);
   done.set_first_epoch(st.first_epoch);
   for (const auto& p : st.curve) *done.add_curve() = p;
-  absl::StatusOr<ReaderT*> test_or = final_test();
+  absl::StatusOr<EvalFn> test_or = final_test();
   if (!test_or.ok()) return finish(test_or.status());
-  ReaderT* test = *test_or;
+  const EvalFn test = *std::move(test_or);
   // The validation split: by the worker that evaluates, as the test set.
-  if constexpr (requires { trainer->EvaluateHeldOut(final_validation); }) {
-    if (final_validation != nullptr && train->evaluate()) {
-      s = final_validation->Reset();
-      if (!s.ok()) return finish(s);
-      auto m = trainer->EvaluateHeldOut(final_validation);
-      if (!m.ok()) return finish(m.status());
-      PS_LOG_INFO("validation: AUC {:.4f}, log loss {:.4f} ({} rows)",
-                  m->auc, m->logloss, m->n);
-      done.set_validation_auc(m->auc);
-      done.set_validation_logloss(m->logloss);
-      done.set_validation_rows(m->n);
-    }
+  if (final_validation && train->evaluate()) {
+    auto m = final_validation();
+    if (!m.ok()) return finish(m.status());
+    PS_LOG_INFO("validation: AUC {:.4f}, log loss {:.4f} ({} rows)", m->auc,
+                m->logloss, m->n);
+    done.set_validation_auc(m->auc);
+    done.set_validation_logloss(m->logloss);
+    done.set_validation_rows(m->n);
   }
-  if (test != nullptr) {
-    s = test->Reset();
-    if (!s.ok()) return finish(s);
-    auto m = trainer->Evaluate(test);
+  if (test) {
+    auto m = test();
     if (!m.ok()) return finish(m.status());
     PS_LOG_INFO("test: AUC {:.4f}, log loss {:.4f}, accuracy {:.4f} ({} rows)",
                 m->auc, m->logloss, m->accuracy, m->n);
@@ -372,6 +366,9 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
                   {}, kv.consistency_wait_seconds());
   });
 
+  // Evaluations on a thread beside training (the curve, epoch-start
+  // validation) read with CPU backends of their own; the final ones use
+  // the training backend. Each resets its reader first.
   if (config.training.model == "mlp") {
     // Work units too (issue 9), read as criteo field rows.
     const DataConfig& d = config.data;
@@ -399,31 +396,45 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
               ShuffleKey(config.training.seed, ShufflePurpose::kBuffer,
                          unit.epoch(), static_cast<uint64_t>(begin)));
         });
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<MlpBackend> backend,
+                        CreateMlpBackend(config.training.backend));
+    WideDeepModel model(worker_id, config, &kv, backend.get());
+    PS_RETURN_IF_ERROR(model.Validate());
+    Trainer trainer(worker_id, config, &kv, &model);
     std::unique_ptr<FieldReader> test;
+    std::unique_ptr<MlpBackend> curve_backend;
+    EvalFn curve;
     if (worker_id == 0 && !d.test.empty()) {
       PS_ASSIGN_OR_RETURN(test,
                           OpenCriteoFields(d.test, 0, -1, d.skip_malformed));
+      curve_backend = CreateCpuMlpBackend();
+      curve = [&]() -> absl::StatusOr<EvalMetrics> {
+        PS_RETURN_IF_ERROR(test->Reset());
+        return model.Evaluate(curve_backend.get(), test.get());
+      };
     }
-    std::function<absl::StatusOr<FieldReader*>()> final_test =
-        [&]() -> absl::StatusOr<FieldReader*> {
-      if (!work.evaluate() || d.test.empty()) return nullptr;
+    std::function<absl::StatusOr<EvalFn>()> final_test =
+        [&]() -> absl::StatusOr<EvalFn> {
+      if (!work.evaluate() || d.test.empty()) return EvalFn();
       if (test == nullptr) {
         PS_ASSIGN_OR_RETURN(test,
                             OpenCriteoFields(d.test, 0, -1, d.skip_malformed));
       }
-      return test.get();
+      return EvalFn([&]() -> absl::StatusOr<EvalMetrics> {
+        PS_RETURN_IF_ERROR(test->Reset());
+        PS_ASSIGN_OR_RETURN(EvalMetrics m,
+                            model.Evaluate(backend.get(), test.get()));
+        trainer.set_test_skipped(SkippedLinesOf(test->path(), test->stats()));
+        return m;
+      });
     };
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<MlpBackend> backend,
-                        CreateMlpBackend(config.training.backend));
-    KVWorkerParamClient params(&kv);
-    MlpTrainer trainer(worker_id, config, &params, backend.get());
     ScopedCollector examples(metrics, [&trainer](ExpositionWriter* w) {
       WriteExamples(trainer.examples_so_far(), w);
     });
     PS_LOG_INFO("training mlp: {} epochs, minibatch {}",
                 config.training.epochs, config.training.minibatch);
-    return TrainAndReport(worker_id, config, &kv, &trainer, &work, test.get(),
-                          final_test, scheduler);
+    return TrainAndReport(worker_id, config, &kv, &trainer, &work,
+                          std::move(curve), final_test, scheduler);
   }
 
   // Every other model trains on dynamic work units (issue 9).
@@ -433,25 +444,42 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
                   [&config](const proto::WorkUnit& unit) {
                     return OpenTrainShard(config, unit.data(), unit.epoch());
                   });
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<ComputeBackend> backend,
+      CreateBackend(config.training.backend, config.training.threads));
+  LogisticModel model(&kv, backend.get());
+  Trainer trainer(worker_id, config, &kv, &model);
   // Worker 0 draws the test curve during training (when configured); the
   // worker the scheduler names evaluates at the end (worker 0 unless it
   // died).
   std::unique_ptr<RowReader> test;
+  std::unique_ptr<ComputeBackend> curve_backend;
+  EvalFn curve;
   if (worker_id == 0) {
     PS_ASSIGN_OR_RETURN(test, OpenTestSet(config));
+    if (test != nullptr) {
+      PS_ASSIGN_OR_RETURN(curve_backend, CreateBackend("cpu", 1));
+      curve = [&]() -> absl::StatusOr<EvalMetrics> {
+        PS_RETURN_IF_ERROR(test->Reset());
+        return EvaluateLogistic(&kv, curve_backend.get(), test.get());
+      };
+    }
   }
-  std::function<absl::StatusOr<RowReader*>()> final_test =
-      [&]() -> absl::StatusOr<RowReader*> {
-    if (!work.evaluate()) return nullptr;
+  std::function<absl::StatusOr<EvalFn>()> final_test =
+      [&]() -> absl::StatusOr<EvalFn> {
+    if (!work.evaluate()) return EvalFn();
     if (test == nullptr) {
       PS_ASSIGN_OR_RETURN(test, OpenTestSet(config));
+      if (test == nullptr) return EvalFn();
     }
-    return test.get();
+    return EvalFn([&]() -> absl::StatusOr<EvalMetrics> {
+      PS_RETURN_IF_ERROR(test->Reset());
+      PS_ASSIGN_OR_RETURN(EvalMetrics m,
+                          EvaluateLogistic(&kv, backend.get(), test.get()));
+      trainer.set_test_skipped(SkippedLinesOf(test->path(), test->stats()));
+      return m;
+    });
   };
-  PS_ASSIGN_OR_RETURN(
-      std::unique_ptr<ComputeBackend> backend,
-      CreateBackend(config.training.backend, config.training.threads));
-  Trainer trainer(worker_id, config, &kv, backend.get());
   ScopedCollector examples(metrics, [&trainer](ExpositionWriter* w) {
     WriteExamples(trainer.examples_so_far(), w);
   });
@@ -465,10 +493,26 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   // report; the worker that evaluates the test set, or worker 0).
   PS_ASSIGN_OR_RETURN(std::unique_ptr<RowReader> validation,
                       OpenValidationSet(config));
-  if (worker_id == 0) trainer.set_validation(validation.get());
-  return TrainAndReport(worker_id, config, &kv, &trainer, &work, test.get(),
-                        final_test, scheduler, &others_min_clock,
-                        validation.get());
+  std::unique_ptr<ComputeBackend> validation_backend;
+  EvalFn final_validation;
+  if (validation != nullptr) {
+    if (worker_id == 0) {
+      PS_ASSIGN_OR_RETURN(validation_backend, CreateBackend("cpu", 1));
+      trainer.set_validation([&]() -> absl::StatusOr<EvalMetrics> {
+        PS_RETURN_IF_ERROR(validation->Reset());
+        return EvaluateLogistic(&kv, validation_backend.get(),
+                                validation.get());
+      });
+    }
+    // Its skipped lines are the training file's, already counted.
+    final_validation = [&]() -> absl::StatusOr<EvalMetrics> {
+      PS_RETURN_IF_ERROR(validation->Reset());
+      return EvaluateLogistic(&kv, backend.get(), validation.get());
+    };
+  }
+  return TrainAndReport(worker_id, config, &kv, &trainer, &work,
+                        std::move(curve), final_test, scheduler,
+                        &others_min_clock, std::move(final_validation));
 }
 
 absl::Status RunWorker(const WorkerRunOptions& options) {

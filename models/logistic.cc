@@ -1,0 +1,123 @@
+#include "models/logistic.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+#include "common/hash.h"
+#include "common/status_macros.h"
+
+namespace ps {
+
+uint64_t BiasKey() { return FeatureKey(0, 0xb1a5); }
+
+void BuildBatch(const RowBlock& block, size_t first, size_t last,
+                CsrBatch* batch) {
+  batch->Clear();
+  const int64_t nz_begin = block.row_ptr[first];
+  const int64_t nz_end = block.row_ptr[last];
+  const uint64_t bias = BiasKey();
+  batch->keys.assign(block.keys.begin() + nz_begin,
+                     block.keys.begin() + nz_end);
+  batch->keys.push_back(bias);
+  std::sort(batch->keys.begin(), batch->keys.end());
+  batch->keys.erase(std::unique(batch->keys.begin(), batch->keys.end()),
+                    batch->keys.end());
+  const auto col_of = [&](uint64_t k) {
+    return static_cast<uint32_t>(
+        std::lower_bound(batch->keys.begin(), batch->keys.end(), k) -
+        batch->keys.begin());
+  };
+  const uint32_t bias_col = col_of(bias);
+  batch->row_ptr.assign(1, 0);
+  batch->cols.reserve(nz_end - nz_begin + (last - first));
+  batch->vals.reserve(nz_end - nz_begin + (last - first));
+  for (size_t r = first; r < last; ++r) {
+    for (int64_t j = block.row_ptr[r]; j < block.row_ptr[r + 1]; ++j) {
+      batch->cols.push_back(col_of(block.keys[j]));
+      batch->vals.push_back(block.vals[j]);
+    }
+    batch->cols.push_back(bias_col);
+    batch->vals.push_back(1.0f);
+    batch->row_ptr.push_back(static_cast<int64_t>(batch->cols.size()));
+    batch->labels.push_back(block.labels[r]);
+  }
+}
+
+absl::StatusOr<EvalMetrics> EvaluateLogistic(ParamClient* params,
+                                             ComputeBackend* backend,
+                                             RowReader* reader) {
+  RowBlock block;
+  CsrBatch batch;
+  std::vector<float> w, prob, all_prob, all_labels;
+  for (;;) {
+    block.Clear();
+    PS_ASSIGN_OR_RETURN(size_t n, reader->Next(20000, &block));
+    if (n == 0) break;
+    BuildBatch(block, 0, block.rows(), &batch);
+    const int64_t ts = params->Pull(0, batch.keys, &w);
+    PS_RETURN_IF_ERROR(params->Wait(ts, absl::Now() + absl::Seconds(600)));
+    prob.assign(batch.rows(), 0.0f);
+    PS_RETURN_IF_ERROR(
+        backend->LogisticPredict(batch, w, absl::MakeSpan(prob)));
+    all_prob.insert(all_prob.end(), prob.begin(), prob.end());
+    all_labels.insert(all_labels.end(), batch.labels.begin(),
+                      batch.labels.end());
+  }
+  return Evaluate(all_prob, all_labels);
+}
+
+absl::StatusOr<BatchSource::Got> LogisticModel::Read(BatchSource* source,
+                                                     size_t max_rows, int slot,
+                                                     int64_t* unit,
+                                                     size_t* rows) {
+  block_.Clear();
+  PS_ASSIGN_OR_RETURN(BatchSource::Got got,
+                      source->Next(max_rows, &block_, unit));
+  if (got == BatchSource::Got::kRows) {
+    BuildBatch(block_, 0, block_.rows(), &slots_[slot].batch);
+    *rows = block_.rows();
+  }
+  return got;
+}
+
+void LogisticModel::Pull(int slot, int64_t at_clock) {
+  Slot& s = slots_[slot];
+  s.ts = params_->Pull(0, s.batch.keys, &s.w, at_clock);
+}
+
+absl::Status LogisticModel::WaitPull(int slot, absl::Time deadline) {
+  Slot& s = slots_[slot];
+  const int64_t ts = s.ts;
+  s.ts = -1;
+  return params_->Wait(ts, deadline);
+}
+
+absl::Status LogisticModel::Submit(int slot, int64_t /*clock*/) {
+  Slot& s = slots_[slot];
+  s.grad.assign(s.batch.keys.size(), 0.0f);
+  s.loss = 0;
+  if (backend_->pipelined()) {
+    PS_ASSIGN_OR_RETURN(s.ticket, backend_->SubmitGradient(s.batch, s.w));
+    return absl::OkStatus();
+  }
+  return backend_->LogisticGradient(s.batch, s.w, absl::MakeSpan(s.grad),
+                                    &s.loss);
+}
+
+absl::Status LogisticModel::Collect(int slot, double* loss) {
+  Slot& s = slots_[slot];
+  if (backend_->pipelined()) {
+    PS_RETURN_IF_ERROR(
+        backend_->CollectGradient(s.ticket, absl::MakeSpan(s.grad), &s.loss));
+  }
+  *loss = s.loss;
+  return absl::OkStatus();
+}
+
+int64_t LogisticModel::PushAndClock(int slot, int rows) {
+  Slot& s = slots_[slot];
+  // The clock rides on the push: one round trip per server.
+  return params_->PushAndClock(0, s.batch.keys, s.grad, rows);
+}
+
+}  // namespace ps

@@ -1,0 +1,66 @@
+// Sparse logistic regression (training.model: logistic_regression): one
+// weight per feature key in table 0 (models/tables.h), plus a bias key every
+// row gets; the logistic-loss gradient on a ComputeBackend (kernels/).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/data.h"
+#include "data/metrics.h"
+#include "kernels/backend.h"
+#include "models/model.h"
+
+namespace ps {
+
+// The key of the bias feature every row gets.
+uint64_t BiasKey();
+
+// Turns rows [first, last) of `block` into a minibatch: unique keys
+// ascending (plus the bias key), columns remapped to them.
+void BuildBatch(const RowBlock& block, size_t first, size_t last,
+                CsrBatch* batch);
+
+// Test metrics of the model the servers hold, over every row of `reader`
+// from where it stands (call Reset first to read it whole), predicted on
+// `backend` in blocks of 20,000 rows. Scratch of its own: safe beside
+// training (the loop's curve and validation threads).
+absl::StatusOr<EvalMetrics> EvaluateLogistic(ParamClient* params,
+                                             ComputeBackend* backend,
+                                             RowReader* reader);
+
+class LogisticModel final : public Model {
+ public:
+  // `params` and `backend` must outlive the model.
+  LogisticModel(ParamClient* params, ComputeBackend* backend)
+      : params_(params), backend_(backend) {}
+
+  std::string name() const override { return "logistic regression"; }
+  absl::StatusOr<BatchSource::Got> Read(BatchSource* source, size_t max_rows,
+                                        int slot, int64_t* unit,
+                                        size_t* rows) override;
+  void Pull(int slot, int64_t at_clock) override;
+  absl::Status WaitPull(int slot, absl::Time deadline) override;
+  absl::Status Submit(int slot, int64_t clock) override;
+  absl::Status Collect(int slot, double* loss) override;
+  int64_t PushAndClock(int slot, int rows) override;
+  bool pipelined() const override { return backend_->pipelined(); }
+  std::pair<int, uint64_t> idle_key() const override { return {0, BiasKey()}; }
+
+ private:
+  struct Slot {
+    CsrBatch batch;
+    std::vector<float> w, grad;
+    int64_t ts = -1;
+    int64_t ticket = -1;  // SubmitGradient's, on a pipelined backend
+    double loss = 0;
+  };
+  ParamClient* const params_;
+  ComputeBackend* const backend_;
+  RowBlock block_;
+  Slot slots_[kSlots];
+};
+
+}  // namespace ps
