@@ -123,7 +123,8 @@ namespace {
 // curve, that was most of the others' waiting).
 class BackgroundEval {
  public:
-  ~BackgroundEval() { Join(); }
+  // Joins; an error was the training's to report (Join), or it failed.
+  ~BackgroundEval() { Join().IgnoreError(); }
   // Runs `fn` on the thread unless an evaluation is still running; then
   // returns false and drops it. `fn` returns its error.
   bool Start(std::function<absl::Status()> fn) {
@@ -197,8 +198,9 @@ absl::Status Trainer::Train(BatchSource* work, EvalFn curve_fn) {
   };
   Slot slots[Model::kSlots];
   std::vector<float> idle_w;
-  const auto [idle_table, idle_key] = model_->idle_key();
-  const std::vector<uint64_t> idle_keys = {idle_key};
+  // Not a structured binding: clang 14 cannot capture one in a lambda.
+  const int idle_table = model_->idle_key().first;
+  const std::vector<uint64_t> idle_keys = {model_->idle_key().second};
   // An idle step while no unit is free: an empty clock, then a pull at the
   // new clock (which waits as any pull would: BSP/SSP keep this worker in
   // step with the others instead of blocked by it), then a short pause so
