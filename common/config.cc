@@ -951,12 +951,6 @@ absl::Status Validate(const JobConfig& config) {
                       absl::StrCat("mlp needs data.format criteo, got ",
                                    config.data.format));
   }
-  if (config.data.validation_fraction > 0 &&
-      config.training.model != "logistic_regression") {
-    return FieldError("data.validation_fraction",
-                      absl::StrCat("applies to logistic_regression only, not ",
-                                   config.training.model));
-  }
   if (config.training.early_stopping > 0 &&
       config.data.validation_fraction == 0) {
     return FieldError("training.early_stopping",

@@ -151,8 +151,9 @@ struct DataConfig {
   // evaluating worker reports validation AUC and log loss
   // (validation_auc, validation_logloss in the report), the progress line
   // shows the latest, and training.early_stopping and `ps_launch --tune`
-  // use them. 0 (the default): no validation split. logistic_regression
-  // only.
+  // use them (--tune: logistic_regression only). 0 (the default): no
+  // validation split. Both models (mlp: the hash of the field row's label
+  // and keys).
   double validation_fraction = 0;
   SyntheticConfig synthetic;
 

@@ -17,6 +17,11 @@ namespace ps {
 bool IsValidationRow(const RowBlock& block, size_t row, uint64_t seed,
                      double fraction);
 
+// The same for a field row (the mlp model's): a hash of its label and its
+// keys, seeded by `seed`.
+bool IsValidationRow(const FieldBlock& block, size_t row, uint64_t seed,
+                     double fraction);
+
 // Wraps `inner` so that only its validation rows (keep_validation) or only
 // its training rows (!keep_validation) come out, in inner's order.
 // Next/Reset/stats/path follow RowReader's contract; stats() are inner's
@@ -24,5 +29,9 @@ bool IsValidationRow(const RowBlock& block, size_t row, uint64_t seed,
 std::unique_ptr<RowReader> NewHoldoutReader(std::unique_ptr<RowReader> inner,
                                             uint64_t seed, double fraction,
                                             bool keep_validation);
+// The same over field rows.
+std::unique_ptr<FieldReader> NewFieldHoldoutReader(
+    std::unique_ptr<FieldReader> inner, uint64_t seed, double fraction,
+    bool keep_validation);
 
 }  // namespace ps

@@ -103,5 +103,65 @@ TEST(Holdout, FractionZeroHoldsOutNothing) {
   EXPECT_EQ(FirstKeys(train.get(), 100).size(), 1000u);
 }
 
+// Field rows i = 0..n-1 (the mlp model's): label i % 2, field f's key
+// i * 100 + f.
+class CountingFieldReader : public FieldReader {
+ public:
+  explicit CountingFieldReader(int64_t n) : n_(n) {}
+  absl::StatusOr<size_t> Next(size_t max_rows, FieldBlock* out) override {
+    size_t k = 0;
+    for (; k < max_rows && next_ < n_; ++k, ++next_) {
+      for (int f = 0; f < out->num_fields; ++f) {
+        out->keys.push_back(static_cast<uint64_t>(next_ * 100 + f));
+      }
+      out->labels.push_back(static_cast<float>(next_ % 2));
+    }
+    return k;
+  }
+  absl::Status Reset() override {
+    next_ = 0;
+    return absl::OkStatus();
+  }
+
+ private:
+  const int64_t n_;
+  int64_t next_ = 0;
+};
+
+std::vector<uint64_t> RowIds(FieldReader* reader, size_t max_rows) {
+  std::vector<uint64_t> ids;
+  FieldBlock block;
+  for (;;) {
+    block.Clear();
+    absl::StatusOr<size_t> n = reader->Next(max_rows, &block);
+    EXPECT_TRUE(n.ok()) << n.status();
+    if (!n.ok() || *n == 0) break;
+    for (size_t i = 0; i < block.rows(); ++i) {
+      ids.push_back(block.keys[i * block.num_fields] / 100);
+    }
+  }
+  return ids;
+}
+
+TEST(Holdout, FieldRowsSplitTheSameWay) {
+  const int64_t kRows = 20000;
+  auto train = NewFieldHoldoutReader(
+      std::make_unique<CountingFieldReader>(kRows), 7, 0.1, false);
+  auto valid = NewFieldHoldoutReader(
+      std::make_unique<CountingFieldReader>(kRows), 7, 0.1, true);
+  const std::vector<uint64_t> t = RowIds(train.get(), 64);
+  const std::vector<uint64_t> v = RowIds(valid.get(), 1000);
+  std::set<uint64_t> all(t.begin(), t.end());
+  for (uint64_t id : v) EXPECT_TRUE(all.insert(id).second) << id;
+  EXPECT_EQ(all.size(), static_cast<size_t>(kRows));
+  EXPECT_GT(v.size(), 1800u);
+  EXPECT_LT(v.size(), 2200u);
+  ASSERT_TRUE(valid->Reset().ok());
+  EXPECT_EQ(v, RowIds(valid.get(), 7));  // any block size, every pass
+  auto other = NewFieldHoldoutReader(
+      std::make_unique<CountingFieldReader>(kRows), 8, 0.1, true);
+  EXPECT_NE(v, RowIds(other.get(), 1000));  // another seed, another split
+}
+
 }  // namespace
 }  // namespace ps

@@ -289,5 +289,55 @@ TEST(WorkUnitsTest, MlpTrainsOnWorkUnitsThroughAJoinAndADeath) {
   EXPECT_GT(*auc, 0.6) << r;
 }
 
+// Issue 12: the mlp model holds out a validation split as logistic
+// regression does (the one training loop evaluates it at epoch starts, on
+// a thread): held-out rows are never trained on, the evaluating worker
+// reports validation figures, and early stopping may act on them.
+TEST(WorkUnitsTest, MlpHoldsOutAValidationSplit) {
+  InitLogging("T", "warn");
+  const std::string data = PS_SOURCE_DIR "/../shared/data/criteo-10k";
+  if (!std::filesystem::exists(data + "/train.tsv")) {
+    GTEST_SKIP() << "no " << data << " (../shared/data/README.md)";
+  }
+  JobConfig c = Job(Mode::kBsp);
+  c.cluster.num_workers = 2;
+  c.training.model = "mlp";
+  c.data.format = "criteo";
+  c.data.train = data + "/train.tsv";
+  c.data.test = data + "/test.tsv";
+  c.data.validation_fraction = 0.1;
+  c.training.early_stopping = 5;
+  c.training.minibatch = 50;
+  c.training.epochs = 3;
+  c.fault_tolerance.work_unit_rows = 1000;
+  c.mlp.embedding_dim = 4;
+  c.mlp.hidden = {16};
+  c.mlp.optimizer = "adam";
+  c.mlp.learning_rate = 0.001;
+  LocalClusterOptions o;
+  o.config = c;
+  o.timeout = absl::Seconds(120);
+  LocalCluster cluster(o);
+  absl::Status s = cluster.Run();
+  ASSERT_TRUE(s.ok()) << s;
+  const std::string r = cluster.ReportJson();
+  const proto::JobReport report = ParseReportOrEmpty(r);
+  EXPECT_NE(r.find("\"status\": \"ok\""), std::string::npos) << r;
+  // About 10% of 8000 rows (sd ~27).
+  const int64_t held = static_cast<int64_t>(report.validation_rows());
+  EXPECT_GT(held, 650) << r;
+  EXPECT_LT(held, 950) << r;
+  EXPECT_THAT(report.epoch_examples(),
+              ElementsAre(8000 - held, 8000 - held, 8000 - held))
+      << r;
+  absl::StatusOr<double> auc = JsonNumber(r, "validation_auc");
+  absl::StatusOr<double> logloss = JsonNumber(r, "validation_logloss");
+  ASSERT_TRUE(auc.ok() && logloss.ok()) << r;
+  EXPECT_GT(*auc, 0.6) << r;
+  EXPECT_GT(*logloss, 0) << r;
+  // Evaluated at the start of epochs 1 and 2 (the scheduler's curve).
+  EXPECT_GE(report.validation_curve_size(), 1) << r;
+}
+
 }  // namespace
 }  // namespace ps

@@ -390,6 +390,12 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
           PS_ASSIGN_OR_RETURN(std::unique_ptr<FieldReader> reader,
                               OpenCriteoFields(unit.data().path(), begin, end,
                                                d.skip_malformed));
+          if (d.validation_fraction > 0) {
+            reader = NewFieldHoldoutReader(std::move(reader),
+                                           config.training.seed,
+                                           d.validation_fraction,
+                                           /*keep_validation=*/false);
+          }
           if (!d.shuffle) return reader;
           return NewFieldShuffleBuffer(
               std::move(reader), d.shuffle_buffer_rows,
@@ -428,13 +434,38 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
         return m;
       });
     };
+    // data.validation_fraction: as for logistic regression below.
+    std::unique_ptr<FieldReader> validation;
+    std::unique_ptr<MlpBackend> validation_backend;
+    EvalFn final_validation;
+    if (d.validation_fraction > 0) {
+      PS_ASSIGN_OR_RETURN(validation,
+                          OpenCriteoFields(d.train, 0, -1, d.skip_malformed));
+      validation = NewFieldHoldoutReader(
+          std::move(validation), config.training.seed, d.validation_fraction,
+          /*keep_validation=*/true);
+      if (worker_id == 0) {
+        validation_backend = CreateCpuMlpBackend();
+        trainer.set_validation([&]() -> absl::StatusOr<EvalMetrics> {
+          PS_RETURN_IF_ERROR(validation->Reset());
+          return model.Evaluate(validation_backend.get(), validation.get());
+        });
+      }
+      final_validation = [&]() -> absl::StatusOr<EvalMetrics> {
+        PS_RETURN_IF_ERROR(validation->Reset());
+        return model.Evaluate(backend.get(), validation.get());
+      };
+    }
     ScopedCollector examples(metrics, [&trainer](ExpositionWriter* w) {
       WriteExamples(trainer.examples_so_far(), w);
     });
     PS_LOG_INFO("training mlp: {} epochs, minibatch {}",
                 config.training.epochs, config.training.minibatch);
+    std::atomic<int64_t> others_min_clock{-1};  // from heartbeat replies
+    trainer.set_others_min_clock(&others_min_clock);
     return TrainAndReport(worker_id, config, &kv, &trainer, &work,
-                          std::move(curve), final_test, scheduler);
+                          std::move(curve), final_test, scheduler,
+                          &others_min_clock, std::move(final_validation));
   }
 
   // Every other model trains on dynamic work units (issue 9).
