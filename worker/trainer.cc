@@ -302,18 +302,22 @@ absl::Status Trainer::Train(BatchSource* work, EvalFn curve_fn) {
       PS_RETURN_IF_ERROR(model_->WaitPull(cur, absl::Now() + timeout));
     }
     absl::Time t1 = absl::Now();
-    // On a pipelined model the gradient is submitted first and collected
-    // after the worker's own work for the next minibatch (reading and
-    // parsing it, sending its prefetch pull), which then overlaps the
-    // device's copy and kernels. The same weights and batch either way.
-    PS_RETURN_IF_ERROR(model_->Submit(cur, params_->clock()));
+    // The worker's own work for the next minibatch (reading and parsing
+    // it, sending its prefetch pull) goes before this one's gradient, so
+    // the prefetch is in flight while the gradient is computed; on a
+    // pipelined model the gradient is submitted first and collected after
+    // it, so that work also overlaps the device's copy and kernels. The
+    // same weights and batch either way.
+    const int64_t clock = params_->clock();
+    if (pipelined) PS_RETURN_IF_ERROR(model_->Submit(cur, clock));
     bool have_next = false;
     Fill ahead = Fill::kWaiting;
     if (read_ahead) {
       PS_ASSIGN_OR_RETURN(ahead, next(n, /*may_idle=*/false));
       have_next = ahead == Fill::kHave;
-      if (prefetch && have_next) pull(n, params_->clock() + 1);
+      if (prefetch && have_next) pull(n, clock + 1);
     }
+    if (!pipelined) PS_RETURN_IF_ERROR(model_->Submit(cur, clock));
     double loss = 0;
     PS_RETURN_IF_ERROR(model_->Collect(cur, &loss));
     absl::Time t3 = absl::Now();
