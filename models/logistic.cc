@@ -5,6 +5,7 @@
 #include "absl/time/clock.h"
 #include "common/hash.h"
 #include "common/status_macros.h"
+#include "models/tables.h"
 
 namespace ps {
 
@@ -43,9 +44,10 @@ void BuildBatch(const RowBlock& block, size_t first, size_t last,
   }
 }
 
-absl::StatusOr<EvalMetrics> EvaluateLogistic(ParamClient* params,
-                                             ComputeBackend* backend,
-                                             RowReader* reader) {
+absl::StatusOr<EvalMetrics> PredictLogistic(RowReader* reader,
+                                            ComputeBackend* backend,
+                                            const LogisticWeights& weights,
+                                            const PredictSink& sink) {
   RowBlock block;
   CsrBatch batch;
   std::vector<float> w, prob, all_prob, all_labels;
@@ -54,16 +56,27 @@ absl::StatusOr<EvalMetrics> EvaluateLogistic(ParamClient* params,
     PS_ASSIGN_OR_RETURN(size_t n, reader->Next(20000, &block));
     if (n == 0) break;
     BuildBatch(block, 0, block.rows(), &batch);
-    const int64_t ts = params->Pull(0, batch.keys, &w);
-    PS_RETURN_IF_ERROR(params->Wait(ts, absl::Now() + absl::Seconds(600)));
+    PS_RETURN_IF_ERROR(weights(batch, &w));
     prob.assign(batch.rows(), 0.0f);
     PS_RETURN_IF_ERROR(
         backend->LogisticPredict(batch, w, absl::MakeSpan(prob)));
+    if (sink) PS_RETURN_IF_ERROR(sink(prob, batch.labels));
     all_prob.insert(all_prob.end(), prob.begin(), prob.end());
     all_labels.insert(all_labels.end(), batch.labels.begin(),
                       batch.labels.end());
   }
   return Evaluate(all_prob, all_labels);
+}
+
+absl::StatusOr<EvalMetrics> EvaluateLogistic(ParamClient* params,
+                                             ComputeBackend* backend,
+                                             RowReader* reader) {
+  return PredictLogistic(
+      reader, backend,
+      [params](const CsrBatch& batch, std::vector<float>* w) {
+        const int64_t ts = params->Pull(kLrWeightsTable, batch.keys, w);
+        return params->Wait(ts, absl::Now() + absl::Seconds(600));
+      });
 }
 
 absl::StatusOr<BatchSource::Got> LogisticModel::Read(BatchSource* source,

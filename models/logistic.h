@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,10 +24,29 @@ uint64_t BiasKey();
 void BuildBatch(const RowBlock& block, size_t first, size_t last,
                 CsrBatch* batch);
 
-// Test metrics of the model the servers hold, over every row of `reader`
-// from where it stands (call Reset first to read it whole), predicted on
-// `backend` in blocks of 20,000 rows. Scratch of its own: safe beside
-// training (the loop's curve and validation threads).
+// Fills *w with the weights of batch.keys (one float each).
+using LogisticWeights =
+    std::function<absl::Status(const CsrBatch& batch, std::vector<float>* w)>;
+// Called with each block of predictions, in row order: the probabilities
+// and the rows' labels (same size).
+using PredictSink = std::function<absl::Status(absl::Span<const float> prob,
+                                               absl::Span<const float> labels)>;
+
+// Predicts every row of `reader` from where it stands (call Reset first to
+// read it whole) on `backend`, in blocks of 20,000 rows batched by
+// BuildBatch, with the weights `weights` gives each block; passes each
+// block to `sink` (when set; its error stops the pass) and returns the
+// metrics over all rows. The one prediction path of the job's evaluations
+// and ps_predict, so the same weights give the same probabilities bit for
+// bit.
+absl::StatusOr<EvalMetrics> PredictLogistic(RowReader* reader,
+                                            ComputeBackend* backend,
+                                            const LogisticWeights& weights,
+                                            const PredictSink& sink = nullptr);
+
+// PredictLogistic with the weights the servers hold (pulled per block).
+// Scratch of its own: safe beside training (the loop's curve and
+// validation threads).
 absl::StatusOr<EvalMetrics> EvaluateLogistic(ParamClient* params,
                                              ComputeBackend* backend,
                                              RowReader* reader);

@@ -135,30 +135,17 @@ absl::StatusOr<EvalMetrics> PredictRows(const SavedTable& model,
         "table ", model.table, " has dim ", model.dim,
         ": predicting needs a logistic-regression model (dim 1)"));
   }
-  RowBlock block;
-  CsrBatch batch;
-  std::vector<float> w, prob, all_prob, all_labels;
-  for (;;) {
-    block.Clear();
-    // The block size of Trainer::EvaluateOn (it does not change a row's
-    // probability; kept the same anyway).
-    PS_ASSIGN_OR_RETURN(size_t n, reader->Next(20000, &block));
-    if (n == 0) break;
-    BuildBatch(block, 0, block.rows(), &batch);
-    w.resize(batch.keys.size());
-    for (size_t j = 0; j < batch.keys.size(); ++j) {
-      const float* v = model.Find(batch.keys[j]);
-      w[j] = v == nullptr ? 0.0f : *v;
-    }
-    prob.assign(batch.rows(), 0.0f);
-    PS_RETURN_IF_ERROR(
-        backend->LogisticPredict(batch, w, absl::MakeSpan(prob)));
-    if (sink) PS_RETURN_IF_ERROR(sink(prob, batch.labels));
-    all_prob.insert(all_prob.end(), prob.begin(), prob.end());
-    all_labels.insert(all_labels.end(), batch.labels.begin(),
-                      batch.labels.end());
-  }
-  return Evaluate(all_prob, all_labels);
+  return PredictLogistic(
+      reader, backend,
+      [&model](const CsrBatch& batch, std::vector<float>* w) {
+        w->resize(batch.keys.size());
+        for (size_t j = 0; j < batch.keys.size(); ++j) {
+          const float* v = model.Find(batch.keys[j]);
+          (*w)[j] = v == nullptr ? 0.0f : *v;
+        }
+        return absl::OkStatus();
+      },
+      sink);
 }
 
 absl::StatusOr<ExportFormat> ParseExportFormat(const std::string& name) {

@@ -16,6 +16,7 @@
 #include "data/data.h"
 #include "data/metrics.h"
 #include "kernels/backend.h"
+#include "models/logistic.h"
 
 namespace ps {
 
@@ -45,18 +46,12 @@ struct SavedTable {
 // job's higher-numbered files in place).
 absl::StatusOr<SavedTable> LoadModel(const std::string& dir, int table = 0);
 
-// Called with each block of predictions, in row order: the probabilities
-// and the rows' labels (same size).
-using PredictSink = std::function<absl::Status(absl::Span<const float> prob,
-                                               absl::Span<const float> labels)>;
-
 // Predicts every row `reader` yields with the logistic-regression model
-// `model` (dim 1) and returns the metrics over all rows. Rows are batched,
-// keyed and predicted as the job's final evaluation does
-// (EvaluateLogistic in models/logistic.h: BuildBatch with the bias key, the
-// same backend kernel, data/metrics.h's Evaluate), so the same weights give the
-// same probabilities bit for bit and the same AUC. A sink error stops the pass
-// and is returned. FAILED_PRECONDITION when model.dim != 1; reader errors as
+// `model` (dim 1; a key it lacks weighs 0) and returns the metrics over all
+// rows, through PredictLogistic (models/logistic.h), the job's own
+// evaluation path: the same weights give the same probabilities bit for bit
+// and the same AUC. A sink (PredictSink) error stops the pass and is
+// returned. FAILED_PRECONDITION when model.dim != 1; reader errors as
 // RowReader::Next.
 absl::StatusOr<EvalMetrics> PredictRows(const SavedTable& model,
                                         RowReader* reader,
