@@ -557,6 +557,14 @@ const std::vector<Field>& Fields() {
       IntField<int64_t>(PS_CFG(fault_tolerance, probe_timeout_ms), 1),
       // Metrics and health (issue 11).
       IntField<int>(PS_CFG(observability, metrics_port), 0, 65535),
+      // Filters and compression (issue 10).
+      DoubleField(PS_CFG(filters, significant_threshold), kNonNegative),
+      DoubleField(PS_CFG(filters, kkt_fraction),
+                  {0, /*lo_open=*/false, /*has_hi=*/true, 1,
+                   /*hi_open=*/false}),
+      StringField(PS_CFG(filters, value_encoding), {"f32", "f16", "int8"}),
+      StringField(PS_CFG(filters, codec), {"none", "zstd", "lz4"}),
+      BoolField(PS_CFG(filters, error_feedback)),
   };
   return *fields;
 }
@@ -568,7 +576,8 @@ bool IsSection(absl::string_view path) {
          path == "data" || path == "data.synthetic" || path == "training" ||
          path == "mlp" || path == "output" || path == "fault_tolerance" ||
          path == "cluster.tls" ||  // limits, TLS (issue 8: security)
-         path == "observability";  // issue 11
+         path == "observability" ||  // issue 11
+         path == "filters";          // issue 10
 }
 
 const Field* FindField(absl::string_view path) {
@@ -585,6 +594,23 @@ absl::Status CheckCrossField(const JobConfig& c) {
     return FieldError("data.synthetic.nnz_per_row",
                       absl::StrCat("must be <= data.synthetic.features (",
                                    s.features, "), got ", s.nnz_per_row));
+  }
+  // The KKT filter is the L1 term's optimality condition: without an L1
+  // term (or with adam, which has none) it would drop real gradients.
+  if (c.filters.kkt_fraction > 0) {
+    if (c.training.model != "logistic_regression") {
+      return FieldError("filters.kkt_fraction",
+                        absl::StrCat("is for logistic_regression, got "
+                                     "training.model ",
+                                     c.training.model));
+    }
+    if (c.optimizer.name == "adam" || c.optimizer.l1 <= 0) {
+      return FieldError(
+          "filters.kkt_fraction",
+          absl::StrCat("needs an L1 term (optimizer.l1 > 0, not adam), got ",
+                       c.optimizer.name, " with l1 ",
+                       FormatDouble(c.optimizer.l1)));
+    }
   }
   return absl::OkStatus();
 }
@@ -904,6 +930,23 @@ std::string ToYaml(const JobConfig& config) {
   }
   out << YAML::EndMap;
   return absl::StrCat(out.c_str(), "\n");
+}
+
+std::string DescribeFilters(const FilterConfig& f) {
+  std::vector<std::string> on;
+  if (f.significant_threshold > 0) {
+    on.push_back(absl::StrCat("significant ",
+                              FormatDouble(f.significant_threshold)));
+  }
+  if (f.kkt_fraction > 0) {
+    on.push_back(absl::StrCat("kkt ", FormatDouble(f.kkt_fraction)));
+  }
+  if (f.value_encoding != "f32") {
+    on.push_back(f.error_feedback ? f.value_encoding
+                                  : f.value_encoding + " (no error feedback)");
+  }
+  if (f.codec != "none") on.push_back(f.codec);
+  return on.empty() ? "none" : absl::StrJoin(on, ", ");
 }
 
 absl::Status Validate(const JobConfig& config) {

@@ -284,6 +284,43 @@ struct ObservabilityConfig {
   bool operator==(const ObservabilityConfig&) const = default;
 };
 
+// Issue 10: what a worker's pushes leave out and how their values travel
+// (the paper's sections 3.6 and 4.2; docs/filters.md). Every filter is off
+// by default: the pushes are then exactly the gradients, as float32.
+struct FilterConfig {
+  // Significantly-modified filter: a key's row is sent only when some
+  // element of (its gradient + what was held back for it) exceeds this in
+  // absolute value; otherwise the sum is held back for the key's next push.
+  // In the units of the values pushed (summed gradients). 0: off.
+  double significant_threshold = 0;
+  // KKT filter for L1-regularised logistic regression: a feature whose
+  // pulled weight is 0 and whose gradient (per the optimizer's units,
+  // see OptimizerConfig) is at most kkt_fraction * optimizer.l1 is not
+  // pushed: by the optimality (KKT) condition of the L1 term it would stay
+  // 0. In (0, 1]; 0: off. Needs optimizer.l1 > 0 and not adam.
+  double kkt_fraction = 0;
+  // How values travel: f32 | f16 (IEEE half) | int8 (one scale per key
+  // range of a request).
+  std::string value_encoding = "f32";
+  // A general compressor for the encoded values: none | zstd | lz4. Used
+  // only where it makes a request's values smaller (zero-heavy payloads).
+  std::string codec = "none";
+  // f16 / int8: add each value's rounding error to the key's next push, so
+  // nothing is lost, only delayed; also what the significance filter holds
+  // back. false: rounding errors are dropped.
+  bool error_feedback = true;
+
+  bool any() const {
+    return significant_threshold > 0 || kkt_fraction > 0 ||
+           value_encoding != "f32" || codec != "none";
+  }
+  bool operator==(const FilterConfig&) const = default;
+};
+
+// "none", or the filters that are on, e.g. "significant 0.01, f16, zstd"
+// (the job report's push_filters).
+std::string DescribeFilters(const FilterConfig& f);
+
 struct JobConfig {
   ClusterConfig cluster;
   ConsistencyConfig consistency;
@@ -294,6 +331,7 @@ struct JobConfig {
   OutputConfig output;
   FaultToleranceConfig fault_tolerance;
   ObservabilityConfig observability;  // issue 11
+  FilterConfig filters;               // issue 10
 
   // tau as the consistency controller sees it: 0 for BSP, -1 (infinity)
   // for ASP, the configured tau for SSP.

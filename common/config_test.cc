@@ -917,5 +917,34 @@ TEST(ConfigTest, CheckpointPathsResolveAgainstTheConfigFolder) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 10: filters and compression.
+TEST(ConfigTest, FilterFields) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      "filters: {significant_threshold: 0.01, kkt_fraction: 0.5,"
+      " value_encoding: int8, codec: zstd, error_feedback: false}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->filters.significant_threshold, 0.01);
+  EXPECT_EQ(c->filters.kkt_fraction, 0.5);
+  EXPECT_EQ(c->filters.value_encoding, "int8");
+  EXPECT_EQ(c->filters.codec, "zstd");
+  EXPECT_FALSE(c->filters.error_feedback);
+  EXPECT_TRUE(c->filters.any());
+  EXPECT_FALSE(JobConfig().filters.any());  // all off by default
+  ExpectInvalid(ParseStatus("filters: {value_encoding: bf16}"),
+                "config field filters.value_encoding");
+  ExpectInvalid(ParseStatus("filters: {codec: gzip}"),
+                "config field filters.codec");
+  ExpectInvalid(ParseStatus("filters: {kkt_fraction: 1.5}"),
+                "config field filters.kkt_fraction");
+  ExpectInvalid(ParseStatus("filters: {significant_threshold: -1}"),
+                "config field filters.significant_threshold");
+  ExpectInvalid(ParseStatus("filters: {kkt_fraction: 0.5}\n"
+                            "optimizer: {l1: 0}\n"),
+                "config field filters.kkt_fraction: needs an L1 term");
+  ExpectInvalid(ParseStatus("filters: {kkt_fraction: 0.5}\n"
+                            "optimizer: {name: adam}\n"),
+                "config field filters.kkt_fraction: needs an L1 term");
+}
+
 }  // namespace
 }  // namespace ps

@@ -7,6 +7,7 @@ PKGS=(build-essential cmake pkg-config
       libabsl-dev libspdlog-dev libyaml-cpp-dev libgtest-dev libgmock-dev
       libgoogle-perftools-dev libjemalloc-dev
       libcpp-httplib-dev
+      libzstd-dev liblz4-dev  # push compression (filters.codec)
       iperf3 python3 openssl
       python3-matplotlib)  # ps_launch --plot, bench/lr_benchmark.py plots
 missing=()

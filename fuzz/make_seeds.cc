@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "common/bytes.h"
+#include "common/routing.h"
+#include "common/value_codec.h"
 #include "fuzz/fuzz_input.pb.h"
 
 namespace ps::fuzz {
@@ -31,7 +33,10 @@ void Write(const std::string& path, const google::protobuf::Message& m) {
 }
 
 // Two workers push, clock and pull for `clocks` clocks, then finish.
-ServerInput ServerJob(proto::ConsistencyMode mode, int clocks) {
+// `encoding` / `codec` (issue 10): the pushes' values travel so.
+ServerInput ServerJob(proto::ConsistencyMode mode, int clocks,
+                      proto::ValueEncoding encoding = proto::VALUES_F32,
+                      proto::ValueCodec codec = proto::CODEC_NONE) {
   ServerInput in;
   in.set_servers(0);  // 1 server
   in.set_workers(1);  // 2 workers
@@ -53,8 +58,33 @@ ServerInput ServerJob(proto::ConsistencyMode mode, int clocks) {
       push->set_epoch(1);
       push->set_table(0);
       push->set_keys(Keys({1, 7, 42}));
-      push->set_vals(Vals({0.5f, -1.0f, 2.0f}));
       push->set_num_examples(4);
+      const std::vector<float> g = {0.5f, -1.0f, 2.0f, 0.0f, 0.0f, 0.0f,
+                                    0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      if (encoding == proto::VALUES_F32 && codec == proto::CODEC_NONE) {
+        push->set_vals(Vals({0.5f, -1.0f, 2.0f}));
+      } else {
+        // 12 keys, most of them zero: something for a codec to squeeze.
+        push->set_keys(Keys({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 42}));
+        std::string v;
+        const float scale = Int8Scale(g.data(), g.size());
+        EncodeValues(encoding, g.data(), g.size(), scale, &v, nullptr);
+        push->set_value_encoding(encoding);
+        proto::PushSegment* seg = push->add_segments();
+        // The range of the small keys on fuzz_server's ring (one server,
+        // 4 virtual nodes).
+        seg->set_range(Routing::FromProto(BuildHashRing({0}, 4, 1))->RangeOf(1));
+        seg->set_seq(c + 1);
+        seg->set_num_keys(12);
+        seg->set_scale(scale);
+        std::string packed;
+        if (Compress(codec, v, &packed)) {
+          push->set_vals_codec(codec);
+          push->set_vals_raw_bytes(v.size());
+          v = packed;
+        }
+        push->set_vals(v);
+      }
       proto::ClockRequest* clock = in.add_calls()->mutable_clock();
       clock->set_worker_id(w);
       clock->set_clock(c);
@@ -130,6 +160,12 @@ int main(int argc, char** argv) {
   ps::fuzz::Write(dir + "/server/bsp_2clocks", ServerJob(ps::proto::MODE_BSP, 2));
   ps::fuzz::Write(dir + "/server/ssp_3clocks", ServerJob(ps::proto::MODE_SSP, 3));
   ps::fuzz::Write(dir + "/server/asp_1clock", ServerJob(ps::proto::MODE_ASP, 1));
+  ps::fuzz::Write(dir + "/server/asp_int8_zstd",
+                  ServerJob(ps::proto::MODE_ASP, 2, ps::proto::VALUES_INT8,
+                            ps::proto::CODEC_ZSTD));
+  ps::fuzz::Write(dir + "/server/bsp_f16_lz4",
+                  ServerJob(ps::proto::MODE_BSP, 2, ps::proto::VALUES_F16,
+                            ps::proto::CODEC_LZ4));
   ps::fuzz::Write(dir + "/scheduler/job", ps::fuzz::SchedulerJob(false));
   ps::fuzz::Write(dir + "/scheduler/job_set_ssp", ps::fuzz::SchedulerJob(true));
   return 0;

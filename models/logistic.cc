@@ -1,6 +1,7 @@
 #include "models/logistic.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/time/clock.h"
 #include "common/hash.h"
@@ -127,10 +128,48 @@ absl::Status LogisticModel::Collect(int slot, double* loss) {
   return absl::OkStatus();
 }
 
+KktFilter KktFilter::FromConfig(const JobConfig& config) {
+  KktFilter k;
+  if (config.filters.kkt_fraction > 0 && config.optimizer.l1 > 0) {
+    k.threshold = config.filters.kkt_fraction * config.optimizer.l1;
+    k.mean_gradient = config.optimizer.name != "ftrl";
+    k.zero_filtered = config.filters.codec != "none";
+  }
+  return k;
+}
+
 int64_t LogisticModel::PushAndClock(int slot, int rows) {
   Slot& s = slots_[slot];
-  // The clock rides on the push: one round trip per server.
-  return params_->PushAndClock(0, s.batch.keys, s.grad, rows);
+  if (kkt_.threshold <= 0) {
+    // The clock rides on the push: one round trip per server.
+    return params_->PushAndClock(0, s.batch.keys, s.grad, rows);
+  }
+  // |g| <= threshold, with g the gradient as the server weighs it (the
+  // worker's own rows standing in for the update's).
+  const double limit =
+      kkt_.threshold * (kkt_.mean_gradient ? std::max(rows, 1) : 1);
+  const uint64_t bias = BiasKey();
+  auto filtered = [&](size_t i) {
+    return s.w[i] == 0.0f && std::fabs(s.grad[i]) <= limit &&
+           s.batch.keys[i] != bias;
+  };
+  if (kkt_.zero_filtered) {
+    for (size_t i = 0; i < s.batch.keys.size(); ++i) {
+      if (filtered(i)) s.grad[i] = 0.0f;
+    }
+    return params_->PushAndClock(0, s.batch.keys, s.grad, rows);
+  }
+  s.kept_keys.clear();
+  s.kept_grad.clear();
+  for (size_t i = 0; i < s.batch.keys.size(); ++i) {
+    if (filtered(i)) {
+      filtered_bytes_ += sizeof(uint64_t) + sizeof(float);
+      continue;
+    }
+    s.kept_keys.push_back(s.batch.keys[i]);
+    s.kept_grad.push_back(s.grad[i]);
+  }
+  return params_->PushAndClock(0, s.kept_keys, s.kept_grad, rows);
 }
 
 }  // namespace ps

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/config.h"
 #include "data/data.h"
 #include "data/metrics.h"
 #include "kernels/backend.h"
@@ -51,11 +52,30 @@ absl::StatusOr<EvalMetrics> EvaluateLogistic(ParamClient* params,
                                              ComputeBackend* backend,
                                              RowReader* reader);
 
+// The KKT filter (the paper's section 5.1; filters.kkt_fraction): a
+// feature whose pulled weight is 0 and whose gradient is small enough that
+// the L1 term's optimality condition keeps it at 0 is not pushed.
+struct KktFilter {
+  // A feature is not pushed when its weight is 0 and |gradient| <= this
+  // (in the optimizer's units: the summed gradient for ftrl, the mean for
+  // sgd and adagrad, see mean_gradient). 0: off. The bias is always pushed.
+  double threshold = 0;
+  bool mean_gradient = false;
+  // Filtered features are pushed with a zero gradient instead of being
+  // left out (a zero changes nothing for a weight at 0 under ftrl, sgd and
+  // adagrad): the pull's key list stays cached on the servers, and the
+  // codec squeezes the zeros. On whenever filters.codec is.
+  bool zero_filtered = false;
+  // filters.kkt_fraction * optimizer.l1 (off unless both are > 0).
+  static KktFilter FromConfig(const JobConfig& config);
+};
+
 class LogisticModel final : public Model {
  public:
   // `params` and `backend` must outlive the model.
-  LogisticModel(ParamClient* params, ComputeBackend* backend)
-      : params_(params), backend_(backend) {}
+  LogisticModel(ParamClient* params, ComputeBackend* backend,
+                KktFilter kkt = KktFilter())
+      : params_(params), backend_(backend), kkt_(kkt) {}
 
   std::string name() const override { return "logistic regression"; }
   absl::StatusOr<BatchSource::Got> Read(BatchSource* source, size_t max_rows,
@@ -68,17 +88,22 @@ class LogisticModel final : public Model {
   int64_t PushAndClock(int slot, int rows) override;
   bool pipelined() const override { return backend_->pipelined(); }
   std::pair<int, uint64_t> idle_key() const override { return {0, BiasKey()}; }
+  int64_t filtered_push_bytes() const override { return filtered_bytes_; }
 
  private:
   struct Slot {
     CsrBatch batch;
     std::vector<float> w, grad;
+    std::vector<uint64_t> kept_keys;  // the KKT filter's output
+    std::vector<float> kept_grad;
     int64_t ts = -1;
     int64_t ticket = -1;  // SubmitGradient's, on a pipelined backend
     double loss = 0;
   };
   ParamClient* const params_;
   ComputeBackend* const backend_;
+  const KktFilter kkt_;
+  int64_t filtered_bytes_ = 0;
   RowBlock block_;
   Slot slots_[kSlots];
 };

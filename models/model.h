@@ -116,6 +116,9 @@ class Model {
   virtual bool pipelined() const { return false; }
   // A table and key an idle step pulls (any existing key).
   virtual std::pair<int, uint64_t> idle_key() const = 0;
+  // Bytes of keys and values (as uint64 and float32) the model's own
+  // filters kept out of its pushes so far (the KKT filter, issue 10).
+  virtual int64_t filtered_push_bytes() const { return 0; }
 };
 
 }  // namespace ps

@@ -1426,7 +1426,13 @@ proto::JobReport SchedulerCore::ReportLocked() const {
     w->set_wall_seconds(Round6(d.wall_seconds()));
     w->set_first_epoch_updates(static_cast<int32_t>(d.first_epoch_updates()));
     SetNumber(Round6(d.train_loss()), w->mutable_train_loss());
+    w->set_push_bytes(static_cast<double>(d.push_bytes()));
+    w->set_push_raw_bytes(static_cast<double>(d.push_raw_bytes()));
+    r.set_push_bytes(r.push_bytes() + static_cast<double>(d.push_bytes()));
+    r.set_push_raw_bytes(r.push_raw_bytes() +
+                         static_cast<double>(d.push_raw_bytes()));
   }
+  r.set_push_filters(DescribeFilters(options_.config.filters));
   return r;
 }
 

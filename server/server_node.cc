@@ -16,6 +16,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/value_codec.h"
 #include "server/checkpoint.h"
 #include "transport/transport.h"
 
@@ -49,7 +50,7 @@ absl::Status ClockTooFar(int worker, int64_t clock, int64_t completed,
                    " it completed here"));
 }
 
-bool AllFinite(const std::string& vals) {
+bool AllFinite(absl::string_view vals) {
   // Exponent bits all ones: NaN or infinity. Integer compare, no FP traps;
   // four lanes at a time (GCC/Clang vector extension: SSE2 on x86-64),
   // since a push's values are all read here before any is applied.
@@ -76,6 +77,92 @@ bool AllFinite(const std::string& vals) {
     any |= static_cast<uint32_t>((bits & kExp) == kExp);
   }
   return any == 0;
+}
+
+// A push's values as float32, decoded from the request's encoding and
+// codec (issue 10: filters and compression) when it has them.
+struct PushValues {
+  absl::string_view bytes;  // float32[keys * dim]
+  std::string raw;          // decompressed, when it was compressed
+  std::unique_ptr<float[]> decoded;
+};
+
+// Decodes `req`'s values for `nkeys` keys of dimension `dim` into *out
+// (without a copy when they travel as plain float32). INVALID_ARGUMENT for
+// a size or encoding that does not match, a corrupt payload, or one that
+// would decode to more than `max_decoded` bytes.
+absl::Status DecodePushValues(const proto::PushRequest& req, size_t nkeys,
+                              int dim, size_t max_decoded, PushValues* out) {
+  const size_t floats = nkeys * static_cast<size_t>(dim);
+  const proto::ValueEncoding enc = req.value_encoding();
+  const proto::ValueCodec codec = req.vals_codec();
+  if (enc == proto::VALUES_F32 && codec == proto::CODEC_NONE) {
+    if (req.vals().size() != floats * sizeof(float)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vals: expected ", floats, " floats, got ",
+                       req.vals().size() / 4.0));
+    }
+    out->bytes = req.vals();
+    return absl::OkStatus();
+  }
+  if (!proto::ValueEncoding_IsValid(enc)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown value_encoding ", static_cast<int>(enc)));
+  }
+  // What a request without encoding or codec could carry at most: a small
+  // compressed request must not make the server allocate more.
+  if (floats > max_decoded / sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "vals: ", nkeys, " keys of dim ", dim, " decode to more than ",
+        max_decoded, " bytes"));
+  }
+  const size_t encoded = floats * EncodedValueBytes(enc);
+  absl::string_view src = req.vals();
+  if (codec != proto::CODEC_NONE) {
+    if (req.vals_raw_bytes() != encoded) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vals_raw_bytes: expected ", encoded, ", got ",
+                       req.vals_raw_bytes()));
+    }
+    PS_RETURN_IF_ERROR(Decompress(codec, req.vals(), encoded, &out->raw));
+    src = out->raw;
+  } else if (src.size() != encoded) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vals: expected ", encoded, " bytes for ", floats,
+                     " values, got ", src.size()));
+  }
+  if (enc == proto::VALUES_F32) {
+    out->bytes = src;
+    return absl::OkStatus();
+  }
+  out->decoded.reset(new float[floats]);  // uninitialised: all written
+  float* d = out->decoded.get();
+  if (enc == proto::VALUES_F16) {
+    PS_RETURN_IF_ERROR(DecodeValues(enc, src.data(), floats, 0, d));
+  } else {
+    // int8: a scale per segment.
+    if (req.segments_size() == 0 && floats > 0) {
+      return absl::InvalidArgumentError("int8 values need segments");
+    }
+    size_t at = 0;
+    for (const proto::PushSegment& seg : req.segments()) {
+      const size_t n = static_cast<size_t>(seg.num_keys()) * dim;
+      if (n > floats - at) {
+        return absl::InvalidArgumentError(
+            "int8 values: segments hold more keys than the request");
+      }
+      PS_RETURN_IF_ERROR(
+          DecodeValues(enc, src.data() + at, n, seg.scale(), d + at));
+      at += n;
+    }
+    if (at != floats) {
+      return absl::InvalidArgumentError(
+          "int8 values: segments hold fewer keys than the request");
+    }
+  }
+  out->bytes = absl::string_view(reinterpret_cast<const char*>(d),
+                                 floats * sizeof(float));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -488,15 +575,16 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
                     req.num_keys(), req.keys(), adm, &rk);
   }
   const std::vector<RangeRun>& runs = rk.runs;
+  PushValues pv;  // the values as float32
   if (s.ok()) {
-    const size_t expect = rk.keys.size() * adm.table->dim();
-    if (req.vals().size() != expect * sizeof(float)) {
-      s = absl::InvalidArgumentError(
-          absl::StrCat("vals: expected ", expect, " floats, got ",
-                       req.vals().size() / 4.0));
-    } else if (req.clock() < 0) {
+    s = DecodePushValues(req, rk.keys.size(), adm.table->dim(),
+                         limits_.max_decoded_value_bytes, &pv);
+  }
+  const absl::string_view vals = pv.bytes;
+  if (s.ok()) {
+    if (req.clock() < 0) {
       s = absl::InvalidArgumentError("negative clock");
-    } else if (!AllFinite(req.vals())) {
+    } else if (!AllFinite(vals)) {
       s = ErrorWithReason(absl::StatusCode::kInvalidArgument,
                           proto::REASON_NON_FINITE,
                           absl::StrCat("push of worker ", req.worker_id(),
@@ -536,7 +624,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
   Table* const t = adm.table;
   const int dim = t->dim();
   absl::Span<const uint64_t> keys = rk.keys;
-  const float* g = reinterpret_cast<const float*>(req.vals().data());
+  const float* g = reinterpret_cast<const float*>(vals.data());
   RangeActionList actions;
   std::vector<int> finished;
   std::vector<size_t> fresh;  // runs admitted now, to apply (ASP/SSP)
@@ -553,7 +641,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
         seg.table = req.table();
         seg.keys.assign(reinterpret_cast<const char*>(keys.data() + run.first),
                         (run.last - run.first) * sizeof(uint64_t));
-        seg.vals.assign(req.vals(), run.first * dim * sizeof(float),
+        seg.vals.assign(vals.data() + run.first * dim * sizeof(float),
                         (run.last - run.first) * dim * sizeof(float));
       }
       bool dup = false;
@@ -584,7 +672,7 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
         fresh.push_back(i);
       }
     }
-    if (!logged.empty()) LogPushLocked(req, keys, dim, logged);
+    if (!logged.empty()) LogPushLocked(req, keys, g, dim, logged);
     if (news > 0) {
       ++pushes_;
       if (req.segments_size() == 0) {

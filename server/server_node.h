@@ -57,6 +57,10 @@ struct ServerLimits {
   // Key lists kept for key caching (server/key_cache.h), all workers
   // together, bytes; 0 turns key caching off on this server.
   size_t key_cache_bytes = size_t{256} << 20;
+  // A push with encoded or compressed values (issue 10) may decode to at
+  // most this many bytes of float32 values (what an uncompressed request
+  // of the largest message could carry); beyond it INVALID_ARGUMENT.
+  size_t max_decoded_value_bytes = size_t{64} << 20;
 };
 
 class ServerNode {
@@ -102,6 +106,11 @@ class ServerNode {
   // (FAILED_PRECONDITION + REASON_KEYS_NOT_CACHED when not kept, or
   // evicted: resend with the keys; INVALID_ARGUMENT when num_keys or the
   // table differs from the kept list's).
+  // Compression (issue 10): values in value_encoding f16 / int8 and/or
+  // compressed with vals_codec are decoded to float32 before anything else
+  // (backups get them decoded); a size that does not match the keys, a
+  // corrupt payload or one decoding beyond max_decoded_value_bytes is
+  // INVALID_ARGUMENT.
   void Push(const proto::PushRequest& req, proto::PushResponse* resp,
             Done done);
   // A pull waits at most min(wait_ms or the default, max_wait_ms,
@@ -338,9 +347,10 @@ class ServerNode {
     uint64_t seq;
     int64_t index;
   };
+  // `vals`: the request's values as float32 (decoded).
   void LogPushLocked(const proto::PushRequest& req,
-                     absl::Span<const uint64_t> keys, int dim,
-                     const std::vector<LoggedSegment>& segs)
+                     absl::Span<const uint64_t> keys, const float* vals,
+                     int dim, const std::vector<LoggedSegment>& segs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops from `e` what `backup` no longer needs (ranges it stopped
   // backing up, or will get a copy of); false when nothing is left.

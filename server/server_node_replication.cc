@@ -164,7 +164,8 @@ void ServerNode::LogEntry(int range, proto::ReplicaEntry e, Needs* needs) {
 }
 
 void ServerNode::LogPushLocked(const proto::PushRequest& req,
-                               absl::Span<const uint64_t> keys, int dim,
+                               absl::Span<const uint64_t> keys,
+                               const float* vals, int dim,
                                const std::vector<LoggedSegment>& segs) {
   std::map<int, proto::ReplicaEntry> per_backup;
   for (const LoggedSegment& seg : segs) {
@@ -185,8 +186,9 @@ void ServerNode::LogPushLocked(const proto::PushRequest& req,
       p->mutable_keys()->append(
           reinterpret_cast<const char*>(keys.data() + seg.first),
           (seg.last - seg.first) * sizeof(uint64_t));
-      p->mutable_vals()->append(req.vals(), seg.first * dim * sizeof(float),
-                                (seg.last - seg.first) * dim * sizeof(float));
+      p->mutable_vals()->append(
+          reinterpret_cast<const char*>(vals + seg.first * dim),
+          (seg.last - seg.first) * dim * sizeof(float));
     }
   }
   for (auto& [b, e] : per_backup) EnqueueLocked(b, std::move(e));

@@ -17,6 +17,7 @@
 #include "common/bytes.h"
 #include "common/clock.h"
 #include "common/routing.h"
+#include "common/value_codec.h"
 #include "transport/errors.h"
 #include "transport/transport.h"
 #include "gtest/gtest.h"
@@ -914,6 +915,167 @@ TEST_F(ServerNodeTest, BspNonFiniteGradientIsRejectedBeforeBuffering) {
   EXPECT_EQ(ReasonOf(s), proto::REASON_NON_FINITE);
   ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());
   EXPECT_EQ(PullNow(&node_, 0, 1, {1}), std::vector<float>{0.0f});
+}
+
+// Issue 10: filters and compression. Values in f16 or int8, compressed
+// with zstd or lz4 or not, are decoded before anything else.
+class EncodedPushTest : public ServerNodeTest {
+ protected:
+  // 256 keys of one range (small keys: the first range of the ring), with
+  // zero-heavy gradients so the codecs have something to save.
+  static constexpr int kKeys = 256;
+  std::vector<uint64_t> keys_ = [] {
+    std::vector<uint64_t> k;
+    for (int i = 1; i <= kKeys; ++i) k.push_back(static_cast<uint64_t>(i));
+    return k;
+  }();
+  std::vector<float> grads_ = [] {
+    std::vector<float> g(kKeys, 0.0f);
+    for (int i = 0; i < kKeys; i += 4) g[i] = 0.25f * (i % 8 + 1) - 0.6f;
+    return g;
+  }();
+
+  int Range() const {
+    absl::StatusOr<Routing> r =
+        Routing::FromProto(MakeView(1, 1, proto::MODE_ASP).routing());
+    EXPECT_TRUE(r.ok());
+    EXPECT_EQ(r->RangeOf(keys_.front()), r->RangeOf(keys_.back()));
+    return r->RangeOf(keys_.front());
+  }
+
+  // A push of grads_ in `enc`, compressed with `codec` (which must help).
+  proto::PushRequest Encoded(uint64_t seq, proto::ValueEncoding enc,
+                             proto::ValueCodec codec) {
+    proto::PushRequest r = MakePush(0, seq, 0, keys_, {}, 1);
+    proto::PushSegment* seg = r.add_segments();
+    seg->set_range(Range());
+    seg->set_seq(seq);
+    seg->set_num_keys(kKeys);
+    const float scale = Int8Scale(grads_.data(), grads_.size());
+    if (enc == proto::VALUES_INT8) seg->set_scale(scale);
+    std::string v;
+    EncodeValues(enc, grads_.data(), grads_.size(), scale, &v, nullptr);
+    r.set_value_encoding(enc);
+    if (codec != proto::CODEC_NONE) {
+      std::string packed;
+      EXPECT_TRUE(Compress(codec, v, &packed));
+      r.set_vals_raw_bytes(v.size());
+      r.set_vals_codec(codec);
+      v = packed;
+    }
+    r.set_vals(v);
+    return r;
+  }
+};
+
+TEST_F(EncodedPushTest, EveryEncodingAndCodecAppliesTheDecodedValues) {
+  Configure(1, 1, proto::MODE_ASP);
+  std::vector<float> want(kKeys, 0.0f);
+  uint64_t seq = 0;
+  for (proto::ValueEncoding enc :
+       {proto::VALUES_F32, proto::VALUES_F16, proto::VALUES_INT8}) {
+    for (proto::ValueCodec codec :
+         {proto::CODEC_NONE, proto::CODEC_ZSTD, proto::CODEC_LZ4}) {
+      const proto::PushRequest req = Encoded(++seq, enc, codec);
+      ASSERT_TRUE(PushNow(&node_, req).ok()) << enc << " " << codec;
+      // What the worker meant, as the encoding carries it (sgd, lr 1).
+      std::vector<float> d(kKeys);
+      ASSERT_TRUE(DecodeValues(enc, Encoded(seq, enc, proto::CODEC_NONE)
+                                        .vals()
+                                        .data(),
+                               kKeys, req.segments(0).scale(), d.data())
+                      .ok());
+      for (int i = 0; i < kKeys; ++i) want[i] -= d[i];
+      const std::vector<float> got = PullNow(&node_, 0, 0, keys_);
+      for (int i = 0; i < kKeys; ++i) {
+        ASSERT_FLOAT_EQ(got[i], want[i]) << enc << " " << codec << " " << i;
+      }
+    }
+  }
+  EXPECT_EQ(node_.Status().pushes(), 9);
+}
+
+// What a hostile or broken client can send: each is INVALID_ARGUMENT and
+// changes nothing.
+TEST_F(EncodedPushTest, MalformedEncodedPushesAreRefused) {
+  Configure(1, 1, proto::MODE_ASP);
+  auto refused = [&](proto::PushRequest req, const char* what) {
+    EXPECT_EQ(PushNow(&node_, req).code(), StatusCode::kInvalidArgument)
+        << what;
+  };
+  proto::PushRequest r = Encoded(1, proto::VALUES_F16, proto::CODEC_NONE);
+  r.mutable_vals()->pop_back();
+  refused(r, "f16 values one byte short");
+  r = Encoded(1, proto::VALUES_INT8, proto::CODEC_NONE);
+  r.clear_segments();
+  refused(r, "int8 without segments");
+  r = Encoded(1, proto::VALUES_INT8, proto::CODEC_NONE);
+  r.mutable_segments(0)->set_scale(-1);
+  refused(r, "negative int8 scale");
+  r = Encoded(1, proto::VALUES_INT8, proto::CODEC_NONE);
+  r.mutable_segments(0)->set_num_keys(kKeys + 1);
+  refused(r, "int8 segments with more keys than the request");
+  r = Encoded(1, proto::VALUES_F16, proto::CODEC_ZSTD);
+  r.set_vals_raw_bytes(r.vals_raw_bytes() * 2);
+  refused(r, "zstd raw size that is not the keys'");
+  r = Encoded(1, proto::VALUES_F16, proto::CODEC_LZ4);
+  (*r.mutable_vals())[r.vals().size() / 2] ^= 0x55;
+  (*r.mutable_vals())[1] ^= 0x33;
+  refused(r, "corrupt lz4");
+  r = Encoded(1, proto::VALUES_F16, proto::CODEC_NONE);
+  r.set_value_encoding(static_cast<proto::ValueEncoding>(7));
+  refused(r, "unknown encoding");
+  r = Encoded(1, proto::VALUES_F16, proto::CODEC_ZSTD);
+  r.set_vals_codec(static_cast<proto::ValueCodec>(9));
+  refused(r, "unknown codec");
+  EXPECT_EQ(node_.table(0)->size(), 0u);
+  EXPECT_EQ(node_.Status().pushes(), 0);
+}
+
+// A half-precision infinity decodes to infinity: refused as any other.
+TEST_F(EncodedPushTest, HalfInfinityIsNonFinite) {
+  Configure(1, 1, proto::MODE_ASP);
+  proto::PushRequest r = Encoded(1, proto::VALUES_F16, proto::CODEC_NONE);
+  (*r.mutable_vals())[0] = '\x00';
+  (*r.mutable_vals())[1] = '\x7c';  // 0x7c00: +inf
+  absl::Status s = PushNow(&node_, r);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReasonOf(s), proto::REASON_NON_FINITE);
+}
+
+// A decompression bomb: a few bytes that claim, and would expand to, more
+// float32 values than the server takes in one message.
+TEST(EncodedPushLimitTest, DecodingBeyondTheLimitIsRefusedUpFront) {
+  FakeClock clock;
+  ServerLimits limits;
+  limits.max_decoded_value_bytes = 1024;  // 256 floats
+  ServerNode node(&clock, limits);
+  ASSERT_TRUE(node.Configure(0, MakeView(1, 1, proto::MODE_ASP)).ok());
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 1; i <= 257; ++i) keys.push_back(i);
+  proto::PushRequest r = MakePush(0, 1, 0, keys, {}, 1);
+  const std::string zeros(257 * 2, '\0');
+  std::string packed;
+  ASSERT_TRUE(Compress(proto::CODEC_ZSTD, zeros, &packed));
+  r.set_value_encoding(proto::VALUES_F16);
+  r.set_vals_codec(proto::CODEC_ZSTD);
+  r.set_vals_raw_bytes(zeros.size());
+  r.set_vals(packed);
+  absl::Status s = PushNow(&node, r);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("decode to more than 1024 bytes"),
+            std::string::npos)
+      << s;
+  // 256 keys are within it.
+  keys.pop_back();
+  r = MakePush(0, 1, 0, keys, {}, 1);
+  const std::string fewer(256 * 2, '\0');
+  ASSERT_TRUE(Compress(proto::CODEC_ZSTD, fewer, &packed));
+  r.set_value_encoding(proto::VALUES_F16);
+  r.set_vals_codec(proto::CODEC_ZSTD);
+  r.set_vals_raw_bytes(fewer.size());
+  r.set_vals(packed);
+  EXPECT_TRUE(PushNow(&node, r).ok());
 }
 
 // Regression: consistency mode 42 was accepted.

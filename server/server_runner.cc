@@ -79,7 +79,10 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   PS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
                       MakeServerCredentials(security));
   const std::string& token = security.token;
-  ServerNode node;
+  ServerLimits limits;
+  limits.max_decoded_value_bytes = static_cast<size_t>(security.max_message_mb)
+                                   << 20;
+  ServerNode node(Clock::Real(), limits);
   absl::Notification exit_requested;
   // Metrics (issue 11, docs/observability.md): served from the start when
   // the port is known (flag, environment), else once the config says.

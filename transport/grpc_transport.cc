@@ -410,6 +410,9 @@ grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
   if (req->has_end_clock()) *head.mutable_end_clock() = req->end_clock();
   head.set_key_list(req->key_list());
   head.set_num_keys(req->num_keys());
+  head.set_value_encoding(req->value_encoding());
+  head.set_vals_codec(req->vals_codec());
+  head.set_vals_raw_bytes(req->vals_raw_bytes());
   std::string prefix = head.SerializeAsString();
   std::vector<grpc::Slice> slices;
   slices.reserve(4);

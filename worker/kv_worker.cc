@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/logging.h"
+#include "common/value_codec.h"
 
 namespace ps {
 namespace {
@@ -61,7 +62,12 @@ KVWorker::KVWorker(KVWorkerOptions options, const proto::ClusterView& view,
       clock_(options.clock != nullptr ? options.clock : ps::Clock::Real()),
       clients_(clients),
       scheduler_(scheduler),
-      life_(std::make_shared<Life>()) {
+      life_(std::make_shared<Life>()),
+      filter_(options.filters.keeps_residuals() ||
+                      options.filters.encoding != proto::VALUES_F32 ||
+                      options.filters.codec != proto::CODEC_NONE
+                  ? std::make_unique<PushFilter>(options.filters)
+                  : nullptr) {
   absl::MutexLock l(&mu_);
   InstallView(view);
   // A worker that joined the running job (issue 9) starts at the clock the
@@ -259,7 +265,7 @@ int64_t KVWorker::Push(int table, absl::Span<const uint64_t> keys,
     PartDone(ts, bad);
     return ts;
   }
-  StartPush(ts, table, clock, keys, vals.data(), num_examples, 0);
+  FilterAndStart(ts, table, clock, keys, vals, num_examples, -1);
   PartDone(ts, absl::OkStatus());
   return ts;
 }
@@ -276,9 +282,27 @@ int64_t KVWorker::PushAndClock(int table, absl::Span<const uint64_t> keys,
     SendClock(clock);
     return clock_ts;
   }
-  StartPush(ts, table, clock, keys, vals.data(), num_examples, 0, clock_ts);
+  FilterAndStart(ts, table, clock, keys, vals, num_examples, clock_ts);
   PartDone(ts, absl::OkStatus());
   return clock_ts;
+}
+
+void KVWorker::FilterAndStart(int64_t ts, int table, int64_t clock,
+                              absl::Span<const uint64_t> keys,
+                              absl::Span<const float> vals, int num_examples,
+                              int64_t clock_ts) {
+  push_raw_bytes_.fetch_add(static_cast<int64_t>(
+      keys.size() * sizeof(uint64_t) + vals.size() * sizeof(float)));
+  if (filter_ == nullptr || !filter_->options().keeps_residuals()) {
+    StartPush(ts, table, clock, keys, vals.data(), num_examples, 0, clock_ts);
+    return;
+  }
+  std::vector<uint64_t> k;
+  std::vector<float> v;
+  std::vector<uint32_t> slots;
+  filter_->Filter(table, dim(table), keys, vals.data(), &k, &v, &slots);
+  StartPush(ts, table, clock, k, v.data(), num_examples, 0, clock_ts,
+            slots.data());
 }
 
 absl::Status KVWorker::BeginPush(int table, absl::Span<const uint64_t> keys,
@@ -323,7 +347,8 @@ absl::Status KVWorker::BeginPush(int table, absl::Span<const uint64_t> keys,
 
 void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
                          absl::Span<const uint64_t> keys, const float* vals,
-                         int num_examples, int attempt, int64_t clock_ts) {
+                         int num_examples, int attempt, int64_t clock_ts,
+                         const uint32_t* slots) {
   std::shared_ptr<const Routing> routing;
   int dim;
   int64_t epoch;
@@ -360,17 +385,36 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
     std::string* v = r.mutable_vals();
     // Appended, not resized then overwritten: libstdc++ zero-fills on
     // resize (a memset as costly as the copy).
+    const proto::ValueEncoding encoding =
+        filter_ != nullptr ? filter_->options().encoding : proto::VALUES_F32;
     k->reserve(count * sizeof(uint64_t));
-    v->reserve(count * dim * sizeof(float));
+    v->reserve(count * dim * EncodedValueBytes(encoding));
     for (const Run& run : runs) {
       const size_t n = run.last - run.first;
       k->append(reinterpret_cast<const char*>(keys.data() + run.first),
                 n * sizeof(uint64_t));
-      v->append(reinterpret_cast<const char*>(vals + run.first * dim),
-                n * dim * sizeof(float));
       proto::PushSegment* seg = r.add_segments();
+      if (encoding == proto::VALUES_F32) {
+        v->append(reinterpret_cast<const char*>(vals + run.first * dim),
+                  n * dim * sizeof(float));
+      } else {
+        const float scale =
+            filter_->Encode(table, dim, slots == nullptr ? nullptr : slots + run.first,
+                            n, vals + run.first * dim, v);
+        if (encoding == proto::VALUES_INT8) seg->set_scale(scale);
+      }
       seg->set_range(run.range);
       seg->set_num_keys(static_cast<uint32_t>(n));
+    }
+    r.set_value_encoding(encoding);
+    if (filter_ != nullptr &&
+        filter_->options().codec != proto::CODEC_NONE) {
+      std::string packed;
+      if (Compress(filter_->options().codec, *v, &packed)) {
+        r.set_vals_raw_bytes(v->size());
+        r.set_vals_codec(filter_->options().codec);
+        v->swap(packed);
+      }
     }
     out.push_back(std::move(p));
   }
@@ -445,8 +489,19 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
     epoch = view_.epoch();
   }
   const proto::PushRequest& o = old.req;
+  // Compressed values are cut by segment once decompressed (they were
+  // compressed here, so this cannot fail but on a bug); the new requests
+  // go uncompressed.
+  std::string unpacked;
+  const std::string* vals = &o.vals();
+  if (o.vals_codec() != proto::CODEC_NONE) {
+    absl::Status st =
+        Decompress(o.vals_codec(), o.vals(), o.vals_raw_bytes(), &unpacked);
+    ABSL_RAW_CHECK(st.ok(), "a push's own values do not decompress");
+    vals = &unpacked;
+  }
   const size_t dim_bytes =
-      old.keys.empty() ? 0 : o.vals().size() / (old.keys.size() / 8);
+      old.keys.empty() ? 0 : vals->size() / (old.keys.size() / 8);
   std::map<int, std::shared_ptr<PushSlice>> by_server;
   size_t at = 0;  // key index in the old request
   for (const proto::PushSegment& seg : o.segments()) {
@@ -461,10 +516,11 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
       p->req.set_epoch(epoch);
       p->req.set_table(o.table());
       p->req.set_num_examples(o.num_examples());
+      p->req.set_value_encoding(o.value_encoding());
     }
     p->keys.append(old.keys, at * sizeof(uint64_t),
                    seg.num_keys() * sizeof(uint64_t));
-    p->req.mutable_vals()->append(o.vals(), at * dim_bytes,
+    p->req.mutable_vals()->append(*vals, at * dim_bytes,
                                   seg.num_keys() * dim_bytes);
     *p->req.add_segments() = seg;  // the same (range, seq)
     at += seg.num_keys();
@@ -538,6 +594,8 @@ void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
     return;
   }
   AttachKeys(slice->server, slice->keys, &slice->req);
+  push_bytes_.fetch_add(static_cast<int64_t>(slice->req.keys().size() +
+                                             slice->req.vals().size()));
   // The request is shared with the transport; `slice` keeps it alive.
   std::shared_ptr<const proto::PushRequest> req(slice, &slice->req);
   client->Push(req, clock_->Now() + options_.request_timeout,

@@ -65,6 +65,7 @@
 #include "models/model.h"
 #include "transport/transport.h"
 #include "proto/ps.pb.h"
+#include "worker/push_filter.h"
 
 namespace ps {
 
@@ -96,6 +97,9 @@ struct KVWorkerOptions {
   // blocked in Wait (the training thread's waiting on the network).
   PushPullMetrics* metrics = nullptr;
   Counter* wait_ns = nullptr;
+  // Filters and compression of pushes (issue 10, worker/push_filter.h):
+  // off by default.
+  PushFilterOptions filters;
 };
 
 class KVWorker final : public ParamClient {
@@ -152,6 +156,13 @@ class KVWorker final : public ParamClient {
   double consistency_wait_seconds() const {
     return static_cast<double>(held_us_total_.load()) * 1e-6;
   }
+
+  // Push traffic so far (issue 10): bytes of keys and values the push
+  // requests carried (after filters, encoding and compression; every
+  // attempt), and what the pushes' inputs were as uint64 keys and float32
+  // values. Thread-safe.
+  int64_t push_bytes() const { return push_bytes_.load(); }
+  int64_t push_raw_bytes() const { return push_raw_bytes_.load(); }
 
   // Waits for every outstanding operation, then tells every server this
   // worker has finished after clock() clocks (retrying UNAVAILABLE with
@@ -285,10 +296,18 @@ class KVWorker final : public ParamClient {
   // Slices and sends a push for `ts`; adds one part per slice to the op.
   // New slices start at `attempt` (the op's budget carries over).
   // clock_ts >= 0: `clock` has ended (op clock_ts) with this push, whose
-  // slices carry its announcement (PushAndClock).
+  // slices carry its announcement (PushAndClock). `slots`: the keys'
+  // residual slots (PushFilter::Filter), null when none are kept.
   void StartPush(int64_t ts, int table, int64_t clock,
                  absl::Span<const uint64_t> keys, const float* vals,
-                 int num_examples, int attempt, int64_t clock_ts = -1);
+                 int num_examples, int attempt, int64_t clock_ts = -1,
+                 const uint32_t* slots = nullptr);
+  // Push and PushAndClock after BeginPush: filters (when configured), then
+  // StartPush.
+  void FilterAndStart(int64_t ts, int table, int64_t clock,
+                      absl::Span<const uint64_t> keys,
+                      absl::Span<const float> vals, int num_examples,
+                      int64_t clock_ts);
   // Slices and sends a pull for `ts`; `pos[i]` is where key i's values go
   // in the output (in units of keys); empty = identity.
   void StartPull(int64_t ts, int table, int64_t clock,
@@ -317,6 +336,8 @@ class KVWorker final : public ParamClient {
   ClientFactory* const clients_;
   SchedulerClient* const scheduler_;
   const std::shared_ptr<Life> life_;
+  // Null without filters or encodings (PushFilterOptions). Thread-safe.
+  const std::unique_ptr<PushFilter> filter_;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(mu_);
@@ -337,6 +358,8 @@ class KVWorker final : public ParamClient {
   int64_t next_ts_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t clock_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> held_us_total_{0};
+  std::atomic<int64_t> push_bytes_{0};
+  std::atomic<int64_t> push_raw_bytes_{0};
   absl::Status sticky_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   // Retry timers scheduled and not yet run (cancelled by the destructor).

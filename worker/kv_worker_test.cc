@@ -5,6 +5,7 @@
 // arrives.
 #include "worker/kv_worker.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "common/bytes.h"
 #include "common/clock.h"
 #include "common/routing.h"
+#include "common/value_codec.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
 #include "transport/errors.h"
@@ -190,6 +192,119 @@ TEST_F(KVWorkerTest, PushSegmentsByRangeWithContiguousSeqPerRange) {
   }
   EXPECT_TRUE(worker_->Wait(a, Soon()).ok());
   EXPECT_TRUE(worker_->Wait(b, Soon()).ok());
+}
+
+// Issue 10: int8 values with a scale per segment, compressed with zstd
+// where that helps; the bytes sent and what they were are counted.
+TEST_F(KVWorkerTest, EncodedPushCarriesAScalePerSegmentAndIsCompressed) {
+  KVWorkerOptions o;
+  o.filters.encoding = proto::VALUES_INT8;
+  o.filters.codec = proto::CODEC_ZSTD;
+  Make(2, o);
+  const std::vector<uint64_t> keys = Iota(512);
+  std::vector<float> vals(keys.size() * kDim, 0.0f);
+  for (size_t i = 0; i < vals.size(); i += 5) vals[i] = 0.01f * (i % 13);
+  const int64_t ts = worker_->Push(0, keys, vals, 1);
+  int64_t sent = 0;
+  for (int s = 0; s < 2; ++s) {
+    std::optional<HeldPush> p = S(s)->NextPush();
+    ASSERT_TRUE(p.has_value());
+    const proto::PushRequest& r = *p->req;
+    EXPECT_EQ(r.value_encoding(), proto::VALUES_INT8);
+    ASSERT_EQ(r.vals_codec(), proto::CODEC_ZSTD);
+    const std::vector<uint64_t> sent_keys = ReqKeys(r.keys());
+    ASSERT_EQ(r.vals_raw_bytes(), sent_keys.size() * kDim);
+    EXPECT_LT(r.vals().size(), r.vals_raw_bytes());
+    std::string raw;
+    ASSERT_TRUE(
+        Decompress(r.vals_codec(), r.vals(), r.vals_raw_bytes(), &raw).ok());
+    // Each segment decodes with its own scale to within half a step.
+    size_t at = 0;
+    for (const proto::PushSegment& seg : r.segments()) {
+      const size_t n = seg.num_keys() * kDim;
+      std::vector<float> got(n);
+      ASSERT_TRUE(DecodeValues(proto::VALUES_INT8, raw.data() + at, n,
+                               seg.scale(), got.data())
+                      .ok());
+      for (size_t j = 0; j < n; ++j) {
+        const size_t key = std::find(keys.begin(), keys.end(),
+                                     sent_keys[(at + j) / kDim]) -
+                           keys.begin();
+        EXPECT_NEAR(got[j], vals[key * kDim + (at + j) % kDim],
+                    seg.scale() / 2 + 1e-7);
+      }
+      at += n;
+    }
+    EXPECT_EQ(at, raw.size());
+    sent += static_cast<int64_t>(r.keys().size() + r.vals().size());
+    p->Reply(absl::OkStatus());
+  }
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+  EXPECT_EQ(worker_->push_bytes(), sent);
+  EXPECT_EQ(worker_->push_raw_bytes(),
+            static_cast<int64_t>(keys.size() * (8 + kDim * 4)));
+}
+
+// A compressed push re-sliced after a failover goes to the new owner with
+// the same segments (scales included), decompressed.
+TEST_F(KVWorkerTest, CompressedPushIsReslicedDecompressed) {
+  KVWorkerOptions o;
+  o.filters.encoding = proto::VALUES_F16;
+  o.filters.codec = proto::CODEC_LZ4;
+  Make(2, o);
+  const std::vector<uint64_t> keys = Iota(256);
+  std::vector<float> vals(keys.size() * kDim, 0.0f);
+  for (size_t i = 0; i < vals.size(); i += 7) vals[i] = 0.5f;
+  const int64_t ts = worker_->Push(0, keys, vals, 1);
+  factory_.scheduler()->set_view(MovedTo(view_, 0, 2));
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  std::optional<HeldPush> stale = S(1)->NextPush();
+  ASSERT_EQ(stale->req->vals_codec(), proto::CODEC_LZ4);
+  stale->Reply(StaleEpoch());
+  clock_.Advance(absl::Milliseconds(20));
+  std::optional<HeldPush> p = S(0)->NextPush();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->req->vals_codec(), proto::CODEC_NONE);
+  EXPECT_EQ(p->req->value_encoding(), proto::VALUES_F16);
+  std::string raw;
+  ASSERT_TRUE(Decompress(proto::CODEC_LZ4, stale->req->vals(),
+                         stale->req->vals_raw_bytes(), &raw)
+                  .ok());
+  EXPECT_EQ(p->req->vals(), raw);
+  ASSERT_EQ(p->req->segments_size(), stale->req->segments_size());
+  for (int i = 0; i < p->req->segments_size(); ++i) {
+    EXPECT_EQ(p->req->segments(i).SerializeAsString(),
+              stale->req->segments(i).SerializeAsString());
+  }
+  p->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+}
+
+// The significance filter: only rows with an element above the threshold
+// leave; a clock still rides on the push (or goes alone when none does).
+TEST_F(KVWorkerTest, SignificanceFilterSendsOnlyLargeRows) {
+  KVWorkerOptions o;
+  o.filters.significant_threshold = 1.0;
+  Make(1, o);
+  const std::vector<uint64_t> keys = {1, 2, 3};
+  const std::vector<float> vals = {0.1f, 0.2f, 3.0f, 0.0f, -0.5f, 0.5f};
+  const int64_t ts = worker_->Push(0, keys, vals, 1);
+  std::optional<HeldPush> p = S(0)->NextPush();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(ReqKeys(p->req->keys()), std::vector<uint64_t>({2}));
+  EXPECT_EQ(p->req->value_encoding(), proto::VALUES_F32);
+  p->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+  // Nothing significant: no push at all, the clock goes alone.
+  const std::vector<float> small(6, 0.01f);
+  const int64_t c = worker_->PushAndClock(0, keys, small, 1);
+  EXPECT_EQ(S(0)->held_pushes(), 0u);
+  std::optional<HeldClock> clock = S(0)->NextClock();
+  ASSERT_TRUE(clock.has_value());
+  clock->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(c, Soon()).ok());
+  EXPECT_EQ(worker_->push_raw_bytes(), 2 * 3 * (8 + kDim * 4));
+  EXPECT_EQ(worker_->push_bytes(), 8 + kDim * 4);
 }
 
 TEST_F(KVWorkerTest, PushWithWrongValueCountIsInvalidArgument) {

@@ -167,6 +167,7 @@ class Trainer {
   }
 
   const TrainerStats& stats() const { return stats_; }
+  const Model& model() const { return *model_; }
   // Safe from other threads (heartbeats).
   int64_t examples_so_far() const { return examples_.load(); }
   double wait_seconds_so_far() const { return wait_ns_.load() * 1e-9; }

@@ -218,6 +218,9 @@ absl::Status TrainAndReport(
   done.set_train_loss(st.examples > 0 ? st.loss_sum / st.examples : 0);
   done.set_wall_seconds(st.wall_seconds);
   done.set_first_epoch_updates(st.first_epoch_updates);
+  done.set_push_bytes(kv->push_bytes());
+  done.set_push_raw_bytes(kv->push_raw_bytes() +
+                          trainer->model().filtered_push_bytes());
   done.set_first_epoch(st.first_epoch);
   for (const auto& p : st.curve) *done.add_curve() = p;
   absl::StatusOr<EvalFn> test_or = final_test();
@@ -336,6 +339,7 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   ko.pull_wait = absl::Milliseconds(config.consistency.pull_timeout_ms);
   ko.request_timeout = ko.pull_wait + absl::Seconds(30);
   if (!config.cluster.key_caching) ko.key_lists_per_server = 0;
+  ko.filters = PushFilterOptions::FromConfig(config.filters);  // issue 10
   Counter* wait_ns = nullptr;
   if (metrics != nullptr) {
     ko.metrics = metrics->push_pull;
@@ -478,7 +482,7 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<ComputeBackend> backend,
       CreateBackend(config.training.backend, config.training.threads));
-  LogisticModel model(&kv, backend.get());
+  LogisticModel model(&kv, backend.get(), KktFilter::FromConfig(config));
   Trainer trainer(worker_id, config, &kv, &model);
   // Worker 0 draws the test curve during training (when configured); the
   // worker the scheduler names evaluates at the end (worker 0 unless it
