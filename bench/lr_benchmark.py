@@ -71,6 +71,9 @@ COLUMNS = [
     "mean_consistency_wait_share",
     "worker_compute_seconds", "worker_wait_seconds", "worker_wait_share",
     "worker_units", "worker_consistency_wait_share",
+    # Push traffic (issue 10: filters and compression): bytes of keys and
+    # values pushed, what the gradients were as uint64 + float32, filters.
+    "push_bytes", "push_raw_bytes", "push_filters",
 ]
 CURVE_COLUMNS = ["run", "mode", "tau", "seconds", "logloss", "auc",
                  "examples"]
@@ -152,6 +155,9 @@ def row_from_report(args, mode, tau, report, target):
         "model_nonzeros": report.get("model_nonzeros", ""),
         "examples": report.get("examples", ""),
         "examples_per_sec": report.get("examples_per_sec", ""),
+        "push_bytes": report.get("push_bytes", ""),
+        "push_raw_bytes": report.get("push_raw_bytes", ""),
+        "push_filters": report.get("push_filters", ""),
         "mean_wait_share": sum(shares) / len(shares) if shares else "",
         "max_wait_share": max(shares) if shares else "",
         "mean_consistency_wait_share":
@@ -354,11 +360,11 @@ def fmt(v, spec):
 def print_table(rows):
     head = ["mode", "tau", "wall_s", "t_target_s", "logloss", "auc", "acc",
             "nnz", "ex/s", "wait%", "wait% per worker", "held%",
-            "held% per worker"]
+            "held% per worker", "push MB", "of raw"]
     lines = [head]
     for r in rows:
         if r["status"] != "ok":
-            lines.append([r["mode"], r["tau"], "FAILED"] + [""] * 10)
+            lines.append([r["mode"], r["tau"], "FAILED"] + [""] * 12)
             continue
         held = r["worker_consistency_wait_share"]
         held = "/".join(f"{100 * float(s):.0f}" for s in held.split(";")) \
@@ -375,7 +381,10 @@ def print_table(rows):
                 else "", ".1f"), per,
             fmt(r["mean_consistency_wait_share"] * 100
                 if r["mean_consistency_wait_share"] != "" else "", ".1f"),
-            held])
+            held,
+            fmt(r["push_bytes"] / 1e6 if r.get("push_bytes") else "", ".2f"),
+            fmt(r["push_bytes"] / r["push_raw_bytes"]
+                if r.get("push_raw_bytes") else "", ".3f")])
     widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
     for i, l in enumerate(lines):
         print("  ".join(c.rjust(w) if j not in (0, 10, 12) else c.ljust(w)
