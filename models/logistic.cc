@@ -134,6 +134,7 @@ KktFilter KktFilter::FromConfig(const JobConfig& config) {
     k.threshold = config.filters.kkt_fraction * config.optimizer.l1;
     k.mean_gradient = config.optimizer.name != "ftrl";
     k.zero_filtered = config.filters.codec != "none";
+    k.key_caching = config.cluster.key_caching;
   }
   return k;
 }
@@ -153,7 +154,13 @@ int64_t LogisticModel::PushAndClock(int slot, int rows) {
     return s.w[i] == 0.0f && std::fabs(s.grad[i]) <= limit &&
            s.batch.keys[i] != bias;
   };
-  if (kkt_.zero_filtered) {
+  size_t out = 0;
+  for (size_t i = 0; i < s.batch.keys.size(); ++i) out += filtered(i);
+  const size_t kept = s.batch.keys.size() - out;
+  if (kkt_.zero_filtered ||
+      (kkt_.key_caching &&
+       kept * (sizeof(uint64_t) + sizeof(float)) >=
+           s.batch.keys.size() * sizeof(float))) {
     for (size_t i = 0; i < s.batch.keys.size(); ++i) {
       if (filtered(i)) s.grad[i] = 0.0f;
     }

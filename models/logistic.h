@@ -64,8 +64,11 @@ struct KktFilter {
   // Filtered features are pushed with a zero gradient instead of being
   // left out (a zero changes nothing for a weight at 0 under ftrl, sgd and
   // adagrad): the pull's key list stays cached on the servers, and the
-  // codec squeezes the zeros. On whenever filters.codec is.
+  // codec squeezes the zeros. On whenever filters.codec is; otherwise, with
+  // key caching, whenever leaving features out would not be smaller with
+  // their keys resent (kept * 12 >= all * 4 bytes).
   bool zero_filtered = false;
+  bool key_caching = false;
   // filters.kkt_fraction * optimizer.l1 (off unless both are > 0).
   static KktFilter FromConfig(const JobConfig& config);
 };

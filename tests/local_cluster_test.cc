@@ -208,9 +208,9 @@ INSTANTIATE_TEST_SUITE_P(
         FilterCase{"significant",
                    [](FilterConfig* f) { f->significant_threshold = 0.5; },
                    0.9},
-        // Leaving keys out of a push makes it a new key list, which the
-        // servers do not keep: the keys travel again (more bytes than
-        // "none", whose pushes name the pull's list).
+        // Leaving keys out of a push makes it a new key list whose keys
+        // travel again; rows are left out only where that is smaller than
+        // zeros in the pull's cached list.
         FilterCase{"kkt", [](FilterConfig* f) { f->kkt_fraction = 1.0; },
                    0.9},
         // With a codec, filtered rows go as zeros in the pull's list.

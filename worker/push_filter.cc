@@ -31,34 +31,51 @@ void PushFilter::Filter(int table, int dim, absl::Span<const uint64_t> keys,
     return;
   }
   const float threshold = static_cast<float>(options_.significant_threshold);
-  out_keys->reserve(keys.size());
-  out_vals->reserve(keys.size() * d);
-  out_slots->reserve(keys.size());
   absl::MutexLock l(&mu_);
   if (tables_.size() <= static_cast<size_t>(table)) tables_.resize(table + 1);
   Residuals& r = tables_[table];
+  // Pass 1: add each gradient to its key's residual; which rows go.
+  std::vector<uint32_t>& slot = *out_slots;
+  slot.resize(keys.size());
+  significant_.assign(keys.size(), 0);
+  size_t kept = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     auto [it, fresh] =
         r.slot.try_emplace(keys[i], static_cast<uint32_t>(r.rows.size() / d));
     if (fresh) r.rows.resize(r.rows.size() + d, 0.0f);
-    float* res = r.rows.data() + static_cast<size_t>(it->second) * d;
+    slot[i] = it->second;
+    float* res = r.rows.data() + static_cast<size_t>(slot[i]) * d;
     const float* g = vals + i * d;
     bool significant = threshold <= 0;
     for (size_t j = 0; j < d; ++j) {
       res[j] += g[j];
       significant |= std::fabs(res[j]) > threshold;
     }
-    if (!significant && !options_.zero_held_rows) continue;  // held back
-    out_keys->push_back(keys[i]);
-    out_slots->push_back(it->second);
-    if (!significant) {
-      // Held back, sent as zeros: the residual keeps the sum.
-      out_vals->insert(out_vals->end(), d, 0.0f);
-      continue;
-    }
-    out_vals->insert(out_vals->end(), res, res + d);
-    std::fill(res, res + d, 0.0f);
+    significant_[i] = significant;
+    kept += significant;
   }
+  // Zeros in the cached list, or only the rows that go (with their keys).
+  const bool zeros =
+      options_.zero_held_rows ||
+      (options_.key_caching && kept * (sizeof(uint64_t) + 4 * d) >=
+                                   keys.size() * 4 * d);
+  // Pass 2: the rows that go leave their residual behind.
+  out_keys->reserve(zeros ? keys.size() : kept);
+  out_vals->reserve((zeros ? keys.size() : kept) * d);
+  size_t at = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float* res = r.rows.data() + static_cast<size_t>(slot[i]) * d;
+    if (!significant_[i]) {
+      if (!zeros) continue;  // held back: the residual keeps the sum
+      out_vals->insert(out_vals->end(), d, 0.0f);
+    } else {
+      out_vals->insert(out_vals->end(), res, res + d);
+      std::fill(res, res + d, 0.0f);
+    }
+    out_keys->push_back(keys[i]);
+    slot[at++] = slot[i];
+  }
+  slot.resize(at);
 }
 
 float PushFilter::Encode(int table, int dim, const uint32_t* slots, size_t n,

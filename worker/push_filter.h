@@ -34,6 +34,11 @@ struct PushFilterOptions {
   // list stays the one the pull sent, so key caching still names it, and
   // the codec squeezes the zeros. On whenever a codec is (FromConfig).
   bool zero_held_rows = false;
+  // Without zero_held_rows: whether the servers keep the pull's key list
+  // (cluster.key_caching). Then a push leaves rows out only when that is
+  // smaller even with its keys resent (kept * (8 + 4 dim) < all * 4 dim
+  // bytes), and otherwise sends the held-back rows as zeros.
+  bool key_caching = true;
   proto::ValueEncoding encoding = proto::VALUES_F32;
   proto::ValueCodec codec = proto::CODEC_NONE;
   bool error_feedback = true;
@@ -58,7 +63,7 @@ class PushFilter {
   // The rows of `keys` (ascending; vals: keys.size() * dim floats) to send:
   // each key's gradient plus its residual, without the rows the
   // significance filter holds back (they become the residuals), or with
-  // them as zeros (zero_held_rows). Replaces
+  // them as zeros (zero_held_rows, or key caching when that is smaller). Replaces
   // *out_keys, *out_vals, and *out_slots (each sent key's residual slot,
   // for Encode; empty when no residuals are kept).
   void Filter(int table, int dim, absl::Span<const uint64_t> keys,
@@ -85,6 +90,7 @@ class PushFilter {
   mutable absl::Mutex mu_;
   std::vector<Residuals> tables_ ABSL_GUARDED_BY(mu_);  // by table id
   std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);     // Encode's errors
+  std::vector<char> significant_ ABSL_GUARDED_BY(mu_);  // Filter's pass 1
 };
 
 }  // namespace ps

@@ -21,6 +21,7 @@ std::vector<float> Decoded(proto::ValueEncoding e, const std::string& wire,
 TEST(PushFilter, SignificanceHoldsSmallRowsBackUntilTheyAddUp) {
   PushFilterOptions o;
   o.significant_threshold = 1.0;
+  o.key_caching = false;  // leaving rows out is then always smaller
   PushFilter f(o);
   const std::vector<uint64_t> keys = {3, 9};
   std::vector<uint64_t> k;
@@ -64,6 +65,31 @@ TEST(PushFilter, HeldBackRowsAreZerosWhenAsked) {
   FilterConfig c;
   c.codec = "zstd";
   EXPECT_TRUE(PushFilterOptions::FromConfig(c).zero_held_rows);
+}
+
+// With key caching, rows are left out only when that is smaller with the
+// kept rows' keys resent than zeros in the cached list.
+TEST(PushFilter, KeyCachingLeavesRowsOutOnlyWhenThatIsSmaller) {
+  PushFilterOptions o;
+  o.significant_threshold = 1.0;
+  PushFilter f(o);
+  std::vector<uint64_t> k;
+  std::vector<float> v;
+  std::vector<uint32_t> slots;
+  // dim 1: 1 of 2 rows kept: 12 bytes >= 2 * 4: zeros.
+  const std::vector<uint64_t> two = {1, 2};
+  const std::vector<float> g2 = {5.0f, 0.1f};
+  f.Filter(0, 1, two, g2.data(), &k, &v, &slots);
+  EXPECT_EQ(k, two);
+  EXPECT_EQ(v, std::vector<float>({5.0f, 0.0f}));
+  EXPECT_EQ(slots.size(), 2u);
+  // 1 of 4 rows kept: 12 bytes < 4 * 4: left out.
+  const std::vector<uint64_t> four = {10, 11, 12, 13};
+  const std::vector<float> g4 = {0.1f, 5.0f, 0.1f, 0.1f};
+  f.Filter(0, 1, four, g4.data(), &k, &v, &slots);
+  EXPECT_EQ(k, std::vector<uint64_t>({11}));
+  EXPECT_EQ(v, std::vector<float>({5.0f}));
+  EXPECT_EQ(slots.size(), 1u);
 }
 
 // Error feedback: whatever the encoding loses on one push is sent with the

@@ -340,6 +340,7 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   ko.request_timeout = ko.pull_wait + absl::Seconds(30);
   if (!config.cluster.key_caching) ko.key_lists_per_server = 0;
   ko.filters = PushFilterOptions::FromConfig(config.filters);  // issue 10
+  ko.filters.key_caching = config.cluster.key_caching;
   Counter* wait_ns = nullptr;
   if (metrics != nullptr) {
     ko.metrics = metrics->push_pull;
