@@ -5,8 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -33,6 +36,41 @@ absl::StatusOr<int> PickFreePort(const std::string& host) {
   int port = ntohs(addr.sin_port);
   close(fd);
   return port;
+}
+
+namespace {
+
+// Whether `port` can be bound on `host` now (the socket is closed again).
+bool CanBind(const std::string& host, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1 &&
+            bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+}  // namespace
+
+absl::StatusOr<int> PickPortBelowEphemeral(const std::string& host) {
+  int lo = 32768;  // the kernel's default
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int hi = 0;
+  if (!(range >> lo >> hi)) lo = 32768;
+  // Ports [lo / 2, lo): 16384-32767 with the default range.
+  const int first = std::max(1024, lo / 2);
+  if (lo < 2048 || first >= lo) return PickFreePort(host);
+  std::random_device seed;
+  std::mt19937 rng(seed());
+  std::uniform_int_distribution<int> pick(first, lo - 1);
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int port = pick(rng);
+    if (CanBind(host, port)) return port;
+  }
+  return PickFreePort(host);
 }
 
 absl::Status SplitHostPort(const std::string& address, std::string* host,

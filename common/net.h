@@ -10,6 +10,14 @@ namespace ps {
 // closes). Racy by nature; callers retry on bind failure.
 absl::StatusOr<int> PickFreePort(const std::string& host = "127.0.0.1");
 
+// A port free on `host` now, drawn at random below the kernel's ephemeral
+// range (net.ipv4.ip_local_port_range), so that no outgoing connection and
+// no bind to port 0 can take it before the process it is meant for binds
+// it (a port from PickFreePort can be: CI once saw a worker's metrics port
+// taken that way). Falls back to PickFreePort when the range leaves no
+// room below it (its low end under 2048) or 64 draws find none free.
+absl::StatusOr<int> PickPortBelowEphemeral(const std::string& host = "127.0.0.1");
+
 // Splits "host:port"; INVALID_ARGUMENT when malformed.
 absl::Status SplitHostPort(const std::string& address, std::string* host,
                            int* port);

@@ -38,7 +38,8 @@ extern char** environ;
 namespace ps {
 namespace {
 
-// PickFreePort, but never a port this process has handed out before: a
+// PickPortBelowEphemeral, but never a port this process has handed out
+// before: a
 // picked port is free only until its process binds it, so two picks before
 // either binds can return the same one (CI once gave W[0]'s metrics
 // endpoint the scheduler's port, and W[0] could not listen). The set is
@@ -48,7 +49,7 @@ absl::StatusOr<int> PickUnusedPort(const std::string& host) {
   static absl::Mutex mu(absl::kConstInit);
   static std::set<int>* handed_out = new std::set<int>;
   for (int attempt = 0; attempt < 64; ++attempt) {
-    PS_ASSIGN_OR_RETURN(int port, PickFreePort(host));
+    PS_ASSIGN_OR_RETURN(int port, PickPortBelowEphemeral(host));
     absl::MutexLock l(&mu);
     if (handed_out->insert(port).second) return port;
   }
