@@ -24,7 +24,7 @@
       seconds from the request to the switch), then medians and the
       job-time ratio. Every launch must end ok with exact epoch counts.
 
-Common options: --data DIR (default ../shared/data/a9a), --servers 3,
+Common options: --set FIELD=VALUE (every launch; repeatable), --data DIR (default ../shared/data/a9a), --servers 3,
 --workers 2, --epochs, --bin build/bin, --out runs/failover_bench. The load
 average is printed beside every figure. Results go to stdout; keep them in
 docs/fault_tolerance.md with the command. Exit status 1 when a launch fails.
@@ -86,7 +86,7 @@ def launch(args, name, sets, extra):
            "--run-dir", os.path.join(d, "run"), "--report", report,
            "--set", "output.model_dir=" + os.path.join(d, "model"),
            "--timeout_s", "300"]
-    for s in sets:
+    for s in list(args.set) + list(sets):
         cmd += ["--set", s]
     cmd += extra
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -256,6 +256,8 @@ def main():
                     "elastic: --add-server AT)")
     ap.add_argument("--at2", type=float, default=2.0,
                     help="elastic: --drain S1@AT2")
+    ap.add_argument("--set", action="append", default=[],
+                    help="FIELD=VALUE for every launch (repeatable)")
     ap.add_argument("--servers", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=8)

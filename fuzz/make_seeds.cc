@@ -147,6 +147,54 @@ SchedulerInput SchedulerJob(bool switch_mode) {
   return in;
 }
 
+// Issue 9: S[0] as the backup of S[1]'s ranges (2 servers, 1 replica)
+// gets S[1]'s log: a push to one range, then a clock's announcements for
+// all of them in one entry; then the same batch again (a resend).
+ServerInput BackupJob() {
+  ServerInput in;
+  in.set_servers(1);  // 2 servers
+  in.set_workers(0);  // 1 worker
+  in.set_replicas(1);
+  in.set_mode(proto::MODE_BSP);
+  const proto::RoutingTable ring = BuildHashRing({0, 1}, 4, 1, 1);
+  std::vector<int> theirs;
+  for (int r = 0; r < ring.range_server_size(); ++r) {
+    if (ring.range_server(r) == 1) theirs.push_back(r);
+  }
+  const Routing routing = *Routing::FromProto(ring);
+  proto::ReplicateRequest req;
+  req.set_from_server(1);
+  req.set_epoch(1);
+  if (!theirs.empty()) {
+    const int r = theirs[0];
+    proto::ReplicaPush* p = req.add_entries()->mutable_push();
+    p->set_worker(0);
+    p->set_clock(0);
+    p->set_table(0);
+    p->set_num_examples(1);
+    p->set_keys(Keys({routing.RangeBegin(r)}));
+    p->set_vals(Vals({0.5f}));
+    proto::ReplicaSegment* s = p->add_segments();
+    s->set_range(r);
+    s->set_index(1);
+    s->set_seq(1);
+    s->set_num_keys(1);
+  }
+  proto::ReplicaAnnounces* a = req.add_entries()->mutable_announces();
+  a->set_worker(0);
+  a->set_clock(0);
+  a->set_examples(1);
+  for (size_t i = 0; i < theirs.size(); ++i) {
+    a->add_ranges(theirs[i]);
+    a->add_indexes(i == 0 ? 2 : 1);
+    a->add_segments(i == 0 ? 1 : 0);
+    a->add_settled_seqs(0);
+  }
+  *in.add_calls()->mutable_replicate() = req;
+  *in.add_calls()->mutable_replicate() = req;
+  return in;
+}
+
 }  // namespace
 }  // namespace ps::fuzz
 
@@ -166,6 +214,7 @@ int main(int argc, char** argv) {
   ps::fuzz::Write(dir + "/server/bsp_f16_lz4",
                   ServerJob(ps::proto::MODE_BSP, 2, ps::proto::VALUES_F16,
                             ps::proto::CODEC_LZ4));
+  ps::fuzz::Write(dir + "/server/backup_replicate", ps::fuzz::BackupJob());
   ps::fuzz::Write(dir + "/scheduler/job", ps::fuzz::SchedulerJob(false));
   ps::fuzz::Write(dir + "/scheduler/job_set_ssp", ps::fuzz::SchedulerJob(true));
   return 0;

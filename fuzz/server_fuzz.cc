@@ -1,10 +1,10 @@
 // Fuzz target for the server's request handlers (server/server_node.h):
 // a configured ServerNode on a fake clock gets the Push/Pull/ClockTick/
-// Finish/SetConsistency calls of a ps.fuzz.ServerInput (fuzz_input.proto)
+// Finish/SetConsistency/Replicate calls of a ps.fuzz.ServerInput (fuzz_input.proto)
 // parsed from the input, with fake-clock advances and Tick()s in between.
 // Checks, besides "no crash": every `done` runs exactly once (at the latest
 // at CancelAll), an OK pull answers n * dim values, an error never has
-// code OK/UNKNOWN/INTERNAL.
+// code OK/UNKNOWN/INTERNAL (Replicate: UNKNOWN).
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +29,9 @@ proto::ClusterView MakeView(const ServerInput& in) {
   v.set_epoch(1);
   std::vector<int> ids;
   for (int i = 0; i < servers; ++i) ids.push_back(i);
-  *v.mutable_routing() = BuildHashRing(ids, /*vnodes=*/4, /*epoch=*/1);
+  const int replicas = static_cast<int>(in.replicas() % servers);
+  *v.mutable_routing() =
+      BuildHashRing(ids, /*vnodes=*/4, /*epoch=*/1, replicas);
   for (int i = 0; i < servers; ++i) {
     proto::NodeInfo* s = v.mutable_routing()->add_servers();
     s->set_id(i);
@@ -134,6 +136,13 @@ int Server(const uint8_t* data, size_t size) {
         case ServerCall::kConsistency: {
           absl::Status s = node.SetConsistency(call.consistency());
           PS_FUZZ_CHECK(s.ok() || GoodErrorCode(s));
+          break;
+        }
+        case ServerCall::kReplicate: {
+          // INTERNAL is a legitimate answer here: a replica that diverged
+          // from its primary says so (and gets a fresh copy).
+          absl::Status s = node.Replicate(call.replicate());
+          PS_FUZZ_CHECK(s.code() != absl::StatusCode::kUnknown);
           break;
         }
         case ServerCall::kAdvanceMs:

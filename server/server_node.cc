@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/notification.h"
 
 #include "absl/strings/str_cat.h"
@@ -940,24 +941,37 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
           return absl::InvalidArgumentError("negative segment count");
         }
       }
+      // One replication entry per backup for the whole request (a clock
+      // announces every range of the server: one entry per range made the
+      // backups' work grow with the number of ranges).
+      absl::flat_hash_map<int, proto::ReplicaEntry> per_backup;
+      absl::Status refused;
       for (const proto::RangeAnnouncement& a : req.ranges()) {
         RangeActions ra;
-        PS_RETURN_IF_ERROR(ranges_[a.range()].Announce(
-            w, req.clock(), a.segments(), req.num_examples(),
-            a.settled_seq(), &ra));
+        refused = ranges_[a.range()].Announce(w, req.clock(), a.segments(),
+                                              req.num_examples(),
+                                              a.settled_seq(), &ra);
+        if (!refused.ok()) break;  // the entries logged so far still go
         ApplyBsp(a.range(), &ra);
         actions.emplace_back(a.range(), std::move(ra));
-        if (HasBackups(a.range())) {
-          proto::ReplicaEntry e;
-          proto::ReplicaAnnounce* an = e.mutable_announce();
-          an->set_worker(w);
-          an->set_clock(req.clock());
-          an->set_segments(a.segments());
-          an->set_examples(req.num_examples());
-          an->set_settled_seq(a.settled_seq());
-          LogEntry(a.range(), std::move(e), needs);
+        if (!HasBackups(a.range())) continue;
+        const int64_t index = AssignIndexLocked(a.range(), needs);
+        for (int b : FeedTargetsLocked(a.range())) {
+          auto [it, inserted] = per_backup.try_emplace(b);
+          proto::ReplicaAnnounces* an = it->second.mutable_announces();
+          if (inserted) {
+            an->set_worker(w);
+            an->set_clock(req.clock());
+            an->set_examples(req.num_examples());
+          }
+          an->add_ranges(a.range());
+          an->add_indexes(index);
+          an->add_segments(a.segments());
+          an->add_settled_seqs(a.settled_seq());
         }
       }
+      for (auto& [b, e] : per_backup) EnqueueLocked(b, std::move(e));
+      PS_RETURN_IF_ERROR(refused);
     } else {
       // Older clients: settle every owned range now; announce per range
       // once all `pushes` requests of the clock arrived.

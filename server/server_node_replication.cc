@@ -41,6 +41,8 @@ auto GuardedBy(std::shared_ptr<L> life, F fn) {
 }
 
 constexpr int kMaxBatchEntries = 512;
+// Queued entries that are sent at once even with a replication delay.
+constexpr size_t kFlushEntries = 64;
 constexpr size_t kMaxBatchBytes = 8 << 20;
 constexpr absl::Duration kReplicateTimeout = absl::Seconds(10);
 
@@ -66,11 +68,35 @@ absl::Status CheckRangeKeys(const std::string& keys, const Routing& routing,
   return absl::OkStatus();
 }
 
+// Calls fn(range, index) for every range entry `e` carries: a push's
+// segments, a clock's announcements, or the entry's own range. (Not
+// analysed: `fn` may require the caller's lock.)
+template <typename F>
+void ForEachRange(const proto::ReplicaEntry& e, F fn)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (e.has_push()) {
+    for (const proto::ReplicaSegment& s : e.push().segments()) {
+      fn(s.range(), s.index());
+    }
+  } else if (e.has_announces()) {
+    const proto::ReplicaAnnounces& a = e.announces();
+    const int n = std::min(a.ranges_size(), a.indexes_size());
+    for (int i = 0; i < n; ++i) fn(a.ranges(i), a.indexes(i));
+  } else {
+    fn(e.range(), e.index());
+  }
+}
+
 }  // namespace
 
 void ServerNode::SetPeers(ClientFactory* peers) {
   absl::MutexLock l(&mu_);
   peers_ = peers;
+}
+
+void ServerNode::SetReplicationDelay(absl::Duration delay) {
+  absl::MutexLock l(&mu_);
+  replication_delay_ = std::max(delay, absl::ZeroDuration());
 }
 
 void ServerNode::SetSuspectHandler(std::function<void(int server)> suspect) {
@@ -200,6 +226,23 @@ bool ServerNode::PruneForLocked(int backup, proto::ReplicaEntry* e) const {
            logs_[r].acked.contains(backup);
   };
   if (e->has_copy()) return true;
+  if (e->has_announces()) {
+    proto::ReplicaAnnounces* a = e->mutable_announces();
+    int kept = 0;
+    for (int i = 0; i < a->ranges_size(); ++i) {
+      if (!wanted(a->ranges(i))) continue;
+      a->set_ranges(kept, a->ranges(i));
+      a->set_indexes(kept, a->indexes(i));
+      a->set_segments(kept, a->segments(i));
+      a->set_settled_seqs(kept, a->settled_seqs(i));
+      ++kept;
+    }
+    a->mutable_ranges()->Truncate(kept);
+    a->mutable_indexes()->Truncate(kept);
+    a->mutable_segments()->Truncate(kept);
+    a->mutable_settled_seqs()->Truncate(kept);
+    return kept > 0;
+  }
   if (!e->has_push()) return wanted(e->range());
   proto::ReplicaPush* p = e->mutable_push();
   bool all = true;
@@ -478,13 +521,34 @@ void ServerNode::TakeCopies() {
 
 void ServerNode::Kick() {
   std::vector<int> idle;
+  std::vector<int> later;
+  absl::Duration delay;
   {
     absl::MutexLock l(&mu_);
-    for (const auto& [b, st] : streams_) {
-      if (!st.sending && !st.queue.empty()) idle.push_back(b);
+    delay = replication_delay_;
+    for (auto& [b, st] : streams_) {
+      if (st.sending || st.queue.empty()) continue;
+      if (delay <= absl::ZeroDuration() ||
+          st.queue.size() >= kFlushEntries) {
+        idle.push_back(b);
+      } else if (!st.scheduled) {
+        st.scheduled = true;
+        later.push_back(b);
+      }
     }
   }
   for (int b : idle) SendBatch(b);
+  for (int b : later) {
+    Later(delay, [this, b] {
+      {
+        absl::MutexLock l(&mu_);
+        auto it = streams_.find(b);
+        if (it == streams_.end()) return;
+        it->second.scheduled = false;
+      }
+      SendBatch(b);
+    });
+  }
 }
 
 void ServerNode::SendBatch(int backup) {
@@ -504,8 +568,10 @@ void ServerNode::SendBatch(int backup) {
     while (!st.queue.empty() && req->entries_size() < kMaxBatchEntries &&
            bytes < kMaxBatchBytes) {
       proto::ReplicaEntry& e = st.queue.front();
-      bytes += e.has_push() ? e.push().keys().size() + e.push().vals().size()
-                            : (e.has_copy() ? kMaxBatchBytes : 64);
+      bytes += e.has_push()        ? e.push().keys().size() + e.push().vals().size()
+               : e.has_copy()      ? kMaxBatchBytes
+               : e.has_announces() ? 32 * e.announces().ranges_size()
+                                   : 64;
       *req->add_entries() = std::move(e);
       st.queue.pop_front();
     }
@@ -551,13 +617,10 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
         }
       };
       for (const proto::ReplicaEntry& e : req->entries()) {
-        if (e.has_push()) {
-          for (const proto::ReplicaSegment& s : e.push().segments()) {
-            acked(s.range(), s.index(), false);
-          }
-        } else {
-          acked(e.range(), e.index(), e.has_copy());
-        }
+        ForEachRange(e, [&](int r, int64_t index)
+                            ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                              acked(r, index, e.has_copy());
+                            });
       }
       auto st = streams_.find(backup);
       if (st != streams_.end() && st->second.generation == generation) {
@@ -600,13 +663,8 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
         if (lg.acked.erase(backup) > 0) lg.copy_to.push_back(backup);
       };
       for (const proto::ReplicaEntry& e : req->entries()) {
-        if (e.has_push()) {
-          for (const proto::ReplicaSegment& s : e.push().segments()) {
-            recopy(s.range());
-          }
-        } else {
-          recopy(e.range());
-        }
+        ForEachRange(e, [&](int r, int64_t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                            mu_) { recopy(r); });
       }
       auto st = streams_.find(backup);
       if (st != streams_.end() && st->second.generation == generation) {
@@ -681,14 +739,9 @@ absl::Status ServerNode::Replicate(const proto::ReplicateRequest& req) {
       return absl::UnavailableError("server not configured yet");
     }
     for (const proto::ReplicaEntry& e : req.entries()) {
-      if (e.has_push()) {
-        for (const proto::ReplicaSegment& seg : e.push().segments()) {
-          s = CheckSenderLocked(req.from_server(), req.epoch(), seg.range());
-          if (!s.ok()) break;
-        }
-      } else {
-        s = CheckSenderLocked(req.from_server(), req.epoch(), e.range());
-      }
+      ForEachRange(e, [&](int r, int64_t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (s.ok()) s = CheckSenderLocked(req.from_server(), req.epoch(), r);
+      });
       if (s.ok()) s = ApplyEntryLocked(req.from_server(), e, &actions);
       if (!s.ok()) break;
     }
@@ -771,9 +824,48 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
   return absl::OkStatus();
 }
 
+absl::Status ServerNode::ApplyAnnouncesLocked(int from,
+                                              const proto::ReplicaAnnounces& an,
+                                              RangeActionList* actions) {
+  const int n = an.ranges_size();
+  if (an.indexes_size() != n || an.segments_size() != n ||
+      an.settled_seqs_size() != n) {
+    return absl::InvalidArgumentError(
+        "replica announcements: arrays of different lengths");
+  }
+  for (int i = 0; i < n; ++i) {
+    const int r = an.ranges(i);  // checked by the caller
+    RangeLog& lg = logs_[r];
+    if (lg.awaiting_copy) {
+      return absl::UnavailableError(
+          absl::StrCat("range ", r, " awaits its copy from S[", from, "]"));
+    }
+    if (an.indexes(i) <= lg.index) continue;  // a resend
+    if (an.indexes(i) != lg.index + 1) {
+      return absl::DataLossError(absl::StrCat(
+          "range ", r, ": entry ", an.indexes(i), " after ", lg.index));
+    }
+    RangeActions a;
+    absl::Status s = ranges_[r].Announce(an.worker(), an.clock(),
+                                         an.segments(i), an.examples(),
+                                         an.settled_seqs(i), &a);
+    if (!s.ok()) {
+      return absl::InternalError(absl::StrCat("range ", r, " entry ",
+                                              an.indexes(i),
+                                              " refused by the replica: ",
+                                              s.message()));
+    }
+    ApplyBsp(r, &a);
+    actions->emplace_back(r, std::move(a));
+    lg.index = an.indexes(i);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e,
                                           RangeActionList* actions) {
   if (e.has_push()) return ApplyPushLocked(from, e.push(), actions);
+  if (e.has_announces()) return ApplyAnnouncesLocked(from, e.announces(), actions);
   const int r = e.range();
   RangeLog& lg = logs_[r];
   RangeState& range = ranges_[r];

@@ -422,6 +422,46 @@ TEST_F(ServerNodeTest, BackupSinceTheStartIsPromotedWhole) {
   EXPECT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {42}, {-1}, 1, 2)).ok());
 }
 
+// Issue 9: a clock's announcements reach a backup as one entry for all
+// the ranges (ReplicaAnnounces); each range applies its index in order,
+// a resend is skipped, a gap or mismatched arrays are refused.
+TEST_F(ServerNodeTest, BackupAppliesOneClocksAnnouncementsForEveryRange) {
+  proto::ClusterView v = MakeView(2, 1, proto::MODE_BSP);
+  SetEveryChain(&v, 1, 0, 1);
+  ASSERT_TRUE(node_.Configure(1, v).ok());  // S[1]: backup of every range
+  const int ranges = v.routing().range_server_size();
+  auto announce = [&](int64_t index) {
+    proto::ReplicateRequest req;
+    req.set_from_server(0);
+    req.set_epoch(1);
+    proto::ReplicaAnnounces* a = req.add_entries()->mutable_announces();
+    a->set_worker(0);
+    a->set_clock(0);
+    a->set_examples(1);
+    for (int r = 0; r < ranges; ++r) {
+      a->add_ranges(r);
+      a->add_indexes(index);
+      a->add_segments(0);
+      a->add_settled_seqs(0);
+    }
+    return req;
+  };
+  proto::ReplicateRequest bad = announce(1);
+  bad.mutable_entries(0)->mutable_announces()->mutable_segments()->RemoveLast();
+  EXPECT_EQ(node_.Replicate(bad).code(), StatusCode::kInvalidArgument);
+  proto::ReplicateRequest gap = announce(2);
+  EXPECT_EQ(node_.Replicate(gap).code(), StatusCode::kDataLoss);
+  ASSERT_TRUE(node_.Replicate(announce(1)).ok());
+  ASSERT_TRUE(node_.Replicate(announce(1)).ok());  // a resend: skipped
+  // Promoted, the node holds worker 0's clock 0 as complete on every
+  // range: a BSP pull of clock 1 is answered at once.
+  SetEveryChain(&v, 2, 1, -1);
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  auto p = StartPull(&node_, 0, 1, {42, 1ULL << 63}, 60000, 2);
+  ASSERT_TRUE(p->done());
+  EXPECT_TRUE(p->status.ok()) << p->status;
+}
+
 TEST_F(ServerNodeTest, KeyOfAnotherServerIsStaleEpoch) {
   Configure(2, 1, proto::MODE_ASP);  // this node is server 0 of 2
   auto routing = Routing::FromProto(MakeView(2, 1, proto::MODE_ASP).routing());

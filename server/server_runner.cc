@@ -162,6 +162,8 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   }
   auto config = ParseJobConfig(view.job_config_yaml());
   if (!config.ok()) return config.status();
+  node.SetReplicationDelay(
+      absl::Microseconds(config->fault_tolerance.replication_delay_us));
   InitLogging(absl::StrCat("S[", id, "]"), config->output.log_level);
   metrics.SetName(absl::StrCat("S[", id, "]"));
   if (metrics_port < 0) {
@@ -235,6 +237,7 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   stop.Notify();
   ticker.join();
   node.CancelAll(absl::CancelledError("server shutting down"));
+  service.EndStreams();
   // Give the save_and_exit reply time to leave before tearing down.
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::seconds(2));

@@ -1,6 +1,9 @@
 #include "server/server_service.h"
 
+#include <vector>
+
 #include "absl/time/clock.h"
+#include "transport/errors.h"
 #include "transport/grpc_transport.h"
 #include "common/logging.h"
 
@@ -108,6 +111,139 @@ grpc::ServerUnaryReactor* ServerService::Clock(grpc::CallbackServerContext* ctx,
   node_->ClockTick(*req,
                    [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); });
   return r;
+}
+
+// The backup's end of a ReplicateStream: read a batch, apply it, answer
+// with its status, read the next. One operation at a time, so a peer can
+// make the server hold at most one batch per stream.
+class ServerService::ReplicateStreamReactor
+    : public grpc::ServerBidiReactor<proto::ReplicateRequest,
+                                     proto::ReplicateResponse> {
+ public:
+  explicit ReplicateStreamReactor(ServerService* service)
+      : service_(service), node_(service->node_) {}
+
+  // After the service knows the reactor (OnDone may follow at once).
+  void Start(const absl::Status& auth) {
+    if (!auth.ok()) {
+      FinishOnce(ToGrpcStatus(auth));
+      return;
+    }
+    StartRead(&req_);
+  }
+
+  // Finishes the call (once, whoever asks first).
+  void FinishOnce(const grpc::Status& s) {
+    {
+      absl::MutexLock l(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(s);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the primary closed or cancelled the call
+      FinishOnce(grpc::Status::OK);
+      return;
+    }
+    {
+      absl::MutexLock l(&mu_);
+      if (finished_) return;  // EndStreams: the server is going away
+    }
+    const absl::Status s = node_->Replicate(req_);
+    req_.Clear();
+    resp_.Clear();
+    resp_.set_code(static_cast<int>(s.code()));
+    if (!s.ok()) {
+      resp_.set_message(std::string(s.message()));
+      resp_.set_details(EncodeReason(s));
+    }
+    StartWrite(&resp_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              "replication answer not sent"));
+      return;
+    }
+    {
+      absl::MutexLock l(&mu_);
+      if (finished_) return;
+    }
+    StartRead(&req_);
+  }
+
+  // EndStreams holds a pin while it finishes the call from outside, so
+  // that an OnDone run meanwhile (Finish may run it inline) leaves the
+  // delete to the last Unpin.
+  void Pin() {
+    absl::MutexLock l(&mu_);
+    ++pins_;
+  }
+  void Unpin() {
+    bool last;
+    {
+      absl::MutexLock l(&mu_);
+      last = --pins_ == 0 && done_;
+    }
+    if (last) delete this;
+  }
+
+  void OnDone() override {
+    service_->Forget(this);
+    bool pinned;
+    {
+      absl::MutexLock l(&mu_);
+      done_ = true;
+      pinned = pins_ > 0;
+    }
+    if (!pinned) delete this;
+  }
+
+ private:
+  ServerService* const service_;
+  ServerNode* const node_;
+  proto::ReplicateRequest req_;
+  proto::ReplicateResponse resp_;
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  int pins_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+grpc::ServerBidiReactor<proto::ReplicateRequest, proto::ReplicateResponse>*
+ServerService::ReplicateStream(grpc::CallbackServerContext* ctx) {
+  auto* r = new ReplicateStreamReactor(this);
+  {
+    absl::MutexLock l(&streams_mu_);
+    streams_.insert(r);
+  }
+  r->Start(CheckToken(*ctx, token_));
+  return r;
+}
+
+void ServerService::Forget(ReplicateStreamReactor* r) {
+  absl::MutexLock l(&streams_mu_);
+  streams_.erase(r);
+}
+
+void ServerService::EndStreams() {
+  std::vector<ReplicateStreamReactor*> open;
+  {
+    absl::MutexLock l(&streams_mu_);
+    for (ReplicateStreamReactor* r : streams_) {
+      r->Pin();
+      open.push_back(r);
+    }
+  }
+  // Outside streams_mu_: Finish may run OnDone, which takes it.
+  for (ReplicateStreamReactor* r : open) {
+    r->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "server shutting down"));
+    r->Unpin();
+  }
 }
 
 grpc::ServerUnaryReactor* ServerService::Replicate(

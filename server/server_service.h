@@ -5,6 +5,8 @@
 #include <functional>
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/server_node.h"
@@ -46,15 +48,27 @@ class ServerService final
   grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* ctx,
                                       const proto::ReplicateRequest* req,
                                       proto::ReplicateResponse* resp) override;
+  grpc::ServerBidiReactor<proto::ReplicateRequest, proto::ReplicateResponse>*
+  ReplicateStream(grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const proto::ServerStatusRequest* req,
                                       proto::ServerStatus* resp) override;
 
+  // Ends the replication streams peers keep open (a server's Shutdown
+  // would otherwise wait its whole grace period for them): call before it.
+  void EndStreams();
+
  private:
+  class ReplicateStreamReactor;
+  void Forget(ReplicateStreamReactor* r);
+
   ServerNode* const node_;
   const std::string token_;
   std::function<void()> on_save_and_exit_;
   PushPullMetrics* const metrics_;
+  absl::Mutex streams_mu_;
+  absl::flat_hash_set<ReplicateStreamReactor*> streams_
+      ABSL_GUARDED_BY(streams_mu_);
 };
 
 }  // namespace ps

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/bytes.h"
 #include "transport/grpc_transport.h"
@@ -79,6 +80,35 @@ absl::StatusOr<std::vector<float>> Pull(ServerClient* c,
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
   if (!status.ok()) return status;
   return vals;
+}
+
+// A batch of replication entries from S[0] at epoch 1: empty, or naming
+// range 0 (which a single-server job's S[0] does not back up).
+std::shared_ptr<proto::ReplicateRequest> Batch(bool names_a_range) {
+  auto r = std::make_shared<proto::ReplicateRequest>();
+  r->set_from_server(0);
+  r->set_epoch(1);
+  if (names_a_range) {
+    proto::ReplicaEntry* e = r->add_entries();
+    e->set_range(0);
+    e->set_index(1);
+    e->set_dead_worker(0);
+  }
+  return r;
+}
+
+absl::Status ReplicateNow(ServerClient* c,
+                          std::shared_ptr<const proto::ReplicateRequest> r,
+                          absl::Duration deadline = absl::Seconds(10)) {
+  absl::Status out = absl::InternalError("no answer");
+  absl::Notification done;
+  c->Replicate(std::move(r), absl::Now() + deadline,
+               [&](const absl::Status& s, proto::ReplicateResponse*) {
+                 out = s;
+                 done.Notify();
+               });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  return out;
 }
 
 class GrpcServerTest : public ::testing::Test {
@@ -190,6 +220,100 @@ TEST_F(GrpcServerTest, MalformedRequestIsInvalidArgument) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(ReasonOf(s), proto::REASON_VIEW_BEHIND) << s;
   EXPECT_EQ(node_.Status().pushes(), 0);
+}
+
+// Issue 9: a primary's batches share one ReplicateStream call; each gets
+// its own answer, in the order sent, with its status and reason.
+TEST_F(GrpcServerTest, ReplicationStreamAnswersEveryBatchInOrder) {
+  auto c = Client(kToken);
+  constexpr int kBatches = 16;
+  absl::Mutex mu;
+  std::vector<std::pair<int, absl::Status>> got;
+  absl::Notification all;
+  for (int i = 0; i < kBatches; ++i) {
+    c->Replicate(Batch(i % 2 == 1), absl::Now() + absl::Seconds(10),
+                 [&, i](const absl::Status& s, proto::ReplicateResponse*) {
+                   absl::MutexLock l(&mu);
+                   got.emplace_back(i, s);
+                   if (got.size() == kBatches) all.Notify();
+                 });
+  }
+  ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  absl::MutexLock l(&mu);
+  for (int i = 0; i < kBatches; ++i) {
+    EXPECT_EQ(got[i].first, i);
+    if (i % 2 == 1) {
+      EXPECT_TRUE(IsStaleEpoch(got[i].second)) << got[i].second;
+    } else {
+      EXPECT_TRUE(got[i].second.ok()) << got[i].second;
+    }
+  }
+}
+
+TEST_F(GrpcServerTest, ReplicationStreamNeedsTheToken) {
+  absl::Status s = ReplicateNow(Client("wrong").get(), Batch(false));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+}
+
+// A stream the server ended (EndStreams, as it does before shutting down)
+// fails what was on it; the next batch opens a new call.
+TEST_F(GrpcServerTest, ReplicationStreamReopensAfterTheServerEndedIt) {
+  auto c = Client(kToken);
+  ASSERT_TRUE(ReplicateNow(c.get(), Batch(false)).ok());
+  service_->EndStreams();
+  int failures = 0;
+  absl::Status s;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    s = ReplicateNow(c.get(), Batch(false));
+    if (s.ok()) break;
+    ++failures;
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  }
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_LE(failures, 1);
+}
+
+// A backup that reads batches and never answers: the batch fails with
+// DEADLINE_EXCEEDED at its deadline (as a unary call would), and the call
+// is cancelled.
+TEST(GrpcReplicationStreamTest, UnansweredBatchFailsAtItsDeadline) {
+  class Silent : public proto::Server::CallbackService {
+    grpc::ServerBidiReactor<proto::ReplicateRequest, proto::ReplicateResponse>*
+    ReplicateStream(grpc::CallbackServerContext*) override {
+      class Reader : public grpc::ServerBidiReactor<proto::ReplicateRequest,
+                                                    proto::ReplicateResponse> {
+       public:
+        Reader() { StartRead(&req_); }
+        void OnReadDone(bool ok) override {
+          if (ok) {
+            StartRead(&req_);
+          } else {
+            Finish(grpc::Status::OK);
+          }
+        }
+        void OnDone() override { delete this; }
+
+       private:
+        proto::ReplicateRequest req_;
+      };
+      return new Reader;
+    }
+  } silent;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&silent);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  GrpcClientFactory factory(GrpcTransportOptions{"", 1});
+  auto c = factory.Server(absl::StrCat("127.0.0.1:", port));
+  const absl::Time t0 = absl::Now();
+  absl::Status s = ReplicateNow(c.get(), Batch(false), absl::Milliseconds(300));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(290));
+  c.reset();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
 }
 
 }  // namespace

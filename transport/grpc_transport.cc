@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <limits>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "common/logging.h"
 #include "grpc/grpc.h"
 #include "grpc/grpc_security.h"
+#include "grpcpp/alarm.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/ps.grpc.pb.h"
 
@@ -459,6 +461,203 @@ void Prepare(grpc::ClientContext* ctx, absl::Time deadline,
   if (!token.empty()) ctx->AddMetadata(kTokenHeader, token);
 }
 
+// Calls of one client still in flight (its destructor waits for them).
+struct Inflight {
+  absl::Mutex mu;
+  int64_t count ABSL_GUARDED_BY(mu) = 0;
+  void Add(int64_t d) {
+    absl::MutexLock l(&mu);
+    count += d;
+  }
+};
+
+// A batch's status as the stream's answer carries it, and back.
+void StatusToReply(const absl::Status& s, proto::ReplicateResponse* r) {
+  r->set_code(static_cast<int>(s.code()));
+  if (s.ok()) return;
+  r->set_message(std::string(s.message()));
+  r->set_details(EncodeReason(s));
+}
+
+absl::Status StatusFromReply(const proto::ReplicateResponse& r) {
+  if (r.code() == 0) return absl::OkStatus();
+  if (r.code() < 0 || r.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InternalError(
+        absl::StrCat("replication answer with unknown code ", r.code()));
+  }
+  return DecodeReason(
+      absl::Status(static_cast<absl::StatusCode>(r.code()), r.message()),
+      r.details());
+}
+
+// One ReplicateStream call (issue 9): the batches a primary sends a backup,
+// written in order, each answered in order by the backup. A batch not
+// answered by its deadline cancels the call; a call that ends (the backup
+// died, a deadline, the client going away) fails every batch still
+// unanswered, and the next batch opens a new call. The stream owns itself
+// until gRPC's OnDone; the client keeps a shared_ptr to send on it.
+class ReplicationStream
+    : public grpc::ClientBidiReactor<proto::ReplicateRequest,
+                                     proto::ReplicateResponse>,
+      public std::enable_shared_from_this<ReplicationStream> {
+ public:
+  using Batch = std::shared_ptr<const proto::ReplicateRequest>;
+
+  static std::shared_ptr<ReplicationStream> Open(
+      proto::Server::Stub* stub, const std::string& token,
+      std::shared_ptr<Inflight> inflight) {
+    std::shared_ptr<ReplicationStream> s(
+        new ReplicationStream(std::move(inflight)));
+    s->self_ = s;
+    if (!token.empty()) s->ctx_.AddMetadata(kTokenHeader, token);
+    s->inflight_->Add(1);
+    stub->async()->ReplicateStream(&s->ctx_, s.get());
+    s->StartRead(&s->resp_);
+    s->StartCall();
+    return s;
+  }
+
+  // Queues `batch`; false when the call has ended (open a new one).
+  bool Send(Batch batch, absl::Time deadline,
+            ServerClient::Callback<proto::ReplicateResponse> done) {
+    absl::MutexLock l(&mu_);
+    if (ended_) return false;
+    pending_.push_back(Pending{std::move(batch), deadline, std::move(done)});
+    WriteNextLocked();
+    ArmLocked();
+    return true;
+  }
+
+  // Ends the call: the batches not answered yet fail with CANCELLED.
+  void Cancel() { ctx_.TryCancel(); }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock l(&mu_);
+    writing_.reset();
+    if (ok) WriteNextLocked();
+    // Otherwise the call is broken: the pending read fails and OnDone
+    // fails the batches.
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the call ended; OnDone follows
+    Pending p;
+    {
+      absl::MutexLock l(&mu_);
+      if (written_ == 0) {
+        // An answer to nothing: not a backup speaking this protocol.
+        protocol_error_ = true;
+      } else {
+        p = std::move(pending_.front());
+        pending_.pop_front();
+        --written_;
+      }
+    }
+    if (p.done == nullptr) {
+      ctx_.TryCancel();
+      return;
+    }
+    // The answer, then the next read: answers reach the caller in order.
+    p.done(StatusFromReply(resp_), &resp_);
+    resp_.Clear();
+    StartRead(&resp_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::deque<Pending> failed;
+    absl::Status s = FromGrpcStatus(status);
+    {
+      absl::MutexLock l(&mu_);
+      ended_ = true;
+      failed.swap(pending_);
+      written_ = 0;
+      if (timed_out_) {
+        s = absl::DeadlineExceededError("replication batch not answered in time");
+      } else if (protocol_error_) {
+        s = absl::InternalError("replication stream: an answer without a batch");
+      } else if (s.ok()) {
+        s = absl::UnavailableError("replication stream ended by the backup");
+      }
+      alarm_.reset();  // cancels a pending watchdog
+    }
+    for (Pending& p : failed) {
+      proto::ReplicateResponse empty;
+      p.done(s, &empty);
+    }
+    std::shared_ptr<Inflight> inflight = std::move(inflight_);
+    std::shared_ptr<ReplicationStream> self = std::move(self_);
+    self.reset();  // may delete this
+    inflight->Add(-1);
+  }
+
+ private:
+  struct Pending {
+    Batch batch;
+    absl::Time deadline;
+    ServerClient::Callback<proto::ReplicateResponse> done;
+  };
+
+  explicit ReplicationStream(std::shared_ptr<Inflight> inflight)
+      : inflight_(std::move(inflight)) {}
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ != nullptr || written_ >= pending_.size()) return;
+    writing_ = pending_[written_++].batch;  // alive until OnWriteDone
+    StartWrite(writing_.get());
+  }
+
+  // The watchdog: one alarm at a time, at the oldest batch's deadline.
+  void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (armed_ || ended_ || pending_.empty()) return;
+    armed_ = true;
+    // A new alarm each time (an alarm cannot be set again from its own
+    // callback); replacing the old one, even from inside its callback, is
+    // safe: gRPC keeps the firing alarm alive until its callback returns.
+    alarm_ = std::make_unique<grpc::Alarm>();
+    alarm_->Set(ToChrono(pending_.front().deadline),
+                [weak = weak_from_this()](bool fired) {
+                  if (!fired) return;
+                  std::shared_ptr<ReplicationStream> s = weak.lock();
+                  if (s != nullptr) s->OnAlarm();
+                });
+  }
+
+  void OnAlarm() {
+    bool cancel = false;
+    {
+      absl::MutexLock l(&mu_);
+      armed_ = false;
+      if (ended_ || pending_.empty()) return;
+      if (pending_.front().deadline <= absl::Now()) {
+        timed_out_ = true;
+        cancel = true;
+      } else {
+        ArmLocked();
+      }
+    }
+    if (cancel) ctx_.TryCancel();
+  }
+
+  static std::chrono::system_clock::time_point ToChrono(absl::Time t) {
+    absl::Time cap = absl::Now() + absl::Hours(24);
+    return absl::ToChronoTime(t > cap ? cap : t);
+  }
+
+  grpc::ClientContext ctx_;
+  proto::ReplicateResponse resp_;  // the read in progress
+  std::shared_ptr<Inflight> inflight_;
+  std::shared_ptr<ReplicationStream> self_;  // until OnDone
+  absl::Mutex mu_;
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);  // in order
+  size_t written_ ABSL_GUARDED_BY(mu_) = 0;  // pending_[0, written_) sent
+  Batch writing_ ABSL_GUARDED_BY(mu_);       // the write in progress
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool armed_ ABSL_GUARDED_BY(mu_) = false;
+  bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
+  bool protocol_error_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<grpc::Alarm> alarm_ ABSL_GUARDED_BY(mu_);
+};
+
 class GrpcServerClient : public ServerClient {
  public:
   GrpcServerClient(const std::string& address, const GrpcTransportOptions& o,
@@ -520,14 +719,23 @@ class GrpcServerClient : public ServerClient {
           s->async()->Pull(ctx, rq, rs, std::move(cb));
         });
   }
+  // On the client's replication stream (opened on first use, and again
+  // after it ended).
   void Replicate(std::shared_ptr<const proto::ReplicateRequest> req,
                  absl::Time deadline,
                  Callback<proto::ReplicateResponse> done) override {
-    Start<proto::ReplicateRequest, proto::ReplicateResponse>(
-        std::move(req), deadline, std::move(done),
-        [](proto::Server::Stub* s, auto* ctx, auto* rq, auto* rs, auto cb) {
-          s->async()->Replicate(ctx, rq, rs, std::move(cb));
-        });
+    absl::MutexLock l(&stream_mu_);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (stream_ == nullptr) {
+        stream_ = ReplicationStream::Open(NextStub(), token_, inflight_);
+      }
+      if (stream_->Send(req, deadline, done)) return;
+      stream_.reset();  // it ended: a new call
+    }
+    // Two fresh calls ended at once (the channel is shutting down).
+    proto::ReplicateResponse empty;
+    done(absl::UnavailableError("replication stream could not be opened"),
+         &empty);
   }
   void Clock(std::shared_ptr<const proto::ClockRequest> req, absl::Time deadline,
              Callback<proto::ClockResponse> done) override {
@@ -540,6 +748,11 @@ class GrpcServerClient : public ServerClient {
   // Calls still in flight hold the channels: wait for them (bounded), so a
   // channel is never destroyed on gRPC's own callback thread.
   ~GrpcServerClient() override {
+    {
+      absl::MutexLock l(&stream_mu_);
+      if (stream_ != nullptr) stream_->Cancel();
+      stream_.reset();
+    }
     absl::MutexLock l(&inflight_->mu);
     auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(inflight_->mu) {
       return inflight_->count == 0;
@@ -606,13 +819,10 @@ class GrpcServerClient : public ServerClient {
        });
   }
 
-  struct Inflight {
-    absl::Mutex mu;
-    int64_t count ABSL_GUARDED_BY(mu) = 0;
-  };
-
   const std::string token_;
   std::shared_ptr<Inflight> inflight_;
+  absl::Mutex stream_mu_;
+  std::shared_ptr<ReplicationStream> stream_ ABSL_GUARDED_BY(stream_mu_);
   std::vector<std::unique_ptr<proto::Server::Stub>> stubs_;
   std::vector<std::unique_ptr<grpc::GenericStub>> generic_;  // same channels
   std::atomic<uint64_t> next_{0};
