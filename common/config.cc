@@ -555,8 +555,6 @@ const std::vector<Field>& Fields() {
       IntField<int64_t>(PS_CFG(fault_tolerance, work_unit_rows), 1),
       IntField<int>(PS_CFG(fault_tolerance, replicas), -1, 8),
       IntField<int64_t>(PS_CFG(fault_tolerance, probe_timeout_ms), 1),
-      IntField<int64_t>(PS_CFG(fault_tolerance, replication_delay_us), 0,
-                        100000),
       // Metrics and health (issue 11).
       IntField<int>(PS_CFG(observability, metrics_port), 0, 65535),
       // Filters and compression (issue 10).

@@ -262,13 +262,6 @@ struct FaultToleranceConfig {
   // (a status RPC, this long, twice); no answer confirms it dead at once,
   // without waiting for cluster.heartbeat_timeout_ms.
   int64_t probe_timeout_ms = 300;
-  // A primary holds a backup's first replication entry this long before
-  // sending it, so that the entries of the pushes and clocks arriving
-  // meanwhile go in the same Replicate RPC (entries that queued while a
-  // batch was in flight go at once). One RPC per push was the larger part
-  // of replication's cost; the price is this much more latency on a push's
-  // acknowledgement. 0: every entry goes at once. At most 100000.
-  int64_t replication_delay_us = 1000;
   // Backups per range after the -1 default is resolved, capped at
   // num_servers - 1.
   int EffectiveReplicas(int num_servers) const {

@@ -139,10 +139,6 @@ class ServerNode {
   // Replication (issue 9, docs/fault_tolerance.md). How this server reaches
   // the others (addresses from the view); call before the first Configure.
   // Must outlive the node. Without it the node replicates nothing.
-  // How long a primary holds the first entry queued for an idle backup
-  // before sending it (fault_tolerance.replication_delay_us): entries that
-  // arrive meanwhile share its Replicate RPC. Zero (the default): at once.
-  void SetReplicationDelay(absl::Duration delay);
   void SetPeers(ClientFactory* peers);
   // Called (on a timer thread) with a backup this server could not reach,
   // so the scheduler probes it (failover); may block briefly. Set before
@@ -317,7 +313,6 @@ class ServerNode {
   struct Stream {
     std::deque<proto::ReplicaEntry> queue;
     bool sending = false;
-    bool scheduled = false;  // a delayed send is pending (replication_delay)
     uint64_t generation = 0;  // a new stream object for the same backup
   };
   // `fire` gets OK when the needs are met, CANCELLED at shutdown.
@@ -460,7 +455,6 @@ class ServerNode {
   std::function<void(int)> suspect_ ABSL_GUARDED_BY(mu_);
   std::vector<RangeLog> logs_ ABSL_GUARDED_BY(mu_);
   std::map<int, Stream> streams_ ABSL_GUARDED_BY(mu_);
-  absl::Duration replication_delay_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<AckWait> ack_waits_ ABSL_GUARDED_BY(mu_);
   // Set by CancelAll: later waits fail at once with it.

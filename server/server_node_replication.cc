@@ -41,8 +41,6 @@ auto GuardedBy(std::shared_ptr<L> life, F fn) {
 }
 
 constexpr int kMaxBatchEntries = 512;
-// Queued entries that are sent at once even with a replication delay.
-constexpr size_t kFlushEntries = 64;
 constexpr size_t kMaxBatchBytes = 8 << 20;
 constexpr absl::Duration kReplicateTimeout = absl::Seconds(10);
 
@@ -92,11 +90,6 @@ void ForEachRange(const proto::ReplicaEntry& e, F fn)
 void ServerNode::SetPeers(ClientFactory* peers) {
   absl::MutexLock l(&mu_);
   peers_ = peers;
-}
-
-void ServerNode::SetReplicationDelay(absl::Duration delay) {
-  absl::MutexLock l(&mu_);
-  replication_delay_ = std::max(delay, absl::ZeroDuration());
 }
 
 void ServerNode::SetSuspectHandler(std::function<void(int server)> suspect) {
@@ -521,34 +514,13 @@ void ServerNode::TakeCopies() {
 
 void ServerNode::Kick() {
   std::vector<int> idle;
-  std::vector<int> later;
-  absl::Duration delay;
   {
     absl::MutexLock l(&mu_);
-    delay = replication_delay_;
-    for (auto& [b, st] : streams_) {
-      if (st.sending || st.queue.empty()) continue;
-      if (delay <= absl::ZeroDuration() ||
-          st.queue.size() >= kFlushEntries) {
-        idle.push_back(b);
-      } else if (!st.scheduled) {
-        st.scheduled = true;
-        later.push_back(b);
-      }
+    for (const auto& [b, st] : streams_) {
+      if (!st.sending && !st.queue.empty()) idle.push_back(b);
     }
   }
   for (int b : idle) SendBatch(b);
-  for (int b : later) {
-    Later(delay, [this, b] {
-      {
-        absl::MutexLock l(&mu_);
-        auto it = streams_.find(b);
-        if (it == streams_.end()) return;
-        it->second.scheduled = false;
-      }
-      SendBatch(b);
-    });
-  }
 }
 
 void ServerNode::SendBatch(int backup) {

@@ -162,8 +162,6 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   }
   auto config = ParseJobConfig(view.job_config_yaml());
   if (!config.ok()) return config.status();
-  node.SetReplicationDelay(
-      absl::Microseconds(config->fault_tolerance.replication_delay_us));
   InitLogging(absl::StrCat("S[", id, "]"), config->output.log_level);
   metrics.SetName(absl::StrCat("S[", id, "]"));
   if (metrics_port < 0) {
