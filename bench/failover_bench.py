@@ -187,6 +187,17 @@ def cost(args):
                   (rep, m[rep][0], m[rep][1]))
         print("replication cost: %.2fx wall, %.2fx cpu" %
               (m[1][0] / m[0][0], m[1][1] / m[0][1]))
+        # Pairs run back to back see the same load: the median of the
+        # per-pair ratios is steadier than the ratio of the medians.
+        n = min(len(rows[0]), len(rows[1]))
+        if n == args.pairs:
+            walls = [rows[1][i][0] / rows[0][i][0] for i in range(n)]
+            cpus = [rows[1][i][1] / rows[0][i][1] for i in range(n)]
+            print("per pair: wall %s, cpu %s" %
+                  (" ".join("%.2f" % x for x in walls),
+                   " ".join("%.2f" % x for x in cpus)))
+            print("median of the per-pair ratios: %.2fx wall, %.2fx cpu" %
+                  (statistics.median(walls), statistics.median(cpus)))
     return ok
 
 
