@@ -7,6 +7,7 @@
 //                  [--csv=out.csv] [--optimizer=sgd|ftrl]
 //                  [--channels=2] [--client_grpc_args=name=v,...]
 //                  [--server_grpc_args=name=v,...] [--chunk_kib=0]
+//                  [--replicas=0]
 //
 // The cases:
 //   bulk     bulk transfer, the equivalent of ps-lite's dense benchmark
@@ -24,6 +25,11 @@
 // (bulk: --bulk_inflight). Its CPU is this process's getrusage(RUSAGE_SELF)
 // plus every server child's utime + stime (/proc/PID/stat) over the
 // measured phase; "GB" is 1e9 bytes of values (keys not counted).
+//
+// --replicas=K gives every key range K backups on the next servers of the
+// ring (issue 9; capped at servers - 1): a push is then acknowledged once
+// it is on every backup, as in a replicated job, and the servers replicate
+// to each other over their ReplicateStream calls.
 //
 // --csv writes exactly one row per (topology, case, op, size) under the
 // header topology,case,op,size,gbit_s,cpu_s_per_gb,mkeys_s,p50_us,p99_us;
@@ -115,6 +121,9 @@ ABSL_FLAG(double, warmup_seconds, 0.2, "unmeasured seconds before each");
 ABSL_FLAG(double, latency_seconds, 1.0, "seconds per latency figure");
 ABSL_FLAG(int, latency_kib, 4, "values per synchronous round trip, KiB");
 ABSL_FLAG(std::string, optimizer, "sgd", "server update rule: sgd or ftrl");
+ABSL_FLAG(int, replicas, 0,
+          "backups per key range (capped at servers - 1): pushes are "
+          "acknowledged once on every backup");
 ABSL_FLAG(bool, noop_server, false,
           "servers answer without touching any table (pull: zeros), which "
           "isolates transport and client costs; ps-lite's sparse reference "
@@ -307,7 +316,11 @@ int ServeMain() {
     PS_LOG_ERROR("{}", extra.status().ToString());
     return 2;
   }
+  // The other servers, for replication (--replicas; before the node, which
+  // uses it until it is gone).
+  GrpcClientFactory peers(GrpcTransportOptions{});
   ServerNode node;
+  node.SetPeers(&peers);
   ServerService service(&node, /*token=*/"", nullptr);
   NoopService noop;
   grpc::ServerBuilder builder;
@@ -376,6 +389,7 @@ int ServeMain() {
   stop.Notify();
   ticker.join();
   node.CancelAll(absl::CancelledError("benchmark over"));
+  service.EndStreams();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   return 0;
 }
@@ -482,7 +496,10 @@ proto::ClusterView MakeView(const Topology& t,
   v.set_epoch(1);
   std::vector<int> ids;
   for (int i = 0; i < t.servers; ++i) ids.push_back(i);
-  *v.mutable_routing() = BuildHashRing(ids, /*vnodes=*/64, v.epoch());
+  const int replicas =
+      std::max(0, std::min(absl::GetFlag(FLAGS_replicas), t.servers - 1));
+  *v.mutable_routing() =
+      BuildHashRing(ids, /*vnodes=*/64, v.epoch(), replicas);
   for (int i = 0; i < t.servers; ++i) {
     proto::NodeInfo* s = v.mutable_routing()->add_servers();
     s->set_id(i);
