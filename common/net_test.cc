@@ -14,7 +14,8 @@ TEST(Net, PickedPortsAreBelowTheEphemeralRange) {
   int lo = 0, hi = 0;
   std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
   if (!(range >> lo >> hi) || lo < 2048) {
-    GTEST_SKIP() << "no ephemeral range to stay below";
+    GTEST_SKIP() << "/proc/sys/net/ipv4/ip_local_port_range unreadable or "
+                    "starting below 2048: no ephemeral range to stay below";
   }
   for (int i = 0; i < 20; ++i) {
     absl::StatusOr<int> port = PickPortBelowEphemeral();

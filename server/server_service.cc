@@ -3,7 +3,6 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "transport/errors.h"
 #include "transport/grpc_transport.h"
 #include "common/logging.h"
 
@@ -154,11 +153,7 @@ class ServerService::ReplicateStreamReactor
     const absl::Status s = node_->Replicate(req_);
     req_.Clear();
     resp_.Clear();
-    resp_.set_code(static_cast<int>(s.code()));
-    if (!s.ok()) {
-      resp_.set_message(std::string(s.message()));
-      resp_.set_details(EncodeReason(s));
-    }
+    StatusToReply(s, &resp_);
     StartWrite(&resp_);
   }
 

@@ -150,9 +150,6 @@ INSTANTIATE_TEST_SUITE_P(AllModes, ModeTest,
                            return i.param;
                          });
 
-// The same BSP job with training.backend cuda (the Trainer pipelines the
-// CUDA backend's Submit/Collect) and cpu: the models agree to FP32 noise.
-// Skips with "no CUDA device found" where there is none.
 // Issue 10: filters and compression, end to end (worker filters and
 // encodes, the server decodes): each trains the BSP synthetic job (the
 // same minibatches every run) to a good AUC with fewer bytes pushed than
@@ -230,6 +227,9 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(i.param.name);
     });
 
+// The same BSP job with training.backend cuda (the Trainer pipelines the
+// CUDA backend's Submit/Collect) and cpu: the models agree to FP32 noise.
+// Skips with "no CUDA device found" where there is none.
 TEST_F(LocalClusterTest, CudaBackendTrainsAsCpu) {
   if (absl::Status dev = CudaDeviceAvailable(); !dev.ok()) {
     GTEST_SKIP() << dev.message();
