@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace ps {
@@ -19,14 +20,15 @@ inline void PackTo(std::string* out, absl::Span<const T> v) {
 // A read-only view of a packed array; empty when the byte count is not a
 // multiple of sizeof(T) (callers check `ByteCountOk` first).
 template <typename T>
-inline bool ByteCountOk(const std::string& bytes) {
+inline bool ByteCountOk(absl::string_view bytes) {
   return bytes.size() % sizeof(T) == 0;
 }
 
 template <typename T>
-inline absl::Span<const T> ViewAs(const std::string& bytes) {
+inline absl::Span<const T> ViewAs(absl::string_view bytes) {
   // protobuf's std::string storage is at least 8-byte aligned for heap
-  // buffers; small-string storage is within the string object, aligned too.
+  // buffers; small-string storage is within the string object, aligned too;
+  // WireFields views are aligned to 8 (transport/wire_fields.h).
   return absl::Span<const T>(reinterpret_cast<const T*>(bytes.data()),
                              bytes.size() / sizeof(T));
 }

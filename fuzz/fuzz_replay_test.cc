@@ -50,6 +50,7 @@ TEST(FuzzReplay, Criteo) { Replay("criteo", &Criteo); }
 TEST(FuzzReplay, Config) { Replay("config", &Config); }
 TEST(FuzzReplay, Server) { Replay("server", &Server); }
 TEST(FuzzReplay, Scheduler) { Replay("scheduler", &Scheduler); }
+TEST(FuzzReplay, Wire) { Replay("wire", &Wire); }
 
 // Found by fuzz_config: a path with a byte that is not UTF-8 was accepted,
 // and ToYaml (the config sent to every worker) replaced it with U+FFFD, so

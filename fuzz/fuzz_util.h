@@ -33,4 +33,5 @@ int Criteo(const uint8_t* data, size_t size);
 int Config(const uint8_t* data, size_t size);
 int Server(const uint8_t* data, size_t size);
 int Scheduler(const uint8_t* data, size_t size);
+int Wire(const uint8_t* data, size_t size);
 }  // namespace ps::fuzz

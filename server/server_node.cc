@@ -92,18 +92,19 @@ struct PushValues {
 // (without a copy when they travel as plain float32). INVALID_ARGUMENT for
 // a size or encoding that does not match, a corrupt payload, or one that
 // would decode to more than `max_decoded` bytes.
-absl::Status DecodePushValues(const proto::PushRequest& req, size_t nkeys,
-                              int dim, size_t max_decoded, PushValues* out) {
+absl::Status DecodePushValues(const proto::PushRequest& req,
+                              absl::string_view vals, size_t nkeys, int dim,
+                              size_t max_decoded, PushValues* out) {
   const size_t floats = nkeys * static_cast<size_t>(dim);
   const proto::ValueEncoding enc = req.value_encoding();
   const proto::ValueCodec codec = req.vals_codec();
   if (enc == proto::VALUES_F32 && codec == proto::CODEC_NONE) {
-    if (req.vals().size() != floats * sizeof(float)) {
+    if (vals.size() != floats * sizeof(float)) {
       return absl::InvalidArgumentError(
           absl::StrCat("vals: expected ", floats, " floats, got ",
-                       req.vals().size() / 4.0));
+                       vals.size() / 4.0));
     }
-    out->bytes = req.vals();
+    out->bytes = vals;
     return absl::OkStatus();
   }
   if (!proto::ValueEncoding_IsValid(enc)) {
@@ -118,14 +119,14 @@ absl::Status DecodePushValues(const proto::PushRequest& req, size_t nkeys,
         max_decoded, " bytes"));
   }
   const size_t encoded = floats * EncodedValueBytes(enc);
-  absl::string_view src = req.vals();
+  absl::string_view src = vals;
   if (codec != proto::CODEC_NONE) {
     if (req.vals_raw_bytes() != encoded) {
       return absl::InvalidArgumentError(
           absl::StrCat("vals_raw_bytes: expected ", encoded, ", got ",
                        req.vals_raw_bytes()));
     }
-    PS_RETURN_IF_ERROR(Decompress(codec, req.vals(), encoded, &out->raw));
+    PS_RETURN_IF_ERROR(Decompress(codec, vals, encoded, &out->raw));
     src = out->raw;
   } else if (src.size() != encoded) {
     return absl::InvalidArgumentError(
@@ -465,7 +466,7 @@ absl::Status ServerNode::Admit(int worker_id, int64_t epoch, int table,
   return absl::OkStatus();
 }
 
-absl::Status ServerNode::CheckKeys(const std::string& keys, const Admitted& a,
+absl::Status ServerNode::CheckKeys(absl::string_view keys, const Admitted& a,
                                    std::vector<RangeRun>* runs) {
   if (!ByteCountOk<uint64_t>(keys)) {
     return absl::InvalidArgumentError("keys: byte count not a multiple of 8");
@@ -491,7 +492,7 @@ absl::Status ServerNode::CheckKeys(const std::string& keys, const Admitted& a,
 }
 
 absl::Status ServerNode::ResolveKeys(int worker, int table, uint64_t key_list,
-                                     uint32_t num_keys, const std::string& keys,
+                                     uint32_t num_keys, absl::string_view keys,
                                      const Admitted& a,
                                      RequestKeys* out) {
   if (key_list == 0 || !keys.empty() || num_keys == 0) {
@@ -561,7 +562,8 @@ void ServerNode::KeepResolved(int worker, RequestKeys* rk) {
   }
 }
 
-void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
+void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
+                      absl::string_view vals_in, proto::PushResponse* resp,
                       Done done) {
   Admitted adm;
   absl::Status s;
@@ -573,12 +575,12 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
   RequestKeys rk;
   if (s.ok()) {
     s = ResolveKeys(req.worker_id(), req.table(), req.key_list(),
-                    req.num_keys(), req.keys(), adm, &rk);
+                    req.num_keys(), keys_in, adm, &rk);
   }
   const std::vector<RangeRun>& runs = rk.runs;
   PushValues pv;  // the values as float32
   if (s.ok()) {
-    s = DecodePushValues(req, rk.keys.size(), adm.table->dim(),
+    s = DecodePushValues(req, vals_in, rk.keys.size(), adm.table->dim(),
                          limits_.max_decoded_value_bytes, &pv);
   }
   const absl::string_view vals = pv.bytes;
@@ -741,8 +743,9 @@ void ServerNode::Push(const proto::PushRequest& req, proto::PushResponse* resp,
   Kick();
 }
 
-void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
-                      Done done, absl::Duration max_wait, ValueBuffer values) {
+void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
+                      proto::PullResponse* resp, Done done,
+                      absl::Duration max_wait, ValueBuffer values) {
   Admitted adm;
   absl::Status s;
   absl::Time deadline;
@@ -774,7 +777,7 @@ void ServerNode::Pull(const proto::PullRequest& req, proto::PullResponse* resp,
   auto rk = std::make_shared<RequestKeys>();
   if (s.ok()) {
     s = ResolveKeys(req.worker_id(), req.table(), req.key_list(),
-                    req.num_keys(), req.keys(), adm, rk.get());
+                    req.num_keys(), keys_in, adm, rk.get());
   }
   std::vector<int> ranges;
   ranges.reserve(rk->runs.size());

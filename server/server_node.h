@@ -112,7 +112,15 @@ class ServerNode {
   // corrupt payload or one decoding beyond max_decoded_value_bytes is
   // INVALID_ARGUMENT.
   void Push(const proto::PushRequest& req, proto::PushResponse* resp,
-            Done done);
+            Done done) {
+    Push(req, req.keys(), req.vals(), resp, std::move(done));
+  }
+  // The same with the keys and values given apart from `req` (whose own
+  // are then ignored): the gRPC service reads them where they were received
+  // (transport/wire_fields.h). `keys` must be 8-byte aligned and `vals`
+  // 4-byte; both are read only before Push returns.
+  void Push(const proto::PushRequest& req, absl::string_view keys,
+            absl::string_view vals, proto::PushResponse* resp, Done done);
   // A pull waits at most min(wait_ms or the default, max_wait_ms,
   // `max_wait`) for consistency (`max_wait`: what is left of the caller's
   // own deadline, so an abandoned call's wait expires with it).
@@ -123,7 +131,14 @@ class ServerNode {
   using ValueBuffer = std::function<float*(size_t floats)>;
   void Pull(const proto::PullRequest& req, proto::PullResponse* resp,
             Done done, absl::Duration max_wait = absl::InfiniteDuration(),
-            ValueBuffer values = nullptr);
+            ValueBuffer values = nullptr) {
+    Pull(req, req.keys(), resp, std::move(done), max_wait, std::move(values));
+  }
+  // The same with the keys given apart from `req` (its own are ignored):
+  // 8-byte aligned, and kept valid until `done` runs, as `req` is.
+  void Pull(const proto::PullRequest& req, absl::string_view keys,
+            proto::PullResponse* resp, Done done, absl::Duration max_wait,
+            ValueBuffer values);
   // settled_seq is clamped to the highest push seq received from that
   // worker, so it can never make later pushes look like replays.
   // Replication: a push, clock or finish is answered once its effect is on
@@ -246,7 +261,7 @@ class ServerNode {
   // The O(keys) checks, without mu_: ascending, unique, owned by this
   // server. Appends the runs of keys per range, in key order, when `runs`
   // is not null.
-  static absl::Status CheckKeys(const std::string& keys, const Admitted& a,
+  static absl::Status CheckKeys(absl::string_view keys, const Admitted& a,
                                 std::vector<RangeRun>* runs);
   // The keys of a push or pull: its own (checked as CheckKeys does) or the
   // cached list it names (server/key_cache.h; only ownership is checked).
@@ -260,7 +275,7 @@ class ServerNode {
     std::shared_ptr<KeyList> resolved;
   };
   absl::Status ResolveKeys(int worker, int table, uint64_t key_list,
-                           uint32_t num_keys, const std::string& keys,
+                           uint32_t num_keys, absl::string_view keys,
                            const Admitted& a, RequestKeys* out);
   // Where run `run` of `rk` records the slots it resolves by keys (its
   // slots and its generation in rk->resolved, made on first use), or

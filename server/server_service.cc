@@ -3,7 +3,9 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "absl/strings/str_cat.h"
 #include "transport/grpc_transport.h"
+#include "transport/wire_fields.h"
 #include "common/logging.h"
 
 namespace ps {
@@ -27,28 +29,51 @@ ServerService::ServerService(ServerNode* node, std::string token,
       metrics_(metrics) {}
 
 grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* ctx,
-                                              const proto::PushRequest* req,
-                                              proto::PushResponse* resp) {
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
   absl::Status auth = CheckToken(*ctx, token_);
   if (!auth.ok()) return Reply(ctx, auth);
-  auto* r = ctx->DefaultReactor();
-  if (metrics_ == nullptr) {
-    node_->Push(*req, resp,
-                [r](const absl::Status& s) { r->Finish(ToGrpcStatus(s)); });
-    return r;
+  const int64_t t0 = metrics_ != nullptr ? MonotonicNanos() : 0;
+  // Keys and values stay where gRPC received them, or are copied once into
+  // this thread's warm scratch: ServerNode::Push reads them before it
+  // returns, and `wire` goes with this handler.
+  constexpr int kBig[] = {proto::PushRequest::kKeysFieldNumber,
+                          proto::PushRequest::kValsFieldNumber};
+  WireFields wire;
+  proto::PushRequest req;
+  absl::Status parsed = wire.Parse(*request, kBig, &req);
+  if (!parsed.ok()) {
+    if (metrics_ != nullptr) {
+      metrics_->Record(PushPullMetrics::kPush, -1, request->Length(), -1,
+                       /*ok=*/false);
+    }
+    return Reply(ctx, absl::InvalidArgumentError(
+                          absl::StrCat("malformed PushRequest: ",
+                                       parsed.message())));
   }
-  // Metrics (issue 11): the callback keeps to two pointers, so that
-  // std::function holds it without allocating.
-  const int64_t t0 = MonotonicNanos();
-  const int table = req->table();
-  const uint64_t bytes = req->keys().size() + req->vals().size();
-  Counter* errors = metrics_->Errors(PushPullMetrics::kPush, table);
-  node_->Push(*req, resp, [r, errors](const absl::Status& s) {
-    if (!s.ok()) errors->Add();
-    r->Finish(ToGrpcStatus(s));
-  });
-  metrics_->Record(PushPullMetrics::kPush, table, bytes,
-                   MonotonicNanos() - t0, /*ok=*/true);
+  auto* r = ctx->DefaultReactor();
+  // The answer may come after this handler (a replicated push waits for
+  // its backups): it is written into `response`, which lives until Finish.
+  auto resp = std::make_shared<proto::PushResponse>();
+  Counter* errors = metrics_ != nullptr
+                        ? metrics_->Errors(PushPullMetrics::kPush, req.table())
+                        : nullptr;
+  node_->Push(req, wire.field(0), wire.field(1), resp.get(),
+              [r, errors, resp, response](const absl::Status& s) {
+                if (!s.ok() && errors != nullptr) errors->Add();
+                if (s.ok()) {
+                  bool own = false;
+                  grpc::SerializationTraits<proto::PushResponse>::Serialize(
+                      *resp, response, &own)
+                      .IgnoreError();  // a bool field: cannot fail
+                }
+                r->Finish(ToGrpcStatus(s));
+              });
+  if (metrics_ != nullptr) {
+    metrics_->Record(PushPullMetrics::kPush, req.table(),
+                     wire.field(0).size() + wire.field(1).size(),
+                     MonotonicNanos() - t0, /*ok=*/true);
+  }
   return r;
 }
 
@@ -59,21 +84,24 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* ctx,
   if (!auth.ok()) return Reply(ctx, auth);
   struct Call {
     proto::PullRequest req;
+    // The keys, where received or in a copy of the call's own: a pull that
+    // waits reads them after this handler returned.
+    WireFields wire{WireFields::Scratchpad::kOwned};
     proto::PullResponse resp;
     grpc::Slice vals;
     int64_t t0 = 0;  // metrics (issue 11)
   };
   auto call = std::make_shared<Call>();
   if (metrics_ != nullptr) call->t0 = MonotonicNanos();
-  grpc::ByteBuffer in(*request);  // shares the slices
-  if (!grpc::SerializationTraits<proto::PullRequest>::Deserialize(&in,
-                                                                 &call->req)
-           .ok()) {
+  constexpr int kBig[] = {proto::PullRequest::kKeysFieldNumber};
+  absl::Status parsed = call->wire.Parse(*request, kBig, &call->req);
+  if (!parsed.ok()) {
     if (metrics_ != nullptr) {
       metrics_->Record(PushPullMetrics::kPull, -1, request->Length(), -1,
                        /*ok=*/false);
     }
-    return Reply(ctx, absl::InvalidArgumentError("malformed PullRequest"));
+    return Reply(ctx, absl::InvalidArgumentError(absl::StrCat(
+                          "malformed PullRequest: ", parsed.message())));
   }
   auto* r = ctx->DefaultReactor();
   // A waiting pull gives up when its caller does: a client that abandons
@@ -83,11 +111,11 @@ grpc::ServerUnaryReactor* ServerService::Pull(grpc::CallbackServerContext* ctx,
     left = absl::FromChrono(ctx->deadline()) - absl::Now();
   }
   node_->Pull(
-      call->req, &call->resp,
+      call->req, call->wire.field(0), &call->resp,
       [this, r, call, response](const absl::Status& s) {
         if (metrics_ != nullptr) {
           metrics_->Record(PushPullMetrics::kPull, call->req.table(),
-                           call->req.keys().size() + call->vals.size(),
+                           call->wire.field(0).size() + call->vals.size(),
                            MonotonicNanos() - call->t0, s.ok());
         }
         if (s.ok()) *response = PullReplyWire(call->resp, std::move(call->vals));

@@ -13,11 +13,14 @@
 
 namespace ps {
 
-// Pull is a raw method: its reply's values are written by the node straight
-// into the slice gRPC sends (PullReplyWire), never into a protobuf string.
+// Push and Pull are raw methods. A push's keys and values and a pull's keys
+// are read where gRPC received them (WireFields), never parsed into protobuf
+// strings; a pull reply's values are written by the node straight into the
+// slice gRPC sends (PullReplyWire).
 class ServerService final
-    : public proto::Server::WithRawCallbackMethod_Pull<
-          proto::Server::CallbackService> {
+    : public proto::Server::WithRawCallbackMethod_Push<
+          proto::Server::WithRawCallbackMethod_Pull<
+              proto::Server::CallbackService>> {
  public:
   // `node` must outlive the service. `on_save_and_exit` runs (on an RPC
   // thread, after the reply is sent) when the scheduler asks the server to
@@ -31,8 +34,8 @@ class ServerService final
                 PushPullMetrics* metrics = nullptr);
 
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx,
-                                 const proto::PushRequest* req,
-                                 proto::PushResponse* resp) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx,
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;

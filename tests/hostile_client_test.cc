@@ -282,32 +282,47 @@ TEST_F(HostileClientTest, UnauthenticatedHugePushIsRefusedBeforeItsBody) {
   EXPECT_EQ(st.pushes(), 0);
 }
 
-// Pull is a raw method (its reply is written into the slice gRPC sends):
-// the service parses the request itself, and a body that is no PullRequest
-// gets INVALID_ARGUMENT; the server goes on.
-TEST_F(HostileClientTest, MalformedPullBodyIsInvalidArgument) {
+// Push and Pull are raw methods: the service parses their requests itself
+// (WireFields), and a body that is no PushRequest or PullRequest gets
+// INVALID_ARGUMENT; the server goes on.
+TEST_F(HostileClientTest, MalformedPullAndPushBodiesAreInvalidArgument) {
   grpc::ChannelArguments args;
   grpc::GenericStub generic(grpc::CreateCustomChannel(
       address_, grpc::InsecureChannelCredentials(), args));
+  auto call = [&](const std::string& method, const std::string& body) {
+    grpc::Slice slice(body);
+    grpc::ByteBuffer req(&slice, 1);
+    grpc::ByteBuffer resp;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kTokenHeader, kToken);
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &req, &resp,
+                      [&](grpc::Status s) {
+                        status = s;
+                        done.Notify();
+                      });
+    done.WaitForNotification();
+    return status;
+  };
   // Field 1 (worker_id, a varint) announced as length-delimited, 200 bytes
   // long, with 3 bytes after it.
-  const std::string garbage = "\x0a\xc8\x01" "abc";
-  grpc::Slice slice(garbage);
-  grpc::ByteBuffer req(&slice, 1);
-  grpc::ByteBuffer resp;
-  grpc::ClientContext ctx;
-  ctx.AddMetadata(kTokenHeader, kToken);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  absl::Notification done;
-  grpc::Status status;
-  generic.UnaryCall(&ctx, "/ps.proto.Server/Pull", grpc::StubOptions(), &req,
-                    &resp, [&](grpc::Status s) {
-                      status = s;
-                      done.Notify();
-                    });
-  done.WaitForNotification();
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
-      << status.error_message();
+  const std::string truncated = "\x0a\xc8\x01" "abc";
+  // Push's field 7 (vals) as a varint; then a length of 2^63.
+  const std::string vals_varint("\x38\x05", 2);
+  const std::string huge_len =
+      std::string("\x3a") + std::string(8, '\x80') + "\x80\x01";
+  for (const auto& [method, body] :
+       {std::pair<std::string, std::string>{"/ps.proto.Server/Pull", truncated},
+        {"/ps.proto.Server/Push", truncated},
+        {"/ps.proto.Server/Push", vals_varint},
+        {"/ps.proto.Server/Push", huge_len}}) {
+    grpc::Status status = call(method, body);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << status.error_message();
+  }
   proto::ServerStatus st;
   EXPECT_TRUE(GetStatus(kToken, &st).ok());
 }
