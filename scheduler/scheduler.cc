@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -555,13 +556,8 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
       }
     }
   }
-  if (req.role() == proto::ROLE_SERVER && req.first_ack_unix_ms() > 0) {
-    for (Failover& f : failovers_) {
-      if (req.first_ack_epoch() >= f.epoch &&
-          (f.first_ack_ms == 0 || req.first_ack_unix_ms() < f.first_ack_ms)) {
-        f.first_ack_ms = req.first_ack_unix_ms();
-      }
-    }
+  if (req.role() == proto::ROLE_SERVER) {
+    NoteFirstAckLocked(req.first_ack_epoch(), req.first_ack_unix_ms());
   }
   if (req.role() == proto::ROLE_WORKER) {
     n.info.set_clock(std::max(n.info.clock(), req.clock()));
@@ -801,6 +797,12 @@ bool SchedulerCore::StartFinalizingLocked() {
   if (live == 0 || finished < live) return false;
   finalizing_ = true;
   phase_ = JobPhase::kFinishing;
+  // The curve ends where training did, also for a job shorter than one
+  // progress interval.
+  if (work_ != nullptr) {
+    AddProgressPointLocked(options_.clock->Now(), work_->Progress().epoch,
+                           /*last=*/true);
+  }
   return true;
 }
 
@@ -861,6 +863,11 @@ absl::Status SchedulerCore::WorkerDone(const proto::WorkerDoneRequest& req) {
     done_[req.worker_id()] = req;
     w.info.set_state(proto::NODE_FINISHED);
     w.info.set_examples(req.examples());
+    // Its final loss (heartbeats may not have carried the last of it).
+    if (req.examples() > 0 && std::isfinite(req.train_loss())) {
+      w.info.set_loss_sum(req.train_loss() *
+                          static_cast<double>(req.examples()));
+    }
     PS_LOG_INFO("W[{}] done: {} examples, compute {:.2f}s, wait {:.2f}s",
                 req.worker_id(), req.examples(), req.compute_seconds(),
                 req.wait_seconds());
@@ -948,6 +955,10 @@ void SchedulerCore::Finalize() {
       return;
     }
     all_from_copy = all_from_copy && resp->saved_kept_copy();
+    {
+      absl::MutexLock l(&mu_);
+      NoteFirstAckLocked(resp->first_ack_epoch(), resp->first_ack_unix_ms());
+    }
     models.push_back(*resp);
   }
   {
@@ -966,6 +977,15 @@ void SchedulerCore::Finalize() {
                 options_.config.output.model_dir);
   }
   Conclude(absl::OkStatus());
+}
+
+void SchedulerCore::NoteFirstAckLocked(int64_t epoch, int64_t unix_ms) {
+  if (unix_ms <= 0) return;
+  for (Failover& f : failovers_) {
+    if (epoch >= f.epoch && (f.first_ack_ms == 0 || unix_ms < f.first_ack_ms)) {
+      f.first_ack_ms = unix_ms;
+    }
+  }
 }
 
 void SchedulerCore::Conclude(absl::Status status) {
@@ -1698,7 +1718,8 @@ std::optional<std::string> SchedulerCore::MaybeProgress() {
   return line;
 }
 
-void SchedulerCore::AddProgressPointLocked(absl::Time now, int epoch) {
+void SchedulerCore::AddProgressPointLocked(absl::Time now, int epoch,
+                                           bool last) {
   // Every worker's examples and summed loss, the dead ones' last reports
   // included (they stay in workers_).
   int64_t examples = 0;
@@ -1709,7 +1730,8 @@ void SchedulerCore::AddProgressPointLocked(absl::Time now, int epoch) {
   }
   const int64_t n = examples - progress_last_.first;
   const double l = loss - progress_last_.second;
-  if (n <= 0 || progress_lines_++ % progress_stride_ != 0) return;
+  if (n <= 0) return;
+  if (progress_lines_++ % progress_stride_ != 0 && !last) return;
   progress_last_ = {examples, loss};
   ProgressPoint point;
   point.seconds = absl::ToDoubleSeconds(now - ready_time_);

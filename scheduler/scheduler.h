@@ -345,6 +345,11 @@ class SchedulerCore {
   // Ends the job with `status` (done when OK, failed otherwise), writes the
   // report; the first call wins. Called without mu_.
   void Conclude(absl::Status status);
+  // A server's first push acknowledged under `epoch` at `unix_ms` (from a
+  // heartbeat or its save_and_exit answer): the recovery time of the
+  // failovers up to that epoch that have none yet, or an earlier one.
+  void NoteFirstAckLocked(int64_t epoch, int64_t unix_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SchedulerOptions options_;
   const std::string config_yaml_;
@@ -482,7 +487,9 @@ class SchedulerCore {
   std::pair<int64_t, double> progress_last_ ABSL_GUARDED_BY(mu_);  // sums
   void ProgressReportLocked(proto::JobReport* report) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void AddProgressPointLocked(absl::Time now, int epoch)
+  // One point of the curve: the loss of the examples since the previous
+  // point, every progress_stride_-th call (or `last`: training ended).
+  void AddProgressPointLocked(absl::Time now, int epoch, bool last = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_interval_checkpoint_ ABSL_GUARDED_BY(mu_) =

@@ -1273,6 +1273,39 @@ TEST_F(WorkUnitTest, ProgressLineHasTheEpochAndETAs) {
   EXPECT_EQ(parsed.progress(1).epoch(), 0) << r;
 }
 
+// A job shorter than one progress interval still has its curve: a point
+// where training ended, with the losses of the workers' WorkerDone.
+TEST_F(WorkUnitTest, AJobShorterThanAProgressIntervalHasItsLastPoint) {
+  config_.training.progress_interval_s = 60;
+  Start();
+  RegisterAll();
+  EXPECT_EQ(core_->MaybeProgress(), std::nullopt);  // the first sample
+  std::vector<std::pair<int64_t, int64_t>> finished;
+  for (;;) {
+    auto r = Ask(0, finished);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (r->state() != proto::WORK_UNIT) break;
+    finished = {{r->unit().id(), 100}};
+  }
+  ASSERT_TRUE(Ask(1).ok());
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_EQ(core_->MaybeProgress(), std::nullopt);  // 3 s < 60 s
+  for (int w : {0, 1}) {
+    proto::WorkerDoneRequest d;
+    d.set_worker_id(w);
+    d.set_examples(w == 0 ? 2000 : 0);
+    d.set_train_loss(w == 0 ? 0.25 : 0);
+    ASSERT_TRUE(core_->WorkerDone(d).ok());
+  }
+  EXPECT_TRUE(End().ok());
+  const std::string r = Report();
+  const proto::JobReport parsed = Parsed(r);
+  ASSERT_EQ(parsed.progress_size(), 1) << r;
+  EXPECT_EQ(parsed.progress(0).examples(), 2000) << r;
+  EXPECT_EQ(parsed.progress(0).train_loss().number_value(), 0.25) << r;
+  EXPECT_EQ(parsed.progress(0).seconds(), 3) << r;
+}
+
 // Issue 12: validation points from worker 0's heartbeats show on the
 // progress line and in the report; with training.early_stopping = 2 the
 // second evaluation in a row without a better log loss drops the epochs

@@ -1194,6 +1194,11 @@ absl::Status ServerNode::SaveModel(const std::string& dir_arg,
   // save already renamed, are removed, so no model file of this save is
   // left behind; the error names the file and the reason (ENOSPC reads
   // RESOURCE_EXHAUSTED "... No space left on device").
+  {
+    const auto [ack_epoch, ack_ms] = FirstAck();
+    resp->set_first_ack_epoch(ack_epoch);
+    resp->set_first_ack_unix_ms(ack_ms);
+  }
   std::string dir = dir_arg;
   if (dir.empty()) {
     absl::MutexLock l(&mu_);

@@ -296,6 +296,13 @@ grpc::ServerUnaryReactor* ServerService::Control(
     case proto::ServerControlRequest::kSetConsistency:
       return Reply(ctx, node_->SetConsistency(req->set_consistency()));
     case proto::ServerControlRequest::kNewView:
+      // A joining server is in the scheduler's views (and gets their
+      // broadcasts) from its JoinCluster on, but knows its id only once it
+      // configured itself with the join's answer: until then, retry.
+      if (node_->id() < 0) {
+        return Reply(ctx, absl::UnavailableError(
+                              "server not configured yet (joining); retry"));
+      }
       return Reply(ctx, node_->Configure(node_->id(), req->new_view(),
                                          resp->mutable_join_clocks()));
     case proto::ServerControlRequest::kSaveAndExit: {

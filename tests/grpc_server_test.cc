@@ -276,6 +276,37 @@ TEST_F(GrpcServerTest, ReplicationStreamReopensAfterTheServerEndedIt) {
 // A backup that reads batches and never answers: the batch fails with
 // DEADLINE_EXCEEDED at its deadline (as a unary call would), and the call
 // is cancelled.
+// Found by ElasticityTest: a joining server got the broadcast of a newer
+// view before it had configured itself with its join's answer, refused it
+// as "server id -1 not in the view", and the scheduler failed the job. Until
+// it knows its id it answers UNAVAILABLE, which the scheduler retries.
+TEST(GrpcServerJoinTest, ViewBeforeTheServerKnowsItsIdIsUnavailable) {
+  InitLogging("T", "warn");
+  ServerNode node;  // not configured: a server between JoinCluster and
+                    // its Configure
+  ServerService service(&node, kToken, [] {});
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(&builder);
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  GrpcClientFactory factory(GrpcTransportOptions{kToken, 1});
+  auto client = factory.Server(absl::StrCat("127.0.0.1:", port));
+  proto::ServerControlRequest req;
+  *req.mutable_new_view() = OneServerView();
+  auto early = client->Control(req, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable)
+      << early.status();
+  ASSERT_TRUE(node.Configure(0, OneServerView()).ok());
+  auto later = client->Control(req, absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(later.ok()) << later.status();
+  server->Shutdown(std::chrono::system_clock::now());
+  node.CancelAll(absl::CancelledError("test over"));
+}
+
 TEST(GrpcReplicationStreamTest, UnansweredBatchFailsAtItsDeadline) {
   class Silent : public proto::Server::CallbackService {
     grpc::ServerBidiReactor<proto::ReplicateRequest, proto::ReplicateResponse>*

@@ -41,6 +41,7 @@ absl::Status ServerNodeHandler::Dead() const {
 
 void ServerNodeHandler::Push(const proto::PushRequest& req,
                              proto::PushResponse* resp, Done done) {
+  if (before_push_) before_push_();
   if (killed()) {
     done(Dead());
     return;
@@ -270,6 +271,7 @@ absl::Status LocalCluster::Start() {
     });
     server_handlers_.push_back(
         std::make_unique<ServerNodeHandler>(i, servers_.back().get()));
+    server_handlers_.back()->set_before_push([this] { BeforePush(); });
     clients_.AddServer(i, server_handlers_.back().get());
   }
   for (int i = 0; i < num_servers; ++i) {
@@ -370,9 +372,11 @@ absl::Status LocalCluster::Run() {
       for (auto& node : servers_) pushes += node->Status().pushes();
       if (next_kill < options_.kill_servers.size()) {
         const auto& k = options_.kill_servers[next_kill];
-        if (pushes >= k.after_pushes) {
+        if (pushes_received() >= k.after_pushes) {
           KillServer(k.server);
           ++next_kill;
+          absl::MutexLock l(&gate_mu_);
+          kills_done_ = next_kill;  // lets the pushes waiting for it go
         }
       }
       if (next_join < options_.join_after_pushes.size() &&
@@ -483,6 +487,19 @@ absl::Status LocalCluster::JoinServer(int i) {
     return absl::OkStatus();
   }
   return s;
+}
+
+void LocalCluster::BeforePush() {
+  absl::MutexLock l(&gate_mu_);
+  ++gate_pushes_;
+  const auto& kills = options_.kill_servers;
+  auto go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_) {
+    return kills_done_ >= kills.size() ||
+           gate_pushes_ <= kills[kills_done_].after_pushes;
+  };
+  // The ticker kills within a tick; the bound only keeps a broken test
+  // from hanging (it then fails on what it checks).
+  gate_mu_.AwaitWithTimeout(absl::Condition(&go), absl::Seconds(30));
 }
 
 void LocalCluster::KillServer(int i) {

@@ -62,6 +62,9 @@ class ServerNodeHandler : public ServerHandler {
   // Issue 9 (server failure): from now on every call fails with
   // UNAVAILABLE, as for a process that was SIGKILLed.
   void Kill();
+  // Runs at the start of every Push (LocalCluster's kill gate). Set before
+  // the first call.
+  void set_before_push(std::function<void()> f) { before_push_ = std::move(f); }
   bool killed() const { return killed_.load(); }
 
  private:
@@ -69,6 +72,7 @@ class ServerNodeHandler : public ServerHandler {
   absl::Status Dead() const;
 
   std::atomic<bool> killed_{false};
+  std::function<void()> before_push_;
   // Pulls the node has not answered yet: a kill answers them UNAVAILABLE
   // (their connection broke); the node's later answer is dropped.
   struct PullSlot {
@@ -137,7 +141,9 @@ struct LocalClusterOptions {
   // scheduler detects the death and decides); Run ignores their status.
   std::set<int> killed_workers;
   // Issue 9 (server failure): servers "SIGKILLed" (KillServer) once the
-  // servers together acknowledged this many push requests, in order.
+  // servers together received this many push requests, in order. A push
+  // request beyond that count waits until the kill happened, so the kill
+  // comes at the same point of the job however fast the machine.
   struct ServerKill {
     int server = 0;
     int64_t after_pushes = 0;
@@ -210,6 +216,11 @@ class LocalCluster {
   // answering and heartbeating, and reaches no other node any more.
   void KillServer(int i);
   bool server_killed(int i) const { return server_handlers_[i]->killed(); }
+  // Push requests the servers received so far (all of them, killed or not).
+  int64_t pushes_received() const {
+    absl::MutexLock l(&gate_mu_);
+    return gate_pushes_;
+  }
   // Elasticity (issue 9): spare server `i` registers with the running job
   // (the scheduler gives it id i: spares join in id order) and installs the
   // view it gets; the scheduler then moves ranges to it in the background.
@@ -236,6 +247,12 @@ class LocalCluster {
   // After the nodes they point to (destroyed first).
   std::unique_ptr<SchedulerCoreHandler> scheduler_handler_;
   std::vector<std::unique_ptr<ServerNodeHandler>> server_handlers_;
+  // The kill gate (options.kill_servers): push requests received, and how
+  // many of the kills were done.
+  void BeforePush();
+  mutable absl::Mutex gate_mu_;
+  int64_t gate_pushes_ ABSL_GUARDED_BY(gate_mu_) = 0;
+  size_t kills_done_ ABSL_GUARDED_BY(gate_mu_) = 0;
   std::shared_ptr<SchedulerClient> scheduler_client_;
   proto::ClusterView view_;
   std::vector<int> worker_ids_;
