@@ -88,8 +88,12 @@ step_tsan() {
   # Not the gRPC-label tests: the Debian gRPC (and the absl Cord/Status
   # refcounts it passes between its threads) is not instrumented, and TSan
   # reports its internals (docs/tooling.md). Our code in them is covered
-  # by the in-process tests and by asan.
-  run_tests build-tsan "|grpc"
+  # by the in-process tests and by asan. Nor the image and prometheus
+  # tests: they run the product binaries (ps_launch and its children),
+  # which do not carry tools/tsan_absl_shim.cc (only test executables
+  # link it), so every absl::Mutex-guarded access there reads as a race
+  # (e.g. ProcessGroup::new_streams_, always under mu_).
+  run_tests build-tsan "|grpc|image|prometheus"
 }
 
 step_fuzz() {
