@@ -425,6 +425,9 @@ class SchedulerCore {
   // Work units done before the checkpoint this job restored (issue 9).
   int64_t resumed_units_ ABSL_GUARDED_BY(mu_) = 0;
   bool state_error_logged_ ABSL_GUARDED_BY(mu_) = false;
+  // SaveStateLocked's fsyncs (see there).
+  static constexpr absl::Duration kStateSyncInterval = absl::Seconds(1);
+  absl::Time last_state_sync_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   // Checkpoints (issue 9). checkpoint_mu_ is held across one checkpoint,
   // taken before mu_, never while holding it.

@@ -20,8 +20,9 @@ namespace ps {
 namespace {
 
 // Writes `bytes` to `path` atomically: a temporary file in the same folder,
-// fsynced, renamed over `path`.
-absl::Status WriteAtomically(const std::string& path, const std::string& bytes) {
+// fsynced when `sync`, renamed over `path`.
+absl::Status WriteAtomically(const std::string& path, const std::string& bytes,
+                             bool sync) {
   const std::string tmp = absl::StrCat(path, ".tmp");
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
                         0600);
@@ -39,7 +40,7 @@ absl::Status WriteAtomically(const std::string& path, const std::string& bytes) 
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  if (sync && ::fsync(fd) != 0) {
     const int e = errno;
     ::close(fd);
     return absl::ErrnoToStatus(e, absl::StrCat("cannot fsync ", tmp));
@@ -100,7 +101,19 @@ void SchedulerCore::SaveStateLocked() {
   }
   st.mutable_draining()->Add(draining_.begin(), draining_.end());
   st.mutable_rebalancing()->Add(rebalancing_.begin(), rebalancing_.end());
-  absl::Status s = WriteAtomically(options_.state_path, st.SerializeAsString());
+  // The file is replaced whole (temporary + rename) on every change, so a
+  // scheduler that is killed and restarted always finds the last state. It
+  // is fsynced at most once per kStateSyncInterval while the job runs (and
+  // on every other phase): a GetWork saves, and an fsync per unit cost more
+  // CPU (a VM's disk exits) than the rest of the scheduler. What this risks
+  // is only a crash of the machine's kernel, which can lose that interval's
+  // changes (units handed out again).
+  const absl::Time now = options_.clock->Now();
+  const bool sync = phase_ != JobPhase::kRunning ||
+                    now - last_state_sync_ >= kStateSyncInterval;
+  if (sync) last_state_sync_ = now;
+  absl::Status s =
+      WriteAtomically(options_.state_path, st.SerializeAsString(), sync);
   if (!s.ok() && !state_error_logged_) {
     state_error_logged_ = true;
     PS_LOG_ERROR("scheduler state file: {} (a restarted scheduler could not "

@@ -79,6 +79,25 @@ double EstimateFeatureScale(const JobConfig& config) {
   return sum / static_cast<double>(n);
 }
 
+namespace {
+
+// A WorkQueueState's units: packed (unit_worker, unit_done: this build) or
+// one Unit message each (state files and checkpoints of older builds).
+// -1 when the packed arrays differ in length.
+int64_t UnitCount(const proto::WorkQueueState& s) {
+  if (s.units_size() > 0) return s.units_size();
+  if (s.unit_done_size() != s.unit_worker_size()) return -1;
+  return s.unit_worker_size();
+}
+int UnitWorker(const proto::WorkQueueState& s, int i) {
+  return s.units_size() > 0 ? s.units(i).worker() : s.unit_worker(i);
+}
+bool UnitDone(const proto::WorkQueueState& s, int i) {
+  return s.units_size() > 0 ? s.units(i).done() : s.unit_done(i);
+}
+
+}  // namespace
+
 std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config) {
   const DataConfig& d = config.data;
   const int64_t rows_per_unit = std::max<int64_t>(
@@ -286,10 +305,10 @@ int WorkQueue::Release(int worker) {
 absl::StatusOr<int64_t> WorkQueue::ResumeFrom(
     const proto::WorkQueueState& s) {
   const int64_t n = static_cast<int64_t>(state_.size());
-  if (s.units_size() != n ||
+  if (UnitCount(s) != n ||
       s.epoch_examples_size() != static_cast<int>(examples_.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the checkpoint's data position has ", s.units_size(), " units in ",
+        "the checkpoint's data position has ", UnitCount(s), " units in ",
         s.epoch_examples_size(), " epochs; this job plans ", n, " in ",
         examples_.size()));
   }
@@ -302,9 +321,9 @@ absl::StatusOr<int64_t> WorkQueue::ResumeFrom(
   std::vector<std::set<int64_t>> own(workers);
   int64_t done = 0;
   for (int64_t id = 0; id < n; ++id) {
-    const proto::WorkQueueState::Unit& u = s.units(static_cast<int>(id));
-    if (u.done()) {
-      state[id].worker = u.worker();
+    const int i = static_cast<int>(id);
+    if (UnitDone(s, i)) {
+      state[id].worker = UnitWorker(s, i);
       state[id].done = true;
       ++done;
     } else {
@@ -343,10 +362,14 @@ int WorkQueue::AddWorker() {
 
 void WorkQueue::SaveTo(proto::WorkQueueState* s) const {
   s->Clear();
-  for (const Unit& u : state_) {
-    proto::WorkQueueState::Unit* o = s->add_units();
-    o->set_worker(u.worker);
-    o->set_done(u.done);
+  const int n = static_cast<int>(state_.size());
+  s->mutable_unit_worker()->Resize(n, -1);
+  s->mutable_unit_done()->Resize(n, false);
+  int32_t* worker = s->mutable_unit_worker()->mutable_data();
+  bool* done = s->mutable_unit_done()->mutable_data();
+  for (int i = 0; i < n; ++i) {
+    worker[i] = state_[i].worker;
+    done[i] = state_[i].done;
   }
   for (const std::set<int64_t>& q : own_) {
     s->add_own()->mutable_ids()->Add(q.begin(), q.end());
@@ -358,10 +381,11 @@ void WorkQueue::SaveTo(proto::WorkQueueState* s) const {
 
 absl::Status WorkQueue::RestoreFrom(const proto::WorkQueueState& s) {
   const int64_t n = static_cast<int64_t>(state_.size());
-  if (s.units_size() != n || s.own_size() < static_cast<int>(own_.size()) ||
+  const int64_t units = UnitCount(s);
+  if (units != n || s.own_size() < static_cast<int>(own_.size()) ||
       s.epoch_examples_size() != static_cast<int>(examples_.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "work-unit state of ", s.units_size(), " units, ", s.own_size(),
+        "work-unit state of ", units, " units, ", s.own_size(),
         " queues, ", s.epoch_examples_size(), " epochs does not fit this job (",
         n, ", ", own_.size(), ", ", examples_.size(), ")"));
   }
@@ -371,14 +395,16 @@ absl::Status WorkQueue::RestoreFrom(const proto::WorkQueueState& s) {
   std::map<int, int64_t> finished_by;
   int64_t done = 0;
   for (int64_t id = 0; id < n; ++id) {
-    const proto::WorkQueueState::Unit& u = s.units(static_cast<int>(id));
-    state[id].worker = u.worker();
-    state[id].done = u.done();
-    if (u.done()) {
+    const int i = static_cast<int>(id);
+    const int worker = UnitWorker(s, i);
+    const bool is_done = UnitDone(s, i);
+    state[id].worker = worker;
+    state[id].done = is_done;
+    if (is_done) {
       ++done;
-      ++finished_by[u.worker()];
-    } else if (u.worker() >= 0) {
-      assigned[u.worker()].insert(id);
+      ++finished_by[worker];
+    } else if (worker >= 0) {
+      assigned[worker].insert(id);
     }
   }
   std::vector<std::set<int64_t>> own(s.own_size());  // joiners' too

@@ -194,6 +194,44 @@ TEST(WorkQueueTest, SavedStateRestoresTheSameQueue) {
   EXPECT_EQ(d.RestoreFrom(st).code(), StatusCode::kInvalidArgument);
 }
 
+// The units are saved packed (one GetWork saves the whole state: one message
+// per unit made that quadratic in the job); a state of an older build, one
+// Unit message per unit, still restores, and arrays of unequal length are
+// refused.
+TEST(WorkQueueTest, PackedAndOlderUnitStatesRestoreAlike) {
+  WorkQueue a(Rows(4), 3, 2, /*steal=*/true);
+  ASSERT_TRUE(a.Finish(0, Finished(a.Take(0)->id(), 7)).ok());
+  ASSERT_TRUE(a.Take(1).has_value());
+  proto::WorkQueueState packed;
+  a.SaveTo(&packed);
+  EXPECT_EQ(packed.units_size(), 0);
+  ASSERT_EQ(packed.unit_worker_size(), 12);
+  proto::WorkQueueState old = packed;
+  old.clear_unit_worker();
+  old.clear_unit_done();
+  for (int i = 0; i < packed.unit_worker_size(); ++i) {
+    proto::WorkQueueState::Unit* u = old.add_units();
+    u->set_worker(packed.unit_worker(i));
+    u->set_done(packed.unit_done(i));
+  }
+  WorkQueue b(Rows(4), 3, 2, /*steal=*/true), c(Rows(4), 3, 2, true);
+  ASSERT_TRUE(b.RestoreFrom(packed).ok());
+  ASSERT_TRUE(c.RestoreFrom(old).ok());
+  EXPECT_EQ(b.finished_by(0), 1);
+  EXPECT_EQ(c.finished_by(0), 1);
+  for (;;) {
+    std::optional<proto::WorkUnit> x = b.Take(1), y = c.Take(1);
+    ASSERT_EQ(x.has_value(), y.has_value());
+    if (!x.has_value()) break;
+    EXPECT_EQ(x->id(), y->id());
+  }
+  WorkQueue r(Rows(4), 3, 2, /*steal=*/true);
+  EXPECT_EQ(r.ResumeFrom(old).value_or(-1), 1);
+  packed.mutable_unit_done()->RemoveLast();
+  WorkQueue d(Rows(4), 3, 2, /*steal=*/true);
+  EXPECT_EQ(d.RestoreFrom(packed).code(), StatusCode::kInvalidArgument);
+}
+
 // Issue 9: a worker joining takes an even share of every queue, BSP too,
 // and the grown queue survives a scheduler restart.
 TEST(WorkQueueTest, JoinedWorkerGetsAnEvenShareOfEachQueue) {
