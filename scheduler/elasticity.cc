@@ -100,7 +100,8 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
     proto::ClusterView view;
     {
       absl::MutexLock l(&mu_);
-      if (phase_ != JobPhase::kRunning || finalizing_ || concluding_) {
+      if (phase_ != JobPhase::kRunning || finalizing_ || concluding_ ||
+          closing_) {
         return absl::FailedPreconditionError(absl::StrCat(
             what, ": the job is ", JobPhaseName(phase_),
             finalizing_ ? " (saving the model)" : ""));
@@ -150,8 +151,9 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
     std::map<std::string, std::vector<int>> by_owner;  // address -> ranges
     {
       absl::MutexLock l(&mu_);
-      if (concluding_) {
-        return absl::AbortedError(absl::StrCat(what, ": the job ended"));
+      if (concluding_ || closing_) {
+        return absl::AbortedError(absl::StrCat(
+            what, concluding_ ? ": the job ended" : ": the scheduler closes"));
       }
       for (const auto& [r, s] : pending) {
         const int owner = view_.routing().range_server(r);
@@ -198,8 +200,9 @@ absl::StatusOr<SchedulerCore::MoveResult> SchedulerCore::MoveRanges(
     absl::MutexLock change(&view_change_mu_);
     {
       absl::MutexLock l(&mu_);
-      if (concluding_) {
-        return absl::AbortedError(absl::StrCat(what, ": the job ended"));
+      if (concluding_ || closing_) {
+        return absl::AbortedError(absl::StrCat(
+            what, concluding_ ? ": the job ended" : ": the scheduler closes"));
       }
       const proto::RoutingTable& cur = view_.routing();
       const int num_ranges = cur.range_server_size();

@@ -183,7 +183,9 @@ absl::Status JobFailed(const absl::Status& end) {
 
 }  // namespace
 
-SchedulerCore::~SchedulerCore() {
+SchedulerCore::~SchedulerCore() { Close(); }
+
+void SchedulerCore::Close() {
   std::vector<std::thread> probes;
   {
     absl::MutexLock l(&mu_);

@@ -68,6 +68,11 @@ class SchedulerCore {
   explicit SchedulerCore(SchedulerOptions options);
   // Waits for the failover probes still running.
   ~SchedulerCore();
+  // Starts no more background work (probes, rebalancing, joins) and waits
+  // for what runs: call before the servers' clients go away (the
+  // destructor does it too, which is too late for an owner that destroys
+  // its in-process servers first). Idempotent.
+  void Close();
 
   // Assigns an id (the requested one when free). Once the configured number
   // of servers and workers registered, the view becomes ready (epoch 1) and

@@ -214,6 +214,11 @@ LocalCluster::LocalCluster(LocalClusterOptions options)
     : options_(std::move(options)) {}
 
 LocalCluster::~LocalCluster() {
+  // The scheduler's background threads (a rebalance after a failover, say)
+  // call the servers' handlers, which go before it (members in reverse):
+  // they end first. Found as a crash (a call through a destroyed handler)
+  // at the end of FailoverTest.ExactCounterWhenTwoServersDieAtOnce.
+  if (scheduler_ != nullptr) scheduler_->Close();
   for (auto& s : servers_) s->CancelAll(absl::CancelledError("cluster gone"));
   if (own_model_dir_) {
     std::error_code ec;
