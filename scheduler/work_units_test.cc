@@ -23,6 +23,17 @@ proto::FinishedUnit Finished(int64_t id, int64_t examples) {
   return f;
 }
 
+// Takes units for `worker` from both queues until they run out: the same
+// ids, in the same order.
+void ExpectSameTakes(WorkQueue* a, WorkQueue* b, int worker) {
+  for (;;) {
+    std::optional<proto::WorkUnit> x = a->Take(worker), y = b->Take(worker);
+    ASSERT_EQ(x.has_value(), y.has_value());
+    if (!x.has_value()) return;
+    EXPECT_EQ(x->id(), y->id());
+  }
+}
+
 std::vector<proto::DataShard> Rows(int n) {
   std::vector<proto::DataShard> units(n);
   for (int i = 0; i < n; ++i) {
@@ -180,12 +191,7 @@ TEST(WorkQueueTest, SavedStateRestoresTheSameQueue) {
   EXPECT_EQ(b.epoch_examples(), a.epoch_examples());
   EXPECT_EQ(b.finished_by(1), 1);
   EXPECT_EQ(b.Lost(0, {}).size(), a.Lost(0, {}).size());
-  for (;;) {
-    std::optional<proto::WorkUnit> x = a.Take(0), y = b.Take(0);
-    ASSERT_EQ(x.has_value(), y.has_value());
-    if (!x.has_value()) break;
-    EXPECT_EQ(x->id(), y->id());
-  }
+  ExpectSameTakes(&a, &b, 0);
   // A state that does not fit the plan is refused.
   WorkQueue c(Rows(5), 3, 2, /*steal=*/true);
   EXPECT_EQ(c.RestoreFrom(st).code(), StatusCode::kInvalidArgument);
@@ -219,12 +225,7 @@ TEST(WorkQueueTest, PackedAndOlderUnitStatesRestoreAlike) {
   ASSERT_TRUE(c.RestoreFrom(old).ok());
   EXPECT_EQ(b.finished_by(0), 1);
   EXPECT_EQ(c.finished_by(0), 1);
-  for (;;) {
-    std::optional<proto::WorkUnit> x = b.Take(1), y = c.Take(1);
-    ASSERT_EQ(x.has_value(), y.has_value());
-    if (!x.has_value()) break;
-    EXPECT_EQ(x->id(), y->id());
-  }
+  ExpectSameTakes(&b, &c, 1);
   WorkQueue r(Rows(4), 3, 2, /*steal=*/true);
   EXPECT_EQ(r.ResumeFrom(old).value_or(-1), 1);
   packed.mutable_unit_done()->RemoveLast();

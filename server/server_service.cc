@@ -1,5 +1,6 @@
 #include "server/server_service.h"
 
+#include <memory>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -51,23 +52,34 @@ grpc::ServerUnaryReactor* ServerService::Push(grpc::CallbackServerContext* ctx,
                           absl::StrCat("malformed PushRequest: ",
                                        parsed.message())));
   }
-  auto* r = ctx->DefaultReactor();
   // The answer may come after this handler (a replicated push waits for
-  // its backups): it is written into `response`, which lives until Finish.
-  auto resp = std::make_shared<proto::PushResponse>();
-  Counter* errors = metrics_ != nullptr
-                        ? metrics_->Errors(PushPullMetrics::kPush, req.table())
-                        : nullptr;
-  node_->Push(req, wire.field(0), wire.field(1), resp.get(),
-              [r, errors, resp, response](const absl::Status& s) {
-                if (!s.ok() && errors != nullptr) errors->Add();
+  // its backups); it is written into `response`, which lives until Finish.
+  // One allocation per push, and a callback of one pointer, which
+  // std::function holds without allocating; `done` runs exactly once.
+  struct Call {
+    proto::PushResponse resp;
+    grpc::ServerUnaryReactor* reactor;
+    Counter* errors;  // metrics (issue 11); may be null
+    grpc::ByteBuffer* response;
+  };
+  auto* call = new Call{
+      {},
+      ctx->DefaultReactor(),
+      metrics_ != nullptr ? metrics_->Errors(PushPullMetrics::kPush, req.table())
+                          : nullptr,
+      response};
+  grpc::ServerUnaryReactor* r = call->reactor;
+  node_->Push(req, wire.field(0), wire.field(1), &call->resp,
+              [call](const absl::Status& s) {
+                std::unique_ptr<Call> own(call);
+                if (!s.ok() && call->errors != nullptr) call->errors->Add();
                 if (s.ok()) {
-                  bool own = false;
+                  bool owned = false;
                   grpc::SerializationTraits<proto::PushResponse>::Serialize(
-                      *resp, response, &own)
+                      call->resp, call->response, &owned)
                       .IgnoreError();  // a bool field: cannot fail
                 }
-                r->Finish(ToGrpcStatus(s));
+                call->reactor->Finish(ToGrpcStatus(s));
               });
   if (metrics_ != nullptr) {
     metrics_->Record(PushPullMetrics::kPush, req.table(),

@@ -111,18 +111,25 @@ absl::Status ReplicateNow(ServerClient* c,
   return out;
 }
 
+// Builds and starts a server with `service` on 127.0.0.1 (a free port, in
+// *port) with the project's settings (ConfigureServerBuilder).
+std::unique_ptr<grpc::Server> ServeOnLoopback(grpc::Service* service,
+                                              int* port) {
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(&builder);
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
 class GrpcServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     InitLogging("T", "warn");
     ASSERT_TRUE(node_.Configure(0, OneServerView()).ok());
     service_ = std::make_unique<ServerService>(&node_, kToken, [] {});
-    grpc::ServerBuilder builder;
-    ConfigureServerBuilder(&builder);
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port_);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
+    server_ = ServeOnLoopback(service_.get(), &port_);
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(port_, 0);
     address_ = absl::StrCat("127.0.0.1:", port_);
@@ -285,13 +292,8 @@ TEST(GrpcServerJoinTest, ViewBeforeTheServerKnowsItsIdIsUnavailable) {
   ServerNode node;  // not configured: a server between JoinCluster and
                     // its Configure
   ServerService service(&node, kToken, [] {});
-  grpc::ServerBuilder builder;
-  ConfigureServerBuilder(&builder);
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &port);
   ASSERT_NE(server, nullptr);
   GrpcClientFactory factory(GrpcTransportOptions{kToken, 1});
   auto client = factory.Server(absl::StrCat("127.0.0.1:", port));
@@ -330,12 +332,8 @@ TEST(GrpcReplicationStreamTest, UnansweredBatchFailsAtItsDeadline) {
       return new Reader;
     }
   } silent;
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&silent);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&silent, &port);
   ASSERT_NE(server, nullptr);
   GrpcClientFactory factory(GrpcTransportOptions{"", 1});
   auto c = factory.Server(absl::StrCat("127.0.0.1:", port));

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/base/internal/raw_logging.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 
 namespace ps {
@@ -129,11 +130,17 @@ class Index {
   std::vector<size_t> starts_;
 };
 
+// A field's payload: its byte offset in the message and its length.
 struct Span {
   size_t pos = 0;
   size_t len = 0;
-  bool seen = false;
 };
+
+// `len` rounded up to WireFields::kAlign (each copied field starts aligned).
+size_t Padded(size_t len) {
+  return (len + WireFields::kAlign - 1) / WireFields::kAlign *
+         WireFields::kAlign;
+}
 
 }  // namespace
 
@@ -170,9 +177,9 @@ absl::Status WireFields::Parse(std::vector<grpc::Slice> slices,
                                google::protobuf::MessageLite* meta) {
   slices_ = std::move(slices);
   views_.assign(big.size(), absl::string_view());
-  std::vector<Span> spans(big.size());
+  absl::InlinedVector<Span, 2> spans(big.size());
   // The other fields' byte ranges, copied together for protobuf.
-  std::vector<std::pair<size_t, size_t>> rest;
+  absl::InlinedVector<std::pair<size_t, size_t>, 4> rest;
   Reader r(slices_);
   size_t run_start = 0;
   while (!r.done()) {
@@ -219,8 +226,8 @@ absl::Status WireFields::Parse(std::vector<grpc::Slice> slices,
     if (which == big.end()) continue;
     if (field_start > run_start) rest.emplace_back(run_start, field_start);
     run_start = r.pos();
-    Span& s = spans[static_cast<size_t>(which - big.begin())];
-    s = Span{payload, static_cast<size_t>(len), true};
+    spans[static_cast<size_t>(which - big.begin())] =
+        Span{payload, static_cast<size_t>(len)};
   }
   if (r.pos() > run_start) rest.emplace_back(run_start, r.pos());
 
@@ -236,16 +243,16 @@ absl::Status WireFields::Parse(std::vector<grpc::Slice> slices,
         absl::StrCat("malformed ", meta->GetTypeName()));
   }
 
-  // Views in place where possible; the rest into one scratch buffer.
+  // Views in place where possible; the rest (non-empty, still without a
+  // view) into one scratch buffer.
   size_t need = 0;
-  std::vector<const char*> in_place(spans.size(), nullptr);
   for (size_t i = 0; i < spans.size(); ++i) {
     if (spans[i].len == 0) continue;
     const char* p = index.Contiguous(spans[i].pos, spans[i].len);
     if (p != nullptr && reinterpret_cast<uintptr_t>(p) % kAlign == 0) {
-      in_place[i] = p;
+      views_[i] = absl::string_view(p, spans[i].len);
     } else {
-      need += (spans[i].len + kAlign - 1) / kAlign * kAlign;
+      need += Padded(spans[i].len);
     }
   }
   char* dst = nullptr;
@@ -262,15 +269,11 @@ absl::Status WireFields::Parse(std::vector<grpc::Slice> slices,
     dst = scratch_->Get(need);
   }
   for (size_t i = 0; i < spans.size(); ++i) {
-    if (spans[i].len == 0) continue;
-    if (in_place[i] != nullptr) {
-      views_[i] = absl::string_view(in_place[i], spans[i].len);
-      continue;
-    }
+    if (spans[i].len == 0 || !views_[i].empty()) continue;
     index.Copy(spans[i].pos, spans[i].len, dst);
     views_[i] = absl::string_view(dst, spans[i].len);
     copied_ += spans[i].len;
-    dst += (spans[i].len + kAlign - 1) / kAlign * kAlign;
+    dst += Padded(spans[i].len);
   }
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -65,7 +66,7 @@ class WireFields {
   struct Scratch;
   const Scratchpad pad_;
   std::vector<grpc::Slice> slices_;
-  std::vector<absl::string_view> views_;
+  absl::InlinedVector<absl::string_view, 2> views_;
   Scratch* scratch_ = nullptr;  // the thread's, or owned
   bool owns_scratch_ = false;
   std::thread::id parsed_on_;
