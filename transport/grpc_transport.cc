@@ -517,11 +517,16 @@ class ReplicationStream
     return s;
   }
 
-  // Queues `batch`; false when the call has ended (open a new one).
+  // Queues `batch`; false when the call has ended (open a new one), with
+  // why it ended in *why.
   bool Send(Batch batch, absl::Time deadline,
-            ServerClient::Callback<proto::ReplicateResponse> done) {
+            ServerClient::Callback<proto::ReplicateResponse> done,
+            absl::Status* why) {
     absl::MutexLock l(&mu_);
-    if (ended_) return false;
+    if (ended_) {
+      *why = end_status_;
+      return false;
+    }
     pending_.push_back(Pending{std::move(batch), deadline, std::move(done)});
     WriteNextLocked();
     ArmLocked();
@@ -578,6 +583,7 @@ class ReplicationStream
       } else if (s.ok()) {
         s = absl::UnavailableError("replication stream ended by the backup");
       }
+      end_status_ = s;
       alarm_.reset();  // cancels a pending watchdog
     }
     for (Pending& p : failed) {
@@ -652,6 +658,7 @@ class ReplicationStream
   size_t written_ ABSL_GUARDED_BY(mu_) = 0;  // pending_[0, written_) sent
   Batch writing_ ABSL_GUARDED_BY(mu_);       // the write in progress
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);  // once ended_
   bool armed_ ABSL_GUARDED_BY(mu_) = false;
   bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
   bool protocol_error_ ABSL_GUARDED_BY(mu_) = false;
@@ -725,17 +732,19 @@ class GrpcServerClient : public ServerClient {
                  absl::Time deadline,
                  Callback<proto::ReplicateResponse> done) override {
     absl::MutexLock l(&stream_mu_);
+    absl::Status why;
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (stream_ == nullptr) {
         stream_ = ReplicationStream::Open(NextStub(), token_, inflight_);
       }
-      if (stream_->Send(req, deadline, done)) return;
+      if (stream_->Send(req, deadline, done, &why)) return;
       stream_.reset();  // it ended: a new call
     }
-    // Two fresh calls ended at once (the channel is shutting down).
+    // A fresh call ended before the batch was on it, twice: the backup
+    // refused it (a wrong token: UNAUTHENTICATED) or the channel is going
+    // away; the second call's end says which.
     proto::ReplicateResponse empty;
-    done(absl::UnavailableError("replication stream could not be opened"),
-         &empty);
+    done(Annotate(why, "replication stream could not be opened"), &empty);
   }
   void Clock(std::shared_ptr<const proto::ClockRequest> req, absl::Time deadline,
              Callback<proto::ClockResponse> done) override {
