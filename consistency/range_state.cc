@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "transport/errors.h"
 
 namespace ps {
@@ -73,6 +74,8 @@ absl::Status RangeState::Accept(int worker, uint64_t seq, int64_t clock,
   w.max_seq = std::max(w.max_seq, seq);
   ++w.admitted_total;
   if (bsp_) {
+    segment->worker = worker;
+    segment->seq = seq;
     pending_bsp_[clock].by_worker[worker].push_back(std::move(*segment));
     ++w.received[clock];
     ++w.applied_total;
@@ -114,7 +117,7 @@ absl::Status RangeState::Announce(int worker, int64_t clock, int64_t segments,
   Settle(worker, settled).IgnoreError();  // id checked above
   Worker& w = workers_[worker];
   if (clock < w.completed) return absl::OkStatus();  // a replay
-  w.announced[clock] = {segments, examples};
+  w.announced[clock] = BspAnnouncement{worker, segments, examples, settled};
   Advance(worker, actions);
   return absl::OkStatus();
 }
@@ -206,9 +209,13 @@ void RangeState::Advance(int worker, RangeActions* actions) {
     if (a == w.announced.end()) break;
     auto r = w.received.find(w.completed);
     const int64_t got = r == w.received.end() ? 0 : r->second;
-    if (got < a->second.first) break;
-    if (bsp_) pending_bsp_[w.completed].examples += a->second.second;
-    w.announced_completed += a->second.first;
+    if (got < a->second.segments) break;
+    if (bsp_) {
+      BspClock& bc = pending_bsp_[w.completed];
+      bc.examples += a->second.examples;
+      bc.announces.push_back(a->second);
+    }
+    w.announced_completed += a->second.segments;
     w.received_completed += got;
     if (r != w.received.end()) w.received.erase(r);
     w.announced.erase(a);
@@ -223,36 +230,82 @@ void RangeState::Advance(int worker, RangeActions* actions) {
 }
 
 void RangeState::ApplyCompleteBspClocks(RangeActions* actions) {
-  for (;;) {
-    const int64_t c = bsp_applied_;
-    bool any = false;
-    for (const Worker& w : workers_) {
-      if (w.completed > c) {
-        any = true;
-      } else if (!w.finished && !w.dead) {
-        return;  // a live worker has not completed clock c here
-      }
-    }
-    if (!any) return;
-    RangeActions::Apply apply;
-    apply.clock = c;
-    auto it = pending_bsp_.find(c);
-    if (it != pending_bsp_.end()) {
-      apply.examples = it->second.examples;
-      // std::map iterates workers in id order: a deterministic sum.
-      for (auto& [worker, segs] : it->second.by_worker) {
-        for (BufferedSegment& seg : segs) {
-          apply.segments.push_back(std::move(seg));
-        }
-      }
-      pending_bsp_.erase(it);
-    }
-    actions->apply.push_back(std::move(apply));
-    ++bsp_applied_;
-    for (int w = 0; w < num_workers(); ++w) {
-      if (workers_[w].completed > c) actions->advanced.emplace_back(w, c + 1);
+  // A follower applies only what its primary sends (ApplyReplicated).
+  if (follower_) return;
+  while (ApplyNextBspClock(actions)) {
+  }
+}
+
+bool RangeState::ApplyNextBspClock(RangeActions* actions) {
+  const int64_t c = bsp_applied_;
+  bool any = false;
+  for (const Worker& w : workers_) {
+    if (w.completed > c) {
+      any = true;
+    } else if (!w.finished && !w.dead) {
+      return false;  // a live worker has not completed clock c here
     }
   }
+  if (!any) return false;
+  RangeActions::Apply apply;
+  apply.clock = c;
+  auto it = pending_bsp_.find(c);
+  if (it != pending_bsp_.end()) {
+    apply.examples = it->second.examples;
+    apply.announces = std::move(it->second.announces);
+    // std::map iterates workers in id order: a deterministic sum.
+    for (auto& [worker, segs] : it->second.by_worker) {
+      for (BufferedSegment& seg : segs) {
+        apply.segments.push_back(std::move(seg));
+      }
+    }
+    pending_bsp_.erase(it);
+  }
+  actions->apply.push_back(std::move(apply));
+  ++bsp_applied_;
+  for (int w = 0; w < num_workers(); ++w) {
+    if (workers_[w].completed > c) actions->advanced.emplace_back(w, c + 1);
+  }
+  return true;
+}
+
+void RangeState::SetFollower(bool follower, RangeActions* actions) {
+  if (follower_ == follower) return;
+  follower_ = follower;
+  if (!follower_ && bsp_) ApplyCompleteBspClocks(actions);
+}
+
+absl::Status RangeState::ApplyReplicated(
+    int64_t clock, absl::Span<const int32_t> seg_workers,
+    absl::Span<const uint64_t> seg_seqs,
+    absl::Span<const BspAnnouncement> announces, RangeActions* actions) {
+  if (!bsp_ || !follower_) {
+    return absl::FailedPreconditionError(
+        "a replicated BSP clock for a range that is not a BSP follower");
+  }
+  if (clock != bsp_applied_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("replicated BSP clock ", clock, " where clock ",
+                     bsp_applied_, " is the next to apply"));
+  }
+  if (seg_workers.size() != seg_seqs.size()) {
+    return absl::InvalidArgumentError("segment workers and seqs differ");
+  }
+  for (size_t i = 0; i < seg_workers.size(); ++i) {
+    BufferedSegment placeholder;  // the data comes summed
+    bool duplicate = false;
+    PS_RETURN_IF_ERROR(Accept(seg_workers[i], seg_seqs[i], clock,
+                              &placeholder, &duplicate, actions));
+  }
+  for (const BspAnnouncement& a : announces) {
+    PS_RETURN_IF_ERROR(Announce(a.worker, clock, a.segments, a.examples,
+                                a.settled, actions));
+  }
+  if (!ApplyNextBspClock(actions)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replicated BSP clock ", clock, " is not complete here"));
+  }
+  return absl::OkStatus();
 }
 
 int64_t RangeState::Entry(int worker) const {
@@ -310,7 +363,7 @@ absl::Status RangeState::CheckInvariants() const {
       }
     }
     for (const auto& [c, a] : w.announced) {
-      if (c < w.completed || a.first < 0 || a.second < 0) {
+      if (c < w.completed || a.segments < 0 || a.examples < 0) {
         return fail(i, "announcement for clock ", c);
       }
     }
@@ -368,8 +421,9 @@ absl::StatusOr<proto::RangeStateSnapshot> RangeState::Snapshot() const {
     for (const auto& [c, a] : w.announced) {
       auto* e = ws->add_announced();
       e->set_clock(c);
-      e->set_count(a.first);
-      e->set_examples(a.second);
+      e->set_count(a.segments);
+      e->set_examples(a.examples);
+      e->set_settled(a.settled);
     }
     ws->set_completed(w.completed);
     ws->set_final_clock(w.final_clock);
@@ -391,7 +445,15 @@ absl::StatusOr<proto::RangeStateSnapshot> RangeState::Snapshot() const {
         ps->set_table(seg.table);
         ps->set_keys(seg.keys);
         ps->set_vals(seg.vals);
+        ps->set_seq(seg.seq);
       }
+    }
+    for (const BspAnnouncement& a : bc.announces) {
+      auto* pa = pc->add_announces();
+      pa->set_worker(a.worker);
+      pa->set_segments(a.segments);
+      pa->set_examples(a.examples);
+      pa->set_settled(a.settled);
     }
   }
   return snap;
@@ -430,8 +492,9 @@ absl::StatusOr<RangeState> RangeState::FromSnapshot(
     }
     for (const auto& e : ws.announced()) {
       if (e.count() < 0 || e.examples() < 0 || e.clock() < w.completed ||
-          !w.announced.emplace(e.clock(), std::make_pair(e.count(),
-                                                         e.examples()))
+          !w.announced
+               .emplace(e.clock(), BspAnnouncement{i, e.count(), e.examples(),
+                                                   e.settled()})
                .second) {
         return bad("worker ", i, ": bad announcement");
       }
@@ -456,8 +519,16 @@ absl::StatusOr<RangeState> RangeState::FromSnapshot(
       if (seg.worker() < 0 || seg.worker() >= snap.workers_size()) {
         return bad("buffered segment of unknown worker ", seg.worker());
       }
-      bc.by_worker[seg.worker()].push_back(
-          BufferedSegment{seg.table(), seg.keys(), seg.vals()});
+      bc.by_worker[seg.worker()].push_back(BufferedSegment{
+          seg.table(), seg.keys(), seg.vals(), seg.worker(), seg.seq()});
+    }
+    for (const auto& a : pc.announces()) {
+      if (a.worker() < 0 || a.worker() >= snap.workers_size() ||
+          a.segments() < 0 || a.examples() < 0) {
+        return bad("bad announcement of buffered clock ", pc.clock());
+      }
+      bc.announces.push_back(BspAnnouncement{a.worker(), a.segments(),
+                                             a.examples(), a.settled()});
     }
   }
   if (absl::Status s = st.CheckInvariants(); !s.ok()) {

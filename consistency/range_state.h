@@ -37,6 +37,7 @@
 #include "absl/container/btree_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "proto/ps.pb.h"
 
 namespace ps {
@@ -52,11 +53,22 @@ struct RangeLimits {
 };
 
 // One buffered BSP segment: the keys (uint64, ascending) and gradient sums
-// (float, keys * dim) of one table.
+// (float, keys * dim) of one table. `worker` and `seq` are set by Accept.
 struct BufferedSegment {
   int table = 0;
   std::string keys;
   std::string vals;
+  int worker = -1;
+  uint64_t seq = 0;
+};
+
+// A worker's announcement of one clock on a range: `segments` sent with
+// it, over `examples` examples; `settled` as given to Announce.
+struct BspAnnouncement {
+  int worker = 0;
+  int64_t segments = 0;
+  int64_t examples = 0;
+  uint64_t settled = 0;
 };
 
 // What the caller must do after an input.
@@ -66,11 +78,14 @@ struct RangeActions {
   // Workers that completed their final clock here.
   std::vector<int> finished;
   // BSP: clocks to apply now, in clock order. `segments` are in worker-id
-  // order then arrival order; `examples` is the clock's total over workers.
+  // order then arrival order; `examples` is the clock's total over workers;
+  // `announces` the announcements that completed the clock here, in the
+  // order they did (replication after aggregation sends them along).
   struct Apply {
     int64_t clock = 0;
     int64_t examples = 0;
     std::vector<BufferedSegment> segments;
+    std::vector<BspAnnouncement> announces;
   };
   std::vector<Apply> apply;
 };
@@ -92,6 +107,29 @@ class RangeState {
 
   int num_workers() const { return static_cast<int>(workers_.size()); }
   bool bsp() const { return bsp_; }
+
+  // Replication after aggregation (BSP): a backup's copy of the range
+  // follows its primary's applies instead of applying complete clocks
+  // itself, so it never sums a clock whose data it does not hold (the
+  // primary sends each applied clock once, with its sum:
+  // ApplyReplicated). Not part of the snapshot: a role, not state.
+  // Turning it off (a promotion) applies every clock complete by then.
+  void SetFollower(bool follower, RangeActions* actions);
+  bool follower() const { return follower_; }
+  // On a follower, the primary's apply of BSP clock `clock`: admits the
+  // segments (worker, seq) it consumed (duplicates, e.g. from a copy, are
+  // skipped) and the announcements that completed it, then applies the
+  // clock (actions->apply gets it, whose buffered segments the caller
+  // ignores: the primary's sum replaces them). Errors (the replica has
+  // diverged; state may be partly changed, the caller asks for a copy):
+  // FAILED_PRECONDITION when not a BSP follower or `clock` is not the next
+  // clock to apply, or when the clock is not complete here after them; the
+  // errors of Accept and Announce.
+  absl::Status ApplyReplicated(int64_t clock,
+                               absl::Span<const int32_t> seg_workers,
+                               absl::Span<const uint64_t> seg_seqs,
+                               absl::Span<const BspAnnouncement> announces,
+                               RangeActions* actions);
 
   // Admits push segment (worker, seq, clock). OK with *duplicate = true: a
   // replay, nothing changed. OK with *duplicate = false: new; in ASP/SSP
@@ -162,8 +200,8 @@ class RangeState {
     uint64_t max_seq = 0;
     std::map<int64_t, int64_t> received;  // clock -> segments with data in
     std::map<int64_t, int64_t> unapplied;  // clock -> admitted, not applied
-    // clock -> (segments announced, examples)
-    std::map<int64_t, std::pair<int64_t, int64_t>> announced;
+    // clock -> the announcement (its worker field unused)
+    std::map<int64_t, BspAnnouncement> announced;
     int64_t completed = 0;
     int64_t final_clock = -1;
     bool finished = false;
@@ -178,6 +216,7 @@ class RangeState {
   struct BspClock {
     std::map<int, std::vector<BufferedSegment>> by_worker;
     int64_t examples = 0;
+    std::vector<BspAnnouncement> announces;  // in the order consumed
   };
 
   RangeState(int num_workers, bool bsp, RangeLimits limits);
@@ -187,12 +226,16 @@ class RangeState {
   // BSP, applies every clock all live workers completed.
   void Advance(int worker, RangeActions* actions);
   void ApplyCompleteBspClocks(RangeActions* actions);
+  // Whether BSP clock bsp_applied_ is complete (every live worker completed
+  // it, some worker did); applies it when so.
+  bool ApplyNextBspClock(RangeActions* actions);
 
   bool bsp_;
   RangeLimits limits_;
   std::vector<Worker> workers_;
   std::map<int64_t, BspClock> pending_bsp_;
   int64_t bsp_applied_ = 0;
+  bool follower_ = false;
 };
 
 }  // namespace ps

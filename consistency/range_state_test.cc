@@ -356,6 +356,95 @@ TEST(RangeStateTest, SnapshotCopyContinuesExactlyLikeTheOriginal) {
   }
 }
 
+// Replication after aggregation: a BSP follower never applies a clock by
+// itself; the primary's apply (segment ids + announcements) brings it to
+// the primary's state, and a promotion applies what is complete by then.
+TEST(RangeStateTest, BspFollowerAppliesOnlyWhatItsPrimaryApplied) {
+  RangeState primary = Make(2, true);
+  RangeState follower = Make(2, true);
+  RangeActions none;
+  follower.SetFollower(true, &none);
+  RangeActions a;
+  EXPECT_TRUE(Push(&primary, 0, 1, 0, &a, "a"));
+  EXPECT_TRUE(Push(&primary, 1, 1, 0, &a, "b"));
+  EXPECT_TRUE(Push(&primary, 1, 2, 0, &a, "c"));
+  Announce(&primary, 1, 0, 2, 20, &a, /*settled=*/1);
+  Announce(&primary, 0, 0, 1, 10, &a);
+  ASSERT_EQ(a.apply.size(), 1u);
+  const RangeActions::Apply& p = a.apply[0];
+  ASSERT_EQ(p.segments.size(), 3u);
+  EXPECT_EQ(p.segments[1].worker, 1);
+  EXPECT_EQ(p.segments[2].seq, 2u);
+  ASSERT_EQ(p.announces.size(), 2u);  // in the order they completed it
+  EXPECT_EQ(p.announces[0].worker, 1);
+  EXPECT_EQ(p.announces[0].settled, 1u);
+  std::vector<int32_t> workers;
+  std::vector<uint64_t> seqs;
+  for (const BufferedSegment& seg : p.segments) {
+    workers.push_back(seg.worker);
+    seqs.push_back(seg.seq);
+  }
+  // Out of order, or announcements missing: refused.
+  RangeActions f;
+  EXPECT_EQ(follower.ApplyReplicated(1, workers, seqs, p.announces, &f).code(),
+            StatusCode::kFailedPrecondition);
+  RangeState partial = Make(2, true);
+  partial.SetFollower(true, &none);
+  EXPECT_EQ(partial
+                .ApplyReplicated(0, workers, seqs,
+                                 absl::MakeConstSpan(p.announces).first(1), &f)
+                .code(),
+            StatusCode::kFailedPrecondition);
+  // In order: applied once, with the primary's example count.
+  f = RangeActions();
+  ASSERT_TRUE(follower.ApplyReplicated(0, workers, seqs, p.announces, &f).ok());
+  ASSERT_EQ(f.apply.size(), 1u);
+  EXPECT_EQ(f.apply[0].examples, 30);
+  EXPECT_EQ(follower.BspApplied(), 1);
+  EXPECT_TRUE(follower.CheckInvariants().ok()) << follower.CheckInvariants();
+  ASSERT_EQ(primary.Snapshot()->SerializeAsString(),
+            follower.Snapshot()->SerializeAsString());
+
+  // Clock 1 completes on the follower through a death; it waits for the
+  // primary, and a promotion applies it.
+  EXPECT_TRUE(Push(&follower, 0, 2, 1, &f, "d"));
+  Announce(&follower, 0, 1, 1, 10, &f);
+  RangeActions dead;
+  ASSERT_TRUE(follower.SetDead(1, &dead).ok());
+  EXPECT_TRUE(dead.apply.empty());
+  EXPECT_EQ(follower.BspApplied(), 1);
+  RangeActions promoted;
+  follower.SetFollower(false, &promoted);
+  ASSERT_EQ(promoted.apply.size(), 1u);
+  EXPECT_EQ(promoted.apply[0].clock, 1);
+  EXPECT_EQ(promoted.apply[0].segments.size(), 1u);
+  EXPECT_EQ(follower.BspApplied(), 2);
+}
+
+// A copy taken mid-clock carries the buffered segments' seqs and the
+// announcements already consumed, so a copy promoted later replicates the
+// clock as its source would have.
+TEST(RangeStateTest, BspSnapshotKeepsSeqsAndConsumedAnnouncements) {
+  RangeState st = Make(2, true);
+  RangeActions a;
+  EXPECT_TRUE(Push(&st, 0, 5, 0, &a, "a"));
+  Announce(&st, 0, 0, 1, 10, &a, /*settled=*/4);
+  absl::StatusOr<proto::RangeStateSnapshot> snap = st.Snapshot();
+  ASSERT_TRUE(snap.ok());
+  absl::StatusOr<RangeState> copy = RangeState::FromSnapshot(*snap);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_TRUE(Push(&*copy, 1, 1, 0, &a, "b"));
+  a = RangeActions();
+  Announce(&*copy, 1, 0, 1, 20, &a);
+  ASSERT_EQ(a.apply.size(), 1u);
+  ASSERT_EQ(a.apply[0].segments.size(), 2u);
+  EXPECT_EQ(a.apply[0].segments[0].seq, 5u);
+  EXPECT_EQ(a.apply[0].segments[0].worker, 0);
+  ASSERT_EQ(a.apply[0].announces.size(), 2u);
+  EXPECT_EQ(a.apply[0].announces[0].settled, 4u);
+  EXPECT_EQ(a.apply[0].examples, 30);
+}
+
 TEST(RangeStateTest, InconsistentSnapshotIsRefused) {
   RangeState st = Make(2, true);
   RangeActions a;

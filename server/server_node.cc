@@ -314,6 +314,17 @@ absl::Status ServerNode::Configure(
     }
     owned_ = routing_->RangesOf(id_);
     ReconfigureReplicationLocked(old_routing.get());
+    // A BSP range this server does not own follows its primary's applies
+    // (replication after aggregation); one it owns now (promoted) applies
+    // every clock complete here.
+    for (int r = 0; r < static_cast<int>(ranges_.size()); ++r) {
+      const bool follow = routing_->OwnerOfRange(r) != id_;
+      if (ranges_[r].follower() == follow) continue;
+      RangeActions a;
+      ranges_[r].SetFollower(follow, &a);
+      ApplyBsp(r, &a);
+      actions.emplace_back(r, std::move(a));
+    }
     JoinWorkersLocked(view, join_clocks, &actions);
     for (const proto::NodeInfo& w : view.workers()) {
       if (w.id() < 0 || w.id() >= static_cast<int>(workers_.size())) continue;
@@ -341,6 +352,7 @@ absl::Status ServerNode::Configure(
         actions.emplace_back(r, std::move(a));
       }
     }
+    FlushBspClocksLocked();
   }
   if (new_tau.has_value()) consistency_->SetTau(*new_tau);
   if (!moved_away.empty()) {
@@ -659,10 +671,18 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
       }
       if (dup) {
         // Answered only once the original is on every backup.
-        if (replicated) NeedCurrent(run.range, &needs);
+        if (replicated && adm.bsp) {
+          needs.emplace_back(run.range, ClockNeed(req.clock()));
+        } else if (replicated) {
+          NeedCurrent(run.range, &needs);
+        }
         continue;
       }
-      if (replicated) {
+      if (replicated && adm.bsp) {
+        // Replication after aggregation: the segment goes to the backups
+        // within its clock's sum, and is acknowledged once that is there.
+        needs.emplace_back(run.range, ClockNeed(req.clock()));
+      } else if (replicated) {
         logged.push_back(LoggedSegment{run.range, run.first, run.last,
                                        seqs[i],
                                        AssignIndexLocked(run.range, &needs)});
@@ -688,6 +708,8 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
     } else if (s.ok()) {
       resp->set_duplicate(true);  // a replay: applied once already
     }
+    FlushBspClocksLocked();
+    ResolveClockNeedsLocked(&needs);
     if (fresh.empty()) NoteFinished(req.worker_id(), actions, &finished);
   }
   if (!fresh.empty()) {
@@ -958,6 +980,11 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
         ApplyBsp(a.range(), &ra);
         actions.emplace_back(a.range(), std::move(ra));
         if (!HasBackups(a.range())) continue;
+        if (mode_ == proto::MODE_BSP) {
+          // Sent to the backups with the clock's sum; answered after it.
+          needs->emplace_back(a.range(), ClockNeed(req.clock()));
+          continue;
+        }
         const int64_t index = AssignIndexLocked(a.range(), needs);
         for (int b : FeedTargetsLocked(a.range())) {
           auto [it, inserted] = per_backup.try_emplace(b);
@@ -974,6 +1001,8 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
         }
       }
       for (auto& [b, e] : per_backup) EnqueueLocked(b, std::move(e));
+      FlushBspClocksLocked();
+      ResolveClockNeedsLocked(needs);
       PS_RETURN_IF_ERROR(refused);
     } else {
       // Older clients: settle every owned range now; announce per range
@@ -994,6 +1023,8 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
         }
         AnnounceLegacy(w, &actions, needs);
       }
+      FlushBspClocksLocked();
+      ResolveClockNeedsLocked(needs);
     }
     NoteFinished(w, actions, &finished);
   }
@@ -1031,6 +1062,7 @@ absl::Status ServerNode::FinishImpl(const proto::FinishRequest& req,
         LogEntry(r, std::move(e), needs);
       }
     }
+    FlushBspClocksLocked();
     NoteFinished(w, actions, &finished);
     if (!workers_[w].finished) {
       PS_LOG_WARN("worker {} finished at clock {} but has not completed it "
@@ -1062,7 +1094,10 @@ void ServerNode::AnnounceLegacy(int worker, RangeActionList* out,
           .IgnoreError();
       ApplyBsp(r, &ra);
       out->emplace_back(r, std::move(ra));
-      if (HasBackups(r)) {
+      if (HasBackups(r) && mode_ == proto::MODE_BSP) {
+        // With the clock's sum (FlushBspClocksLocked, by the caller).
+        needs->emplace_back(r, ClockNeed(it->first));
+      } else if (HasBackups(r)) {
         proto::ReplicaEntry e;
         proto::ReplicaAnnounce* an = e.mutable_announce();
         an->set_worker(worker);
@@ -1077,7 +1112,27 @@ void ServerNode::AnnounceLegacy(int worker, RangeActionList* out,
 }
 
 void ServerNode::ApplyBsp(int range, RangeActions* actions) {
+  if (actions->apply.empty()) return;
+  const bool replicate =
+      routing_->OwnerOfRange(range) == id_ && HasBackups(range);
   for (RangeActions::Apply& apply : actions->apply) {
+    proto::ReplicaBspClock* block = nullptr;
+    if (replicate) {
+      block = &bsp_out_.emplace_back();
+      block->set_range(range);
+      block->set_clock(apply.clock);
+      block->set_examples(apply.examples);
+      for (const BufferedSegment& seg : apply.segments) {
+        block->add_seg_workers(seg.worker);
+        block->add_seg_seqs(seg.seq);
+      }
+      for (const BspAnnouncement& a : apply.announces) {
+        block->add_ann_workers(a.worker);
+        block->add_ann_segments(a.segments);
+        block->add_ann_examples(a.examples);
+        block->add_ann_settled(a.settled);
+      }
+    }
     for (size_t ti = 0; ti < tables_.size(); ++ti) {
       Table* t = tables_[ti].get();
       const float scale = t->optimizer().GradientScale(apply.examples);
@@ -1089,7 +1144,13 @@ void ServerNode::ApplyBsp(int range, RangeActions* actions) {
                 reinterpret_cast<const float*>(seg.vals.data()));
         touched = true;
       }
-      if (touched) acc.ApplyTo(t, scale);
+      if (!touched) continue;
+      if (block == nullptr) {
+        acc.ApplyTo(t, scale);
+      } else {
+        block->add_sum_tables(static_cast<int32_t>(ti));
+        acc.ApplyTo(t, scale, block->add_sum_keys(), block->add_sum_vals());
+      }
     }
   }
   actions->apply.clear();
@@ -1295,6 +1356,8 @@ proto::ServerStatus ServerNode::Status() const {
   s.set_pushes(pushes_);
   s.set_pulls(pulls_);
   s.set_non_finite_pushes(non_finite_pushes_);
+  s.set_replica_entries(replica_entries_);
+  s.set_replica_batches(replica_batches_);
   s.set_ranges(static_cast<int>(owned_.size()));
   for (int r : owned_) {
     if (r >= static_cast<int>(logs_.size())) break;

@@ -231,7 +231,8 @@ class ServerNode {
                           proto::ServerControlResponse* resp);
 
  private:
-  // Replication: (range, entry index) pairs an answer waits for.
+  // Replication: (range, entry index) pairs an answer waits for; an index
+  // below 0 is a BSP clock not applied yet, -(clock + 1) (NeedClockLocked).
   using Needs = std::vector<std::pair<int, int64_t>>;
   // Older clients' clocks (ClockRequest without per-range entries): the
   // per-server count of push requests is turned into per-range segment
@@ -287,9 +288,26 @@ class ServerNode {
   // Per range: the range's consistency actions to carry out.
   using RangeActionList = std::vector<std::pair<int, RangeActions>>;
   // Applies the BSP clocks in `actions` to the tables (mu_ held: BSP
-  // applies are rare and must not interleave with a view change).
+  // applies are rare and must not interleave with a view change). On the
+  // owner of a replicated range, each applied clock is also queued for the
+  // backups (bsp_out_; replication after aggregation): every locked step
+  // that may apply clocks ends with FlushBspClocksLocked, after logging
+  // its own entries, so a backup gets the input that completed a clock
+  // before the clock.
   void ApplyBsp(int range, RangeActions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs the clocks ApplyBsp queued: one log index per (range, clock), one
+  // entry per backup with every block it follows; waits for those clocks
+  // now wait for those indexes.
+  void FlushBspClocksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A need for the replicated apply of BSP clock `clock` of a range: it is
+  // resolved to the log index that sent the clock's sum to the backups
+  // when that is logged (FlushBspClocksLocked; ResolveClockNeedsLocked).
+  static int64_t ClockNeed(int64_t clock) { return -(clock + 1); }
+  // Turns the clock needs of clocks applied (and flushed) by now into the
+  // range's current index, which covers them. Call after the flush.
+  void ResolveClockNeedsLocked(Needs* needs) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Legacy clocks of `worker` whose push requests all arrived: announces
   // their per-range counts.
   void AnnounceLegacy(int worker, RangeActionList* out, Needs* needs)
@@ -429,6 +447,10 @@ class ServerNode {
   absl::Status ApplyAnnouncesLocked(int from, const proto::ReplicaAnnounces& an,
                                     RangeActionList* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the primary's BSP clocks on a backup (mu_ held).
+  absl::Status ApplyBspClocksLocked(int from, const proto::ReplicaBspClocks& bc,
+                                    RangeActionList* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies one entry on a backup (mu_ held).
   absl::Status ApplyEntryLocked(int from, const proto::ReplicaEntry& e,
                                 RangeActionList* actions)
@@ -470,8 +492,12 @@ class ServerNode {
   std::function<void(int)> suspect_ ABSL_GUARDED_BY(mu_);
   std::vector<RangeLog> logs_ ABSL_GUARDED_BY(mu_);
   std::map<int, Stream> streams_ ABSL_GUARDED_BY(mu_);
+  int64_t replica_entries_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t replica_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<AckWait> ack_waits_ ABSL_GUARDED_BY(mu_);
+  // BSP clocks applied on owned replicated ranges, not logged yet.
+  std::vector<proto::ReplicaBspClock> bsp_out_ ABSL_GUARDED_BY(mu_);
   // Set by CancelAll: later waits fail at once with it.
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
   // DATA_LOSS once this server was made the owner of a range it held no

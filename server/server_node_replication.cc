@@ -14,6 +14,7 @@
 // on the same stream.
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/logging.h"
@@ -43,6 +44,17 @@ auto GuardedBy(std::shared_ptr<L> life, F fn) {
 constexpr int kMaxBatchEntries = 512;
 constexpr size_t kMaxBatchBytes = 8 << 20;
 constexpr absl::Duration kReplicateTimeout = absl::Seconds(10);
+
+// What a batch counts for a BSP entry: its sums' bytes.
+size_t BspBytes(const proto::ReplicaBspClocks& bc) {
+  size_t n = 64;
+  for (const proto::ReplicaBspClock& c : bc.clocks()) {
+    n += 16 * c.seg_seqs_size();
+    for (const std::string& k : c.sum_keys()) n += k.size();
+    for (const std::string& v : c.sum_vals()) n += v.size();
+  }
+  return n;
+}
 
 absl::Duration RetryBackoff(int attempt) {
   return std::min(absl::Milliseconds(10) * (1 << std::min(attempt, 6)),
@@ -80,6 +92,10 @@ void ForEachRange(const proto::ReplicaEntry& e, F fn)
     const proto::ReplicaAnnounces& a = e.announces();
     const int n = std::min(a.ranges_size(), a.indexes_size());
     for (int i = 0; i < n; ++i) fn(a.ranges(i), a.indexes(i));
+  } else if (e.has_bsp()) {
+    for (const proto::ReplicaBspClock& c : e.bsp().clocks()) {
+      fn(c.range(), c.index());
+    }
   } else {
     fn(e.range(), e.index());
   }
@@ -167,6 +183,7 @@ void ServerNode::EnqueueLocked(int backup, proto::ReplicaEntry e) {
   auto [it, inserted] = streams_.try_emplace(backup);
   if (inserted) it->second.generation = ++next_generation_;
   it->second.queue.push_back(std::move(e));
+  ++replica_entries_;
 }
 
 void ServerNode::LogEntry(int range, proto::ReplicaEntry e, Needs* needs) {
@@ -219,6 +236,17 @@ bool ServerNode::PruneForLocked(int backup, proto::ReplicaEntry* e) const {
            logs_[r].acked.contains(backup);
   };
   if (e->has_copy()) return true;
+  if (e->has_bsp()) {
+    auto* clocks = e->mutable_bsp()->mutable_clocks();
+    int kept = 0;
+    for (int i = 0; i < clocks->size(); ++i) {
+      if (!wanted(clocks->Get(i).range())) continue;
+      if (kept != i) clocks->SwapElements(kept, i);
+      ++kept;
+    }
+    while (clocks->size() > kept) clocks->RemoveLast();
+    return kept > 0;
+  }
   if (e->has_announces()) {
     proto::ReplicaAnnounces* a = e->mutable_announces();
     int kept = 0;
@@ -290,9 +318,50 @@ void ServerNode::NeedCurrent(int range, Needs* needs) {
   if (logs_[range].index > 0) needs->emplace_back(range, logs_[range].index);
 }
 
+void ServerNode::FlushBspClocksLocked() {
+  if (bsp_out_.empty()) return;
+  std::map<int, proto::ReplicaEntry> per_backup;
+  // Per range, the last clock logged now and its index (which covers the
+  // range's earlier clocks too).
+  absl::flat_hash_map<int, std::pair<int64_t, int64_t>> logged;
+  for (proto::ReplicaBspClock& c : bsp_out_) {
+    const int r = c.range();
+    c.set_index(AssignIndexLocked(r, nullptr));
+    logged[r] = {c.clock(), c.index()};
+    const std::vector<int> to = FeedTargetsLocked(r);
+    for (size_t i = 0; i < to.size(); ++i) {
+      proto::ReplicaBspClocks* out = per_backup[to[i]].mutable_bsp();
+      if (i + 1 == to.size()) {
+        *out->add_clocks() = std::move(c);
+      } else {
+        *out->add_clocks() = c;
+      }
+    }
+  }
+  bsp_out_.clear();
+  for (auto& [b, e] : per_backup) EnqueueLocked(b, std::move(e));
+  for (AckWait& w : ack_waits_) {
+    for (auto& [r, index] : w.needs) {
+      if (index >= 0) continue;
+      auto it = logged.find(r);
+      if (it != logged.end() && -(index + 1) <= it->second.first) {
+        index = it->second.second;
+      }
+    }
+  }
+}
+
+void ServerNode::ResolveClockNeedsLocked(Needs* needs) const {
+  for (auto& [r, index] : *needs) {
+    if (index >= 0) continue;
+    if (ranges_[r].BspApplied() > -(index + 1)) index = logs_[r].index;
+  }
+}
+
 bool ServerNode::CommittedLocked(const Needs& needs) const {
   for (const auto& [r, index] : needs) {
-    if (index <= 0 || routing_ == nullptr) continue;
+    if (index < 0) return false;  // a BSP clock not applied yet
+    if (index == 0 || routing_ == nullptr) continue;
     const RangeLog& lg = logs_[r];
     for (int i = 0; i < routing_->replicas(); ++i) {
       const int b = routing_->BackupOfRange(r, i);
@@ -307,7 +376,7 @@ bool ServerNode::CommittedLocked(const Needs& needs) const {
 bool ServerNode::LostLocked(const Needs& needs) const {
   if (routing_ == nullptr) return false;
   for (const auto& [r, index] : needs) {
-    if (index > 0 && routing_->OwnerOfRange(r) != id_) return true;
+    if (index != 0 && routing_->OwnerOfRange(r) != id_) return true;
   }
   return false;
 }
@@ -324,6 +393,7 @@ void ServerNode::WhenCommitted(Needs needs, Fire fire) {
   {
     absl::MutexLock l(&mu_);
     closed = closed_;
+    if (closed.ok()) ResolveClockNeedsLocked(&needs);
     if (closed.ok() && LostLocked(needs)) {
       closed = MovedAwayLocked();
     } else if (closed.ok() && !CommittedLocked(needs)) {
@@ -338,6 +408,7 @@ std::vector<std::pair<ServerNode::Fire, absl::Status>>
 ServerNode::TakeReadyLocked() {
   std::vector<std::pair<Fire, absl::Status>> out;
   for (auto it = ack_waits_.begin(); it != ack_waits_.end();) {
+    ResolveClockNeedsLocked(&it->needs);
     if (LostLocked(it->needs)) {
       out.emplace_back(std::move(it->fire), MovedAwayLocked());
       it = ack_waits_.erase(it);
@@ -543,12 +614,14 @@ void ServerNode::SendBatch(int backup) {
       bytes += e.has_push()        ? e.push().keys().size() + e.push().vals().size()
                : e.has_copy()      ? kMaxBatchBytes
                : e.has_announces() ? 32 * e.announces().ranges_size()
+               : e.has_bsp()       ? BspBytes(e.bsp())
                                    : 64;
       *req->add_entries() = std::move(e);
       st.queue.pop_front();
     }
     st.sending = true;
     generation = st.generation;
+    ++replica_batches_;
   }
   SendReplicate(backup, generation, std::move(req), 0);
 }
@@ -834,10 +907,85 @@ absl::Status ServerNode::ApplyAnnouncesLocked(int from,
   return absl::OkStatus();
 }
 
+absl::Status ServerNode::ApplyBspClocksLocked(
+    int from, const proto::ReplicaBspClocks& bc, RangeActionList* actions) {
+  for (const proto::ReplicaBspClock& c : bc.clocks()) {
+    const int r = c.range();  // checked by the caller
+    RangeLog& lg = logs_[r];
+    if (lg.awaiting_copy) {
+      return absl::UnavailableError(
+          absl::StrCat("range ", r, " awaits its copy from S[", from, "]"));
+    }
+    if (c.index() <= lg.index) continue;  // a resend
+    if (c.index() != lg.index + 1) {
+      return absl::DataLossError(absl::StrCat(
+          "range ", r, ": entry ", c.index(), " after ", lg.index));
+    }
+    const int anns = c.ann_workers_size();
+    const int sums = c.sum_tables_size();
+    if (c.seg_workers_size() != c.seg_seqs_size() ||
+        c.ann_segments_size() != anns || c.ann_examples_size() != anns ||
+        c.ann_settled_size() != anns || c.sum_keys_size() != sums ||
+        c.sum_vals_size() != sums) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replicated BSP clock of range ", r, ": arrays of different lengths"));
+    }
+    for (int i = 0; i < sums; ++i) {
+      const int t = c.sum_tables(i);
+      if (t < 0 || t >= static_cast<int>(tables_.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("replicated BSP clock: unknown table ", t));
+      }
+      PS_RETURN_IF_ERROR(CheckRangeKeys(c.sum_keys(i), *routing_, r));
+      const size_t n = c.sum_keys(i).size() / sizeof(uint64_t);
+      if (c.sum_vals(i).size() !=
+          n * static_cast<size_t>(tables_[t]->dim()) * sizeof(float)) {
+        return absl::InvalidArgumentError(
+            "replicated BSP clock: sums do not match keys");
+      }
+    }
+    std::vector<BspAnnouncement> announces(anns);
+    for (int i = 0; i < anns; ++i) {
+      announces[i] = BspAnnouncement{c.ann_workers(i), c.ann_segments(i),
+                                     c.ann_examples(i), c.ann_settled(i)};
+    }
+    RangeActions a;
+    absl::Status s = ranges_[r].ApplyReplicated(
+        c.clock(), c.seg_workers(), c.seg_seqs(), announces, &a);
+    if (s.ok() && (a.apply.size() != 1 || a.apply[0].examples != c.examples())) {
+      s = absl::InternalError(absl::StrCat(
+          "clock ", c.clock(), " has ",
+          a.apply.empty() ? 0 : a.apply[0].examples,
+          " examples here, ", c.examples(), " on the primary"));
+    }
+    if (!s.ok()) {
+      // The primary applied this clock in the same state: the replica has
+      // diverged. The primary answers with a fresh copy.
+      return absl::InternalError(absl::StrCat("range ", r, " entry ",
+                                              c.index(),
+                                              " refused by the replica: ",
+                                              s.message()));
+    }
+    // The primary's sums replace the segments buffered here (placeholders,
+    // or a copy's): the same floats the primary applied.
+    a.apply.clear();
+    for (int i = 0; i < sums; ++i) {
+      Table* t = tables_[c.sum_tables(i)].get();
+      t->Push(r, ViewAs<uint64_t>(c.sum_keys(i)),
+              reinterpret_cast<const float*>(c.sum_vals(i).data()),
+              t->optimizer().GradientScale(c.examples()));
+    }
+    actions->emplace_back(r, std::move(a));
+    lg.index = c.index();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e,
                                           RangeActionList* actions) {
   if (e.has_push()) return ApplyPushLocked(from, e.push(), actions);
   if (e.has_announces()) return ApplyAnnouncesLocked(from, e.announces(), actions);
+  if (e.has_bsp()) return ApplyBspClocksLocked(from, e.bsp(), actions);
   const int r = e.range();
   RangeLog& lg = logs_[r];
   RangeState& range = ranges_[r];
@@ -873,6 +1021,8 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
       }
     }
     range = std::move(*state);
+    RangeActions none;  // a follower applies nothing by itself
+    range.SetFollower(routing_->OwnerOfRange(r) != id_, &none);
     for (const auto& t : tables_) t->ClearRange(r);
     for (const proto::RangeCopy::Rows& rows : e.copy().tables()) {
       tables_[rows.table()]->ImportRange(

@@ -652,7 +652,8 @@ void GradAccumulator::Add(int range, absl::Span<const uint64_t> keys,
   }
 }
 
-void GradAccumulator::ApplyTo(Table* table, float scale) {
+void GradAccumulator::ApplyTo(Table* table, float scale,
+                              std::string* keys_out, std::string* sums_out) {
   ABSL_RAW_CHECK(table->dim() == dim_ && table->num_ranges() == num_ranges_,
                  "GradAccumulator: table dim or num_ranges differ");
   const size_t dim = static_cast<size_t>(dim_);
@@ -674,6 +675,12 @@ void GradAccumulator::ApplyTo(Table* table, float scale) {
                   dim * sizeof(float));
     }
     table->Push(r, sorted_keys_, sorted_sums_.data(), scale);
+    if (keys_out != nullptr && sums_out != nullptr) {
+      keys_out->append(reinterpret_cast<const char*>(sorted_keys_.data()),
+                       sorted_keys_.size() * sizeof(uint64_t));
+      sums_out->append(reinterpret_cast<const char*>(sorted_sums_.data()),
+                       sorted_sums_.size() * sizeof(float));
+    }
     rs.index.clear();
     rs.keys.clear();
     rs.sums.clear();

@@ -252,8 +252,11 @@ class GradAccumulator {
   // Pushes every range's summed gradients to `table` with `scale` (e.g.
   // 1 / number of workers), keys ascending, one Push per range, then
   // clears the sums. Precondition (checked, abort): table->dim() == dim()
-  // and table->num_ranges() == num_ranges().
-  void ApplyTo(Table* table, float scale);
+  // and table->num_ranges() == num_ranges(). When `keys_out` and
+  // `sums_out` are given, the keys and sums pushed are appended to them
+  // (uint64 and float bytes; the ranges one after another, ascending).
+  void ApplyTo(Table* table, float scale, std::string* keys_out = nullptr,
+               std::string* sums_out = nullptr);
 
   // Distinct (range, key) pairs summed since the last ApplyTo.
   size_t pending_keys() const;

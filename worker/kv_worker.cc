@@ -202,6 +202,19 @@ absl::Status KVWorker::Wait(int64_t ts, absl::Time deadline) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown timestamp ", ts));
   }
+  if (auto op = ops_.find(ts); op != ops_.end() && op->second.push_clock >= 0 &&
+                                 op->second.pending > 0 &&
+                                 view_.consistency().mode() == proto::MODE_BSP &&
+                                 routing_->replicas() > 0) {
+    auto c = clocks_.find(op->second.push_clock);
+    if (c != clocks_.end() && !c->second.ended) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "push ", ts, " of clock ", op->second.push_clock,
+          " cannot be acknowledged before its clock ends (BSP with replicas: "
+          "a clock's pushes are replicated as one sum once every worker "
+          "ended it); call Clock or PushAndClock before waiting for it"));
+    }
+  }
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!sticky_.ok()) return true;
     auto it = ops_.find(ts);
@@ -319,6 +332,7 @@ absl::Status KVWorker::BeginPush(int table, absl::Span<const uint64_t> keys,
     op.start_ns = MonotonicNanos();
   }
   *clock = clock_count_;
+  ops_[*ts].push_clock = *clock;
   ++clocks_[*clock].pending_pushes;
   ops_[*ts].on_done = [this, clock = *clock] {
     // Once the clock has ended, each of its pushes holds a part of the

@@ -141,7 +141,11 @@ class KVWorker final : public ParamClient {
   // time). Returns OK when it succeeded; its own error; the sticky error
   // (some operation failed: returns at once, without waiting for `ts`);
   // DEADLINE_EXCEEDED when `ts` is not done by the deadline;
-  // INVALID_ARGUMENT for a timestamp never handed out. Whatever it returns,
+  // INVALID_ARGUMENT for a timestamp never handed out. In BSP with
+  // replicas a push is acknowledged once its clock's sum is on the backups
+  // (replication after aggregation), so it cannot complete before its
+  // clock ends: waiting for one of the current clock returns
+  // FAILED_PRECONDITION at once (the push goes on; end the clock first). Whatever it returns,
   // operation `ts` is given up by the caller: a pull's output is no longer
   // written. Wait once per timestamp.
   absl::Status Wait(int64_t ts, absl::Time deadline) override;
@@ -189,6 +193,7 @@ class KVWorker final : public ParamClient {
     bool abandoned = false;         // Wait returned before it was done
     std::shared_ptr<PullTarget> target;  // pulls only
     int64_t held_us = 0;  // pulls: the longest a server held a slice
+    int64_t push_clock = -1;  // pushes: the clock they belong to
     // Metrics (issue 11): kind (-1: not recorded), when it began.
     int kind = -1;
     int table = 0;

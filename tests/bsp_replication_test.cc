@@ -1,0 +1,271 @@
+// Issue 9, replication after aggregation (BSP): a primary sends its backups
+// one entry per step that applied clocks (the clock's segment ids, the
+// announcements that completed it and the summed gradients) instead of one
+// per push and announcement, and acknowledges a clock's pushes only once
+// that entry is on every backup. Two ServerNodes over the in-process
+// transport: S[0] owns every range, S[1] backs every range up.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/bytes.h"
+#include "common/logging.h"
+#include "common/routing.h"
+#include "gtest/gtest.h"
+#include "tests/inproc_cluster.h"
+#include "transport/inproc_transport.h"
+#include "worker/kv_worker.h"
+
+namespace ps {
+namespace {
+
+constexpr int kServers = 2;
+constexpr int kWorkers = 2;
+
+// Every range owned by `owner`, backed up by `backup` (-1: none); one table
+// of dim 1 updated by SGD with learning rate 1.
+proto::ClusterView View(int64_t epoch, int owner, int backup) {
+  proto::ClusterView v;
+  v.set_epoch(epoch);
+  *v.mutable_routing() = BuildHashRing({0, 1}, 4, epoch);
+  proto::RoutingTable* t = v.mutable_routing();
+  for (int i = 0; i < kServers; ++i) {
+    proto::NodeInfo* s = t->add_servers();
+    s->set_id(i);
+    s->set_role(proto::ROLE_SERVER);
+    s->set_address(InProcServerAddress(i));
+    s->set_state(proto::NODE_ALIVE);
+  }
+  t->set_replicas(backup >= 0 ? 1 : 0);
+  t->clear_range_backup();
+  for (int r = 0; r < t->range_server_size(); ++r) {
+    t->set_range_server(r, owner);
+    if (backup >= 0) t->add_range_backup(backup);
+  }
+  for (int i = 0; i < kWorkers; ++i) {
+    proto::NodeInfo* w = v.add_workers();
+    w->set_id(i);
+    w->set_role(proto::ROLE_WORKER);
+    w->set_state(proto::NODE_ALIVE);
+  }
+  v.mutable_consistency()->set_mode(proto::MODE_BSP);
+  proto::TableConfig* tc = v.add_tables();
+  tc->set_id(0);
+  tc->set_dim(1);
+  tc->mutable_optimizer()->set_name("sgd");
+  tc->mutable_optimizer()->set_learning_rate(1.0f);
+  return v;
+}
+
+// An answer that may come later, from another thread.
+struct Answer {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+
+  ServerNode::Done Callback() {
+    return [this](const absl::Status& s) {
+      absl::MutexLock l(&mu);
+      done = true;
+      status = s;
+    };
+  }
+  bool IsDone() {
+    absl::MutexLock l(&mu);
+    return done;
+  }
+  // Waits up to 10 s; the status, or DEADLINE_EXCEEDED.
+  absl::Status Await() {
+    absl::MutexLock l(&mu);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done; };
+    if (!mu.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(10))) {
+      return absl::DeadlineExceededError("no answer in 10 s");
+    }
+    return status;
+  }
+};
+
+struct PushCall {
+  proto::PushRequest req;
+  proto::PushResponse resp;
+  Answer answer;
+};
+
+class BspReplicationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { InitLogging("T", "warn"); }
+
+  void SetUp() override {
+    peers_.AddServer(0, &h0_);
+    peers_.AddServer(1, &h1_);
+    primary_.SetPeers(&peers_);
+    backup_.SetPeers(&peers_);
+    ASSERT_TRUE(primary_.Configure(0, View(1, 0, 1)).ok());
+    ASSERT_TRUE(backup_.Configure(1, View(1, 0, 1)).ok());
+  }
+  void TearDown() override {
+    EXPECT_TRUE(primary_.CheckInvariants().ok()) << primary_.CheckInvariants();
+    EXPECT_TRUE(backup_.CheckInvariants().ok()) << backup_.CheckInvariants();
+    primary_.CancelAll(absl::CancelledError("test over"));
+    backup_.CancelAll(absl::CancelledError("test over"));
+  }
+
+  // A push of worker `w` (one segment per range, seqs from `seq` up).
+  std::unique_ptr<PushCall> Push(ServerNode* node, int w, uint64_t seq,
+                                 int64_t clock,
+                                 const std::vector<uint64_t>& keys,
+                                 const std::vector<float>& grads,
+                                 int64_t epoch = 1) {
+    auto call = std::make_unique<PushCall>();
+    proto::PushRequest& r = call->req;
+    r.set_worker_id(w);
+    r.set_seq(seq);
+    r.set_clock(clock);
+    r.set_epoch(epoch);
+    r.set_table(0);
+    r.set_num_examples(1);
+    PackTo<uint64_t>(r.mutable_keys(), keys);
+    PackTo<float>(r.mutable_vals(), grads);
+    node->Push(r, &call->resp, call->answer.Callback());
+    return call;
+  }
+  // Worker `w` ends `clock` after `pushes` push requests to this server.
+  std::unique_ptr<Answer> Clock(ServerNode* node, int w, int64_t clock,
+                                int pushes) {
+    auto a = std::make_unique<Answer>();
+    proto::ClockRequest r;
+    r.set_worker_id(w);
+    r.set_clock(clock);
+    r.set_epoch(node->epoch());
+    r.set_pushes(pushes);
+    r.set_num_examples(1);
+    node->ClockTick(r, a->Callback());
+    return a;
+  }
+  std::vector<float> PullAt(ServerNode* node, int64_t clock,
+                            const std::vector<uint64_t>& keys) {
+    proto::PullRequest req;
+    req.set_worker_id(0);
+    req.set_clock(clock);
+    req.set_epoch(node->epoch());
+    req.set_table(0);
+    PackTo<uint64_t>(req.mutable_keys(), keys);
+    req.set_wait_ms(10000);
+    proto::PullResponse resp;
+    Answer a;
+    node->Pull(req, &resp, a.Callback());
+    absl::Status s = a.Await();
+    EXPECT_TRUE(s.ok()) << s;
+    absl::Span<const float> v = ViewAs<float>(resp.vals());
+    return std::vector<float>(v.begin(), v.end());
+  }
+
+  ServerNode primary_;
+  ServerNode backup_;
+  ServerNodeHandler h0_{0, &primary_};
+  ServerNodeHandler h1_{1, &backup_};
+  InProcClientFactory peers_;
+};
+
+// Keys spread over the ranges (the hash ring cuts the 64-bit space).
+const std::vector<uint64_t> kKeys = {7, 1ULL << 62, 3ULL << 62, ~0ULL - 5};
+
+TEST_F(BspReplicationTest, OneEntryPerClockAndPushesAnsweredAfterIt) {
+  auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -2, -3, -4});
+  auto b = Push(&primary_, 0, 2, 0, {kKeys[0], kKeys[3]}, {-8, -16});
+  auto c = Push(&primary_, 1, 1, 0, {kKeys[0], kKeys[2]}, {-32, -64});
+  // Nothing is sent for a BSP push, and its answer waits for its clock.
+  EXPECT_EQ(primary_.Status().replica_entries(), 0);
+  auto w0 = Clock(&primary_, 0, 0, 2);
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(a->answer.IsDone());
+  EXPECT_FALSE(c->answer.IsDone());
+  EXPECT_FALSE(w0->IsDone());
+  EXPECT_EQ(primary_.Status().replica_entries(), 0);
+  auto w1 = Clock(&primary_, 1, 0, 1);
+  for (Answer* x : {&a->answer, &b->answer, &c->answer, w0.get(), w1.get()}) {
+    EXPECT_TRUE(x->Await().ok()) << x->Await();
+  }
+  // One entry, to the one backup, for the clock on every range.
+  EXPECT_EQ(primary_.Status().replica_entries(), 1);
+
+  // The backup applied the same sums: promoted, it serves the same floats.
+  const std::vector<float> want = PullAt(&primary_, 1, kKeys);
+  EXPECT_EQ(want, (std::vector<float>{(1 + 8 + 32) / 2.0f, 2 / 2.0f,
+                                      (3 + 64) / 2.0f, (4 + 16) / 2.0f}));
+  ASSERT_TRUE(backup_.Configure(1, View(2, 1, -1)).ok());
+  EXPECT_EQ(PullAt(&backup_, 1, kKeys), want);
+}
+
+// The primary dies in the middle of a clock: none of the clock's pushes
+// was acknowledged, the promoted backup holds none of them, and the
+// workers' resends are applied exactly once. A push of an earlier clock
+// (acknowledged) resent is a duplicate there.
+TEST_F(BspReplicationTest, PrimaryDyingMidClockLosesNothingAcknowledged) {
+  auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -1, -1, -1});
+  auto b = Push(&primary_, 1, 1, 0, kKeys, {-3, -3, -3, -3});
+  auto w0 = Clock(&primary_, 0, 0, 1);
+  auto w1 = Clock(&primary_, 1, 0, 1);
+  ASSERT_TRUE(a->answer.Await().ok());
+  ASSERT_TRUE(w1->Await().ok());
+  // Clock 1: worker 0's push arrives; worker 1's never does.
+  auto c = Push(&primary_, 0, 2, 1, kKeys, {-10, -10, -10, -10});
+  auto w0c1 = Clock(&primary_, 0, 1, 1);
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(c->answer.IsDone());
+  EXPECT_EQ(primary_.Status().replica_entries(), 1);  // clock 0's
+
+  // S[0] dies; S[1] is promoted.
+  h0_.Kill();
+  ASSERT_TRUE(backup_.Configure(1, View(2, 1, -1)).ok());
+  // Resends: clock 0's push is a duplicate (acknowledged, so on S[1]);
+  // clock 1's is new there.
+  auto a2 = Push(&backup_, 0, 1, 0, kKeys, {-1, -1, -1, -1}, 2);
+  ASSERT_TRUE(a2->answer.Await().ok());
+  EXPECT_TRUE(a2->resp.duplicate());
+  auto c2 = Push(&backup_, 0, 2, 1, kKeys, {-10, -10, -10, -10}, 2);
+  auto d2 = Push(&backup_, 1, 2, 1, kKeys, {-20, -20, -20, -20}, 2);
+  auto x0 = Clock(&backup_, 0, 1, 1);
+  auto x1 = Clock(&backup_, 1, 1, 1);
+  for (Answer* x : {&c2->answer, &d2->answer, x0.get(), x1.get()}) {
+    EXPECT_TRUE(x->Await().ok()) << x->Await();
+  }
+  EXPECT_FALSE(c2->resp.duplicate());
+  // Clock 0: (1 + 3) / 2; clock 1: (10 + 20) / 2, each once.
+  EXPECT_EQ(PullAt(&backup_, 2, kKeys), std::vector<float>(4, 2.0f + 15.0f));
+}
+
+// A worker cannot wait for a push of a clock it has not ended (its answer
+// waits for every worker's end of the clock): FAILED_PRECONDITION at once,
+// and the push still completes once the clock ends.
+TEST_F(BspReplicationTest, WaitingForAPushOfTheCurrentClockIsRefused) {
+  std::shared_ptr<SchedulerClient> scheduler =
+      peers_.Scheduler(kInProcSchedulerAddress);
+  KVWorkerOptions o0, o1;
+  o0.worker_id = 0;
+  o1.worker_id = 1;
+  const proto::ClusterView v = View(1, 0, 1);
+  KVWorker w0(o0, v, &peers_, scheduler.get());
+  KVWorker w1(o1, v, &peers_, scheduler.get());
+  const std::vector<float> g = {-1, -1, -1, -1};
+  const int64_t push = w0.Push(0, kKeys, g, 1);
+  absl::Status s = w0.Wait(push, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("before its clock ends"), std::string::npos) << s;
+  const int64_t c0 = w0.PushAndClock(0, kKeys, g, 1);
+  const int64_t c1 = w1.PushAndClock(0, kKeys, g, 1);
+  EXPECT_TRUE(w0.Wait(c0, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(w1.Wait(c1, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(w0.Wait(push, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(w0.Finish(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(w1.Finish(absl::Now() + absl::Seconds(10)).ok());
+  // Three pushes of -1 on each key, applied once, over the 2 examples the
+  // two clocks announced.
+  EXPECT_EQ(PullAt(&primary_, 1, kKeys), std::vector<float>(4, 1.5f));
+}
+
+}  // namespace
+}  // namespace ps
