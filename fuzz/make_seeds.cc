@@ -195,6 +195,44 @@ ServerInput BackupJob() {
   return in;
 }
 
+// Replication after aggregation: S[0] as the BSP backup of S[1]'s ranges
+// gets one applied clock of one range (its segment ids, the announcement
+// that completed it, the summed gradients), then the same batch again (a
+// resend).
+ServerInput BackupBspJob() {
+  ServerInput in;
+  in.set_servers(1);  // 2 servers
+  in.set_workers(0);  // 1 worker
+  in.set_replicas(1);
+  in.set_mode(proto::MODE_BSP);
+  const proto::RoutingTable ring = BuildHashRing({0, 1}, 4, 1, 1);
+  const Routing routing = *Routing::FromProto(ring);
+  proto::ReplicateRequest req;
+  req.set_from_server(1);
+  req.set_epoch(1);
+  for (int r = 0; r < ring.range_server_size(); ++r) {
+    if (ring.range_server(r) != 1) continue;
+    proto::ReplicaBspClock* c = req.add_entries()->mutable_bsp()->add_clocks();
+    c->set_range(r);
+    c->set_index(1);
+    c->set_clock(0);
+    c->set_examples(1);
+    c->add_seg_workers(0);
+    c->add_seg_seqs(1);
+    c->add_ann_workers(0);
+    c->add_ann_segments(1);
+    c->add_ann_examples(1);
+    c->add_ann_settled(0);
+    c->add_sum_tables(0);
+    c->add_sum_keys(Keys({routing.RangeBegin(r)}));
+    c->add_sum_vals(Vals({0.5f}));
+    break;
+  }
+  *in.add_calls()->mutable_replicate() = req;
+  *in.add_calls()->mutable_replicate() = req;
+  return in;
+}
+
 }  // namespace
 }  // namespace ps::fuzz
 
@@ -215,6 +253,7 @@ int main(int argc, char** argv) {
                   ServerJob(ps::proto::MODE_BSP, 2, ps::proto::VALUES_F16,
                             ps::proto::CODEC_LZ4));
   ps::fuzz::Write(dir + "/server/backup_replicate", ps::fuzz::BackupJob());
+  ps::fuzz::Write(dir + "/server/backup_bsp_clock", ps::fuzz::BackupBspJob());
   ps::fuzz::Write(dir + "/scheduler/job", ps::fuzz::SchedulerJob(false));
   ps::fuzz::Write(dir + "/scheduler/job_set_ssp", ps::fuzz::SchedulerJob(true));
   return 0;
