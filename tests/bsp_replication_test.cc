@@ -113,13 +113,15 @@ class BspReplicationTest : public ::testing::Test {
     backup_.CancelAll(absl::CancelledError("test over"));
   }
 
-  // A push of worker `w` (one segment per range, seqs from `seq` up).
-  std::unique_ptr<PushCall> Push(ServerNode* node, int w, uint64_t seq,
+  // A push of worker `w` (one segment per range, seqs from `seq` up). The
+  // call lives as long as the test's fixture: a dead node's answers come
+  // in TearDown.
+  PushCall* Push(ServerNode* node, int w, uint64_t seq,
                                  int64_t clock,
                                  const std::vector<uint64_t>& keys,
                                  const std::vector<float>& grads,
                                  int64_t epoch = 1) {
-    auto call = std::make_unique<PushCall>();
+    PushCall* call = calls_.emplace_back(std::make_unique<PushCall>()).get();
     proto::PushRequest& r = call->req;
     r.set_worker_id(w);
     r.set_seq(seq);
@@ -133,9 +135,8 @@ class BspReplicationTest : public ::testing::Test {
     return call;
   }
   // Worker `w` ends `clock` after `pushes` push requests to this server.
-  std::unique_ptr<Answer> Clock(ServerNode* node, int w, int64_t clock,
-                                int pushes) {
-    auto a = std::make_unique<Answer>();
+  Answer* Clock(ServerNode* node, int w, int64_t clock, int pushes) {
+    Answer* a = answers_.emplace_back(std::make_unique<Answer>()).get();
     proto::ClockRequest r;
     r.set_worker_id(w);
     r.set_clock(clock);
@@ -163,6 +164,9 @@ class BspReplicationTest : public ::testing::Test {
     return std::vector<float>(v.begin(), v.end());
   }
 
+  // Before the nodes: destroyed after them.
+  std::vector<std::unique_ptr<PushCall>> calls_;
+  std::vector<std::unique_ptr<Answer>> answers_;
   ServerNode primary_;
   ServerNode backup_;
   ServerNodeHandler h0_{0, &primary_};
@@ -186,7 +190,7 @@ TEST_F(BspReplicationTest, OneEntryPerClockAndPushesAnsweredAfterIt) {
   EXPECT_FALSE(w0->IsDone());
   EXPECT_EQ(primary_.Status().replica_entries(), 0);
   auto w1 = Clock(&primary_, 1, 0, 1);
-  for (Answer* x : {&a->answer, &b->answer, &c->answer, w0.get(), w1.get()}) {
+  for (Answer* x : {&a->answer, &b->answer, &c->answer, w0, w1}) {
     EXPECT_TRUE(x->Await().ok()) << x->Await();
   }
   // One entry, to the one backup, for the clock on every range.
@@ -230,7 +234,7 @@ TEST_F(BspReplicationTest, PrimaryDyingMidClockLosesNothingAcknowledged) {
   auto d2 = Push(&backup_, 1, 2, 1, kKeys, {-20, -20, -20, -20}, 2);
   auto x0 = Clock(&backup_, 0, 1, 1);
   auto x1 = Clock(&backup_, 1, 1, 1);
-  for (Answer* x : {&c2->answer, &d2->answer, x0.get(), x1.get()}) {
+  for (Answer* x : {&c2->answer, &d2->answer, x0, x1}) {
     EXPECT_TRUE(x->Await().ok()) << x->Await();
   }
   EXPECT_FALSE(c2->resp.duplicate());
