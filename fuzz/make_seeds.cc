@@ -147,24 +147,36 @@ SchedulerInput SchedulerJob(bool switch_mode) {
   return in;
 }
 
-// Issue 9: S[0] as the backup of S[1]'s ranges (2 servers, 1 replica)
-// gets S[1]'s log: a push to one range, then a clock's announcements for
-// all of them in one entry; then the same batch again (a resend).
-ServerInput BackupJob() {
+// S[0] as the BSP backup of S[1]'s ranges (2 servers, 1 worker, 1
+// replica): the ring both jobs below use, and the job that sends S[0]
+// `req` (from S[1] at epoch 1) twice, the second a resend.
+const proto::RoutingTable& BackupRing() {
+  static const proto::RoutingTable ring = BuildHashRing({0, 1}, 4, 1, 1);
+  return ring;
+}
+ServerInput BackupJobSending(proto::ReplicateRequest req) {
   ServerInput in;
   in.set_servers(1);  // 2 servers
   in.set_workers(0);  // 1 worker
   in.set_replicas(1);
   in.set_mode(proto::MODE_BSP);
-  const proto::RoutingTable ring = BuildHashRing({0, 1}, 4, 1, 1);
+  req.set_from_server(1);
+  req.set_epoch(1);
+  *in.add_calls()->mutable_replicate() = req;
+  *in.add_calls()->mutable_replicate() = req;
+  return in;
+}
+
+// Issue 9: S[1]'s log: a push to one range, then a clock's announcements
+// for all of them in one entry.
+ServerInput BackupJob() {
+  const proto::RoutingTable& ring = BackupRing();
   std::vector<int> theirs;
   for (int r = 0; r < ring.range_server_size(); ++r) {
     if (ring.range_server(r) == 1) theirs.push_back(r);
   }
   const Routing routing = *Routing::FromProto(ring);
   proto::ReplicateRequest req;
-  req.set_from_server(1);
-  req.set_epoch(1);
   if (!theirs.empty()) {
     const int r = theirs[0];
     proto::ReplicaPush* p = req.add_entries()->mutable_push();
@@ -190,26 +202,16 @@ ServerInput BackupJob() {
     a->add_segments(i == 0 ? 1 : 0);
     a->add_settled_seqs(0);
   }
-  *in.add_calls()->mutable_replicate() = req;
-  *in.add_calls()->mutable_replicate() = req;
-  return in;
+  return BackupJobSending(std::move(req));
 }
 
-// Replication after aggregation: S[0] as the BSP backup of S[1]'s ranges
-// gets one applied clock of one range (its segment ids, the announcement
-// that completed it, the summed gradients), then the same batch again (a
-// resend).
+// Replication after aggregation: one applied clock of one range of S[1]
+// (its segment ids, the announcement that completed it, the summed
+// gradients).
 ServerInput BackupBspJob() {
-  ServerInput in;
-  in.set_servers(1);  // 2 servers
-  in.set_workers(0);  // 1 worker
-  in.set_replicas(1);
-  in.set_mode(proto::MODE_BSP);
-  const proto::RoutingTable ring = BuildHashRing({0, 1}, 4, 1, 1);
+  const proto::RoutingTable& ring = BackupRing();
   const Routing routing = *Routing::FromProto(ring);
   proto::ReplicateRequest req;
-  req.set_from_server(1);
-  req.set_epoch(1);
   for (int r = 0; r < ring.range_server_size(); ++r) {
     if (ring.range_server(r) != 1) continue;
     proto::ReplicaBspClock* c = req.add_entries()->mutable_bsp()->add_clocks();
@@ -228,9 +230,7 @@ ServerInput BackupBspJob() {
     c->add_sum_vals(Vals({0.5f}));
     break;
   }
-  *in.add_calls()->mutable_replicate() = req;
-  *in.add_calls()->mutable_replicate() = req;
-  return in;
+  return BackupJobSending(std::move(req));
 }
 
 }  // namespace

@@ -440,6 +440,12 @@ class ServerNode {
   void OnBatchReply(int backup, uint64_t generation,
                     std::shared_ptr<proto::ReplicateRequest> req,
                     const absl::Status& s, int attempt);
+  // Whether entry `index` of `range`, sent by `from`, is the next one to
+  // apply here: true; false for a resend (applied already); UNAVAILABLE
+  // while the range awaits its copy; DATA_LOSS for a gap.
+  absl::StatusOr<bool> IsNextEntryLocked(int from, int range,
+                                         int64_t index) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Applies a replicated push's segments on a backup (mu_ held).
   absl::Status ApplyPushLocked(int from, const proto::ReplicaPush& p,
                                RangeActionList* actions)

@@ -795,6 +795,21 @@ absl::Status ServerNode::Replicate(const proto::ReplicateRequest& req) {
   return s;
 }
 
+absl::StatusOr<bool> ServerNode::IsNextEntryLocked(int from, int range,
+                                                  int64_t index) const {
+  const RangeLog& lg = logs_[range];
+  if (lg.awaiting_copy) {
+    return absl::UnavailableError(
+        absl::StrCat("range ", range, " awaits its copy from S[", from, "]"));
+  }
+  if (index <= lg.index) return false;
+  if (index != lg.index + 1) {
+    return absl::DataLossError(absl::StrCat("range ", range, ": entry ", index,
+                                            " after ", lg.index));
+  }
+  return true;
+}
+
 absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
                                          RangeActionList* actions) {
   if (p.table() < 0 || p.table() >= static_cast<int>(tables_.size())) {
@@ -823,15 +838,8 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
     const float* v = vals + at * dim;
     at += n;
     RangeLog& lg = logs_[r];
-    if (lg.awaiting_copy) {
-      return absl::UnavailableError(
-          absl::StrCat("range ", r, " awaits its copy from S[", from, "]"));
-    }
-    if (seg.index() <= lg.index) continue;  // a resend
-    if (seg.index() != lg.index + 1) {
-      return absl::DataLossError(absl::StrCat(
-          "range ", r, ": entry ", seg.index(), " after ", lg.index));
-    }
+    PS_ASSIGN_OR_RETURN(const bool next, IsNextEntryLocked(from, r, seg.index()));
+    if (!next) continue;  // a resend
     for (size_t i = 0; i < n; ++i) {
       if ((i > 0 && k[i] <= k[i - 1]) || k[i] < routing_->RangeBegin(r) ||
           k[i] > routing_->RangeLast(r)) {
@@ -880,16 +888,9 @@ absl::Status ServerNode::ApplyAnnouncesLocked(int from,
   }
   for (int i = 0; i < n; ++i) {
     const int r = an.ranges(i);  // checked by the caller
-    RangeLog& lg = logs_[r];
-    if (lg.awaiting_copy) {
-      return absl::UnavailableError(
-          absl::StrCat("range ", r, " awaits its copy from S[", from, "]"));
-    }
-    if (an.indexes(i) <= lg.index) continue;  // a resend
-    if (an.indexes(i) != lg.index + 1) {
-      return absl::DataLossError(absl::StrCat(
-          "range ", r, ": entry ", an.indexes(i), " after ", lg.index));
-    }
+    PS_ASSIGN_OR_RETURN(const bool next,
+                        IsNextEntryLocked(from, r, an.indexes(i)));
+    if (!next) continue;  // a resend
     RangeActions a;
     absl::Status s = ranges_[r].Announce(an.worker(), an.clock(),
                                          an.segments(i), an.examples(),
@@ -902,7 +903,7 @@ absl::Status ServerNode::ApplyAnnouncesLocked(int from,
     }
     ApplyBsp(r, &a);
     actions->emplace_back(r, std::move(a));
-    lg.index = an.indexes(i);
+    logs_[r].index = an.indexes(i);
   }
   return absl::OkStatus();
 }
@@ -911,16 +912,8 @@ absl::Status ServerNode::ApplyBspClocksLocked(
     int from, const proto::ReplicaBspClocks& bc, RangeActionList* actions) {
   for (const proto::ReplicaBspClock& c : bc.clocks()) {
     const int r = c.range();  // checked by the caller
-    RangeLog& lg = logs_[r];
-    if (lg.awaiting_copy) {
-      return absl::UnavailableError(
-          absl::StrCat("range ", r, " awaits its copy from S[", from, "]"));
-    }
-    if (c.index() <= lg.index) continue;  // a resend
-    if (c.index() != lg.index + 1) {
-      return absl::DataLossError(absl::StrCat(
-          "range ", r, ": entry ", c.index(), " after ", lg.index));
-    }
+    PS_ASSIGN_OR_RETURN(const bool next, IsNextEntryLocked(from, r, c.index()));
+    if (!next) continue;  // a resend
     const int anns = c.ann_workers_size();
     const int sums = c.sum_tables_size();
     if (c.seg_workers_size() != c.seg_seqs_size() ||
@@ -976,7 +969,7 @@ absl::Status ServerNode::ApplyBspClocksLocked(
               t->optimizer().GradientScale(c.examples()));
     }
     actions->emplace_back(r, std::move(a));
-    lg.index = c.index();
+    logs_[r].index = c.index();
   }
   return absl::OkStatus();
 }
@@ -1039,15 +1032,8 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
     actions->emplace_back(r, std::move(a));
     return absl::OkStatus();
   }
-  if (lg.awaiting_copy) {
-    return absl::UnavailableError(
-        absl::StrCat("range ", r, " awaits its copy from S[", from, "]"));
-  }
-  if (e.index() <= lg.index) return absl::OkStatus();  // a resend
-  if (e.index() != lg.index + 1) {
-    return absl::DataLossError(absl::StrCat("range ", r, ": entry ", e.index(),
-                                            " after ", lg.index));
-  }
+  PS_ASSIGN_OR_RETURN(const bool next, IsNextEntryLocked(from, r, e.index()));
+  if (!next) return absl::OkStatus();  // a resend
   RangeActions a;
   absl::Status s;
   switch (e.op_case()) {

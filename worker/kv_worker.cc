@@ -202,10 +202,11 @@ absl::Status KVWorker::Wait(int64_t ts, absl::Time deadline) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown timestamp ", ts));
   }
-  if (auto op = ops_.find(ts); op != ops_.end() && op->second.push_clock >= 0 &&
-                                 op->second.pending > 0 &&
-                                 view_.consistency().mode() == proto::MODE_BSP &&
-                                 routing_->replicas() > 0) {
+  // BSP with replicas: a push of a clock not ended cannot complete.
+  const bool bsp_replicated =
+      view_.consistency().mode() == proto::MODE_BSP && routing_->replicas() > 0;
+  if (auto op = bsp_replicated ? ops_.find(ts) : ops_.end();
+      op != ops_.end() && op->second.push_clock >= 0 && op->second.pending > 0) {
     auto c = clocks_.find(op->second.push_clock);
     if (c != clocks_.end() && !c->second.ended) {
       return absl::FailedPreconditionError(absl::StrCat(
