@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     PS_RETURN_IF_ERROR(CheckParam("beta", cfg.beta, false));
     opt->kind_ = OptimizerKind::kFtrl;
     opt->ftrl_.alpha = cfg.alpha;
+    opt->ftrl_.inv_alpha = 1.0 / static_cast<double>(cfg.alpha);
     opt->ftrl_.beta = cfg.beta;
     opt->ftrl_.l1 = cfg.l1;
     opt->ftrl_.l2 = cfg.l2;

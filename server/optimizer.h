@@ -108,6 +108,7 @@ struct AdagradRule {
 struct FtrlRule {
   static constexpr int kStateFloats = 2;
   double alpha = 0, beta = 0, l1 = 0, l2 = 0;
+  double inv_alpha = 0;  // 1 / alpha
 
   void Init(float* w, float* state, size_t n) const {
     for (size_t i = 0; i < n; ++i) {
@@ -116,6 +117,11 @@ struct FtrlRule {
       state[2 * i + 1] = 0.0f;
     }
   }
+  // Branch-free: whether |z| > l1 is a coin toss from key to key, and a
+  // mispredicted branch there flushed the two square roots and three
+  // divisions in flight for the keys after it (a dim-1 table's update is
+  // one key per call). Both sides are computed and one is selected; the
+  // arithmetic of each is what it was, so results are unchanged.
   void Apply(float* w, float* state, const float* g, float scale,
              size_t n) const {
     for (size_t i = 0; i < n; ++i) {
@@ -124,13 +130,11 @@ struct FtrlRule {
       double acc = state[2 * i + 1];
       double acc_new = acc + gi * gi;
       double sqrt_new = std::sqrt(acc_new);
-      double sigma = (sqrt_new - std::sqrt(acc)) / alpha;
+      double sigma = (sqrt_new - std::sqrt(acc)) * inv_alpha;
       z += gi - sigma * static_cast<double>(w[i]);
-      double wi = 0.0;
-      if (std::abs(z) > l1) {
-        double sign_z = z < 0 ? -1.0 : 1.0;
-        wi = -(z - sign_z * l1) / ((beta + sqrt_new) / alpha + l2);
-      }
+      const double signed_l1 = z < 0 ? -l1 : l1;
+      const double w_out = -(z - signed_l1) / ((beta + sqrt_new) * inv_alpha + l2);
+      const double wi = std::abs(z) > l1 ? w_out : 0.0;
       state[2 * i] = static_cast<float>(z);
       state[2 * i + 1] = static_cast<float>(acc_new);
       w[i] = static_cast<float>(wi);
