@@ -118,10 +118,11 @@ struct FtrlRule {
     }
   }
   // Branch-free: whether |z| > l1 is a coin toss from key to key, and a
-  // mispredicted branch there flushed the two square roots and three
-  // divisions in flight for the keys after it (a dim-1 table's update is
-  // one key per call). Both sides are computed and one is selected; the
-  // arithmetic of each is what it was, so results are unchanged.
+  // mispredicted branch there flushed the square roots and divisions in
+  // flight for the keys after it (a dim-1 table's update is one key per
+  // call). Both sides are computed and one is selected. The divisions by
+  // alpha are multiplications by inv_alpha: the square roots and the one
+  // division left share a divider that bounds a cached push.
   void Apply(float* w, float* state, const float* g, float scale,
              size_t n) const {
     for (size_t i = 0; i < n; ++i) {
@@ -133,7 +134,8 @@ struct FtrlRule {
       double sigma = (sqrt_new - std::sqrt(acc)) * inv_alpha;
       z += gi - sigma * static_cast<double>(w[i]);
       const double signed_l1 = z < 0 ? -l1 : l1;
-      const double w_out = -(z - signed_l1) / ((beta + sqrt_new) * inv_alpha + l2);
+      const double w_out =
+          -(z - signed_l1) / ((beta + sqrt_new) * inv_alpha + l2);
       const double wi = std::abs(z) > l1 ? w_out : 0.0;
       state[2 * i] = static_cast<float>(z);
       state[2 * i + 1] = static_cast<float>(acc_new);
