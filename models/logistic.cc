@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "common/hash.h"
+#include "common/radix_sort.h"
 #include "common/status_macros.h"
 #include "models/tables.h"
 
@@ -17,25 +19,20 @@ void BuildBatch(const RowBlock& block, size_t first, size_t last,
   batch->Clear();
   const int64_t nz_begin = block.row_ptr[first];
   const int64_t nz_end = block.row_ptr[last];
+  const size_t nz = static_cast<size_t>(nz_end - nz_begin);
+  // Column of each non-zero, then of the bias (index nz). Kept per thread:
+  // a worker builds a batch per step.
+  thread_local std::vector<uint32_t> col_at;
   const uint64_t bias = BiasKey();
-  batch->keys.assign(block.keys.begin() + nz_begin,
-                     block.keys.begin() + nz_end);
-  batch->keys.push_back(bias);
-  std::sort(batch->keys.begin(), batch->keys.end());
-  batch->keys.erase(std::unique(batch->keys.begin(), batch->keys.end()),
-                    batch->keys.end());
-  const auto col_of = [&](uint64_t k) {
-    return static_cast<uint32_t>(
-        std::lower_bound(batch->keys.begin(), batch->keys.end(), k) -
-        batch->keys.begin());
-  };
-  const uint32_t bias_col = col_of(bias);
+  SortUnique(absl::MakeConstSpan(block.keys).subspan(nz_begin, nz),
+             absl::MakeConstSpan(&bias, 1), &batch->keys, &col_at);
+  const uint32_t bias_col = col_at[nz];
   batch->row_ptr.assign(1, 0);
-  batch->cols.reserve(nz_end - nz_begin + (last - first));
-  batch->vals.reserve(nz_end - nz_begin + (last - first));
+  batch->cols.reserve(nz + (last - first));
+  batch->vals.reserve(nz + (last - first));
   for (size_t r = first; r < last; ++r) {
     for (int64_t j = block.row_ptr[r]; j < block.row_ptr[r + 1]; ++j) {
-      batch->cols.push_back(col_of(block.keys[j]));
+      batch->cols.push_back(col_at[static_cast<size_t>(j - nz_begin)]);
       batch->vals.push_back(block.vals[j]);
     }
     batch->cols.push_back(bias_col);

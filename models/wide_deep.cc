@@ -4,23 +4,14 @@
 
 #include "absl/time/clock.h"
 #include "common/hash.h"
+#include "common/radix_sort.h"
 #include "common/status_macros.h"
 
 namespace ps {
 
 void BuildMlpBatch(const FieldBlock& block, MlpBatch* batch) {
   batch->Clear();
-  batch->keys.assign(block.keys.begin(), block.keys.end());
-  std::sort(batch->keys.begin(), batch->keys.end());
-  batch->keys.erase(std::unique(batch->keys.begin(), batch->keys.end()),
-                    batch->keys.end());
-  batch->slots.resize(block.keys.size());
-  for (size_t k = 0; k < block.keys.size(); ++k) {
-    batch->slots[k] = static_cast<uint32_t>(
-        std::lower_bound(batch->keys.begin(), batch->keys.end(),
-                         block.keys[k]) -
-        batch->keys.begin());
-  }
+  SortUnique(block.keys, {}, &batch->keys, &batch->slots);
   batch->labels.assign(block.labels.begin(), block.labels.end());
 }
 
