@@ -90,12 +90,14 @@ TEST(TableSlotsTest, SlotsGiveTheSameResultsAsKeys) {
   std::vector<float> out(6), want(6);
   t->Pull(0, keys, out.data(), slots.data(), &gen);
   EXPECT_EQ(slots, std::vector<uint32_t>(3, Table::kNoSlot));
-  EXPECT_FALSE(t->PushSlots(0, gen, slots.data(), 3, g.data(), 1.0f))
-      << "keys not stored yet go by keys";
+  // Keys the pull did not find go by key: created, in key order.
+  ASSERT_TRUE(t->PushSlots(0, gen, keys, slots.data(), g.data(), 1.0f));
+  by_keys->Push(0, keys, g.data(), 1.0f);
+  EXPECT_EQ(t->size(), 3u);
   t->Push(0, keys, g.data(), 1.0f, slots.data(), &gen);
   by_keys->Push(0, keys, g.data(), 1.0f);
   for (uint32_t s : slots) EXPECT_NE(s, Table::kNoSlot);
-  ASSERT_TRUE(t->PushSlots(0, gen, slots.data(), 3, g.data(), 0.5f));
+  ASSERT_TRUE(t->PushSlots(0, gen, keys, slots.data(), g.data(), 0.5f));
   by_keys->Push(0, keys, g.data(), 0.5f);
   ASSERT_TRUE(t->PullSlots(0, gen, keys, slots.data(), out.data()));
   by_keys->Pull(0, keys, want.data());
@@ -105,6 +107,42 @@ TEST(TableSlotsTest, SlotsGiveTheSameResultsAsKeys) {
   std::vector<uint32_t> old(3, Table::kNoSlot);
   ASSERT_TRUE(t->PullSlots(0, gen, keys, old.data(), out.data()));
   EXPECT_EQ(out, want);
+}
+
+TEST(TableSlotsTest, PushSlotsWithMissingKeysMatchesPushByKeys) {
+  std::unique_ptr<Table> t = SgdTable();
+  std::unique_ptr<Table> by_keys = SgdTable();
+  const std::vector<uint64_t> stored = {4, 8};
+  const std::vector<float> g2 = {1, 1, 2, 2};
+  t->Push(0, stored, g2.data(), 1.0f);
+  by_keys->Push(0, stored, g2.data(), 1.0f);
+  // A pull of 2, 4, 6, 8 finds 4 and 8; then 6 is stored by another push.
+  const std::vector<uint64_t> keys = {2, 4, 6, 8};
+  std::vector<uint32_t> slots(4);
+  uint64_t gen = 0;
+  std::vector<float> out(8), want(8);
+  t->Pull(0, keys, out.data(), slots.data(), &gen);
+  EXPECT_EQ(slots[0], Table::kNoSlot);
+  EXPECT_EQ(slots[2], Table::kNoSlot);
+  const std::vector<uint64_t> six = {6};
+  t->Push(0, six, g2.data(), 1.0f);
+  by_keys->Push(0, six, g2.data(), 1.0f);
+  const std::vector<float> g = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(t->PushSlots(0, gen, keys, slots.data(), g.data(), 0.25f));
+  by_keys->Push(0, keys, g.data(), 0.25f);
+  EXPECT_EQ(t->size(), 4u) << "6 found, not stored twice; 2 created";
+  t->Pull(0, keys, out.data());
+  by_keys->Pull(0, keys, want.data());
+  EXPECT_EQ(out, want);
+  // A slot beyond the range's: refused, nothing applied (2 is not
+  // created again, the values do not move).
+  std::vector<uint32_t> bad = slots;
+  bad[1] = 1000;
+  bad[0] = Table::kNoSlot;
+  EXPECT_FALSE(t->PushSlots(0, gen, keys, bad.data(), g.data(), 1.0f));
+  t->Pull(0, keys, out.data());
+  EXPECT_EQ(out, want);
+  EXPECT_EQ(t->size(), 4u);
 }
 
 TEST(TableSlotsTest, ClearedRangeRefusesOldSlots) {
@@ -119,7 +157,7 @@ TEST(TableSlotsTest, ClearedRangeRefusesOldSlots) {
   EXPECT_FALSE(other->PullSlots(0, gen, keys, slots.data(), out.data()))
       << "another table's slots";
   t->ClearRange(0);
-  EXPECT_FALSE(t->PushSlots(0, gen, slots.data(), 1, g.data(), 1.0f));
+  EXPECT_FALSE(t->PushSlots(0, gen, keys, slots.data(), g.data(), 1.0f));
   EXPECT_FALSE(t->PullSlots(0, gen, keys, slots.data(), out.data()));
   EXPECT_EQ(t->size(), 0u) << "nothing applied through stale slots";
 }

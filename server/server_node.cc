@@ -718,11 +718,12 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
       const RangeRun& run = runs[i];
       const size_t n = run.last - run.first;
       const float* grads = g + run.first * dim;
-      // A cached list's slots, unless stale or incomplete: no hashing.
+      // A cached list's slots, unless stale: no hashing but for the keys
+      // its pull did not find.
       if (rk.cached != nullptr && !rk.cached->slots.empty() &&
           t->PushSlots(run.range, rk.cached->generations[i],
-                       rk.cached->slots.data() + run.first, n, grads,
-                       scale)) {
+                       keys.subspan(run.first, n),
+                       rk.cached->slots.data() + run.first, grads, scale)) {
         continue;
       }
       auto [slots, generation] = Resolving(&rk, req.table(), i);

@@ -318,22 +318,48 @@ bool Table::PullSlots(int range, uint64_t generation,
   return true;
 }
 
-bool Table::PushSlots(int range, uint64_t generation, const uint32_t* slots,
-                      size_t n, const float* grads, float scale) {
+bool Table::PushSlots(int range, uint64_t generation,
+                      absl::Span<const uint64_t> keys, const uint32_t* slots,
+                      const float* grads, float scale) {
   Partition& p = partition(range);
   const size_t dim = static_cast<size_t>(spec_.dim);
+  const size_t n = keys.size();
   absl::MutexLock l(&p.mu);
   if (p.generation != generation) return false;
+  bool missing = false;
   for (size_t i = 0; i < n; ++i) {
-    if (slots[i] == kNoSlot || slots[i] >= p.num_slots) return false;
+    if (slots[i] == kNoSlot) {
+      missing = true;
+    } else if (slots[i] >= p.num_slots) {
+      return false;
+    }
   }
   optimizer_->Visit([&](const auto& rule) {
     p.mu.AssertHeld();
+    const uint32_t* s = slots;
+    if (missing) {
+      // The keys the pull did not find, by key (created here, or stored
+      // since), in key order as Push creates them.
+      uint32_t* resolved = Scratch(n);
+      for (size_t i = 0; i < n; ++i) {
+        resolved[i] = slots[i];
+        if (slots[i] != kNoSlot) continue;
+        auto [it, inserted] = p.slots.try_emplace(keys[i], 0);
+        if (inserted) {
+          it->second = NewSlot(p);
+          float* data = SlotData(p, it->second);
+          rule.Init(data, data + dim, dim);
+          if (spec_.init_scale != 0) InitialValue(keys[i], data);
+        }
+        resolved[i] = it->second;
+      }
+      s = resolved;
+    }
     for (size_t i = 0; i < n; ++i) {
       if (i + kPrefetchDistance < n) {
-        __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
+        __builtin_prefetch(SlotData(p, s[i + kPrefetchDistance]));
       }
-      float* data = SlotData(p, slots[i]);
+      float* data = SlotData(p, s[i]);
       rule.Apply(data, data + dim, grads + i * dim, scale, dim);
     }
   });

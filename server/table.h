@@ -98,14 +98,18 @@ class Table {
   // Pull / Push by the slots a Pull or Push wrote for the same keys at
   // `generation`. They return false, having done nothing, when the range's
   // slots have been invalidated since (ClearRange: a new copy of the range
-  // arrived); the caller then goes by keys. PullSlots reads a kNoSlot key
-  // as Pull does (stored since, or its initial value); PushSlots returns
-  // false when any slot is kNoSlot.
+  // arrived); the caller then goes by keys. A kNoSlot entry (a key the
+  // Pull did not find) goes by its key: PullSlots reads it as Pull does
+  // (stored since, or its initial value), PushSlots creates it as Push does
+  // (or finds it, stored since), so a push after the pull of a batch with
+  // new keys hashes only those. PushSlots also returns false, having done
+  // nothing, for a slot out of the range's bounds.
   bool PullSlots(int range, uint64_t generation,
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  float* out) const;
-  bool PushSlots(int range, uint64_t generation, const uint32_t* slots,
-                 size_t n, const float* grads, float scale);
+  bool PushSlots(int range, uint64_t generation,
+                 absl::Span<const uint64_t> keys, const uint32_t* slots,
+                 const float* grads, float scale);
 
   // Number of keys stored (created by a push).
   size_t size() const;
