@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "scheduler/state_file.h"
 #include "scheduler/work_units.h"
 #include "transport/transport.h"
 #include "proto/ps.pb.h"
@@ -343,8 +344,8 @@ class SchedulerCore {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Whether the job has a test set to evaluate.
   bool HasTestSet() const;
-  // Scheduler restart: writes the state file (temporary name, fsync,
-  // rename) when options.state_path is set and the cluster is ready; a
+  // Scheduler restart: saves the state (scheduler/state_file.h) when
+  // options.state_path is set and the cluster is ready; a
   // failure is logged (the job goes on, without a restartable scheduler).
   void SaveStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the job with `status` (done when OK, failed otherwise), writes the
@@ -430,6 +431,8 @@ class SchedulerCore {
   // Work units done before the checkpoint this job restored (issue 9).
   int64_t resumed_units_ ABSL_GUARDED_BY(mu_) = 0;
   bool state_error_logged_ ABSL_GUARDED_BY(mu_) = false;
+  // The state file, opened by the first save (null without state_path).
+  std::unique_ptr<StateFile> state_file_ ABSL_GUARDED_BY(mu_);
   // SaveStateLocked's fsyncs (see there).
   static constexpr absl::Duration kStateSyncInterval = absl::Seconds(1);
   absl::Time last_state_sync_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -1,59 +1,17 @@
 // Scheduler restart (issue 9, docs/fault_tolerance.md): the scheduler's
-// state file. Rewritten whole after every change that matters once the job
-// runs; a scheduler started again with the same config and state file takes
-// the job over, and the servers and workers (which ride out a short outage:
-// heartbeats and GetWork are retried) go on with it.
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+// state file (scheduler/state_file.h). Saved after every change that
+// matters once the job runs; a scheduler started again with the same config
+// and state file takes the job over, and the servers and workers (which
+// ride out a short outage: heartbeats and GetWork are retried) go on with
+// it.
+#include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "scheduler/scheduler.h"
 
 namespace ps {
-namespace {
-
-// Writes `bytes` to `path` atomically: a temporary file in the same folder,
-// fsynced when `sync`, renamed over `path`.
-absl::Status WriteAtomically(const std::string& path, const std::string& bytes,
-                             bool sync) {
-  const std::string tmp = absl::StrCat(path, ".tmp");
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                        0600);
-  if (fd < 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", tmp));
-  }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      ::close(fd);
-      return absl::ErrnoToStatus(e, absl::StrCat("cannot write ", tmp));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (sync && ::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return absl::ErrnoToStatus(e, absl::StrCat("cannot fsync ", tmp));
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot rename ", tmp,
-                                                   " to ", path));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 void SchedulerCore::SaveStateLocked() {
   if (options_.state_path.empty() || !ready_) return;
@@ -101,9 +59,9 @@ void SchedulerCore::SaveStateLocked() {
   }
   st.mutable_draining()->Add(draining_.begin(), draining_.end());
   st.mutable_rebalancing()->Add(rebalancing_.begin(), rebalancing_.end());
-  // The file is replaced whole (temporary + rename) on every change, so a
-  // scheduler that is killed and restarted always finds the last state. It
-  // is fsynced at most once per kStateSyncInterval while the job runs (and
+  // Every change is saved (a pwrite into the file's older slot), so a
+  // scheduler that is killed and restarted finds the last state. It is
+  // fsynced at most once per kStateSyncInterval while the job runs (and
   // on every other phase): a GetWork saves, and an fsync per unit cost more
   // CPU (a VM's disk exits) than the rest of the scheduler. What this risks
   // is only a crash of the machine's kernel, which can lose that interval's
@@ -112,8 +70,10 @@ void SchedulerCore::SaveStateLocked() {
   const bool sync = phase_ != JobPhase::kRunning ||
                     now - last_state_sync_ >= kStateSyncInterval;
   if (sync) last_state_sync_ = now;
-  absl::Status s =
-      WriteAtomically(options_.state_path, st.SerializeAsString(), sync);
+  if (state_file_ == nullptr) {
+    state_file_ = std::make_unique<StateFile>(options_.state_path);
+  }
+  absl::Status s = state_file_->Write(st.SerializeAsString(), sync);
   if (!s.ok() && !state_error_logged_) {
     state_error_logged_ = true;
     PS_LOG_ERROR("scheduler state file: {} (a restarted scheduler could not "
@@ -125,17 +85,11 @@ void SchedulerCore::SaveStateLocked() {
 absl::StatusOr<bool> SchedulerCore::RestoreState() {
   const std::string& path = options_.state_path;
   if (path.empty()) return false;
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return false;
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (!in) {
-    return absl::DataLossError(absl::StrCat("cannot read scheduler state ",
-                                            path));
-  }
+  absl::StatusOr<std::string> bytes = StateFile::Read(path);
+  if (absl::IsNotFound(bytes.status())) return false;
+  if (!bytes.ok()) return bytes.status();
   proto::SchedulerState st;
-  if (!st.ParseFromString(ss.str()) || st.version() != 1) {
+  if (!st.ParseFromString(*bytes) || st.version() != 1) {
     return absl::DataLossError(absl::StrCat(
         "scheduler state ", path, " is malformed (not a version 1 state)"));
   }
