@@ -223,6 +223,32 @@ uint32_t* Scratch(size_t n) {
 }
 }  // namespace
 
+template <typename Rule>
+uint32_t Table::SlotOrNew(Partition& p, const Rule& rule, uint64_t key) {
+  auto [it, inserted] = p.slots.try_emplace(key, 0);
+  if (inserted) {
+    const size_t dim = static_cast<size_t>(spec_.dim);
+    it->second = NewSlot(p);
+    float* data = SlotData(p, it->second);
+    rule.Init(data, data + dim, dim);
+    if (spec_.init_scale != 0) InitialValue(key, data);
+  }
+  return it->second;
+}
+
+template <typename Rule>
+void Table::ApplyAt(Partition& p, const Rule& rule, const uint32_t* slots,
+                    size_t n, const float* grads, float scale) {
+  const size_t dim = static_cast<size_t>(spec_.dim);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n) {
+      __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
+    }
+    float* data = SlotData(p, slots[i]);
+    rule.Apply(data, data + dim, grads + i * dim, scale, dim);
+  }
+}
+
 // Pull and Push make two passes: every key's slot first (the hash map
 // prefetched ahead), then the values (each slot's floats prefetched
 // ahead), so the cache misses of both overlap instead of the value's miss
@@ -259,7 +285,6 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
                  const float* grads, float scale, uint32_t* slots,
                  uint64_t* generation) {
   Partition& p = partition(range);
-  const size_t dim = static_cast<size_t>(spec_.dim);
   const size_t n = keys.size();
   uint32_t* s = slots != nullptr ? slots : Scratch(n);
   absl::MutexLock l(&p.mu);
@@ -271,23 +296,10 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
       if (i + kPrefetchDistance < n) {
         p.slots.prefetch(keys[i + kPrefetchDistance]);
       }
-      auto [it, inserted] = p.slots.try_emplace(keys[i], 0);
-      if (inserted) {
-        it->second = NewSlot(p);
-        float* data = SlotData(p, it->second);
-        rule.Init(data, data + dim, dim);
-        if (spec_.init_scale != 0) InitialValue(keys[i], data);
-      }
-      s[i] = it->second;
+      s[i] = SlotOrNew(p, rule, keys[i]);
     }
     // A key repeated in the call is updated once per occurrence, in order.
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) {
-        __builtin_prefetch(SlotData(p, s[i + kPrefetchDistance]));
-      }
-      float* data = SlotData(p, s[i]);
-      rule.Apply(data, data + dim, grads + i * dim, scale, dim);
-    }
+    ApplyAt(p, rule, s, n, grads, scale);
   });
 }
 
@@ -322,7 +334,6 @@ bool Table::PushSlots(int range, uint64_t generation,
                       absl::Span<const uint64_t> keys, const uint32_t* slots,
                       const float* grads, float scale) {
   Partition& p = partition(range);
-  const size_t dim = static_cast<size_t>(spec_.dim);
   const size_t n = keys.size();
   absl::MutexLock l(&p.mu);
   if (p.generation != generation) return false;
@@ -342,26 +353,12 @@ bool Table::PushSlots(int range, uint64_t generation,
       // since), in key order as Push creates them.
       uint32_t* resolved = Scratch(n);
       for (size_t i = 0; i < n; ++i) {
-        resolved[i] = slots[i];
-        if (slots[i] != kNoSlot) continue;
-        auto [it, inserted] = p.slots.try_emplace(keys[i], 0);
-        if (inserted) {
-          it->second = NewSlot(p);
-          float* data = SlotData(p, it->second);
-          rule.Init(data, data + dim, dim);
-          if (spec_.init_scale != 0) InitialValue(keys[i], data);
-        }
-        resolved[i] = it->second;
+        resolved[i] =
+            slots[i] != kNoSlot ? slots[i] : SlotOrNew(p, rule, keys[i]);
       }
       s = resolved;
     }
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) {
-        __builtin_prefetch(SlotData(p, s[i + kPrefetchDistance]));
-      }
-      float* data = SlotData(p, s[i]);
-      rule.Apply(data, data + dim, grads + i * dim, scale, dim);
-    }
+    ApplyAt(p, rule, s, n, grads, scale);
   });
   return true;
 }

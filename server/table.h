@@ -211,6 +211,16 @@ class Table {
       ABSL_SHARED_LOCKS_REQUIRED(p.mu);
   // Allocates a new slot in `p` (storage uninitialised).
   uint32_t NewSlot(Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // The slot of `key` in `p`, created (rule's initial state, the key's
+  // initial value) when it has none.
+  template <typename Rule>
+  uint32_t SlotOrNew(Partition& p, const Rule& rule, uint64_t key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Applies scale * grads[i*dim ...) to slots[i], i < n, in order.
+  template <typename Rule>
+  void ApplyAt(Partition& p, const Rule& rule, const uint32_t* slots,
+               size_t n, const float* grads, float scale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Writes the initial value of `key` (dim floats) to `w`.
   void InitialValue(uint64_t key, float* w) const;
 
