@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -107,7 +108,14 @@ absl::Status StateFile::Write(const std::string& payload, bool sync) {
 absl::StatusOr<std::string> StateFile::Read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in.is_open()) {
-    return absl::NotFoundError(absl::StrCat("no scheduler state ", path));
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec) && !ec) {
+      return absl::NotFoundError(absl::StrCat("no scheduler state ", path));
+    }
+    // There, but not readable: not to be taken for "no state" (the job
+    // would start afresh).
+    return absl::DataLossError(absl::StrCat("cannot read scheduler state ",
+                                            path));
   }
   std::stringstream ss;
   ss << in.rdbuf();

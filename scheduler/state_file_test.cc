@@ -106,6 +106,20 @@ TEST_F(StateFileTest, AStateThatOutgrowsTheSlotsMakesANewFile) {
   EXPECT_FALSE(std::filesystem::exists(path_ + ".tmp"));
 }
 
+TEST_F(StateFileTest, AnUnreadableFileIsNotTakenForNoState) {
+  // A name that cannot be opened though something is there (a symlink to
+  // itself: ELOOP; the tests run as root, so modes would not stop a read).
+  std::filesystem::create_symlink(path_, path_);
+  absl::StatusOr<std::string> got = StateFile::Read(path_);
+  std::filesystem::remove(path_);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  // A folder where the file should be is no state file either.
+  std::filesystem::create_directory(path_);
+  got = StateFile::Read(path_);
+  std::filesystem::remove(path_);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+}
+
 TEST_F(StateFileTest, OtherFilesAreRefused) {
   Overwrite("not a state");
   absl::StatusOr<std::string> got = StateFile::Read(path_);
