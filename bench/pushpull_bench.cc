@@ -128,6 +128,10 @@ ABSL_FLAG(bool, noop_server, false,
           "servers answer without touching any table (pull: zeros), which "
           "isolates transport and client costs; ps-lite's sparse reference "
           "was measured like this");
+ABSL_FLAG(bool, zero_copy, true,
+          "throughput pushes use KVWorker::ZPush, which sends the values from "
+          "the benchmark's array without copying them (as ps-lite's test uses "
+          "ZPush); false: Push, which copies them into the request first");
 ABSL_FLAG(bool, key_caching, false,
           "workers name key lists a server keeps instead of resending them "
           "(KVWorkerOptions::key_lists_per_server 16, the product default); "
@@ -679,7 +683,8 @@ struct Throughput {
 // least (largest set) * load.dim floats.
 absl::Status RunWindow(KVWorker* w,
                        const std::vector<std::vector<uint64_t>>& sets,
-                       const std::vector<float>& vals, bool push,
+                       const std::shared_ptr<const std::vector<float>>& vals,
+                       bool push,
                        const Load& load, SteadyClock::time_point until,
                        Throughput* out) {
   struct Slot {
@@ -689,6 +694,7 @@ absl::Status RunWindow(KVWorker* w,
   };
   std::vector<Slot> slots(std::max(1, load.inflight));
   const size_t dim = load.dim;
+  const bool zero_copy = absl::GetFlag(FLAGS_zero_copy);
   const int window = static_cast<int>(slots.size());
   auto issue = [&](Slot& s, const std::vector<uint64_t>& keys) {
     s.ts.clear();
@@ -702,9 +708,9 @@ absl::Status RunWindow(KVWorker* w,
       const size_t n = std::min(step, keys.size() - f);
       auto k = absl::MakeConstSpan(keys).subspan(f, n);
       if (push) {
-        s.ts.push_back(w->Push(
-            load.table, k, absl::MakeConstSpan(vals).subspan(f * dim, n * dim),
-            /*num_examples=*/1));
+        const auto v = absl::MakeConstSpan(*vals).subspan(f * dim, n * dim);
+        s.ts.push_back(zero_copy ? w->ZPush(load.table, k, v, vals, 1)
+                                 : w->Push(load.table, k, v, 1));
       } else {
         s.ts.push_back(w->Pull(load.table, k, &s.outs[c]));
       }
@@ -741,7 +747,8 @@ absl::Status RunWindow(KVWorker* w,
 // is the sum over workers divided by the time until the last one drained.
 absl::StatusOr<Throughput> MeasureThroughput(
     Cluster* c, const std::vector<std::vector<std::vector<uint64_t>>>& sets,
-    const std::vector<float>& vals, bool push, const Load& load) {
+    const std::shared_ptr<const std::vector<float>>& vals, bool push,
+    const Load& load) {
   const int nw = c->num_workers();
   std::vector<Throughput> per(nw);
   std::vector<absl::Status> status(nw);
@@ -1004,9 +1011,12 @@ absl::Status RunTopology(const Topology& t,
   dim1.chunk_keys = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib)) * 1024 /
                     sizeof(float);
   const int nw = t.workers;
-  std::vector<float> vals;
+  // Shared: zero-copy pushes keep the array alive while they send it.
+  auto vals = std::make_shared<const std::vector<float>>();
   auto ensure_vals = [&](size_t n) {
-    if (vals.size() < n) vals.assign(n, 0.001f);
+    if (vals->size() < n) {
+      vals = std::make_shared<const std::vector<float>>(n, 0.001f);
+    }
   };
 
   if (has("bulk")) {
@@ -1065,7 +1075,7 @@ absl::Status RunTopology(const Topology& t,
                      1024 / sizeof(float);
     const std::vector<uint64_t> keys = DenseKeys(n);
     ensure_vals(n);
-    const std::vector<float> v(vals.begin(), vals.begin() + n);
+    const std::vector<float> v(vals->begin(), vals->begin() + n);
     for (bool push : ops) {
       PS_ASSIGN_OR_RETURN(Latency l,
                           MeasureLatency(cluster.get(), keys, v, push));

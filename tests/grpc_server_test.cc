@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/bytes.h"
 #include "transport/grpc_transport.h"
 #include "common/logging.h"
@@ -171,6 +172,47 @@ TEST_F(GrpcServerTest, ReplayedPushChangesNothing) {
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(*after, *before);
   EXPECT_EQ(node_.Status().pushes(), 1);
+}
+
+// ZPush over gRPC (issue 10): values borrowed in pieces arrive as the
+// request's values, and the client lets go of them once the call is done.
+TEST_F(GrpcServerTest, BorrowedValuesArriveWhole) {
+  auto c = Client(kToken);
+  std::vector<uint64_t> keys(40000);  // 160 KB of values: sent in place
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i + 1;
+  auto vals = std::make_shared<std::vector<float>>(keys.size());
+  for (size_t i = 0; i < vals->size(); ++i) (*vals)[i] = 0.5f * (i % 97);
+  auto req = MakePush(1, keys, {});
+  const absl::Span<const char> all(reinterpret_cast<const char*>(vals->data()),
+                                   vals->size() * sizeof(float));
+  // Cut inside a float, as a worker's pieces never are: the wire does not
+  // care where pieces end.
+  BorrowedValues b{vals, {all.subspan(0, 70001), all.subspan(70001, 3),
+                          all.subspan(70004)}};
+  std::weak_ptr<std::vector<float>> alive = vals;
+  const std::vector<float> want_neg = [&] {
+    std::vector<float> w(*vals);
+    for (float& x : w) x = -x;
+    return w;
+  }();
+  vals.reset();
+  absl::Status status = absl::InternalError("no answer");
+  absl::Notification done;
+  c->PushBorrowed(req, std::move(b), absl::Now() + absl::Seconds(10),
+                  [&](const absl::Status& s, proto::PushResponse*) {
+                    status = s;
+                    done.Notify();
+                  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  ASSERT_TRUE(status.ok()) << status;
+  auto got = Pull(c.get(), keys);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, want_neg);
+  // gRPC frees the request's slices once it has sent them.
+  for (int i = 0; i < 500 && !alive.expired(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(alive.expired());
 }
 
 TEST_F(GrpcServerTest, MissingOrWrongTokenIsUnauthenticated) {

@@ -23,6 +23,22 @@ void FakeServerClient::Push(std::shared_ptr<const proto::PushRequest> req,
   pushes_.push_back(HeldPush{std::move(req), deadline, std::move(done)});
 }
 
+void FakeServerClient::PushBorrowed(
+    std::shared_ptr<const proto::PushRequest> req, BorrowedValues vals,
+    absl::Time deadline, Callback<proto::PushResponse> done) {
+  {
+    absl::MutexLock l(&mu_);
+    ++borrowed_received_;
+  }
+  ServerClient::PushBorrowed(std::move(req), std::move(vals), deadline,
+                             std::move(done));
+}
+
+int64_t FakeServerClient::borrowed_pushes_received() const {
+  absl::MutexLock l(&mu_);
+  return borrowed_received_;
+}
+
 void FakeServerClient::Pull(std::shared_ptr<const proto::PullRequest> req,
                             absl::Time deadline,
                             Callback<proto::PullResponse> done) {

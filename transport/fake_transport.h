@@ -60,6 +60,10 @@ class FakeServerClient : public ServerClient {
  public:
   void Push(std::shared_ptr<const proto::PushRequest> req, absl::Time deadline,
             Callback<proto::PushResponse> done) override;
+  // Counted, then held as a Push of a request with the values in it.
+  void PushBorrowed(std::shared_ptr<const proto::PushRequest> req,
+                    BorrowedValues vals, absl::Time deadline,
+                    Callback<proto::PushResponse> done) override;
   void Pull(std::shared_ptr<const proto::PullRequest> req, absl::Time deadline,
             Callback<proto::PullResponse> done) override;
   void Clock(std::shared_ptr<const proto::ClockRequest> req,
@@ -83,6 +87,8 @@ class FakeServerClient : public ServerClient {
   int64_t pushes_received() const;
   int64_t pulls_received() const;
   int64_t clocks_received() const;
+  // Pushes received through PushBorrowed (also in pushes_received).
+  int64_t borrowed_pushes_received() const;
 
   // Answers Finish (default OK); every request is also recorded.
   void set_finish_handler(
@@ -101,6 +107,7 @@ class FakeServerClient : public ServerClient {
   int64_t pushes_received_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_received_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t clocks_received_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t borrowed_received_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<absl::Status(const proto::FinishRequest&)> finish_
       ABSL_GUARDED_BY(mu_);
   std::vector<proto::FinishRequest> finish_requests_ ABSL_GUARDED_BY(mu_);

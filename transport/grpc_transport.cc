@@ -395,27 +395,38 @@ void AppendLengthDelimited(int field, size_t len, std::string* out) {
   }
 }
 
-// A slice of `bytes` (inside *owner) that holds a reference to the owner.
-grpc::Slice Referencing(const std::string& bytes,
-                        const std::shared_ptr<const proto::PushRequest>& owner) {
-  auto* ref = new std::shared_ptr<const proto::PushRequest>(owner);
+// A slice of `bytes` (memory that `owner` keeps alive) that holds a
+// reference to the owner until gRPC frees the slice.
+template <typename T>
+grpc::Slice Referencing(absl::Span<const char> bytes,
+                        const std::shared_ptr<T>& owner) {
+  auto* ref = new std::shared_ptr<T>(owner);
   return grpc::Slice(
       const_cast<char*>(bytes.data()), bytes.size(),
-      [](void* p) {
-        delete static_cast<std::shared_ptr<const proto::PushRequest>*>(p);
-      },
-      ref);
+      [](void* p) { delete static_cast<std::shared_ptr<T>*>(p); }, ref);
 }
 
 }  // namespace
 
 grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
+                          const BorrowedValues* borrowed,
                           size_t min_zero_copy_bytes) {
+  ABSL_RAW_CHECK(borrowed == nullptr || req->vals().empty(),
+                 "PushWire: values both in the request and borrowed");
+  const size_t borrowed_bytes = borrowed == nullptr ? 0 : borrowed->size();
   grpc::ByteBuffer out;
-  if (req->keys().size() + req->vals().size() < min_zero_copy_bytes) {
+  if (req->keys().size() + req->vals().size() + borrowed_bytes <
+      min_zero_copy_bytes) {
+    proto::PushRequest whole;
+    const proto::PushRequest* r = req.get();
+    if (borrowed_bytes > 0) {
+      whole = *req;
+      borrowed->AppendTo(whole.mutable_vals());
+      r = &whole;
+    }
     bool own = false;
     grpc::Status st = grpc::SerializationTraits<proto::PushRequest>::Serialize(
-        *req, &out, &own);
+        *r, &out, &own);
     ABSL_RAW_CHECK(st.ok(), "PushRequest serialization failed");
     return out;
   }
@@ -436,16 +447,28 @@ grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
   head.set_vals_raw_bytes(req->vals_raw_bytes());
   std::string prefix = head.SerializeAsString();
   std::vector<grpc::Slice> slices;
-  slices.reserve(4);
+  slices.reserve(4 + (borrowed == nullptr ? 0 : borrowed->pieces.size()));
   // Each non-empty field: its tag and length (copied), then its bytes.
-  for (const auto& [field, bytes] :
-       {std::pair<int, const std::string*>{proto::PushRequest::kKeysFieldNumber,
-                                           &req->keys()},
-        {proto::PushRequest::kValsFieldNumber, &req->vals()}}) {
-    if (bytes->empty()) continue;
-    AppendLengthDelimited(field, bytes->size(), &prefix);
+  if (!req->keys().empty()) {
+    AppendLengthDelimited(proto::PushRequest::kKeysFieldNumber,
+                          req->keys().size(), &prefix);
     slices.emplace_back(prefix);
-    slices.push_back(Referencing(*bytes, req));
+    slices.push_back(Referencing(absl::Span<const char>(req->keys()), req));
+    prefix.clear();
+  }
+  if (!req->vals().empty()) {
+    AppendLengthDelimited(proto::PushRequest::kValsFieldNumber,
+                          req->vals().size(), &prefix);
+    slices.emplace_back(prefix);
+    slices.push_back(Referencing(absl::Span<const char>(req->vals()), req));
+    prefix.clear();
+  } else if (borrowed_bytes > 0) {
+    AppendLengthDelimited(proto::PushRequest::kValsFieldNumber, borrowed_bytes,
+                          &prefix);
+    slices.emplace_back(prefix);
+    for (const absl::Span<const char>& piece : borrowed->pieces) {
+      if (!piece.empty()) slices.push_back(Referencing(piece, borrowed->owner));
+    }
     prefix.clear();
   }
   if (!prefix.empty()) slices.emplace_back(prefix);
@@ -686,9 +709,18 @@ class GrpcServerClient : public ServerClient {
   }
 
   // Values never enter a serialized copy (PushWire): the generic stub sends
-  // the request's own buffers.
+  // the request's own buffers, or the borrowed ones.
   void Push(std::shared_ptr<const proto::PushRequest> req, absl::Time deadline,
             Callback<proto::PushResponse> done) override {
+    SendPush(PushWire(std::move(req)), deadline, std::move(done));
+  }
+  void PushBorrowed(std::shared_ptr<const proto::PushRequest> req,
+                    BorrowedValues vals, absl::Time deadline,
+                    Callback<proto::PushResponse> done) override {
+    SendPush(PushWire(std::move(req), &vals), deadline, std::move(done));
+  }
+  void SendPush(grpc::ByteBuffer wire, absl::Time deadline,
+                Callback<proto::PushResponse> done) {
     struct Call {
       grpc::ClientContext ctx;
       grpc::ByteBuffer req;
@@ -696,7 +728,7 @@ class GrpcServerClient : public ServerClient {
       Callback<proto::PushResponse> done;
     };
     auto* call = new Call;
-    call->req = PushWire(std::move(req));
+    call->req = std::move(wire);
     call->done = std::move(done);
     Prepare(&call->ctx, deadline, token_);
     {

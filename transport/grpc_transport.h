@@ -123,11 +123,14 @@ absl::Status CheckBindAllowed(const std::string& host, const GrpcSecurity& s,
 
 // A push as gRPC sends it: the bytes of req's serialization (its keys and
 // vals fields last), with keys and vals not copied but referenced as slices
-// that keep `req` alive until gRPC is done with them. The server parses it
-// as any PushRequest. Requests under `min_zero_copy_bytes` of keys and
-// values are serialized as usual (a copy is cheaper than three slices).
+// that keep `req` alive until gRPC is done with them. With `borrowed`
+// (req->vals() empty), the vals field is its pieces, referenced the same
+// way, each slice holding a copy of its owner. The server parses it as any
+// PushRequest. Requests under `min_zero_copy_bytes` of keys and values are
+// serialized as usual (a copy is cheaper than three slices).
 inline constexpr size_t kMinZeroCopyBytes = 64 * 1024;
 grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
+                          const BorrowedValues* borrowed = nullptr,
                           size_t min_zero_copy_bytes = kMinZeroCopyBytes);
 
 // A pull reply as gRPC sends it: `resp` (its vals empty) followed by `vals`

@@ -101,6 +101,47 @@ TEST(PushWireTest, SmallPushIsSerializedAsUsual) {
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got, *req));
 }
 
+// ZPush (issue 10): borrowed values are the vals field, each piece a slice
+// of the caller's memory that keeps the owner alive.
+TEST(PushWireTest, BorrowedValuesAreTheValsFieldAndKeepTheirOwner) {
+  auto req = std::make_shared<proto::PushRequest>();
+  FillEveryField(req.get());
+  req->clear_vals();
+  req->set_keys(std::string(8 * 10000, '\x01'));
+  auto owner = std::make_shared<std::string>(3 * 50000, '\0');
+  for (size_t i = 0; i < owner->size(); ++i) (*owner)[i] = static_cast<char>(i * 7);
+  BorrowedValues b;
+  b.owner = owner;
+  const absl::Span<const char> all(*owner);
+  b.pieces = {all.subspan(0, 50000), all.subspan(50000, 0),
+              all.subspan(50000, 100000)};
+  proto::PushRequest want = *req;
+  want.set_vals(*owner);
+  std::weak_ptr<std::string> alive = owner;
+  grpc::ByteBuffer bb = PushWire(req, &b);
+  owner.reset();
+  b = BorrowedValues();
+  EXPECT_FALSE(alive.expired()) << "the slices keep the owner alive";
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(bb.Dump(&slices).ok());
+  EXPECT_EQ(slices.size(), 5u) << "head+tag, keys, tag, two pieces";
+  proto::PushRequest got;
+  ASSERT_TRUE(got.ParseFromString(Flatten(bb)));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got, want));
+  slices.clear();
+  bb.Clear();
+  EXPECT_TRUE(alive.expired()) << "released with the last slice";
+
+  // Small: serialized as one copy, the same bytes.
+  auto small = std::make_shared<proto::PushRequest>();
+  small->set_worker_id(3);
+  const std::string v(40, '\x09');
+  BorrowedValues few{nullptr, {absl::Span<const char>(v)}};
+  proto::PushRequest small_want = *small;
+  small_want.set_vals(v);
+  EXPECT_EQ(Flatten(PushWire(small, &few)), small_want.SerializeAsString());
+}
+
 TEST(PullReplyWireTest, IsAPullResponseWithTheSliceAsVals) {
   proto::PullResponse head;
   FillEveryField(&head);

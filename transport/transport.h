@@ -17,17 +17,41 @@
 //   UNAUTHENTICATED      wrong or missing cluster token
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "proto/ps.pb.h"
 #include "transport/errors.h"
 
 namespace ps {
+
+// Values a push borrows instead of holding them in its vals field (issue
+// 10: a push that does not copy the caller's array). The pieces, in order,
+// are the field's bytes; `owner` keeps their memory alive and unchanged.
+// Whoever reads the pieces holds a copy of `owner` while it does.
+struct BorrowedValues {
+  std::shared_ptr<const void> owner;
+  std::vector<absl::Span<const char>> pieces;
+
+  size_t size() const {
+    size_t n = 0;
+    for (const absl::Span<const char>& p : pieces) n += p.size();
+    return n;
+  }
+  // Appends the pieces' bytes to *out.
+  void AppendTo(std::string* out) const {
+    out->reserve(out->size() + size());
+    for (const absl::Span<const char>& p : pieces) out->append(p.data(), p.size());
+  }
+};
 
 // A client of one parameter server. Thread-safe. Asynchronous calls share
 // ownership of the request (so a retry resends it without a copy); the
@@ -42,6 +66,16 @@ class ServerClient {
   virtual ~ServerClient() = default;
   virtual void Push(std::shared_ptr<const proto::PushRequest> req, absl::Time deadline,
                     Callback<proto::PushResponse> done) = 0;
+  // Push whose vals field is `vals` (req->vals() must be empty), as if
+  // they were in it. This default copies them into a request and calls
+  // Push; the gRPC client sends them where they lie.
+  virtual void PushBorrowed(std::shared_ptr<const proto::PushRequest> req,
+                            BorrowedValues vals, absl::Time deadline,
+                            Callback<proto::PushResponse> done) {
+    auto whole = std::make_shared<proto::PushRequest>(*req);
+    vals.AppendTo(whole->mutable_vals());
+    Push(std::move(whole), deadline, std::move(done));
+  }
   virtual void Pull(std::shared_ptr<const proto::PullRequest> req, absl::Time deadline,
                     Callback<proto::PullResponse> done) = 0;
   virtual void Clock(std::shared_ptr<const proto::ClockRequest> req, absl::Time deadline,

@@ -11,6 +11,10 @@
 namespace ps {
 namespace {
 
+// ZPush: a server's share of borrowed values goes as they lie when its
+// pieces average at least this many bytes; smaller ones are copied.
+constexpr size_t kMinBorrowedPiece = 16 * 1024;
+
 absl::Duration Backoff(int attempt) {
   return absl::Milliseconds(std::min(1000, 20 * (1 << std::min(attempt, 6))));
 }
@@ -272,43 +276,57 @@ absl::Status KVWorker::GaveUp(const absl::Status& s, const char* what,
 
 int64_t KVWorker::Push(int table, absl::Span<const uint64_t> keys,
                        absl::Span<const float> vals, int num_examples) {
-  int64_t ts, clock;
-  absl::Status bad = BeginPush(table, keys, vals, /*end_clock=*/false, 0, &ts,
-                               &clock, nullptr);
-  if (!bad.ok()) {
-    PartDone(ts, bad);
-    return ts;
-  }
-  FilterAndStart(ts, table, clock, keys, vals, num_examples, -1);
-  PartDone(ts, absl::OkStatus());
-  return ts;
+  return PushImpl(table, keys, vals, nullptr, num_examples, false);
 }
 
 int64_t KVWorker::PushAndClock(int table, absl::Span<const uint64_t> keys,
                                absl::Span<const float> vals,
                                int num_examples) {
-  int64_t ts, clock, clock_ts;
-  absl::Status bad = BeginPush(table, keys, vals, /*end_clock=*/true,
-                               num_examples, &ts, &clock, &clock_ts);
+  return PushImpl(table, keys, vals, nullptr, num_examples, true);
+}
+
+int64_t KVWorker::ZPush(int table, absl::Span<const uint64_t> keys,
+                        absl::Span<const float> vals,
+                        std::shared_ptr<const void> owner, int num_examples) {
+  return PushImpl(table, keys, vals, owner, num_examples, false);
+}
+
+int64_t KVWorker::ZPushAndClock(int table, absl::Span<const uint64_t> keys,
+                                absl::Span<const float> vals,
+                                std::shared_ptr<const void> owner,
+                                int num_examples) {
+  return PushImpl(table, keys, vals, owner, num_examples, true);
+}
+
+int64_t KVWorker::PushImpl(int table, absl::Span<const uint64_t> keys,
+                           absl::Span<const float> vals,
+                           const std::shared_ptr<const void>& owner,
+                           int num_examples, bool end_clock) {
+  int64_t ts, clock, clock_ts = -1;
+  absl::Status bad = BeginPush(table, keys, vals, end_clock,
+                               end_clock ? num_examples : 0, &ts, &clock,
+                               end_clock ? &clock_ts : nullptr);
   if (!bad.ok()) {
-    // No push to ride on: the clock travels alone.
     PartDone(ts, bad);
-    SendClock(clock);
+    if (!end_clock) return ts;
+    SendClock(clock);  // no push to ride on: the clock travels alone
     return clock_ts;
   }
-  FilterAndStart(ts, table, clock, keys, vals, num_examples, clock_ts);
+  FilterAndStart(ts, table, clock, keys, vals, num_examples, clock_ts, owner);
   PartDone(ts, absl::OkStatus());
-  return clock_ts;
+  return end_clock ? clock_ts : ts;
 }
 
 void KVWorker::FilterAndStart(int64_t ts, int table, int64_t clock,
                               absl::Span<const uint64_t> keys,
                               absl::Span<const float> vals, int num_examples,
-                              int64_t clock_ts) {
+                              int64_t clock_ts,
+                              const std::shared_ptr<const void>& owner) {
   push_raw_bytes_.fetch_add(static_cast<int64_t>(
       keys.size() * sizeof(uint64_t) + vals.size() * sizeof(float)));
   if (filter_ == nullptr || !filter_->options().keeps_residuals()) {
-    StartPush(ts, table, clock, keys, vals.data(), num_examples, 0, clock_ts);
+    StartPush(ts, table, clock, keys, vals.data(), num_examples, 0, clock_ts,
+              nullptr, owner);
     return;
   }
   std::vector<uint64_t> k;
@@ -363,7 +381,8 @@ absl::Status KVWorker::BeginPush(int table, absl::Span<const uint64_t> keys,
 void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
                          absl::Span<const uint64_t> keys, const float* vals,
                          int num_examples, int attempt, int64_t clock_ts,
-                         const uint32_t* slots) {
+                         const uint32_t* slots,
+                         const std::shared_ptr<const void>& owner) {
   std::shared_ptr<const Routing> routing;
   int dim;
   int64_t epoch;
@@ -395,21 +414,43 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
     r.set_table(table);
     r.set_num_examples(num_examples);
     size_t count = 0;
-    for (const Run& run : runs) count += run.last - run.first;
+    size_t pieces = 0;  // runs not adjacent to the one before
+    for (size_t i = 0; i < runs.size(); ++i) {
+      count += runs[i].last - runs[i].first;
+      if (i == 0 || runs[i - 1].last != runs[i].first) ++pieces;
+    }
     std::string* k = &p->keys;
     std::string* v = r.mutable_vals();
     // Appended, not resized then overwritten: libstdc++ zero-fills on
     // resize (a memset as costly as the copy).
     const proto::ValueEncoding encoding =
         filter_ != nullptr ? filter_->options().encoding : proto::VALUES_F32;
+    const bool codec = filter_ != nullptr &&
+                       filter_->options().codec != proto::CODEC_NONE;
+    // Borrowed values go as they lie, unless they lie in pieces too small
+    // to be worth a slice each (a run per range on a many-range ring).
+    const bool borrow =
+        owner != nullptr && encoding == proto::VALUES_F32 && !codec &&
+        count * dim * sizeof(float) >= kMinBorrowedPiece * pieces;
+    if (borrow) p->borrowed.owner = owner;
     k->reserve(count * sizeof(uint64_t));
-    v->reserve(count * dim * EncodedValueBytes(encoding));
+    if (!borrow) v->reserve(count * dim * EncodedValueBytes(encoding));
     for (const Run& run : runs) {
       const size_t n = run.last - run.first;
       k->append(reinterpret_cast<const char*>(keys.data() + run.first),
                 n * sizeof(uint64_t));
       proto::PushSegment* seg = r.add_segments();
-      if (encoding == proto::VALUES_F32) {
+      if (borrow) {
+        const char* at = reinterpret_cast<const char*>(vals + run.first * dim);
+        const size_t len = n * dim * sizeof(float);
+        std::vector<absl::Span<const char>>& pieces = p->borrowed.pieces;
+        if (!pieces.empty() && pieces.back().data() + pieces.back().size() == at) {
+          pieces.back() = absl::Span<const char>(pieces.back().data(),
+                                                 pieces.back().size() + len);
+        } else {
+          pieces.emplace_back(at, len);
+        }
+      } else if (encoding == proto::VALUES_F32) {
         v->append(reinterpret_cast<const char*>(vals + run.first * dim),
                   n * dim * sizeof(float));
       } else {
@@ -422,8 +463,7 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
       seg->set_num_keys(static_cast<uint32_t>(n));
     }
     r.set_value_encoding(encoding);
-    if (filter_ != nullptr &&
-        filter_->options().codec != proto::CODEC_NONE) {
+    if (codec) {
       std::string packed;
       if (Compress(filter_->options().codec, *v, &packed)) {
         r.set_vals_raw_bytes(v->size());
@@ -506,10 +546,13 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
   const proto::PushRequest& o = old.req;
   // Compressed values are cut by segment once decompressed (they were
   // compressed here, so this cannot fail but on a bug); the new requests
-  // go uncompressed.
+  // go uncompressed. Borrowed ones are copied: a resend is rare.
   std::string unpacked;
   const std::string* vals = &o.vals();
-  if (o.vals_codec() != proto::CODEC_NONE) {
+  if (!old.borrowed.pieces.empty()) {
+    old.borrowed.AppendTo(&unpacked);
+    vals = &unpacked;
+  } else if (o.vals_codec() != proto::CODEC_NONE) {
     absl::Status st =
         Decompress(o.vals_codec(), o.vals(), o.vals_raw_bytes(), &unpacked);
     ABSL_RAW_CHECK(st.ok(), "a push's own values do not decompress");
@@ -610,14 +653,21 @@ void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
   }
   AttachKeys(slice->server, slice->keys, &slice->req);
   push_bytes_.fetch_add(static_cast<int64_t>(slice->req.keys().size() +
-                                             slice->req.vals().size()));
+                                             slice->req.vals().size() +
+                                             slice->borrowed.size()));
   // The request is shared with the transport; `slice` keeps it alive.
   std::shared_ptr<const proto::PushRequest> req(slice, &slice->req);
-  client->Push(req, clock_->Now() + options_.request_timeout,
-               Guarded([this, slice, attempt](const absl::Status& s,
-                                              proto::PushResponse*) {
-                 OnPushReply(slice, attempt, s);
-               }));
+  auto done = Guarded([this, slice, attempt](const absl::Status& s,
+                                             proto::PushResponse*) {
+    OnPushReply(slice, attempt, s);
+  });
+  const absl::Time deadline = clock_->Now() + options_.request_timeout;
+  if (slice->borrowed.pieces.empty()) {
+    client->Push(std::move(req), deadline, std::move(done));
+  } else {
+    client->PushBorrowed(std::move(req), slice->borrowed, deadline,
+                         std::move(done));
+  }
 }
 
 void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,

@@ -129,6 +129,19 @@ class KVWorker final : public ParamClient {
                        absl::Span<const float> vals,
                        int num_examples) override;
 
+  // Push and PushAndClock without copying the values (as ps-lite's ZPush):
+  // `vals` must stay unchanged while `owner` lives, and the worker and its
+  // transport keep a copy of `owner` until they no longer read them (the
+  // op's last send, resends included, is done). The keys are copied. With
+  // filters or a value encoding, which rewrite the values, they are copied
+  // as Push does.
+  int64_t ZPush(int table, absl::Span<const uint64_t> keys,
+                absl::Span<const float> vals, std::shared_ptr<const void> owner,
+                int num_examples);
+  int64_t ZPushAndClock(int table, absl::Span<const uint64_t> keys,
+                        absl::Span<const float> vals,
+                        std::shared_ptr<const void> owner, int num_examples);
+
   // Fetches the values of ascending, unique `keys` into *out (resized to
   // keys.size() * dim). *out must stay alive and untouched until Wait(ts)
   // returns; after that no reply writes into it (even when Wait failed). The servers answer when the consistency model allows a pull at
@@ -214,6 +227,8 @@ class KVWorker final : public ParamClient {
     int64_t clock_ts = -1;  // the op of req.end_clock, when it has one
     std::string keys;  // uint64[]; req.keys is set from it when sent
     proto::PushRequest req;
+    // The values, when borrowed from the caller (ZPush): req.vals is empty.
+    BorrowedValues borrowed;
   };
   struct PullSlice {
     int64_t ts;
@@ -303,16 +318,24 @@ class KVWorker final : public ParamClient {
   // clock_ts >= 0: `clock` has ended (op clock_ts) with this push, whose
   // slices carry its announcement (PushAndClock). `slots`: the keys'
   // residual slots (PushFilter::Filter), null when none are kept.
+  // `owner`: non-null when `vals` are borrowed (ZPush).
   void StartPush(int64_t ts, int table, int64_t clock,
                  absl::Span<const uint64_t> keys, const float* vals,
                  int num_examples, int attempt, int64_t clock_ts = -1,
-                 const uint32_t* slots = nullptr);
+                 const uint32_t* slots = nullptr,
+                 const std::shared_ptr<const void>& owner = nullptr);
+  // Push, PushAndClock and their ZPush forms (`owner` non-null).
+  int64_t PushImpl(int table, absl::Span<const uint64_t> keys,
+                   absl::Span<const float> vals,
+                   const std::shared_ptr<const void>& owner, int num_examples,
+                   bool end_clock);
   // Push and PushAndClock after BeginPush: filters (when configured), then
   // StartPush.
   void FilterAndStart(int64_t ts, int table, int64_t clock,
                       absl::Span<const uint64_t> keys,
                       absl::Span<const float> vals, int num_examples,
-                      int64_t clock_ts);
+                      int64_t clock_ts,
+                      const std::shared_ptr<const void>& owner);
   // Slices and sends a pull for `ts`; `pos[i]` is where key i's values go
   // in the output (in units of keys); empty = identity.
   void StartPull(int64_t ts, int table, int64_t clock,

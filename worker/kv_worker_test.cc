@@ -307,6 +307,89 @@ TEST_F(KVWorkerTest, SignificanceFilterSendsOnlyLargeRows) {
   EXPECT_EQ(worker_->push_bytes(), 8 + kDim * 4);
 }
 
+// Issue 10: ZPush sends the caller's array without copying it, holds it
+// until the push is done, and never reads it after.
+TEST_F(KVWorkerTest, ZPushSendsTheCallersValuesAndLetsGoOfThemWhenDone) {
+  Make(1);
+  const std::vector<uint64_t> keys = Iota(4096);  // 32 KiB of values
+  auto vals = std::make_shared<std::vector<float>>(keys.size() * kDim);
+  for (size_t i = 0; i < vals->size(); ++i) (*vals)[i] = 0.25f * i;
+  const std::string want(reinterpret_cast<const char*>(vals->data()),
+                         vals->size() * sizeof(float));
+  std::weak_ptr<std::vector<float>> alive = vals;
+  const int64_t ts = worker_->ZPush(0, keys, *vals, vals, 1);
+  vals.reset();
+  EXPECT_EQ(S(0)->borrowed_pushes_received(), 1);
+  std::optional<HeldPush> p = S(0)->NextPush();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(ReqKeys(p->req->keys()), keys);
+  EXPECT_EQ(p->req->vals(), want);
+  EXPECT_FALSE(alive.expired()) << "held while the push is unanswered";
+  p->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+  EXPECT_TRUE(alive.expired()) << "let go of once the push is done";
+}
+
+// A server's share in many small pieces is copied, as Push does.
+TEST_F(KVWorkerTest, ZPushOfSmallPiecesCopiesThem) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(64);
+  auto vals = std::make_shared<std::vector<float>>(keys.size() * kDim, 0.5f);
+  const int64_t ts = worker_->ZPush(0, keys, *vals, vals, 1);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(S(s)->borrowed_pushes_received(), 0) << "S[" << s << "]";
+    std::optional<HeldPush> p = S(s)->NextPush();
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->req->vals().size(),
+              KeysOf(view_, s, keys).size() * kDim * sizeof(float));
+    p->Reply(absl::OkStatus());
+  }
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+}
+
+// A borrowed push answered STALE_EPOCH is resliced from the caller's array:
+// each key keeps its own values.
+TEST_F(KVWorkerTest, ZPushStaleEpochReslicesTheBorrowedValues) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(40000);  // pieces of ~20 KiB
+  auto vals = std::make_shared<std::vector<float>>(keys.size() * kDim);
+  for (size_t i = 0; i < vals->size(); ++i) (*vals)[i] = 0.5f * i;
+  std::weak_ptr<std::vector<float>> alive = vals;
+  const int64_t ts = worker_->ZPushAndClock(0, keys, *vals, vals, 1);
+  EXPECT_EQ(S(0)->borrowed_pushes_received(), 1);
+  EXPECT_EQ(S(1)->borrowed_pushes_received(), 1);
+  factory_.scheduler()->set_view(MovedTo(view_, 0, 2));
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  std::optional<HeldPush> stale = S(1)->NextPush();
+  ASSERT_TRUE(stale.has_value());
+  stale->Reply(StaleEpoch());
+  clock_.Advance(absl::Milliseconds(20));
+  std::optional<HeldPush> p = S(0)->NextPush();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->req->epoch(), 2);
+  const std::vector<uint64_t> moved = ReqKeys(p->req->keys());
+  ASSERT_EQ(moved, KeysOf(view_, 1, keys));
+  ASSERT_EQ(p->req->vals().size(), moved.size() * kDim * sizeof(float));
+  absl::Span<const float> got = ViewAs<float>(p->req->vals());
+  for (size_t i = 0; i < moved.size(); ++i) {
+    const size_t at =
+        std::lower_bound(keys.begin(), keys.end(), moved[i]) - keys.begin();
+    for (int j = 0; j < kDim; ++j) {
+      ASSERT_EQ(got[i * kDim + j], (*vals)[at * kDim + j]) << "key " << i;
+    }
+  }
+  vals.reset();
+  p->Reply(absl::OkStatus());
+  // The clock's announcements, answered; then the op is done.
+  for (int s = 0; s < 2; ++s) {
+    while (std::optional<HeldClock> c = S(s)->NextClock()) {
+      c->Reply(absl::OkStatus());
+    }
+  }
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+  EXPECT_TRUE(alive.expired());
+}
+
 TEST_F(KVWorkerTest, PushWithWrongValueCountIsInvalidArgument) {
   Make(1);
   std::vector<uint64_t> keys = {1, 2};
