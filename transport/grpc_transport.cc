@@ -449,20 +449,17 @@ grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
   std::vector<grpc::Slice> slices;
   slices.reserve(4 + (borrowed == nullptr ? 0 : borrowed->pieces.size()));
   // Each non-empty field: its tag and length (copied), then its bytes.
-  if (!req->keys().empty()) {
-    AppendLengthDelimited(proto::PushRequest::kKeysFieldNumber,
-                          req->keys().size(), &prefix);
+  for (const auto& [field, bytes] :
+       {std::pair<int, const std::string*>{proto::PushRequest::kKeysFieldNumber,
+                                           &req->keys()},
+        {proto::PushRequest::kValsFieldNumber, &req->vals()}}) {
+    if (bytes->empty()) continue;
+    AppendLengthDelimited(field, bytes->size(), &prefix);
     slices.emplace_back(prefix);
-    slices.push_back(Referencing(absl::Span<const char>(req->keys()), req));
+    slices.push_back(Referencing(absl::Span<const char>(*bytes), req));
     prefix.clear();
   }
-  if (!req->vals().empty()) {
-    AppendLengthDelimited(proto::PushRequest::kValsFieldNumber,
-                          req->vals().size(), &prefix);
-    slices.emplace_back(prefix);
-    slices.push_back(Referencing(absl::Span<const char>(req->vals()), req));
-    prefix.clear();
-  } else if (borrowed_bytes > 0) {
+  if (borrowed_bytes > 0) {
     AppendLengthDelimited(proto::PushRequest::kValsFieldNumber, borrowed_bytes,
                           &prefix);
     slices.emplace_back(prefix);

@@ -443,12 +443,12 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
       if (borrow) {
         const char* at = reinterpret_cast<const char*>(vals + run.first * dim);
         const size_t len = n * dim * sizeof(float);
-        std::vector<absl::Span<const char>>& pieces = p->borrowed.pieces;
-        if (!pieces.empty() && pieces.back().data() + pieces.back().size() == at) {
-          pieces.back() = absl::Span<const char>(pieces.back().data(),
-                                                 pieces.back().size() + len);
+        std::vector<absl::Span<const char>>& got = p->borrowed.pieces;
+        if (!got.empty() && got.back().data() + got.back().size() == at) {
+          got.back() = absl::Span<const char>(got.back().data(),
+                                              got.back().size() + len);
         } else {
-          pieces.emplace_back(at, len);
+          got.emplace_back(at, len);
         }
       } else if (encoding == proto::VALUES_F32) {
         v->append(reinterpret_cast<const char*>(vals + run.first * dim),
