@@ -51,6 +51,10 @@ class ParamClient {
   virtual int64_t Clock(int num_examples) = 0;
   // Clocks completed so far (= the clock of the next pull).
   virtual int64_t clock() const = 0;
+  // The highest of the other workers' lowest completed clock that the
+  // servers reported with pull answers (PullResponse.others_min_clock);
+  // -1 when unknown. Thread-safe.
+  virtual int64_t others_min_clock() const { return -1; }
 };
 
 // Minibatches for the loop: rows of one unit at a time, and what the loop

@@ -766,6 +766,22 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
   Kick();
 }
 
+namespace {
+
+// PullResponse.others_min_clock: the lowest clock completed on `range` by
+// the workers other than `worker` still training; 0 when there is none.
+int64_t OthersMinClock(const RangeState& range, int worker) {
+  int64_t lowest = -1;
+  for (int w = 0; w < range.num_workers(); ++w) {
+    if (w == worker || range.Finished(w) || range.Dead(w)) continue;
+    const int64_t c = range.Completed(w);
+    if (lowest < 0 || c < lowest) lowest = c;
+  }
+  return std::max<int64_t>(0, lowest);
+}
+
+}  // namespace
+
 void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
                       proto::PullResponse* resp, Done done,
                       absl::Duration max_wait, ValueBuffer values) {
@@ -786,6 +802,10 @@ void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
           req.clock() - completed > limits_.max_clock_ahead) {
         s = ClockTooFar(req.worker_id(), req.clock(), completed,
                         limits_.max_clock_ahead);
+      }
+      if (!owned_.empty()) {
+        resp->set_others_min_clock(
+            OthersMinClock(ranges_[owned_.front()], req.worker_id()));
       }
     }
     if (s.ok()) {

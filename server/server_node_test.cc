@@ -633,6 +633,30 @@ TEST_F(ServerNodeTest, FinishedWorkerReleasesOthersInBsp) {
   EXPECT_EQ(PullNow(&node_, 0, 2, {4}), std::vector<float>{-3.0f});
 }
 
+// SSP catch-up: a pull answer says how far the other workers still
+// training have got here, so a straggler learns it with every pull.
+TEST_F(ServerNodeTest, PullAnswerCarriesTheOtherWorkersLowestClock) {
+  Configure(1, 3, proto::MODE_SSP, /*tau=*/8);
+  for (int64_t c = 0; c < 5; ++c) {
+    ASSERT_TRUE(node_.ClockTick(MakeClock(1, c, 0, 1)).ok());
+  }
+  for (int64_t c = 0; c < 3; ++c) {
+    ASSERT_TRUE(node_.ClockTick(MakeClock(2, c, 0, 1)).ok());
+  }
+  auto p = StartPull(&node_, 0, 0, {4});
+  ASSERT_TRUE(p->done());
+  ASSERT_TRUE(p->status.ok()) << p->status;
+  EXPECT_EQ(p->resp.others_min_clock(), 3);  // W[2]; W[0] is the asker
+  auto q = StartPull(&node_, 2, 3, {4});
+  ASSERT_TRUE(q->done());
+  EXPECT_EQ(q->resp.others_min_clock(), 0);  // W[0] completed none
+  // A finished worker no longer counts.
+  ASSERT_TRUE(node_.Finish(MakeFinish(2, 3)).ok());
+  auto r = StartPull(&node_, 0, 0, {4});
+  ASSERT_TRUE(r->done());
+  EXPECT_EQ(r->resp.others_min_clock(), 5);
+}
+
 TEST_F(ServerNodeTest, FinishWaitsForTheWorkersOwnClocks) {
   Configure(1, 2, proto::MODE_BSP);
   ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());

@@ -200,6 +200,13 @@ void KVWorker::Abandon(int64_t ts) {
   }
 }
 
+bool KVWorker::Done(int64_t ts) const {
+  absl::MutexLock l(&mu_);
+  if (!sticky_.ok()) return true;
+  auto it = ops_.find(ts);
+  return it == ops_.end() || it->second.pending <= 0;
+}
+
 absl::Status KVWorker::Wait(int64_t ts, absl::Time deadline) {
   absl::MutexLock l(&mu_);
   if (ts < 0 || ts >= next_ts_) {
@@ -868,6 +875,11 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
           at += l - f;
         }
       }
+    }
+    for (int64_t seen = others_min_clock_.load(std::memory_order_relaxed);
+         resp->others_min_clock() > seen &&
+         !others_min_clock_.compare_exchange_weak(
+             seen, resp->others_min_clock(), std::memory_order_relaxed);) {
     }
     PartDone(slice->ts, s, resp->held_us());
     return;

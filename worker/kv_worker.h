@@ -163,10 +163,18 @@ class KVWorker final : public ParamClient {
   // written. Wait once per timestamp.
   absl::Status Wait(int64_t ts, absl::Time deadline) override;
 
+  // Whether Wait(ts) would return at once: operation `ts` is done (or was
+  // waited for already), or some operation failed (the sticky error).
+  // Does not wait and does not give `ts` up. Thread-safe.
+  bool Done(int64_t ts) const;
+
   // Ends the current clock (see above). Returns a timestamp.
   int64_t Clock(int num_examples) override;
   // Clocks completed so far (= the clock of the next pull).
   int64_t clock() const override;
+  int64_t others_min_clock() const override {
+    return others_min_clock_.load(std::memory_order_relaxed);
+  }
   // Seconds the servers held this worker's pulls for the consistency bound
   // so far (per pull, its longest-held slice): the part of the waiting that
   // BSP/SSP cost, apart from transfer and queueing. Thread-safe.
@@ -386,6 +394,8 @@ class KVWorker final : public ParamClient {
   int64_t next_ts_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t clock_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> held_us_total_{0};
+  // The highest PullResponse.others_min_clock seen (-1: none yet).
+  std::atomic<int64_t> others_min_clock_{-1};
   std::atomic<int64_t> push_bytes_{0};
   std::atomic<int64_t> push_raw_bytes_{0};
   absl::Status sticky_ ABSL_GUARDED_BY(mu_);

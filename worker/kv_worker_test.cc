@@ -529,6 +529,35 @@ TEST_F(KVWorkerTest, PullAssemblesSlicesInKeyOrder) {
   }
 }
 
+// SSP catch-up: the highest others_min_clock the servers' pull answers
+// carried, whichever server and whatever order they came in.
+TEST_F(KVWorkerTest, OthersMinClockIsTheHighestAPullAnswerCarried) {
+  Make(2);
+  EXPECT_EQ(worker_->others_min_clock(), -1);
+  const std::vector<uint64_t> keys = Iota(16);
+  std::vector<float> out;
+  int64_t ts = worker_->Pull(0, keys, &out);
+  for (int s = 0; s < 2; ++s) {
+    std::optional<HeldPull> p = S(s)->NextPull();
+    ASSERT_TRUE(p.has_value());
+    proto::PullResponse r = Answer(*p->req);
+    r.set_others_min_clock(s == 0 ? 7 : 4);
+    p->Reply(absl::OkStatus(), r);
+  }
+  ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+  EXPECT_EQ(worker_->others_min_clock(), 7);
+  ts = worker_->Pull(0, Iota(8), &out);  // another list: sent with its keys
+  for (int s = 0; s < 2; ++s) {
+    std::optional<HeldPull> p = S(s)->NextPull();
+    ASSERT_TRUE(p.has_value());
+    proto::PullResponse r = Answer(*p->req);
+    r.set_others_min_clock(s == 0 ? 6 : 9);
+    p->Reply(absl::OkStatus(), r);
+  }
+  ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+  EXPECT_EQ(worker_->others_min_clock(), 9);
+}
+
 // Key caching: a key list goes to a server once under a name; once the
 // server has answered that request, later requests name it instead.
 TEST_F(KVWorkerTest, KeyListIsSentOnceThenNamed) {

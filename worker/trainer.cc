@@ -214,16 +214,23 @@ absl::Status Trainer::Train(BatchSource* work, EvalFn curve_fn) {
     stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
     return absl::OkStatus();
   };
-  // SSP: skip ahead of a far-behind clock (see the header).
+  // SSP: skip ahead of a far-behind clock (see the header). A quarter of
+  // tau: with half (as until 2026-11-25) a 4x straggler let the others get
+  // slack + its own step ahead, past tau at 8, and they were held 5-7 % of
+  // the time once GetWork stopped waiting for acknowledgements; a quarter
+  // holds them 2-4 % (docs/benchmarks.md).
   const bool catch_up = config_.consistency.mode == Mode::kSsp;
-  const int64_t slack = std::max<int64_t>(1, config_.EffectiveTau() / 2);
+  const int64_t slack = std::max<int64_t>(1, config_.EffectiveTau() / 4);
   // To the reported clock, never beyond: an extrapolated estimate (as
   // 7b820f6 had) overshot, the other workers saw the skipped clocks as
   // progress and skipped further, and the clocks ran away (a9a SSP: 4456
   // clocks for 815 minibatches, jobs 3-5x slower).
   auto skip_ahead = [&]() {
     if (!catch_up) return;
-    int64_t floor = work->others_min_clock();
+    // The freshest of: the scheduler's last GetWork answer, its last
+    // heartbeat answer, and the servers' pull answers.
+    int64_t floor =
+        std::max(work->others_min_clock(), params_->others_min_clock());
     if (others_min_clock_ != nullptr) {
       floor = std::max(floor, others_min_clock_->load());
     }

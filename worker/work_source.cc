@@ -104,7 +104,17 @@ absl::StatusOr<proto::GetWorkResponse> WorkSource::Ask() {
       req.add_holding(id);
       continue;
     }
-    // Done only once every push made from its rows was acknowledged.
+    // Done only once every push made from its rows was acknowledged. Not
+    // acknowledged yet: held, and reported by a later ask, so the next unit
+    // comes without waiting for the pushes' round trips (and their
+    // replication); after a WORK_WAIT answer, when this worker's unreported
+    // units may be all that is left, it waits for them instead.
+    if (!wait_for_acks_ &&
+        !std::all_of(h.clock_ts.begin(), h.clock_ts.end(),
+                     [&](int64_t ts) { return kv_->Done(ts); })) {
+      req.add_holding(id);
+      continue;
+    }
     for (int64_t ts : h.clock_ts) {
       PS_RETURN_IF_ERROR(kv_->Wait(ts, absl::Now() + options_.ack_timeout));
     }
@@ -131,6 +141,7 @@ absl::StatusOr<proto::GetWorkResponse> WorkSource::Ask() {
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
   if (!resp.ok()) return resp.status();
+  wait_for_acks_ = resp->state() == proto::WORK_WAIT;
   others_min_clock_ = resp->others_min_clock();
   for (int64_t id : reported) {
     const Held& h = held_[id];

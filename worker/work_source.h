@@ -1,8 +1,9 @@
 // The worker's side of dynamic work units (issue 9; scheduler/work_units.h):
 // asks the scheduler for the next unit when the current one is read, opens
 // its reader and streams its rows, and reports a unit finished only once
-// every push made from its rows was acknowledged (it waits on the clock
-// operations the trainer declared with Pushed()).
+// every push made from its rows was acknowledged (the clock operations the
+// trainer declared with Pushed(); until then the unit is reported as held,
+// and the ask does not wait for them unless no unit was free last time).
 #pragma once
 
 #include <cstdint>
@@ -56,8 +57,8 @@ class WorkSource final : public BatchSource {
   // unit of the job is done.
   // Appends up to max_rows rows of ONE unit to *out (a unit's last batch
   // may be short) and sets *unit to its id. Asks the scheduler (reporting
-  // the finished units, which may block until their pushes are
-  // acknowledged) when the current unit is exhausted. Errors: the reader's,
+  // the finished units; after a kWait answer this blocks until the read
+  // units' pushes are acknowledged) when the current unit is exhausted. Errors: the reader's,
   // the scheduler's (after retries), a finished unit's push failure.
   absl::StatusOr<Got> Next(size_t max_rows, RowBlock* out,
                            int64_t* unit) override;
@@ -114,6 +115,9 @@ class WorkSource final : public BatchSource {
   int epoch_ = 0;
   int64_t units_finished_ = 0;
   int64_t others_min_clock_ = -1;
+  // The last answer was WORK_WAIT: the next ask waits for the read units'
+  // pushes to be acknowledged and reports them.
+  bool wait_for_acks_ = false;
   proto::SkippedLines skipped_;
   bool have_bad_ = false;  // skipped_ names a first bad line
 };

@@ -1,7 +1,8 @@
 // WorkSource with a fake scheduler and a KVWorker over fake servers that
 // hold every push until the test answers it: a unit is reported finished
-// only once its pushes are acknowledged, a unit read but not yet pushed is
-// reported as held, and a lost GetWork reply is resent with the same report.
+// only once its pushes are acknowledged (held until then, without waiting
+// unless no unit was free), a unit read but not yet pushed is reported as
+// held, and a lost GetWork reply is resent with the same report.
 #include "worker/work_source.h"
 
 #include <atomic>
@@ -111,7 +112,7 @@ class WorkSourceTest : public ::testing::Test {
 };
 
 TEST_F(WorkSourceTest, UnitReportedOnlyAfterItsPushesAreAcknowledged) {
-  Answer({Unit(0, 3), State(proto::WORK_DONE)});
+  Answer({Unit(0, 3), State(proto::WORK_WAIT), State(proto::WORK_DONE)});
   RowBlock b;
   int64_t unit = -1;
   auto got = work_->Next(10, &b, &unit);
@@ -119,8 +120,21 @@ TEST_F(WorkSourceTest, UnitReportedOnlyAfterItsPushesAreAcknowledged) {
   ASSERT_EQ(*got, WorkSource::Got::kRows);
   EXPECT_EQ(unit, 0);
   EXPECT_EQ(b.rows(), 3u);
-  PushAndClock(0, 3);
-  // The next call finds the unit exhausted and must wait for the push.
+  const int64_t ts = PushAndClock(0, 3);
+  // The next call finds the unit exhausted and its push not acknowledged:
+  // it asks for the next unit at once, holding this one.
+  got = work_->Next(10, &b, &unit);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, WorkSource::Got::kWait);
+  EXPECT_FALSE(kv_->Done(ts));
+  {
+    absl::MutexLock l(&mu_);
+    ASSERT_EQ(requests_.size(), 2u);
+    EXPECT_EQ(requests_[1].finished_size(), 0);
+    ASSERT_EQ(requests_[1].holding_size(), 1);
+    EXPECT_EQ(requests_[1].holding(0), 0);
+  }
+  // No unit was free: the next ask waits for the push and reports it.
   absl::StatusOr<WorkSource::Got> next;
   std::thread t([&] {
     RowBlock b2;
@@ -139,12 +153,44 @@ TEST_F(WorkSourceTest, UnitReportedOnlyAfterItsPushesAreAcknowledged) {
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(*next, WorkSource::Got::kDone);
   absl::MutexLock l(&mu_);
-  ASSERT_EQ(requests_.size(), 2u);
-  EXPECT_TRUE(acked_when_asked_[1]);
-  ASSERT_EQ(requests_[1].finished_size(), 1);
-  EXPECT_EQ(requests_[1].finished(0).id(), 0);
-  EXPECT_EQ(requests_[1].finished(0).examples(), 3);
-  EXPECT_EQ(requests_[1].holding_size(), 0);
+  ASSERT_EQ(requests_.size(), 3u);
+  EXPECT_TRUE(acked_when_asked_[2]);
+  ASSERT_EQ(requests_[2].finished_size(), 1);
+  EXPECT_EQ(requests_[2].finished(0).id(), 0);
+  EXPECT_EQ(requests_[2].finished(0).examples(), 3);
+  EXPECT_EQ(requests_[2].holding_size(), 0);
+}
+
+// A unit whose pushes were acknowledged by the time of the next ask is
+// reported then, without waiting; one whose pushes were not is reported by
+// the ask after its acknowledgement, while the worker reads the next unit.
+TEST_F(WorkSourceTest, AcknowledgedUnitIsReportedByTheNextAskWithoutWaiting) {
+  Answer({Unit(0, 2), Unit(1, 2), Unit(2, 2), State(proto::WORK_DONE)});
+  FakeServerClient* server = clients_.server("fake:server:0");
+  RowBlock b;
+  int64_t unit = -1;
+  ASSERT_EQ(*work_->Next(10, &b, &unit), WorkSource::Got::kRows);
+  PushAndClock(0, 2);
+  // Unit 0's push not answered yet: unit 1 comes, unit 0 is held.
+  ASSERT_EQ(*work_->Next(10, &b, &unit), WorkSource::Got::kRows);
+  EXPECT_EQ(unit, 1);
+  PushAndClock(1, 2);
+  // Both acknowledged now (the fake answers in order).
+  for (int i = 0; i < 2; ++i) {
+    server->NextPush()->Reply(absl::OkStatus());
+    server->NextClock()->Reply(absl::OkStatus());
+  }
+  ASSERT_EQ(*work_->Next(10, &b, &unit), WorkSource::Got::kRows);
+  EXPECT_EQ(unit, 2);
+  absl::MutexLock l(&mu_);
+  ASSERT_EQ(requests_.size(), 3u);
+  EXPECT_EQ(requests_[1].finished_size(), 0);
+  ASSERT_EQ(requests_[1].holding_size(), 1);
+  EXPECT_EQ(requests_[1].holding(0), 0);
+  ASSERT_EQ(requests_[2].finished_size(), 2);
+  EXPECT_EQ(requests_[2].finished(0).id(), 0);
+  EXPECT_EQ(requests_[2].finished(1).id(), 1);
+  EXPECT_EQ(requests_[2].holding_size(), 0);
 }
 
 TEST_F(WorkSourceTest, UnitReadButNotPushedIsHeldNotFinished) {
