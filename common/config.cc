@@ -369,6 +369,40 @@ Field TauField() {
   return f;
 }
 
+// fault_tolerance.work_unit_rows: an integer >= 1, or `auto` (stored as
+// kAutoWorkUnitRows, resolved by ResolveAutoWorkUnitRows).
+Field WorkUnitRowsField() {
+  Field f;
+  f.path = "fault_tolerance.work_unit_rows";
+  f.set = [path = f.path](const YAML::Node& n, JobConfig* c) {
+    const std::string v = n.IsScalar()
+                              ? absl::AsciiStrToLower(
+                                    absl::StripAsciiWhitespace(n.Scalar()))
+                              : std::string();
+    if (v == "auto") {
+      c->fault_tolerance.work_unit_rows = kAutoWorkUnitRows;
+      return absl::OkStatus();
+    }
+    int64_t rows = 0;
+    if (!n.IsScalar() || !absl::SimpleAtoi(v, &rows)) {
+      return FieldError(path, absl::StrCat("expected an integer, got ",
+                                           Describe(n), " (or auto)"));
+    }
+    if (rows < 1) {
+      return FieldError(
+          path, absl::StrCat("must be >= 1, got ", rows, " (or auto)"));
+    }
+    c->fault_tolerance.work_unit_rows = rows;
+    return absl::OkStatus();
+  };
+  f.get = [](const JobConfig& c) {
+    return c.fault_tolerance.work_unit_rows == kAutoWorkUnitRows
+               ? std::string("auto")
+               : absl::StrCat(c.fault_tolerance.work_unit_rows);
+  };
+  return f;
+}
+
 // training.minibatch: an integer >= 1, or `auto` (stored as kAutoMinibatch,
 // resolved by ResolveAutoMinibatch).
 Field MinibatchField() {
@@ -552,7 +586,7 @@ const std::vector<Field>& Fields() {
       BoolField(PS_CFG(fault_tolerance, resume)),
       StringField(PS_CFG(fault_tolerance, restore_from)),
       IntField<int>(PS_CFG(fault_tolerance, checkpoints_kept), 1, 1000),
-      IntField<int64_t>(PS_CFG(fault_tolerance, work_unit_rows), 1),
+      WorkUnitRowsField(),
       IntField<int>(PS_CFG(fault_tolerance, replicas), -1, 8),
       IntField<int64_t>(PS_CFG(fault_tolerance, probe_timeout_ms), 1),
       // Metrics and health (issue 11).
@@ -671,6 +705,34 @@ std::string ResolveAutoMinibatch(JobConfig* config, int64_t estimated_rows) {
                       estimated_rows, " training rows, ", workers,
                       " workers: about ", per_worker / t.minibatch,
                       " updates per worker per epoch)");
+}
+
+int64_t AutoWorkUnitRows(const JobConfig& config, int64_t estimated_rows) {
+  const int64_t minibatch = config.training.minibatch == kAutoMinibatch
+                                ? 100
+                                : config.training.minibatch;
+  int64_t rows = kAutoMinibatchesPerUnit * minibatch;
+  if (estimated_rows >= 0) {
+    const int64_t workers = std::max(1, config.cluster.num_workers);
+    rows = std::min(rows, estimated_rows / (workers * kAutoUnitsPerWorker));
+  }
+  return std::max(minibatch, rows);
+}
+
+std::string ResolveAutoWorkUnitRows(JobConfig* config,
+                                    int64_t estimated_rows) {
+  int64_t& rows = config->fault_tolerance.work_unit_rows;
+  if (rows != kAutoWorkUnitRows) return "";
+  rows = AutoWorkUnitRows(*config, estimated_rows);
+  return absl::StrCat("fault_tolerance.work_unit_rows auto: ", rows, " (",
+                      rows / std::max(1, config->training.minibatch),
+                      " minibatches of ", config->training.minibatch,
+                      " rows; about ",
+                      estimated_rows < 0
+                          ? std::string("? (the data's size is unknown)")
+                          : absl::StrCat(std::max<int64_t>(
+                                1, estimated_rows / rows)),
+                      " units an epoch)");
 }
 
 absl::Status CheckMinibatchResolved(const TrainingConfig& training) {

@@ -139,9 +139,9 @@ struct DataConfig {
   bool shuffle = true;
   // Rows (parsed) the shuffle buffer of each open unit holds, >= 1: about 2x
   // this many rows of memory per worker (a9a rows: ~200 B, criteo ~500 B).
-  // A unit smaller than the buffer (the default: units hold about
-  // fault_tolerance.work_unit_rows = 1000 rows) is shuffled whole; the test
-  // set is never shuffled.
+  // A unit smaller than the buffer (the default: units hold about ten
+  // minibatches, fault_tolerance.work_unit_rows `auto`) is shuffled whole;
+  // the test set is never shuffled.
   int64_t shuffle_buffer_rows = 10000;
   // Share of the training rows held out for validation, in [0, 0.5]: a row
   // is held out when a seeded hash of its content (label, features and
@@ -248,11 +248,14 @@ struct FaultToleranceConfig {
   // Dynamic work (scheduler/work_units.h): each epoch's training data is cut
   // into units of about this many rows (a byte range of a file, cut on line
   // boundaries, sized from the file's average line length; a row range of
-  // the synthetic generator) that workers ask for when ready. 1000 gives
-  // a9a (32561 rows) 33 units an epoch, at least 8 for each of 4 workers, so
-  // a slow or dead worker's share is spread over the others; larger data
-  // sets get proportionally more units (one small RPC per unit).
-  int64_t work_unit_rows = 1000;
+  // the synthetic generator) that workers ask for when ready. `auto`
+  // (kAutoWorkUnitRows, the default; ResolveAutoWorkUnitRows): about
+  // kAutoMinibatchesPerUnit minibatches, fewer where that would leave a
+  // worker fewer than kAutoUnitsPerWorker units an epoch, never less than
+  // one minibatch. Each unit costs a GetWork round trip and a write of the
+  // scheduler's state file; one-minibatch units made them a tenth of the
+  // scale job's CPU (docs/benchmarks.md).
+  int64_t work_unit_rows = 0;  // kAutoWorkUnitRows
   // Replication (docs/fault_tolerance.md): backups per key range, placed on
   // the next servers of the hash ring; a push is acknowledged once it is on
   // every live replica. -1 (default): 1 when there are at least 2 servers,
@@ -405,6 +408,22 @@ inline constexpr int kAutoMinibatchMax = 1000;
 // training rows of one epoch (< 0: unknown, then 100). Returns a line for
 // the log saying what was chosen and why ("" when the minibatch was set).
 std::string ResolveAutoMinibatch(JobConfig* config, int64_t estimated_rows);
+// fault_tolerance.work_unit_rows `auto`: rows per unit of
+// kAutoMinibatchesPerUnit minibatches, capped so that each worker gets at
+// least kAutoUnitsPerWorker units an epoch (a slow or dead worker's share
+// is then spread over the others in small parts), and at least one
+// minibatch.
+inline constexpr int64_t kAutoWorkUnitRows = 0;
+inline constexpr int64_t kAutoMinibatchesPerUnit = 10;
+inline constexpr int64_t kAutoUnitsPerWorker = 16;
+// The rows per work unit `auto` stands for, `estimated_rows` being the
+// training rows of one epoch (< 0: unknown, then no cap). Uses
+// training.minibatch, 100 while it is still `auto`.
+int64_t AutoWorkUnitRows(const JobConfig& config, int64_t estimated_rows);
+// Replaces fault_tolerance.work_unit_rows `auto` with AutoWorkUnitRows;
+// returns a line for the log ("" when it was set). Call after
+// ResolveAutoMinibatch.
+std::string ResolveAutoWorkUnitRows(JobConfig* config, int64_t estimated_rows);
 // FAILED_PRECONDITION when training.minibatch is still `auto` (a trainer
 // given a config the scheduler did not resolve).
 absl::Status CheckMinibatchResolved(const TrainingConfig& training);

@@ -197,6 +197,50 @@ TEST(ConfigTest, AutoMinibatchIsSizedFromTheRowsPerWorker) {
   EXPECT_EQ(set.training.epochs, 5);
 }
 
+// Work units default to about ten minibatches (each unit costs a GetWork
+// round trip and a state-file write), but no fewer than 16 per worker an
+// epoch, and no less than a minibatch.
+TEST(ConfigTest, AutoWorkUnitRowsAreTenMinibatchesWithSixteenPerWorker) {
+  JobConfig c;
+  EXPECT_EQ(c.fault_tolerance.work_unit_rows, kAutoWorkUnitRows);
+  absl::StatusOr<JobConfig> parsed =
+      ParseJobConfig("fault_tolerance: {work_unit_rows: Auto}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->fault_tolerance.work_unit_rows, kAutoWorkUnitRows);
+  EXPECT_NE(ToYaml(*parsed).find("work_unit_rows: auto"), std::string::npos);
+  absl::StatusOr<JobConfig> back = ParseJobConfig(ToYaml(*parsed));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->fault_tolerance.work_unit_rows, kAutoWorkUnitRows);
+  EXPECT_EQ(ParseJobConfig("fault_tolerance: {work_unit_rows: lots}")
+                .status()
+                .message(),
+            "config field fault_tolerance.work_unit_rows: expected an "
+            "integer, got 'lots' (or auto)");
+
+  c.cluster.num_workers = 4;
+  c.training.minibatch = 1000;
+  JobConfig scale = c;  // 3M rows: 750k per worker, 10 minibatches a unit
+  EXPECT_NE(ResolveAutoWorkUnitRows(&scale, 3000000)
+                .find("work_unit_rows auto: 10000 (10 minibatches of 1000 "
+                      "rows; about 300 units an epoch)"),
+            std::string::npos);
+  EXPECT_EQ(scale.fault_tolerance.work_unit_rows, 10000);
+  // 400k rows: 10 minibatches would leave a worker 10 units; 16 it is.
+  EXPECT_EQ(AutoWorkUnitRows(c, 400000), 400000 / 64);
+  // Fewer rows than 16 minibatches a worker: one minibatch a unit.
+  EXPECT_EQ(AutoWorkUnitRows(c, 20000), 1000);
+  // Unknown size: ten minibatches; minibatch still auto: 100 rows.
+  EXPECT_EQ(AutoWorkUnitRows(c, -1), 10000);
+  JobConfig a9a = c;
+  a9a.cluster.num_workers = 2;
+  a9a.training.minibatch = kAutoMinibatch;
+  EXPECT_EQ(AutoWorkUnitRows(a9a, 32561), 1000);  // 32561 / 32 = 1017
+  JobConfig set = c;
+  set.fault_tolerance.work_unit_rows = 77;
+  EXPECT_EQ(ResolveAutoWorkUnitRows(&set, 3000000), "");
+  EXPECT_EQ(set.fault_tolerance.work_unit_rows, 77);
+}
+
 // optimizer.feature_scale: ftrl's parameters as for values divided by s.
 TEST(ConfigTest, FeatureScaleRescalesFtrl) {
   JobConfig c;  // ftrl alpha 0.5, beta 32, l1 = l2 = 0.03
@@ -320,7 +364,8 @@ TEST(ConfigTest, OutOfRangeNamesTheField) {
       {"cluster: {heartbeat_ms: 9}",
        "config field cluster.heartbeat_ms: must be >= 10, got 9"},
       {"fault_tolerance: {work_unit_rows: 0}",
-       "config field fault_tolerance.work_unit_rows: must be >= 1, got 0"},
+       "config field fault_tolerance.work_unit_rows: must be >= 1, got 0 (or "
+       "auto)"},
       {"data: {shuffle_buffer_rows: 0}",
        "config field data.shuffle_buffer_rows: must be >= 1, got 0"},
       {"cluster: {heartbeat_timeout_ms: 99}",

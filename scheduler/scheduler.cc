@@ -69,13 +69,16 @@ std::optional<uint64_t> UnitShuffleSeed(const JobConfig& config) {
   return config.training.seed;
 }
 
-// `options` with training.minibatch `auto` replaced by its value for this
-// data (issue 12), logged, before the config is shown to anyone.
+// `options` with training.minibatch, fault_tolerance.work_unit_rows,
+// training.epochs and optimizer.feature_scale `auto` replaced by their
+// values for this data (issue 12), logged, before the config is shown to
+// anyone.
 SchedulerOptions ResolveDataDefaults(SchedulerOptions options) {
   JobConfig& c = options.config;
   const int64_t rows = EstimateTrainRows(c);
   for (const std::string& chosen :
-       {ResolveAutoMinibatch(&c, rows), ResolveAutoEpochs(&c, rows),
+       {ResolveAutoMinibatch(&c, rows), ResolveAutoWorkUnitRows(&c, rows),
+        ResolveAutoEpochs(&c, rows),
         ResolveFeatureScale(&c, c.optimizer.feature_scale == kAutoFeatureScale
                                     ? EstimateFeatureScale(c)
                                     : 0)}) {

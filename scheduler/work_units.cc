@@ -100,8 +100,12 @@ bool UnitDone(const proto::WorkQueueState& s, int i) {
 
 std::vector<proto::DataShard> PlanWorkUnits(const JobConfig& config) {
   const DataConfig& d = config.data;
+  // `auto` is resolved by the scheduler before the config is shown to
+  // anyone; a plan made of an unresolved config resolves it the same way.
   const int64_t rows_per_unit = std::max<int64_t>(
-      1, config.fault_tolerance.work_unit_rows);
+      1, config.fault_tolerance.work_unit_rows == kAutoWorkUnitRows
+             ? AutoWorkUnitRows(config, EstimateTrainRows(config))
+             : config.fault_tolerance.work_unit_rows);
   std::vector<proto::DataShard> units;
   if (d.format == "synthetic") {
     const int64_t rows = d.synthetic.train_rows;
