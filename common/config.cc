@@ -369,76 +369,11 @@ Field TauField() {
   return f;
 }
 
-// fault_tolerance.work_unit_rows: an integer >= 1, or `auto` (stored as
-// kAutoWorkUnitRows, resolved by ResolveAutoWorkUnitRows).
-Field WorkUnitRowsField() {
-  Field f;
-  f.path = "fault_tolerance.work_unit_rows";
-  f.set = [path = f.path](const YAML::Node& n, JobConfig* c) {
-    const std::string v = n.IsScalar()
-                              ? absl::AsciiStrToLower(
-                                    absl::StripAsciiWhitespace(n.Scalar()))
-                              : std::string();
-    if (v == "auto") {
-      c->fault_tolerance.work_unit_rows = kAutoWorkUnitRows;
-      return absl::OkStatus();
-    }
-    int64_t rows = 0;
-    if (!n.IsScalar() || !absl::SimpleAtoi(v, &rows)) {
-      return FieldError(path, absl::StrCat("expected an integer, got ",
-                                           Describe(n), " (or auto)"));
-    }
-    if (rows < 1) {
-      return FieldError(
-          path, absl::StrCat("must be >= 1, got ", rows, " (or auto)"));
-    }
-    c->fault_tolerance.work_unit_rows = rows;
-    return absl::OkStatus();
-  };
-  f.get = [](const JobConfig& c) {
-    return c.fault_tolerance.work_unit_rows == kAutoWorkUnitRows
-               ? std::string("auto")
-               : absl::StrCat(c.fault_tolerance.work_unit_rows);
-  };
-  return f;
-}
-
-// training.minibatch: an integer >= 1, or `auto` (stored as kAutoMinibatch,
-// resolved by ResolveAutoMinibatch).
-Field MinibatchField() {
-  Field f;
-  f.path = "training.minibatch";
-  f.set = [path = f.path](const YAML::Node& n, JobConfig* c) {
-    const std::string v = n.IsScalar()
-                              ? absl::AsciiStrToLower(
-                                    absl::StripAsciiWhitespace(n.Scalar()))
-                              : std::string();
-    if (v == "auto") {
-      c->training.minibatch = kAutoMinibatch;
-      return absl::OkStatus();
-    }
-    int64_t rows = 0;
-    if (!n.IsScalar() || !absl::SimpleAtoi(v, &rows)) {
-      return FieldError(path, absl::StrCat("expected an integer, got ",
-                                           Describe(n), " (or auto)"));
-    }
-    if (rows < 1 || rows > std::numeric_limits<int>::max()) {
-      return FieldError(
-          path, absl::StrCat("must be >= 1, got ", rows, " (or auto)"));
-    }
-    c->training.minibatch = static_cast<int>(rows);
-    return absl::OkStatus();
-  };
-  f.get = [](const JobConfig& c) {
-    return c.training.minibatch == kAutoMinibatch
-               ? std::string("auto")
-               : absl::StrCat(c.training.minibatch);
-  };
-  return f;
-}
-
-// A positive integer, or `auto` (stored as `auto_value`).
-Field AutoIntField(std::string path, Member<int> m, int auto_value) {
+// A positive integer (at most T's maximum), or `auto` (stored as
+// `auto_value`): training.minibatch, training.epochs,
+// fault_tolerance.work_unit_rows.
+template <typename T>
+Field AutoIntField(std::string path, Member<T> m, T auto_value) {
   Field f;
   f.path = path;
   f.set = [path, m, auto_value](const YAML::Node& n, JobConfig* c) {
@@ -455,15 +390,15 @@ Field AutoIntField(std::string path, Member<int> m, int auto_value) {
       return FieldError(path, absl::StrCat("expected an integer, got ",
                                            Describe(n), " (or auto)"));
     }
-    if (x < 1 || x > std::numeric_limits<int>::max()) {
+    if (x < 1 || x > std::numeric_limits<T>::max()) {
       return FieldError(path,
                         absl::StrCat("must be >= 1, got ", x, " (or auto)"));
     }
-    m(*c) = static_cast<int>(x);
+    m(*c) = static_cast<T>(x);
     return absl::OkStatus();
   };
   f.get = [m, auto_value](const JobConfig& c) {
-    const int v = Read(m, c);
+    const T v = Read(m, c);
     return v == auto_value ? std::string("auto") : absl::StrCat(v);
   };
   return f;
@@ -560,8 +495,8 @@ const std::vector<Field>& Fields() {
                    /*hi_open=*/false}),
       Uint64Field(PS_CFG(data.synthetic, seed)),
       StringField(PS_CFG(training, model), {"logistic_regression", "mlp"}),
-      MinibatchField(),
-      AutoIntField(PS_CFG(training, epochs), kAutoEpochs),
+      AutoIntField<int>(PS_CFG(training, minibatch), kAutoMinibatch),
+      AutoIntField<int>(PS_CFG(training, epochs), kAutoEpochs),
       IntField<int>(PS_CFG(training, threads), 1, 256),
       StringField(PS_CFG(training, backend), {"cpu", "cuda", "auto"}),
       DoubleField(PS_CFG(training, progress_interval_s), kPositive),
@@ -586,7 +521,8 @@ const std::vector<Field>& Fields() {
       BoolField(PS_CFG(fault_tolerance, resume)),
       StringField(PS_CFG(fault_tolerance, restore_from)),
       IntField<int>(PS_CFG(fault_tolerance, checkpoints_kept), 1, 1000),
-      WorkUnitRowsField(),
+      AutoIntField<int64_t>(PS_CFG(fault_tolerance, work_unit_rows),
+                            kAutoWorkUnitRows),
       IntField<int>(PS_CFG(fault_tolerance, replicas), -1, 8),
       IntField<int64_t>(PS_CFG(fault_tolerance, probe_timeout_ms), 1),
       // Metrics and health (issue 11).

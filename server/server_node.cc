@@ -803,7 +803,8 @@ void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
         s = ClockTooFar(req.worker_id(), req.clock(), completed,
                         limits_.max_clock_ahead);
       }
-      if (!owned_.empty()) {
+      // Only SSP's catch-up reads it: no scan of the workers in the others.
+      if (mode_ == proto::MODE_SSP && !owned_.empty()) {
         resp->set_others_min_clock(
             OthersMinClock(ranges_[owned_.front()], req.worker_id()));
       }

@@ -534,27 +534,23 @@ TEST_F(KVWorkerTest, PullAssemblesSlicesInKeyOrder) {
 TEST_F(KVWorkerTest, OthersMinClockIsTheHighestAPullAnswerCarried) {
   Make(2);
   EXPECT_EQ(worker_->others_min_clock(), -1);
-  const std::vector<uint64_t> keys = Iota(16);
-  std::vector<float> out;
-  int64_t ts = worker_->Pull(0, keys, &out);
-  for (int s = 0; s < 2; ++s) {
-    std::optional<HeldPull> p = S(s)->NextPull();
-    ASSERT_TRUE(p.has_value());
-    proto::PullResponse r = Answer(*p->req);
-    r.set_others_min_clock(s == 0 ? 7 : 4);
-    p->Reply(absl::OkStatus(), r);
-  }
-  ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+  // A pull of `keys` answered by S[0] and S[1] with these clocks.
+  auto pull = [&](const std::vector<uint64_t>& keys, int64_t clock0,
+                  int64_t clock1) {
+    std::vector<float> out;
+    const int64_t ts = worker_->Pull(0, keys, &out);
+    for (int s = 0; s < 2; ++s) {
+      std::optional<HeldPull> p = S(s)->NextPull();
+      ASSERT_TRUE(p.has_value());
+      proto::PullResponse r = Answer(*p->req);
+      r.set_others_min_clock(s == 0 ? clock0 : clock1);
+      p->Reply(absl::OkStatus(), r);
+    }
+    ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+  };
+  pull(Iota(16), 7, 4);
   EXPECT_EQ(worker_->others_min_clock(), 7);
-  ts = worker_->Pull(0, Iota(8), &out);  // another list: sent with its keys
-  for (int s = 0; s < 2; ++s) {
-    std::optional<HeldPull> p = S(s)->NextPull();
-    ASSERT_TRUE(p.has_value());
-    proto::PullResponse r = Answer(*p->req);
-    r.set_others_min_clock(s == 0 ? 6 : 9);
-    p->Reply(absl::OkStatus(), r);
-  }
-  ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+  pull(Iota(8), 6, 9);  // another list: sent with its keys
   EXPECT_EQ(worker_->others_min_clock(), 9);
 }
 
