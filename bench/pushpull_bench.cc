@@ -148,6 +148,9 @@ ABSL_FLAG(std::string, server_grpc_args, "",
 ABSL_FLAG(int, chunk_kib, 0,
           "split each dense/sparse request into KVWorker requests of at most "
           "this many KiB of values, all in flight (0: no split)");
+ABSL_FLAG(bool, data_plane, true,
+          "push, pull and clock over the servers' data planes (plain TCP, "
+          "transport/data_plane.h) instead of gRPC; never with --noop_server");
 ABSL_FLAG(bool, iperf, true, "measure one iperf3 loopback stream first");
 ABSL_FLAG(int, iperf_seconds, 3, "iperf3 -t");
 ABSL_FLAG(std::string, csv, "", "also write the results as CSV here");
@@ -326,6 +329,18 @@ int ServeMain() {
   ServerNode node;
   node.SetPeers(&peers);
   ServerService service(&node, /*token=*/"", nullptr);
+  DataService data_service(&node);
+  std::unique_ptr<DataPlaneServer> data_plane;
+  if (absl::GetFlag(FLAGS_data_plane) && !absl::GetFlag(FLAGS_noop_server)) {
+    auto d = DataPlaneServer::Start(DataPlaneServerOptions(), &data_service);
+    if (!d.ok()) {
+      std::printf("ERROR %s\n", d.status().ToString().c_str());
+      std::fflush(stdout);
+      return 1;
+    }
+    data_plane = std::move(*d);
+    service.set_data_port(data_plane->port());
+  }
   NoopService noop;
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder);
@@ -394,6 +409,7 @@ int ServeMain() {
   ticker.join();
   node.CancelAll(absl::CancelledError("benchmark over"));
   service.EndStreams();
+  if (data_plane != nullptr) data_plane->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   return 0;
 }
@@ -547,7 +563,8 @@ class Cluster {
         absl::StrCat("--server_grpc_args=",
                      absl::GetFlag(FLAGS_server_grpc_args)),
         absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level)),
-        absl::StrCat("--noop_server=", absl::GetFlag(FLAGS_noop_server))};
+        absl::StrCat("--noop_server=", absl::GetFlag(FLAGS_noop_server)),
+        absl::StrCat("--data_plane=", absl::GetFlag(FLAGS_data_plane))};
     std::vector<std::string> addresses;
     for (int i = 0; i < t.servers; ++i) {
       PS_ASSIGN_OR_RETURN(auto s, ServerProcess::Start(argv));
@@ -562,8 +579,9 @@ class Cluster {
                         ParseGrpcArgs(absl::GetFlag(FLAGS_client_grpc_args)));
     const int channels = absl::GetFlag(FLAGS_channels);
     for (int i = 0; i < t.workers; ++i) {
-      c->factories_.push_back(std::make_unique<GrpcClientFactory>(
-          GrpcTransportOptions{"", channels, extra}));
+      GrpcTransportOptions to{"", channels, extra};
+      to.data_plane = absl::GetFlag(FLAGS_data_plane);
+      c->factories_.push_back(std::make_unique<GrpcClientFactory>(to));
       KVWorkerOptions o;
       o.worker_id = i;
       o.request_timeout = absl::Seconds(60);

@@ -36,6 +36,10 @@ struct ClusterConfig {
   // skips its hash lookups). Servers keep at most 256 MiB of lists (least
   // recently used go first). false: every request carries its keys.
   bool key_caching = true;
+  // Issue 10: workers push, pull and clock over each server's data plane
+  // (a plain TCP connection beside gRPC, transport/data_plane.h) instead
+  // of gRPC. Never with TLS (the data plane has none: gRPC carries them).
+  bool data_plane = true;
   // gRPC TLS when cert_file or ca_file is set (PEM files; relative paths as
   // given). Servers and the scheduler present cert_file/key_file; clients
   // verify them against ca_file; with require_client_cert every process

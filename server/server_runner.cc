@@ -102,6 +102,24 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   PS_RETURN_IF_ERROR(metrics.Serve(options.bind_host, metrics_port));
   ServerService service(&node, token, [&] { exit_requested.Notify(); },
                         &rpc_metrics);
+  // Issue 10: push, pull and clock over plain TCP beside gRPC
+  // (transport/data_plane.h); not with TLS, which only gRPC carries.
+  DataService data_service(&node, &rpc_metrics);
+  std::unique_ptr<DataPlaneServer> data_plane;
+  if (!security.tls.enabled()) {
+    DataPlaneServerOptions dopt;
+    dopt.host = options.bind_host;
+    dopt.token = token;
+    dopt.max_frame_bytes = static_cast<size_t>(security.max_message_mb) << 20;
+    absl::StatusOr<std::unique_ptr<DataPlaneServer>> d =
+        DataPlaneServer::Start(dopt, &data_service);
+    if (d.ok()) {
+      data_plane = std::move(*d);
+      service.set_data_port(data_plane->port());
+    } else {
+      PS_LOG_WARN("no data plane, gRPC only: {}", d.status().ToString());
+    }
+  }
 
   // grpc.health.v1.Health on the same port (common/health.h): NOT_SERVING
   // until the view is installed, and again once the server stops.
@@ -236,6 +254,7 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   ticker.join();
   node.CancelAll(absl::CancelledError("server shutting down"));
   service.EndStreams();
+  if (data_plane != nullptr) data_plane->Stop();
   // Give the save_and_exit reply time to leave before tearing down.
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::seconds(2));

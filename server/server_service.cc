@@ -1,5 +1,6 @@
 #include "server/server_service.h"
 
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -343,7 +344,87 @@ grpc::ServerUnaryReactor* ServerService::GetStatus(
   absl::Status auth = CheckToken(*ctx, token_);
   if (!auth.ok()) return Reply(ctx, auth);
   *resp = node_->Status();
+  resp->set_data_port(data_port_.load());
   return Reply(ctx, absl::OkStatus());
+}
+
+void DataService::Push(const proto::PushRequest& req,
+                       absl::Span<const char> keys, absl::Span<const char> vals,
+                       DataReplyTo reply) {
+  const int64_t t0 = metrics_ != nullptr ? MonotonicNanos() : 0;
+  // As ServerService::Push: one allocation per push; `done` runs once.
+  struct Call {
+    proto::PushResponse resp;
+    DataReplyTo reply;
+    Counter* errors;  // metrics (issue 11); may be null
+  };
+  auto* call = new Call{
+      {},
+      std::move(reply),
+      metrics_ != nullptr ? metrics_->Errors(PushPullMetrics::kPush, req.table())
+                          : nullptr};
+  node_->Push(req, absl::string_view(keys.data(), keys.size()),
+              absl::string_view(vals.data(), vals.size()), &call->resp,
+              [call](const absl::Status& s) {
+                std::unique_ptr<Call> own(call);
+                if (!s.ok() && call->errors != nullptr) call->errors->Add();
+                call->reply.Send(s, &call->resp);
+              });
+  if (metrics_ != nullptr) {
+    metrics_->Record(PushPullMetrics::kPush, req.table(),
+                     keys.size() + vals.size(), MonotonicNanos() - t0,
+                     /*ok=*/true);
+  }
+}
+
+void DataService::Pull(const proto::PullRequest& req,
+                       absl::Span<const char> keys, absl::Duration wait,
+                       DataReplyTo reply) {
+  struct Call {
+    proto::PullRequest req;
+    // The keys, copied: a pull that waits reads them after this returned
+    // (uint64 storage: 8-byte aligned, as ServerNode::Pull needs).
+    std::vector<uint64_t> keys;
+    proto::PullResponse resp;
+    std::unique_ptr<float[]> vals;  // written by the node, sent as is
+    size_t floats = 0;
+    int64_t t0 = 0;  // metrics (issue 11)
+    DataReplyTo reply;
+  };
+  auto call = std::make_shared<Call>(Call{req, {}, {}, nullptr, 0, 0, reply});
+  if (metrics_ != nullptr) call->t0 = MonotonicNanos();
+  call->keys.resize(keys.size() / sizeof(uint64_t));
+  if (!keys.empty()) std::memcpy(call->keys.data(), keys.data(), keys.size());
+  node_->Pull(
+      call->req,
+      absl::string_view(reinterpret_cast<const char*>(call->keys.data()),
+                        keys.size()),
+      &call->resp,
+      [this, call](const absl::Status& s) {
+        const absl::Span<const char> vals(
+            reinterpret_cast<const char*>(call->vals.get()),
+            call->floats * sizeof(float));
+        if (metrics_ != nullptr) {
+          metrics_->Record(PushPullMetrics::kPull, call->req.table(),
+                           call->keys.size() * sizeof(uint64_t) + vals.size(),
+                           MonotonicNanos() - call->t0, s.ok());
+        }
+        call->reply.Send(s, &call->resp, vals);
+      },
+      wait,
+      [call](size_t floats) {
+        // Uninitialised: the node writes every float.
+        call->vals.reset(new float[floats]);
+        call->floats = floats;
+        return call->vals.get();
+      });
+}
+
+void DataService::Clock(const proto::ClockRequest& req, DataReplyTo reply) {
+  node_->ClockTick(req, [reply = std::move(reply)](const absl::Status& s) {
+    proto::ClockResponse resp;
+    reply.Send(s, &resp);
+  });
 }
 
 }  // namespace ps

@@ -2,6 +2,7 @@
 // checks the cluster token, nothing else.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <string>
 
@@ -10,6 +11,7 @@
 #include "common/metrics.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/server_node.h"
+#include "transport/data_plane.h"
 
 namespace ps {
 
@@ -61,6 +63,9 @@ class ServerService final
   // would otherwise wait its whole grace period for them): call before it.
   void EndStreams();
 
+  // The data plane's port, which GetStatus tells clients (0: none).
+  void set_data_port(int port) { data_port_.store(port); }
+
  private:
   class ReplicateStreamReactor;
   void Forget(ReplicateStreamReactor* r);
@@ -69,9 +74,29 @@ class ServerService final
   const std::string token_;
   std::function<void()> on_save_and_exit_;
   PushPullMetrics* const metrics_;
+  std::atomic<int> data_port_{0};
   absl::Mutex streams_mu_;
   absl::flat_hash_set<ReplicateStreamReactor*> streams_
       ABSL_GUARDED_BY(streams_mu_);
+};
+
+// The data plane's requests (transport/data_plane.h) handed to `node` as
+// ServerService hands gRPC's: the same checks, answers and metrics. The
+// cluster token is checked once per connection, by the data plane's hello.
+class DataService final : public DataHandler {
+ public:
+  // `node` and `metrics` (may be null) must outlive the service.
+  explicit DataService(ServerNode* node, PushPullMetrics* metrics = nullptr)
+      : node_(node), metrics_(metrics) {}
+  void Push(const proto::PushRequest& req, absl::Span<const char> keys,
+            absl::Span<const char> vals, DataReplyTo reply) override;
+  void Pull(const proto::PullRequest& req, absl::Span<const char> keys,
+            absl::Duration wait, DataReplyTo reply) override;
+  void Clock(const proto::ClockRequest& req, DataReplyTo reply) override;
+
+ private:
+  ServerNode* const node_;
+  PushPullMetrics* const metrics_;
 };
 
 }  // namespace ps

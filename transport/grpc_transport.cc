@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <deque>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "grpcpp/alarm.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/ps.grpc.pb.h"
+#include "transport/data_plane.h"
 
 namespace ps {
 
@@ -431,20 +433,7 @@ grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
     return out;
   }
   // Every field but keys and vals (PushWireTest checks none is missed).
-  proto::PushRequest head;
-  head.set_worker_id(req->worker_id());
-  head.set_seq(req->seq());
-  head.set_clock(req->clock());
-  head.set_epoch(req->epoch());
-  head.set_table(req->table());
-  head.set_num_examples(req->num_examples());
-  *head.mutable_segments() = req->segments();
-  if (req->has_end_clock()) *head.mutable_end_clock() = req->end_clock();
-  head.set_key_list(req->key_list());
-  head.set_num_keys(req->num_keys());
-  head.set_value_encoding(req->value_encoding());
-  head.set_vals_codec(req->vals_codec());
-  head.set_vals_raw_bytes(req->vals_raw_bytes());
+  const proto::PushRequest head = PushHead(*req);
   std::string prefix = head.SerializeAsString();
   std::vector<grpc::Slice> slices;
   slices.reserve(4 + (borrowed == nullptr ? 0 : borrowed->pieces.size()));
@@ -688,8 +677,13 @@ class ReplicationStream
 class GrpcServerClient : public ServerClient {
  public:
   GrpcServerClient(const std::string& address, const GrpcTransportOptions& o,
-                   const std::shared_ptr<grpc::ChannelCredentials>& creds)
-      : token_(o.token), inflight_(std::make_shared<Inflight>()) {
+                   const std::shared_ptr<grpc::ChannelCredentials>& creds,
+                   std::shared_ptr<const std::atomic<bool>> data_plane)
+      : token_(o.token),
+        address_(address),
+        max_frame_bytes_(static_cast<size_t>(MessageLimitBytes(o.max_message_mb))),
+        data_plane_(std::move(data_plane)),
+        inflight_(std::make_shared<Inflight>()) {
     for (int i = 0; i < std::max(1, o.channels_per_server); ++i) {
       grpc::ChannelArguments args = DefaultChannelArgs();
       // Distinct args and a local subchannel pool give each channel its own
@@ -707,13 +701,23 @@ class GrpcServerClient : public ServerClient {
 
   // Values never enter a serialized copy (PushWire): the generic stub sends
   // the request's own buffers, or the borrowed ones.
+  // Push, pull and clock go over the server's data plane when it is
+  // connected (transport/data_plane.h), else over gRPC.
   void Push(std::shared_ptr<const proto::PushRequest> req, absl::Time deadline,
             Callback<proto::PushResponse> done) override {
+    if (std::shared_ptr<DataPlaneClient> d = Data()) {
+      d->Push(*req, nullptr, deadline, std::move(done));
+      return;
+    }
     SendPush(PushWire(std::move(req)), deadline, std::move(done));
   }
   void PushBorrowed(std::shared_ptr<const proto::PushRequest> req,
                     BorrowedValues vals, absl::Time deadline,
                     Callback<proto::PushResponse> done) override {
+    if (std::shared_ptr<DataPlaneClient> d = Data()) {
+      d->Push(*req, &vals, deadline, std::move(done));
+      return;
+    }
     SendPush(PushWire(std::move(req), &vals), deadline, std::move(done));
   }
   void SendPush(grpc::ByteBuffer wire, absl::Time deadline,
@@ -749,6 +753,10 @@ class GrpcServerClient : public ServerClient {
   }
   void Pull(std::shared_ptr<const proto::PullRequest> req, absl::Time deadline,
             Callback<proto::PullResponse> done) override {
+    if (std::shared_ptr<DataPlaneClient> d = Data()) {
+      d->Pull(*req, deadline, std::move(done));
+      return;
+    }
     Start<proto::PullRequest, proto::PullResponse>(
         std::move(req), deadline, std::move(done),
         [](proto::Server::Stub* s, auto* ctx, auto* rq, auto* rs, auto cb) {
@@ -777,6 +785,10 @@ class GrpcServerClient : public ServerClient {
   }
   void Clock(std::shared_ptr<const proto::ClockRequest> req, absl::Time deadline,
              Callback<proto::ClockResponse> done) override {
+    if (std::shared_ptr<DataPlaneClient> d = Data()) {
+      d->Clock(*req, deadline, std::move(done));
+      return;
+    }
     Start<proto::ClockRequest, proto::ClockResponse>(
         std::move(req), deadline, std::move(done),
         [](proto::Server::Stub* s, auto* ctx, auto* rq, auto* rs, auto cb) {
@@ -786,6 +798,16 @@ class GrpcServerClient : public ServerClient {
   // Calls still in flight hold the channels: wait for them (bounded), so a
   // channel is never destroyed on gRPC's own callback thread.
   ~GrpcServerClient() override {
+    std::thread connector;
+    std::shared_ptr<DataPlaneClient> data;
+    {
+      absl::MutexLock l(&data_mu_);
+      closing_ = true;
+      connector.swap(connector_);
+      data.swap(data_);
+    }
+    if (connector.joinable()) connector.join();
+    data.reset();  // fails its calls in flight
     {
       absl::MutexLock l(&stream_mu_);
       if (stream_ != nullptr) stream_->Cancel();
@@ -825,6 +847,66 @@ class GrpcServerClient : public ServerClient {
   }
 
  private:
+  // The data plane's connection when it is up; else null, and a connection
+  // is being made (on connector_, at most one try per second after a
+  // failure) unless the server has none or the data plane is off.
+  std::shared_ptr<DataPlaneClient> Data() {
+    if (!data_plane_->load(std::memory_order_relaxed)) return nullptr;
+    std::shared_ptr<DataPlaneClient> broken;  // released after the lock
+    absl::MutexLock l(&data_mu_);
+    if (data_ != nullptr) {
+      // A callback of the connection must not write on it (data_plane.h).
+      if (data_->ok()) return data_->OnReaderThread() ? nullptr : data_;
+      broken.swap(data_);
+      next_try_ = std::max(next_try_, absl::Now() + absl::Milliseconds(100));
+    }
+    if (!connecting_ && !closing_ && absl::Now() >= next_try_) {
+      connecting_ = true;
+      if (connector_.joinable()) connector_.join();  // done: it cleared connecting_
+      connector_ = std::thread([this] { ConnectData(); });
+    }
+    return nullptr;
+  }
+  // Asks the server for its data port (GetStatus) and connects.
+  void ConnectData() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(3);
+    grpc::ClientContext ctx;
+    Prepare(&ctx, deadline, token_);
+    proto::ServerStatusRequest req;
+    proto::ServerStatus st;
+    absl::Status s = FromGrpcStatus(NextStub()->GetStatus(&ctx, req, &st));
+    absl::StatusOr<std::shared_ptr<DataPlaneClient>> c;
+    // The data port is on the host the gRPC address names.
+    const size_t colon = address_.rfind(':');
+    const std::string host =
+        colon == std::string::npos ? address_ : address_.substr(0, colon);
+    if (s.ok() && st.data_port() <= 0) {
+      s = absl::NotFoundError("the server has no data plane");
+    }
+    if (s.ok()) {
+      c = DataPlaneClient::Connect(host, st.data_port(), token_,
+                                   max_frame_bytes_, deadline);
+      s = c.status();
+    }
+    absl::MutexLock l(&data_mu_);
+    connecting_ = false;
+    if (s.ok() && !closing_) {
+      data_ = std::move(*c);
+      failures_ = 0;
+      PS_LOG_DEBUG("data plane to {} on port {}", address_, st.data_port());
+      return;
+    }
+    if (absl::IsNotFound(s)) {
+      next_try_ = absl::InfiniteFuture();  // gRPC only, for good
+      return;
+    }
+    if (failures_++ == 0) {
+      PS_LOG_WARN("data plane to {}: {}; using gRPC meanwhile", address_,
+                  s.ToString());
+    }
+    next_try_ = absl::Now() + std::min(absl::Seconds(failures_), absl::Seconds(10));
+  }
+
   proto::Server::Stub* NextStub() {
     return stubs_[next_.fetch_add(1, std::memory_order_relaxed) %
                   stubs_.size()]
@@ -858,6 +940,16 @@ class GrpcServerClient : public ServerClient {
   }
 
   const std::string token_;
+  const std::string address_;
+  const size_t max_frame_bytes_;
+  const std::shared_ptr<const std::atomic<bool>> data_plane_;
+  absl::Mutex data_mu_;
+  std::shared_ptr<DataPlaneClient> data_ ABSL_GUARDED_BY(data_mu_);
+  std::thread connector_ ABSL_GUARDED_BY(data_mu_);
+  bool connecting_ ABSL_GUARDED_BY(data_mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(data_mu_) = false;
+  int failures_ ABSL_GUARDED_BY(data_mu_) = 0;
+  absl::Time next_try_ ABSL_GUARDED_BY(data_mu_) = absl::InfinitePast();
   std::shared_ptr<Inflight> inflight_;
   absl::Mutex stream_mu_;
   std::shared_ptr<ReplicationStream> stream_ ABSL_GUARDED_BY(stream_mu_);
@@ -922,7 +1014,9 @@ class GrpcSchedulerClient : public SchedulerClient {
 }  // namespace
 
 GrpcClientFactory::GrpcClientFactory(GrpcTransportOptions options)
-    : options_(std::move(options)) {
+    : options_(std::move(options)),
+      data_plane_(std::make_shared<std::atomic<bool>>(options_.data_plane &&
+                                                      !options_.tls.enabled())) {
   GrpcSecurity s;
   s.tls = options_.tls;
   auto creds = MakeChannelCredentials(s);
@@ -948,8 +1042,15 @@ std::shared_ptr<ServerClient> GrpcClientFactory::Server(
     const std::string& address) {
   absl::MutexLock l(&mu_);
   auto& c = servers_[address];
-  if (!c) c = std::make_shared<GrpcServerClient>(address, options_, creds_);
+  if (!c) {
+    c = std::make_shared<GrpcServerClient>(address, options_, creds_,
+                                           data_plane_);
+  }
   return c;
+}
+
+void GrpcClientFactory::SetDataPlane(bool on) {
+  data_plane_->store(on && !options_.tls.enabled());
 }
 
 std::shared_ptr<SchedulerClient> GrpcClientFactory::Scheduler(

@@ -3,6 +3,7 @@
 // channel and server settings).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string_view>
 #include <string>
@@ -156,6 +157,9 @@ struct GrpcTransportOptions {
   std::vector<GrpcArg> extra_channel_args;  // for server channels (tuning)
   int max_message_mb = kDefaultMaxMessageMb;
   TlsFiles tls;  // TLS when tls.enabled()
+  // Push, pull and clock over the servers' data planes
+  // (transport/data_plane.h) where they have one; never with TLS.
+  bool data_plane = true;
 };
 
 class GrpcClientFactory : public ClientFactory {
@@ -170,9 +174,13 @@ class GrpcClientFactory : public ClientFactory {
   std::shared_ptr<ServerClient> Server(const std::string& address) override;
   std::shared_ptr<SchedulerClient> Scheduler(
       const std::string& address) override;
+  // Turns the data plane on or off for every server client, made or to be
+  // made (cluster.data_plane, once the config is known). Never on with TLS.
+  void SetDataPlane(bool on);
 
  private:
   const GrpcTransportOptions options_;
+  const std::shared_ptr<std::atomic<bool>> data_plane_;
   std::shared_ptr<grpc::ChannelCredentials> creds_;  // null: unreadable files
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<ServerClient>> servers_

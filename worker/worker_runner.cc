@@ -594,6 +594,7 @@ absl::Status RunWorker(const WorkerRunOptions& options) {
   auto config = ParseJobConfig(view.job_config_yaml());
   if (config.ok()) {
     InitLogging(absl::StrCat("W[", id, "]"), config->output.log_level);
+    clients.SetDataPlane(config->cluster.data_plane);
   }
   node_metrics.SetName(absl::StrCat("W[", id, "]"));
   if (metrics_port < 0 && config.ok()) {

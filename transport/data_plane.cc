@@ -1,0 +1,1007 @@
+#include "transport/data_plane.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "transport/errors.h"
+#include "transport/grpc_transport.h"
+
+namespace ps {
+
+using data_plane::Align8;
+using data_plane::FrameBytes;
+using data_plane::Header;
+using data_plane::KeysOffset;
+using data_plane::kHeaderBytes;
+
+namespace data_plane {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the data plane's frames are little-endian, as this machine");
+
+namespace {
+template <typename T>
+void Store(char* p, T v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+template <typename T>
+T Load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+}  // namespace
+
+void EncodeHeader(const Header& h, char out[kHeaderBytes]) {
+  std::memset(out, 0, kHeaderBytes);
+  Store<uint32_t>(out, kMagic);
+  out[4] = static_cast<char>(h.type);
+  Store<uint32_t>(out + 8, h.meta_len);
+  Store<uint64_t>(out + 16, h.id);
+  Store<uint64_t>(out + 24, h.keys_len);
+  Store<uint64_t>(out + 32, h.vals_len);
+  Store<uint64_t>(out + 40, h.timeout_us);
+}
+
+absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
+                          Header* h) {
+  if (Load<uint32_t>(in) != kMagic) {
+    return absl::InvalidArgumentError("data plane: not a frame (bad magic)");
+  }
+  h->type = static_cast<uint8_t>(in[4]);
+  if (in[5] != 0 || in[6] != 0 || in[7] != 0 ||
+      Load<uint32_t>(in + 12) != 0) {
+    return absl::InvalidArgumentError("data plane: reserved header bytes set");
+  }
+  switch (h->type) {
+    case kHello:
+    case kPush:
+    case kPull:
+    case kClock:
+    case kReply:
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("data plane: unknown frame type ", h->type));
+  }
+  h->meta_len = Load<uint32_t>(in + 8);
+  h->id = Load<uint64_t>(in + 16);
+  h->keys_len = Load<uint64_t>(in + 24);
+  h->vals_len = Load<uint64_t>(in + 32);
+  h->timeout_us = Load<uint64_t>(in + 40);
+  if (h->keys_len % 8 != 0 || h->vals_len % 4 != 0) {
+    return absl::InvalidArgumentError(
+        "data plane: keys not 8-byte or values not 4-byte units");
+  }
+  // No sum overflows: each part is checked against the limit first.
+  if (h->meta_len > max_frame_bytes || h->keys_len > max_frame_bytes ||
+      h->vals_len > max_frame_bytes || FrameBytes(*h) > max_frame_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "data plane: frame of ", h->meta_len, " + ", h->keys_len, " + ",
+        h->vals_len, " bytes is over the limit of ", max_frame_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace data_plane
+
+namespace {
+
+constexpr char kZeros[8] = {};
+constexpr size_t kInitialBuffer = 256 * 1024;
+// A connection's buffer grown past this goes back to kInitialBuffer once
+// empty (frames of up to this size reuse warm memory).
+constexpr size_t kKeepBuffer = size_t{17} << 20;
+constexpr int kMaxIov = 512;
+
+// A 64-byte aligned receive buffer.
+struct Buffer {
+  char* data = nullptr;
+  size_t cap = 0;
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { std::free(data); }
+  bool Resize(size_t n, size_t keep) {
+    n = (n + 63) & ~size_t{63};
+    char* p = static_cast<char*>(std::aligned_alloc(64, n));
+    if (p == nullptr) return false;
+    if (keep > 0) std::memcpy(p, data, keep);
+    std::free(data);
+    data = p;
+    cap = n;
+    return true;
+  }
+};
+
+// Writes every byte of `iov` (advancing it) under the caller's lock.
+// False when the socket failed or timed out (SO_SNDTIMEO).
+bool WriteAll(int fd, std::vector<iovec>* iovs) {
+  size_t at = 0;
+  while (at < iovs->size()) {
+    msghdr m{};
+    m.msg_iov = iovs->data() + at;
+    m.msg_iovlen = std::min<size_t>(iovs->size() - at, kMaxIov);
+    ssize_t n = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    size_t left = static_cast<size_t>(n);
+    while (at < iovs->size() && left >= (*iovs)[at].iov_len) {
+      left -= (*iovs)[at].iov_len;
+      ++at;
+    }
+    if (left > 0) {
+      (*iovs)[at].iov_base = static_cast<char*>((*iovs)[at].iov_base) + left;
+      (*iovs)[at].iov_len -= left;
+    }
+  }
+  return true;
+}
+
+void SetTimeout(int fd, int opt, absl::Duration d) {
+  timeval tv{};
+  if (d != absl::InfiniteDuration() && d > absl::ZeroDuration()) {
+    tv = absl::ToTimeval(d);
+  }
+  ::setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof(tv));
+}
+
+void Tune(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+}
+
+// A frame's first iovecs: header, meta, padding. `hdr` must outlive the
+// write.
+void FrameHead(const Header& h, const std::string& meta,
+               char hdr[kHeaderBytes], std::vector<iovec>* iov) {
+  data_plane::EncodeHeader(h, hdr);
+  iov->push_back({hdr, kHeaderBytes});
+  if (!meta.empty()) {
+    iov->push_back({const_cast<char*>(meta.data()), meta.size()});
+  }
+  const size_t pad = KeysOffset(h) - kHeaderBytes - meta.size();
+  if (pad > 0) iov->push_back({const_cast<char*>(kZeros), pad});
+}
+
+void AddBytes(absl::Span<const char> b, std::vector<iovec>* iov) {
+  if (!b.empty()) iov->push_back({const_cast<char*>(b.data()), b.size()});
+}
+
+void AddValsPad(const Header& h, std::vector<iovec>* iov) {
+  const size_t pad = Align8(h.vals_len) - h.vals_len;
+  if (pad > 0) iov->push_back({const_cast<char*>(kZeros), pad});
+}
+
+void ToReply(const absl::Status& s, proto::DataReply* r) {
+  r->set_code(static_cast<int>(s.code()));
+  if (s.ok()) return;
+  r->set_message(std::string(s.message()));
+  r->set_details(EncodeReason(s));
+}
+
+absl::Status FromReply(const proto::DataReply& r) {
+  if (r.code() == 0) return absl::OkStatus();
+  if (r.code() < 0 ||
+      r.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InternalError(
+        absl::StrCat("data plane answer with unknown code ", r.code()));
+  }
+  return DecodeReason(
+      absl::Status(static_cast<absl::StatusCode>(r.code()), r.message()),
+      r.details());
+}
+
+// Reads exactly n bytes (blocking, the socket's receive timeout applies).
+bool ReadExactly(int fd, char* p, size_t n) {
+  while (n > 0) {
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ server side
+
+class DataConnection {
+ public:
+  explicit DataConnection(int fd) : fd_(fd) {}
+  ~DataConnection() { ::close(fd_); }
+  int fd() const { return fd_; }
+
+  // Writes one frame; on failure the connection is shut down.
+  void Write(std::vector<iovec>* iov) {
+    absl::MutexLock l(&mu_);
+    if (broken_.load()) return;
+    if (!WriteAll(fd_, iov)) Shutdown();
+  }
+  // Not under mu_: a write blocked on a peer that does not read returns
+  // (EPIPE) once the socket is shut down.
+  void Shutdown() {
+    broken_.store(true);
+    ::shutdown(fd_, SHUT_RDWR);
+  }
+
+ private:
+  const int fd_;
+  absl::Mutex mu_;  // one frame at a time
+  std::atomic<bool> broken_{false};
+};
+
+void DataReplyTo::Send(const absl::Status& s,
+                       const google::protobuf::MessageLite* resp,
+                       absl::Span<const char> vals) const {
+  proto::DataReply r;
+  ToReply(s, &r);
+  if (s.ok() && resp != nullptr) r.set_response(resp->SerializeAsString());
+  if (!s.ok()) vals = {};
+  const std::string meta = r.SerializeAsString();
+  Header h;
+  h.type = data_plane::kReply;
+  h.meta_len = static_cast<uint32_t>(meta.size());
+  h.id = id_;
+  h.vals_len = vals.size();
+  char hdr[kHeaderBytes];
+  std::vector<iovec> iov;
+  iov.reserve(5);
+  FrameHead(h, meta, hdr, &iov);
+  AddBytes(vals, &iov);
+  AddValsPad(h, &iov);
+  conn_->Write(&iov);
+}
+
+struct DataPlaneServer::State {
+  DataPlaneServerOptions options;
+  DataHandler* handler = nullptr;
+  int listen_fd = -1;
+  std::thread acceptor;
+  // Bytes of receive buffers past their initial size, all connections.
+  std::atomic<int64_t> grown{0};
+
+  absl::Mutex mu;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+  struct Conn {
+    std::shared_ptr<DataConnection> conn;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  std::list<Conn> conns ABSL_GUARDED_BY(mu);
+
+  void Accept();
+  void Serve(const std::shared_ptr<DataConnection>& conn);
+  bool Hello(const std::shared_ptr<DataConnection>& conn);
+  // False: close the connection.
+  bool Dispatch(const std::shared_ptr<DataConnection>& conn, const Header& h,
+                const char* frame);
+  void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (auto it = conns.begin(); it != conns.end();) {
+      if (it->done.load()) {
+        it->thread.join();
+        it = conns.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+};
+
+absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
+    DataPlaneServerOptions options, DataHandler* handler) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  std::string host = options.host;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo* res = nullptr;
+  if (int e = ::getaddrinfo(host.c_str(), "0", &hints, &res); e != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data plane: cannot resolve ", options.host, ": ", gai_strerror(e)));
+  }
+  int fd = -1;
+  std::string why = "no address";
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
+      why = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(res);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("data plane: cannot listen on ", options.host, ": ", why));
+  }
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = addr.ss_family == AF_INET6
+                 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                 : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  std::unique_ptr<DataPlaneServer> server(new DataPlaneServer());
+  server->port_ = port;
+  server->state_ = std::make_shared<State>();
+  State* st = server->state_.get();
+  st->options = std::move(options);
+  st->handler = handler;
+  st->listen_fd = fd;
+  st->acceptor = std::thread([st] { st->Accept(); });
+  return server;
+}
+
+DataPlaneServer::~DataPlaneServer() { Stop(); }
+
+void DataPlaneServer::Stop() {
+  if (state_ == nullptr) return;
+  State* st = state_.get();
+  std::list<State::Conn> conns;
+  {
+    absl::MutexLock l(&st->mu);
+    if (st->stopped) return;
+    st->stopped = true;
+    ::shutdown(st->listen_fd, SHUT_RDWR);
+  }
+  st->acceptor.join();
+  ::close(st->listen_fd);
+  {
+    absl::MutexLock l(&st->mu);
+    conns.swap(st->conns);
+  }
+  for (State::Conn& c : conns) c.conn->Shutdown();
+  for (State::Conn& c : conns) c.thread.join();
+}
+
+int DataPlaneServer::connections() const {
+  absl::MutexLock l(&state_->mu);
+  int n = 0;
+  for (const State::Conn& c : state_->conns) n += c.done.load() ? 0 : 1;
+  return n;
+}
+
+void DataPlaneServer::State::Accept() {
+  for (;;) {
+    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    const int err = errno;
+    absl::MutexLock l(&mu);
+    if (stopped) {
+      if (fd >= 0) ::close(fd);
+      return;
+    }
+    if (fd < 0) {
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        // Out of descriptors or memory for now: try again a little later.
+        mu.AwaitWithTimeout(absl::Condition(&stopped), absl::Milliseconds(10));
+        continue;
+      }
+      PS_LOG_WARN("data plane: accept failed: {}", std::strerror(err));
+      return;
+    }
+    ReapLocked();
+    if (static_cast<int>(conns.size()) >= options.max_connections) {
+      ::close(fd);  // over the cap: the client stays on gRPC
+      continue;
+    }
+    Tune(fd);
+    SetTimeout(fd, SO_SNDTIMEO, options.send_timeout);
+    conns.emplace_back();
+    Conn& c = conns.back();
+    c.conn = std::make_shared<DataConnection>(fd);
+    c.thread = std::thread([this, &c] {
+      Serve(c.conn);
+      c.done.store(true);
+    });
+  }
+}
+
+bool DataPlaneServer::State::Hello(const std::shared_ptr<DataConnection>& conn) {
+  SetTimeout(conn->fd(), SO_RCVTIMEO, options.hello_timeout);
+  char hdr[kHeaderBytes];
+  if (!ReadExactly(conn->fd(), hdr, kHeaderBytes)) return false;
+  Header h;
+  absl::Status s =
+      data_plane::DecodeHeader(hdr, data_plane::kMaxHelloBytes, &h);
+  if (s.ok() && (h.type != data_plane::kHello || h.keys_len != 0 ||
+                 h.vals_len != 0)) {
+    s = absl::InvalidArgumentError("data plane: the first frame must be HELLO");
+  }
+  if (!s.ok()) {
+    DataReplyTo(conn, h.id).Send(s, nullptr);
+    return false;
+  }
+  std::string rest(FrameBytes(h) - kHeaderBytes, '\0');
+  if (!ReadExactly(conn->fd(), rest.data(), rest.size())) return false;
+  const std::string_view token(rest.data(), h.meta_len);
+  if (!options.token.empty() && !ConstantTimeEquals(token, options.token)) {
+    DataReplyTo(conn, h.id)
+        .Send(absl::UnauthenticatedError("data plane: wrong cluster token"),
+              nullptr);
+    return false;
+  }
+  DataReplyTo(conn, h.id).Send(absl::OkStatus(), nullptr);
+  SetTimeout(conn->fd(), SO_RCVTIMEO, absl::InfiniteDuration());
+  return true;
+}
+
+void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) {
+  if (!Hello(conn)) {
+    conn->Shutdown();
+    return;
+  }
+  Buffer buf;
+  if (!buf.Resize(kInitialBuffer, 0)) {
+    conn->Shutdown();
+    return;
+  }
+  int64_t grown_here = 0;
+  size_t begin = 0, end = 0;
+  for (;;) {
+    // Every whole frame in [begin, end).
+    size_t need = kHeaderBytes;
+    while (end - begin >= kHeaderBytes) {
+      Header h;
+      absl::Status s =
+          data_plane::DecodeHeader(buf.data + begin, options.max_frame_bytes, &h);
+      if (s.ok() && (h.type == data_plane::kHello || h.type == data_plane::kReply)) {
+        s = absl::InvalidArgumentError("data plane: unexpected frame type");
+      }
+      if (!s.ok()) {
+        DataReplyTo(conn, h.id).Send(s, nullptr);
+        conn->Shutdown();
+        grown.fetch_sub(grown_here);
+        return;
+      }
+      need = FrameBytes(h);
+      if (end - begin < need) break;
+      if (!Dispatch(conn, h, buf.data + begin)) {
+        conn->Shutdown();
+        grown.fetch_sub(grown_here);
+        return;
+      }
+      begin += need;
+      need = kHeaderBytes;
+    }
+    if (begin == end) {
+      begin = end = 0;
+      if (buf.cap > kKeepBuffer && buf.Resize(kInitialBuffer, 0)) {
+        grown.fetch_sub(grown_here);
+        grown_here = 0;
+      }
+    }
+    // Room for the frame being read, within the budget.
+    if (buf.cap - begin < need) {
+      if (begin > 0) {
+        std::memmove(buf.data, buf.data + begin, end - begin);
+        end -= begin;
+        begin = 0;
+      }
+      if (buf.cap < need) {
+        const int64_t more = static_cast<int64_t>(need - buf.cap);
+        const int64_t budget =
+            4 * static_cast<int64_t>(options.max_frame_bytes);
+        Header h;
+        (void)data_plane::DecodeHeader(buf.data, options.max_frame_bytes, &h);
+        if (grown.fetch_add(more) + more > budget ||
+            !buf.Resize(need, end)) {
+          grown.fetch_sub(more);
+          DataReplyTo(conn, h.id)
+              .Send(absl::ResourceExhaustedError(
+                        "data plane: the server's receive buffers are full; "
+                        "retry"),
+                    nullptr);
+          conn->Shutdown();
+          grown.fetch_sub(grown_here);
+          return;
+        }
+        grown_here += more;
+      }
+    }
+    ssize_t n = ::recv(conn->fd(), buf.data + end, buf.cap - end, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      conn->Shutdown();
+      grown.fetch_sub(grown_here);
+      return;
+    }
+    end += static_cast<size_t>(n);
+  }
+}
+
+bool DataPlaneServer::State::Dispatch(
+    const std::shared_ptr<DataConnection>& conn, const Header& h,
+    const char* frame) {
+  const char* meta = frame + kHeaderBytes;
+  absl::Span<const char> keys(frame + KeysOffset(h), h.keys_len);
+  absl::Span<const char> vals(keys.data() + h.keys_len, h.vals_len);
+  DataReplyTo reply(conn, h.id);
+  switch (h.type) {
+    case data_plane::kPush: {
+      proto::PushRequest req;
+      if (!req.ParseFromArray(meta, static_cast<int>(h.meta_len)) ||
+          !req.keys().empty() || !req.vals().empty()) {
+        reply.Send(absl::InvalidArgumentError(
+                       "malformed PushRequest (data plane)"),
+                   nullptr);
+        return true;
+      }
+      handler->Push(req, keys, vals, std::move(reply));
+      return true;
+    }
+    case data_plane::kPull: {
+      proto::PullRequest req;
+      if (!req.ParseFromArray(meta, static_cast<int>(h.meta_len)) ||
+          !req.keys().empty() || h.vals_len != 0) {
+        reply.Send(absl::InvalidArgumentError(
+                       "malformed PullRequest (data plane)"),
+                   nullptr);
+        return true;
+      }
+      const absl::Duration wait = h.timeout_us == 0
+                                      ? absl::InfiniteDuration()
+                                      : absl::Microseconds(static_cast<int64_t>(
+                                            std::min<uint64_t>(h.timeout_us,
+                                                               uint64_t{1} << 40)));
+      handler->Pull(req, keys, wait, std::move(reply));
+      return true;
+    }
+    case data_plane::kClock: {
+      proto::ClockRequest req;
+      if (!req.ParseFromArray(meta, static_cast<int>(h.meta_len)) ||
+          h.keys_len != 0 || h.vals_len != 0) {
+        reply.Send(absl::InvalidArgumentError(
+                       "malformed ClockRequest (data plane)"),
+                   nullptr);
+        return true;
+      }
+      handler->Clock(req, std::move(reply));
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+// ------------------------------------------------------------ client side
+
+struct DataPlaneClient::State {
+  int fd = -1;
+  size_t max_frame_bytes = 0;
+  std::thread reader;
+  std::atomic<bool> open{true};
+  std::atomic<uint64_t> next_id{1};
+
+  absl::Mutex write_mu;  // one frame at a time
+
+  using Done = std::function<void(const absl::Status&, const proto::DataReply*,
+                                  absl::Span<const char> vals)>;
+  struct Pending {
+    absl::Time deadline;
+    Done done;
+  };
+  absl::Mutex mu;
+  bool closing ABSL_GUARDED_BY(mu) = false;
+  absl::flat_hash_map<uint64_t, Pending> pending ABSL_GUARDED_BY(mu);
+
+  ~State() {
+    if (fd >= 0) ::close(fd);
+  }
+
+  // Registers `done`, writes the frame; a failed write fails the call.
+  void Call(Header h, const std::string& meta, absl::Span<const char> keys,
+            const BorrowedValues* borrowed, absl::Span<const char> vals,
+            absl::Time deadline, Done done);
+  void Read();
+  void FailAll(const absl::Status& s);
+};
+
+void DataPlaneClient::State::Call(Header h, const std::string& meta,
+                                  absl::Span<const char> keys,
+                                  const BorrowedValues* borrowed,
+                                  absl::Span<const char> vals,
+                                  absl::Time deadline, Done done) {
+  h.id = next_id.fetch_add(1, std::memory_order_relaxed);
+  h.meta_len = static_cast<uint32_t>(meta.size());
+  h.keys_len = keys.size();
+  h.vals_len = borrowed != nullptr ? borrowed->size() : vals.size();
+  if (FrameBytes(h) > max_frame_bytes || meta.size() > max_frame_bytes) {
+    done(absl::ResourceExhaustedError(absl::StrCat(
+             "data plane: request of ", FrameBytes(h),
+             " bytes is over the message limit of ", max_frame_bytes)),
+         nullptr, {});
+    return;
+  }
+  bool refused = false;
+  {
+    absl::MutexLock l(&mu);
+    if (closing || !open.load()) {
+      refused = true;
+    } else {
+      pending.emplace(h.id, Pending{deadline, std::move(done)});
+    }
+  }
+  if (refused) {
+    done(absl::UnavailableError("data plane: connection closed"), nullptr, {});
+    return;
+  }
+  char hdr[kHeaderBytes];
+  std::vector<iovec> iov;
+  iov.reserve(6 + (borrowed != nullptr ? borrowed->pieces.size() : 0));
+  FrameHead(h, meta, hdr, &iov);
+  AddBytes(keys, &iov);
+  if (borrowed != nullptr) {
+    for (const absl::Span<const char>& p : borrowed->pieces) AddBytes(p, &iov);
+  } else {
+    AddBytes(vals, &iov);
+  }
+  AddValsPad(h, &iov);
+  bool written;
+  {
+    absl::MutexLock l(&write_mu);
+    written = open.load() && WriteAll(fd, &iov);
+  }
+  if (!written) {
+    open.store(false);
+    ::shutdown(fd, SHUT_RDWR);  // the reader fails every call, this one too
+  }
+}
+
+void DataPlaneClient::State::FailAll(const absl::Status& s) {
+  absl::flat_hash_map<uint64_t, Pending> failed;
+  {
+    absl::MutexLock l(&mu);
+    failed.swap(pending);
+  }
+  for (auto& [id, p] : failed) p.done(s, nullptr, {});
+}
+
+void DataPlaneClient::State::Read() {
+  Buffer buf;
+  size_t begin = 0, end = 0;
+  absl::Status why = absl::UnavailableError("data plane: connection lost");
+  if (!buf.Resize(kInitialBuffer, 0)) {
+    why = absl::ResourceExhaustedError("data plane: no memory for a buffer");
+  }
+  while (buf.data != nullptr) {
+    // Answers complete in [begin, end).
+    size_t need = kHeaderBytes;
+    bool bad = false;
+    while (end - begin >= kHeaderBytes) {
+      Header h;
+      absl::Status s =
+          data_plane::DecodeHeader(buf.data + begin, max_frame_bytes, &h);
+      if (s.ok() && (h.type != data_plane::kReply || h.keys_len != 0)) {
+        s = absl::InternalError("data plane: unexpected frame from the server");
+      }
+      if (!s.ok()) {
+        why = absl::UnavailableError(s.message());
+        bad = true;
+        break;
+      }
+      need = FrameBytes(h);
+      if (end - begin < need) break;
+      Pending p;
+      bool found = false;
+      {
+        absl::MutexLock l(&mu);
+        auto it = pending.find(h.id);
+        if (it != pending.end()) {
+          p = std::move(it->second);
+          pending.erase(it);
+          found = true;
+        }
+      }
+      if (found) {  // else: answered after its deadline
+        const char* frame = buf.data + begin;
+        proto::DataReply reply;
+        if (!reply.ParseFromArray(frame + kHeaderBytes,
+                                  static_cast<int>(h.meta_len))) {
+          p.done(absl::InternalError("data plane: malformed answer"), nullptr,
+                 {});
+        } else {
+          p.done(FromReply(reply), &reply,
+                 absl::Span<const char>(frame + KeysOffset(h), h.vals_len));
+        }
+      }
+      begin += need;
+      need = kHeaderBytes;
+    }
+    if (bad) break;
+    if (begin == end) {
+      begin = end = 0;
+      if (buf.cap > kKeepBuffer) (void)buf.Resize(kInitialBuffer, 0);
+    }
+    if (buf.cap - begin < need) {
+      if (begin > 0) {
+        std::memmove(buf.data, buf.data + begin, end - begin);
+        end -= begin;
+        begin = 0;
+      }
+      if (buf.cap < need && !buf.Resize(need, end)) {
+        why = absl::ResourceExhaustedError("data plane: no memory for an answer");
+        break;
+      }
+    }
+    // Wait for bytes, at most until the earliest deadline.
+    absl::Time first = absl::InfiniteFuture();
+    {
+      absl::MutexLock l(&mu);
+      if (closing) break;
+      for (const auto& [id, p] : pending) first = std::min(first, p.deadline);
+    }
+    int wait_ms = 1000;
+    const absl::Time now = absl::Now();
+    if (first != absl::InfiniteFuture()) {
+      wait_ms = static_cast<int>(std::clamp<int64_t>(
+          absl::ToInt64Milliseconds(absl::Ceil(first - now, absl::Milliseconds(1))),
+          0, 1000));
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    int r = ::poll(&pfd, 1, wait_ms);
+    if (r < 0 && errno != EINTR) break;
+    if (r <= 0) {
+      // Calls past their deadline.
+      std::vector<Done> expired;
+      {
+        absl::MutexLock l(&mu);
+        if (closing) break;
+        const absl::Time t = absl::Now();
+        for (auto it = pending.begin(); it != pending.end();) {
+          if (it->second.deadline <= t) {
+            expired.push_back(std::move(it->second.done));
+            pending.erase(it++);
+          } else {
+            ++it;
+          }
+        }
+      }
+      for (Done& d : expired) {
+        d(absl::DeadlineExceededError("data plane: no answer by the deadline"),
+          nullptr, {});
+      }
+      continue;
+    }
+    ssize_t n = ::recv(fd, buf.data + end, buf.cap - end, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    end += static_cast<size_t>(n);
+  }
+  open.store(false);
+  ::shutdown(fd, SHUT_RDWR);
+  FailAll(why);
+}
+
+absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Connect(
+    const std::string& host_in, int port, const std::string& token,
+    size_t max_frame_bytes, absl::Time deadline) {
+  std::string host = host_in;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string port_str = absl::StrCat(port);
+  if (int e = ::getaddrinfo(host.c_str(), port_str.c_str(), &hints, &res);
+      e != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "data plane: cannot resolve ", host_in, ": ", gai_strerror(e)));
+  }
+  int fd = -1;
+  std::string why = "no address";
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                  a->ai_protocol);
+    if (fd < 0) continue;
+    int r = ::connect(fd, a->ai_addr, a->ai_addrlen);
+    if (r != 0 && errno == EINPROGRESS) {
+      pollfd pfd{fd, POLLOUT, 0};
+      const int64_t ms = std::max<int64_t>(
+          0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+      r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 60000)));
+      int err = 0;
+      socklen_t len = sizeof(err);
+      if (r == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+          err == 0) {
+        r = 0;
+      } else {
+        why = r == 0 ? "timed out" : std::strerror(err != 0 ? err : errno);
+        r = -1;
+      }
+    } else if (r != 0) {
+      why = std::strerror(errno);
+    }
+    if (r != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(res);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("data plane: cannot connect to ",
+                                               host_in, ":", port, ": ", why));
+  }
+  // Blocking from here on; the hello is bounded by the deadline.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  Tune(fd);
+  const absl::Duration left =
+      std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  SetTimeout(fd, SO_SNDTIMEO, left);
+  SetTimeout(fd, SO_RCVTIMEO, left);
+  Header h;
+  h.type = data_plane::kHello;
+  h.meta_len = static_cast<uint32_t>(token.size());
+  char hdr[kHeaderBytes];
+  std::vector<iovec> iov;
+  FrameHead(h, token, hdr, &iov);
+  char answer[kHeaderBytes];
+  Header ah;
+  proto::DataReply reply;
+  std::string meta;
+  absl::Status s;
+  if (token.size() > data_plane::kMaxHelloBytes - kHeaderBytes - 8) {
+    s = absl::InvalidArgumentError("data plane: cluster token too long");
+  } else if (!WriteAll(fd, &iov) || !ReadExactly(fd, answer, kHeaderBytes)) {
+    s = absl::UnavailableError(absl::StrCat(
+        "data plane: no answer to the hello from ", host_in, ":", port));
+  } else if (s = data_plane::DecodeHeader(answer, data_plane::kMaxHelloBytes, &ah);
+             !s.ok() || ah.type != data_plane::kReply) {
+    s = absl::UnavailableError("data plane: the peer is not a data plane");
+  } else {
+    meta.resize(FrameBytes(ah) - kHeaderBytes);
+    if (!ReadExactly(fd, meta.data(), meta.size()) ||
+        !reply.ParseFromArray(meta.data(), static_cast<int>(ah.meta_len))) {
+      s = absl::UnavailableError("data plane: malformed hello answer");
+    } else {
+      s = FromReply(reply);
+    }
+  }
+  if (!s.ok()) {
+    ::close(fd);
+    return s;
+  }
+  // The reader waits in poll; writes may block (a full socket) until the
+  // server reads, but not forever.
+  SetTimeout(fd, SO_RCVTIMEO, absl::InfiniteDuration());
+  SetTimeout(fd, SO_SNDTIMEO, absl::Seconds(30));
+  auto st = std::make_shared<State>();
+  st->fd = fd;
+  st->max_frame_bytes = max_frame_bytes;
+  st->reader = std::thread([st] { st->Read(); });
+  return std::shared_ptr<DataPlaneClient>(new DataPlaneClient(std::move(st)));
+}
+
+DataPlaneClient::~DataPlaneClient() {
+  {
+    absl::MutexLock l(&state_->mu);
+    state_->closing = true;
+  }
+  state_->open.store(false);
+  ::shutdown(state_->fd, SHUT_RDWR);
+  if (std::this_thread::get_id() == state_->reader.get_id()) {
+    // Dropped by one of its own callbacks: the reader ends by itself (it
+    // keeps the state alive).
+    state_->reader.detach();
+  } else {
+    state_->reader.join();
+  }
+}
+
+bool DataPlaneClient::ok() const { return state_->open.load(); }
+
+bool DataPlaneClient::OnReaderThread() const {
+  return std::this_thread::get_id() == state_->reader.get_id();
+}
+
+namespace {
+// A call's callback as the reader gives it: the response parsed, and a
+// pull's values put where KVWorker reads them (resp->vals).
+template <typename Resp>
+DataPlaneClient::State::Done Typed(ServerClient::Callback<Resp> done) {
+  return [done = std::move(done)](const absl::Status& s,
+                                  const proto::DataReply* reply,
+                                  absl::Span<const char> vals) {
+    Resp resp;
+    absl::Status st = s;
+    if (st.ok() && reply != nullptr &&
+        !resp.ParseFromString(reply->response())) {
+      st = absl::InternalError("data plane: malformed response");
+    }
+    if constexpr (std::is_same_v<Resp, proto::PullResponse>) {
+      if (st.ok() && !vals.empty()) {
+        resp.mutable_vals()->assign(vals.data(), vals.size());
+      }
+    }
+    done(st, &resp);
+  };
+}
+}  // namespace
+
+void DataPlaneClient::Push(const proto::PushRequest& req,
+                           const BorrowedValues* borrowed, absl::Time deadline,
+                           ServerClient::Callback<proto::PushResponse> done) {
+  const std::string meta = PushHead(req).SerializeAsString();
+  Header h;
+  h.type = data_plane::kPush;
+  state_->Call(h, meta, req.keys(), borrowed, req.vals(), deadline,
+               Typed<proto::PushResponse>(std::move(done)));
+}
+
+void DataPlaneClient::Pull(const proto::PullRequest& req, absl::Time deadline,
+                           ServerClient::Callback<proto::PullResponse> done) {
+  proto::PullRequest head = req;
+  head.clear_keys();
+  const std::string meta = head.SerializeAsString();
+  Header h;
+  h.type = data_plane::kPull;
+  const absl::Duration left = deadline - absl::Now();
+  h.timeout_us = left == absl::InfiniteDuration()
+                     ? 0
+                     : static_cast<uint64_t>(std::max<int64_t>(
+                           1, absl::ToInt64Microseconds(left)));
+  state_->Call(h, meta, req.keys(), nullptr, {}, deadline,
+               Typed<proto::PullResponse>(std::move(done)));
+}
+
+void DataPlaneClient::Clock(const proto::ClockRequest& req, absl::Time deadline,
+                            ServerClient::Callback<proto::ClockResponse> done) {
+  Header h;
+  h.type = data_plane::kClock;
+  state_->Call(h, req.SerializeAsString(), {}, nullptr, {}, deadline,
+               Typed<proto::ClockResponse>(std::move(done)));
+}
+
+proto::PushRequest PushHead(const proto::PushRequest& req) {
+  proto::PushRequest head;
+  head.set_worker_id(req.worker_id());
+  head.set_seq(req.seq());
+  head.set_clock(req.clock());
+  head.set_epoch(req.epoch());
+  head.set_table(req.table());
+  head.set_num_examples(req.num_examples());
+  *head.mutable_segments() = req.segments();
+  if (req.has_end_clock()) *head.mutable_end_clock() = req.end_clock();
+  head.set_key_list(req.key_list());
+  head.set_num_keys(req.num_keys());
+  head.set_value_encoding(req.value_encoding());
+  head.set_vals_codec(req.vals_codec());
+  head.set_vals_raw_bytes(req.vals_raw_bytes());
+  return head;
+}
+
+}  // namespace ps

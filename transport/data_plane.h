@@ -1,0 +1,205 @@
+// The data plane (issue 10): push, pull and clock between a worker and a
+// server over one plain TCP connection, beside gRPC, which keeps everything
+// else (registration, views, replication, control, and the data calls
+// whenever the data plane is not connected).
+//
+// Why: a gRPC round trip costs three thread wake-ups and HTTP/2 framing in
+// 16 KiB frames; on the 2-core machines of docs/benchmarks.md a 4 KiB push
+// round trip took 130-150 us where a blocking TCP round trip takes 34 us.
+// Here a frame is a fixed header, a small protobuf (the request without its
+// keys and values) and the keys and values as they lie: the worker writes
+// them from the caller's arrays (one writev), the server reads a whole
+// frame into a warm per-connection buffer and applies the values in place
+// (8-byte aligned), and answers a pull with the values written straight
+// after the reply's header.
+//
+// Frame (little-endian):
+//   0  u32 magic "PSD1"        4  u8 type, u8 flags (0), u16 (0)
+//   8  u32 meta_len           12  u32 (0)
+//  16  u64 id                 24  u64 keys_len (a multiple of 8)
+//  32  u64 vals_len           40  u64 timeout_us (0: none)
+//  48  meta (meta_len bytes), zero padding to a multiple of 8,
+//      keys (keys_len bytes), vals (vals_len bytes), padding to 8.
+// Types: HELLO (meta: the cluster token; the first frame of a connection,
+// answered before anything else is read), PUSH (meta: the PushRequest
+// without keys and vals), PULL (the PullRequest without keys; timeout_us:
+// how long the server may hold it), CLOCK (the ClockRequest), REPLY (meta:
+// a proto::DataReply; vals: a pull's values).
+//
+// Safety: a connection may send one HELLO of at most 4 KiB within
+// `hello_timeout` or it is closed; a wrong token is answered UNAUTHENTICATED
+// and closed. A frame over the message limit (cluster.max_message_mb) is
+// answered RESOURCE_EXHAUSTED and its connection closed, before its body is
+// read; so is one that would take the server's receive buffers past their
+// budget (4 such frames). A malformed header closes the connection; a
+// malformed request in a well-formed frame is answered INVALID_ARGUMENT. TLS
+// has no data plane: a server with TLS does not start one, and its clients
+// stay on gRPC.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/ps.pb.h"
+#include "transport/transport.h"
+
+namespace ps {
+
+namespace data_plane {
+
+inline constexpr uint32_t kMagic = 0x31445350;  // "PSD1"
+inline constexpr size_t kHeaderBytes = 48;
+inline constexpr size_t kMaxHelloBytes = 4096;
+
+enum FrameType : uint8_t {
+  kHello = 1,
+  kPush = 2,
+  kPull = 3,
+  kClock = 4,
+  kReply = 16,
+};
+
+struct Header {
+  uint8_t type = 0;
+  uint32_t meta_len = 0;
+  uint64_t id = 0;
+  uint64_t keys_len = 0;
+  uint64_t vals_len = 0;
+  uint64_t timeout_us = 0;
+};
+
+constexpr size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
+// Offset of the keys in a frame.
+inline size_t KeysOffset(const Header& h) {
+  return Align8(kHeaderBytes + h.meta_len);
+}
+// Bytes of the whole frame, padding included.
+inline size_t FrameBytes(const Header& h) {
+  return KeysOffset(h) + h.keys_len + Align8(h.vals_len);
+}
+
+void EncodeHeader(const Header& h, char out[kHeaderBytes]);
+// Reads and checks a header: the magic, a known type, zero reserved bytes,
+// keys_len a multiple of 8, vals_len of 4, and the whole frame at most
+// `max_frame_bytes` (RESOURCE_EXHAUSTED; INVALID_ARGUMENT for the rest).
+absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
+                          Header* h);
+
+}  // namespace data_plane
+
+class DataConnection;
+
+// Where a request's answer goes: its connection and id. Copyable; Send
+// may be called from any thread, once per request.
+class DataReplyTo {
+ public:
+  DataReplyTo(std::shared_ptr<DataConnection> conn, uint64_t id)
+      : conn_(std::move(conn)), id_(id) {}
+  // Writes the answer: `s`, and when it is OK `resp` (may be null) and
+  // `vals` (a pull's values, sent as they lie). Returns once the bytes are
+  // in the socket (or the connection is found broken, which closes it).
+  void Send(const absl::Status& s, const google::protobuf::MessageLite* resp,
+            absl::Span<const char> vals = {}) const;
+
+ private:
+  std::shared_ptr<DataConnection> conn_;
+  uint64_t id_;
+};
+
+// What a server does with the data plane's requests
+// (server/server_service.h). Called on the connection's thread, one request
+// at a time per connection; the answer may be sent later, from any thread.
+class DataHandler {
+ public:
+  virtual ~DataHandler() = default;
+  // `keys` and `vals` are valid only until the call returns (8-byte
+  // aligned).
+  virtual void Push(const proto::PushRequest& req, absl::Span<const char> keys,
+                    absl::Span<const char> vals, DataReplyTo reply) = 0;
+  // `keys`: as Push's. `wait`: how long the answer may be held.
+  virtual void Pull(const proto::PullRequest& req, absl::Span<const char> keys,
+                    absl::Duration wait, DataReplyTo reply) = 0;
+  virtual void Clock(const proto::ClockRequest& req, DataReplyTo reply) = 0;
+};
+
+struct DataPlaneServerOptions {
+  std::string host = "127.0.0.1";  // the address to listen on (port: any)
+  std::string token;               // empty: no authentication
+  size_t max_frame_bytes = size_t{64} << 20;
+  int max_connections = 256;       // more are closed at once
+  absl::Duration hello_timeout = absl::Seconds(5);
+  // A peer that does not read its answers for this long loses its
+  // connection (the answering thread is not held longer).
+  absl::Duration send_timeout = absl::Seconds(10);
+};
+
+class DataPlaneServer {
+ public:
+  // Listens on options.host, port chosen by the kernel, and serves each
+  // connection on a thread of its own.
+  static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(
+      DataPlaneServerOptions options, DataHandler* handler);
+  ~DataPlaneServer();  // Stop()
+  int port() const { return port_; }
+  // Closes the listener and every connection and joins their threads.
+  // Answers sent later are dropped. Idempotent.
+  void Stop();
+  // Connections open now (tests).
+  int connections() const;
+
+ private:
+  struct State;
+  DataPlaneServer() = default;
+  std::shared_ptr<State> state_;
+  int port_ = 0;
+};
+
+// One connection to a server's data plane. Thread-safe. Calls write their
+// frame on the caller's thread (returning once it is in the socket) and
+// are answered on the connection's reader thread; a call's callback runs
+// exactly once: with the answer, DEADLINE_EXCEEDED at its deadline, or
+// UNAVAILABLE when the connection breaks (the caller retries, as for any
+// UNAVAILABLE).
+class DataPlaneClient {
+ public:
+  // Connects to host:port and says hello with `token`. UNAUTHENTICATED when
+  // the server refuses the token; UNAVAILABLE when it cannot be reached by
+  // `deadline`.
+  static absl::StatusOr<std::shared_ptr<DataPlaneClient>> Connect(
+      const std::string& host, int port, const std::string& token,
+      size_t max_frame_bytes, absl::Time deadline);
+  ~DataPlaneClient();  // fails what is in flight (UNAVAILABLE), joins
+
+  // Open, as far as this side knows.
+  bool ok() const;
+  // Whether the calling thread is this connection's reader (a callback):
+  // it must not send (a blocking write there could wait for the server,
+  // which waits for this reader).
+  bool OnReaderThread() const;
+
+  void Push(const proto::PushRequest& req, const BorrowedValues* borrowed,
+            absl::Time deadline, ServerClient::Callback<proto::PushResponse> done);
+  void Pull(const proto::PullRequest& req, absl::Time deadline,
+            ServerClient::Callback<proto::PullResponse> done);
+  void Clock(const proto::ClockRequest& req, absl::Time deadline,
+             ServerClient::Callback<proto::ClockResponse> done);
+
+  struct State;  // shared with the reader thread
+
+ private:
+  explicit DataPlaneClient(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+// The request without its keys and vals fields (every other field copied):
+// the meta of a data-plane push, and the head of gRPC's PushWire.
+proto::PushRequest PushHead(const proto::PushRequest& req);
+
+}  // namespace ps

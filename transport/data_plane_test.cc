@@ -1,0 +1,532 @@
+// The data plane (transport/data_plane.h) over real loopback sockets: what
+// a request carries arrives whole, answers (statuses and reasons included)
+// come back to their own call whatever their order, deadlines and broken
+// connections fail calls instead of hanging them, and a peer that sends a
+// wrong token, garbage, oversized or truncated frames, or nothing at all,
+// gets an answer or a closed connection while the server keeps serving.
+#include "transport/data_plane.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "transport/errors.h"
+
+namespace ps {
+namespace {
+
+using data_plane::Header;
+using data_plane::kHeaderBytes;
+
+constexpr size_t kLimit = 1 << 20;
+
+// Records each push and answers it with `push_status`; answers a pull with
+// each key's low 32 bits as a float, a clock with `clock_status`; or holds
+// push and pull answers while `hold` is set (the test sends them).
+class TestHandler : public DataHandler {
+ public:
+  void Push(const proto::PushRequest& req, absl::Span<const char> keys,
+            absl::Span<const char> vals, DataReplyTo reply) override {
+    {
+      absl::MutexLock l(&mu);
+      last_push = req;
+      last_keys.assign(keys.data(), keys.size());
+      last_vals.assign(vals.data(), vals.size());
+      aligned = reinterpret_cast<uintptr_t>(keys.data()) % 8 == 0 &&
+                reinterpret_cast<uintptr_t>(vals.data()) % 4 == 0;
+      ++pushes;
+      if (hold) {
+        held.push_back(reply);
+        return;
+      }
+    }
+    proto::PushResponse resp;
+    reply.Send(push_status, &resp);
+  }
+  void Pull(const proto::PullRequest& req, absl::Span<const char> keys,
+            absl::Duration wait, DataReplyTo reply) override {
+    {
+      absl::MutexLock l(&mu);
+      last_wait = wait;
+      if (hold) {
+        held.push_back(reply);
+        return;
+      }
+    }
+    std::vector<float> vals(keys.size() / 8);
+    for (size_t i = 0; i < vals.size(); ++i) {
+      uint64_t k;
+      std::memcpy(&k, keys.data() + 8 * i, 8);
+      vals[i] = static_cast<float>(k & 0xffffffff);
+    }
+    proto::PullResponse resp;
+    resp.set_held_us(req.table() + 1000);
+    reply.Send(absl::OkStatus(), &resp,
+               absl::Span<const char>(reinterpret_cast<const char*>(vals.data()),
+                                      vals.size() * sizeof(float)));
+  }
+  void Clock(const proto::ClockRequest& req, DataReplyTo reply) override {
+    (void)req;
+    proto::ClockResponse resp;
+    reply.Send(clock_status, &resp);
+  }
+
+  absl::Mutex mu;
+  bool hold = false;
+  std::vector<DataReplyTo> held;
+  int pushes = 0;
+  proto::PushRequest last_push;
+  std::string last_keys, last_vals;
+  bool aligned = false;
+  absl::Duration last_wait;
+  absl::Status push_status;
+  absl::Status clock_status;
+};
+
+class DataPlaneTest : public ::testing::Test {
+ protected:
+  void Serve(const std::string& token = "", int max_connections = 256,
+             absl::Duration hello_timeout = absl::Seconds(5)) {
+    DataPlaneServerOptions o;
+    o.token = token;
+    o.max_frame_bytes = kLimit;
+    o.max_connections = max_connections;
+    o.hello_timeout = hello_timeout;
+    auto s = DataPlaneServer::Start(o, &handler_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+  }
+  std::shared_ptr<DataPlaneClient> Connect(const std::string& token = "") {
+    auto c = DataPlaneClient::Connect("127.0.0.1", server_->port(), token,
+                                      kLimit, absl::Now() + absl::Seconds(5));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *c : nullptr;
+  }
+  // A raw socket to the server.
+  int RawSocket() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(server_->port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+  }
+  static std::string Frame(uint8_t type, const std::string& meta,
+                           const std::string& keys = "",
+                           const std::string& vals = "", uint64_t id = 7) {
+    Header h;
+    h.type = type;
+    h.meta_len = static_cast<uint32_t>(meta.size());
+    h.id = id;
+    h.keys_len = keys.size();
+    h.vals_len = vals.size();
+    std::string f(data_plane::FrameBytes(h), '\0');
+    data_plane::EncodeHeader(h, f.data());
+    std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
+    std::memcpy(f.data() + data_plane::KeysOffset(h), keys.data(), keys.size());
+    std::memcpy(f.data() + data_plane::KeysOffset(h) + keys.size(), vals.data(),
+                vals.size());
+    return f;
+  }
+  static void SendAll(int fd, const std::string& b) {
+    ASSERT_EQ(send(fd, b.data(), b.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(b.size()));
+  }
+  // The status of the next answer on `fd`; UNAVAILABLE when it closes
+  // first (an answer followed by the close is read as that answer).
+  static absl::Status ReadAnswer(int fd) {
+    char hdr[kHeaderBytes];
+    size_t got = 0;
+    while (got < kHeaderBytes) {
+      ssize_t n = recv(fd, hdr + got, kHeaderBytes - got, 0);
+      if (n <= 0) return absl::UnavailableError("closed");
+      got += n;
+    }
+    Header h;
+    absl::Status s = data_plane::DecodeHeader(hdr, kLimit, &h);
+    if (!s.ok()) return absl::InternalError("bad answer header");
+    std::string rest(data_plane::FrameBytes(h) - kHeaderBytes, '\0');
+    got = 0;
+    while (got < rest.size()) {
+      ssize_t n = recv(fd, rest.data() + got, rest.size() - got, 0);
+      if (n <= 0) return absl::UnavailableError("closed mid-answer");
+      got += n;
+    }
+    proto::DataReply r;
+    if (!r.ParseFromArray(rest.data(), h.meta_len)) {
+      return absl::InternalError("bad answer");
+    }
+    return absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
+  }
+  // True when the server closes `fd` (reads EOF) within 5 s.
+  static bool Closed(int fd) {
+    char b[256];
+    for (;;) {
+      ssize_t n = recv(fd, b, sizeof(b), 0);
+      if (n == 0) return true;
+      if (n < 0) return errno == ECONNRESET;
+    }
+  }
+  std::string Hello(const std::string& token = "") {
+    return Frame(data_plane::kHello, token, "", "", 1);
+  }
+  // A push of keys 1..n with values 0.5 * key, through the client.
+  absl::Status PushOnce(DataPlaneClient* c, int n,
+                        absl::Time deadline = absl::Now() + absl::Seconds(5)) {
+    proto::PushRequest req;
+    req.set_worker_id(3);
+    req.set_seq(42);
+    req.set_table(1);
+    std::vector<uint64_t> keys(n);
+    std::vector<float> vals(n);
+    for (int i = 0; i < n; ++i) {
+      keys[i] = i + 1;
+      vals[i] = 0.5f * (i + 1);
+    }
+    req.set_keys(reinterpret_cast<const char*>(keys.data()), n * 8);
+    req.set_vals(reinterpret_cast<const char*>(vals.data()), n * 4);
+    absl::Notification done;
+    absl::Status out;
+    c->Push(req, nullptr, deadline,
+            [&](const absl::Status& s, proto::PushResponse*) {
+              out = s;
+              done.Notify();
+            });
+    done.WaitForNotification();
+    return out;
+  }
+
+  TestHandler handler_;
+  std::unique_ptr<DataPlaneServer> server_;
+};
+
+TEST_F(DataPlaneTest, PushArrivesWholeAlignedWithEveryOtherField) {
+  Serve();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(PushOnce(c.get(), 1000).ok());
+  absl::MutexLock l(&handler_.mu);
+  EXPECT_EQ(handler_.last_push.worker_id(), 3);
+  EXPECT_EQ(handler_.last_push.seq(), 42u);
+  EXPECT_EQ(handler_.last_push.table(), 1);
+  EXPECT_TRUE(handler_.last_push.keys().empty());
+  ASSERT_EQ(handler_.last_keys.size(), 8000u);
+  ASSERT_EQ(handler_.last_vals.size(), 4000u);
+  uint64_t k;
+  float v;
+  std::memcpy(&k, handler_.last_keys.data() + 8 * 999, 8);
+  std::memcpy(&v, handler_.last_vals.data() + 4 * 999, 4);
+  EXPECT_EQ(k, 1000u);
+  EXPECT_EQ(v, 500.0f);
+  EXPECT_TRUE(handler_.aligned);
+}
+
+TEST_F(DataPlaneTest, BorrowedPiecesArriveAsOneValsField) {
+  Serve();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  auto owner = std::make_shared<std::vector<float>>(1001);
+  for (size_t i = 0; i < owner->size(); ++i) (*owner)[i] = static_cast<float>(i);
+  BorrowedValues b;
+  b.owner = owner;
+  const char* base = reinterpret_cast<const char*>(owner->data());
+  b.pieces = {{base, 400}, {base + 400, 0}, {base + 400, 3604}};  // 1001 floats
+  proto::PushRequest req;
+  std::vector<uint64_t> keys(1001, 5);
+  req.set_keys(reinterpret_cast<const char*>(keys.data()), keys.size() * 8);
+  absl::Notification done;
+  c->Push(req, &b, absl::Now() + absl::Seconds(5),
+          [&](const absl::Status& s, proto::PushResponse*) {
+            EXPECT_TRUE(s.ok()) << s;
+            done.Notify();
+          });
+  done.WaitForNotification();
+  absl::MutexLock l(&handler_.mu);
+  ASSERT_EQ(handler_.last_vals.size(), 1001u * 4);
+  EXPECT_EQ(std::memcmp(handler_.last_vals.data(), base, 1001 * 4), 0);
+}
+
+TEST_F(DataPlaneTest, PullAnswersWithValuesAndTheCallersTimeLeft) {
+  Serve();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  proto::PullRequest req;
+  req.set_table(7);
+  std::vector<uint64_t> keys = {3, 9, (uint64_t{1} << 40) + 11};
+  req.set_keys(reinterpret_cast<const char*>(keys.data()), keys.size() * 8);
+  absl::Notification done;
+  c->Pull(req, absl::Now() + absl::Seconds(30),
+          [&](const absl::Status& s, proto::PullResponse* resp) {
+            ASSERT_TRUE(s.ok()) << s;
+            EXPECT_EQ(resp->held_us(), 1007);
+            ASSERT_EQ(resp->vals().size(), 12u);
+            float v[3];
+            std::memcpy(v, resp->vals().data(), 12);
+            EXPECT_EQ(v[0], 3.0f);
+            EXPECT_EQ(v[1], 9.0f);
+            EXPECT_EQ(v[2], 11.0f);
+            done.Notify();
+          });
+  done.WaitForNotification();
+  absl::MutexLock l(&handler_.mu);
+  EXPECT_GT(handler_.last_wait, absl::Seconds(25));
+  EXPECT_LE(handler_.last_wait, absl::Seconds(30));
+}
+
+TEST_F(DataPlaneTest, ErrorsKeepTheirCodeAndReason) {
+  Serve();
+  handler_.clock_status = ErrorWithReason(absl::StatusCode::kFailedPrecondition,
+                                          proto::REASON_STALE_EPOCH, "old view");
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  absl::Notification done;
+  c->Clock(proto::ClockRequest(), absl::Now() + absl::Seconds(5),
+           [&](const absl::Status& s, proto::ClockResponse*) {
+             EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+             EXPECT_TRUE(IsStaleEpoch(s)) << s;
+             EXPECT_EQ(s.message(), "old view");
+             done.Notify();
+           });
+  done.WaitForNotification();
+}
+
+TEST_F(DataPlaneTest, AnswersOutOfOrderReachTheirOwnCalls) {
+  Serve();
+  handler_.hold = true;
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  constexpr int kCalls = 20;
+  absl::Mutex mu;
+  std::vector<int> got(kCalls, -1);
+  int answered = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    proto::PullRequest req;
+    const uint64_t key = 100 + i;
+    req.set_keys(reinterpret_cast<const char*>(&key), 8);
+    c->Pull(req, absl::Now() + absl::Seconds(10),
+            [&, i](const absl::Status& s, proto::PullResponse* resp) {
+              absl::MutexLock l(&mu);
+              float v = -1;
+              if (s.ok() && resp->vals().size() == 4) {
+                std::memcpy(&v, resp->vals().data(), 4);
+              }
+              got[i] = static_cast<int>(v);
+              ++answered;
+            });
+  }
+  std::vector<DataReplyTo> held;
+  for (;;) {
+    absl::MutexLock l(&handler_.mu);
+    if (handler_.held.size() == kCalls) {
+      held = handler_.held;
+      break;
+    }
+    handler_.mu.AwaitWithTimeout(absl::Condition(+[](TestHandler* h) {
+                                   return h->held.size() == kCalls;
+                                 }, &handler_),
+                                 absl::Seconds(5));
+  }
+  // Answer in reverse order, each with its own request's value.
+  for (int i = kCalls - 1; i >= 0; --i) {
+    const float v = static_cast<float>(100 + i);
+    proto::PullResponse resp;
+    held[i].Send(absl::OkStatus(), &resp,
+                 absl::Span<const char>(reinterpret_cast<const char*>(&v), 4));
+  }
+  absl::MutexLock l(&mu);
+  mu.AwaitWithTimeout(absl::Condition(
+                          +[](int* n) { return *n == kCalls; }, &answered),
+                      absl::Seconds(10));
+  for (int i = 0; i < kCalls; ++i) EXPECT_EQ(got[i], 100 + i) << i;
+}
+
+TEST_F(DataPlaneTest, UnansweredCallFailsAtItsDeadline) {
+  Serve();
+  handler_.hold = true;
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  const absl::Time t0 = absl::Now();
+  absl::Status s = PushOnce(c.get(), 4, t0 + absl::Milliseconds(200));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(190));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+  // A late answer for the expired call is dropped; the connection works.
+  {
+    absl::MutexLock l(&handler_.mu);
+    handler_.hold = false;
+    proto::PushResponse resp;
+    handler_.held.at(0).Send(absl::OkStatus(), &resp);
+  }
+  EXPECT_TRUE(PushOnce(c.get(), 4).ok());
+}
+
+TEST_F(DataPlaneTest, StoppedServerFailsCallsInFlightAndTheClientSaysSo) {
+  Serve();
+  handler_.hold = true;
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  absl::Notification done;
+  absl::Status out;
+  proto::PullRequest req;
+  c->Pull(req, absl::Now() + absl::Seconds(30),
+          [&](const absl::Status& s, proto::PullResponse*) {
+            out = s;
+            done.Notify();
+          });
+  for (;;) {
+    absl::MutexLock l(&handler_.mu);
+    if (!handler_.held.empty()) break;
+    handler_.mu.AwaitWithTimeout(
+        absl::Condition(+[](TestHandler* h) { return !h->held.empty(); },
+                        &handler_),
+        absl::Seconds(5));
+  }
+  server_->Stop();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(out.code(), absl::StatusCode::kUnavailable) << out;
+  EXPECT_FALSE(c->ok());
+  // Later calls fail at once, and an answer sent after the stop is dropped.
+  EXPECT_EQ(PushOnce(c.get(), 1).code(), absl::StatusCode::kUnavailable);
+  absl::MutexLock l(&handler_.mu);
+  proto::PullResponse resp;
+  handler_.held[0].Send(absl::OkStatus(), &resp);
+}
+
+TEST_F(DataPlaneTest, TokenIsChecked) {
+  Serve("s3cret");
+  auto bad = DataPlaneClient::Connect("127.0.0.1", server_->port(), "nope",
+                                      kLimit, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnauthenticated);
+  auto none = DataPlaneClient::Connect("127.0.0.1", server_->port(), "", kLimit,
+                                       absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnauthenticated);
+  auto good = Connect("s3cret");
+  ASSERT_NE(good, nullptr);
+  EXPECT_TRUE(PushOnce(good.get(), 3).ok());
+  // Without a hello, a push is refused and the connection closed, unapplied.
+  int fd = RawSocket();
+  SendAll(fd, Frame(data_plane::kPush, "", std::string(8, '\1'),
+                    std::string(4, '\0')));
+  EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Closed(fd));
+  close(fd);
+  absl::MutexLock l(&handler_.mu);
+  EXPECT_EQ(handler_.pushes, 1);
+}
+
+TEST_F(DataPlaneTest, SilentPeerIsClosedAfterTheHelloTimeout) {
+  Serve("", 256, absl::Milliseconds(200));
+  int fd = RawSocket();
+  const absl::Time t0 = absl::Now();
+  EXPECT_TRUE(Closed(fd));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(4));
+  close(fd);
+}
+
+TEST_F(DataPlaneTest, OversizedFramesAreRefusedBeforeTheirBody) {
+  Serve();
+  // The client refuses to send one.
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(PushOnce(c.get(), kLimit / 8).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(PushOnce(c.get(), 10).ok());
+  // A raw peer announcing 1 TB gets RESOURCE_EXHAUSTED and a close.
+  int fd = RawSocket();
+  SendAll(fd, Hello());
+  EXPECT_TRUE(ReadAnswer(fd).ok());
+  Header h;
+  h.type = data_plane::kPush;
+  h.id = 9;
+  h.vals_len = uint64_t{1} << 40;
+  std::string hdr(kHeaderBytes, '\0');
+  data_plane::EncodeHeader(h, hdr.data());
+  SendAll(fd, hdr);
+  EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Closed(fd));
+  close(fd);
+  EXPECT_TRUE(PushOnce(c.get(), 10).ok());
+}
+
+TEST_F(DataPlaneTest, MalformedRequestInAWholeFrameIsAnsweredAndTheConnectionKept) {
+  Serve();
+  int fd = RawSocket();
+  SendAll(fd, Hello());
+  ASSERT_TRUE(ReadAnswer(fd).ok());
+  SendAll(fd, Frame(data_plane::kPush, std::string("\xff\xff\xff", 3)));
+  EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument);
+  SendAll(fd, Frame(data_plane::kClock, ""));
+  EXPECT_TRUE(ReadAnswer(fd).ok());
+  close(fd);
+}
+
+TEST_F(DataPlaneTest, GarbageAndTruncatedFramesNeverStopTheServer) {
+  Serve();
+  std::mt19937 rng(12345);
+  const std::string valid = Frame(data_plane::kPush, "", std::string(16, '\2'),
+                                  std::string(8, '\3'));
+  for (int round = 0; round < 100; ++round) {
+    int fd = RawSocket();
+    std::string bytes;
+    if (round % 3 != 0) bytes = Hello();
+    std::string f = valid;
+    switch (round % 4) {
+      case 0:  // random bytes
+        f.assign(1 + rng() % 200, '\0');
+        for (char& ch : f) ch = static_cast<char>(rng());
+        break;
+      case 1:  // a few flipped bytes anywhere
+        for (int k = 0; k < 3; ++k) f[rng() % f.size()] ^= 1 + rng() % 255;
+        break;
+      case 2:  // truncated, then the peer leaves
+        f.resize(rng() % f.size());
+        break;
+      default:  // header flips only
+        f[rng() % kHeaderBytes] ^= 1 + rng() % 255;
+        break;
+    }
+    bytes += f;
+    send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    shutdown(fd, SHUT_WR);
+    Closed(fd);  // whatever was answered, the server ends it
+    close(fd);
+  }
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(PushOnce(c.get(), 10).ok());
+}
+
+TEST_F(DataPlaneTest, ConnectionsOverTheCapAreClosed) {
+  Serve("", 2);
+  auto a = Connect();
+  auto b = Connect();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto third = DataPlaneClient::Connect("127.0.0.1", server_->port(), "",
+                                        kLimit, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(server_->connections(), 2);
+  a.reset();  // its slot is free again once the server sees it close
+  absl::Time until = absl::Now() + absl::Seconds(5);
+  while (server_->connections() > 1 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_NE(Connect(), nullptr);
+}
+
+}  // namespace
+}  // namespace ps
