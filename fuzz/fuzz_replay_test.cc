@@ -51,6 +51,7 @@ TEST(FuzzReplay, Config) { Replay("config", &Config); }
 TEST(FuzzReplay, Server) { Replay("server", &Server); }
 TEST(FuzzReplay, Scheduler) { Replay("scheduler", &Scheduler); }
 TEST(FuzzReplay, Wire) { Replay("wire", &Wire); }
+TEST(FuzzReplay, DataPlane) { Replay("dataplane", &DataPlane); }
 
 // Found by fuzz_config: a path with a byte that is not UTF-8 was accepted,
 // and ToYaml (the config sent to every worker) replaced it with U+FFFD, so

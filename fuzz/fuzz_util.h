@@ -34,4 +34,5 @@ int Config(const uint8_t* data, size_t size);
 int Server(const uint8_t* data, size_t size);
 int Scheduler(const uint8_t* data, size_t size);
 int Wire(const uint8_t* data, size_t size);
+int DataPlane(const uint8_t* data, size_t size);
 }  // namespace ps::fuzz

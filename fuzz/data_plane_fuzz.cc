@@ -1,0 +1,155 @@
+// Fuzz target for the data plane (transport/data_plane.h): the input is
+// what a peer sends on one connection to a real DataPlaneServer in front of
+// a configured ServerNode (DataService, as in a server process). Its first
+// byte says whether a valid hello goes first (bit 0: the fuzzer then reaches
+// the request frames without finding the hello), the rest is sent as is,
+// then the peer stops writing. Checks, besides "no crash": the server ends
+// the connection within 10 s of the peer's end (no hang, nothing read
+// beyond what was sent), and everything it sends back is a sequence of
+// well-formed REPLY frames whose DataReply parses with a known code that is
+// not UNKNOWN.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "common/clock.h"
+#include "common/routing.h"
+#include "fuzz/fuzz_util.h"
+#include "proto/ps.pb.h"
+#include "server/server_node.h"
+#include "server/server_service.h"
+#include "transport/data_plane.h"
+
+namespace ps::fuzz {
+namespace {
+
+constexpr size_t kLimit = 1 << 20;
+
+proto::ClusterView View() {
+  proto::ClusterView v;
+  v.set_epoch(1);
+  *v.mutable_routing() = BuildHashRing({0}, /*vnodes=*/4, /*epoch=*/1, 0);
+  proto::NodeInfo* s = v.mutable_routing()->add_servers();
+  s->set_id(0);
+  s->set_role(proto::ROLE_SERVER);
+  s->set_address("inproc:server:0");
+  s->set_state(proto::NODE_ALIVE);
+  for (int i = 0; i < 2; ++i) {
+    proto::NodeInfo* w = v.add_workers();
+    w->set_id(i);
+    w->set_role(proto::ROLE_WORKER);
+    w->set_state(proto::NODE_ALIVE);
+  }
+  v.mutable_consistency()->set_mode(proto::MODE_ASP);
+  for (int t = 0; t < 2; ++t) {
+    proto::TableConfig* tc = v.add_tables();
+    tc->set_id(t);
+    tc->set_name(t == 0 ? "weights" : "embeddings");
+    tc->set_dim(t == 0 ? 1 : 3);
+    tc->mutable_optimizer()->set_name(t == 0 ? "sgd" : "adagrad");
+    tc->mutable_optimizer()->set_learning_rate(0.5f);
+    tc->mutable_optimizer()->set_initial_accumulator(0.1f);
+  }
+  return v;
+}
+
+// One server for the whole run (a fuzzer calls the target millions of
+// times; the node's tables grow only by what inputs push, bounded by their
+// size).
+struct Fixture {
+  ServerNode node;
+  DataService service{&node};
+  std::unique_ptr<DataPlaneServer> server;
+  Fixture() {
+    const absl::Status configured = node.Configure(0, View());
+    if (!configured.ok()) {
+      std::fprintf(stderr, "%s\n", configured.ToString().c_str());
+    }
+    PS_FUZZ_CHECK(configured.ok());
+    DataPlaneServerOptions o;
+    o.max_frame_bytes = kLimit;
+    o.hello_timeout = absl::Seconds(2);
+    auto s = DataPlaneServer::Start(o, &service);
+    PS_FUZZ_CHECK(s.ok());
+    server = std::move(*s);
+  }
+};
+
+std::string Hello() {
+  data_plane::Header h;
+  h.type = data_plane::kHello;
+  std::string f(data_plane::FrameBytes(h), '\0');
+  data_plane::EncodeHeader(h, f.data());
+  return f;
+}
+
+// Checks that `bytes` are whole REPLY frames (a last one may be cut off by
+// the close only if the server was answering when the connection broke,
+// which a peer that reads everything never causes).
+void CheckAnswers(const std::string& bytes) {
+  size_t at = 0;
+  while (at < bytes.size()) {
+    PS_FUZZ_CHECK(bytes.size() - at >= data_plane::kHeaderBytes);
+    data_plane::Header h;
+    PS_FUZZ_CHECK(
+        data_plane::DecodeHeader(bytes.data() + at, kLimit, &h).ok());
+    PS_FUZZ_CHECK(h.type == data_plane::kReply && h.keys_len == 0);
+    PS_FUZZ_CHECK(bytes.size() - at >= data_plane::FrameBytes(h));
+    proto::DataReply r;
+    PS_FUZZ_CHECK(r.ParseFromArray(bytes.data() + at + data_plane::kHeaderBytes,
+                                   static_cast<int>(h.meta_len)));
+    PS_FUZZ_CHECK(r.code() >= 0 && r.code() <= 16 && r.code() != 2);
+    PS_FUZZ_CHECK(r.code() == 0 || h.vals_len == 0);
+    at += data_plane::FrameBytes(h);
+  }
+}
+
+}  // namespace
+
+int DataPlane(const uint8_t* data, size_t size) {
+  QuietProtobuf();
+  static Fixture* fixture = new Fixture();
+  if (size == 0) return 0;
+  std::string bytes;
+  if (data[0] & 1) bytes = Hello();
+  bytes.append(reinterpret_cast<const char*>(data + 1), size - 1);
+
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  PS_FUZZ_CHECK(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(fixture->server->port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  PS_FUZZ_CHECK(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  // Inputs are small (libFuzzer's max_len): one send fits the socket.
+  (void)send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  shutdown(fd, SHUT_WR);
+  std::string answers;
+  char buf[4096];
+  bool ended = false;
+  for (;;) {
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n > 0) {
+      answers.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    // EOF, or a reset (the server closed with our bytes unread): an end.
+    ended = n == 0 || errno == ECONNRESET;
+    break;
+  }
+  close(fd);
+  PS_FUZZ_CHECK(ended);  // a timeout: the server hung on this input
+  CheckAnswers(answers);
+  return 0;
+}
+
+}  // namespace ps::fuzz
