@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -127,11 +128,23 @@ int DataPlane(const uint8_t* data, size_t size) {
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(fixture->server->port()));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  PS_FUZZ_CHECK(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  int c;
+  do {
+    c = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  } while (c != 0 && errno == EINTR);
+  PS_FUZZ_CHECK(c == 0);
+  // Closed with a reset, not into TIME_WAIT: a fuzzing run makes tens of
+  // thousands of connections a minute, more than the ephemeral ports.
+  linger lg{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
   timeval tv{10, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  // Inputs are small (libFuzzer's max_len): one send fits the socket.
-  (void)send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  for (size_t at = 0; at < bytes.size();) {
+    const ssize_t n = send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the server closed early: fine
+    at += static_cast<size_t>(n);
+  }
   shutdown(fd, SHUT_WR);
   std::string answers;
   char buf[4096];
@@ -142,6 +155,7 @@ int DataPlane(const uint8_t* data, size_t size) {
       answers.append(buf, static_cast<size_t>(n));
       continue;
     }
+    if (n < 0 && errno == EINTR) continue;  // libFuzzer's SIGALRM
     // EOF, or a reset (the server closed with our bytes unread): an end.
     ended = n == 0 || errno == ECONNRESET;
     break;

@@ -420,6 +420,11 @@ void DataService::Pull(const proto::PullRequest& req,
       });
 }
 
+void DataService::Replicate(const proto::ReplicateRequest& req,
+                            DataReplyTo reply) {
+  reply.Send(node_->Replicate(req), nullptr);
+}
+
 void DataService::Clock(const proto::ClockRequest& req, DataReplyTo reply) {
   node_->ClockTick(req, [reply = std::move(reply)](const absl::Status& s) {
     proto::ClockResponse resp;

@@ -93,6 +93,7 @@ class DataService final : public DataHandler {
   void Pull(const proto::PullRequest& req, absl::Span<const char> keys,
             absl::Duration wait, DataReplyTo reply) override;
   void Clock(const proto::ClockRequest& req, DataReplyTo reply) override;
+  void Replicate(const proto::ReplicateRequest& req, DataReplyTo reply) override;
 
  private:
   ServerNode* const node_;

@@ -80,6 +80,7 @@ absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
     case kPush:
     case kPull:
     case kClock:
+    case kReplicate:
     case kReply:
       break;
     default:
@@ -590,6 +591,18 @@ bool DataPlaneServer::State::Dispatch(
       handler->Clock(req, std::move(reply));
       return true;
     }
+    case data_plane::kReplicate: {
+      proto::ReplicateRequest req;
+      if (!req.ParseFromArray(meta, static_cast<int>(h.meta_len)) ||
+          h.keys_len != 0 || h.vals_len != 0) {
+        reply.Send(absl::InvalidArgumentError(
+                       "malformed ReplicateRequest (data plane)"),
+                   nullptr);
+        return true;
+      }
+      handler->Replicate(req, std::move(reply));
+      return true;
+    }
     default:
       return false;
   }
@@ -831,9 +844,11 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Connect(
     int r = ::connect(fd, a->ai_addr, a->ai_addrlen);
     if (r != 0 && errno == EINPROGRESS) {
       pollfd pfd{fd, POLLOUT, 0};
-      const int64_t ms = std::max<int64_t>(
-          0, absl::ToInt64Milliseconds(deadline - absl::Now()));
-      r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 60000)));
+      do {
+        const int64_t ms = std::max<int64_t>(
+            0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+        r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 60000)));
+      } while (r < 0 && errno == EINTR);
       int err = 0;
       socklen_t len = sizeof(err);
       if (r == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
@@ -984,6 +999,15 @@ void DataPlaneClient::Clock(const proto::ClockRequest& req, absl::Time deadline,
   h.type = data_plane::kClock;
   state_->Call(h, req.SerializeAsString(), {}, nullptr, {}, deadline,
                Typed<proto::ClockResponse>(std::move(done)));
+}
+
+void DataPlaneClient::Replicate(
+    const proto::ReplicateRequest& req, absl::Time deadline,
+    ServerClient::Callback<proto::ReplicateResponse> done) {
+  Header h;
+  h.type = data_plane::kReplicate;
+  state_->Call(h, req.SerializeAsString(), {}, nullptr, {}, deadline,
+               Typed<proto::ReplicateResponse>(std::move(done)));
 }
 
 proto::PushRequest PushHead(const proto::PushRequest& req) {

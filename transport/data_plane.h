@@ -23,8 +23,9 @@
 // Types: HELLO (meta: the cluster token; the first frame of a connection,
 // answered before anything else is read), PUSH (meta: the PushRequest
 // without keys and vals), PULL (the PullRequest without keys; timeout_us:
-// how long the server may hold it), CLOCK (the ClockRequest), REPLY (meta:
-// a proto::DataReply; vals: a pull's values).
+// how long the server may hold it), CLOCK (the ClockRequest), REPLICATE (a
+// primary's ReplicateRequest for its backup, issue 9), REPLY (meta: a
+// proto::DataReply; vals: a pull's values).
 //
 // Safety: a connection may send one HELLO of at most 4 KiB within
 // `hello_timeout` or it is closed; a wrong token is answered UNAUTHENTICATED
@@ -63,6 +64,7 @@ enum FrameType : uint8_t {
   kPush = 2,
   kPull = 3,
   kClock = 4,
+  kReplicate = 5,
   kReply = 16,
 };
 
@@ -127,6 +129,12 @@ class DataHandler {
   virtual void Pull(const proto::PullRequest& req, absl::Span<const char> keys,
                     absl::Duration wait, DataReplyTo reply) = 0;
   virtual void Clock(const proto::ClockRequest& req, DataReplyTo reply) = 0;
+  // A replication batch (ServerNode::Replicate); UNIMPLEMENTED by default.
+  virtual void Replicate(const proto::ReplicateRequest& req, DataReplyTo reply) {
+    (void)req;
+    reply.Send(absl::UnimplementedError("replicate: not on this data plane"),
+               nullptr);
+  }
 };
 
 struct DataPlaneServerOptions {
@@ -190,6 +198,9 @@ class DataPlaneClient {
             ServerClient::Callback<proto::PullResponse> done);
   void Clock(const proto::ClockRequest& req, absl::Time deadline,
              ServerClient::Callback<proto::ClockResponse> done);
+  // The answer's status is the batch's (ReplicateResponse is empty).
+  void Replicate(const proto::ReplicateRequest& req, absl::Time deadline,
+                 ServerClient::Callback<proto::ReplicateResponse> done);
 
   struct State;  // shared with the reader thread
 

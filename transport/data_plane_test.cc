@@ -81,6 +81,15 @@ class TestHandler : public DataHandler {
     proto::ClockResponse resp;
     reply.Send(clock_status, &resp);
   }
+  void Replicate(const proto::ReplicateRequest& req, DataReplyTo reply) override {
+    absl::Status s;
+    {
+      absl::MutexLock l(&mu);
+      last_replicate = req;
+      s = replicate_status;
+    }
+    reply.Send(s, nullptr);
+  }
 
   absl::Mutex mu;
   bool hold = false;
@@ -92,6 +101,8 @@ class TestHandler : public DataHandler {
   absl::Duration last_wait;
   absl::Status push_status;
   absl::Status clock_status;
+  proto::ReplicateRequest last_replicate;
+  absl::Status replicate_status;
 };
 
 class DataPlaneTest : public ::testing::Test {
@@ -302,6 +313,38 @@ TEST_F(DataPlaneTest, ErrorsKeepTheirCodeAndReason) {
              done.Notify();
            });
   done.WaitForNotification();
+}
+
+TEST_F(DataPlaneTest, ReplicationBatchArrivesWholeAndItsStatusComesBack) {
+  Serve();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  proto::ReplicateRequest req;
+  req.set_from_server(2);
+  req.set_epoch(5);
+  proto::ReplicaPush* p = req.add_entries()->mutable_push();
+  p->set_worker(1);
+  p->set_vals(std::string(100000, 'v'));
+  for (absl::Status want :
+       {absl::OkStatus(),
+        ErrorWithReason(absl::StatusCode::kUnavailable,
+                        proto::REASON_VIEW_BEHIND, "view behind")}) {
+    {
+      absl::MutexLock l(&handler_.mu);
+      handler_.replicate_status = want;
+    }
+    absl::Notification done;
+    c->Replicate(req, absl::Now() + absl::Seconds(5),
+                 [&](const absl::Status& s, proto::ReplicateResponse*) {
+                   EXPECT_EQ(s.code(), want.code());
+                   EXPECT_EQ(ReasonOf(s), ReasonOf(want));
+                   done.Notify();
+                 });
+    done.WaitForNotification();
+    absl::MutexLock l(&handler_.mu);
+    EXPECT_EQ(handler_.last_replicate.SerializeAsString(),
+              req.SerializeAsString());
+  }
 }
 
 TEST_F(DataPlaneTest, AnswersOutOfOrderReachTheirOwnCalls) {

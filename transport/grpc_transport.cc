@@ -701,8 +701,8 @@ class GrpcServerClient : public ServerClient {
 
   // Values never enter a serialized copy (PushWire): the generic stub sends
   // the request's own buffers, or the borrowed ones.
-  // Push, pull and clock go over the server's data plane when it is
-  // connected (transport/data_plane.h), else over gRPC.
+  // Push, pull, clock and replication batches go over the server's data
+  // plane when it is connected (transport/data_plane.h), else over gRPC.
   void Push(std::shared_ptr<const proto::PushRequest> req, absl::Time deadline,
             Callback<proto::PushResponse> done) override {
     if (std::shared_ptr<DataPlaneClient> d = Data()) {
@@ -768,6 +768,13 @@ class GrpcServerClient : public ServerClient {
   void Replicate(std::shared_ptr<const proto::ReplicateRequest> req,
                  absl::Time deadline,
                  Callback<proto::ReplicateResponse> done) override {
+    // From a batch's own answer (the next batch) too: one batch is in
+    // flight per backup, which reads it whole before it answers, so the
+    // write cannot wait for this reader.
+    if (std::shared_ptr<DataPlaneClient> d = Data(/*from_reader=*/true)) {
+      d->Replicate(*req, deadline, std::move(done));
+      return;
+    }
     absl::MutexLock l(&stream_mu_);
     absl::Status why;
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -850,13 +857,17 @@ class GrpcServerClient : public ServerClient {
   // The data plane's connection when it is up; else null, and a connection
   // is being made (on connector_, at most one try per second after a
   // failure) unless the server has none or the data plane is off.
-  std::shared_ptr<DataPlaneClient> Data() {
+  // `from_reader`: the caller may be the connection's own reader (a
+  // callback), which must not write on it unless the caller knows the
+  // write cannot wait for that reader (data_plane.h).
+  std::shared_ptr<DataPlaneClient> Data(bool from_reader = false) {
     if (!data_plane_->load(std::memory_order_relaxed)) return nullptr;
     std::shared_ptr<DataPlaneClient> broken;  // released after the lock
     absl::MutexLock l(&data_mu_);
     if (data_ != nullptr) {
-      // A callback of the connection must not write on it (data_plane.h).
-      if (data_->ok()) return data_->OnReaderThread() ? nullptr : data_;
+      if (data_->ok()) {
+        return !from_reader && data_->OnReaderThread() ? nullptr : data_;
+      }
       broken.swap(data_);
       next_try_ = std::max(next_try_, absl::Now() + absl::Milliseconds(100));
     }
