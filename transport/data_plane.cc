@@ -819,7 +819,7 @@ void DataPlaneClient::State::Read() {
 
 absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Connect(
     const std::string& host_in, int port, const std::string& token,
-    size_t max_frame_bytes, absl::Time deadline) {
+    size_t max_frame_bytes, absl::Time deadline, absl::Duration send_stall) {
   std::string host = host_in;
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
@@ -910,10 +910,14 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Connect(
     ::close(fd);
     return s;
   }
-  // The reader waits in poll; writes may block (a full socket) until the
-  // server reads, but not forever.
+  // The reader waits in poll. A write blocks while the socket is full: a
+  // server that takes nothing for send_stall (dead, cut off, or stuck) loses
+  // the connection, so the caller's thread is freed and the calls go over
+  // gRPC (a failed call names the server to the scheduler, which probes
+  // it). SO_SNDTIMEO counts time without progress, not a frame's whole
+  // time: a slow link that keeps moving never trips it.
   SetTimeout(fd, SO_RCVTIMEO, absl::InfiniteDuration());
-  SetTimeout(fd, SO_SNDTIMEO, absl::Seconds(30));
+  SetTimeout(fd, SO_SNDTIMEO, send_stall);
   auto st = std::make_shared<State>();
   st->fd = fd;
   st->max_frame_bytes = max_frame_bytes;

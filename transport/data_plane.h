@@ -174,15 +174,19 @@ class DataPlaneServer {
 // are answered on the connection's reader thread; a call's callback runs
 // exactly once: with the answer, DEADLINE_EXCEEDED at its deadline, or
 // UNAVAILABLE when the connection breaks (the caller retries, as for any
-// UNAVAILABLE).
+// UNAVAILABLE). A write that makes no progress for 5 s (a server that reads
+// nothing: dead, cut off, stuck) breaks the connection; until then it holds
+// the calling thread, which gRPC's asynchronous calls do not.
 class DataPlaneClient {
  public:
   // Connects to host:port and says hello with `token`. UNAUTHENTICATED when
   // the server refuses the token; UNAVAILABLE when it cannot be reached by
   // `deadline`.
+  // `send_stall`: how long a write may make no progress (above).
   static absl::StatusOr<std::shared_ptr<DataPlaneClient>> Connect(
       const std::string& host, int port, const std::string& token,
-      size_t max_frame_bytes, absl::Time deadline);
+      size_t max_frame_bytes, absl::Time deadline,
+      absl::Duration send_stall = absl::Seconds(5));
   ~DataPlaneClient();  // fails what is in flight (UNAVAILABLE), joins
 
   // Open, as far as this side knows.

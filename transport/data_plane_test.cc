@@ -15,6 +15,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -447,6 +448,43 @@ TEST_F(DataPlaneTest, StoppedServerFailsCallsInFlightAndTheClientSaysSo) {
   absl::MutexLock l(&handler_.mu);
   proto::PullResponse resp;
   handler_.held[0].Send(absl::OkStatus(), &resp);
+}
+
+// A server that answers the hello and then reads nothing (stuck, or cut
+// off with its socket full): the client's write gives up after the stall
+// time instead of holding the caller's thread, and the call fails
+// UNAVAILABLE (the caller retries over gRPC).
+TEST_F(DataPlaneTest, ServerThatReadsNothingBreaksTheConnection) {
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(ls, 1), 0);
+  socklen_t len = sizeof(a);
+  getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
+  int peer = -1;
+  std::thread acceptor([&] {
+    peer = accept(ls, nullptr, nullptr);
+    char hello[kHeaderBytes];
+    recv(peer, hello, sizeof(hello), MSG_WAITALL);  // a hello, no token
+    proto::DataReply ok;
+    const std::string meta = ok.SerializeAsString();
+    SendAll(peer, Frame(data_plane::kReply, meta, "", "", 1));
+  });
+  auto c = DataPlaneClient::Connect("127.0.0.1", ntohs(a.sin_port), "", 64 << 20,
+                                    absl::Now() + absl::Seconds(5),
+                                    /*send_stall=*/absl::Milliseconds(300));
+  acceptor.join();
+  ASSERT_TRUE(c.ok()) << c.status();
+  const absl::Time t0 = absl::Now();
+  // 32 MiB: more than both sockets' buffers hold.
+  absl::Status s = PushOnce(c->get(), 4 << 20);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+  EXPECT_FALSE((*c)->ok());
+  close(peer);
+  close(ls);
 }
 
 TEST_F(DataPlaneTest, TokenIsChecked) {
