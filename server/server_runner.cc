@@ -258,6 +258,10 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   // Give the save_and_exit reply time to leave before tearing down.
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::seconds(2));
+  if (const proto::ServerStatus st = node.Status(); st.replica_entries() > 0) {
+    PS_LOG_INFO("replicated {} entries in {} batches", st.replica_entries(),
+                st.replica_batches());
+  }
   PS_LOG_INFO("exiting");
   return result;
 }
