@@ -199,25 +199,6 @@ void AddValsPad(const Header& h, std::vector<iovec>* iov) {
   if (pad > 0) iov->push_back({const_cast<char*>(kZeros), pad});
 }
 
-void ToReply(const absl::Status& s, proto::DataReply* r) {
-  r->set_code(static_cast<int>(s.code()));
-  if (s.ok()) return;
-  r->set_message(std::string(s.message()));
-  r->set_details(EncodeReason(s));
-}
-
-absl::Status FromReply(const proto::DataReply& r) {
-  if (r.code() == 0) return absl::OkStatus();
-  if (r.code() < 0 ||
-      r.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-    return absl::InternalError(
-        absl::StrCat("data plane answer with unknown code ", r.code()));
-  }
-  return DecodeReason(
-      absl::Status(static_cast<absl::StatusCode>(r.code()), r.message()),
-      r.details());
-}
-
 // Reads exactly n bytes (blocking, the socket's receive timeout applies).
 bool ReadExactly(int fd, char* p, size_t n) {
   while (n > 0) {
@@ -263,7 +244,7 @@ void DataReplyTo::Send(const absl::Status& s,
                        const google::protobuf::MessageLite* resp,
                        absl::Span<const char> vals) const {
   proto::DataReply r;
-  ToReply(s, &r);
+  StatusToReply(s, &r);
   if (s.ok() && resp != nullptr) r.set_response(resp->SerializeAsString());
   if (!s.ok()) vals = {};
   const std::string meta = r.SerializeAsString();
@@ -542,6 +523,23 @@ void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) 
   }
 }
 
+namespace {
+// Parses a request frame's meta into `req`; a request that does not parse,
+// or fails `ok` (sections it must not have), is answered INVALID_ARGUMENT
+// and false is returned. The frame itself was whole: the connection stays.
+template <typename Req, typename Ok>
+bool ParseRequest(const Header& h, const char* meta, const DataReplyTo& reply,
+                  Req* req, Ok ok) {
+  if (req->ParseFromArray(meta, static_cast<int>(h.meta_len)) && ok(*req)) {
+    return true;
+  }
+  reply.Send(absl::InvalidArgumentError(absl::StrCat(
+                 "malformed ", req->GetTypeName(), " (data plane)")),
+             nullptr);
+  return false;
+}
+}  // namespace
+
 bool DataPlaneServer::State::Dispatch(
     const std::shared_ptr<DataConnection>& conn, const Header& h,
     const char* frame) {
@@ -549,58 +547,45 @@ bool DataPlaneServer::State::Dispatch(
   absl::Span<const char> keys(frame + KeysOffset(h), h.keys_len);
   absl::Span<const char> vals(keys.data() + h.keys_len, h.vals_len);
   DataReplyTo reply(conn, h.id);
+  const bool sections = h.keys_len == 0 && h.vals_len == 0;
   switch (h.type) {
     case data_plane::kPush: {
       proto::PushRequest req;
-      if (!req.ParseFromArray(meta, static_cast<int>(h.meta_len)) ||
-          !req.keys().empty() || !req.vals().empty()) {
-        reply.Send(absl::InvalidArgumentError(
-                       "malformed PushRequest (data plane)"),
-                   nullptr);
-        return true;
+      if (ParseRequest(h, meta, reply, &req, [](const proto::PushRequest& r) {
+            return r.keys().empty() && r.vals().empty();
+          })) {
+        handler->Push(req, keys, vals, std::move(reply));
       }
-      handler->Push(req, keys, vals, std::move(reply));
       return true;
     }
     case data_plane::kPull: {
       proto::PullRequest req;
-      if (!req.ParseFromArray(meta, static_cast<int>(h.meta_len)) ||
-          !req.keys().empty() || h.vals_len != 0) {
-        reply.Send(absl::InvalidArgumentError(
-                       "malformed PullRequest (data plane)"),
-                   nullptr);
-        return true;
+      if (ParseRequest(h, meta, reply, &req, [&](const proto::PullRequest& r) {
+            return r.keys().empty() && h.vals_len == 0;
+          })) {
+        const absl::Duration wait =
+            h.timeout_us == 0
+                ? absl::InfiniteDuration()
+                : absl::Microseconds(static_cast<int64_t>(
+                      std::min<uint64_t>(h.timeout_us, uint64_t{1} << 40)));
+        handler->Pull(req, keys, wait, std::move(reply));
       }
-      const absl::Duration wait = h.timeout_us == 0
-                                      ? absl::InfiniteDuration()
-                                      : absl::Microseconds(static_cast<int64_t>(
-                                            std::min<uint64_t>(h.timeout_us,
-                                                               uint64_t{1} << 40)));
-      handler->Pull(req, keys, wait, std::move(reply));
       return true;
     }
     case data_plane::kClock: {
       proto::ClockRequest req;
-      if (!req.ParseFromArray(meta, static_cast<int>(h.meta_len)) ||
-          h.keys_len != 0 || h.vals_len != 0) {
-        reply.Send(absl::InvalidArgumentError(
-                       "malformed ClockRequest (data plane)"),
-                   nullptr);
-        return true;
+      if (ParseRequest(h, meta, reply, &req,
+                       [&](const proto::ClockRequest&) { return sections; })) {
+        handler->Clock(req, std::move(reply));
       }
-      handler->Clock(req, std::move(reply));
       return true;
     }
     case data_plane::kReplicate: {
       proto::ReplicateRequest req;
-      if (!req.ParseFromArray(meta, static_cast<int>(h.meta_len)) ||
-          h.keys_len != 0 || h.vals_len != 0) {
-        reply.Send(absl::InvalidArgumentError(
-                       "malformed ReplicateRequest (data plane)"),
-                   nullptr);
-        return true;
+      if (ParseRequest(h, meta, reply, &req,
+                       [&](const proto::ReplicateRequest&) { return sections; })) {
+        handler->Replicate(req, std::move(reply));
       }
-      handler->Replicate(req, std::move(reply));
       return true;
     }
     default:
@@ -745,7 +730,7 @@ void DataPlaneClient::State::Read() {
           p.done(absl::InternalError("data plane: malformed answer"), nullptr,
                  {});
         } else {
-          p.done(FromReply(reply), &reply,
+          p.done(StatusFromReply(reply), &reply,
                  absl::Span<const char>(frame + KeysOffset(h), h.vals_len));
         }
       }
@@ -903,7 +888,7 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Connect(
         !reply.ParseFromArray(meta.data(), static_cast<int>(ah.meta_len))) {
       s = absl::UnavailableError("data plane: malformed hello answer");
     } else {
-      s = FromReply(reply);
+      s = StatusFromReply(reply);
     }
   }
   if (!s.ok()) {
@@ -983,9 +968,7 @@ void DataPlaneClient::Push(const proto::PushRequest& req,
 
 void DataPlaneClient::Pull(const proto::PullRequest& req, absl::Time deadline,
                            ServerClient::Callback<proto::PullResponse> done) {
-  proto::PullRequest head = req;
-  head.clear_keys();
-  const std::string meta = head.SerializeAsString();
+  const std::string meta = PullHead(req).SerializeAsString();
   Header h;
   h.type = data_plane::kPull;
   const absl::Duration left = deadline - absl::Now();
@@ -1012,6 +995,18 @@ void DataPlaneClient::Replicate(
   h.type = data_plane::kReplicate;
   state_->Call(h, req.SerializeAsString(), {}, nullptr, {}, deadline,
                Typed<proto::ReplicateResponse>(std::move(done)));
+}
+
+proto::PullRequest PullHead(const proto::PullRequest& req) {
+  proto::PullRequest head;
+  head.set_worker_id(req.worker_id());
+  head.set_clock(req.clock());
+  head.set_epoch(req.epoch());
+  head.set_table(req.table());
+  head.set_wait_ms(req.wait_ms());
+  head.set_key_list(req.key_list());
+  head.set_num_keys(req.num_keys());
+  return head;
 }
 
 proto::PushRequest PushHead(const proto::PushRequest& req) {

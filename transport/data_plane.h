@@ -216,5 +216,8 @@ class DataPlaneClient {
 // The request without its keys and vals fields (every other field copied):
 // the meta of a data-plane push, and the head of gRPC's PushWire.
 proto::PushRequest PushHead(const proto::PushRequest& req);
+// The pull request without its keys (every other field copied, the keys
+// never): the meta of a data-plane pull.
+proto::PullRequest PullHead(const proto::PullRequest& req);
 
 }  // namespace ps

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "proto/ps.pb.h"
 
@@ -24,6 +25,29 @@ proto::ErrorReason ReasonOf(const absl::Status& s);
 // The reason as the bytes of an ErrorDetail (empty when none), and back.
 std::string EncodeReason(const absl::Status& s);
 absl::Status DecodeReason(absl::Status s, absl::string_view details);
+
+// A status as the code, message and details (the reason's ErrorDetail)
+// fields of an answer message carry it (proto::ReplicateResponse on the
+// replication stream, proto::DataReply on the data plane), and back; an
+// unknown code reads as INTERNAL.
+template <typename Reply>
+void StatusToReply(const absl::Status& s, Reply* r) {
+  r->set_code(static_cast<int>(s.code()));
+  if (s.ok()) return;
+  r->set_message(std::string(s.message()));
+  r->set_details(EncodeReason(s));
+}
+template <typename Reply>
+absl::Status StatusFromReply(const Reply& r) {
+  if (r.code() == 0) return absl::OkStatus();
+  if (r.code() < 0 ||
+      r.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InternalError(absl::StrCat("answer with unknown code ", r.code()));
+  }
+  return DecodeReason(
+      absl::Status(static_cast<absl::StatusCode>(r.code()), r.message()),
+      r.details());
+}
 
 // `s` with "what: " prepended to its message; code and reason kept.
 absl::Status Annotate(const absl::Status& s, absl::string_view what);

@@ -37,25 +37,6 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
                       s.error_details());
 }
 
-void StatusToReply(const absl::Status& s, proto::ReplicateResponse* r) {
-  r->set_code(static_cast<int>(s.code()));
-  if (s.ok()) return;
-  r->set_message(std::string(s.message()));
-  r->set_details(EncodeReason(s));
-}
-
-absl::Status StatusFromReply(const proto::ReplicateResponse& r) {
-  if (r.code() == 0) return absl::OkStatus();
-  if (r.code() < 0 ||
-      r.code() > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-    return absl::InternalError(
-        absl::StrCat("replication answer with unknown code ", r.code()));
-  }
-  return DecodeReason(
-      absl::Status(static_cast<absl::StatusCode>(r.code()), r.message()),
-      r.details());
-}
-
 absl::Status CheckToken(const grpc::ServerContextBase& ctx,
                         const std::string& expected) {
   if (expected.empty()) return absl::OkStatus();

@@ -33,10 +33,6 @@ inline constexpr int kMaxConcurrentCallsPerConnection = 100;
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
 absl::Status FromGrpcStatus(const grpc::Status& s);
-// A replication batch's status as its ReplicateStream answer carries it
-// (code, message, reason), and back; an unknown code reads as INTERNAL.
-void StatusToReply(const absl::Status& s, proto::ReplicateResponse* r);
-absl::Status StatusFromReply(const proto::ReplicateResponse& r);
 
 // OK when `expected` is empty or the call carries it; UNAUTHENTICATED
 // otherwise. The comparison takes the same time wherever the tokens differ.

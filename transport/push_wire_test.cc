@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
+#include "transport/data_plane.h"
 #include "transport/grpc_transport.h"
 
 namespace ps {
@@ -140,6 +141,26 @@ TEST(PushWireTest, BorrowedValuesAreTheValsFieldAndKeepTheirOwner) {
   proto::PushRequest small_want = *small;
   small_want.set_vals(v);
   EXPECT_EQ(Flatten(PushWire(small, &few)), small_want.SerializeAsString());
+}
+
+// The data plane's metas (transport/data_plane.h): every field but the
+// ones that travel apart, so a field added to the request and forgotten
+// there shows up here.
+TEST(DataPlaneHeadTest, PushAndPullHeadsCarryEveryOtherField) {
+  proto::PushRequest push;
+  FillEveryField(&push);
+  proto::PushRequest push_want = push;
+  push_want.clear_keys();
+  push_want.clear_vals();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      PushHead(push), push_want));
+  proto::PullRequest pull;
+  FillEveryField(&pull);
+  proto::PullRequest pull_want = pull;
+  pull_want.clear_keys();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      PullHead(pull), pull_want))
+      << PullHead(pull).ShortDebugString();
 }
 
 TEST(PullReplyWireTest, IsAPullResponseWithTheSliceAsVals) {
