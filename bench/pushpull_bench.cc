@@ -138,6 +138,9 @@ ABSL_FLAG(bool, key_caching, false,
           "the sparse case, which alternates two fixed key lists per worker, "
           "is then reported as sparse_cached. Off: every request carries "
           "its keys. Never with --noop_server (it keeps nothing)");
+ABSL_FLAG(int, apply_threads, 0,
+          "server threads that apply one large push or pull together, as "
+          "ps_server --apply_threads (0: the cores, at most 4)");
 ABSL_FLAG(int, channels, 2,
           "gRPC channels (TCP connections) per server per worker");
 ABSL_FLAG(std::string, client_grpc_args, "",
@@ -326,7 +329,10 @@ int ServeMain() {
   // The other servers, for replication (--replicas; before the node, which
   // uses it until it is gone).
   GrpcClientFactory peers(GrpcTransportOptions{});
-  ServerNode node;
+  const int apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  ServerNode node(Clock::Real(), ServerLimits(),
+                  apply_threads > 0 ? apply_threads
+                                    : ParallelRunner::DefaultParallelism());
   node.SetPeers(&peers);
   ServerService service(&node, /*token=*/"", nullptr);
   DataService data_service(&node);
@@ -564,7 +570,8 @@ class Cluster {
                      absl::GetFlag(FLAGS_server_grpc_args)),
         absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level)),
         absl::StrCat("--noop_server=", absl::GetFlag(FLAGS_noop_server)),
-        absl::StrCat("--data_plane=", absl::GetFlag(FLAGS_data_plane))};
+        absl::StrCat("--data_plane=", absl::GetFlag(FLAGS_data_plane)),
+        absl::StrCat("--apply_threads=", absl::GetFlag(FLAGS_apply_threads))};
     std::vector<std::string> addresses;
     for (int i = 0; i < t.servers; ++i) {
       PS_ASSIGN_OR_RETURN(auto s, ServerProcess::Start(argv));

@@ -21,6 +21,10 @@ ABSL_FLAG(int, metrics_port, -1,
           "serve Prometheus metrics and /healthz over HTTP on this port, on "
           "the --bind host (0: none; default: $PS_METRICS_PORT, else the "
           "config's observability.metrics_port)");
+ABSL_FLAG(int, apply_threads, 0,
+          "threads that apply one large push or answer one large pull "
+          "together, split by key range (0: the machine's cores, at most 4; "
+          "1: the handler's thread only)");
 
 int main(int argc, char** argv) {
   ps::UseReleaseMutexes();
@@ -34,6 +38,7 @@ int main(int argc, char** argv) {
   o.advertise_host = absl::GetFlag(FLAGS_advertise);
   o.insecure = absl::GetFlag(FLAGS_insecure);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.apply_threads = absl::GetFlag(FLAGS_apply_threads);
   absl::Status s = ps::RunServer(o);
   if (!s.ok()) {
     PS_LOG_ERROR("server failed: {}", s.ToString());

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/parallel.h"
 #include "common/routing.h"
 #include "consistency/controller.h"
 #include "consistency/range_state.h"
@@ -67,9 +68,12 @@ class ServerNode {
  public:
   using Done = std::function<void(const absl::Status&)>;
 
-  // `clock` must outlive the node.
+  // `clock` must outlive the node. A large push or pull is applied on up to
+  // `apply_parallelism` threads at once, split by key range (common/
+  // parallel.h; 1: on the handler's thread only).
   explicit ServerNode(Clock* clock = Clock::Real(),
-                      ServerLimits limits = ServerLimits());
+                      ServerLimits limits = ServerLimits(),
+                      int apply_parallelism = 1);
   ~ServerNode();
 
   ServerNode(const ServerNode&) = delete;
@@ -469,6 +473,7 @@ class ServerNode {
   // Constant after construction.
   Clock* const clock_;
   const ServerLimits limits_;
+  ParallelRunner apply_runner_;
   KeyCache key_cache_;  // thread-safe
 
   mutable absl::Mutex mu_;

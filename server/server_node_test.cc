@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -757,6 +758,52 @@ TEST_F(ServerNodeTest, NamedKeyListWorksAsItsKeys) {
   EXPECT_EQ(PushNow(&node_, b).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(PullNow(&node_, 0, 0, {2, 7}), (std::vector<float>{-2.0f, -4.0f}))
       << "nothing applied by the refused pushes";
+}
+
+// A push or pull large enough to be split across threads (by range) gives
+// exactly what one thread gives, by keys and by a named (cached) list.
+TEST(ServerNodeParallelTest, SplitApplyEqualsOneThread) {
+  FakeClock clock;
+  ServerNode serial(&clock, ServerLimits(), 1);
+  ServerNode parallel(&clock, ServerLimits(), 3);
+  std::mt19937_64 rng(7);
+  std::vector<uint64_t> keys(100000);
+  for (uint64_t& k : keys) k = rng();
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::vector<float> grads(keys.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    grads[i] = static_cast<float>(static_cast<int>(i % 97) - 48) / 16.0f;
+  }
+  std::vector<std::vector<float>> pulled;
+  for (ServerNode* node : {&serial, &parallel}) {
+    // Eight ranges, 12k keys each: 3 parts of a push, 3 of a pull.
+    ASSERT_TRUE(node->Configure(0, MakeView(1, 1, proto::MODE_ASP)).ok());
+    proto::PushRequest a = MakePush(0, 1, 0, keys, grads, 1);
+    a.set_key_list(9);
+    ASSERT_TRUE(PushNow(node, a).ok());
+    // By the slots the first push resolved and kept.
+    proto::PushRequest b = MakePush(0, 2, 0, {}, grads, 4);
+    b.set_key_list(9);
+    b.set_num_keys(static_cast<uint32_t>(keys.size()));
+    ASSERT_TRUE(PushNow(node, b).ok());
+    pulled.push_back(PullNow(node, 0, 0, keys));
+    auto p = StartPull(node, 0, 0, {});
+    ASSERT_TRUE(p->done());
+    p->req.set_key_list(9);
+    p->req.set_num_keys(static_cast<uint32_t>(keys.size()));
+    proto::PullResponse r;
+    absl::Status st = absl::InternalError("not called");
+    node->Pull(p->req, &r, [&](const absl::Status& s) { st = s; });
+    ASSERT_TRUE(st.ok()) << st;
+    absl::Span<const float> v = ViewAs<float>(r.vals());
+    EXPECT_EQ(std::vector<float>(v.begin(), v.end()), pulled.back());
+    EXPECT_TRUE(node->CheckInvariants().ok());
+  }
+  ASSERT_EQ(pulled[0].size(), keys.size());
+  EXPECT_EQ(pulled[0], pulled[1]);
+  // -g - g/4 per key (sgd, lr 1).
+  EXPECT_EQ(pulled[0][5], -grads[5] - grads[5] / 4);
 }
 
 TEST(ServerNodeKeyCacheTest, BudgetZeroKeepsNothing) {

@@ -82,7 +82,10 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   ServerLimits limits;
   limits.max_decoded_value_bytes = static_cast<size_t>(security.max_message_mb)
                                    << 20;
-  ServerNode node(Clock::Real(), limits);
+  ServerNode node(Clock::Real(), limits,
+                  options.apply_threads > 0
+                      ? options.apply_threads
+                      : ParallelRunner::DefaultParallelism());
   absl::Notification exit_requested;
   // Metrics (issue 11, docs/observability.md): served from the start when
   // the port is known (flag, environment), else once the config says.

@@ -26,6 +26,9 @@ struct ServerRunOptions {
   // >= 0, else $PS_METRICS_PORT, else the config's
   // observability.metrics_port once registered; 0: none), on bind_host.
   int metrics_port = -1;
+  // Threads that apply one large push or pull (ServerNode's
+  // apply_parallelism); 0: ParallelRunner::DefaultParallelism().
+  int apply_threads = 0;
 };
 
 // OK once the job ended well; ABORTED (reason JOB_FAILED) with the
