@@ -18,7 +18,8 @@
 //   dense    one float per key of a dim-1 table, --dense_mib MiB of values
 //            per request: per-key overhead, not bulk transfer.
 //   latency  one synchronous request of --latency_kib KiB, then Wait, in a
-//            loop; p50 and p99.
+//            loop; p50 and p99. The values are --latency_keys keys (1: one
+//            key of a table of dim latency_kib * 256, as ps-lite's test).
 //   sparse   --sparse_keys random keys of the dim-1 table per request.
 // Each throughput figure is the requests completed in --seconds after a
 // --warmup_seconds warm-up, with --inflight requests outstanding per worker
@@ -120,6 +121,11 @@ ABSL_FLAG(double, seconds, 1.0, "measured seconds per throughput figure");
 ABSL_FLAG(double, warmup_seconds, 0.2, "unmeasured seconds before each");
 ABSL_FLAG(double, latency_seconds, 1.0, "seconds per latency figure");
 ABSL_FLAG(int, latency_kib, 4, "values per synchronous round trip, KiB");
+ABSL_FLAG(int, latency_keys, 1,
+          "keys per latency round trip, dividing the latency_kib * 256 "
+          "floats: 1 (the default) is one key of a table of that dim, as "
+          "ps-lite's tests/test_latency sends 4 KiB; 1024 (with 4 KiB) is "
+          "1024 keys of the dim-1 table, which adds the per-key work");
 ABSL_FLAG(std::string, optimizer, "sgd", "server update rule: sgd or ftrl");
 ABSL_FLAG(int, replicas, 0,
           "backups per key range (capped at servers - 1): pushes are "
@@ -820,7 +826,7 @@ struct Latency {
 
 // Every worker does one request, then Wait, in a loop; percentiles over all
 // samples.
-absl::StatusOr<Latency> MeasureLatency(Cluster* c,
+absl::StatusOr<Latency> MeasureLatency(Cluster* c, int table,
                                        const std::vector<uint64_t>& keys,
                                        const std::vector<float>& vals,
                                        bool push) {
@@ -839,7 +845,7 @@ absl::StatusOr<Latency> MeasureLatency(Cluster* c,
         if (!warm && SteadyClock::now() >= until) break;
         const auto t = SteadyClock::now();
         const int64_t ts =
-            push ? w->Push(kTable, keys, vals, 1) : w->Pull(kTable, keys, &out);
+            push ? w->Push(table, keys, vals, 1) : w->Pull(table, keys, &out);
         status[i] = w->Wait(ts, absl::Now() + absl::Seconds(60));
         if (!status[i].ok()) return;
         if (!warm) samples[i].push_back(SecondsSince(t) * 1e6);
@@ -1030,7 +1036,25 @@ absl::Status RunTopology(const Topology& t,
   std::vector<int> bulk_dims;
   for (size_t mib : bulk_mib)
     bulk_dims.push_back(static_cast<int>(mib * kFloatsPerMib));
-  PS_ASSIGN_OR_RETURN(auto cluster, Cluster::Start(t, bulk_dims));
+  // The latency case's table: the dim-1 one, or one more after the bulk's.
+  const size_t latency_floats =
+      static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_latency_kib))) *
+      1024 / sizeof(float);
+  const size_t latency_keys =
+      static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_latency_keys)));
+  if (has("latency") && latency_floats % latency_keys != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--latency_keys ", latency_keys, " does not divide the ",
+        latency_floats, " floats of --latency_kib"));
+  }
+  const size_t latency_dim = latency_floats / latency_keys;
+  std::vector<int> extra_dims = bulk_dims;
+  int latency_table = kTable;
+  if (has("latency") && latency_dim > 1) {
+    latency_table = 1 + static_cast<int>(extra_dims.size());
+    extra_dims.push_back(static_cast<int>(latency_dim));
+  }
+  PS_ASSIGN_OR_RETURN(auto cluster, Cluster::Start(t, extra_dims));
   Load dim1;
   dim1.inflight = absl::GetFlag(FLAGS_inflight);
   dim1.chunk_keys = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_kib)) * 1024 /
@@ -1096,20 +1120,20 @@ absl::Status RunTopology(const Topology& t,
     }
   }
   if (has("latency")) {
-    const size_t n = static_cast<size_t>(absl::GetFlag(FLAGS_latency_kib)) *
-                     1024 / sizeof(float);
-    const std::vector<uint64_t> keys = DenseKeys(n);
-    ensure_vals(n);
-    const std::vector<float> v(vals->begin(), vals->begin() + n);
+    const std::vector<uint64_t> keys = DenseKeys(latency_keys);
+    ensure_vals(latency_floats);
+    const std::vector<float> v(vals->begin(), vals->begin() + latency_floats);
     for (bool push : ops) {
-      PS_ASSIGN_OR_RETURN(Latency l,
-                          MeasureLatency(cluster.get(), keys, v, push));
+      PS_ASSIGN_OR_RETURN(
+          Latency l,
+          MeasureLatency(cluster.get(), latency_table, keys, v, push));
       Row r;
       r.topo = t.name();
       r.kase = "latency";
       r.latency = true;
       r.op = push ? "push" : "pull";
       r.size = absl::StrCat(absl::GetFlag(FLAGS_latency_kib), "KiB");
+      if (latency_keys > 1) absl::StrAppend(&r.size, "/", latency_keys, "k");
       r.p50_us = l.p50_us;
       r.p99_us = l.p99_us;
       r.req_per_s = l.samples / absl::GetFlag(FLAGS_latency_seconds);

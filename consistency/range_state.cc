@@ -1,6 +1,7 @@
 #include "consistency/range_state.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -66,7 +67,11 @@ absl::Status RangeState::Accept(int worker, uint64_t seq, int64_t clock,
         absl::StrCat("worker ", worker, " has ", w.above.size(),
                      " unsettled push seqs"));
   }
-  w.above.insert(seq);
+  if (seq == w.watermark + 1) {
+    ++w.watermark;  // in order, the usual case: no set insertion
+  } else {
+    w.above.insert(seq);
+  }
   while (!w.above.empty() && *w.above.begin() == w.watermark + 1) {
     w.above.erase(w.above.begin());
     ++w.watermark;
@@ -485,8 +490,12 @@ absl::StatusOr<RangeState> RangeState::FromSnapshot(
     if (ws.completed() < 0) return bad("worker ", i, ": negative completed");
     w.completed = ws.completed();
     for (const auto& e : ws.received()) {
+      // Ascending, as Snapshot writes them: each is appended (a shuffled
+      // list would cost a sorted insertion each).
       if (e.count() <= 0 || e.clock() < w.completed ||
-          !w.received.emplace(e.clock(), e.count()).second) {
+          (!w.received.empty() &&
+           e.clock() <= std::prev(w.received.end())->first) ||
+          !w.received.emplace(e.clock(), e.count())) {
         return bad("worker ", i, ": bad received count");
       }
     }

@@ -29,18 +29,66 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/container/btree_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "proto/ps.pb.h"
 
 namespace ps {
+
+// clock -> count, for the few clocks a worker has in flight on a range (one
+// or two, tau + 1 at most in SSP): a sorted inline vector with the map
+// operations RangeState uses. A segment's Accept and Applied each touch one
+// of these; a std::map allocated and freed a node per push segment.
+class ClockCounts {
+ public:
+  using value_type = std::pair<int64_t, int64_t>;
+  using iterator = absl::InlinedVector<value_type, 4>::iterator;
+  using const_iterator = absl::InlinedVector<value_type, 4>::const_iterator;
+
+  // The count of `clock`, inserted as 0 when absent.
+  int64_t& operator[](int64_t clock) {
+    iterator it = LowerBound(clock);
+    if (it == v_.end() || it->first != clock) it = v_.insert(it, {clock, 0});
+    return it->second;
+  }
+  iterator find(int64_t clock) {
+    iterator it = LowerBound(clock);
+    return it != v_.end() && it->first == clock ? it : v_.end();
+  }
+  // Inserts (clock, count) unless the clock is there; true when inserted.
+  bool emplace(int64_t clock, int64_t count) {
+    iterator it = LowerBound(clock);
+    if (it != v_.end() && it->first == clock) return false;
+    v_.insert(it, {clock, count});
+    return true;
+  }
+  void erase(iterator it) { v_.erase(it); }
+  bool empty() const { return v_.empty(); }
+  iterator begin() { return v_.begin(); }
+  iterator end() { return v_.end(); }
+  const_iterator begin() const { return v_.begin(); }
+  const_iterator end() const { return v_.end(); }
+
+ private:
+  iterator LowerBound(int64_t clock) {
+    // Clocks in flight are few: a linear scan from the back (new clocks
+    // come last) beats a binary search.
+    iterator it = v_.end();
+    while (it != v_.begin() && std::prev(it)->first >= clock) --it;
+    return it;
+  }
+
+  absl::InlinedVector<value_type, 4> v_;
+};
 
 struct RangeLimits {
   // How far a segment's or announcement's clock may be ahead of the clocks
@@ -198,8 +246,8 @@ class RangeState {
     uint64_t watermark = 0;            // every seq <= it was seen
     absl::btree_set<uint64_t> above;   // seen seqs > watermark
     uint64_t max_seq = 0;
-    std::map<int64_t, int64_t> received;  // clock -> segments with data in
-    std::map<int64_t, int64_t> unapplied;  // clock -> admitted, not applied
+    ClockCounts received;   // clock -> segments with data in
+    ClockCounts unapplied;  // clock -> admitted, not applied
     // clock -> the announcement (its worker field unused)
     std::map<int64_t, BspAnnouncement> announced;
     int64_t completed = 0;

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/errors.h"
 
@@ -470,6 +471,20 @@ TEST(RangeStateTest, InconsistentSnapshotIsRefused) {
   bad.mutable_pending_bsp(0)->mutable_segments(0)->set_worker(9);
   EXPECT_EQ(RangeState::FromSnapshot(bad).status().code(),
             StatusCode::kInvalidArgument);
+  bad = *good;
+  {
+    // Received counts out of clock order (Snapshot writes them ascending).
+    auto* later = bad.mutable_workers(0)->add_received();
+    later->set_clock(5);
+    later->set_count(1);
+    auto* earlier = bad.mutable_workers(0)->add_received();
+    earlier->set_clock(3);
+    earlier->set_count(1);
+  }
+  absl::Status unordered = RangeState::FromSnapshot(bad).status();
+  EXPECT_EQ(unordered.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unordered.message()),
+              ::testing::HasSubstr("bad received count"));
   bad = *good;
   bad.set_bsp_applied(5);  // ahead of every live worker
   EXPECT_EQ(RangeState::FromSnapshot(bad).status().code(),
