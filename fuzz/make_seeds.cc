@@ -186,11 +186,10 @@ ServerInput BackupJob() {
     p->set_num_examples(1);
     p->set_keys(Keys({routing.RangeBegin(r)}));
     p->set_vals(Vals({0.5f}));
-    proto::ReplicaSegment* s = p->add_segments();
-    s->set_range(r);
-    s->set_index(1);
-    s->set_seq(1);
-    s->set_num_keys(1);
+    p->add_seg_ranges(r);
+    p->add_seg_indexes(1);
+    p->add_seg_seqs(1);
+    p->add_seg_num_keys(1);
   }
   proto::ReplicaAnnounces* a = req.add_entries()->mutable_announces();
   a->set_worker(0);

@@ -78,6 +78,17 @@ absl::Status CheckRangeKeys(const std::string& keys, const Routing& routing,
   return absl::OkStatus();
 }
 
+// A replica push's segment count: the length of its per-segment arrays,
+// -1 when they differ.
+int SegmentCount(const proto::ReplicaPush& p) {
+  const int n = p.seg_ranges_size();
+  if (p.seg_indexes_size() != n || p.seg_seqs_size() != n ||
+      p.seg_num_keys_size() != n) {
+    return -1;
+  }
+  return n;
+}
+
 // Calls fn(range, index) for every range entry `e` carries: a push's
 // segments, a clock's announcements, or the entry's own range. (Not
 // analysed: `fn` may require the caller's lock.)
@@ -85,9 +96,9 @@ template <typename F>
 void ForEachRange(const proto::ReplicaEntry& e, F fn)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (e.has_push()) {
-    for (const proto::ReplicaSegment& s : e.push().segments()) {
-      fn(s.range(), s.index());
-    }
+    const proto::ReplicaPush& p = e.push();
+    const int n = std::min(p.seg_ranges_size(), p.seg_indexes_size());
+    for (int i = 0; i < n; ++i) fn(p.seg_ranges(i), p.seg_indexes(i));
   } else if (e.has_announces()) {
     const proto::ReplicaAnnounces& a = e.announces();
     const int n = std::min(a.ranges_size(), a.indexes_size());
@@ -214,11 +225,10 @@ void ServerNode::LogPushLocked(const proto::PushRequest& req,
         p->set_table(req.table());
         p->set_num_examples(req.num_examples());
       }
-      proto::ReplicaSegment* s = p->add_segments();
-      s->set_range(seg.range);
-      s->set_index(seg.index);
-      s->set_seq(seg.seq);
-      s->set_num_keys(static_cast<int64_t>(seg.last - seg.first));
+      p->add_seg_ranges(seg.range);
+      p->add_seg_indexes(seg.index);
+      p->add_seg_seqs(seg.seq);
+      p->add_seg_num_keys(static_cast<int64_t>(seg.last - seg.first));
       p->mutable_keys()->append(
           reinterpret_cast<const char*>(keys.data() + seg.first),
           (seg.last - seg.first) * sizeof(uint64_t));
@@ -266,9 +276,11 @@ bool ServerNode::PruneForLocked(int backup, proto::ReplicaEntry* e) const {
   }
   if (!e->has_push()) return wanted(e->range());
   proto::ReplicaPush* p = e->mutable_push();
+  const int segs = SegmentCount(*p);
+  if (segs < 0) return true;  // malformed: the backup refuses it whole
   bool all = true;
-  for (const proto::ReplicaSegment& s : p->segments()) {
-    if (!wanted(s.range())) all = false;
+  for (int i = 0; i < segs; ++i) {
+    if (!wanted(p->seg_ranges(i))) all = false;
   }
   if (all) return true;
   const size_t key_bytes = sizeof(uint64_t);
@@ -280,16 +292,19 @@ bool ServerNode::PruneForLocked(int backup, proto::ReplicaEntry* e) const {
   kept.set_table(p->table());
   kept.set_num_examples(p->num_examples());
   size_t at = 0;
-  for (const proto::ReplicaSegment& s : p->segments()) {
-    const size_t n = static_cast<size_t>(s.num_keys());
-    if (wanted(s.range())) {
-      *kept.add_segments() = s;
+  for (int i = 0; i < segs; ++i) {
+    const size_t n = static_cast<size_t>(p->seg_num_keys(i));
+    if (wanted(p->seg_ranges(i))) {
+      kept.add_seg_ranges(p->seg_ranges(i));
+      kept.add_seg_indexes(p->seg_indexes(i));
+      kept.add_seg_seqs(p->seg_seqs(i));
+      kept.add_seg_num_keys(p->seg_num_keys(i));
       kept.mutable_keys()->append(p->keys(), at * key_bytes, n * key_bytes);
       kept.mutable_vals()->append(p->vals(), at * val_bytes, n * val_bytes);
     }
     at += n;
   }
-  if (kept.segments_size() == 0) return false;
+  if (kept.seg_ranges_size() == 0) return false;
   *p = std::move(kept);
   return true;
 }
@@ -827,18 +842,24 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
   }
   absl::Span<const uint64_t> keys = ViewAs<uint64_t>(p.keys());
   const float* vals = reinterpret_cast<const float*>(p.vals().data());
+  const int segs = SegmentCount(p);
+  if (segs < 0) {
+    return absl::InvalidArgumentError(
+        "replica push: segment arrays of different lengths");
+  }
   size_t at = 0;
-  for (const proto::ReplicaSegment& seg : p.segments()) {
-    const int r = seg.range();  // checked by the caller
-    if (seg.num_keys() < 0 || at + static_cast<size_t>(seg.num_keys()) > total) {
+  for (int sg = 0; sg < segs; ++sg) {
+    const int r = p.seg_ranges(sg);  // checked by the caller
+    const int64_t num_keys = p.seg_num_keys(sg);
+    if (num_keys < 0 || static_cast<uint64_t>(num_keys) > total - at) {
       return absl::InvalidArgumentError("replica push: segments do not match");
     }
-    const size_t n = static_cast<size_t>(seg.num_keys());
+    const size_t n = static_cast<size_t>(num_keys);
     absl::Span<const uint64_t> k = keys.subspan(at, n);
     const float* v = vals + at * dim;
     at += n;
     RangeLog& lg = logs_[r];
-    PS_ASSIGN_OR_RETURN(const bool next, IsNextEntryLocked(from, r, seg.index()));
+    PS_ASSIGN_OR_RETURN(const bool next, IsNextEntryLocked(from, r, p.seg_indexes(sg)));
     if (!next) continue;  // a resend
     for (size_t i = 0; i < n; ++i) {
       if ((i > 0 && k[i] <= k[i - 1]) || k[i] < routing_->RangeBegin(r) ||
@@ -859,20 +880,20 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
     RangeActions a;
     bool dup = false;
     absl::Status s =
-        range.Accept(p.worker(), seg.seq(), p.clock(), &buffered, &dup, &a);
+        range.Accept(p.worker(), p.seg_seqs(sg), p.clock(), &buffered, &dup, &a);
     if (s.ok() && !dup && !range.bsp()) {
       t->Push(r, k, v, t->optimizer().GradientScale(p.num_examples()));
       s = range.Applied(p.worker(), p.clock(), &a);
     }
     if (!s.ok()) {
       return absl::InternalError(absl::StrCat("range ", r, " entry ",
-                                              seg.index(),
+                                              p.seg_indexes(sg),
                                               " refused by the replica: ",
                                               s.message()));
     }
     ApplyBsp(r, &a);
     actions->emplace_back(r, std::move(a));
-    lg.index = seg.index();
+    lg.index = p.seg_indexes(sg);
   }
   return absl::OkStatus();
 }

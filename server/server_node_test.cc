@@ -463,6 +463,51 @@ TEST_F(ServerNodeTest, BackupAppliesOneClocksAnnouncementsForEveryRange) {
   EXPECT_TRUE(p->status.ok()) << p->status;
 }
 
+// A backup applies a replicated push segment by segment (parallel arrays
+// per segment); arrays of different lengths are refused whole.
+TEST_F(ServerNodeTest, BackupAppliesAReplicaPushBySegments) {
+  proto::ClusterView v = MakeView(2, 1, proto::MODE_ASP);
+  SetEveryChain(&v, 1, 0, 1);
+  ASSERT_TRUE(node_.Configure(1, v).ok());  // S[1]: backup of every range
+  auto routing = Routing::FromProto(v.routing());
+  ASSERT_TRUE(routing.ok());
+  // Two ranges, in key order.
+  int a = 0, b = 1;
+  if (routing->RangeBegin(b) < routing->RangeBegin(a)) std::swap(a, b);
+  const uint64_t ka = routing->RangeBegin(a);
+  const uint64_t kb = routing->RangeBegin(b);
+  proto::ReplicateRequest req;
+  req.set_from_server(0);
+  req.set_epoch(1);
+  proto::ReplicaPush* p = req.add_entries()->mutable_push();
+  p->set_worker(0);
+  p->set_clock(0);
+  p->set_table(0);
+  p->set_num_examples(1);
+  p->set_keys(Keys({ka, kb}));
+  p->set_vals(Vals({0.5f, 2.0f}));
+  for (int r : {a, b}) {
+    p->add_seg_ranges(r);
+    p->add_seg_indexes(1);
+    p->add_seg_seqs(1);
+    p->add_seg_num_keys(1);
+  }
+  proto::ReplicateRequest bad = req;
+  bad.mutable_entries(0)->mutable_push()->mutable_seg_seqs()->RemoveLast();
+  EXPECT_EQ(node_.Replicate(bad).code(), StatusCode::kInvalidArgument);
+  bad = req;
+  bad.mutable_entries(0)->mutable_push()->set_seg_num_keys(1, 2);
+  EXPECT_EQ(node_.Replicate(bad).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(node_.Replicate(req).ok());
+  ASSERT_TRUE(node_.Replicate(req).ok());  // a resend: skipped
+  SetEveryChain(&v, 2, 1, -1);  // promoted
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  auto pull = StartPull(&node_, 0, 0, {ka, kb}, 60000, 2);
+  ASSERT_TRUE(pull->done());
+  ASSERT_TRUE(pull->status.ok()) << pull->status;
+  EXPECT_EQ(pull->values(), (std::vector<float>{-0.5f, -2.0f}));
+}
+
 TEST_F(ServerNodeTest, KeyOfAnotherServerIsStaleEpoch) {
   Configure(2, 1, proto::MODE_ASP);  // this node is server 0 of 2
   auto routing = Routing::FromProto(MakeView(2, 1, proto::MODE_ASP).routing());
