@@ -653,6 +653,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
   absl::Span<const uint64_t> keys = rk.keys;
   const float* g = reinterpret_cast<const float*>(vals.data());
   RangeActionList actions;
+  actions.reserve(runs.size());
   std::vector<int> finished;
   std::vector<size_t> fresh;  // runs admitted now, to apply (ASP/SSP)
   Needs needs;                // replication: what the answer waits for

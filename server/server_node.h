@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -371,8 +372,9 @@ class ServerNode {
   int64_t AssignIndexLocked(int range, Needs* needs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The backups of `range` that get its entries now (not one awaiting its
-  // copy, which will include them).
-  std::vector<int> FeedTargetsLocked(int range) const
+  // copy, which will include them). Inline: asked once per push segment.
+  using Targets = absl::InlinedVector<int, 4>;
+  Targets FeedTargetsLocked(int range) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void EnqueueLocked(int backup, proto::ReplicaEntry e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -174,8 +174,8 @@ int64_t ServerNode::AssignIndexLocked(int range, Needs* needs) {
   return index;
 }
 
-std::vector<int> ServerNode::FeedTargetsLocked(int range) const {
-  std::vector<int> to;
+ServerNode::Targets ServerNode::FeedTargetsLocked(int range) const {
+  Targets to;
   const RangeLog& lg = logs_[range];
   for (int i = 0; i < routing_->replicas(); ++i) {
     const int b = routing_->BackupOfRange(range, i);
@@ -200,7 +200,7 @@ void ServerNode::EnqueueLocked(int backup, proto::ReplicaEntry e) {
 void ServerNode::LogEntry(int range, proto::ReplicaEntry e, Needs* needs) {
   e.set_range(range);
   e.set_index(AssignIndexLocked(range, needs));
-  std::vector<int> to = FeedTargetsLocked(range);
+  const Targets to = FeedTargetsLocked(range);
   for (size_t i = 0; i < to.size(); ++i) {
     if (i + 1 == to.size()) {
       EnqueueLocked(to[i], std::move(e));
@@ -343,7 +343,7 @@ void ServerNode::FlushBspClocksLocked() {
     const int r = c.range();
     c.set_index(AssignIndexLocked(r, nullptr));
     logged[r] = {c.clock(), c.index()};
-    const std::vector<int> to = FeedTargetsLocked(r);
+    const Targets to = FeedTargetsLocked(r);
     for (size_t i = 0; i < to.size(); ++i) {
       proto::ReplicaBspClocks* out = per_backup[to[i]].mutable_bsp();
       if (i + 1 == to.size()) {
