@@ -83,6 +83,24 @@ void ParallelRunner::Run(int parts, absl::FunctionRef<void(int)> fn) {
   call.pending.Wait();
 }
 
+void ParallelRunner::ForEachBalanced(size_t n, size_t min_part_size,
+                                     absl::FunctionRef<size_t(size_t)> size,
+                                     absl::FunctionRef<void(size_t)> fn) {
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += size(i);
+  if (helpers_.empty() || total < 2 * min_part_size) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<size_t> sizes(n);
+  for (size_t i = 0; i < n; ++i) sizes[i] = size(i);
+  const std::vector<size_t> parts =
+      BalancedParts(sizes, parallelism(), min_part_size);
+  Run(static_cast<int>(parts.size()) - 1, [&](int part) {
+    for (size_t i = parts[part]; i < parts[part + 1]; ++i) fn(i);
+  });
+}
+
 std::vector<size_t> BalancedParts(const std::vector<size_t>& sizes,
                                   int max_parts, size_t min_part_size) {
   const size_t n = sizes.size();

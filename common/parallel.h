@@ -36,6 +36,14 @@ class ParallelRunner {
   // call Run on this runner.
   void Run(int parts, absl::FunctionRef<void(int)> fn);
 
+  // Calls fn(0), ..., fn(n - 1), split into contiguous groups of about equal
+  // total size(i) (BalancedParts) run as the parts of one Run; on the
+  // caller alone, in order, and without allocating when the total is below
+  // twice min_part_size or there are no helpers (the common, small case).
+  void ForEachBalanced(size_t n, size_t min_part_size,
+                       absl::FunctionRef<size_t(size_t)> size,
+                       absl::FunctionRef<void(size_t)> fn);
+
   // The parallelism to use when none is configured: the machine's cores,
   // at most 4 (a push's apply stops scaling before memory bandwidth does).
   static int DefaultParallelism();

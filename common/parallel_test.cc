@@ -45,6 +45,26 @@ TEST(ParallelRunnerTest, ManyCallersAtOnce) {
   EXPECT_EQ(sum.load(), 4L * 200 * (1 + 2 + 3 + 4));
 }
 
+TEST(ParallelRunnerTest, ForEachBalancedCallsEachOnceSmallOnesInOrder) {
+  ParallelRunner runner(3);
+  // Below twice the minimum: the caller, in order.
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<size_t> order;
+  runner.ForEachBalanced(
+      5, 100, [](size_t) { return size_t{10}; },
+      [&](size_t i) {
+        EXPECT_EQ(std::this_thread::get_id(), caller);
+        order.push_back(i);
+      });
+  EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2, 3, 4}));
+  // Large: split, each index exactly once.
+  std::vector<std::atomic<int>> calls(64);
+  runner.ForEachBalanced(
+      calls.size(), 100, [](size_t) { return size_t{50}; },
+      [&](size_t i) { calls[i].fetch_add(1); });
+  for (size_t i = 0; i < calls.size(); ++i) EXPECT_EQ(calls[i].load(), 1) << i;
+}
+
 TEST(BalancedPartsTest, SplitsByTotalSize) {
   // Below twice the minimum: one part.
   EXPECT_EQ(BalancedParts({10, 10, 10}, 4, 20), (std::vector<size_t>{0, 3}));

@@ -750,16 +750,13 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
     };
     // Ranges are independent: a large push is applied by several threads,
     // each a contiguous group of its ranges (answered once all are done).
-    std::vector<size_t> sizes;
-    sizes.reserve(fresh.size());
-    for (size_t i : fresh) {
-      sizes.push_back((runs[i].last - runs[i].first) * dim);
-    }
-    const std::vector<size_t> parts = BalancedParts(
-        sizes, apply_runner_.parallelism(), kMinParallelApplyValues);
-    apply_runner_.Run(static_cast<int>(parts.size()) - 1, [&](int part) {
-      for (size_t j = parts[part]; j < parts[part + 1]; ++j) apply(fresh[j]);
-    });
+    apply_runner_.ForEachBalanced(
+        fresh.size(), kMinParallelApplyValues,
+        [&](size_t j) {
+          const RangeRun& run = runs[fresh[j]];
+          return (run.last - run.first) * static_cast<size_t>(dim);
+        },
+        [&](size_t j) { apply(fresh[j]); });
     absl::MutexLock l(&mu_);
     for (size_t i : fresh) {
       RangeActions a;
@@ -914,16 +911,12 @@ void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
                   resolving.first, resolving.second);
         };
         // As a push's apply: a large pull's ranges on several threads.
-        std::vector<size_t> sizes;
-        sizes.reserve(rk->runs.size());
-        for (const RangeRun& run : rk->runs) {
-          sizes.push_back((run.last - run.first) * dim);
-        }
-        const std::vector<size_t> parts = BalancedParts(
-            sizes, apply_runner_.parallelism(), kMinParallelPullValues);
-        apply_runner_.Run(static_cast<int>(parts.size()) - 1, [&](int part) {
-          for (size_t i = parts[part]; i < parts[part + 1]; ++i) copy(i);
-        });
+        apply_runner_.ForEachBalanced(
+            rk->runs.size(), kMinParallelPullValues,
+            [&](size_t i) {
+              return (rk->runs[i].last - rk->runs[i].first) * dim;
+            },
+            copy);
         KeepResolved(worker, rk.get());
         done(absl::OkStatus());
       });

@@ -859,7 +859,8 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
     const float* v = vals + at * dim;
     at += n;
     RangeLog& lg = logs_[r];
-    PS_ASSIGN_OR_RETURN(const bool next, IsNextEntryLocked(from, r, p.seg_indexes(sg)));
+    PS_ASSIGN_OR_RETURN(const bool next,
+                        IsNextEntryLocked(from, r, p.seg_indexes(sg)));
     if (!next) continue;  // a resend
     for (size_t i = 0; i < n; ++i) {
       if ((i > 0 && k[i] <= k[i - 1]) || k[i] < routing_->RangeBegin(r) ||
@@ -880,7 +881,8 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
     RangeActions a;
     bool dup = false;
     absl::Status s =
-        range.Accept(p.worker(), p.seg_seqs(sg), p.clock(), &buffered, &dup, &a);
+        range.Accept(p.worker(), p.seg_seqs(sg), p.clock(), &buffered, &dup,
+                     &a);
     if (s.ok() && !dup && !range.bsp()) {
       t->Push(r, k, v, t->optimizer().GradientScale(p.num_examples()));
       s = range.Applied(p.worker(), p.clock(), &a);
