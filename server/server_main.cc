@@ -39,6 +39,12 @@ int main(int argc, char** argv) {
   o.insecure = absl::GetFlag(FLAGS_insecure);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  if (o.apply_threads < 0) {
+    PS_LOG_ERROR("--apply_threads must be >= 0 (0: the cores, at most 4), "
+                 "got {}",
+                 o.apply_threads);
+    return 2;
+  }
   absl::Status s = ps::RunServer(o);
   if (!s.ok()) {
     PS_LOG_ERROR("server failed: {}", s.ToString());
