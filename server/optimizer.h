@@ -117,28 +117,37 @@ struct FtrlRule {
       state[2 * i + 1] = 0.0f;
     }
   }
+  // One element's update: gradient gi (scaled), weight w, state z and acc
+  // in and out; returns the new weight. Apply and the table's batched path
+  // for dim-1 tables (server/table.cc, several keys side by side in vector
+  // registers) both call it, so they compute the same bits.
+  //
   // Branch-free: whether |z| > l1 is a coin toss from key to key, and a
   // mispredicted branch there flushed the square roots and divisions in
   // flight for the keys after it (a dim-1 table's update is one key per
   // call). Both sides are computed and one is selected. The divisions by
   // alpha are multiplications by inv_alpha: the square roots and the one
   // division left share a divider that bounds a cached push.
+  double Step(double gi, double w, double& z, double& acc) const {
+    const double acc_new = acc + gi * gi;
+    const double sqrt_new = std::sqrt(acc_new);
+    const double sigma = (sqrt_new - std::sqrt(acc)) * inv_alpha;
+    z += gi - sigma * w;
+    acc = acc_new;
+    const double signed_l1 = z < 0 ? -l1 : l1;
+    const double w_out =
+        -(z - signed_l1) / ((beta + sqrt_new) * inv_alpha + l2);
+    return std::abs(z) > l1 ? w_out : 0.0;
+  }
   void Apply(float* w, float* state, const float* g, float scale,
              size_t n) const {
     for (size_t i = 0; i < n; ++i) {
-      double gi = static_cast<double>(scale) * g[i];
       double z = state[2 * i];
       double acc = state[2 * i + 1];
-      double acc_new = acc + gi * gi;
-      double sqrt_new = std::sqrt(acc_new);
-      double sigma = (sqrt_new - std::sqrt(acc)) * inv_alpha;
-      z += gi - sigma * static_cast<double>(w[i]);
-      const double signed_l1 = z < 0 ? -l1 : l1;
-      const double w_out =
-          -(z - signed_l1) / ((beta + sqrt_new) * inv_alpha + l2);
-      const double wi = std::abs(z) > l1 ? w_out : 0.0;
+      const double wi =
+          Step(static_cast<double>(scale) * g[i], w[i], z, acc);
       state[2 * i] = static_cast<float>(z);
-      state[2 * i + 1] = static_cast<float>(acc_new);
+      state[2 * i + 1] = static_cast<float>(acc);
       w[i] = static_cast<float>(wi);
     }
   }

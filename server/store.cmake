@@ -5,9 +5,11 @@ add_library(ps_store optimizer.cc table.cc checkpoint.cc)
 # GCC 12; per-element arithmetic is unchanged (no FMA contraction without
 # -march), so servers still agree bit for bit.
 # -fno-math-errno: nothing reads errno after sqrt, and without it every
-# sqrt carries a test and a call for negative inputs.
+# sqrt carries a test and a call for negative inputs. -ffp-contract=off: the
+# FTRL lanes' clones for CPUs with FMA (table.cc) compute the same bits as
+# the scalar code.
 set_source_files_properties(table.cc PROPERTIES COMPILE_OPTIONS
-  "-fno-math-errno;-fno-trapping-math;$<$<CONFIG:Release,RelWithDebInfo>:-O3>")
+  "-fno-math-errno;-fno-trapping-math;-ffp-contract=off;$<$<CONFIG:Release,RelWithDebInfo>:-O3>")
 target_link_libraries(ps_store PUBLIC ps_common PRIVATE ZLIB::ZLIB)
 
 ps_add_test(store_test SOURCES optimizer_test.cc table_test.cc LIBS ps_store)

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "absl/base/internal/raw_logging.h"
@@ -236,11 +237,80 @@ uint32_t Table::SlotOrNew(Partition& p, const Rule& rule, uint64_t key) {
   return it->second;
 }
 
+namespace {
+
+// Keys of a dim-1 FTRL table updated side by side (FtrlLanes).
+constexpr size_t kFtrlLanes = 8;
+
+// FtrlRule::Step for the dim-1 entries e[k] = [w, z, n], k < kFtrlLanes,
+// with gradients scale * g[k]; no entry twice. The square roots and the
+// division bound a dim-1 FTRL push (the update was half of a key-cached
+// push's samples, most of them waiting on the divider one key at a time), so
+// the lanes are loops the compiler runs in vector registers, in the widest
+// ones the CPU has (the clones). The same bits as Step on each entry in
+// turn: IEEE arithmetic per lane, and no contraction into fused
+// multiply-adds (-ffp-contract=off for this file), whichever clone runs.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void FtrlLanes(
+    const optimizer_internal::FtrlRule& rule, float* const* e,
+    const float* g, float scale) {
+  double w[kFtrlLanes], z[kFtrlLanes], acc[kFtrlLanes], gi[kFtrlLanes];
+  for (size_t k = 0; k < kFtrlLanes; ++k) {
+    w[k] = e[k][0];
+    z[k] = e[k][1];
+    acc[k] = e[k][2];
+    gi[k] = static_cast<double>(scale) * g[k];
+  }
+  for (size_t k = 0; k < kFtrlLanes; ++k) {
+    w[k] = rule.Step(gi[k], w[k], z[k], acc[k]);
+  }
+  for (size_t k = 0; k < kFtrlLanes; ++k) {
+    e[k][0] = static_cast<float>(w[k]);
+    e[k][1] = static_cast<float>(z[k]);
+    e[k][2] = static_cast<float>(acc[k]);
+  }
+}
+
+// Whether slots[0 .. kFtrlLanes) holds a slot twice.
+bool AnyRepeated(const uint32_t* slots) {
+  for (size_t a = 1; a < kFtrlLanes; ++a) {
+    for (size_t b = 0; b < a; ++b) {
+      if (slots[a] == slots[b]) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 template <typename Rule>
 void Table::ApplyAt(Partition& p, const Rule& rule, const uint32_t* slots,
                     size_t n, const float* grads, float scale) {
   const size_t dim = static_cast<size_t>(spec_.dim);
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+  if constexpr (std::is_same_v<Rule, optimizer_internal::FtrlRule>) {
+    // A dim-1 table (sparse LR, the common FTRL case): kFtrlLanes keys at a
+    // time, unless a key repeats among them (then one by one below, in
+    // order, as a repeated key must be).
+    if (dim == 1) {
+      float* e[kFtrlLanes];
+      for (; i + kFtrlLanes <= n; i += kFtrlLanes) {
+        for (size_t k = 0; k < kFtrlLanes; ++k) {
+          if (i + kFtrlLanes + k < n) {
+            __builtin_prefetch(SlotData(p, slots[i + kFtrlLanes + k]));
+          }
+          e[k] = SlotData(p, slots[i + k]);
+        }
+        if (AnyRepeated(slots + i)) {
+          for (size_t k = 0; k < kFtrlLanes; ++k) {
+            rule.Apply(e[k], e[k] + 1, grads + i + k, scale, 1);
+          }
+        } else {
+          FtrlLanes(rule, e, grads + i, scale);
+        }
+      }
+    }
+  }
+  for (; i < n; ++i) {
     if (i + kPrefetchDistance < n) {
       __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
     }

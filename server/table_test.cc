@@ -1,6 +1,9 @@
 #include "server/table.h"
 
+#include <array>
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -137,6 +140,79 @@ TEST(TableTest, RepeatedKeyInOnePushAppliesEachOccurrence) {
   float out;
   table->Pull(0, absl::MakeConstSpan(keys, 1), &out);
   EXPECT_EQ(out, -3.0f);
+}
+
+// A dim-1 FTRL table updates 8 keys side by side (vector registers) unless
+// one repeats among them: the result must be the scalar rule's, bit for bit,
+// applied key by key in request order, by keys and by cached slots alike.
+TEST(TableTest, DimOneFtrlEqualsTheScalarRuleBitForBit) {
+  TableSpec spec;
+  spec.dim = 1;
+  spec.optimizer.name = "ftrl";
+  spec.optimizer.alpha = 0.1;
+  spec.optimizer.beta = 1.0;
+  spec.optimizer.l1 = 0.05;
+  spec.optimizer.l2 = 0.01;
+  auto table = MakeTable(spec, 1);
+  optimizer_internal::FtrlRule rule;
+  rule.alpha = spec.optimizer.alpha;
+  rule.inv_alpha = 1.0 / static_cast<double>(spec.optimizer.alpha);
+  rule.beta = spec.optimizer.beta;
+  rule.l1 = spec.optimizer.l1;
+  rule.l2 = spec.optimizer.l2;
+
+  // 1000 keys drawn from 300, so that keys repeat within a block of 8 and
+  // across blocks; then one block that is a single key 8 times.
+  std::vector<uint64_t> keys;
+  uint64_t x = 12345;
+  auto next = [&x] {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return x >> 33;
+  };
+  for (int i = 0; i < 1000; ++i) keys.push_back(next() % 300);
+  for (int i = 0; i < 8; ++i) keys.push_back(1000);
+  keys.push_back(1001);  // a tail shorter than a block
+  std::map<uint64_t, std::array<float, 3>> expected;  // [w, z, n]
+  uint32_t slots[1009];
+  uint64_t generation = 0;
+  for (int round = 0; round < 6; ++round) {
+    std::vector<float> grads(keys.size());
+    for (float& g : grads) {
+      g = static_cast<float>(static_cast<int64_t>(next() % 2001) - 1000) /
+          250.0f;
+    }
+    grads[3] = 0.0f;
+    const float scale = round % 2 == 0 ? 0.5f : 1.0f;
+    if (round < 3) {
+      table->Push(0, keys, grads.data(), scale, slots, &generation);
+    } else {
+      ASSERT_TRUE(table->PushSlots(0, generation, keys, slots, grads.data(),
+                                   scale));
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto& e = expected.try_emplace(keys[i], std::array<float, 3>{})
+                    .first->second;
+      rule.Apply(&e[0], &e[1], &grads[i], scale, 1);
+    }
+  }
+  std::vector<uint64_t> got_keys;
+  std::vector<float> got;
+  table->ExportRange(0, &got_keys, &got);
+  ASSERT_EQ(got_keys.size(), expected.size());
+  ASSERT_EQ(table->entry_floats(), 3u);
+  int nonzero = 0;
+  for (size_t i = 0; i < got_keys.size(); ++i) {
+    const auto& e = expected.at(got_keys[i]);
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_EQ(std::memcmp(&got[3 * i + j], &e[j], sizeof(float)), 0)
+          << "key " << got_keys[i] << " float " << j << ": " << got[3 * i + j]
+          << " vs " << e[j];
+    }
+    nonzero += e[0] != 0.0f;
+  }
+  // Both sides of the l1 test were taken.
+  EXPECT_GT(nonzero, 10);
+  EXPECT_LT(nonzero, static_cast<int>(expected.size()));
 }
 
 TEST(TableTest, ManyKeysSpanSeveralChunks) {
