@@ -240,7 +240,7 @@ uint32_t Table::SlotOrNew(Partition& p, const Rule& rule, uint64_t key) {
 namespace {
 
 // Keys of a dim-1 FTRL table updated side by side (FtrlLanes).
-constexpr size_t kFtrlLanes = 8;
+constexpr size_t kFtrlLanes = 16;
 
 // FtrlRule::Step for the dim-1 entries e[k] = [w, z, n], k < kFtrlLanes,
 // with gradients scale * g[k]; no entry twice. The square roots and the
@@ -270,6 +270,15 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void FtrlLanes(
   }
 }
 
+// Whether keys are strictly ascending (so none repeats), as routing sends
+// them.
+bool StrictlyAscending(absl::Span<const uint64_t> keys) {
+  for (size_t i = 1; i < keys.size(); ++i) {
+    if (keys[i - 1] >= keys[i]) return false;
+  }
+  return true;
+}
+
 // Whether slots[0 .. kFtrlLanes) holds a slot twice.
 bool AnyRepeated(const uint32_t* slots) {
   for (size_t a = 1; a < kFtrlLanes; ++a) {
@@ -284,7 +293,8 @@ bool AnyRepeated(const uint32_t* slots) {
 
 template <typename Rule>
 void Table::ApplyAt(Partition& p, const Rule& rule, const uint32_t* slots,
-                    size_t n, const float* grads, float scale) {
+                    size_t n, const float* grads, float scale,
+                    bool distinct) {
   const size_t dim = static_cast<size_t>(spec_.dim);
   size_t i = 0;
   if constexpr (std::is_same_v<Rule, optimizer_internal::FtrlRule>) {
@@ -300,7 +310,7 @@ void Table::ApplyAt(Partition& p, const Rule& rule, const uint32_t* slots,
           }
           e[k] = SlotData(p, slots[i + k]);
         }
-        if (AnyRepeated(slots + i)) {
+        if (!distinct && AnyRepeated(slots + i)) {
           for (size_t k = 0; k < kFtrlLanes; ++k) {
             rule.Apply(e[k], e[k] + 1, grads + i + k, scale, 1);
           }
@@ -369,7 +379,7 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
       s[i] = SlotOrNew(p, rule, keys[i]);
     }
     // A key repeated in the call is updated once per occurrence, in order.
-    ApplyAt(p, rule, s, n, grads, scale);
+    ApplyAt(p, rule, s, n, grads, scale, StrictlyAscending(keys));
   });
 }
 
@@ -428,7 +438,7 @@ bool Table::PushSlots(int range, uint64_t generation,
       }
       s = resolved;
     }
-    ApplyAt(p, rule, s, n, grads, scale);
+    ApplyAt(p, rule, s, n, grads, scale, StrictlyAscending(keys));
   });
   return true;
 }

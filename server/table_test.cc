@@ -142,7 +142,7 @@ TEST(TableTest, RepeatedKeyInOnePushAppliesEachOccurrence) {
   EXPECT_EQ(out, -3.0f);
 }
 
-// A dim-1 FTRL table updates 8 keys side by side (vector registers) unless
+// A dim-1 FTRL table updates 16 keys side by side (vector registers) unless
 // one repeats among them: the result must be the scalar rule's, bit for bit,
 // applied key by key in request order, by keys and by cached slots alike.
 TEST(TableTest, DimOneFtrlEqualsTheScalarRuleBitForBit) {
@@ -151,7 +151,7 @@ TEST(TableTest, DimOneFtrlEqualsTheScalarRuleBitForBit) {
   spec.optimizer.name = "ftrl";
   spec.optimizer.alpha = 0.1;
   spec.optimizer.beta = 1.0;
-  spec.optimizer.l1 = 0.05;
+  spec.optimizer.l1 = 3.0;
   spec.optimizer.l2 = 0.01;
   auto table = MakeTable(spec, 1);
   optimizer_internal::FtrlRule rule;
@@ -193,6 +193,21 @@ TEST(TableTest, DimOneFtrlEqualsTheScalarRuleBitForBit) {
       auto& e = expected.try_emplace(keys[i], std::array<float, 3>{})
                     .first->second;
       rule.Apply(&e[0], &e[1], &grads[i], scale, 1);
+    }
+  }
+  // Strictly ascending keys (as routing sends them): no repeat check.
+  std::vector<uint64_t> ascending;
+  for (uint64_t k = 0; k < 300; k += 1 + k % 3) ascending.push_back(k);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<float> grads(ascending.size());
+    for (float& g : grads) {
+      g = static_cast<float>(static_cast<int64_t>(next() % 2001) - 1000) /
+          250.0f;
+    }
+    table->Push(0, ascending, grads.data(), 1.0f);
+    for (size_t i = 0; i < ascending.size(); ++i) {
+      rule.Apply(&expected[ascending[i]][0], &expected[ascending[i]][1],
+                 &grads[i], 1.0f, 1);
     }
   }
   std::vector<uint64_t> got_keys;
