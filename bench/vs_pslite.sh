@@ -24,10 +24,11 @@
 #   sparse 100k keys push (ours only, --sparse to include)
 #     ours: pushpull_bench --cases=sparse --sparse_keys=100000 with the real
 #       FTRL update and 1 request in flight (as ps-lite's test waits each).
-#     ps-lite is NOT run: upstream tests/test_kv_app_benchmark pushes 10M
-#     keys once (hard-coded, repeat = 1), which cannot be made steady-state
-#     without editing it. Its recorded figure (177 M keys/s, no-op handler,
-#     from ps-lite.md) is printed for reference only.
+#     ps-lite is NOT run here: upstream tests/test_kv_app_benchmark pushes
+#     10M keys once (hard-coded, repeat = 1). Its recorded figure (177 M
+#     keys/s, no-op handler, from ps-lite.md) is printed for reference only;
+#     bench/sparse_vs_pslite.sh runs a steady-state sparse test of ps-lite
+#     (bench/pslite/test_sparse.cc) against ours, interleaved.
 #
 # CPU: ours is the benchmark's own figure (its process plus its server
 # child, over the measured phase only). ps-lite's is every process of the
