@@ -292,9 +292,10 @@ bool AnyRepeated(const uint32_t* slots) {
 }  // namespace
 
 template <typename Rule>
-void Table::ApplyAt(Partition& p, const Rule& rule, const uint32_t* slots,
-                    size_t n, const float* grads, float scale,
-                    bool distinct) {
+void Table::ApplyAt(Partition& p, const Rule& rule,
+                    absl::Span<const uint64_t> keys, const uint32_t* slots,
+                    const float* grads, float scale) {
+  const size_t n = keys.size();
   const size_t dim = static_cast<size_t>(spec_.dim);
   size_t i = 0;
   if constexpr (std::is_same_v<Rule, optimizer_internal::FtrlRule>) {
@@ -302,6 +303,7 @@ void Table::ApplyAt(Partition& p, const Rule& rule, const uint32_t* slots,
     // time, unless a key repeats among them (then one by one below, in
     // order, as a repeated key must be).
     if (dim == 1) {
+      const bool distinct = StrictlyAscending(keys);
       float* e[kFtrlLanes];
       for (; i + kFtrlLanes <= n; i += kFtrlLanes) {
         for (size_t k = 0; k < kFtrlLanes; ++k) {
@@ -379,7 +381,7 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
       s[i] = SlotOrNew(p, rule, keys[i]);
     }
     // A key repeated in the call is updated once per occurrence, in order.
-    ApplyAt(p, rule, s, n, grads, scale, StrictlyAscending(keys));
+    ApplyAt(p, rule, keys, s, grads, scale);
   });
 }
 
@@ -438,7 +440,7 @@ bool Table::PushSlots(int range, uint64_t generation,
       }
       s = resolved;
     }
-    ApplyAt(p, rule, s, n, grads, scale, StrictlyAscending(keys));
+    ApplyAt(p, rule, keys, s, grads, scale);
   });
   return true;
 }

@@ -216,11 +216,11 @@ class Table {
   template <typename Rule>
   uint32_t SlotOrNew(Partition& p, const Rule& rule, uint64_t key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
-  // Applies scale * grads[i*dim ...) to slots[i], i < n, in order.
-  // `distinct`: the caller knows no slot repeats.
+  // Applies scale * grads[i*dim ...) to slots[i] (the slot of keys[i]),
+  // i < keys.size(), in order.
   template <typename Rule>
-  void ApplyAt(Partition& p, const Rule& rule, const uint32_t* slots,
-               size_t n, const float* grads, float scale, bool distinct)
+  void ApplyAt(Partition& p, const Rule& rule, absl::Span<const uint64_t> keys,
+               const uint32_t* slots, const float* grads, float scale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Writes the initial value of `key` (dim floats) to `w`.
   void InitialValue(uint64_t key, float* w) const;

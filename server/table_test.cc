@@ -154,12 +154,10 @@ TEST(TableTest, DimOneFtrlEqualsTheScalarRuleBitForBit) {
   spec.optimizer.l1 = 3.0;
   spec.optimizer.l2 = 0.01;
   auto table = MakeTable(spec, 1);
-  optimizer_internal::FtrlRule rule;
-  rule.alpha = spec.optimizer.alpha;
-  rule.inv_alpha = 1.0 / static_cast<double>(spec.optimizer.alpha);
-  rule.beta = spec.optimizer.beta;
-  rule.l1 = spec.optimizer.l1;
-  rule.l2 = spec.optimizer.l2;
+  // The scalar rule, one element per call.
+  auto rule_or = Optimizer::Create(spec.optimizer);
+  ASSERT_TRUE(rule_or.ok()) << rule_or.status();
+  const Optimizer& rule = **rule_or;
 
   // 1000 keys drawn from 300, so that keys repeat within a block of 8 and
   // across blocks; then one block that is a single key 8 times.
