@@ -130,6 +130,9 @@ ABSL_FLAG(std::string, optimizer, "sgd", "server update rule: sgd or ftrl");
 ABSL_FLAG(int, replicas, 0,
           "backups per key range (capped at servers - 1): pushes are "
           "acknowledged once on every backup");
+ABSL_FLAG(double, replication_linger_ms, ps::kDefaultReplicationLingerMs,
+          "with --replicas: how long a server's entries for a backup wait "
+          "for more to share a batch (fault_tolerance.replication_linger_ms)");
 ABSL_FLAG(bool, noop_server, false,
           "servers answer without touching any table (pull: zeros), which "
           "isolates transport and client costs; ps-lite's sparse reference "
@@ -340,6 +343,8 @@ int ServeMain() {
                   apply_threads > 0 ? apply_threads
                                     : ParallelRunner::DefaultParallelism());
   node.SetPeers(&peers);
+  node.SetReplicationLinger(absl::Microseconds(static_cast<int64_t>(
+      absl::GetFlag(FLAGS_replication_linger_ms) * 1000)));
   ServerService service(&node, /*token=*/"", nullptr);
   DataService data_service(&node);
   std::unique_ptr<DataPlaneServer> data_plane;

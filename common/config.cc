@@ -526,6 +526,9 @@ const std::vector<Field>& Fields() {
                             kAutoWorkUnitRows),
       IntField<int>(PS_CFG(fault_tolerance, replicas), -1, 8),
       IntField<int64_t>(PS_CFG(fault_tolerance, probe_timeout_ms), 1),
+      DoubleField(PS_CFG(fault_tolerance, replication_linger_ms),
+                  {0, /*lo_open=*/false, /*has_hi=*/true, 1000,
+                   /*hi_open=*/false}),
       // Metrics and health (issue 11).
       IntField<int>(PS_CFG(observability, metrics_port), 0, 65535),
       // Filters and compression (issue 10).

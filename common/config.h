@@ -231,6 +231,8 @@ struct OutputConfig {
 
 // Issue 9: replication, failover, dynamic work, checkpoints. Each part of
 // that work adds its fields here (and to Fields() in config.cc).
+inline constexpr double kDefaultReplicationLingerMs = 5;
+
 struct FaultToleranceConfig {
   // Checkpoints (server/checkpoint.h). Seconds between checkpoints the
   // scheduler triggers while the job runs; 0 = none (on demand only:
@@ -269,6 +271,12 @@ struct FaultToleranceConfig {
   // (a status RPC, this long, twice); no answer confirms it dead at once,
   // without waiting for cluster.heartbeat_timeout_ms.
   int64_t probe_timeout_ms = 300;
+  // Group commit of replication (ServerNode::SetReplicationLinger): a
+  // primary's entries for a backup wait up to this long, so that pushes
+  // arriving meanwhile share one round trip to the backup. What it may add
+  // to a replicated push's acknowledgement; 0 sends each batch as soon as
+  // the stream to the backup is idle.
+  double replication_linger_ms = kDefaultReplicationLingerMs;
   // Backups per range after the -1 default is resolved, capped at
   // num_servers - 1.
   int EffectiveReplicas(int num_servers) const {

@@ -921,6 +921,20 @@ TEST(ConfigTest, RegressionUnwritableModelDirFoundOnlyAfterTraining) {
   std::filesystem::remove_all(dir);
 }
 
+// Group commit of replication (issue 9): milliseconds in [0, 1000].
+TEST(ConfigTest, ReplicationLinger) {
+  EXPECT_EQ(JobConfig().fault_tolerance.replication_linger_ms,
+            kDefaultReplicationLingerMs);
+  absl::StatusOr<JobConfig> c =
+      ParseJobConfig("fault_tolerance: {replication_linger_ms: 0.5}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->fault_tolerance.replication_linger_ms, 0.5);
+  ExpectInvalid(ParseStatus("fault_tolerance: {replication_linger_ms: -1}"),
+                "config field fault_tolerance.replication_linger_ms");
+  ExpectInvalid(ParseStatus("fault_tolerance: {replication_linger_ms: 5000}"),
+                "config field fault_tolerance.replication_linger_ms");
+}
+
 // Checkpoints (issue 9): the fault_tolerance fields a checkpoint uses.
 TEST(ConfigTest, CheckpointFields) {
   absl::StatusOr<JobConfig> c = ParseJobConfig(

@@ -164,6 +164,16 @@ class ServerNode {
   // so the scheduler probes it (failover); may block briefly. Set before
   // the first Configure.
   void SetSuspectHandler(std::function<void(int server)> suspect);
+  // Group commit (fault_tolerance.replication_linger_ms): entries for a
+  // backup wait up to `linger` after the first of them was queued, so that
+  // the pushes arriving meanwhile travel in one batch (one round trip to
+  // the backup instead of one each); a queue of kLingerFlushBytes or more
+  // goes at once. A replicated push's answer waits for its batch, so this
+  // is what it may add to a push's latency. 0 (the default here): each
+  // batch goes as soon as the stream is idle. Not applied in BSP, which
+  // replicates one aggregated entry per clock.
+  void SetReplicationLinger(absl::Duration linger);
+  static constexpr size_t kLingerFlushBytes = 64 << 10;
   // A backup's side: applies a primary's entries in its log order. Errors:
   // UNAVAILABLE + VIEW_BEHIND when the request's epoch is newer than this
   // server's; FAILED_PRECONDITION + STALE_EPOCH when the sender does not
@@ -350,7 +360,10 @@ class ServerNode {
   // Entries on their way to one backup, in the order they were logged.
   struct Stream {
     std::deque<proto::ReplicaEntry> queue;
+    size_t queued_bytes = 0;  // ReplicaEntryBytes of the queue
+    absl::Time first_queued;  // when the queue last went from empty
     bool sending = false;
+    bool timer_armed = false;  // a linger timer will look at the stream
     uint64_t generation = 0;  // a new stream object for the same backup
   };
   // `fire` gets OK when the needs are met, CANCELLED at shutdown.
@@ -378,6 +391,14 @@ class ServerNode {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void EnqueueLocked(int backup, proto::ReplicaEntry e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends `e` to `backup`'s stream (EnqueueLocked without counting it
+  // as a replicated entry: range copies).
+  void QueueLocked(int backup, proto::ReplicaEntry e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The linger in effect (none in BSP).
+  absl::Duration LingerLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Sets st->queued_bytes from its queue (after entries were pruned).
+  void RecountLocked(Stream* st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The new segments of one push request, logged: one entry per backup
   // with the segments of the ranges it backs up.
   struct LoggedSegment {
@@ -438,8 +459,18 @@ class ServerNode {
   // Takes the copies due (a range with a segment awaiting its apply is
   // retried a little later). Without mu_.
   void TakeCopies();
-  // Sends the next batch of every idle stream. Without mu_.
+  // Sends the next batch of every idle stream whose linger is over (arms
+  // a timer for the others). Without mu_.
   void Kick();
+  // Whether stream `st` should send its next batch now; else, when it has
+  // entries and is idle, how long until its linger ends.
+  bool DueLocked(const Stream& st, absl::Time now, absl::Duration* left) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Arms a timer that kicks `backup`'s stream after `left`.
+  void ArmLingerLocked(int backup, Stream* st, absl::Duration left)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `backup`'s next batch if it is due; arms its timer if not.
+  void KickOne(int backup);
   void SendBatch(int backup);
   void SendReplicate(int backup, uint64_t generation,
                      std::shared_ptr<proto::ReplicateRequest> req, int attempt);
@@ -505,6 +536,7 @@ class ServerNode {
   std::function<void(int)> suspect_ ABSL_GUARDED_BY(mu_);
   std::vector<RangeLog> logs_ ABSL_GUARDED_BY(mu_);
   std::map<int, Stream> streams_ ABSL_GUARDED_BY(mu_);
+  absl::Duration replication_linger_ ABSL_GUARDED_BY(mu_);
   int64_t replica_entries_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t replica_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -27,7 +27,8 @@ constexpr int kWorkers = 2;
 
 // Every range owned by `owner`, backed up by `backup` (-1: none); one table
 // of dim 1 updated by SGD with learning rate 1.
-proto::ClusterView View(int64_t epoch, int owner, int backup) {
+proto::ClusterView View(int64_t epoch, int owner, int backup,
+                        proto::ConsistencyMode mode = proto::MODE_BSP) {
   proto::ClusterView v;
   v.set_epoch(epoch);
   *v.mutable_routing() = BuildHashRing({0, 1}, 4, epoch);
@@ -51,7 +52,7 @@ proto::ClusterView View(int64_t epoch, int owner, int backup) {
     w->set_role(proto::ROLE_WORKER);
     w->set_state(proto::NODE_ALIVE);
   }
-  v.mutable_consistency()->set_mode(proto::MODE_BSP);
+  v.mutable_consistency()->set_mode(mode);
   proto::TableConfig* tc = v.add_tables();
   tc->set_id(0);
   tc->set_dim(1);
@@ -103,9 +104,10 @@ class BspReplicationTest : public ::testing::Test {
     peers_.AddServer(1, &h1_);
     primary_.SetPeers(&peers_);
     backup_.SetPeers(&peers_);
-    ASSERT_TRUE(primary_.Configure(0, View(1, 0, 1)).ok());
-    ASSERT_TRUE(backup_.Configure(1, View(1, 0, 1)).ok());
+    ASSERT_TRUE(primary_.Configure(0, View(1, 0, 1, Mode())).ok());
+    ASSERT_TRUE(backup_.Configure(1, View(1, 0, 1, Mode())).ok());
   }
+  virtual proto::ConsistencyMode Mode() const { return proto::MODE_BSP; }
   void TearDown() override {
     EXPECT_TRUE(primary_.CheckInvariants().ok()) << primary_.CheckInvariants();
     EXPECT_TRUE(backup_.CheckInvariants().ok()) << backup_.CheckInvariants();
@@ -269,6 +271,49 @@ TEST_F(BspReplicationTest, WaitingForAPushOfTheCurrentClockIsRefused) {
   // Three pushes of -1 on each key, applied once, over the 2 examples the
   // two clocks announced.
   EXPECT_EQ(PullAt(&primary_, 1, kKeys), std::vector<float>(4, 1.5f));
+}
+
+// Group commit (fault_tolerance.replication_linger_ms), in ASP, where each
+// push is logged as it comes: the entries of pushes arriving within the
+// linger travel to the backup in one batch, and each push is answered only
+// once that batch is on the backup.
+class LingerTest : public BspReplicationTest {
+ protected:
+  proto::ConsistencyMode Mode() const override { return proto::MODE_ASP; }
+};
+
+TEST_F(LingerTest, PushesWithinTheLingerShareOneBatch) {
+  primary_.SetReplicationLinger(absl::Seconds(1));
+  auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -2, -3, -4});
+  auto b = Push(&primary_, 1, 1, 0, {kKeys[1]}, {-8});
+  auto c = Push(&primary_, 0, 2, 0, {kKeys[0], kKeys[3]}, {-16, -32});
+  absl::SleepFor(absl::Milliseconds(50));
+  // Logged, not sent, not answered.
+  EXPECT_EQ(primary_.Status().replica_entries(), 3);
+  EXPECT_EQ(primary_.Status().replica_batches(), 0);
+  for (PushCall* p : {a, b, c}) EXPECT_FALSE(p->answer.IsDone());
+  for (PushCall* p : {a, b, c}) {
+    EXPECT_TRUE(p->answer.Await().ok()) << p->answer.Await();
+  }
+  EXPECT_EQ(primary_.Status().replica_batches(), 1);
+  // The backup applied all three: promoted, it serves what S[0] does.
+  const std::vector<float> want = PullAt(&primary_, 0, kKeys);
+  EXPECT_EQ(want, (std::vector<float>{1 + 16, 2 + 8, 3, 4 + 32}));
+  ASSERT_TRUE(backup_.Configure(1, View(2, 1, -1, proto::MODE_ASP)).ok());
+  EXPECT_EQ(PullAt(&backup_, 0, kKeys), want);
+}
+
+// A queue of kLingerFlushBytes or more goes at once, whatever the linger.
+TEST_F(LingerTest, LargeQueueIsSentWithoutWaitingOutTheLinger) {
+  primary_.SetReplicationLinger(absl::Minutes(10));
+  std::vector<uint64_t> keys;
+  const uint64_t step = ~0ULL / 10000;
+  for (uint64_t i = 0; i < 10000; ++i) keys.push_back(i * step);
+  ASSERT_GE(keys.size() * (sizeof(uint64_t) + sizeof(float)),
+            ServerNode::kLingerFlushBytes);
+  auto a = Push(&primary_, 0, 1, 0, keys, std::vector<float>(keys.size(), -1));
+  EXPECT_TRUE(a->answer.Await().ok()) << a->answer.Await();
+  EXPECT_EQ(primary_.Status().replica_batches(), 1);
 }
 
 }  // namespace
