@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""The cost of replication with several replica/linger settings, interleaved.
+
+  python3 bench/replication_cost.py --mode asp --rounds 4 0:0 1:0 1:5
+
+Each SETTING is REPLICAS:LINGER_MS (fault_tolerance.replicas and
+fault_tolerance.replication_linger_ms). Every round launches the a9a job of
+bench/failover_bench.py (3 servers x 2 workers) once per setting, in the
+order given, and prints its job seconds, the CPU seconds of all its
+processes (user + sys of ps_launch's children) and the load average before
+it; then, per setting, the medians and the per-round CPU ratio to the first
+setting (pairs run back to back see the same machine, so the per-round
+ratios are the measure on a machine whose speed drifts).
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import failover_bench  # noqa: E402  (its YAML: the same job)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("settings", nargs="+", help="REPLICAS:LINGER_MS")
+    ap.add_argument("--mode", default="asp", choices=["bsp", "ssp", "asp"])
+    ap.add_argument("--tau", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=24)
+    ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data",
+                                                   "a9a"))
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--out", default="/tmp/ps_replication_cost")
+    args = ap.parse_args()
+    for s in args.settings:
+        if len(s.split(":")) != 2:
+            ap.error("setting %r is not REPLICAS:LINGER_MS" % s)
+    os.makedirs(args.out, exist_ok=True)
+    cfg = os.path.join(args.out, "job.yaml")
+    with open(cfg, "w") as f:
+        f.write(failover_bench.YAML.format(
+            servers=3, workers=2, mode=args.mode, tau=args.tau,
+            data=os.path.abspath(args.data), epochs=args.epochs))
+    results = {s: [] for s in args.settings}
+    for r in range(args.rounds):
+        for s in args.settings:
+            replicas, linger = s.split(":")
+            load = os.getloadavg()[0]
+            report = os.path.join(args.out, "report.json")
+            cmd = [os.path.join(args.bin, "ps_launch"), "--config", cfg,
+                   "--run-dir", os.path.join(args.out, "run"),
+                   "--report", report,
+                   "--set", "output.model_dir=" + os.path.join(args.out, "model"),
+                   "--set", "fault_tolerance.replicas=" + replicas,
+                   "--set", "fault_tolerance.replication_linger_ms=" + linger,
+                   "--timeout_s", "300"]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.monotonic()
+            p = subprocess.run(cmd, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+            wall = time.monotonic() - t0
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime -
+                                                        before.ru_stime)
+            rep = None
+            if os.path.exists(report):
+                with open(report) as f:
+                    rep = json.load(f)
+            if p.returncode != 0 or rep is None or rep.get("status") != "ok":
+                print("round %d %s: ps_launch exited %d\n%s" %
+                      (r, s, p.returncode, p.stdout[-3000:]))
+                return 1
+            results[s].append((wall, cpu))
+            print("round %d %s: job %.2f s, cpu %.2f s, auc %.4f (load %.2f)" %
+                  (r, s, rep["job_seconds"], cpu, rep["test_auc"], load),
+                  flush=True)
+    base = args.settings[0]
+    for s in args.settings:
+        ratios = [results[s][i][1] / results[base][i][1]
+                  for i in range(args.rounds)]
+        print("%s: median wall %.2f s, cpu %.2f s; cpu ratio to %s per round: "
+              "%s (median %.2f)" %
+              (s, statistics.median(x[0] for x in results[s]),
+               statistics.median(x[1] for x in results[s]), base,
+               " ".join("%.2f" % x for x in ratios), statistics.median(ratios)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
