@@ -343,8 +343,8 @@ int ServeMain() {
                   apply_threads > 0 ? apply_threads
                                     : ParallelRunner::DefaultParallelism());
   node.SetPeers(&peers);
-  node.SetReplicationLinger(absl::Microseconds(static_cast<int64_t>(
-      absl::GetFlag(FLAGS_replication_linger_ms) * 1000)));
+  node.SetReplicationLinger(
+      absl::Milliseconds(absl::GetFlag(FLAGS_replication_linger_ms)));
   ServerService service(&node, /*token=*/"", nullptr);
   DataService data_service(&node);
   std::unique_ptr<DataPlaneServer> data_plane;

@@ -13,17 +13,13 @@ setting (pairs run back to back see the same machine, so the per-round
 ratios are the measure on a machine whose speed drifts).
 """
 import argparse
-import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-import failover_bench  # noqa: E402  (its YAML: the same job)
+import failover_bench  # noqa: E402  (its job and its launch())
 
 
 def main():
@@ -37,48 +33,30 @@ def main():
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data",
                                                    "a9a"))
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
-    ap.add_argument("--out", default="/tmp/ps_replication_cost")
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs",
+                                                  "replication_cost"))
     args = ap.parse_args()
     for s in args.settings:
         if len(s.split(":")) != 2:
             ap.error("setting %r is not REPLICAS:LINGER_MS" % s)
-    os.makedirs(args.out, exist_ok=True)
-    cfg = os.path.join(args.out, "job.yaml")
-    with open(cfg, "w") as f:
-        f.write(failover_bench.YAML.format(
-            servers=3, workers=2, mode=args.mode, tau=args.tau,
-            data=os.path.abspath(args.data), epochs=args.epochs))
+    # What failover_bench.launch() reads.
+    args.data = os.path.abspath(args.data)
+    args.servers, args.workers, args.set = 3, 2, []
+    if args.mode != "ssp":
+        args.tau = 0  # as failover_bench.py
     results = {s: [] for s in args.settings}
     for r in range(args.rounds):
         for s in args.settings:
             replicas, linger = s.split(":")
-            load = os.getloadavg()[0]
-            report = os.path.join(args.out, "report.json")
-            cmd = [os.path.join(args.bin, "ps_launch"), "--config", cfg,
-                   "--run-dir", os.path.join(args.out, "run"),
-                   "--report", report,
-                   "--set", "output.model_dir=" + os.path.join(args.out, "model"),
-                   "--set", "fault_tolerance.replicas=" + replicas,
-                   "--set", "fault_tolerance.replication_linger_ms=" + linger,
-                   "--timeout_s", "300"]
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t0 = time.monotonic()
-            p = subprocess.run(cmd, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-            wall = time.monotonic() - t0
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime -
-                                                        before.ru_stime)
-            rep = None
-            if os.path.exists(report):
-                with open(report) as f:
-                    rep = json.load(f)
-            if p.returncode != 0 or rep is None or rep.get("status") != "ok":
-                print("round %d %s: ps_launch exited %d\n%s" %
-                      (r, s, p.returncode, p.stdout[-3000:]))
-                return 1
+            load = failover_bench.load()
+            rep, wall, cpu, _ = failover_bench.launch(
+                args, "r%d-%s" % (r, s.replace(":", "-")),
+                ["fault_tolerance.replicas=" + replicas,
+                 "fault_tolerance.replication_linger_ms=" + linger], [])
+            if rep is None:
+                return 1  # launch() printed why
             results[s].append((wall, cpu))
-            print("round %d %s: job %.2f s, cpu %.2f s, auc %.4f (load %.2f)" %
+            print("round %d %s: job %.2f s, cpu %.2f s, auc %.4f (%s)" %
                   (r, s, rep["job_seconds"], cpu, rep["test_auc"], load),
                   flush=True)
     base = args.settings[0]

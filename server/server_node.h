@@ -462,13 +462,10 @@ class ServerNode {
   // Sends the next batch of every idle stream whose linger is over (arms
   // a timer for the others). Without mu_.
   void Kick();
-  // Whether stream `st` should send its next batch now; else, when it has
-  // entries and is idle, how long until its linger ends.
-  bool DueLocked(const Stream& st, absl::Time now, absl::Duration* left) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Arms a timer that kicks `backup`'s stream after `left`.
-  void ArmLingerLocked(int backup, Stream* st, absl::Duration left)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `backup`'s stream `st` should send its next batch now. An idle
+  // stream whose entries wait out their linger gets a timer (one at a
+  // time) that kicks it when the linger ends.
+  bool DueLocked(int backup, Stream* st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `backup`'s next batch if it is due; arms its timer if not.
   void KickOne(int backup);
   void SendBatch(int backup);

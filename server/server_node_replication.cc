@@ -635,48 +635,37 @@ void ServerNode::TakeCopies() {
   }
 }
 
-bool ServerNode::DueLocked(const Stream& st, absl::Time now,
-                           absl::Duration* left) const {
-  *left = absl::ZeroDuration();
-  if (st.sending || st.queue.empty()) return false;
+bool ServerNode::DueLocked(int backup, Stream* st) {
+  if (st->sending || st->queue.empty()) return false;
   const absl::Duration linger = LingerLocked();
-  if (linger <= absl::ZeroDuration() ||
-      st.queued_bytes >= kLingerFlushBytes) {
+  if (linger <= absl::ZeroDuration() || st->queued_bytes >= kLingerFlushBytes) {
     return true;
   }
-  *left = st.first_queued + linger - now;
-  return *left <= absl::ZeroDuration();
-}
-
-void ServerNode::ArmLingerLocked(int backup, Stream* st, absl::Duration left) {
-  if (st->timer_armed) return;
-  st->timer_armed = true;
-  const uint64_t generation = st->generation;
-  Later(left, [this, backup, generation] {
-    {
-      absl::MutexLock l(&mu_);
-      auto it = streams_.find(backup);
-      if (it == streams_.end() || it->second.generation != generation) return;
-      it->second.timer_armed = false;
-    }
-    KickOne(backup);
-  });
+  const absl::Duration left = st->first_queued + linger - clock_->Now();
+  if (left <= absl::ZeroDuration()) return true;
+  if (!st->timer_armed) {
+    st->timer_armed = true;
+    Later(left, [this, backup, generation = st->generation] {
+      {
+        absl::MutexLock l(&mu_);
+        auto it = streams_.find(backup);
+        if (it == streams_.end() || it->second.generation != generation) {
+          return;
+        }
+        it->second.timer_armed = false;
+      }
+      KickOne(backup);
+    });
+  }
+  return false;
 }
 
 void ServerNode::Kick() {
   std::vector<int> due;
   {
     absl::MutexLock l(&mu_);
-    const absl::Time now = LingerLocked() > absl::ZeroDuration()
-                               ? clock_->Now()
-                               : absl::InfinitePast();
     for (auto& [b, st] : streams_) {
-      absl::Duration left;
-      if (DueLocked(st, now, &left)) {
-        due.push_back(b);
-      } else if (left > absl::ZeroDuration()) {
-        ArmLingerLocked(b, &st, left);
-      }
+      if (DueLocked(b, &st)) due.push_back(b);
     }
   }
   for (int b : due) SendBatch(b);
@@ -686,15 +675,7 @@ void ServerNode::KickOne(int backup) {
   {
     absl::MutexLock l(&mu_);
     auto it = streams_.find(backup);
-    if (it == streams_.end()) return;
-    const absl::Time now = LingerLocked() > absl::ZeroDuration()
-                               ? clock_->Now()
-                               : absl::InfinitePast();
-    absl::Duration left;
-    if (!DueLocked(it->second, now, &left)) {
-      if (left > absl::ZeroDuration()) ArmLingerLocked(backup, &it->second, left);
-      return;
-    }
+    if (it == streams_.end() || !DueLocked(backup, &it->second)) return;
   }
   SendBatch(backup);
 }
@@ -718,11 +699,10 @@ void ServerNode::SendBatch(int backup) {
       proto::ReplicaEntry& e = st.queue.front();
       const size_t n = ReplicaEntryBytes(e);
       bytes += n;
-      st.queued_bytes -= std::min(n, st.queued_bytes);
+      st.queued_bytes -= n;  // counted by QueueLocked or RecountLocked
       *req->add_entries() = std::move(e);
       st.queue.pop_front();
     }
-    if (st.queue.empty()) st.queued_bytes = 0;
     st.sending = true;
     generation = st.generation;
     ++replica_batches_;

@@ -184,8 +184,8 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   auto config = ParseJobConfig(view.job_config_yaml());
   if (!config.ok()) return config.status();
   InitLogging(absl::StrCat("S[", id, "]"), config->output.log_level);
-  node.SetReplicationLinger(absl::Microseconds(static_cast<int64_t>(
-      config->fault_tolerance.replication_linger_ms * 1000)));
+  node.SetReplicationLinger(
+      absl::Milliseconds(config->fault_tolerance.replication_linger_ms));
   metrics.SetName(absl::StrCat("S[", id, "]"));
   if (metrics_port < 0) {
     PS_RETURN_IF_ERROR(metrics.Serve(options.bind_host,

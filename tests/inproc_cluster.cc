@@ -267,8 +267,8 @@ absl::Status LocalCluster::Start() {
       peers = peer_clients_.back().get();
     }
     servers_.back()->SetPeers(peers);
-    servers_.back()->SetReplicationLinger(absl::Microseconds(static_cast<int64_t>(
-        config.fault_tolerance.replication_linger_ms * 1000)));
+    servers_.back()->SetReplicationLinger(
+        absl::Milliseconds(config.fault_tolerance.replication_linger_ms));
     servers_.back()->SetSuspectHandler([this](int server) {
       proto::GetViewRequest req;
       req.set_wait_ms(0);
