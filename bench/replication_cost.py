@@ -32,6 +32,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=24)
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data",
                                                    "a9a"))
+    ap.add_argument("--set", action="append", default=[],
+                    help="KEY=VALUE for every launch (ps_launch --set)")
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--out", default=os.path.join(ROOT, "runs",
                                                   "replication_cost"))
@@ -41,7 +43,7 @@ def main():
             ap.error("setting %r is not REPLICAS:LINGER_MS" % s)
     # What failover_bench.launch() reads.
     args.data = os.path.abspath(args.data)
-    args.servers, args.workers, args.set = 3, 2, []
+    args.servers, args.workers = 3, 2
     if args.mode != "ssp":
         args.tau = 0  # as failover_bench.py
     results = {s: [] for s in args.settings}

@@ -501,10 +501,9 @@ absl::StatusOr<RangeState> RangeState::FromSnapshot(
     }
     for (const auto& e : ws.announced()) {
       if (e.count() < 0 || e.examples() < 0 || e.clock() < w.completed ||
-          !w.announced
-               .emplace(e.clock(), BspAnnouncement{i, e.count(), e.examples(),
-                                                   e.settled()})
-               .second) {
+          !w.announced.emplace(e.clock(),
+                               BspAnnouncement{i, e.count(), e.examples(),
+                                               e.settled()})) {
         return bad("worker ", i, ": bad announcement");
       }
     }

@@ -44,35 +44,39 @@
 
 namespace ps {
 
-// clock -> count, for the few clocks a worker has in flight on a range (one
+// clock -> value, for the few clocks a worker has in flight on a range (one
 // or two, tau + 1 at most in SSP): a sorted inline vector with the map
 // operations RangeState uses. A segment's Accept and Applied each touch one
-// of these; a std::map allocated and freed a node per push segment.
-class ClockCounts {
+// of these, and so does every announcement; a std::map allocated and freed a
+// node each time.
+template <typename V>
+class ClockMap {
  public:
-  using value_type = std::pair<int64_t, int64_t>;
-  using iterator = absl::InlinedVector<value_type, 4>::iterator;
-  using const_iterator = absl::InlinedVector<value_type, 4>::const_iterator;
+  using value_type = std::pair<int64_t, V>;
+  using iterator = typename absl::InlinedVector<value_type, 4>::iterator;
+  using const_iterator =
+      typename absl::InlinedVector<value_type, 4>::const_iterator;
 
-  // The count of `clock`, inserted as 0 when absent.
-  int64_t& operator[](int64_t clock) {
+  // The value of `clock`, inserted as V() when absent.
+  V& operator[](int64_t clock) {
     iterator it = LowerBound(clock);
-    if (it == v_.end() || it->first != clock) it = v_.insert(it, {clock, 0});
+    if (it == v_.end() || it->first != clock) it = v_.insert(it, {clock, V()});
     return it->second;
   }
   iterator find(int64_t clock) {
     iterator it = LowerBound(clock);
     return it != v_.end() && it->first == clock ? it : v_.end();
   }
-  // Inserts (clock, count) unless the clock is there; true when inserted.
-  bool emplace(int64_t clock, int64_t count) {
+  // Inserts (clock, value) unless the clock is there; true when inserted.
+  bool emplace(int64_t clock, V value) {
     iterator it = LowerBound(clock);
     if (it != v_.end() && it->first == clock) return false;
-    v_.insert(it, {clock, count});
+    v_.insert(it, {clock, std::move(value)});
     return true;
   }
   void erase(iterator it) { v_.erase(it); }
   bool empty() const { return v_.empty(); }
+  size_t size() const { return v_.size(); }
   iterator begin() { return v_.begin(); }
   iterator end() { return v_.end(); }
   const_iterator begin() const { return v_.begin(); }
@@ -89,6 +93,7 @@ class ClockCounts {
 
   absl::InlinedVector<value_type, 4> v_;
 };
+using ClockCounts = ClockMap<int64_t>;
 
 struct RangeLimits {
   // How far a segment's or announcement's clock may be ahead of the clocks
@@ -249,7 +254,7 @@ class RangeState {
     ClockCounts received;   // clock -> segments with data in
     ClockCounts unapplied;  // clock -> admitted, not applied
     // clock -> the announcement (its worker field unused)
-    std::map<int64_t, BspAnnouncement> announced;
+    ClockMap<BspAnnouncement> announced;
     int64_t completed = 0;
     int64_t final_clock = -1;
     bool finished = false;

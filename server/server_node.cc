@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/notification.h"
@@ -1002,16 +1003,24 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
         req.clock() - completed > limits_.max_clock_ahead) {
       return ClockTooFar(w, req.clock(), completed, limits_.max_clock_ahead);
     }
-    if (req.ranges_size() > 0) {
+    const int n = req.range_ids_size();
+    if (req.range_segments_size() != n || req.range_settled_seqs_size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "clock announces ", n, " ranges with ", req.range_segments_size(),
+          " segment counts and ", req.range_settled_seqs_size(),
+          " settled seqs"));
+    }
+    if (n > 0) {
       // Per range: every entry must name a range this server owns now
       // (ranges keep their state when views change, so the request's epoch
       // matters only when it names a range this server does not own yet).
-      for (const proto::RangeAnnouncement& a : req.ranges()) {
-        if (a.range() < 0 || a.range() >= routing_->num_ranges()) {
+      for (int i = 0; i < n; ++i) {
+        const int range = req.range_ids(i);
+        if (range < 0 || range >= routing_->num_ranges()) {
           return absl::InvalidArgumentError(
-              absl::StrCat("unknown range ", a.range()));
+              absl::StrCat("unknown range ", range));
         }
-        if (routing_->OwnerOfRange(a.range()) != id_) {
+        if (routing_->OwnerOfRange(range) != id_) {
           if (req.epoch() > epoch_) {
             return ErrorWithReason(
                 absl::StatusCode::kUnavailable, proto::REASON_VIEW_BEHIND,
@@ -1020,10 +1029,10 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
           }
           return ErrorWithReason(
               absl::StatusCode::kFailedPrecondition, proto::REASON_STALE_EPOCH,
-              absl::StrCat("stale-epoch: range ", a.range(),
+              absl::StrCat("stale-epoch: range ", range,
                            " not owned by server ", id_));
         }
-        if (a.segments() < 0) {
+        if (req.range_segments(i) < 0) {
           return absl::InvalidArgumentError("negative segment count");
         }
       }
@@ -1032,22 +1041,25 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
       // backups' work grow with the number of ranges).
       absl::flat_hash_map<int, proto::ReplicaEntry> per_backup;
       absl::Status refused;
-      for (const proto::RangeAnnouncement& a : req.ranges()) {
+      actions.reserve(actions.size() + n);
+      for (int i = 0; i < n; ++i) {
+        const int range = req.range_ids(i);
         RangeActions ra;
-        refused = ranges_[a.range()].Announce(w, req.clock(), a.segments(),
-                                              req.num_examples(),
-                                              a.settled_seq(), &ra);
+        refused = ranges_[range].Announce(w, req.clock(),
+                                          req.range_segments(i),
+                                          req.num_examples(),
+                                          req.range_settled_seqs(i), &ra);
         if (!refused.ok()) break;  // the entries logged so far still go
-        ApplyBsp(a.range(), &ra);
-        actions.emplace_back(a.range(), std::move(ra));
-        if (!HasBackups(a.range())) continue;
+        ApplyBsp(range, &ra);
+        actions.emplace_back(range, std::move(ra));
+        if (!HasBackups(range)) continue;
         if (mode_ == proto::MODE_BSP) {
           // Sent to the backups with the clock's sum; answered after it.
-          needs->emplace_back(a.range(), ClockNeed(req.clock()));
+          needs->emplace_back(range, ClockNeed(req.clock()));
           continue;
         }
-        const int64_t index = AssignIndexLocked(a.range(), needs);
-        for (int b : FeedTargetsLocked(a.range())) {
+        const int64_t index = AssignIndexLocked(range, needs);
+        for (int b : FeedTargetsLocked(range)) {
           auto [it, inserted] = per_backup.try_emplace(b);
           proto::ReplicaAnnounces* an = it->second.mutable_announces();
           if (inserted) {
@@ -1055,10 +1067,10 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
             an->set_clock(req.clock());
             an->set_examples(req.num_examples());
           }
-          an->add_ranges(a.range());
+          an->add_ranges(range);
           an->add_indexes(index);
-          an->add_segments(a.segments());
-          an->add_settled_seqs(a.settled_seq());
+          an->add_segments(req.range_segments(i));
+          an->add_settled_seqs(req.range_settled_seqs(i));
         }
       }
       for (auto& [b, e] : per_backup) EnqueueLocked(b, std::move(e));
@@ -1235,11 +1247,27 @@ void ServerNode::NoteFinished(int worker, const RangeActionList& actions,
 void ServerNode::Publish(const RangeActionList& actions,
                          const std::vector<int>& finished) {
   if (consistency_ == nullptr) return;
+  // One call per (worker, clock) with all its ranges: a clock completes on
+  // every range of the server at once, and a call per range took the
+  // controller's lock and scanned its waiting pulls that many times.
+  std::vector<std::tuple<int, int64_t, int>> advanced;  // worker, clock, range
   for (const auto& [range, a] : actions) {
     for (const auto& [worker, entry] : a.advanced) {
-      const int r = range;
-      consistency_->AdvanceClock(worker, entry - 1, absl::MakeConstSpan(&r, 1));
+      advanced.emplace_back(worker, entry, range);
     }
+  }
+  std::sort(advanced.begin(), advanced.end());
+  std::vector<int> ranges;
+  for (size_t i = 0; i < advanced.size();) {
+    const int worker = std::get<0>(advanced[i]);
+    const int64_t entry = std::get<1>(advanced[i]);
+    ranges.clear();
+    for (; i < advanced.size() && std::get<0>(advanced[i]) == worker &&
+           std::get<1>(advanced[i]) == entry;
+         ++i) {
+      ranges.push_back(std::get<2>(advanced[i]));
+    }
+    consistency_->AdvanceClock(worker, entry - 1, ranges);
   }
   for (int worker : finished) consistency_->SetWorkerFinished(worker);
 }

@@ -1465,9 +1465,10 @@ TEST_F(ServerNodeSegmentTest, RangesCompleteClocksIndependently) {
   ASSERT_TRUE(PushNow(&node_, Segmented({a_}, {1}, {1})).ok());
   proto::ClockRequest c = MakeClock(0, 0, 0, 1);
   for (int r : routing_.RangesOf(0)) {
-    proto::RangeAnnouncement* a = c.add_ranges();
-    a->set_range(r);
-    a->set_segments(r == routing_.RangeOf(b_) ? 1 : r == routing_.RangeOf(a_));
+    c.add_range_ids(r);
+    c.add_range_segments(r == routing_.RangeOf(b_) ? 1
+                                                   : r == routing_.RangeOf(a_));
+    c.add_range_settled_seqs(0);
   }
   ASSERT_TRUE(node_.ClockTick(c).ok());
   // range(a) completed clock 0; range(b) waits for its segment.
@@ -1478,8 +1479,15 @@ TEST_F(ServerNodeSegmentTest, RangesCompleteClocksIndependently) {
   EXPECT_EQ(node_.Status().worker_clocks(0), 1);
   // A range this server does not own is a stale epoch.
   proto::ClockRequest bad = MakeClock(0, 1, 0, 1);
-  bad.add_ranges()->set_range(routing_.num_ranges());
+  bad.add_range_ids(routing_.num_ranges());
+  bad.add_range_segments(0);
+  bad.add_range_settled_seqs(0);
   EXPECT_EQ(node_.ClockTick(bad).code(), StatusCode::kInvalidArgument);
+  // Arrays of different lengths are refused.
+  proto::ClockRequest uneven = MakeClock(0, 1, 0, 1);
+  uneven.add_range_ids(routing_.RangeOf(a_));
+  uneven.add_range_segments(0);
+  EXPECT_EQ(node_.ClockTick(uneven).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

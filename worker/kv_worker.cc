@@ -44,6 +44,21 @@ bool Unreachable(const absl::Status& s) {
          s.code() == absl::StatusCode::kDeadlineExceeded;
 }
 
+// Appends announcement i of `all` (one per range) to `to`, the request of
+// the range's owner, whose header is set from `all` when it is still empty.
+void AppendAnnouncement(const proto::ClockRequest& all, int i, int64_t epoch,
+                        proto::ClockRequest* to) {
+  if (to->range_ids_size() == 0) {
+    to->set_worker_id(all.worker_id());
+    to->set_clock(all.clock());
+    to->set_epoch(epoch);
+    to->set_num_examples(all.num_examples());
+  }
+  to->add_range_ids(all.range_ids(i));
+  to->add_range_segments(all.range_segments(i));
+  to->add_range_settled_seqs(all.range_settled_seqs(i));
+}
+
 }  // namespace
 
 template <typename F>
@@ -490,38 +505,33 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
     ClockState& cs = clocks_[clock];
     for (auto& p : out) {
       for (proto::PushSegment& seg : *p->req.mutable_segments()) {
-        const uint64_t seq = ++next_seq_[seg.range()];
-        seg.set_seq(seq);
-        inflight_[seg.range()].insert(seq);
+        seg.set_seq(SentLocked(seg.range()));
+        if (static_cast<size_t>(seg.range()) >= cs.segments_per_range.size()) {
+          cs.segments_per_range.resize(seg.range() + 1);
+        }
         ++cs.segments_per_range[seg.range()];
       }
       ++ops_[ts].pending;
     }
     if (clock_ts >= 0) {
       const proto::ClockRequest all = AnnouncementLocked(clock, cs);
-      std::map<int, proto::ClockRequest*> riding;
+      // Per server: the request its share goes in (a push's end_clock, or
+      // its own clock request).
+      std::vector<proto::ClockRequest*> to(routing->num_servers(), nullptr);
       for (auto& p : out) {
         p->clock_ts = clock_ts;
-        riding[p->server] = p->req.mutable_end_clock();
+        to[p->server] = p->req.mutable_end_clock();
       }
       std::map<int, std::shared_ptr<proto::ClockRequest>> by_server;
-      for (const proto::RangeAnnouncement& a : all.ranges()) {
-        const int owner = routing->OwnerOfRange(a.range());
-        proto::ClockRequest* r;
-        if (auto it = riding.find(owner); it != riding.end()) {
-          r = it->second;
-        } else {
-          std::shared_ptr<proto::ClockRequest>& own = by_server[owner];
-          if (own == nullptr) own = std::make_shared<proto::ClockRequest>();
+      for (int i = 0; i < all.range_ids_size(); ++i) {
+        const int owner = routing->OwnerOfRange(all.range_ids(i));
+        proto::ClockRequest*& r = to[owner];
+        if (r == nullptr) {
+          auto own = std::make_shared<proto::ClockRequest>();
           r = own.get();
+          by_server.emplace(owner, std::move(own));
         }
-        if (r->ranges_size() == 0) {
-          r->set_worker_id(all.worker_id());
-          r->set_clock(all.clock());
-          r->set_epoch(epoch);
-          r->set_num_examples(all.num_examples());
-        }
-        *r->add_ranges() = a;
+        AppendAnnouncement(all, i, epoch, r);
       }
       for (auto& [server, r] : by_server) alone.emplace_back(server, r);
       ops_[clock_ts].pending += static_cast<int>(alone.size());
@@ -682,7 +692,7 @@ void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
   auto settle = [&] {
     absl::MutexLock l(&mu_);
     for (const proto::PushSegment& seg : slice->req.segments()) {
-      inflight_[seg.range()].erase(seg.seq());
+      AnsweredLocked(seg.range(), seg.seq());
     }
   };
   if (s.ok()) {
@@ -954,15 +964,38 @@ proto::ClockRequest KVWorker::AnnouncementLocked(int64_t clock,
   all.set_clock(clock);
   all.set_num_examples(cs.examples);
   // Every range, so each one completes the clock (most with 0 segments).
-  for (int r = 0; r < routing_->num_ranges(); ++r) {
-    proto::RangeAnnouncement* a = all.add_ranges();
-    a->set_range(r);
-    auto n = cs.segments_per_range.find(r);
-    a->set_segments(n == cs.segments_per_range.end() ? 0 : n->second);
-    const auto& in = inflight_[r];
-    a->set_settled_seq(in.empty() ? next_seq_[r] : *in.begin() - 1);
+  const int n = routing_->num_ranges();
+  all.mutable_range_ids()->Reserve(n);
+  all.mutable_range_segments()->Reserve(n);
+  all.mutable_range_settled_seqs()->Reserve(n);
+  for (int r = 0; r < n; ++r) {
+    all.add_range_ids(r);
+    all.add_range_segments(static_cast<size_t>(r) < cs.segments_per_range.size()
+                               ? cs.segments_per_range[r]
+                               : 0);
+    all.add_range_settled_seqs(static_cast<size_t>(r) < seqs_.size()
+                                   ? seqs_[r].settled
+                                   : 0);
   }
   return all;
+}
+
+uint64_t KVWorker::SentLocked(int range) {
+  if (static_cast<size_t>(range) >= seqs_.size()) seqs_.resize(range + 1);
+  RangeSeqs& rs = seqs_[range];
+  rs.open.push_back(false);
+  return ++rs.next;
+}
+
+void KVWorker::AnsweredLocked(int range, uint64_t seq) {
+  if (static_cast<size_t>(range) >= seqs_.size()) return;
+  RangeSeqs& rs = seqs_[range];
+  if (seq <= rs.settled || seq > rs.next) return;  // answered before
+  rs.open[seq - rs.settled - 1] = true;
+  while (!rs.open.empty() && rs.open.front()) {
+    rs.open.pop_front();
+    ++rs.settled;
+  }
 }
 
 void KVWorker::SendClock(int64_t clock) {
@@ -990,17 +1023,11 @@ void KVWorker::SendClockRanges(const proto::ClockRequest& all, int64_t ts,
     absl::MutexLock l(&mu_);
     servers = servers_;
     std::map<int, std::shared_ptr<proto::ClockRequest>> by_server;
-    for (const proto::RangeAnnouncement& a : all.ranges()) {
+    for (int i = 0; i < all.range_ids_size(); ++i) {
       std::shared_ptr<proto::ClockRequest>& r =
-          by_server[routing_->OwnerOfRange(a.range())];
-      if (r == nullptr) {
-        r = std::make_shared<proto::ClockRequest>();
-        r->set_worker_id(all.worker_id());
-        r->set_clock(all.clock());
-        r->set_epoch(view_.epoch());
-        r->set_num_examples(all.num_examples());
-      }
-      *r->add_ranges() = a;
+          by_server[routing_->OwnerOfRange(all.range_ids(i))];
+      if (r == nullptr) r = std::make_shared<proto::ClockRequest>();
+      AppendAnnouncement(all, i, view_.epoch(), r.get());
     }
     for (auto& [s, r] : by_server) reqs.emplace_back(s, std::move(r));
     ops_[ts].pending += static_cast<int>(reqs.size());

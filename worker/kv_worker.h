@@ -47,6 +47,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <map>
@@ -227,7 +228,15 @@ class KVWorker final : public ParamClient {
     bool sent = false;  // SendClock ran; erased once no push is pending
     int examples = 0;
     int64_t ts = -1;
-    std::map<int, int64_t> segments_per_range;
+    std::vector<int64_t> segments_per_range;  // by range, grown on use
+  };
+  // A range's push segment seqs: the last one sent (`next`), and the
+  // answers of those after `settled` (every seq <= settled had its final
+  // answer), in seq order: `open[i]` is seq settled + 1 + i.
+  struct RangeSeqs {
+    uint64_t next = 0;
+    uint64_t settled = 0;
+    std::deque<bool> open;
   };
   struct PushSlice {
     int64_t ts;
@@ -306,6 +315,10 @@ class KVWorker final : public ParamClient {
   // Ends the current clock; returns its op, whose guard part the caller
   // releases once the announcement is sent.
   int64_t EndClockLocked(int num_examples) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next seq of `range`, marked sent; and the final answer of one.
+  uint64_t SentLocked(int range) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AnsweredLocked(int range, uint64_t seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The announcement of ended clock `clock`: every range, its segment
   // count and settled seq.
   proto::ClockRequest AnnouncementLocked(int64_t clock, const ClockState& cs)
@@ -380,9 +393,9 @@ class KVWorker final : public ParamClient {
   proto::ClusterView view_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<ServerClient>> servers_ ABSL_GUARDED_BY(mu_);
   std::vector<int> dims_ ABSL_GUARDED_BY(mu_);
-  std::map<int, uint64_t> next_seq_ ABSL_GUARDED_BY(mu_);  // per range
-  // Per range, segment seqs sent and not yet finally answered.
-  std::map<int, std::set<uint64_t>> inflight_ ABSL_GUARDED_BY(mu_);
+  // By range (grown on use): segment seqs sent and finally answered. The
+  // settled seq a clock announces is the lowest unanswered one's predecessor.
+  std::vector<RangeSeqs> seqs_ ABSL_GUARDED_BY(mu_);
   // Range boundaries of the first view: every later view must keep them.
   std::vector<uint64_t> range_begins_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Op> ops_ ABSL_GUARDED_BY(mu_);

@@ -29,6 +29,28 @@
 namespace ps {
 namespace {
 
+// One range's announcement in a ClockRequest (its packed arrays).
+struct Ann {
+  int r;
+  int64_t seg;
+  uint64_t settled;
+  int range() const { return r; }
+  int64_t segments() const { return seg; }
+  uint64_t settled_seq() const { return settled; }
+  bool operator==(const Ann& o) const {
+    return r == o.r && seg == o.seg && settled == o.settled;
+  }
+};
+
+std::vector<Ann> Anns(const proto::ClockRequest& c) {
+  std::vector<Ann> out;
+  for (int i = 0; i < c.range_ids_size(); ++i) {
+    out.push_back(Ann{c.range_ids(i), c.range_segments(i),
+                      c.range_settled_seqs(i)});
+  }
+  return out;
+}
+
 using absl::StatusCode;
 
 constexpr int kVnodes = 8;
@@ -802,7 +824,7 @@ TEST_F(KVWorkerTest, ClockTellsEveryServerAtOnceAndCompletesAfterItsPushes) {
     // Every range the server owns, with the segments the clock sent there;
     // nothing is settled while seq 1 of a touched range is unanswered.
     std::vector<int> ranges;
-    for (const proto::RangeAnnouncement& a : c->req->ranges()) {
+    for (const Ann& a : Anns(*c->req)) {
       ranges.push_back(a.range());
       const bool hit = touched.count(a.range()) > 0;
       EXPECT_EQ(a.segments(), hit ? 1 : 0) << "range " << a.range();
@@ -826,7 +848,7 @@ TEST_F(KVWorkerTest, ClockTellsEveryServerAtOnceAndCompletesAfterItsPushes) {
     std::optional<HeldClock> c = S(s)->NextClock();
     ASSERT_TRUE(c.has_value()) << "S[" << s << "]";
     EXPECT_EQ(c->req->clock(), 1);
-    for (const proto::RangeAnnouncement& a : c->req->ranges()) {
+    for (const Ann& a : Anns(*c->req)) {
       const bool hit = touched.count(a.range()) > 0;
       EXPECT_EQ(a.settled_seq(), hit ? 1u : 0u) << "range " << a.range();
     }
@@ -859,7 +881,7 @@ TEST_F(KVWorkerTest, PushAndClockRidesOnThePushRequests) {
   EXPECT_EQ(c.epoch(), 1);
   EXPECT_EQ(c.num_examples(), 8);
   std::vector<int> ranges;
-  for (const proto::RangeAnnouncement& a : c.ranges()) {
+  for (const Ann& a : Anns(c)) {
     ranges.push_back(a.range());
     EXPECT_EQ(a.segments(), touched.count(a.range()) > 0 ? 1 : 0);
     EXPECT_EQ(a.settled_seq(), 0u);
@@ -869,7 +891,7 @@ TEST_F(KVWorkerTest, PushAndClockRidesOnThePushRequests) {
   ASSERT_TRUE(alone.has_value());
   EXPECT_EQ(alone->req->clock(), 0);
   ranges.clear();
-  for (const proto::RangeAnnouncement& a : alone->req->ranges()) {
+  for (const Ann& a : Anns(*alone->req)) {
     ranges.push_back(a.range());
     EXPECT_EQ(a.segments(), 0);
   }
@@ -904,11 +926,8 @@ TEST_F(KVWorkerTest, RidingClockFollowsItsRangesToTheirNewOwner) {
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->req->epoch(), 2);
   const proto::ClockRequest& was = stale->req->end_clock();
-  ASSERT_EQ(c->req->ranges_size(), was.ranges_size());
-  for (int i = 0; i < c->req->ranges_size(); ++i) {
-    EXPECT_EQ(c->req->ranges(i).SerializeAsString(),
-              was.ranges(i).SerializeAsString());
-  }
+  EXPECT_FALSE(Anns(was).empty());
+  EXPECT_EQ(Anns(*c->req), Anns(was));
   c->Reply(absl::OkStatus());
   EXPECT_EQ(worker_->Wait(clk, absl::Now() + absl::Milliseconds(50)).code(),
             StatusCode::kDeadlineExceeded);
@@ -934,11 +953,8 @@ TEST_F(KVWorkerTest, ClockStaleEpochAnnouncesTheRangesToTheirNewOwner) {
   ASSERT_TRUE(moved.has_value());
   EXPECT_EQ(moved->req->epoch(), 2);
   EXPECT_EQ(moved->req->clock(), 0);
-  ASSERT_EQ(moved->req->ranges_size(), stale->req->ranges_size());
-  for (int i = 0; i < moved->req->ranges_size(); ++i) {
-    EXPECT_EQ(moved->req->ranges(i).SerializeAsString(),
-              stale->req->ranges(i).SerializeAsString());
-  }
+  EXPECT_FALSE(Anns(*stale->req).empty());
+  EXPECT_EQ(Anns(*moved->req), Anns(*stale->req));
   moved->Reply(absl::OkStatus());
   EXPECT_TRUE(worker_->Wait(push, Soon()).ok());
   EXPECT_TRUE(worker_->Wait(clk, Soon()).ok());
@@ -973,11 +989,11 @@ TEST_F(KVWorkerTest, ClockSettledSeqStopsBelowTheOldestUnansweredPush) {
   const int range = routing->RangeOf(1);
   ASSERT_EQ(routing->RangeOf(3), range);
   auto entry = [&](const proto::ClockRequest& r) {
-    for (const proto::RangeAnnouncement& a : r.ranges()) {
+    for (const Ann& a : Anns(r)) {
       if (a.range() == range) return a;
     }
     ADD_FAILURE() << "no entry for range " << range;
-    return proto::RangeAnnouncement();
+    return Ann{};
   };
   for (int clock = 0; clock < 2; ++clock) {
     std::optional<HeldClock> c = S(0)->NextClock();
