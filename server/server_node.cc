@@ -1209,20 +1209,27 @@ void ServerNode::ApplyBsp(int range, RangeActions* actions) {
     for (size_t ti = 0; ti < tables_.size(); ++ti) {
       Table* t = tables_[ti].get();
       const float scale = t->optimizer().GradientScale(apply.examples);
-      GradAccumulator acc(t->dim(), routing_->num_ranges());
+      // Kept per table: one for each range and clock cost as much as the
+      // sums (its per-range maps for every range of the job).
+      if (bsp_sums_.size() <= ti) bsp_sums_.resize(ti + 1);
+      std::unique_ptr<GradAccumulator>& acc = bsp_sums_[ti];
+      if (acc == nullptr || acc->dim() != t->dim() ||
+          acc->num_ranges() != t->num_ranges()) {
+        acc = std::make_unique<GradAccumulator>(t->dim(), t->num_ranges());
+      }
       bool touched = false;
       for (const BufferedSegment& seg : apply.segments) {
         if (seg.table != static_cast<int>(ti)) continue;
-        acc.Add(range, ViewAs<uint64_t>(seg.keys),
-                reinterpret_cast<const float*>(seg.vals.data()));
+        acc->Add(range, ViewAs<uint64_t>(seg.keys),
+                 reinterpret_cast<const float*>(seg.vals.data()));
         touched = true;
       }
       if (!touched) continue;
       if (block == nullptr) {
-        acc.ApplyTo(t, scale);
+        acc->ApplyTo(t, scale);
       } else {
         block->add_sum_tables(static_cast<int32_t>(ti));
-        acc.ApplyTo(t, scale, block->add_sum_keys(), block->add_sum_vals());
+        acc->ApplyTo(t, scale, block->add_sum_keys(), block->add_sum_vals());
       }
     }
   }

@@ -540,6 +540,8 @@ class ServerNode {
   std::list<AckWait> ack_waits_ ABSL_GUARDED_BY(mu_);
   // BSP clocks applied on owned replicated ranges, not logged yet.
   std::vector<proto::ReplicaBspClock> bsp_out_ ABSL_GUARDED_BY(mu_);
+  // ApplyBsp's sums, per table (emptied by every ApplyTo).
+  std::vector<std::unique_ptr<GradAccumulator>> bsp_sums_ ABSL_GUARDED_BY(mu_);
   // Set by CancelAll: later waits fail at once with it.
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
   // DATA_LOSS once this server was made the owner of a range it held no

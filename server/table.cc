@@ -741,6 +741,7 @@ void GradAccumulator::Add(int range, absl::Span<const uint64_t> keys,
   const size_t dim = static_cast<size_t>(dim_);
   absl::MutexLock l(&mu_);
   RangeSums& rs = ranges_[range];
+  if (rs.keys.empty() && !keys.empty()) touched_.push_back(range);
   for (size_t i = 0; i < keys.size(); ++i) {
     const float* g = grads + i * dim;
     auto [it, inserted] =
@@ -763,9 +764,11 @@ void GradAccumulator::ApplyTo(Table* table, float scale,
                  "GradAccumulator: table dim or num_ranges differ");
   const size_t dim = static_cast<size_t>(dim_);
   absl::MutexLock l(&mu_);
-  for (int r = 0; r < num_ranges_; ++r) {
+  // Only the ranges summed into, ascending (a BSP clock sums one range of
+  // many: scanning them all cost as much as the sums).
+  std::sort(touched_.begin(), touched_.end());
+  for (int r : touched_) {
     RangeSums& rs = ranges_[r];
-    if (rs.keys.empty()) continue;
     order_.resize(rs.keys.size());
     std::iota(order_.begin(), order_.end(), uint32_t{0});
     std::sort(order_.begin(), order_.end(), [&rs](uint32_t a, uint32_t b) {
@@ -790,6 +793,7 @@ void GradAccumulator::ApplyTo(Table* table, float scale,
     rs.keys.clear();
     rs.sums.clear();
   }
+  touched_.clear();
 }
 
 size_t GradAccumulator::pending_keys() const {

@@ -287,6 +287,7 @@ class GradAccumulator {
   const int num_ranges_;
   mutable absl::Mutex mu_;
   std::vector<RangeSums> ranges_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> touched_ ABSL_GUARDED_BY(mu_);  // ranges with sums
   // Scratch for ApplyTo, kept to avoid reallocating every clock.
   std::vector<uint32_t> order_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> sorted_keys_ ABSL_GUARDED_BY(mu_);

@@ -475,5 +475,37 @@ TEST(GradAccumulatorTest, ResultIndependentOfKeyArrivalOrder) {
   EXPECT_EQ(a->size(), 3u);
 }
 
+// One accumulator reused clock after clock (as ServerNode::ApplyBsp keeps
+// one per table): each ApplyTo pushes only what was summed since the last,
+// the ranges in ascending order whatever order they were summed in.
+TEST(GradAccumulatorTest, ReusedAfterApplyPushesOnlyTheNewSums) {
+  TableSpec spec = PlainSgd();
+  auto t = MakeTable(spec, 4);
+  GradAccumulator acc(1, 4);
+  const float g[] = {1.0f, 2.0f};
+  acc.Add(3, {30, 31}, g);
+  acc.Add(1, {10}, g);
+  std::string keys, sums;
+  acc.ApplyTo(t.get(), 1.0f, &keys, &sums);
+  const std::vector<uint64_t> first = {10, 30, 31};
+  EXPECT_EQ(keys, std::string(reinterpret_cast<const char*>(first.data()),
+                              first.size() * sizeof(uint64_t)));
+  EXPECT_EQ(sums.size(), 3 * sizeof(float));
+  EXPECT_EQ(acc.pending_keys(), 0u);
+  keys.clear();
+  sums.clear();
+  acc.Add(2, {20}, g + 1);
+  acc.ApplyTo(t.get(), 1.0f, &keys, &sums);
+  const uint64_t second = 20;
+  EXPECT_EQ(keys, std::string(reinterpret_cast<const char*>(&second),
+                              sizeof(second)));
+  ASSERT_EQ(sums.size(), sizeof(float));
+  float sum;
+  std::memcpy(&sum, sums.data(), sizeof(sum));
+  EXPECT_EQ(sum, 2.0f);
+  acc.ApplyTo(t.get(), 1.0f, &keys, &sums);  // nothing new: nothing pushed
+  EXPECT_EQ(keys.size(), sizeof(second));
+}
+
 }  // namespace
 }  // namespace ps

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <list>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "google/protobuf/arena.h"
 #include "transport/errors.h"
 #include "transport/grpc_transport.h"
 
@@ -538,6 +540,46 @@ bool ParseRequest(const Header& h, const char* meta, const DataReplyTo& reply,
              nullptr);
   return false;
 }
+
+// A push's segments and a replication batch's entries are one message each
+// (a9a: ~40 segments per push; a batch of BSP clocks ~10 fields per range):
+// parsed into an arena whose first block is this reader thread's buffer,
+// they cost no allocation unless the request outgrows it. The handlers use
+// the request before they return (DataService copies what it keeps).
+class RequestArena {
+ public:
+  RequestArena() : owner_(!in_use_), arena_(Options(owner_)) {
+    in_use_ = true;
+  }
+  ~RequestArena() {
+    if (owner_) in_use_ = false;
+  }
+  RequestArena(const RequestArena&) = delete;
+  RequestArena& operator=(const RequestArena&) = delete;
+
+  template <typename Req>
+  Req* Create() {
+    return google::protobuf::Arena::CreateMessage<Req>(&arena_);
+  }
+
+ private:
+  // The thread's block, unless an arena of this thread has it already.
+  static google::protobuf::ArenaOptions Options(bool owner) {
+    static constexpr size_t kBlockBytes = 64 << 10;
+    thread_local std::unique_ptr<char[]> block(new char[kBlockBytes]);
+    google::protobuf::ArenaOptions o;
+    if (owner) {
+      o.initial_block = block.get();
+      o.initial_block_size = kBlockBytes;
+    }
+    return o;
+  }
+
+  static thread_local bool in_use_;
+  const bool owner_;
+  google::protobuf::Arena arena_;
+};
+thread_local bool RequestArena::in_use_ = false;
 }  // namespace
 
 bool DataPlaneServer::State::Dispatch(
@@ -550,11 +592,12 @@ bool DataPlaneServer::State::Dispatch(
   const bool sections = h.keys_len == 0 && h.vals_len == 0;
   switch (h.type) {
     case data_plane::kPush: {
-      proto::PushRequest req;
-      if (ParseRequest(h, meta, reply, &req, [](const proto::PushRequest& r) {
+      RequestArena arena;
+      proto::PushRequest* req = arena.Create<proto::PushRequest>();
+      if (ParseRequest(h, meta, reply, req, [](const proto::PushRequest& r) {
             return r.keys().empty() && r.vals().empty();
           })) {
-        handler->Push(req, keys, vals, std::move(reply));
+        handler->Push(*req, keys, vals, std::move(reply));
       }
       return true;
     }
@@ -581,10 +624,11 @@ bool DataPlaneServer::State::Dispatch(
       return true;
     }
     case data_plane::kReplicate: {
-      proto::ReplicateRequest req;
-      if (ParseRequest(h, meta, reply, &req,
+      RequestArena arena;
+      proto::ReplicateRequest* req = arena.Create<proto::ReplicateRequest>();
+      if (ParseRequest(h, meta, reply, req,
                        [&](const proto::ReplicateRequest&) { return sections; })) {
-        handler->Replicate(req, std::move(reply));
+        handler->Replicate(*req, std::move(reply));
       }
       return true;
     }
