@@ -517,15 +517,21 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
       const proto::ClockRequest all = AnnouncementLocked(clock, cs);
       // Per server: the request its share goes in (a push's end_clock, or
       // its own clock request).
+      // (Owners are >= 0, but only bounded by the view's server list when
+      // it has one.)
       std::vector<proto::ClockRequest*> to(routing->num_servers(), nullptr);
+      auto slot = [&to](int server) -> proto::ClockRequest*& {
+        if (static_cast<size_t>(server) >= to.size()) to.resize(server + 1);
+        return to[server];
+      };
       for (auto& p : out) {
         p->clock_ts = clock_ts;
-        to[p->server] = p->req.mutable_end_clock();
+        slot(p->server) = p->req.mutable_end_clock();
       }
       std::map<int, std::shared_ptr<proto::ClockRequest>> by_server;
       for (int i = 0; i < all.range_ids_size(); ++i) {
         const int owner = routing->OwnerOfRange(all.range_ids(i));
-        proto::ClockRequest*& r = to[owner];
+        proto::ClockRequest*& r = slot(owner);
         if (r == nullptr) {
           auto own = std::make_shared<proto::ClockRequest>();
           r = own.get();
