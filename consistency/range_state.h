@@ -76,7 +76,6 @@ class ClockMap {
   }
   void erase(iterator it) { v_.erase(it); }
   bool empty() const { return v_.empty(); }
-  size_t size() const { return v_.size(); }
   iterator begin() { return v_.begin(); }
   iterator end() { return v_.end(); }
   const_iterator begin() const { return v_.begin(); }
