@@ -213,11 +213,14 @@ ServerInput BackupBspJob() {
   proto::ReplicateRequest req;
   for (int r = 0; r < ring.range_server_size(); ++r) {
     if (ring.range_server(r) != 1) continue;
-    proto::ReplicaBspClock* c = req.add_entries()->mutable_bsp()->add_clocks();
-    c->set_range(r);
-    c->set_index(1);
-    c->set_clock(0);
-    c->set_examples(1);
+    proto::ReplicaBspClocks* c = req.add_entries()->mutable_bsp();
+    c->add_ranges(r);
+    c->add_indexes(1);
+    c->add_clocks(0);
+    c->add_examples(1);
+    c->add_num_segs(1);
+    c->add_num_anns(1);
+    c->add_num_sums(1);
     c->add_seg_workers(0);
     c->add_seg_seqs(1);
     c->add_ann_workers(0);
@@ -225,8 +228,9 @@ ServerInput BackupBspJob() {
     c->add_ann_examples(1);
     c->add_ann_settled(0);
     c->add_sum_tables(0);
-    c->add_sum_keys(Keys({routing.RangeBegin(r)}));
-    c->add_sum_vals(Vals({0.5f}));
+    c->add_sum_num_keys(1);
+    *c->mutable_sum_keys() = Keys({routing.RangeBegin(r)});
+    *c->mutable_sum_vals() = Vals({0.5f});
     break;
   }
   return BackupJobSending(std::move(req));

@@ -1189,23 +1189,26 @@ void ServerNode::ApplyBsp(int range, RangeActions* actions) {
   const bool replicate =
       routing_->OwnerOfRange(range) == id_ && HasBackups(range);
   for (RangeActions::Apply& apply : actions->apply) {
-    proto::ReplicaBspClock* block = nullptr;
-    if (replicate) {
-      block = &bsp_out_.emplace_back();
-      block->set_range(range);
-      block->set_clock(apply.clock);
-      block->set_examples(apply.examples);
+    proto::ReplicaBspClocks* out = replicate ? &bsp_out_ : nullptr;
+    if (out != nullptr) {
+      out->add_ranges(range);
+      out->add_indexes(0);  // assigned by FlushBspClocksLocked
+      out->add_clocks(apply.clock);
+      out->add_examples(apply.examples);
+      out->add_num_segs(static_cast<int32_t>(apply.segments.size()));
+      out->add_num_anns(static_cast<int32_t>(apply.announces.size()));
       for (const BufferedSegment& seg : apply.segments) {
-        block->add_seg_workers(seg.worker);
-        block->add_seg_seqs(seg.seq);
+        out->add_seg_workers(seg.worker);
+        out->add_seg_seqs(seg.seq);
       }
       for (const BspAnnouncement& a : apply.announces) {
-        block->add_ann_workers(a.worker);
-        block->add_ann_segments(a.segments);
-        block->add_ann_examples(a.examples);
-        block->add_ann_settled(a.settled);
+        out->add_ann_workers(a.worker);
+        out->add_ann_segments(a.segments);
+        out->add_ann_examples(a.examples);
+        out->add_ann_settled(a.settled);
       }
     }
+    int32_t sums = 0;
     for (size_t ti = 0; ti < tables_.size(); ++ti) {
       Table* t = tables_[ti].get();
       const float scale = t->optimizer().GradientScale(apply.examples);
@@ -1225,13 +1228,18 @@ void ServerNode::ApplyBsp(int range, RangeActions* actions) {
         touched = true;
       }
       if (!touched) continue;
-      if (block == nullptr) {
+      if (out == nullptr) {
         acc->ApplyTo(t, scale);
       } else {
-        block->add_sum_tables(static_cast<int32_t>(ti));
-        acc->ApplyTo(t, scale, block->add_sum_keys(), block->add_sum_vals());
+        const size_t before = out->sum_keys().size();
+        acc->ApplyTo(t, scale, out->mutable_sum_keys(), out->mutable_sum_vals());
+        out->add_sum_tables(static_cast<int32_t>(ti));
+        out->add_sum_num_keys(static_cast<int64_t>(
+            (out->sum_keys().size() - before) / sizeof(uint64_t)));
+        ++sums;
       }
     }
+    if (out != nullptr) out->add_num_sums(sums);
   }
   actions->apply.clear();
 }

@@ -538,8 +538,10 @@ class ServerNode {
   int64_t replica_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<AckWait> ack_waits_ ABSL_GUARDED_BY(mu_);
-  // BSP clocks applied on owned replicated ranges, not logged yet.
-  std::vector<proto::ReplicaBspClock> bsp_out_ ABSL_GUARDED_BY(mu_);
+  // BSP clocks applied on owned replicated ranges, not logged yet (their
+  // indexes are set by FlushBspClocksLocked). Cleared, not freed: its
+  // arrays keep their capacity from step to step.
+  proto::ReplicaBspClocks bsp_out_ ABSL_GUARDED_BY(mu_);
   // ApplyBsp's sums, per table (emptied by every ApplyTo).
   std::vector<std::unique_ptr<GradAccumulator>> bsp_sums_ ABSL_GUARDED_BY(mu_);
   // Set by CancelAll: later waits fail at once with it.

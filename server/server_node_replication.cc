@@ -47,13 +47,111 @@ constexpr absl::Duration kReplicateTimeout = absl::Seconds(10);
 
 // What a batch counts for a BSP entry: its sums' bytes.
 size_t BspBytes(const proto::ReplicaBspClocks& bc) {
-  size_t n = 64;
-  for (const proto::ReplicaBspClock& c : bc.clocks()) {
-    n += 16 * c.seg_seqs_size();
-    for (const std::string& k : c.sum_keys()) n += k.size();
-    for (const std::string& v : c.sum_vals()) n += v.size();
+  return 64 + 16 * static_cast<size_t>(bc.seg_seqs_size()) +
+         bc.sum_keys().size() + bc.sum_vals().size();
+}
+
+// Where a clock of a packed ReplicaBspClocks starts in its flat arrays:
+// its first segment, announcement and sum, and the first byte of its sums'
+// keys and floats.
+struct BspClockAt {
+  int seg = 0;
+  int ann = 0;
+  int sum = 0;
+  size_t key_byte = 0;
+  size_t val_byte = 0;
+};
+
+// The start of every clock of `bc` and, last, the end of the arrays.
+// `dim(table)` is a table's floats per key, or -1 when it has none.
+// INVALID_ARGUMENT when the arrays do not match their counts.
+template <typename DimFn>
+absl::StatusOr<std::vector<BspClockAt>> LayOutBspClocks(
+    const proto::ReplicaBspClocks& bc, DimFn dim) {
+  auto bad = [](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicated BSP clocks: ", what));
+  };
+  const int n = bc.ranges_size();
+  if (bc.indexes_size() != n || bc.clocks_size() != n ||
+      bc.examples_size() != n || bc.num_segs_size() != n ||
+      bc.num_anns_size() != n || bc.num_sums_size() != n) {
+    return bad("per-clock arrays of different lengths");
   }
-  return n;
+  const int anns = bc.ann_workers_size();
+  const int sums = bc.sum_tables_size();
+  if (bc.seg_seqs_size() != bc.seg_workers_size() ||
+      bc.ann_segments_size() != anns || bc.ann_examples_size() != anns ||
+      bc.ann_settled_size() != anns || bc.sum_num_keys_size() != sums) {
+    return bad("entry arrays of different lengths");
+  }
+  std::vector<BspClockAt> at(static_cast<size_t>(n) + 1);
+  BspClockAt next;
+  for (int i = 0; i < n; ++i) {
+    at[i] = next;
+    if (bc.num_segs(i) < 0 || bc.num_anns(i) < 0 || bc.num_sums(i) < 0 ||
+        bc.num_segs(i) > bc.seg_workers_size() - next.seg ||
+        bc.num_anns(i) > anns - next.ann || bc.num_sums(i) > sums - next.sum) {
+      return bad("counts do not match the arrays");
+    }
+    next.seg += bc.num_segs(i);
+    next.ann += bc.num_anns(i);
+    for (int j = next.sum; j < next.sum + bc.num_sums(i); ++j) {
+      const int d = dim(bc.sum_tables(j));
+      if (d < 0) return bad(absl::StrCat("unknown table ", bc.sum_tables(j)));
+      const int64_t keys = bc.sum_num_keys(j);
+      if (keys < 0 || static_cast<uint64_t>(keys) >
+                          (bc.sum_keys().size() - next.key_byte) /
+                              sizeof(uint64_t)) {
+        return bad("sum keys do not match their counts");
+      }
+      next.key_byte += static_cast<size_t>(keys) * sizeof(uint64_t);
+      const size_t vals =
+          static_cast<size_t>(keys) * static_cast<size_t>(d) * sizeof(float);
+      if (vals > bc.sum_vals().size() - next.val_byte) {
+        return bad("sums do not match keys");
+      }
+      next.val_byte += vals;
+    }
+    next.sum += bc.num_sums(i);
+  }
+  at[n] = next;
+  if (next.seg != bc.seg_workers_size() || next.ann != anns ||
+      next.sum != sums || next.key_byte != bc.sum_keys().size() ||
+      next.val_byte != bc.sum_vals().size()) {
+    return bad("counts do not match the arrays");
+  }
+  return at;
+}
+
+// Appends clock i of `from` (laid out in `at`) to `to`.
+void AppendBspClock(const proto::ReplicaBspClocks& from,
+                    const std::vector<BspClockAt>& at, int i,
+                    proto::ReplicaBspClocks* to) {
+  const BspClockAt& a = at[i];
+  const BspClockAt& b = at[i + 1];
+  to->add_ranges(from.ranges(i));
+  to->add_indexes(from.indexes(i));
+  to->add_clocks(from.clocks(i));
+  to->add_examples(from.examples(i));
+  to->add_num_segs(from.num_segs(i));
+  to->add_num_anns(from.num_anns(i));
+  to->add_num_sums(from.num_sums(i));
+  auto copy = [](const auto& src, int first, int last, auto* dst) {
+    dst->Add(src.begin() + first, src.begin() + last);
+  };
+  copy(from.seg_workers(), a.seg, b.seg, to->mutable_seg_workers());
+  copy(from.seg_seqs(), a.seg, b.seg, to->mutable_seg_seqs());
+  copy(from.ann_workers(), a.ann, b.ann, to->mutable_ann_workers());
+  copy(from.ann_segments(), a.ann, b.ann, to->mutable_ann_segments());
+  copy(from.ann_examples(), a.ann, b.ann, to->mutable_ann_examples());
+  copy(from.ann_settled(), a.ann, b.ann, to->mutable_ann_settled());
+  copy(from.sum_tables(), a.sum, b.sum, to->mutable_sum_tables());
+  copy(from.sum_num_keys(), a.sum, b.sum, to->mutable_sum_num_keys());
+  to->mutable_sum_keys()->append(from.sum_keys(), a.key_byte,
+                                 b.key_byte - a.key_byte);
+  to->mutable_sum_vals()->append(from.sum_vals(), a.val_byte,
+                                 b.val_byte - a.val_byte);
 }
 
 // What an entry counts for in a batch's bytes (kMaxBatchBytes) and in a
@@ -72,7 +170,7 @@ absl::Duration RetryBackoff(int attempt) {
 }
 
 // The keys of a replicated segment: ascending and inside `range`.
-absl::Status CheckRangeKeys(const std::string& keys, const Routing& routing,
+absl::Status CheckRangeKeys(absl::string_view keys, const Routing& routing,
                             int range) {
   if (!ByteCountOk<uint64_t>(keys)) {
     return absl::InvalidArgumentError("replica keys: not a multiple of 8");
@@ -114,9 +212,9 @@ void ForEachRange(const proto::ReplicaEntry& e, F fn)
     const int n = std::min(a.ranges_size(), a.indexes_size());
     for (int i = 0; i < n; ++i) fn(a.ranges(i), a.indexes(i));
   } else if (e.has_bsp()) {
-    for (const proto::ReplicaBspClock& c : e.bsp().clocks()) {
-      fn(c.range(), c.index());
-    }
+    const proto::ReplicaBspClocks& b = e.bsp();
+    const int n = std::min(b.ranges_size(), b.indexes_size());
+    for (int i = 0; i < n; ++i) fn(b.ranges(i), b.indexes(i));
   } else {
     fn(e.range(), e.index());
   }
@@ -287,15 +385,23 @@ bool ServerNode::PruneForLocked(int backup, proto::ReplicaEntry* e) const {
   };
   if (e->has_copy()) return true;
   if (e->has_bsp()) {
-    auto* clocks = e->mutable_bsp()->mutable_clocks();
+    const proto::ReplicaBspClocks& bc = e->bsp();
     int kept = 0;
-    for (int i = 0; i < clocks->size(); ++i) {
-      if (!wanted(clocks->Get(i).range())) continue;
-      if (kept != i) clocks->SwapElements(kept, i);
-      ++kept;
+    for (int r : bc.ranges()) kept += wanted(r) ? 1 : 0;
+    if (kept == bc.ranges_size() || kept == 0) return kept > 0;
+    auto at = LayOutBspClocks(bc, [this](int t)
+                                      ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return t >= 0 && t < static_cast<int>(tables_.size())
+                 ? tables_[t]->dim()
+                 : -1;
+    });
+    if (!at.ok()) return true;  // malformed: the backup refuses it whole
+    proto::ReplicaBspClocks pruned;
+    for (int i = 0; i < bc.ranges_size(); ++i) {
+      if (wanted(bc.ranges(i))) AppendBspClock(bc, *at, i, &pruned);
     }
-    while (clocks->size() > kept) clocks->RemoveLast();
-    return kept > 0;
+    *e->mutable_bsp() = std::move(pruned);
+    return true;
   }
   if (e->has_announces()) {
     proto::ReplicaAnnounces* a = e->mutable_announces();
@@ -374,26 +480,27 @@ void ServerNode::NeedCurrent(int range, Needs* needs) {
 }
 
 void ServerNode::FlushBspClocksLocked() {
-  if (bsp_out_.empty()) return;
+  const int n = bsp_out_.ranges_size();
+  if (n == 0) return;
+  // Built by ApplyBsp: laid out without error.
+  const std::vector<BspClockAt> at =
+      LayOutBspClocks(bsp_out_, [this](int t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return tables_[t]->dim();
+      }).value();
   std::map<int, proto::ReplicaEntry> per_backup;
   // Per range, the last clock logged now and its index (which covers the
   // range's earlier clocks too).
   absl::flat_hash_map<int, std::pair<int64_t, int64_t>> logged;
-  for (proto::ReplicaBspClock& c : bsp_out_) {
-    const int r = c.range();
-    c.set_index(AssignIndexLocked(r, nullptr));
-    logged[r] = {c.clock(), c.index()};
-    const Targets to = FeedTargetsLocked(r);
-    for (size_t i = 0; i < to.size(); ++i) {
-      proto::ReplicaBspClocks* out = per_backup[to[i]].mutable_bsp();
-      if (i + 1 == to.size()) {
-        *out->add_clocks() = std::move(c);
-      } else {
-        *out->add_clocks() = c;
-      }
+  for (int i = 0; i < n; ++i) {
+    const int r = bsp_out_.ranges(i);
+    const int64_t index = AssignIndexLocked(r, nullptr);
+    bsp_out_.set_indexes(i, index);
+    logged[r] = {bsp_out_.clocks(i), index};
+    for (int b : FeedTargetsLocked(r)) {
+      AppendBspClock(bsp_out_, at, i, per_backup[b].mutable_bsp());
     }
   }
-  bsp_out_.clear();
+  bsp_out_.Clear();
   for (auto& [b, e] : per_backup) EnqueueLocked(b, std::move(e));
   for (AckWait& w : ack_waits_) {
     for (auto& [r, index] : w.needs) {
@@ -1003,66 +1110,77 @@ absl::Status ServerNode::ApplyAnnouncesLocked(int from,
 
 absl::Status ServerNode::ApplyBspClocksLocked(
     int from, const proto::ReplicaBspClocks& bc, RangeActionList* actions) {
-  for (const proto::ReplicaBspClock& c : bc.clocks()) {
-    const int r = c.range();  // checked by the caller
-    PS_ASSIGN_OR_RETURN(const bool next, IsNextEntryLocked(from, r, c.index()));
+  PS_ASSIGN_OR_RETURN(
+      const std::vector<BspClockAt> at,
+      LayOutBspClocks(bc, [this](int t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return t >= 0 && t < static_cast<int>(tables_.size())
+                   ? tables_[t]->dim()
+                   : -1;
+      }));
+  std::vector<BspAnnouncement> announces;
+  for (int c = 0; c < bc.ranges_size(); ++c) {
+    const int r = bc.ranges(c);  // checked by the caller
+    PS_ASSIGN_OR_RETURN(const bool next,
+                        IsNextEntryLocked(from, r, bc.indexes(c)));
     if (!next) continue;  // a resend
-    const int anns = c.ann_workers_size();
-    const int sums = c.sum_tables_size();
-    if (c.seg_workers_size() != c.seg_seqs_size() ||
-        c.ann_segments_size() != anns || c.ann_examples_size() != anns ||
-        c.ann_settled_size() != anns || c.sum_keys_size() != sums ||
-        c.sum_vals_size() != sums) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "replicated BSP clock of range ", r, ": arrays of different lengths"));
+    const BspClockAt& a = at[c];
+    const BspClockAt& b = at[c + 1];
+    size_t key_byte = a.key_byte;
+    for (int i = a.sum; i < b.sum; ++i) {
+      const size_t len =
+          static_cast<size_t>(bc.sum_num_keys(i)) * sizeof(uint64_t);
+      PS_RETURN_IF_ERROR(CheckRangeKeys(
+          absl::string_view(bc.sum_keys()).substr(key_byte, len), *routing_,
+          r));
+      key_byte += len;
     }
-    for (int i = 0; i < sums; ++i) {
-      const int t = c.sum_tables(i);
-      if (t < 0 || t >= static_cast<int>(tables_.size())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("replicated BSP clock: unknown table ", t));
-      }
-      PS_RETURN_IF_ERROR(CheckRangeKeys(c.sum_keys(i), *routing_, r));
-      const size_t n = c.sum_keys(i).size() / sizeof(uint64_t);
-      if (c.sum_vals(i).size() !=
-          n * static_cast<size_t>(tables_[t]->dim()) * sizeof(float)) {
-        return absl::InvalidArgumentError(
-            "replicated BSP clock: sums do not match keys");
-      }
+    announces.clear();
+    for (int i = a.ann; i < b.ann; ++i) {
+      announces.push_back(BspAnnouncement{bc.ann_workers(i),
+                                          bc.ann_segments(i),
+                                          bc.ann_examples(i),
+                                          bc.ann_settled(i)});
     }
-    std::vector<BspAnnouncement> announces(anns);
-    for (int i = 0; i < anns; ++i) {
-      announces[i] = BspAnnouncement{c.ann_workers(i), c.ann_segments(i),
-                                     c.ann_examples(i), c.ann_settled(i)};
-    }
-    RangeActions a;
+    RangeActions ra;
     absl::Status s = ranges_[r].ApplyReplicated(
-        c.clock(), c.seg_workers(), c.seg_seqs(), announces, &a);
-    if (s.ok() && (a.apply.size() != 1 || a.apply[0].examples != c.examples())) {
+        bc.clocks(c),
+        absl::MakeConstSpan(bc.seg_workers().data() + a.seg, b.seg - a.seg),
+        absl::MakeConstSpan(bc.seg_seqs().data() + a.seg, b.seg - a.seg),
+        announces, &ra);
+    if (s.ok() &&
+        (ra.apply.size() != 1 || ra.apply[0].examples != bc.examples(c))) {
       s = absl::InternalError(absl::StrCat(
-          "clock ", c.clock(), " has ",
-          a.apply.empty() ? 0 : a.apply[0].examples,
-          " examples here, ", c.examples(), " on the primary"));
+          "clock ", bc.clocks(c), " has ",
+          ra.apply.empty() ? 0 : ra.apply[0].examples, " examples here, ",
+          bc.examples(c), " on the primary"));
     }
     if (!s.ok()) {
       // The primary applied this clock in the same state: the replica has
       // diverged. The primary answers with a fresh copy.
       return absl::InternalError(absl::StrCat("range ", r, " entry ",
-                                              c.index(),
+                                              bc.indexes(c),
                                               " refused by the replica: ",
                                               s.message()));
     }
     // The primary's sums replace the segments buffered here (placeholders,
     // or a copy's): the same floats the primary applied.
-    a.apply.clear();
-    for (int i = 0; i < sums; ++i) {
-      Table* t = tables_[c.sum_tables(i)].get();
-      t->Push(r, ViewAs<uint64_t>(c.sum_keys(i)),
-              reinterpret_cast<const float*>(c.sum_vals(i).data()),
-              t->optimizer().GradientScale(c.examples()));
+    ra.apply.clear();
+    key_byte = a.key_byte;
+    size_t val_byte = a.val_byte;
+    for (int i = a.sum; i < b.sum; ++i) {
+      Table* t = tables_[bc.sum_tables(i)].get();
+      const size_t keys = static_cast<size_t>(bc.sum_num_keys(i));
+      t->Push(r,
+              absl::MakeConstSpan(reinterpret_cast<const uint64_t*>(
+                                      bc.sum_keys().data() + key_byte),
+                                  keys),
+              reinterpret_cast<const float*>(bc.sum_vals().data() + val_byte),
+              t->optimizer().GradientScale(bc.examples(c)));
+      key_byte += keys * sizeof(uint64_t);
+      val_byte += keys * static_cast<size_t>(t->dim()) * sizeof(float);
     }
-    actions->emplace_back(r, std::move(a));
-    logs_[r].index = c.index();
+    actions->emplace_back(r, std::move(ra));
+    logs_[r].index = bc.indexes(c);
   }
   return absl::OkStatus();
 }

@@ -508,6 +508,69 @@ TEST_F(ServerNodeTest, BackupAppliesAReplicaPushBySegments) {
   EXPECT_EQ(pull->values(), (std::vector<float>{-0.5f, -2.0f}));
 }
 
+// Replication after aggregation: the BSP clocks a primary applied reach
+// a backup as one entry of packed arrays (per clock its counts, then the
+// segments, announcements and sums of every clock in turn). The backup
+// applies each clock's sums on its range; a resend is skipped; counts
+// that do not match the arrays are refused whole.
+TEST_F(ServerNodeTest, BackupAppliesPackedBspClocks) {
+  proto::ClusterView v = MakeView(2, 1, proto::MODE_BSP);
+  SetEveryChain(&v, 1, 0, 1);
+  ASSERT_TRUE(node_.Configure(1, v).ok());  // S[1]: backup of every range
+  auto routing = Routing::FromProto(v.routing());
+  ASSERT_TRUE(routing.ok());
+  const int a = 0, b = 1;
+  const uint64_t ka = routing->RangeBegin(a);
+  const uint64_t kb = routing->RangeBegin(b);
+  proto::ReplicateRequest req;
+  req.set_from_server(0);
+  req.set_epoch(1);
+  proto::ReplicaBspClocks* c = req.add_entries()->mutable_bsp();
+  for (int r : {a, b}) {
+    c->add_ranges(r);
+    c->add_indexes(1);
+    c->add_clocks(0);
+    c->add_examples(1);
+    c->add_num_segs(1);
+    c->add_num_anns(1);
+    c->add_num_sums(1);
+    c->add_seg_workers(0);
+    c->add_seg_seqs(1);
+    c->add_ann_workers(0);
+    c->add_ann_segments(1);
+    c->add_ann_examples(1);
+    c->add_ann_settled(0);
+    c->add_sum_tables(0);
+    c->add_sum_num_keys(1);
+  }
+  c->set_sum_keys(Keys({ka, kb}));
+  c->set_sum_vals(Vals({0.5f, 2.0f}));
+  auto refused = [&](auto change) {
+    proto::ReplicateRequest bad = req;
+    change(bad.mutable_entries(0)->mutable_bsp());
+    return node_.Replicate(bad).code() == StatusCode::kInvalidArgument;
+  };
+  using Clocks = proto::ReplicaBspClocks;
+  EXPECT_TRUE(refused([](Clocks* x) { x->mutable_seg_seqs()->RemoveLast(); }));
+  EXPECT_TRUE(refused([](Clocks* x) { x->mutable_examples()->RemoveLast(); }));
+  EXPECT_TRUE(refused([](Clocks* x) { x->set_num_segs(1, 2); }));
+  EXPECT_TRUE(refused([](Clocks* x) { x->set_num_anns(0, -1); }));
+  EXPECT_TRUE(refused([](Clocks* x) { x->set_sum_num_keys(0, 2); }));
+  EXPECT_TRUE(refused([](Clocks* x) { x->set_sum_tables(1, 7); }));
+  EXPECT_TRUE(refused([](Clocks* x) { x->mutable_sum_vals()->pop_back(); }));
+  EXPECT_TRUE(refused([&](Clocks* x) {
+    x->set_sum_keys(Keys({kb, ka}));  // range b's key in range a's sum
+  }));
+  ASSERT_TRUE(node_.Replicate(req).ok());
+  ASSERT_TRUE(node_.Replicate(req).ok());  // a resend: skipped
+  SetEveryChain(&v, 2, 1, -1);  // promoted
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  auto pull = StartPull(&node_, 0, 1, {ka, kb}, 60000, 2);
+  ASSERT_TRUE(pull->done());
+  ASSERT_TRUE(pull->status.ok()) << pull->status;
+  EXPECT_EQ(pull->values(), (std::vector<float>{-0.5f, -2.0f}));
+}
+
 TEST_F(ServerNodeTest, KeyOfAnotherServerIsStaleEpoch) {
   Configure(2, 1, proto::MODE_ASP);  // this node is server 0 of 2
   auto routing = Routing::FromProto(MakeView(2, 1, proto::MODE_ASP).routing());
