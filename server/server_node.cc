@@ -516,6 +516,20 @@ absl::Status ServerNode::CheckKeys(absl::string_view keys, const Admitted& a,
   return absl::OkStatus();
 }
 
+absl::Status ServerNode::StillOwnedLocked(
+    const RequestKeys& rk, const std::shared_ptr<const Routing>& admitted) const {
+  if (routing_ == admitted) return lost_;  // CheckKeys found them owned
+  for (const RangeRun& run : rk.runs) {
+    if (routing_->OwnerOfRange(run.range) != id_) {
+      return ErrorWithReason(
+          absl::StatusCode::kFailedPrecondition, proto::REASON_STALE_EPOCH,
+          absl::StrCat("stale-epoch: range ", run.range, " moved off S[", id_,
+                       "] at epoch ", epoch_, " while a pull waited"));
+    }
+  }
+  return lost_;
+}
+
 absl::Status ServerNode::ResolveKeys(int worker, int table, uint64_t key_list,
                                      uint32_t num_keys, absl::string_view keys,
                                      const Admitted& a,
@@ -872,12 +886,27 @@ void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
   const absl::Time asked = clock->Now();
   consistency_->WaitPull(
       req.worker_id(), req.clock(), std::move(ranges), deadline,
-      [this, t, rk, worker = req.worker_id(), table = req.table(), resp,
+      [this, t, rk, admitted = adm.routing, worker = req.worker_id(),
+       table = req.table(), resp,
        clock, asked, values = std::move(values),
        done = std::move(done)](const absl::Status& s) {
         if (!s.ok()) {
           done(s);
           return;
+        }
+        // Read only as the ranges' owner: a pull that waited across a view
+        // change may be released here after a range moved away (before
+        // CancelRanges, or by a copy's clocks), and a backup's values lag
+        // its primary's applies. The worker asks the new owner.
+        std::shared_ptr<const Routing> reading;
+        {
+          absl::ReaderMutexLock l(&mu_);
+          absl::Status owned = StillOwnedLocked(*rk, admitted);
+          if (!owned.ok()) {
+            done(owned);
+            return;
+          }
+          reading = routing_;
         }
         resp->set_held_us(absl::ToInt64Microseconds(clock->Now() - asked));
         absl::Span<const uint64_t> keys = rk->keys;
@@ -918,6 +947,17 @@ void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
               return (rk->runs[i].last - rk->runs[i].first) * dim;
             },
             copy);
+        {
+          absl::ReaderMutexLock l(&mu_);
+          if (routing_ != reading) {  // the view changed while reading
+            done(ErrorWithReason(
+                absl::StatusCode::kFailedPrecondition,
+                proto::REASON_STALE_EPOCH,
+                absl::StrCat("stale-epoch: the view changed to epoch ", epoch_,
+                             " while a pull was read on S[", id_, "]")));
+            return;
+          }
+        }
         KeepResolved(worker, rk.get());
         done(absl::OkStatus());
       });

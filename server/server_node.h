@@ -290,6 +290,12 @@ class ServerNode {
     // Resolving), to keep once the request succeeded.
     std::shared_ptr<KeyList> resolved;
   };
+  // OK when this server still owns every range of `rk`, a request admitted
+  // under `admitted` (at once when that is the current view); else
+  // STALE_EPOCH naming a range that moved away, or lost_.
+  absl::Status StillOwnedLocked(const RequestKeys& rk,
+                                const std::shared_ptr<const Routing>& admitted)
+      const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status ResolveKeys(int worker, int table, uint64_t key_list,
                            uint32_t num_keys, absl::string_view keys,
                            const Admitted& a, RequestKeys* out);
@@ -395,7 +401,7 @@ class ServerNode {
   // as a replicated entry: range copies).
   void QueueLocked(int backup, proto::ReplicaEntry e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The linger in effect (none in BSP).
+  // The linger in effect (fault_tolerance.replication_linger_ms).
   absl::Duration LingerLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Sets st->queued_bytes from its queue (after entries were pruned).
   void RecountLocked(Stream* st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -303,14 +303,7 @@ void ServerNode::SetReplicationLinger(absl::Duration linger) {
   replication_linger_ = std::max(linger, absl::ZeroDuration());
 }
 
-absl::Duration ServerNode::LingerLocked() const {
-  // BSP replicates after aggregation: one entry per clock already carries
-  // every push of the clock, so there is little left to group, and the
-  // linger is not applied (with it, 1 in ~40 BSP runs with a join and a
-  // drain under load ended with a model off by ~1e-4 from the run without
-  // the moves; docs/fault_tolerance.md).
-  return mode_ == proto::MODE_BSP ? absl::ZeroDuration() : replication_linger_;
-}
+absl::Duration ServerNode::LingerLocked() const { return replication_linger_; }
 
 void ServerNode::QueueLocked(int backup, proto::ReplicaEntry e) {
   auto [it, inserted] = streams_.try_emplace(backup);
