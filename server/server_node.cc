@@ -1305,24 +1305,53 @@ void ServerNode::Publish(const RangeActionList& actions,
   // One call per (worker, clock) with all its ranges: a clock completes on
   // every range of the server at once, and a call per range took the
   // controller's lock and scanned its waiting pulls that many times.
-  std::vector<std::tuple<int, int64_t, int>> advanced;  // worker, clock, range
+  // Grouped by (worker, clock) without sorting every (worker, clock,
+  // range): there are few groups, and a backup's announcements of 64
+  // ranges sorted each time were 1-2 % of its CPU.
+  struct Group {
+    int worker;
+    int64_t entry;
+    std::vector<int> ranges;
+  };
+  std::vector<Group> groups;
+  absl::flat_hash_map<std::pair<int, int64_t>, size_t> many;  // past 16
   for (const auto& [range, a] : actions) {
     for (const auto& [worker, entry] : a.advanced) {
-      advanced.emplace_back(worker, entry, range);
+      size_t g = groups.size();
+      if (groups.size() <= 16) {
+        for (size_t i = 0; i < groups.size(); ++i) {
+          if (groups[i].worker == worker && groups[i].entry == entry) {
+            g = i;
+            break;
+          }
+        }
+      } else {
+        auto it = many.find({worker, entry});
+        if (it != many.end()) g = it->second;
+      }
+      if (g == groups.size()) {
+        groups.push_back(Group{worker, entry, {}});
+        if (groups.size() > 16) {
+          if (many.empty()) {
+            for (size_t i = 0; i < groups.size(); ++i) {
+              many[{groups[i].worker, groups[i].entry}] = i;
+            }
+          } else {
+            many[{worker, entry}] = g;
+          }
+        }
+      }
+      groups[g].ranges.push_back(range);
     }
   }
-  std::sort(advanced.begin(), advanced.end());
-  std::vector<int> ranges;
-  for (size_t i = 0; i < advanced.size();) {
-    const int worker = std::get<0>(advanced[i]);
-    const int64_t entry = std::get<1>(advanced[i]);
-    ranges.clear();
-    for (; i < advanced.size() && std::get<0>(advanced[i]) == worker &&
-           std::get<1>(advanced[i]) == entry;
-         ++i) {
-      ranges.push_back(std::get<2>(advanced[i]));
+  std::sort(groups.begin(), groups.end(), [](const Group& a, const Group& b) {
+    return std::tie(a.worker, a.entry) < std::tie(b.worker, b.entry);
+  });
+  for (Group& g : groups) {
+    if (!std::is_sorted(g.ranges.begin(), g.ranges.end())) {
+      std::sort(g.ranges.begin(), g.ranges.end());
     }
-    consistency_->AdvanceClock(worker, entry - 1, ranges);
+    consistency_->AdvanceClock(g.worker, g.entry - 1, g.ranges);
   }
   for (int worker : finished) consistency_->SetWorkerFinished(worker);
 }
