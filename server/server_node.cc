@@ -1226,10 +1226,11 @@ void ServerNode::AnnounceLegacy(int worker, RangeActionList* out,
 
 void ServerNode::ApplyBsp(int range, RangeActions* actions) {
   if (actions->apply.empty()) return;
-  const bool replicate =
-      routing_->OwnerOfRange(range) == id_ && HasBackups(range);
+  // Where the applied clocks go for the backups, when there are any.
+  proto::ReplicaBspClocks* const out =
+      routing_->OwnerOfRange(range) == id_ && HasBackups(range) ? &bsp_out_
+                                                                 : nullptr;
   for (RangeActions::Apply& apply : actions->apply) {
-    proto::ReplicaBspClocks* out = replicate ? &bsp_out_ : nullptr;
     if (out != nullptr) {
       out->add_ranges(range);
       out->add_indexes(0);  // assigned by FlushBspClocksLocked

@@ -62,12 +62,12 @@ struct BspClockAt {
   size_t val_byte = 0;
 };
 
-// The start of every clock of `bc` and, last, the end of the arrays.
-// `dim(table)` is a table's floats per key, or -1 when it has none.
-// INVALID_ARGUMENT when the arrays do not match their counts.
-template <typename DimFn>
+// The start of every clock of `bc` and, last, the end of the arrays, for
+// the server's `tables`. INVALID_ARGUMENT when the arrays do not match
+// their counts or a sum names no table.
 absl::StatusOr<std::vector<BspClockAt>> LayOutBspClocks(
-    const proto::ReplicaBspClocks& bc, DimFn dim) {
+    const proto::ReplicaBspClocks& bc,
+    const std::vector<std::unique_ptr<Table>>& tables) {
   auto bad = [](absl::string_view what) {
     return absl::InvalidArgumentError(
         absl::StrCat("replicated BSP clocks: ", what));
@@ -97,8 +97,11 @@ absl::StatusOr<std::vector<BspClockAt>> LayOutBspClocks(
     next.seg += bc.num_segs(i);
     next.ann += bc.num_anns(i);
     for (int j = next.sum; j < next.sum + bc.num_sums(i); ++j) {
-      const int d = dim(bc.sum_tables(j));
-      if (d < 0) return bad(absl::StrCat("unknown table ", bc.sum_tables(j)));
+      const int t = bc.sum_tables(j);
+      if (t < 0 || t >= static_cast<int>(tables.size())) {
+        return bad(absl::StrCat("unknown table ", t));
+      }
+      const int d = tables[t]->dim();
       const int64_t keys = bc.sum_num_keys(j);
       if (keys < 0 || static_cast<uint64_t>(keys) >
                           (bc.sum_keys().size() - next.key_byte) /
@@ -382,12 +385,7 @@ bool ServerNode::PruneForLocked(int backup, proto::ReplicaEntry* e) const {
     int kept = 0;
     for (int r : bc.ranges()) kept += wanted(r) ? 1 : 0;
     if (kept == bc.ranges_size() || kept == 0) return kept > 0;
-    auto at = LayOutBspClocks(bc, [this](int t)
-                                      ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return t >= 0 && t < static_cast<int>(tables_.size())
-                 ? tables_[t]->dim()
-                 : -1;
-    });
+    auto at = LayOutBspClocks(bc, tables_);
     if (!at.ok()) return true;  // malformed: the backup refuses it whole
     proto::ReplicaBspClocks pruned;
     for (int i = 0; i < bc.ranges_size(); ++i) {
@@ -476,10 +474,7 @@ void ServerNode::FlushBspClocksLocked() {
   const int n = bsp_out_.ranges_size();
   if (n == 0) return;
   // Built by ApplyBsp: laid out without error.
-  const std::vector<BspClockAt> at =
-      LayOutBspClocks(bsp_out_, [this](int t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return tables_[t]->dim();
-      }).value();
+  const std::vector<BspClockAt> at = LayOutBspClocks(bsp_out_, tables_).value();
   std::map<int, proto::ReplicaEntry> per_backup;
   // Per range, the last clock logged now and its index (which covers the
   // range's earlier clocks too).
@@ -1103,13 +1098,8 @@ absl::Status ServerNode::ApplyAnnouncesLocked(int from,
 
 absl::Status ServerNode::ApplyBspClocksLocked(
     int from, const proto::ReplicaBspClocks& bc, RangeActionList* actions) {
-  PS_ASSIGN_OR_RETURN(
-      const std::vector<BspClockAt> at,
-      LayOutBspClocks(bc, [this](int t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return t >= 0 && t < static_cast<int>(tables_.size())
-                   ? tables_[t]->dim()
-                   : -1;
-      }));
+  PS_ASSIGN_OR_RETURN(const std::vector<BspClockAt> at,
+                      LayOutBspClocks(bc, tables_));
   std::vector<BspAnnouncement> announces;
   for (int c = 0; c < bc.ranges_size(); ++c) {
     const int r = bc.ranges(c);  // checked by the caller
