@@ -71,6 +71,47 @@ def load():
     return "load %.2f" % os.getloadavg()[0]
 
 
+def _spin_cpu(n, cpu, q):
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+    t0 = time.process_time()
+    x = 1
+    for _ in range(n):
+        x = (x * 1664525 + 1013904223) & 0xFFFFFFFF
+    q.put(time.process_time() - t0)
+
+
+def machine_probe(n=3_000_000):
+    """The speed of each vCPU now, alone and with the other one busy.
+
+    Seconds of CPU for the same loop pinned to CPU 0 alone, CPU 1 alone, and
+    on both at once. On the 2-vCPU machines these benchmarks run on, both
+    were seen within an hour (2026-11-27): two busy vCPUs sharing one core's
+    throughput (each copy's CPU time doubled when run together), and CPU 0
+    1.3-1.7x slower than CPU 1 for memory-bound work while they ran in
+    parallel. CPU seconds of a job then depend on where and how much its
+    processes overlap: compare figures taken back to back, read beside this.
+    """
+    import multiprocessing
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        return "probe needs 2 CPUs"
+    c0, c1 = sorted(os.sched_getaffinity(0))[:2]
+    q = multiprocessing.Queue()
+
+    def run(which):
+        ps = [multiprocessing.Process(target=_spin_cpu, args=(n, c, q))
+              for c in which]
+        for p in ps:
+            p.start()
+        for p in ps:
+            p.join()
+        return sorted(q.get() for _ in ps)
+
+    a0, a1, both = run([c0]), run([c1]), run([c0, c1])
+    return ("spin s: cpu%d %.2f, cpu%d %.2f alone; %.2f / %.2f together" %
+            (c0, a0[0], c1, a1[0], both[0], both[1]))
+
+
 def launch(args, name, sets, extra):
     """Runs one ps_launch; returns (report dict or None, wall s, cpu s, log)."""
     d = os.path.join(args.out, name)

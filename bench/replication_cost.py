@@ -10,7 +10,13 @@ order given, and prints its job seconds, the CPU seconds of all its
 processes (user + sys of ps_launch's children) and the load average before
 it; then, per setting, the medians and the per-round CPU ratio to the first
 setting (pairs run back to back see the same machine, so the per-round
-ratios are the measure on a machine whose speed drifts).
+ratios are the measure on a machine whose speed drifts). It prints the
+training throughput ratio (examples/s of the first setting over this one's:
+the issue's "examples/s with 0 and 1 replicas") beside the CPU ratio, and
+before each round the speed of each vCPU alone and together
+(failover_bench.machine_probe): where two busy vCPUs share one core's
+throughput, the CPU seconds of overlapping processes are inflated, and a
+replica's work, which overlaps its primary's, more than the rest.
 """
 import argparse
 import os
@@ -48,6 +54,8 @@ def main():
         args.tau = 0  # as failover_bench.py
     results = {s: [] for s in args.settings}
     for r in range(args.rounds):
+        print("round %d: %s" % (r, failover_bench.machine_probe()),
+              flush=True)
         for s in args.settings:
             replicas, linger = s.split(":")
             load = failover_bench.load()
@@ -57,9 +65,11 @@ def main():
                  "fault_tolerance.replication_linger_ms=" + linger], [])
             if rep is None:
                 return 1  # launch() printed why
-            results[s].append((wall, cpu))
-            print("round %d %s: job %.2f s, cpu %.2f s, auc %.4f (%s)" %
-                  (r, s, rep["job_seconds"], cpu, rep["test_auc"], load),
+            results[s].append((wall, cpu, rep["examples_per_sec"]))
+            print("round %d %s: job %.2f s, cpu %.2f s, %.0f examples/s, "
+                  "auc %.4f (%s)" %
+                  (r, s, rep["job_seconds"], cpu, rep["examples_per_sec"],
+                   rep["test_auc"], load),
                   flush=True)
     base = args.settings[0]
     for s in args.settings:
@@ -70,6 +80,11 @@ def main():
               (s, statistics.median(x[0] for x in results[s]),
                statistics.median(x[1] for x in results[s]), base,
                " ".join("%.2f" % x for x in ratios), statistics.median(ratios)))
+        slow = [results[base][i][2] / results[s][i][2]
+                for i in range(args.rounds)]
+        print("%s: examples/s ratio (%s over this) per round: %s (median %.2f)"
+              % (s, base, " ".join("%.2f" % x for x in slow),
+                 statistics.median(slow)))
     return 0
 
 
