@@ -1101,6 +1101,7 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
         const int64_t index = AssignIndexLocked(range, needs);
         for (int b : FeedTargetsLocked(range)) {
           auto [it, inserted] = per_backup.try_emplace(b);
+          if (inserted) SpareAnnouncesLocked(&it->second);
           proto::ReplicaAnnounces* an = it->second.mutable_announces();
           if (inserted) {
             an->set_worker(w);

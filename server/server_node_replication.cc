@@ -15,6 +15,7 @@
 #include <algorithm>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/logging.h"
@@ -344,21 +345,85 @@ void ServerNode::LogEntry(int range, proto::ReplicaEntry e, Needs* needs) {
   }
 }
 
+namespace {
+
+// Spares kept per kind, and the most bytes of capacity one may keep: a
+// spare holds the arrays of the largest entry it carried.
+constexpr size_t kMaxSpares = 32;
+constexpr size_t kMaxSpareBytes = size_t{64} << 10;
+
+size_t Capacity(const proto::ReplicaPush& p) {
+  return p.keys().capacity() + p.vals().capacity() +
+         (p.seg_ranges().Capacity() + p.seg_num_keys().Capacity()) * 4 +
+         (p.seg_indexes().Capacity() + p.seg_seqs().Capacity()) * 8;
+}
+
+size_t Capacity(const proto::ReplicaAnnounces& a) {
+  return a.ranges().Capacity() * 4 +
+         (a.indexes().Capacity() + a.segments().Capacity() +
+          a.settled_seqs().Capacity()) *
+             8;
+}
+
+template <typename M>
+void Keep(M* m, std::vector<std::unique_ptr<M>>* spares) {
+  std::unique_ptr<M> owned(m);
+  if (spares->size() >= kMaxSpares || Capacity(*m) > kMaxSpareBytes) return;
+  m->Clear();  // keeps the arrays' and strings' capacity
+  spares->push_back(std::move(owned));
+}
+
+}  // namespace
+
+void ServerNode::RecycleLocked(proto::ReplicateRequest* req) {
+  for (proto::ReplicaEntry& e : *req->mutable_entries()) {
+    if (e.has_push()) {
+      Keep(e.release_push(), &spares_.pushes);
+    } else if (e.has_announces()) {
+      Keep(e.release_announces(), &spares_.announces);
+    }
+  }
+}
+
+void ServerNode::SparePushLocked(proto::ReplicaEntry* e) {
+  if (spares_.pushes.empty()) {
+    e->mutable_push();
+    return;
+  }
+  e->set_allocated_push(spares_.pushes.back().release());
+  spares_.pushes.pop_back();
+}
+
+void ServerNode::SpareAnnouncesLocked(proto::ReplicaEntry* e) {
+  if (spares_.announces.empty()) {
+    e->mutable_announces();
+    return;
+  }
+  e->set_allocated_announces(spares_.announces.back().release());
+  spares_.announces.pop_back();
+}
+
 void ServerNode::LogPushLocked(const proto::PushRequest& req,
                                absl::Span<const uint64_t> keys,
                                const float* vals, int dim,
                                const std::vector<LoggedSegment>& segs) {
-  std::map<int, proto::ReplicaEntry> per_backup;
+  // One entry per backup (a push feeds two or three): a short list.
+  absl::InlinedVector<std::pair<int, proto::ReplicaEntry>, 4> per_backup;
   for (const LoggedSegment& seg : segs) {
     for (int b : FeedTargetsLocked(seg.range)) {
-      auto [it, inserted] = per_backup.try_emplace(b);
-      proto::ReplicaPush* p = it->second.mutable_push();
-      if (inserted) {
+      auto it = std::find_if(per_backup.begin(), per_backup.end(),
+                             [b](const auto& x) { return x.first == b; });
+      if (it == per_backup.end()) {
+        it = per_backup.emplace(per_backup.end());
+        it->first = b;
+        SparePushLocked(&it->second);
+        proto::ReplicaPush* p = it->second.mutable_push();
         p->set_worker(req.worker_id());
         p->set_clock(req.clock());
         p->set_table(req.table());
         p->set_num_examples(req.num_examples());
       }
+      proto::ReplicaPush* p = it->second.mutable_push();
       p->add_seg_ranges(seg.range);
       p->add_seg_indexes(seg.index);
       p->add_seg_seqs(seg.seq);
@@ -371,6 +436,8 @@ void ServerNode::LogPushLocked(const proto::PushRequest& req,
           (seg.last - seg.first) * dim * sizeof(float));
     }
   }
+  std::sort(per_backup.begin(), per_backup.end(),
+            [](const auto& x, const auto& y) { return x.first < y.first; });
   for (auto& [b, e] : per_backup) EnqueueLocked(b, std::move(e));
 }
 
@@ -850,6 +917,7 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
       if (st != streams_.end() && st->second.generation == generation) {
         st->second.sending = false;
       }
+      RecycleLocked(req.get());  // the batch is done with
       fires = TakeReadyLocked();
     }
     for (auto& [f, st] : fires) f(st);
