@@ -565,6 +565,7 @@ class ServerNode {
   struct Spares {
     std::vector<std::unique_ptr<proto::ReplicaPush>> pushes;
     std::vector<std::unique_ptr<proto::ReplicaAnnounces>> announces;
+    std::vector<std::unique_ptr<proto::ReplicaEntry>> entries;  // cleared
   };
   Spares spares_ ABSL_GUARDED_BY(mu_);
   // ApplyBsp's sums, per table (emptied by every ApplyTo).

@@ -351,6 +351,8 @@ namespace {
 // spare holds the arrays of the largest entry it carried.
 constexpr size_t kMaxSpares = 32;
 constexpr size_t kMaxSpareBytes = size_t{64} << 10;
+// Entry objects kept: about a batch's worth.
+constexpr size_t kMaxSpareEntries = 256;
 
 size_t Capacity(const proto::ReplicaPush& p) {
   return p.keys().capacity() + p.vals().capacity() +
@@ -376,11 +378,17 @@ void Keep(M* m, std::vector<std::unique_ptr<M>>* spares) {
 }  // namespace
 
 void ServerNode::RecycleLocked(proto::ReplicateRequest* req) {
-  for (proto::ReplicaEntry& e : *req->mutable_entries()) {
-    if (e.has_push()) {
-      Keep(e.release_push(), &spares_.pushes);
-    } else if (e.has_announces()) {
-      Keep(e.release_announces(), &spares_.announces);
+  auto* entries = req->mutable_entries();
+  while (!entries->empty()) {
+    std::unique_ptr<proto::ReplicaEntry> e(entries->ReleaseLast());
+    if (e->has_push()) {
+      Keep(e->release_push(), &spares_.pushes);
+    } else if (e->has_announces()) {
+      Keep(e->release_announces(), &spares_.announces);
+    }
+    if (spares_.entries.size() < kMaxSpareEntries) {
+      e->Clear();
+      spares_.entries.push_back(std::move(e));
     }
   }
 }
@@ -862,7 +870,14 @@ void ServerNode::SendBatch(int backup) {
       const size_t n = ReplicaEntryBytes(e);
       bytes += n;
       st.queued_bytes -= n;  // counted by QueueLocked or RecountLocked
-      *req->add_entries() = std::move(e);
+      if (spares_.entries.empty()) {
+        *req->add_entries() = std::move(e);
+      } else {
+        proto::ReplicaEntry* to = spares_.entries.back().release();
+        spares_.entries.pop_back();
+        *to = std::move(e);
+        req->mutable_entries()->AddAllocated(to);
+      }
       st.queue.pop_front();
     }
     st.sending = true;
