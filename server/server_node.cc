@@ -196,7 +196,7 @@ ServerNode::~ServerNode() {
     absl::MutexLock l(&mu_);
     waits.swap(ack_waits_);
   }
-  for (AckWait& w : waits) w.fire(absl::CancelledError("server shutting down"));
+  for (AckWait& w : waits) RunWait(w, absl::CancelledError("server shutting down"));
   CancelAll(absl::CancelledError("server shutting down"));
 }
 
@@ -673,8 +673,13 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
   std::vector<size_t> fresh;  // runs admitted now, to apply (ASP/SSP)
   Needs needs;                // replication: what the answer waits for
   std::vector<LoggedSegment> logged;  // ... and what goes to the backups
+  fresh.reserve(runs.size());
   {
     absl::MutexLock l(&mu_);
+    if (routing_ != nullptr && routing_->replicas() > 0) {
+      needs.reserve(runs.size());  // grown per segment: freed elsewhere
+      logged.reserve(runs.size());
+    }
     int news = 0;
     for (size_t i = 0; i < runs.size(); ++i) {
       const RangeRun& run = runs[i];
@@ -799,12 +804,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
     done(s);
     return;
   }
-  const int64_t epoch = req.epoch();
-  WhenCommitted(std::move(needs),
-                [this, s, epoch, done = std::move(done)](const absl::Status& why) {
-                  if (why.ok() && s.ok()) NoteAck(epoch);
-                  done(why.ok() ? s : why);
-                });
+  WhenCommitted(std::move(needs), std::move(done), s, req.epoch());
   Kick();
 }
 
@@ -991,10 +991,7 @@ void ServerNode::AnswerWhenCommitted(const absl::Status& s, Needs needs,
     done(s);
     return;
   }
-  WhenCommitted(std::move(needs),
-                [s, done = std::move(done)](const absl::Status& why) {
-                  done(why.ok() ? s : why);
-                });
+  WhenCommitted(std::move(needs), std::move(done), s, -1);
   Kick();
 }
 
@@ -1566,7 +1563,7 @@ void ServerNode::CancelAll(const absl::Status& status) {
     waits.swap(ack_waits_);
     closed_ = status.ok() ? absl::CancelledError("server closed") : status;
   }
-  for (AckWait& w : waits) w.fire(status);
+  for (AckWait& w : waits) RunWait(w, status);
   if (c != nullptr) c->CancelAll(status);
 }
 

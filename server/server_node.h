@@ -377,6 +377,13 @@ class ServerNode {
   struct AckWait {
     Needs needs;
     Fire fire;
+    // What `fire` gets once the needs are met (when they cannot be: why),
+    // and the epoch to NoteAck then (a push's), or -1. Here rather than in
+    // a closure around `fire`: that closure was one more allocation per
+    // replicated answer, made on the request's thread and freed on the
+    // batch answer's.
+    absl::Status answer;
+    int64_t ack_epoch = -1;
   };
   // Lets transport and timer callbacks reach the node only while it lives.
   struct Life {
@@ -443,8 +450,12 @@ class ServerNode {
   void NeedCurrent(int range, Needs* needs) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool CommittedLocked(const Needs& needs) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Runs `fire` once every need is on every backup (at once when so now).
-  void WhenCommitted(Needs needs, Fire fire);
+  // Runs `fire` once every need is on every backup (at once when so now),
+  // as RunWait does.
+  void WhenCommitted(Needs needs, Fire fire, absl::Status answer,
+                     int64_t ack_epoch);
+  // Fires `w` after its needs were met (`why` OK) or cannot be (`why`).
+  void RunWait(AckWait& w, const absl::Status& why);
   // A need on a range this server no longer owns (moved away, issue 9):
   // its answer can never be known to be on the range's new replicas, so
   // the request fails with STALE_EPOCH and the worker resends it to the new
@@ -453,7 +464,7 @@ class ServerNode {
   absl::Status MovedAwayLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Waits whose needs are met now (OK) or lost (STALE_EPOCH), removed from
   // ack_waits_, with the status to fire each with.
-  std::vector<std::pair<Fire, absl::Status>> TakeReadyLocked()
+  std::vector<std::pair<AckWait, absl::Status>> TakeReadyLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers that joined the running job (issue 9), from Configure: adds
   // them to the owned ranges (logged for the backups) and to the

@@ -613,32 +613,43 @@ absl::Status ServerNode::MovedAwayLocked() const {
                    "] at epoch ", epoch_, " before its backups had it"));
 }
 
-void ServerNode::WhenCommitted(Needs needs, Fire fire) {
+void ServerNode::WhenCommitted(Needs needs, Fire fire, absl::Status answer,
+                               int64_t ack_epoch) {
+  AckWait w{std::move(needs), std::move(fire), std::move(answer), ack_epoch};
   absl::Status closed;
   {
     absl::MutexLock l(&mu_);
     closed = closed_;
-    if (closed.ok()) ResolveClockNeedsLocked(&needs);
-    if (closed.ok() && LostLocked(needs)) {
+    if (closed.ok()) ResolveClockNeedsLocked(&w.needs);
+    if (closed.ok() && LostLocked(w.needs)) {
       closed = MovedAwayLocked();
-    } else if (closed.ok() && !CommittedLocked(needs)) {
-      ack_waits_.push_back(AckWait{std::move(needs), std::move(fire)});
+    } else if (closed.ok() && !CommittedLocked(w.needs)) {
+      ack_waits_.push_back(std::move(w));
       return;
     }
   }
-  fire(closed);
+  RunWait(w, closed);
 }
 
-std::vector<std::pair<ServerNode::Fire, absl::Status>>
+void ServerNode::RunWait(AckWait& w, const absl::Status& why) {
+  if (!why.ok()) {
+    w.fire(why);
+    return;
+  }
+  if (w.answer.ok() && w.ack_epoch >= 0) NoteAck(w.ack_epoch);
+  w.fire(w.answer);
+}
+
+std::vector<std::pair<ServerNode::AckWait, absl::Status>>
 ServerNode::TakeReadyLocked() {
-  std::vector<std::pair<Fire, absl::Status>> out;
+  std::vector<std::pair<AckWait, absl::Status>> out;
   for (auto it = ack_waits_.begin(); it != ack_waits_.end();) {
     ResolveClockNeedsLocked(&it->needs);
     if (LostLocked(it->needs)) {
-      out.emplace_back(std::move(it->fire), MovedAwayLocked());
+      out.emplace_back(std::move(*it), MovedAwayLocked());
       it = ack_waits_.erase(it);
     } else if (CommittedLocked(it->needs)) {
-      out.emplace_back(std::move(it->fire), absl::OkStatus());
+      out.emplace_back(std::move(*it), absl::OkStatus());
       it = ack_waits_.erase(it);
     } else {
       ++it;
@@ -747,10 +758,10 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
   if (!ready.empty()) {
     // Run outside mu_: by a timer (Configure holds mu_ here).
     auto fires =
-        std::make_shared<std::vector<std::pair<Fire, absl::Status>>>(
+        std::make_shared<std::vector<std::pair<AckWait, absl::Status>>>(
             std::move(ready));
-    Later(absl::ZeroDuration(), [fires] {
-      for (auto& [f, st] : *fires) f(st);
+    Later(absl::ZeroDuration(), [this, fires] {
+      for (auto& [w, st] : *fires) RunWait(w, st);
     });
   }
 }
@@ -908,7 +919,7 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
                               std::shared_ptr<proto::ReplicateRequest> req,
                               const absl::Status& s, int attempt) {
   if (s.ok()) {
-    std::vector<std::pair<Fire, absl::Status>> fires;
+    std::vector<std::pair<AckWait, absl::Status>> fires;
     {
       absl::MutexLock l(&mu_);
       auto acked = [&](int r, int64_t index, bool copy)
@@ -935,7 +946,7 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
       RecycleLocked(req.get());  // the batch is done with
       fires = TakeReadyLocked();
     }
-    for (auto& [f, st] : fires) f(st);
+    for (auto& [w, st] : fires) RunWait(w, st);
     KickOne(backup);
     return;
   }
