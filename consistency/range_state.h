@@ -126,7 +126,8 @@ struct BspAnnouncement {
 // What the caller must do after an input.
 struct RangeActions {
   // (worker, new vector-clock entry) on this range, in order.
-  std::vector<std::pair<int, int64_t>> advanced;
+  // Inline: one advance per call is the common case (no allocation).
+  absl::InlinedVector<std::pair<int, int64_t>, 2> advanced;
   // Workers that completed their final clock here.
   std::vector<int> finished;
   // BSP: clocks to apply now, in clock order. `segments` are in worker-id
