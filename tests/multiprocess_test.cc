@@ -481,6 +481,21 @@ Proc Spawn(const std::string& name, const std::vector<std::string>& argv,
   return p;
 }
 
+// The stacks of `pid`'s threads (gdb, attached for a moment), or why not.
+std::string Stacks(pid_t pid) {
+  const std::string cmd = absl::StrCat(
+      "command -v gdb >/dev/null && timeout 60 gdb -p ", pid,
+      " -batch -ex 'thread apply all bt 12' 2>&1 | grep -E '^(Thread|#)'");
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (f == nullptr) return "(popen failed)";
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  ::pclose(f);
+  return out.empty() ? "(no gdb)" : Tail(out, 6000);
+}
+
 // Reaps every process, killing (SIGKILL) those still running at `deadline`.
 void WaitAll(std::vector<Proc>* procs, absl::Time deadline) {
   for (;;) {
@@ -497,10 +512,15 @@ void WaitAll(std::vector<Proc>* procs, absl::Time deadline) {
     if (absl::Now() > deadline) {
       for (Proc& p : *procs) {
         if (!p.reaped) {
+          // What it was stuck in, for the report: its threads' stacks (when
+          // gdb is there) and its log's end.
+          const std::string stacks = Stacks(p.pid);
           ::kill(p.pid, SIGKILL);
           ::waitpid(p.pid, &p.status, 0);
           p.reaped = true;
-          ADD_FAILURE() << p.name << " still running at the deadline: killed";
+          ADD_FAILURE() << p.name << " still running at the deadline: killed"
+                        << "; log tail:\n" << Tail(ReadFile(p.log), 1500)
+                        << "\nstacks:\n" << stacks;
         }
       }
       return;
