@@ -459,6 +459,10 @@ absl::Status ServerNode::Admit(int worker_id, int64_t epoch, int table,
   if (consistency_ == nullptr) {
     return absl::UnavailableError("server not configured yet");
   }
+  // Closed (CancelAll: the server is going away): a pull admitted now would
+  // wait with nothing left to end its wait (the ticker that expires waits
+  // has stopped), and its gRPC call would hold the server's Shutdown.
+  if (!closed_.ok()) return closed_;
   if (!lost_.ok()) return lost_;
   if (epoch > epoch_) {
     // Bug "A server that misses one view broadcast": the worker already has

@@ -762,6 +762,21 @@ TEST_F(ServerNodeTest, CancelAllAnswersWaitingPulls) {
   EXPECT_FALSE(p->status.ok()) << "a cancelled pull must not look answered";
 }
 
+// After CancelAll the server is going away: a pull that would wait, and a
+// push, are refused at once with the closing status. (A pull admitted then
+// waited for a clock nobody would tick, and its gRPC call held the server's
+// Shutdown: a cancelled job's server once ran on for 120 s.)
+TEST_F(ServerNodeTest, CancelAllRefusesLaterRequests) {
+  Configure(1, 2, proto::MODE_BSP);
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());
+  node_.CancelAll(absl::CancelledError("server shutting down"));
+  auto p = StartPull(&node_, 0, 1, {4});
+  ASSERT_TRUE(p->done());
+  EXPECT_EQ(p->status.code(), absl::StatusCode::kCancelled) << p->status;
+  EXPECT_EQ(PushNow(&node_, MakePush(1, 1, 0, {4}, {6}, 3)).code(),
+            absl::StatusCode::kCancelled);
+}
+
 TEST_F(ServerNodeTest, FinishedWorkerReleasesOthersInBsp) {
   Configure(1, 2, proto::MODE_BSP);
   ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {4}, {6}, 3)).ok());
