@@ -1102,12 +1102,15 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
         const int64_t index = AssignIndexLocked(range, needs);
         for (int b : FeedTargetsLocked(range)) {
           auto [it, inserted] = per_backup.try_emplace(b);
-          if (inserted) SpareAnnouncesLocked(&it->second);
-          proto::ReplicaAnnounces* an = it->second.mutable_announces();
+          proto::ReplicaAnnounces* an;
           if (inserted) {
+            an = TakeSpare(&spares_.announces);
+            it->second.set_allocated_announces(an);
             an->set_worker(w);
             an->set_clock(req.clock());
             an->set_examples(req.num_examples());
+          } else {
+            an = it->second.mutable_announces();
           }
           an->add_ranges(range);
           an->add_indexes(index);

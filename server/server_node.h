@@ -423,11 +423,15 @@ class ServerNode {
   // Sub-messages of answered batches, cleared and kept for reuse (spares_).
   void RecycleLocked(proto::ReplicateRequest* req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A cleared spare (or a new one), for `e` to own.
-  void SparePushLocked(proto::ReplicaEntry* e)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SpareAnnouncesLocked(proto::ReplicaEntry* e)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A cleared spare from `spares` (one of spares_'s, under mu_), or a new
+  // message: the caller owns it.
+  template <typename M>
+  static M* TakeSpare(std::vector<std::unique_ptr<M>>* spares) {
+    if (spares->empty()) return new M;
+    M* m = spares->back().release();
+    spares->pop_back();
+    return m;
+  }
   // `vals`: the request's values as float32 (decoded).
   void LogPushLocked(const proto::PushRequest& req,
                      absl::Span<const uint64_t> keys, const float* vals,

@@ -393,24 +393,6 @@ void ServerNode::RecycleLocked(proto::ReplicateRequest* req) {
   }
 }
 
-void ServerNode::SparePushLocked(proto::ReplicaEntry* e) {
-  if (spares_.pushes.empty()) {
-    e->mutable_push();
-    return;
-  }
-  e->set_allocated_push(spares_.pushes.back().release());
-  spares_.pushes.pop_back();
-}
-
-void ServerNode::SpareAnnouncesLocked(proto::ReplicaEntry* e) {
-  if (spares_.announces.empty()) {
-    e->mutable_announces();
-    return;
-  }
-  e->set_allocated_announces(spares_.announces.back().release());
-  spares_.announces.pop_back();
-}
-
 void ServerNode::LogPushLocked(const proto::PushRequest& req,
                                absl::Span<const uint64_t> keys,
                                const float* vals, int dim,
@@ -424,8 +406,8 @@ void ServerNode::LogPushLocked(const proto::PushRequest& req,
       if (it == per_backup.end()) {
         it = per_backup.emplace(per_backup.end());
         it->first = b;
-        SparePushLocked(&it->second);
-        proto::ReplicaPush* p = it->second.mutable_push();
+        proto::ReplicaPush* p = TakeSpare(&spares_.pushes);
+        it->second.set_allocated_push(p);
         p->set_worker(req.worker_id());
         p->set_clock(req.clock());
         p->set_table(req.table());
@@ -881,14 +863,9 @@ void ServerNode::SendBatch(int backup) {
       const size_t n = ReplicaEntryBytes(e);
       bytes += n;
       st.queued_bytes -= n;  // counted by QueueLocked or RecountLocked
-      if (spares_.entries.empty()) {
-        *req->add_entries() = std::move(e);
-      } else {
-        proto::ReplicaEntry* to = spares_.entries.back().release();
-        spares_.entries.pop_back();
-        *to = std::move(e);
-        req->mutable_entries()->AddAllocated(to);
-      }
+      proto::ReplicaEntry* to = TakeSpare(&spares_.entries);
+      *to = std::move(e);
+      req->mutable_entries()->AddAllocated(to);
       st.queue.pop_front();
     }
     st.sending = true;
