@@ -81,7 +81,7 @@ absl::Status RangeState::Accept(int worker, uint64_t seq, int64_t clock,
   if (bsp_) {
     segment->worker = worker;
     segment->seq = seq;
-    pending_bsp_[clock].by_worker[worker].push_back(std::move(*segment));
+    PendingBsp(clock).segments.push_back(std::move(*segment));
     ++w.received[clock];
     ++w.applied_total;
     Advance(worker, actions);
@@ -216,7 +216,7 @@ void RangeState::Advance(int worker, RangeActions* actions) {
     const int64_t got = r == w.received.end() ? 0 : r->second;
     if (got < a->second.segments) break;
     if (bsp_) {
-      BspClock& bc = pending_bsp_[w.completed];
+      BspClock& bc = PendingBsp(w.completed);
       bc.examples += a->second.examples;
       bc.announces.push_back(a->second);
     }
@@ -254,17 +254,18 @@ bool RangeState::ApplyNextBspClock(RangeActions* actions) {
   if (!any) return false;
   RangeActions::Apply apply;
   apply.clock = c;
-  auto it = pending_bsp_.find(c);
-  if (it != pending_bsp_.end()) {
-    apply.examples = it->second.examples;
-    apply.announces = std::move(it->second.announces);
-    // std::map iterates workers in id order: a deterministic sum.
-    for (auto& [worker, segs] : it->second.by_worker) {
-      for (BufferedSegment& seg : segs) {
-        apply.segments.push_back(std::move(seg));
-      }
-    }
-    pending_bsp_.erase(it);
+  // Clocks below c are applied and gone, so c can only be the first.
+  if (!pending_bsp_.empty() && pending_bsp_.front().first == c) {
+    BspClock& bc = pending_bsp_.front().second;
+    apply.examples = bc.examples;
+    apply.announces = std::move(bc.announces);
+    apply.segments = std::move(bc.segments);
+    // Worker-id order, then arrival order: a deterministic sum.
+    std::stable_sort(apply.segments.begin(), apply.segments.end(),
+                     [](const BufferedSegment& a, const BufferedSegment& b) {
+                       return a.worker < b.worker;
+                     });
+    pending_bsp_.erase(pending_bsp_.begin());
   }
   actions->apply.push_back(std::move(apply));
   ++bsp_applied_;
@@ -272,6 +273,19 @@ bool RangeState::ApplyNextBspClock(RangeActions* actions) {
     if (workers_[w].completed > c) actions->advanced.emplace_back(w, c + 1);
   }
   return true;
+}
+
+RangeState::BspClock& RangeState::PendingBsp(int64_t clock) {
+  auto it = std::lower_bound(
+      pending_bsp_.begin(), pending_bsp_.end(), clock,
+      [](const std::pair<int64_t, BspClock>& p, int64_t c) {
+        return p.first < c;
+      });
+  if (it != pending_bsp_.end() && it->first == clock) return it->second;
+  it = pending_bsp_.emplace(it, clock, BspClock{});
+  it->second.segments.reserve(workers_.size());
+  it->second.announces.reserve(workers_.size());
+  return it->second;
 }
 
 void RangeState::SetFollower(bool follower, RangeActions* actions) {
@@ -393,10 +407,17 @@ absl::Status RangeState::CheckInvariants() const {
           "range state: bsp applied ", bsp_applied_,
           " clocks but a live worker completed only ", min_live_completed));
     }
-    if (!pending_bsp_.empty() && pending_bsp_.begin()->first < bsp_applied_) {
+    if (!pending_bsp_.empty() && pending_bsp_.front().first < bsp_applied_) {
       return absl::InternalError(absl::StrCat(
-          "range state: buffered clock ", pending_bsp_.begin()->first,
+          "range state: buffered clock ", pending_bsp_.front().first,
           " below the ", bsp_applied_, " applied"));
+    }
+    for (size_t i = 1; i < pending_bsp_.size(); ++i) {
+      if (pending_bsp_[i - 1].first >= pending_bsp_[i].first) {
+        return absl::InternalError(absl::StrCat(
+            "range state: buffered clock ", pending_bsp_[i].first,
+            " out of order after ", pending_bsp_[i - 1].first));
+      }
     }
   } else if (!pending_bsp_.empty() || bsp_applied_ != 0) {
     return absl::InternalError("range state: bsp buffers outside bsp");
@@ -443,8 +464,10 @@ absl::StatusOr<proto::RangeStateSnapshot> RangeState::Snapshot() const {
     auto* pc = snap.add_pending_bsp();
     pc->set_clock(c);
     pc->set_examples(bc.examples);
-    for (const auto& [worker, segs] : bc.by_worker) {
-      for (const BufferedSegment& seg : segs) {
+    // In worker-id order, then arrival order (as the apply sums them).
+    for (int worker = 0; worker < num_workers(); ++worker) {
+      for (const BufferedSegment& seg : bc.segments) {
+        if (seg.worker != worker) continue;
         auto* ps = pc->add_segments();
         ps->set_worker(worker);
         ps->set_table(seg.table);
@@ -521,13 +544,13 @@ absl::StatusOr<RangeState> RangeState::FromSnapshot(
       return bad("bad buffered clock ", pc.clock());
     }
     prev_clock = pc.clock();
-    BspClock& bc = st.pending_bsp_[pc.clock()];
+    BspClock& bc = st.PendingBsp(pc.clock());
     bc.examples = pc.examples();
     for (const auto& seg : pc.segments()) {
       if (seg.worker() < 0 || seg.worker() >= snap.workers_size()) {
         return bad("buffered segment of unknown worker ", seg.worker());
       }
-      bc.by_worker[seg.worker()].push_back(BufferedSegment{
+      bc.segments.push_back(BufferedSegment{
           seg.table(), seg.keys(), seg.vals(), seg.worker(), seg.seq()});
     }
     for (const auto& a : pc.announces()) {

@@ -140,7 +140,8 @@ struct RangeActions {
     std::vector<BufferedSegment> segments;
     std::vector<BspAnnouncement> announces;
   };
-  std::vector<Apply> apply;
+  // Inline: a step applies at most one clock on a range as a rule.
+  absl::InlinedVector<Apply, 1> apply;
 };
 
 class RangeState {
@@ -266,8 +267,13 @@ class RangeState {
     int64_t announced_completed = 0;
     int64_t received_completed = 0;
   };
+  // A buffered BSP clock. Segments in arrival order (the apply orders them
+  // by worker, stably); both vectors are reserved for one entry per worker
+  // when the clock is first buffered, so a clock costs two allocations.
+  // Was a std::map of workers to vectors, in a std::map of clocks: about
+  // ten allocations per range and clock, on the primary and each backup.
   struct BspClock {
-    std::map<int, std::vector<BufferedSegment>> by_worker;
+    std::vector<BufferedSegment> segments;
     int64_t examples = 0;
     std::vector<BspAnnouncement> announces;  // in the order consumed
   };
@@ -282,11 +288,15 @@ class RangeState {
   // Whether BSP clock bsp_applied_ is complete (every live worker completed
   // it, some worker did); applies it when so.
   bool ApplyNextBspClock(RangeActions* actions);
+  // The buffered clock `clock`, added (in clock order) when absent.
+  BspClock& PendingBsp(int64_t clock);
 
   bool bsp_;
   RangeLimits limits_;
   std::vector<Worker> workers_;
-  std::map<int64_t, BspClock> pending_bsp_;
+  // Ascending by clock: the clocks after bsp_applied_ with data in, a few
+  // at a time (at most max_clock_ahead); a vector keeps its capacity.
+  std::vector<std::pair<int64_t, BspClock>> pending_bsp_;
   int64_t bsp_applied_ = 0;
   bool follower_ = false;
 };
