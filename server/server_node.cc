@@ -17,6 +17,7 @@
 #include "common/bytes.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/proto_span.h"
 #include "common/status_macros.h"
 #include "common/value_codec.h"
 #include "server/checkpoint.h"
@@ -1051,12 +1052,15 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
           " segment counts and ", req.range_settled_seqs_size(),
           " settled seqs"));
     }
+    const auto range_ids = AsSpan(req.range_ids());
+    const auto range_segments = AsSpan(req.range_segments());
+    const auto range_settled = AsSpan(req.range_settled_seqs());
     if (n > 0) {
       // Per range: every entry must name a range this server owns now
       // (ranges keep their state when views change, so the request's epoch
       // matters only when it names a range this server does not own yet).
       for (int i = 0; i < n; ++i) {
-        const int range = req.range_ids(i);
+        const int range = range_ids[i];
         if (range < 0 || range >= routing_->num_ranges()) {
           return absl::InvalidArgumentError(
               absl::StrCat("unknown range ", range));
@@ -1073,7 +1077,7 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
               absl::StrCat("stale-epoch: range ", range,
                            " not owned by server ", id_));
         }
-        if (req.range_segments(i) < 0) {
+        if (range_segments[i] < 0) {
           return absl::InvalidArgumentError("negative segment count");
         }
       }
@@ -1084,12 +1088,12 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
       absl::Status refused;
       actions.reserve(actions.size() + n);
       for (int i = 0; i < n; ++i) {
-        const int range = req.range_ids(i);
+        const int range = range_ids[i];
         RangeActions ra;
         refused = ranges_[range].Announce(w, req.clock(),
-                                          req.range_segments(i),
+                                          range_segments[i],
                                           req.num_examples(),
-                                          req.range_settled_seqs(i), &ra);
+                                          range_settled[i], &ra);
         if (!refused.ok()) break;  // the entries logged so far still go
         ApplyBsp(range, &ra);
         actions.emplace_back(range, std::move(ra));
@@ -1114,8 +1118,8 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
           }
           an->add_ranges(range);
           an->add_indexes(index);
-          an->add_segments(req.range_segments(i));
-          an->add_settled_seqs(req.range_settled_seqs(i));
+          an->add_segments(range_segments[i]);
+          an->add_settled_seqs(range_settled[i]);
         }
       }
       for (auto& [b, e] : per_backup) EnqueueLocked(b, std::move(e));

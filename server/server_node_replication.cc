@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/logging.h"
+#include "common/proto_span.h"
 #include "common/status_macros.h"
 #include "server/server_node.h"
 #include "transport/errors.h"
@@ -86,24 +87,29 @@ absl::StatusOr<std::vector<BspClockAt>> LayOutBspClocks(
       bc.ann_settled_size() != anns || bc.sum_num_keys_size() != sums) {
     return bad("entry arrays of different lengths");
   }
+  const auto num_segs = AsSpan(bc.num_segs());
+  const auto num_anns = AsSpan(bc.num_anns());
+  const auto num_sums = AsSpan(bc.num_sums());
+  const auto sum_tables = AsSpan(bc.sum_tables());
+  const auto sum_num_keys = AsSpan(bc.sum_num_keys());
   std::vector<BspClockAt> at(static_cast<size_t>(n) + 1);
   BspClockAt next;
   for (int i = 0; i < n; ++i) {
     at[i] = next;
-    if (bc.num_segs(i) < 0 || bc.num_anns(i) < 0 || bc.num_sums(i) < 0 ||
-        bc.num_segs(i) > bc.seg_workers_size() - next.seg ||
-        bc.num_anns(i) > anns - next.ann || bc.num_sums(i) > sums - next.sum) {
+    if (num_segs[i] < 0 || num_anns[i] < 0 || num_sums[i] < 0 ||
+        num_segs[i] > bc.seg_workers_size() - next.seg ||
+        num_anns[i] > anns - next.ann || num_sums[i] > sums - next.sum) {
       return bad("counts do not match the arrays");
     }
-    next.seg += bc.num_segs(i);
-    next.ann += bc.num_anns(i);
-    for (int j = next.sum; j < next.sum + bc.num_sums(i); ++j) {
-      const int t = bc.sum_tables(j);
+    next.seg += num_segs[i];
+    next.ann += num_anns[i];
+    for (int j = next.sum; j < next.sum + num_sums[i]; ++j) {
+      const int t = sum_tables[j];
       if (t < 0 || t >= static_cast<int>(tables.size())) {
         return bad(absl::StrCat("unknown table ", t));
       }
       const int d = tables[t]->dim();
-      const int64_t keys = bc.sum_num_keys(j);
+      const int64_t keys = sum_num_keys[j];
       if (keys < 0 || static_cast<uint64_t>(keys) >
                           (bc.sum_keys().size() - next.key_byte) /
                               sizeof(uint64_t)) {
@@ -117,7 +123,7 @@ absl::StatusOr<std::vector<BspClockAt>> LayOutBspClocks(
       }
       next.val_byte += vals;
     }
-    next.sum += bc.num_sums(i);
+    next.sum += num_sums[i];
   }
   at[n] = next;
   if (next.seg != bc.seg_workers_size() || next.ann != anns ||
@@ -209,16 +215,22 @@ void ForEachRange(const proto::ReplicaEntry& e, F fn)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (e.has_push()) {
     const proto::ReplicaPush& p = e.push();
-    const int n = std::min(p.seg_ranges_size(), p.seg_indexes_size());
-    for (int i = 0; i < n; ++i) fn(p.seg_ranges(i), p.seg_indexes(i));
+    const auto ranges = AsSpan(p.seg_ranges());
+    const auto indexes = AsSpan(p.seg_indexes());
+    const size_t n = std::min(ranges.size(), indexes.size());
+    for (size_t i = 0; i < n; ++i) fn(ranges[i], indexes[i]);
   } else if (e.has_announces()) {
     const proto::ReplicaAnnounces& a = e.announces();
-    const int n = std::min(a.ranges_size(), a.indexes_size());
-    for (int i = 0; i < n; ++i) fn(a.ranges(i), a.indexes(i));
+    const auto ranges = AsSpan(a.ranges());
+    const auto indexes = AsSpan(a.indexes());
+    const size_t n = std::min(ranges.size(), indexes.size());
+    for (size_t i = 0; i < n; ++i) fn(ranges[i], indexes[i]);
   } else if (e.has_bsp()) {
     const proto::ReplicaBspClocks& b = e.bsp();
-    const int n = std::min(b.ranges_size(), b.indexes_size());
-    for (int i = 0; i < n; ++i) fn(b.ranges(i), b.indexes(i));
+    const auto ranges = AsSpan(b.ranges());
+    const auto indexes = AsSpan(b.indexes());
+    const size_t n = std::min(ranges.size(), indexes.size());
+    for (size_t i = 0; i < n; ++i) fn(ranges[i], indexes[i]);
   } else {
     fn(e.range(), e.index());
   }
@@ -536,11 +548,14 @@ void ServerNode::FlushBspClocksLocked() {
   // Per range, the last clock logged now and its index (which covers the
   // range's earlier clocks too).
   absl::flat_hash_map<int, std::pair<int64_t, int64_t>> logged;
+  const auto ranges = AsSpan(bsp_out_.ranges());
+  const auto clocks = AsSpan(bsp_out_.clocks());
+  int64_t* const indexes = bsp_out_.mutable_indexes()->mutable_data();
   for (int i = 0; i < n; ++i) {
-    const int r = bsp_out_.ranges(i);
+    const int r = ranges[i];
     const int64_t index = AssignIndexLocked(r, nullptr);
-    bsp_out_.set_indexes(i, index);
-    logged[r] = {bsp_out_.clocks(i), index};
+    indexes[i] = index;
+    logged[r] = {clocks[i], index};
     for (int b : FeedTargetsLocked(r)) {
       AppendBspClock(bsp_out_, at, i, per_backup[b].mutable_bsp());
     }
@@ -1084,9 +1099,13 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
         "replica push: segment arrays of different lengths");
   }
   size_t at = 0;
+  const auto seg_ranges = AsSpan(p.seg_ranges());
+  const auto seg_num_keys = AsSpan(p.seg_num_keys());
+  const auto seg_indexes = AsSpan(p.seg_indexes());
+  const auto seg_seqs = AsSpan(p.seg_seqs());
   for (int sg = 0; sg < segs; ++sg) {
-    const int r = p.seg_ranges(sg);  // checked by the caller
-    const int64_t num_keys = p.seg_num_keys(sg);
+    const int r = seg_ranges[sg];  // checked by the caller
+    const int64_t num_keys = seg_num_keys[sg];
     if (num_keys < 0 || static_cast<uint64_t>(num_keys) > total - at) {
       return absl::InvalidArgumentError("replica push: segments do not match");
     }
@@ -1096,7 +1115,7 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
     at += n;
     RangeLog& lg = logs_[r];
     PS_ASSIGN_OR_RETURN(const bool next,
-                        IsNextEntryLocked(from, r, p.seg_indexes(sg)));
+                        IsNextEntryLocked(from, r, seg_indexes[sg]));
     if (!next) continue;  // a resend
     for (size_t i = 0; i < n; ++i) {
       if ((i > 0 && k[i] <= k[i - 1]) || k[i] < routing_->RangeBegin(r) ||
@@ -1117,7 +1136,7 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
     RangeActions a;
     bool dup = false;
     absl::Status s =
-        range.Accept(p.worker(), p.seg_seqs(sg), p.clock(), &buffered, &dup,
+        range.Accept(p.worker(), seg_seqs[sg], p.clock(), &buffered, &dup,
                      &a);
     if (s.ok() && !dup && !range.bsp()) {
       t->Push(r, k, v, t->optimizer().GradientScale(p.num_examples()));
@@ -1125,13 +1144,13 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
     }
     if (!s.ok()) {
       return absl::InternalError(absl::StrCat("range ", r, " entry ",
-                                              p.seg_indexes(sg),
+                                              seg_indexes[sg],
                                               " refused by the replica: ",
                                               s.message()));
     }
     ApplyBsp(r, &a);
     actions->emplace_back(r, std::move(a));
-    lg.index = p.seg_indexes(sg);
+    lg.index = seg_indexes[sg];
   }
   return absl::OkStatus();
 }
@@ -1145,24 +1164,28 @@ absl::Status ServerNode::ApplyAnnouncesLocked(int from,
     return absl::InvalidArgumentError(
         "replica announcements: arrays of different lengths");
   }
+  const auto an_ranges = AsSpan(an.ranges());
+  const auto an_indexes = AsSpan(an.indexes());
+  const auto an_segments = AsSpan(an.segments());
+  const auto an_settled_seqs = AsSpan(an.settled_seqs());
   for (int i = 0; i < n; ++i) {
-    const int r = an.ranges(i);  // checked by the caller
+    const int r = an_ranges[i];  // checked by the caller
     PS_ASSIGN_OR_RETURN(const bool next,
-                        IsNextEntryLocked(from, r, an.indexes(i)));
+                        IsNextEntryLocked(from, r, an_indexes[i]));
     if (!next) continue;  // a resend
     RangeActions a;
     absl::Status s = ranges_[r].Announce(an.worker(), an.clock(),
-                                         an.segments(i), an.examples(),
-                                         an.settled_seqs(i), &a);
+                                         an_segments[i], an.examples(),
+                                         an_settled_seqs[i], &a);
     if (!s.ok()) {
       return absl::InternalError(absl::StrCat("range ", r, " entry ",
-                                              an.indexes(i),
+                                              an_indexes[i],
                                               " refused by the replica: ",
                                               s.message()));
     }
     ApplyBsp(r, &a);
     actions->emplace_back(r, std::move(a));
-    logs_[r].index = an.indexes(i);
+    logs_[r].index = an_indexes[i];
   }
   return absl::OkStatus();
 }
@@ -1171,18 +1194,28 @@ absl::Status ServerNode::ApplyBspClocksLocked(
     int from, const proto::ReplicaBspClocks& bc, RangeActionList* actions) {
   PS_ASSIGN_OR_RETURN(const std::vector<BspClockAt> at,
                       LayOutBspClocks(bc, tables_));
+  const auto bc_ranges = AsSpan(bc.ranges());
+  const auto bc_indexes = AsSpan(bc.indexes());
+  const auto bc_clocks = AsSpan(bc.clocks());
+  const auto bc_examples = AsSpan(bc.examples());
+  const auto bc_ann_workers = AsSpan(bc.ann_workers());
+  const auto bc_ann_segments = AsSpan(bc.ann_segments());
+  const auto bc_ann_examples = AsSpan(bc.ann_examples());
+  const auto bc_ann_settled = AsSpan(bc.ann_settled());
+  const auto bc_sum_tables = AsSpan(bc.sum_tables());
+  const auto bc_sum_num_keys = AsSpan(bc.sum_num_keys());
   std::vector<BspAnnouncement> announces;
   for (int c = 0; c < bc.ranges_size(); ++c) {
-    const int r = bc.ranges(c);  // checked by the caller
+    const int r = bc_ranges[c];  // checked by the caller
     PS_ASSIGN_OR_RETURN(const bool next,
-                        IsNextEntryLocked(from, r, bc.indexes(c)));
+                        IsNextEntryLocked(from, r, bc_indexes[c]));
     if (!next) continue;  // a resend
     const BspClockAt& a = at[c];
     const BspClockAt& b = at[c + 1];
     size_t key_byte = a.key_byte;
     for (int i = a.sum; i < b.sum; ++i) {
       const size_t len =
-          static_cast<size_t>(bc.sum_num_keys(i)) * sizeof(uint64_t);
+          static_cast<size_t>(bc_sum_num_keys[i]) * sizeof(uint64_t);
       PS_RETURN_IF_ERROR(CheckRangeKeys(
           absl::string_view(bc.sum_keys()).substr(key_byte, len), *routing_,
           r));
@@ -1190,29 +1223,29 @@ absl::Status ServerNode::ApplyBspClocksLocked(
     }
     announces.clear();
     for (int i = a.ann; i < b.ann; ++i) {
-      announces.push_back(BspAnnouncement{bc.ann_workers(i),
-                                          bc.ann_segments(i),
-                                          bc.ann_examples(i),
-                                          bc.ann_settled(i)});
+      announces.push_back(BspAnnouncement{bc_ann_workers[i],
+                                          bc_ann_segments[i],
+                                          bc_ann_examples[i],
+                                          bc_ann_settled[i]});
     }
     RangeActions ra;
     absl::Status s = ranges_[r].ApplyReplicated(
-        bc.clocks(c),
+        bc_clocks[c],
         absl::MakeConstSpan(bc.seg_workers().data() + a.seg, b.seg - a.seg),
         absl::MakeConstSpan(bc.seg_seqs().data() + a.seg, b.seg - a.seg),
         announces, &ra);
     if (s.ok() &&
-        (ra.apply.size() != 1 || ra.apply[0].examples != bc.examples(c))) {
+        (ra.apply.size() != 1 || ra.apply[0].examples != bc_examples[c])) {
       s = absl::InternalError(absl::StrCat(
-          "clock ", bc.clocks(c), " has ",
+          "clock ", bc_clocks[c], " has ",
           ra.apply.empty() ? 0 : ra.apply[0].examples, " examples here, ",
-          bc.examples(c), " on the primary"));
+          bc_examples[c], " on the primary"));
     }
     if (!s.ok()) {
       // The primary applied this clock in the same state: the replica has
       // diverged. The primary answers with a fresh copy.
       return absl::InternalError(absl::StrCat("range ", r, " entry ",
-                                              bc.indexes(c),
+                                              bc_indexes[c],
                                               " refused by the replica: ",
                                               s.message()));
     }
@@ -1222,19 +1255,19 @@ absl::Status ServerNode::ApplyBspClocksLocked(
     key_byte = a.key_byte;
     size_t val_byte = a.val_byte;
     for (int i = a.sum; i < b.sum; ++i) {
-      Table* t = tables_[bc.sum_tables(i)].get();
-      const size_t keys = static_cast<size_t>(bc.sum_num_keys(i));
+      Table* t = tables_[bc_sum_tables[i]].get();
+      const size_t keys = static_cast<size_t>(bc_sum_num_keys[i]);
       t->Push(r,
               absl::MakeConstSpan(reinterpret_cast<const uint64_t*>(
                                       bc.sum_keys().data() + key_byte),
                                   keys),
               reinterpret_cast<const float*>(bc.sum_vals().data() + val_byte),
-              t->optimizer().GradientScale(bc.examples(c)));
+              t->optimizer().GradientScale(bc_examples[c]));
       key_byte += keys * sizeof(uint64_t);
       val_byte += keys * static_cast<size_t>(t->dim()) * sizeof(float);
     }
     actions->emplace_back(r, std::move(ra));
-    logs_[r].index = bc.indexes(c);
+    logs_[r].index = bc_indexes[c];
   }
   return absl::OkStatus();
 }
