@@ -260,11 +260,22 @@ bool RangeState::ApplyNextBspClock(RangeActions* actions) {
     apply.examples = bc.examples;
     apply.announces = std::move(bc.announces);
     apply.segments = std::move(bc.segments);
-    // Worker-id order, then arrival order: a deterministic sum.
-    std::stable_sort(apply.segments.begin(), apply.segments.end(),
-                     [](const BufferedSegment& a, const BufferedSegment& b) {
-                       return a.worker < b.worker;
-                     });
+    // Worker-id order, then arrival order: a deterministic sum. A clock has
+    // a few segments on a range as a rule: those go by an insertion sort
+    // (stable, without std::stable_sort's buffer).
+    std::vector<BufferedSegment>& segs = apply.segments;
+    auto by_worker = [](const BufferedSegment& a, const BufferedSegment& b) {
+      return a.worker < b.worker;
+    };
+    if (segs.size() > 32) {
+      std::stable_sort(segs.begin(), segs.end(), by_worker);
+    } else {
+      for (size_t i = 1; i < segs.size(); ++i) {
+        for (size_t j = i; j > 0 && by_worker(segs[j], segs[j - 1]); --j) {
+          std::swap(segs[j - 1], segs[j]);
+        }
+      }
+    }
     pending_bsp_.erase(pending_bsp_.begin());
   }
   actions->apply.push_back(std::move(apply));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -164,6 +165,31 @@ TEST(RangeStateTest, SettledIsClampedToTheSeqsReceived) {
   EXPECT_FALSE(Push(&st, 0, 5, 2, &a));
   EXPECT_FALSE(Push(&st, 0, 2, 2, &a));
   EXPECT_TRUE(Push(&st, 0, 3, 2, &a));
+}
+
+// Many segments per clock (more than the insertion sort takes): still in
+// worker-id order, then arrival order, whatever order the workers' segments
+// interleave in.
+TEST(RangeStateTest, BspOrdersManySegmentsByWorkerThenArrival) {
+  RangeState st = Make(3, true);
+  RangeActions a;
+  uint64_t seq[3] = {0, 0, 0};
+  std::vector<std::string> want[3];
+  for (int i = 0; i < 45; ++i) {
+    const int w = (i * 7 + i / 5) % 3;  // an irregular interleaving
+    const std::string tag = absl::StrCat("w", w, "-", seq[w]);
+    ASSERT_TRUE(Push(&st, w, ++seq[w], 0, &a, tag));
+    want[w].push_back(tag);
+  }
+  for (int w = 0; w < 3; ++w) {
+    Announce(&st, w, 0, static_cast<int64_t>(seq[w]), 10, &a);
+  }
+  ASSERT_EQ(a.apply.size(), 1u);
+  std::vector<std::string> got;
+  for (const BufferedSegment& seg : a.apply[0].segments) got.push_back(seg.keys);
+  std::vector<std::string> all;
+  for (int w = 0; w < 3; ++w) all.insert(all.end(), want[w].begin(), want[w].end());
+  EXPECT_EQ(got, all);
 }
 
 TEST(RangeStateTest, BspAppliesAClockOnceEveryLiveWorkerCompletedIt) {
