@@ -142,6 +142,10 @@ struct RangeActions {
   };
   // Inline: a step applies at most one clock on a range as a rule.
   absl::InlinedVector<Apply, 1> apply;
+
+  bool empty() const {
+    return advanced.empty() && finished.empty() && apply.empty();
+  }
 };
 
 class RangeState {

@@ -337,7 +337,7 @@ absl::Status ServerNode::Configure(
       RangeActions a;
       ranges_[r].SetFollower(follow, &a);
       ApplyBsp(r, &a);
-      actions.emplace_back(r, std::move(a));
+      AddActions(&actions, r, &a);
     }
     JoinWorkersLocked(view, join_clocks, &actions);
     for (const proto::NodeInfo& w : view.workers()) {
@@ -363,7 +363,7 @@ absl::Status ServerNode::Configure(
           e.set_dead_worker(w.id());
           LogEntry(r, std::move(e), nullptr);
         }
-        actions.emplace_back(r, std::move(a));
+        AddActions(&actions, r, &a);
       }
     }
     FlushBspClocksLocked();
@@ -434,7 +434,7 @@ void ServerNode::JoinWorkersLocked(
         e.mutable_join()->set_clock(range.Completed(i));
         LogEntry(r, std::move(e), nullptr);
       }
-      actions->emplace_back(r, std::move(a));
+      AddActions(actions, r, &a);
     }
     if (w.joining() && join_clocks != nullptr) {
       (*join_clocks)[i] = JoinClockLocked(i);
@@ -728,7 +728,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
       ++news;
       if (adm.bsp) {
         ApplyBsp(run.range, &a);
-        actions.emplace_back(run.range, std::move(a));
+        AddActions(&actions, run.range, &a);
       } else {
         fresh.push_back(i);
       }
@@ -788,7 +788,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
       ranges_[runs[i].range]
           .Applied(req.worker_id(), req.clock(), &a)
           .IgnoreError();  // admitted above: cannot fail
-      actions.emplace_back(runs[i].range, std::move(a));
+      AddActions(&actions, runs[i].range, &a);
     }
     NoteFinished(req.worker_id(), actions, &finished);
   }
@@ -1096,7 +1096,7 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
                                           range_settled[i], &ra);
         if (!refused.ok()) break;  // the entries logged so far still go
         ApplyBsp(range, &ra);
-        actions.emplace_back(range, std::move(ra));
+        AddActions(&actions, range, &ra);
         if (!HasBackups(range)) continue;
         if (mode_ == proto::MODE_BSP) {
           // Sent to the backups with the clock's sum; answered after it.
@@ -1176,7 +1176,7 @@ absl::Status ServerNode::FinishImpl(const proto::FinishRequest& req,
       RangeActions ra;
       ranges_[r].Finish(w, req.final_clock(), &ra).IgnoreError();  // checked
       ApplyBsp(r, &ra);
-      actions.emplace_back(r, std::move(ra));
+      AddActions(&actions, r, &ra);
       if (HasBackups(r)) {
         proto::ReplicaEntry e;
         e.mutable_finish()->set_worker(w);
@@ -1215,7 +1215,7 @@ void ServerNode::AnnounceLegacy(int worker, RangeActionList* out,
                     &ra)
           .IgnoreError();
       ApplyBsp(r, &ra);
-      out->emplace_back(r, std::move(ra));
+      AddActions(out, r, &ra);
       if (HasBackups(r) && mode_ == proto::MODE_BSP) {
         // With the clock's sum (FlushBspClocksLocked, by the caller).
         needs->emplace_back(r, ClockNeed(it->first));

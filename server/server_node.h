@@ -308,6 +308,12 @@ class ServerNode {
   void KeepResolved(int worker, RequestKeys* rk);
   // Per range: the range's consistency actions to carry out.
   using RangeActionList = std::vector<std::pair<int, RangeActions>>;
+  // Adds a range's actions to `list` unless there are none: most pushes
+  // complete nothing, and an entry each was a move of a RangeActions per
+  // segment (on a backup, per replicated segment too).
+  static void AddActions(RangeActionList* list, int range, RangeActions* a) {
+    if (!a->empty()) list->emplace_back(range, std::move(*a));
+  }
   // Applies the BSP clocks in `actions` to the tables (mu_ held: BSP
   // applies are rare and must not interleave with a view change). On the
   // owner of a replicated range, each applied clock is also queued for the

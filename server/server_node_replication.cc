@@ -1149,7 +1149,7 @@ absl::Status ServerNode::ApplyPushLocked(int from, const proto::ReplicaPush& p,
                                               s.message()));
     }
     ApplyBsp(r, &a);
-    actions->emplace_back(r, std::move(a));
+    AddActions(actions, r, &a);
     lg.index = seg_indexes[sg];
   }
   return absl::OkStatus();
@@ -1184,7 +1184,7 @@ absl::Status ServerNode::ApplyAnnouncesLocked(int from,
                                               s.message()));
     }
     ApplyBsp(r, &a);
-    actions->emplace_back(r, std::move(a));
+    AddActions(actions, r, &a);
     logs_[r].index = an_indexes[i];
   }
   return absl::OkStatus();
@@ -1266,7 +1266,7 @@ absl::Status ServerNode::ApplyBspClocksLocked(
       key_byte += keys * sizeof(uint64_t);
       val_byte += keys * static_cast<size_t>(t->dim()) * sizeof(float);
     }
-    actions->emplace_back(r, std::move(ra));
+    AddActions(actions, r, &ra);
     logs_[r].index = bc_indexes[c];
   }
   return absl::OkStatus();
@@ -1327,7 +1327,7 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
     for (int w = 0; w < range.num_workers(); ++w) {
       if (range.Entry(w) > 0) a.advanced.emplace_back(w, range.Entry(w));
     }
-    actions->emplace_back(r, std::move(a));
+    AddActions(actions, r, &a);
     return absl::OkStatus();
   }
   PS_ASSIGN_OR_RETURN(const bool next, IsNextEntryLocked(from, r, e.index()));
@@ -1365,7 +1365,7 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
                                             s.message()));
   }
   ApplyBsp(r, &a);
-  actions->emplace_back(r, std::move(a));
+  AddActions(actions, r, &a);
   lg.index = e.index();
   return absl::OkStatus();
 }
