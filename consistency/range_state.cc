@@ -254,9 +254,12 @@ bool RangeState::ApplyNextBspClock(RangeActions* actions) {
   if (!any) return false;
   RangeActions::Apply apply;
   apply.clock = c;
-  // Clocks below c are applied and gone, so c can only be the first.
-  if (!pending_bsp_.empty() && pending_bsp_.front().first == c) {
-    BspClock& bc = pending_bsp_.front().second;
+  // Clocks below c are applied and gone (CheckInvariants), so c is the
+  // first as a rule; looked up all the same.
+  auto it = std::lower_bound(pending_bsp_.begin(), pending_bsp_.end(), c,
+                             ClockBefore);
+  if (it != pending_bsp_.end() && it->first == c) {
+    BspClock& bc = it->second;
     apply.examples = bc.examples;
     apply.announces = std::move(bc.announces);
     apply.segments = std::move(bc.segments);
@@ -276,7 +279,7 @@ bool RangeState::ApplyNextBspClock(RangeActions* actions) {
         }
       }
     }
-    pending_bsp_.erase(pending_bsp_.begin());
+    pending_bsp_.erase(it);
   }
   actions->apply.push_back(std::move(apply));
   ++bsp_applied_;
@@ -287,11 +290,8 @@ bool RangeState::ApplyNextBspClock(RangeActions* actions) {
 }
 
 RangeState::BspClock& RangeState::PendingBsp(int64_t clock) {
-  auto it = std::lower_bound(
-      pending_bsp_.begin(), pending_bsp_.end(), clock,
-      [](const std::pair<int64_t, BspClock>& p, int64_t c) {
-        return p.first < c;
-      });
+  auto it = std::lower_bound(pending_bsp_.begin(), pending_bsp_.end(), clock,
+                             ClockBefore);
   if (it != pending_bsp_.end() && it->first == clock) return it->second;
   it = pending_bsp_.emplace(it, clock, BspClock{});
   it->second.segments.reserve(workers_.size());
@@ -476,16 +476,20 @@ absl::StatusOr<proto::RangeStateSnapshot> RangeState::Snapshot() const {
     pc->set_clock(c);
     pc->set_examples(bc.examples);
     // In worker-id order, then arrival order (as the apply sums them).
-    for (int worker = 0; worker < num_workers(); ++worker) {
-      for (const BufferedSegment& seg : bc.segments) {
-        if (seg.worker != worker) continue;
-        auto* ps = pc->add_segments();
-        ps->set_worker(worker);
-        ps->set_table(seg.table);
-        ps->set_keys(seg.keys);
-        ps->set_vals(seg.vals);
-        ps->set_seq(seg.seq);
-      }
+    std::vector<const BufferedSegment*> segs;
+    segs.reserve(bc.segments.size());
+    for (const BufferedSegment& seg : bc.segments) segs.push_back(&seg);
+    std::stable_sort(segs.begin(), segs.end(),
+                     [](const BufferedSegment* a, const BufferedSegment* b) {
+                       return a->worker < b->worker;
+                     });
+    for (const BufferedSegment* seg : segs) {
+      auto* ps = pc->add_segments();
+      ps->set_worker(seg->worker);
+      ps->set_table(seg->table);
+      ps->set_keys(seg->keys);
+      ps->set_vals(seg->vals);
+      ps->set_seq(seg->seq);
     }
     for (const BspAnnouncement& a : bc.announces) {
       auto* pa = pc->add_announces();

@@ -294,6 +294,9 @@ class RangeState {
   bool ApplyNextBspClock(RangeActions* actions);
   // The buffered clock `clock`, added (in clock order) when absent.
   BspClock& PendingBsp(int64_t clock);
+  static bool ClockBefore(const std::pair<int64_t, BspClock>& p, int64_t c) {
+    return p.first < c;
+  }
 
   bool bsp_;
   RangeLimits limits_;

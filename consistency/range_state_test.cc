@@ -181,15 +181,27 @@ TEST(RangeStateTest, BspOrdersManySegmentsByWorkerThenArrival) {
     ASSERT_TRUE(Push(&st, w, ++seq[w], 0, &a, tag));
     want[w].push_back(tag);
   }
-  for (int w = 0; w < 3; ++w) {
-    Announce(&st, w, 0, static_cast<int64_t>(seq[w]), 10, &a);
-  }
-  ASSERT_EQ(a.apply.size(), 1u);
-  std::vector<std::string> got;
-  for (const BufferedSegment& seg : a.apply[0].segments) got.push_back(seg.keys);
+  // A copy made now (a range move's) buffers them in the same order.
+  absl::StatusOr<proto::RangeStateSnapshot> snap = st.Snapshot();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  absl::StatusOr<RangeState> copy = RangeState::FromSnapshot(*snap);
+  ASSERT_TRUE(copy.ok()) << copy.status();
   std::vector<std::string> all;
-  for (int w = 0; w < 3; ++w) all.insert(all.end(), want[w].begin(), want[w].end());
-  EXPECT_EQ(got, all);
+  for (int w = 0; w < 3; ++w) {
+    all.insert(all.end(), want[w].begin(), want[w].end());
+  }
+  for (RangeState* s : {&st, &*copy}) {
+    RangeActions b;
+    for (int w = 0; w < 3; ++w) {
+      Announce(s, w, 0, static_cast<int64_t>(seq[w]), 10, &b);
+    }
+    ASSERT_EQ(b.apply.size(), 1u);
+    std::vector<std::string> got;
+    for (const BufferedSegment& seg : b.apply[0].segments) {
+      got.push_back(seg.keys);
+    }
+    EXPECT_EQ(got, all);
+  }
 }
 
 TEST(RangeStateTest, BspAppliesAClockOnceEveryLiveWorkerCompletedIt) {
