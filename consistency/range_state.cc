@@ -267,14 +267,11 @@ bool RangeState::ApplyNextBspClock(RangeActions* actions) {
     // a few segments on a range as a rule: those go by an insertion sort
     // (stable, without std::stable_sort's buffer).
     std::vector<BufferedSegment>& segs = apply.segments;
-    auto by_worker = [](const BufferedSegment& a, const BufferedSegment& b) {
-      return a.worker < b.worker;
-    };
     if (segs.size() > 32) {
-      std::stable_sort(segs.begin(), segs.end(), by_worker);
+      std::stable_sort(segs.begin(), segs.end(), WorkerBefore);
     } else {
       for (size_t i = 1; i < segs.size(); ++i) {
-        for (size_t j = i; j > 0 && by_worker(segs[j], segs[j - 1]); --j) {
+        for (size_t j = i; j > 0 && WorkerBefore(segs[j], segs[j - 1]); --j) {
           std::swap(segs[j - 1], segs[j]);
         }
       }
@@ -481,7 +478,7 @@ absl::StatusOr<proto::RangeStateSnapshot> RangeState::Snapshot() const {
     for (const BufferedSegment& seg : bc.segments) segs.push_back(&seg);
     std::stable_sort(segs.begin(), segs.end(),
                      [](const BufferedSegment* a, const BufferedSegment* b) {
-                       return a->worker < b->worker;
+                       return WorkerBefore(*a, *b);
                      });
     for (const BufferedSegment* seg : segs) {
       auto* ps = pc->add_segments();

@@ -297,6 +297,11 @@ class RangeState {
   static bool ClockBefore(const std::pair<int64_t, BspClock>& p, int64_t c) {
     return p.first < c;
   }
+  // A clock's segments are applied (and snapshotted) in worker-id order,
+  // then arrival order: sorted stably by this.
+  static bool WorkerBefore(const BufferedSegment& a, const BufferedSegment& b) {
+    return a.worker < b.worker;
+  }
 
   bool bsp_;
   RangeLimits limits_;

@@ -1231,8 +1231,8 @@ absl::Status ServerNode::ApplyBspClocksLocked(
     RangeActions ra;
     absl::Status s = ranges_[r].ApplyReplicated(
         bc_clocks[c],
-        absl::MakeConstSpan(bc.seg_workers().data() + a.seg, b.seg - a.seg),
-        absl::MakeConstSpan(bc.seg_seqs().data() + a.seg, b.seg - a.seg),
+        AsSpan(bc.seg_workers()).subspan(a.seg, b.seg - a.seg),
+        AsSpan(bc.seg_seqs()).subspan(a.seg, b.seg - a.seg),
         announces, &ra);
     if (s.ok() &&
         (ra.apply.size() != 1 || ra.apply[0].examples != bc_examples[c])) {
