@@ -505,6 +505,12 @@ H, S[i], W[i].
                        e.g. S1@10, W0@2.5, H@5; repeatable. The launcher
                        does not stop the job for a process it killed: the
                        cluster decides
+  --pause ROLE[ID]@SECONDS:FOR_S
+                       chaos: SIGSTOP that process SECONDS after the cluster
+                       is ready and SIGCONT it FOR_S seconds later: a node
+                       that hangs instead of dying (a server stopped past
+                       cluster.heartbeat_timeout_ms is failed over, and the
+                       job goes on without waiting for it); repeatable
   --restart[=DELAY_S]  chaos: start a replacement of the same role DELAY_S
                        (default 1) after each --kill (the replacement joins
                        the running job as a new server or worker)
@@ -541,6 +547,23 @@ std::optional<std::string> FailedJobError(const std::string& report_path) {
   if (!report.ok() || report->status() != "failed") return std::nullopt;
   if (report->error().empty()) return std::string("(no error in the report)");
   return report->error();
+}
+
+// Whether the job's report says the cluster declared `name` dead: a server
+// ("S[1]") it failed over, a worker ("W[0]") whose work units it handed to
+// the others (it hung, say, or was cut off). However that process ends
+// later, it was handled.
+bool DeclaredDeadInReport(const std::string& report_path,
+                          const std::string& name) {
+  absl::StatusOr<proto::JobReport> report = ReadJobReport(report_path);
+  if (!report.ok()) return false;
+  for (const auto& f : report->failovers()) {
+    if (f.node() == name) return true;
+  }
+  for (int w : report->dead_workers()) {
+    if (absl::StrCat("W[", w, "]") == name) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(
@@ -602,7 +625,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     static const char* const kValueFlags[] = {
         "--config", "--set",     "--report",  "--servers",  "--workers",
         "--mode",   "--tau",     "--bin-dir", "--run-dir", "--timeout_s",
-        "--kill", "--drain", "--add-server", "--add-worker", "--plot",
+        "--kill", "--pause", "--drain", "--add-server", "--add-worker", "--plot",
         "--tune-out", "--tune-folds"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || flag == f;
@@ -657,6 +680,22 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     } else if (flag == "--kill") {
       PS_ASSIGN_OR_RETURN(ChaosKill k, ParseKillSpec(value));
       options.kills.push_back(k);
+    } else if (flag == "--pause") {
+      const size_t colon = value.rfind(':');
+      double for_s = 0;
+      if (colon == std::string::npos ||
+          !absl::SimpleAtod(value.substr(colon + 1), &for_s) ||
+          !(for_s > 0) || for_s > 86400) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --pause wants ROLE[ID]@SECONDS:FOR_SECONDS (S1@10:5: stop "
+            "server 1 ten seconds after the cluster is ready, for five "
+            "seconds; FOR_SECONDS in (0, 86400]), got '",
+            value, "'"));
+      }
+      PS_ASSIGN_OR_RETURN(ChaosKill k,
+                          ParseKillSpec(value.substr(0, colon), "--pause"));
+      k.pause_s = for_s;
+      options.pauses.push_back(k);
     } else if (flag == "--drain") {
       PS_ASSIGN_OR_RETURN(ChaosKill k, ParseKillSpec(value, "--drain"));
       if (k.role != 'S') {
@@ -748,13 +787,16 @@ absl::StatusOr<JobConfig> CheckLaunch(const LaunchOptions& options,
           " servers"));
     }
   }
-  for (const ChaosKill& k : options.kills) {
+  std::vector<ChaosKill> targets = options.kills;
+  targets.insert(targets.end(), options.pauses.begin(), options.pauses.end());
+  for (const ChaosKill& k : targets) {
     const int n = k.role == 'S'   ? config.cluster.num_servers
                   : k.role == 'W' ? config.cluster.num_workers
                                   : 1;
     if (k.id >= n) {
       return absl::InvalidArgumentError(
-          absl::StrCat("flag --kill ", k.Target(), "@", k.after_s,
+          absl::StrCat(k.pause_s > 0 ? "flag --pause " : "flag --kill ",
+                       k.Target(), "@", k.after_s,
                        ": the job has ", n,
                        k.role == 'S' ? " servers" : " workers"));
     }
@@ -918,6 +960,7 @@ class Chaos {
         probe_ready_(std::move(probe_ready)),
         drain_(std::move(drain)) {
     for (const ChaosKill& k : o.kills) pending_.push_back(k);
+    for (const ChaosKill& k : o.pauses) pending_.push_back(k);
     // Elasticity (issue 9): adds and drains on the same schedule, told
     // apart by role ('A': add a server; 'J': add a worker; 'D': drain
     // server id).
@@ -935,7 +978,9 @@ class Chaos {
     for (std::thread& t : drains_) t.join();
   }
 
-  bool active() const { return !pending_.empty() || !restarts_.empty(); }
+  bool active() const {
+    return !pending_.empty() || !restarts_.empty() || !resumes_.empty();
+  }
 
   // Sees every output line; the scheduler's "cluster ready" starts the clock.
   void OnLine(const std::string& name, absl::string_view line) {
@@ -955,6 +1000,7 @@ class Chaos {
       next = ready + absl::Seconds(pending_.front().after_s);
     }
     for (const auto& r : restarts_) next = std::min(next, r.when);
+    for (const auto& r : resumes_) next = std::min(next, r.second);
     return next;
   }
 
@@ -984,6 +1030,10 @@ class Chaos {
       // The newest incarnation: after a restart, kill the replacement.
       std::string name = target;
       if (auto it = latest_.find(target); it != latest_.end()) name = it->second;
+      if (k.pause_s > 0) {
+        Pause(group, k, name, ready, now);
+        continue;
+      }
       absl::StatusOr<pid_t> pid = group->Signal(name, SIGKILL);
       const double at = absl::ToDoubleSeconds(now - ready);
       if (!pid.ok()) {
@@ -1006,6 +1056,29 @@ class Chaos {
           if (sp.name == target) spec = &sp;
         }
         if (spec != nullptr) restarts_.push_back({*spec, now + restart_delay_});
+      }
+    }
+    for (size_t i = 0; i < resumes_.size();) {
+      if (resumes_[i].second > now) {
+        ++i;
+        continue;
+      }
+      const std::string name = resumes_[i].first;
+      resumes_.erase(resumes_.begin() + i);
+      absl::StatusOr<pid_t> pid = group->Signal(name, SIGCONT);
+      say_(pid.ok()
+               ? absl::StrFormat("chaos: resumed %s (pid %d) with SIGCONT at "
+                                 "%.3f s after the cluster was ready",
+                                 name, *pid,
+                                 absl::ToDoubleSeconds(now - ready))
+               : absl::StrCat("chaos: cannot resume ", name, ": ",
+                              pid.status().message()));
+      if (pid.ok()) {
+        Record(absl::StrFormat(
+            "{\"event\": \"resume\", \"node\": \"%s\", \"pid\": %d, "
+            "\"unix_ms\": %d, \"after_ready_s\": %.3f}",
+            name, *pid, absl::ToUnixMillis(now),
+            absl::ToDoubleSeconds(now - ready)));
       }
     }
     for (size_t i = 0; i < restarts_.size();) {
@@ -1051,6 +1124,28 @@ class Chaos {
   }
 
  private:
+  // --pause: SIGSTOP now, SIGCONT k.pause_s later.
+  void Pause(ProcessGroup* group, const ChaosKill& k, const std::string& name,
+             absl::Time ready, absl::Time now) {
+    absl::StatusOr<pid_t> pid = group->Signal(name, SIGSTOP);
+    const double at = absl::ToDoubleSeconds(now - ready);
+    if (!pid.ok()) {
+      say_(absl::StrFormat("chaos: --pause %s@%g:%g: %s; nothing paused",
+                           k.Target(), k.after_s, k.pause_s,
+                           pid.status().message()));
+      return;
+    }
+    say_(absl::StrFormat(
+        "chaos: paused %s (pid %d) with SIGSTOP at %.3f s after the cluster "
+        "was ready, for %g s (--pause %s@%g:%g), unix ms %d",
+        name, *pid, at, k.pause_s, k.Target(), k.after_s, k.pause_s,
+        absl::ToUnixMillis(now)));
+    Record(absl::StrFormat(
+        "{\"event\": \"pause\", \"node\": \"%s\", \"pid\": %d, "
+        "\"unix_ms\": %d, \"after_ready_s\": %.3f, \"for_s\": %g}",
+        name, *pid, absl::ToUnixMillis(now), at, k.pause_s));
+    resumes_.emplace_back(name, now + absl::Seconds(k.pause_s));
+  }
   // --add-server / --add-worker: S[0]'s (W[0]'s) command line without
   // its id, as "S+<n>" ("W+<n>").
   void AddNode(char role, ProcessGroup* group,
@@ -1144,6 +1239,8 @@ class Chaos {
   std::map<char, int> added_;  // per role letter
   std::vector<ChaosKill> pending_;  // by after_s
   std::vector<Restart> restarts_;
+  // --pause: the processes stopped, with when to resume each.
+  std::vector<std::pair<std::string, absl::Time>> resumes_;
   std::set<pid_t> killed_;
   std::map<std::string, int> incarnations_;
   std::map<std::string, std::string> latest_;  // target -> newest name
@@ -1469,6 +1566,17 @@ int Launcher::Run(const std::atomic<int>* stop) {
                              "the job goes on without it"));
             break;
           }
+          if (!r.exit.ok() && !FailedJobError(report_path).has_value() &&
+              DeclaredDeadInReport(report_path, r.exit.name)) {
+            // Issue 9: a node that hung past the heartbeat timeout was
+            // declared dead (a server failed over, a worker's units handed
+            // on); woken after the job (or its scheduler) ended, it finds
+            // no one to talk to. The job's outcome stands.
+            Say(absl::StrCat(r.exit.Describe(),
+                             " (it had been declared dead: the job went on "
+                             "without it)"));
+            break;
+          }
           // Issue 9: a dead worker is the cluster's to handle (the
           // scheduler hands its work units to the others) unless the job
           // already failed.
@@ -1503,6 +1611,15 @@ int Launcher::Run(const std::atomic<int>* stop) {
             finish(r.exit.ShellCode());
             done = true;
           } else if (r.exit.name == "H" && group.running() > 0) {
+            // A node declared dead that still runs (hung, or stopped by
+            // --pause) is no part of the job any more: not waited for.
+            for (const std::string& name : group.RunningNames()) {
+              if (DeclaredDeadInReport(report_path, name) &&
+                  group.Signal(name, SIGKILL).ok()) {
+                Say(absl::StrCat(name, " had been declared dead and still "
+                                       "runs after the job; killed it"));
+              }
+            }
             shutdown_deadline = absl::Now() + options_.shutdown_grace;
           }
           break;

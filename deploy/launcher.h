@@ -162,6 +162,9 @@ struct ChaosKill {
   char role = 'S';
   int id = 0;
   double after_s = 0;
+  // --pause: SIGSTOP instead of SIGKILL, and SIGCONT this many seconds
+  // later (0: a kill).
+  double pause_s = 0;
 
   // "S[1]", "W[0]", "H": the child's name in ps_launch's output.
   std::string Target() const;
@@ -185,6 +188,10 @@ struct LaunchOptions {
   // Chaos (issue 9): --kill (repeatable) and --restart[=DELAY_S]: after a
   // kill, a replacement of the same role starts restart_delay_s later.
   std::vector<ChaosKill> kills;
+  // --pause ROLE[ID]@SECONDS:FOR_S (repeatable): SIGSTOP that process, and
+  // SIGCONT it FOR_S seconds later: a node that hangs (a long GC or VM
+  // pause, a partition that leaves its connections open) rather than dies.
+  std::vector<ChaosKill> pauses;
   bool restart = false;
   double restart_delay_s = 1;
   // Elasticity (issue 9): --add-server SECONDS starts one more server (a new

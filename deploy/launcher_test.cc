@@ -341,6 +341,14 @@ TEST(ParseLaunchArgsTest, KillAndRestart) {
   EXPECT_EQ(options->kills[0].Target(), "S[1]");
   EXPECT_EQ(options->kills[2].Target(), "H");
 
+  // --pause: a stop and, that long after, a resume.
+  auto paused = ParseLaunchArgs(
+      {"--config", "a", "--pause", "S1@2:30", "--pause=W0@0.5:1.5"});
+  ASSERT_TRUE(paused.ok()) << paused.status();
+  EXPECT_THAT(paused->pauses, ElementsAre(ChaosKill{'S', 1, 2, 30},
+                                          ChaosKill{'W', 0, 0.5, 1.5}));
+  EXPECT_TRUE(paused->kills.empty());
+
   auto plain = ParseLaunchArgs({"--config", "a", "--restart", "--kill",
                                 "H0@0"});
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -356,7 +364,10 @@ TEST(ParseLaunchArgsTest, KillAndRestart) {
            {"--kill", "X1@1"}, {"--kill", "S@1"}, {"--kill", "S1"},
            {"--kill", "S1@-1"}, {"--kill", "S1@soon"}, {"--kill", "H1@1"},
            {"--kill", "Sx@1"}, {"--kill", "@1"}, {"--kill"},
-           {"--restart=abc"}, {"--restart=-1"}}) {
+           {"--restart=abc"}, {"--restart=-1"}, {"--pause", "S1@1"},
+           {"--pause", "S1@1:0"}, {"--pause", "S1@1:-2"},
+           {"--pause", "S1@1:x"}, {"--pause", "X1@1:2"},
+           {"--pause", "S1:2"}}) {
     std::vector<std::string> full = {"--config", "a"};
     full.insert(full.end(), args.begin(), args.end());
     auto bad = ParseLaunchArgs(full);
@@ -835,6 +846,8 @@ TEST_F(LauncherTest, CheckNamesTheFieldOrFlag) {
            {{"--set", "cluster.scheduler=nohostport"},
             "config field cluster.scheduler"},
            {{"--kill", "W5@1"}, "flag --kill W[5]@1: the job has 2 workers"},
+           {{"--pause", "S7@1:5"},
+            "flag --pause S[7]@1: the job has 2 servers"},
            {{"--set", "cluster.heartbeat_timeout_ms=10"},
             "cluster.heartbeat_timeout_ms"},
        }) {

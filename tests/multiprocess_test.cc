@@ -997,6 +997,35 @@ TEST_F(MultiProcessTest, LauncherKillsAWorker) {
       << r.report;
 }
 
+// Issue 9: a worker that hangs (SIGSTOP) past the heartbeat timeout is
+// declared dead and its work units go to the other; the job ends ok with
+// exact epochs while it is still stopped, and the launcher kills it then
+// instead of waiting for it (or failing the job when, woken, it finds the
+// job gone).
+TEST_F(MultiProcessTest, JobGoesOnWithoutAHungWorker) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("ps_mp_pauseW1_", ::getpid());
+  dirs_.push_back(dir);
+  LaunchResult r = RunLaunch(
+      dir, A9aYaml("asp", 2),
+      {"training.epochs=8", "cluster.heartbeat_ms=300",
+       "cluster.heartbeat_timeout_ms=3000"},
+      "--pause W1@1:600");
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.log.find("ps_launch: chaos: paused W[1] (pid "),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.log.find("W[1] had been declared dead and still runs after "
+                       "the job; killed it"),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report;
+  EXPECT_TRUE(A9aEpochs(r.report, 8)) << r.report;
+  EXPECT_THAT(ParseReportOrEmpty(r.report).dead_workers(), ElementsAre(1))
+      << r.report;
+}
+
 // Issue 9: SIGKILL one of three servers (one replica) during sparse LR on
 // a9a. The scheduler fails it over to the backups of its ranges and the job
 // ends ok with the same example count and, within 0.002, the AUC of a
@@ -1029,6 +1058,50 @@ TEST_P(ServerKillTest, JobSurvivesAKilledServer) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, ServerKillTest,
                          ::testing::Values("bsp", "ssp", "asp"),
+                         [](const auto& info) {
+                           return std::string(info.param);
+                         });
+
+// Issue 9: a server that hangs instead of dying (SIGSTOP, as a long GC or
+// VM pause or a partition that leaves its connections open would) breaks no
+// connection, so nothing fails fast: the scheduler declares it dead when its
+// heartbeats stop (cluster.heartbeat_timeout_ms), and the workers, told of
+// the new view by their heartbeat replies, send what was waiting on it to
+// the promoted backups. The job ends ok, with exact epochs and the AUC of a
+// fault-free run, while the server is still stopped; the launcher then
+// kills it rather than wait for it.
+class ServerPauseTest : public MultiProcessTest,
+                        public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ServerPauseTest, JobGoesOnWithoutAHungServer) {
+  const std::string mode = GetParam();
+  const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
+  const std::vector<std::string> sets = {
+      "cluster.num_servers=3", "training.epochs=8",
+      "fault_tolerance.replicas=1", "cluster.heartbeat_ms=300",
+      "cluster.heartbeat_timeout_ms=3000"};
+  LaunchResult clean = Launch("clean_pause_" + mode, yaml, sets);
+  ASSERT_LAUNCHED(clean);
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_pauseS1_", mode, "_", ::getpid()));
+  LaunchResult r = RunLaunch(dirs_.back(), yaml, sets, "--pause S1@1:600");
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.log.find("ps_launch: chaos: paused S[1] (pid "),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_TRUE(HasFailover(r.report, "S[1]")) << r.report;
+  EXPECT_NE(r.log.find("to failed-over server(s) 1 go to the new owners"),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.log.find("S[1] had been declared dead and still runs after "
+                       "the job; killed it"),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  ExpectLikeClean(r, clean, 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ServerPauseTest,
+                         ::testing::Values("bsp", "asp"),
                          [](const auto& info) {
                            return std::string(info.param);
                          });

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/bytes.h"
 #include "common/logging.h"
 #include "common/value_codec.h"
@@ -73,6 +74,66 @@ auto KVWorker::Guarded(F fn) {
     absl::MutexLock l(&life->mu);
     --life->running;
   };
+}
+
+template <typename Resp, typename F>
+ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn) {
+  struct Call final : InFlightCall {
+    explicit Call(F f) : fn(std::move(f)) {}
+    void Fail(const absl::Status& why) override {
+      Resp empty;
+      fn(why, &empty);
+    }
+    F fn;
+  };
+  auto call = std::make_shared<Call>(std::move(fn));
+  {
+    absl::MutexLock l(&life_->mu);
+    life_->calls[server].insert(call);
+  }
+  return [life = life_, server, call](const absl::Status& s, Resp* resp) {
+    {
+      absl::MutexLock l(&life->mu);
+      if (call->fired) return;  // failed already: its server was failed over
+      call->fired = true;
+      auto it = life->calls.find(server);
+      if (it != life->calls.end()) it->second.erase(call);
+      if (!life->alive) return;  // the worker is gone: drop the reply
+      ++life->running;
+    }
+    call->fn(s, resp);
+    absl::MutexLock l(&life->mu);
+    --life->running;
+  };
+}
+
+void KVWorker::FailCallsTo(const std::vector<int>& servers,
+                           const absl::Status& why) {
+  std::vector<std::shared_ptr<InFlightCall>> calls;
+  {
+    absl::MutexLock l(&life_->mu);
+    if (!life_->alive) return;
+    for (int server : servers) {
+      auto it = life_->calls.find(server);
+      if (it == life_->calls.end()) continue;
+      for (const auto& c : it->second) {
+        c->fired = true;
+        calls.push_back(c);
+      }
+      life_->calls.erase(it);
+    }
+    life_->running += static_cast<int>(calls.size());
+  }
+  if (!calls.empty()) {
+    PS_LOG_WARN("{} call(s) in flight to failed-over server(s) {} go to the "
+                "new owners",
+                calls.size(), absl::StrJoin(servers, ", "));
+  }
+  for (const auto& c : calls) {
+    c->Fail(why);
+    absl::MutexLock l(&life_->mu);
+    --life_->running;
+  }
 }
 
 KVWorker::KVWorker(KVWorkerOptions options, const proto::ClusterView& view,
@@ -680,10 +741,11 @@ void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
                                              slice->borrowed.size()));
   // The request is shared with the transport; `slice` keeps it alive.
   std::shared_ptr<const proto::PushRequest> req(slice, &slice->req);
-  auto done = Guarded([this, slice, attempt](const absl::Status& s,
-                                             proto::PushResponse*) {
-    OnPushReply(slice, attempt, s);
-  });
+  auto done = Tracked<proto::PushResponse>(
+      slice->server,
+      [this, slice, attempt](const absl::Status& s, proto::PushResponse*) {
+        OnPushReply(slice, attempt, s);
+      });
   const absl::Time deadline = clock_->Now() + options_.request_timeout;
   if (slice->borrowed.pieces.empty()) {
     client->Push(std::move(req), deadline, std::move(done));
@@ -856,10 +918,12 @@ void KVWorker::SendPull(std::shared_ptr<PullSlice> slice, int attempt) {
   AttachKeys(slice->server, slice->keys, &slice->req);
   std::shared_ptr<const proto::PullRequest> req(slice, &slice->req);
   client->Pull(req, clock_->Now() + options_.request_timeout,
-               Guarded([this, slice, attempt](const absl::Status& s,
-                                              proto::PullResponse* resp) {
-                 OnPullReply(slice, attempt, s, resp);
-               }));
+               Tracked<proto::PullResponse>(
+                   slice->server, [this, slice, attempt](
+                                      const absl::Status& s,
+                                      proto::PullResponse* resp) {
+                     OnPullReply(slice, attempt, s, resp);
+                   }));
 }
 
 void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
@@ -1052,8 +1116,9 @@ void KVWorker::SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
                            int server, int attempt) {
   client->Clock(
       req, clock_->Now() + options_.request_timeout,
-      Guarded([this, req, client, ts, server, attempt](
-                  const absl::Status& st, proto::ClockResponse*) {
+      Tracked<proto::ClockResponse>(server, [this, req, client, ts, server,
+                                             attempt](const absl::Status& st,
+                                                      proto::ClockResponse*) {
         if (st.ok()) {
           PartDone(ts, st);
           return;
@@ -1177,12 +1242,35 @@ void KVWorker::RefreshView(int suspect, int64_t sent_epoch) {
   if (suspect >= 0) req.add_suspect_servers(suspect);
   auto resp = scheduler_->GetView(req, clock_->Now() + absl::Seconds(5));
   if (!resp.ok() || !resp->ready()) return;
-  absl::MutexLock l(&mu_);
-  if (resp->view().epoch() > view_.epoch()) {
+  std::vector<int> dead;
+  {
+    absl::MutexLock l(&mu_);
+    if (resp->view().epoch() <= view_.epoch()) return;
     PS_LOG_INFO("routing view epoch {} -> {}", view_.epoch(),
                 resp->view().epoch());
     InstallView(resp->view());
+    for (const proto::NodeInfo& n : view_.routing().servers()) {
+      if (n.state() == proto::NODE_DEAD) dead.push_back(n.id());
+    }
   }
+  // Calls still waiting on a failed-over server (one that hangs answers
+  // none of them) go to the ranges' new owners, as a stale epoch's would.
+  if (!dead.empty()) {
+    FailCallsTo(dead, ErrorWithReason(
+                          absl::StatusCode::kFailedPrecondition,
+                          proto::REASON_STALE_EPOCH,
+                          absl::StrCat("stale-epoch: the server was failed "
+                                       "over at view epoch ",
+                                       resp->view().epoch())));
+  }
+}
+
+void KVWorker::OnSchedulerEpoch(int64_t epoch) {
+  {
+    absl::MutexLock l(&mu_);
+    if (epoch <= view_.epoch() || closing_) return;
+  }
+  RefreshView();
 }
 
 bool KVWorker::Later(absl::Duration delay, std::function<void()> fn) {

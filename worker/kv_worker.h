@@ -56,6 +56,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -200,6 +202,14 @@ class KVWorker final : public ParamClient {
   int64_t epoch() const;
   int dim(int table) const;
 
+  // The scheduler's view epoch as a heartbeat reply gave it (issue 9): when
+  // newer than the worker's, fetches that view. Calls still waiting on a
+  // server the new view marks dead (failed over) then fail at once with a
+  // stale-epoch error and go to the ranges' new owners: a server that hangs
+  // (stopped, or cut off with its connections open) breaks no connection,
+  // and its calls would otherwise wait for their deadline. Thread-safe.
+  void OnSchedulerEpoch(int64_t epoch);
+
  private:
   // Where a pull's values go; shared by its slices. Wait clears `out`, so a
   // reply that arrives later writes nothing.
@@ -266,16 +276,34 @@ class KVWorker final : public ParamClient {
   };
   // Lets transport and timer callbacks reach the worker only while it
   // lives: the destructor clears `alive` and waits until `running` is 0.
+  // A call in flight to a server; its reply runs once (Tracked).
+  struct InFlightCall {
+    virtual ~InFlightCall() = default;
+    // Runs the reply with `why` and an empty response.
+    virtual void Fail(const absl::Status& why) = 0;
+    bool fired = false;  // guarded by Life::mu
+  };
   struct Life {
     absl::Mutex mu;
     bool alive ABSL_GUARDED_BY(mu) = true;
     int running ABSL_GUARDED_BY(mu) = 0;
+    // By server id: the calls sent there and not answered yet.
+    absl::flat_hash_map<int, absl::flat_hash_set<std::shared_ptr<InFlightCall>>>
+        calls ABSL_GUARDED_BY(mu);
   };
 
   // `fn` wrapped so that it does nothing once the worker is being
   // destroyed, and the destructor waits while it runs.
   template <typename F>
   auto Guarded(F fn);
+  // A transport callback for a call to server `server`, Guarded, that runs
+  // once: on the transport's answer, or earlier, failed by
+  // FailCallsTo(server) when the view marks that server dead; the answer
+  // that comes after that is dropped.
+  template <typename Resp, typename F>
+  ServerClient::Callback<Resp> Tracked(int server, F fn);
+  // Fails every call in flight to these servers with `why` (stale epoch).
+  void FailCallsTo(const std::vector<int>& servers, const absl::Status& why);
 
   int64_t NewOp(int pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks one part of op `ts` done with `s`; runs on_done when finished.

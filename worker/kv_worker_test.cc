@@ -302,6 +302,78 @@ TEST_F(KVWorkerTest, CompressedPushIsReslicedDecompressed) {
   EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
 }
 
+// Issue 9: a server that hangs (stopped, or cut off with its connections
+// open) answers nothing and breaks no connection. Once a heartbeat reply
+// says the scheduler has a newer view, the worker fetches it, and the calls
+// still waiting on the server the view marks dead go to the ranges' new
+// owner at once (same segments and seqs) instead of at their deadline; the
+// hung server's answers that come later are dropped.
+TEST_F(KVWorkerTest, CallsToAFailedOverServerGoToTheNewOwnerAtOnce) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(64);
+  const int64_t push = Push(keys);
+  std::vector<float> out;
+  const int64_t pull = worker_->Pull(0, keys, &out);
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  std::optional<HeldPull> p0 = S(0)->NextPull();
+  p0->Reply(absl::OkStatus(), Answer(*p0->req));
+  std::optional<HeldPush> hung_push = S(1)->NextPush();
+  std::optional<HeldPull> hung_pull = S(1)->NextPull();
+  ASSERT_TRUE(hung_push.has_value() && hung_pull.has_value());
+
+  // The same epoch changes nothing and asks the scheduler nothing.
+  const int64_t calls = factory_.scheduler()->get_view_calls();
+  worker_->OnSchedulerEpoch(1);
+  EXPECT_EQ(factory_.scheduler()->get_view_calls(), calls);
+  EXPECT_FALSE(worker_->Done(push));
+
+  proto::ClusterView failed_over = MovedTo(view_, 0, 2);
+  failed_over.mutable_routing()->mutable_servers(1)->set_state(
+      proto::NODE_DEAD);
+  factory_.scheduler()->set_view(failed_over);
+  worker_->OnSchedulerEpoch(2);
+  EXPECT_EQ(worker_->epoch(), 2);
+  clock_.Advance(absl::Milliseconds(20));  // the retry's backoff
+  std::optional<HeldPush> resent = S(0)->NextPush();
+  ASSERT_TRUE(resent.has_value());
+  ASSERT_EQ(resent->req->segments_size(), hung_push->req->segments_size());
+  for (int i = 0; i < resent->req->segments_size(); ++i) {
+    EXPECT_EQ(resent->req->segments(i).range(),
+              hung_push->req->segments(i).range());
+    EXPECT_EQ(resent->req->segments(i).seq(),
+              hung_push->req->segments(i).seq());
+  }
+  EXPECT_EQ(ReqKeys(resent->req->keys()), ReqKeys(hung_push->req->keys()));
+  resent->Reply(absl::OkStatus());
+  std::optional<HeldPull> repulled = S(0)->NextPull();
+  ASSERT_TRUE(repulled.has_value());
+  repulled->Reply(absl::OkStatus(), Answer(*repulled->req));
+  EXPECT_TRUE(worker_->Wait(push, Soon()).ok());
+  ASSERT_TRUE(worker_->Wait(pull, Soon()).ok());
+  ASSERT_EQ(out.size(), keys.size() * kDim);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(out[i * kDim], KeyValue(keys[i], 0)) << i;
+  }
+
+  // The hung server wakes: its answers are dropped (a failure would make
+  // the next operation fail with a sticky error; a value would land in
+  // `out`).
+  proto::PullResponse wrong;
+  PackTo<float>(wrong.mutable_vals(),
+                std::vector<float>(ReqKeys(hung_pull->req->keys()).size() *
+                                       kDim,
+                                   -7.f));
+  hung_pull->Reply(absl::OkStatus(), wrong);
+  hung_push->Reply(absl::InternalError("the zombie's late answer"));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(out[i * kDim], KeyValue(keys[i], 0)) << i;
+  }
+  const int64_t next = Push(keys);
+  EXPECT_EQ(S(1)->held_pushes(), 0u);
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(next, Soon()).ok());
+}
+
 // The significance filter: only rows with an element above the threshold
 // leave; a clock still rides on the push (or goes alone when none does).
 TEST_F(KVWorkerTest, SignificanceFilterSendsOnlyLargeRows) {

@@ -165,6 +165,9 @@ absl::Status TrainAndReport(
         continue;
       }
       last_ok_ns.store(absl::ToUnixNanos(absl::Now()));
+      // A newer view (a failover): fetched now, not when a call to the
+      // failed server gives up, which for a hung server is its deadline.
+      kv->OnSchedulerEpoch(r->epoch());
       if (others_min_clock != nullptr) {
         others_min_clock->store(r->others_min_clock());
       }
