@@ -453,6 +453,7 @@ const std::vector<Field>& Fields() {
       IntField<int>(PS_CFG(cluster, virtual_nodes), 1, 4096),
       IntField<int>(PS_CFG(cluster, heartbeat_ms), 10),
       IntField<int>(PS_CFG(cluster, heartbeat_timeout_ms), 100),
+      IntField<int>(PS_CFG(cluster, scheduler_timeout_ms), 100),
       IntField<int>(PS_CFG(cluster, register_timeout_ms), 100),
       StringField(PS_CFG(cluster, auth_token)),
       StringField(PS_CFG(cluster, bind_host)),

@@ -6,12 +6,14 @@
 // message like "config field training.minibatch: must be >= 1, got 0".
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/ps.pb.h"
 
 namespace ps {
@@ -23,6 +25,12 @@ struct ClusterConfig {
   int virtual_nodes = 64;
   int heartbeat_ms = 500;
   int heartbeat_timeout_ms = 10000;  // a node silent this long is dead
+  // How long servers and workers go on without an answer from the
+  // scheduler before they give up (issue 9): a restarted scheduler (a pod
+  // rescheduled, `ps_launch --kill H --restart=DELAY`) may take longer than
+  // a heartbeat timeout to come back, and training does not need it
+  // meanwhile. Never less than heartbeat_timeout_ms (SchedulerTimeout).
+  int scheduler_timeout_ms = 60000;
   int register_timeout_ms = 60000;   // waiting for all nodes to register
   std::string auth_token;  // when set, every RPC must carry it
   std::string bind_host = "127.0.0.1";  // interface servers listen on
@@ -57,6 +65,12 @@ struct ClusterConfig {
   // ---- end of limits, TLS ----
 
   bool operator==(const ClusterConfig&) const = default;
+
+  // scheduler_timeout_ms, or the heartbeat timeout when that is longer.
+  absl::Duration SchedulerTimeout() const {
+    return absl::Milliseconds(
+        std::max(scheduler_timeout_ms, heartbeat_timeout_ms));
+  }
 };
 
 enum class Mode { kBsp, kSsp, kAsp };

@@ -370,6 +370,8 @@ TEST(ConfigTest, OutOfRangeNamesTheField) {
        "config field data.shuffle_buffer_rows: must be >= 1, got 0"},
       {"cluster: {heartbeat_timeout_ms: 99}",
        "config field cluster.heartbeat_timeout_ms: must be >= 100, got 99"},
+      {"cluster: {scheduler_timeout_ms: 99}",
+       "config field cluster.scheduler_timeout_ms: must be >= 100, got 99"},
       {"cluster: {register_timeout_ms: 0}",
        "config field cluster.register_timeout_ms: must be >= 100, got 0"},
       {"consistency: {pull_timeout_ms: 0}",
@@ -725,6 +727,20 @@ TEST(ConfigTest, RegressionUnreadableConfigFile) {
   EXPECT_EQ(LoadJobConfig(path).status().code(),
             absl::StatusCode::kPermissionDenied);
   std::filesystem::remove_all(dir);
+}
+
+// Issue 9: how long nodes wait out an unreachable scheduler; never less
+// than the heartbeat timeout.
+TEST(ConfigTest, SchedulerTimeoutIsAtLeastTheHeartbeatTimeout) {
+  JobConfig c;
+  EXPECT_EQ(c.cluster.SchedulerTimeout(), absl::Seconds(60));
+  absl::StatusOr<JobConfig> set = LoadJobConfigWithOverrides(
+      "", {"cluster.scheduler_timeout_ms=5000"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->cluster.SchedulerTimeout(), absl::Seconds(10));
+  set = LoadJobConfigWithOverrides("", {"cluster.scheduler_timeout_ms=90000"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->cluster.SchedulerTimeout(), absl::Seconds(90));
 }
 
 TEST(ConfigTest, RegressionHeartbeatTimeoutBelowHeartbeatAccepted) {

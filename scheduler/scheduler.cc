@@ -1109,6 +1109,22 @@ absl::StatusOr<proto::StatusResponse> SchedulerCore::Status() {
   return resp;
 }
 
+void SchedulerCore::NoteStall(absl::Duration gap) {
+  absl::MutexLock l(&mu_);
+  const absl::Time now = options_.clock->Now();
+  int nodes = 0;
+  for (std::vector<Node>* group : {&servers_, &workers_}) {
+    for (Node& n : *group) {
+      if (n.info.state() != proto::NODE_ALIVE) continue;
+      n.last_seen = std::max(n.last_seen, now);
+      ++nodes;
+    }
+  }
+  PS_LOG_WARN("the scheduler did not run for {}: the heartbeat deadlines "
+              "of {} live node(s) start again now",
+              absl::FormatDuration(gap), nodes);
+}
+
 void SchedulerCore::CheckHeartbeats() {
   const absl::Duration timeout =
       absl::Milliseconds(options_.config.cluster.heartbeat_timeout_ms);

@@ -161,6 +161,12 @@ class SchedulerCore {
   // no worker is left, or when it was the worker chosen to evaluate the
   // test set and it died before reporting. Call periodically.
   void CheckHeartbeats();
+  // The scheduler itself did not run for `gap` (stopped, a VM pause, a
+  // starved machine): no heartbeat could be taken meanwhile, so every live
+  // node's heartbeat deadline starts again now rather than every node being
+  // declared dead at once (issue 9). A node that really died meanwhile is
+  // found a heartbeat timeout later.
+  void NoteStall(absl::Duration gap);
 
   // Blocks until the job ended: OK when it finished, the failure otherwise,
   // DEADLINE_EXCEEDED at the deadline. The report is written by then.

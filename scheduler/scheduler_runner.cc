@@ -115,8 +115,19 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
 
   absl::Notification stop;
   std::thread checker([&] {
-    while (!stop.WaitForNotificationWithTimeout(
-        absl::Milliseconds(config.cluster.heartbeat_ms))) {
+    const absl::Duration every = absl::Milliseconds(config.cluster.heartbeat_ms);
+    // A gap this long between two checks means the scheduler itself was
+    // stopped or starved (issue 9): heartbeats were not taken either.
+    const absl::Duration stall = std::max(
+        absl::Milliseconds(config.cluster.heartbeat_timeout_ms) / 2,
+        10 * every);
+    for (;;) {
+      const absl::Time before = absl::Now();
+      if (stop.WaitForNotificationWithTimeout(every)) break;
+      // Measured over the wait only: a check itself may take seconds (a
+      // failover's view broadcast) while heartbeats are taken.
+      const absl::Duration overslept = absl::Now() - before - every;
+      if (overslept > stall) core.NoteStall(overslept);
       core.CheckHeartbeats();
       // The job's progress with ETAs (what ps_launch shows as H's line).
       if (auto line = core.MaybeProgress()) PS_LOG_INFO("progress: {}", *line);

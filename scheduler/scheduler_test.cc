@@ -564,6 +564,27 @@ TEST_F(SchedulerCoreTest, HeartbeatDeadlineStartsWhenTheViewIsDelivered) {
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
 }
 
+// Issue 9: the scheduler itself was stopped (SIGSTOP, a VM pause) for
+// longer than the heartbeat timeout. No node is declared dead for it: the
+// deadlines start again, and a node that stays silent is found a timeout
+// later.
+TEST_F(SchedulerCoreTest, OwnStallDeclaresNoNodeDead) {
+  config_.fault_tolerance.replicas = 0;  // a dead server fails the job
+  Start();
+  RegisterAll();
+  clock_.Advance(absl::Seconds(20));
+  core_->NoteStall(absl::Seconds(20));
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  clock_.Advance(absl::Milliseconds(4900));
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  clock_.Advance(absl::Milliseconds(200));
+  core_->CheckHeartbeats();
+  absl::Status s = End();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+}
+
 // The mlp model reads work units too (issue 9): a dead mlp worker is
 // dropped and its units go to the others, as for LR.
 TEST_F(SchedulerCoreTest, DeadMlpWorkerIsDroppedAndTheJobGoesOn) {

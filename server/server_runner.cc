@@ -203,7 +203,11 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   });
   // Heartbeats until the scheduler says the job is over (after the model
   // was saved, the server stays up so a save whose reply was lost can be
-  // retried), or the scheduler stays unreachable for the heartbeat timeout.
+  // retried), or the scheduler stays unreachable for
+  // cluster.scheduler_timeout_ms (issue 9: a restarted scheduler may take
+  // longer than a heartbeat timeout to come back, and the job's data path
+  // does not need it meanwhile); once the model was saved, for the
+  // heartbeat timeout.
   // A heartbeat reply with a newer epoch than the server's makes it fetch
   // and install that view (it missed a broadcast).
   absl::Status result;
@@ -211,6 +215,8 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   const absl::Duration hb = absl::Milliseconds(config->cluster.heartbeat_ms);
   const absl::Duration hb_timeout =
       absl::Milliseconds(config->cluster.heartbeat_timeout_ms);
+  const absl::Duration scheduler_timeout = config->cluster.SchedulerTimeout();
+  bool told_unreachable = false;
   for (;;) {
     if (exit_requested.HasBeenNotified()) {
       absl::SleepFor(hb);  // saved: only waiting for the end of the job
@@ -223,6 +229,10 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
     auto resp = scheduler->Heartbeat(req, absl::Now() + hb_timeout / 2);
     if (resp.ok()) {
       last_ok = absl::Now();
+      if (told_unreachable) {
+        PS_LOG_INFO("the scheduler answers again");
+        told_unreachable = false;
+      }
       if (resp->shutdown()) {
         if (resp->failed()) {
           result = ErrorWithReason(
@@ -247,10 +257,21 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
                     resp.status().ToString());
         break;
       }
-      result = absl::UnavailableError(absl::StrCat(
-          "scheduler unreachable for ", absl::FormatDuration(hb_timeout),
-          ": ", resp.status().message()));
-      break;
+      if (absl::Now() - last_ok > scheduler_timeout) {
+        result = absl::UnavailableError(absl::StrCat(
+            "scheduler unreachable for ",
+            absl::FormatDuration(scheduler_timeout),
+            " (cluster.scheduler_timeout_ms): ", resp.status().message()));
+        break;
+      }
+      if (!told_unreachable) {
+        PS_LOG_WARN("scheduler unreachable for {}; serving on, giving up "
+                    "after {} (cluster.scheduler_timeout_ms): {}",
+                    absl::FormatDuration(absl::Now() - last_ok),
+                    absl::FormatDuration(scheduler_timeout),
+                    resp.status().ToString());
+        told_unreachable = true;
+      }
     }
   }
   health.Set(Serving::kStopping,

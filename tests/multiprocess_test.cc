@@ -1207,6 +1207,53 @@ TEST_P(SchedulerRestartTest, JobSurvivesASchedulerRestart) {
   ExpectLikeClean(r, clean, 8);
 }
 
+// Issue 9: a scheduler that takes longer than a heartbeat timeout to come
+// back (here 3 s against 1 s; a rescheduled pod can take tens of seconds)
+// does not end the job: servers and workers wait for it up to
+// cluster.scheduler_timeout_ms (default 60 s), then it takes the job over.
+TEST_F(MultiProcessTest, JobWaitsOutASlowSchedulerRestart) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("ps_mp_hslow_", ::getpid());
+  dirs_.push_back(dir);
+  LaunchResult r = RunLaunch(
+      dir, A9aYaml("asp", 2),
+      {"training.epochs=8", "cluster.heartbeat_ms=100",
+       "cluster.heartbeat_timeout_ms=1000"},
+      "--kill H@0.5 --restart=3");
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.log.find("took over the running job"), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.log.find("serving on, giving up after"), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("\"scheduler_restarts\": 1"), std::string::npos)
+      << r.report;
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report;
+  EXPECT_TRUE(A9aEpochs(r.report, 8)) << r.report;
+}
+
+// Issue 9: the scheduler itself stopped for 3 s (3x the heartbeat timeout):
+// when it runs again it does not declare every node dead (they could not
+// reach it), and the job ends ok with no failover.
+TEST_F(MultiProcessTest, StoppedSchedulerDeclaresNoNodeDead) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("ps_mp_hpause_", ::getpid());
+  dirs_.push_back(dir);
+  LaunchResult r = RunLaunch(
+      dir, A9aYaml("bsp", 0),
+      {"training.epochs=8", "cluster.num_servers=3",
+       "fault_tolerance.replicas=1", "cluster.heartbeat_ms=100",
+       "cluster.heartbeat_timeout_ms=1000"},
+      "--pause H@0.5:3");
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.log.find("the scheduler did not run for"), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_EQ(ParseReportOrEmpty(r.report).failovers_size(), 0) << r.report;
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report;
+  EXPECT_TRUE(A9aEpochs(r.report, 8)) << r.report;
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, SchedulerRestartTest,
                          ::testing::Values("bsp", "asp"),
                          [](const auto& info) {

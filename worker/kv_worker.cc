@@ -87,9 +87,23 @@ ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn) {
     F fn;
   };
   auto call = std::make_shared<Call>(std::move(fn));
+  absl::Status dead_why;
   {
     absl::MutexLock l(&life_->mu);
-    life_->calls[server].insert(call);
+    if (!life_->dead.contains(server)) {
+      life_->calls[server].insert(call);
+    } else if (life_->alive) {
+      // Routed before the failover, sent after FailCallsTo's sweep: it
+      // fails now (the transport's answer, if any, is dropped).
+      call->fired = true;
+      dead_why = life_->dead_why;
+      ++life_->running;
+    }
+  }
+  if (!dead_why.ok()) {
+    call->Fail(dead_why);
+    absl::MutexLock l(&life_->mu);
+    --life_->running;
   }
   return [life = life_, server, call](const absl::Status& s, Resp* resp) {
     {
@@ -113,7 +127,9 @@ void KVWorker::FailCallsTo(const std::vector<int>& servers,
   {
     absl::MutexLock l(&life_->mu);
     if (!life_->alive) return;
+    life_->dead_why = why;
     for (int server : servers) {
+      life_->dead.insert(server);
       auto it = life_->calls.find(server);
       if (it == life_->calls.end()) continue;
       for (const auto& c : it->second) {

@@ -290,6 +290,11 @@ class KVWorker final : public ParamClient {
     // By server id: the calls sent there and not answered yet.
     absl::flat_hash_map<int, absl::flat_hash_set<std::shared_ptr<InFlightCall>>>
         calls ABSL_GUARDED_BY(mu);
+    // Servers whose calls FailCallsTo failed, and why: a call to one of
+    // them made later (routed by the view before the failover, sent after
+    // the sweep) fails at once too.
+    absl::flat_hash_set<int> dead ABSL_GUARDED_BY(mu);
+    absl::Status dead_why ABSL_GUARDED_BY(mu);
   };
 
   // `fn` wrapped so that it does nothing once the worker is being

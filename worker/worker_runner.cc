@@ -1,5 +1,6 @@
 #include "worker/worker_runner.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <thread>
@@ -255,12 +256,12 @@ absl::Status TrainAndReport(
   if (!s.ok()) return finish(s);
   // Every process reports the job's outcome: wait for the end (worker 0 may
   // still be evaluating, the model may still fail to save) for as long as
-  // the scheduler keeps answering heartbeats.
-  const absl::Duration hb_timeout =
-      absl::Milliseconds(config.cluster.heartbeat_timeout_ms);
+  // the scheduler keeps answering heartbeats (or is away for less than
+  // cluster.scheduler_timeout_ms: a restarted one takes the job over).
+  const absl::Duration scheduler_timeout = config.cluster.SchedulerTimeout();
   while (!job_ended.WaitForNotificationWithTimeout(every)) {
     const absl::Time last = absl::FromUnixNanos(last_ok_ns.load());
-    if (absl::Now() - last > hb_timeout) {
+    if (absl::Now() - last > scheduler_timeout) {
       return finish(absl::UnavailableError(absl::StrCat(
           "the scheduler stopped answering for ",
           absl::FormatDuration(absl::Now() - last),
@@ -386,6 +387,8 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
     }
     WorkSourceOptions wo;
     wo.worker_id = worker_id;
+    wo.retry_for =
+        std::max(wo.retry_for, config.cluster.SchedulerTimeout());
     WorkSource work(
         wo, scheduler, &kv,
         [&config, &d](const proto::WorkUnit& unit)
@@ -479,6 +482,8 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   // Every other model trains on dynamic work units (issue 9).
   WorkSourceOptions wo;
   wo.worker_id = worker_id;
+  // GetWork waits out a scheduler restart (cluster.scheduler_timeout_ms).
+  wo.retry_for = std::max(wo.retry_for, config.cluster.SchedulerTimeout());
   WorkSource work(wo, scheduler, &kv,
                   [&config](const proto::WorkUnit& unit) {
                     return OpenTrainShard(config, unit.data(), unit.epoch());
