@@ -549,19 +549,21 @@ std::optional<std::string> FailedJobError(const std::string& report_path) {
   return report->error();
 }
 
-// The processes the job's report says the cluster declared dead: servers
-// ("S[1]") it failed over, workers ("W[0]") whose work units it handed to
-// the others (they hung, say, or were cut off). However such a process ends
-// later, it was handled. Empty without a report.
-std::set<std::string> DeclaredDead(const std::string& report_path) {
-  std::set<std::string> names;
+// Whether the job's report says the cluster declared `name` dead: a server
+// ("S[1]") it failed over, a worker ("W[0]") whose work units it handed to
+// the others (it hung, say, or was cut off). However that process ends
+// later, it was handled.
+bool DeclaredDeadInReport(const std::string& report_path,
+                          const std::string& name) {
   absl::StatusOr<proto::JobReport> report = ReadJobReport(report_path);
-  if (!report.ok()) return names;
-  for (const auto& f : report->failovers()) names.insert(f.node());
-  for (int w : report->dead_workers()) {
-    names.insert(absl::StrCat("W[", w, "]"));
+  if (!report.ok()) return false;
+  for (const auto& f : report->failovers()) {
+    if (f.node() == name) return true;
   }
-  return names;
+  for (int w : report->dead_workers()) {
+    if (absl::StrCat("W[", w, "]") == name) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(
@@ -1565,7 +1567,7 @@ int Launcher::Run(const std::atomic<int>* stop) {
             break;
           }
           if (!r.exit.ok() && !FailedJobError(report_path).has_value() &&
-              DeclaredDead(report_path).contains(r.exit.name)) {
+              DeclaredDeadInReport(report_path, r.exit.name)) {
             // Issue 9: a node that hung past the heartbeat timeout was
             // declared dead (a server failed over, a worker's units handed
             // on); woken after the job (or its scheduler) ended, it finds
@@ -1611,9 +1613,9 @@ int Launcher::Run(const std::atomic<int>* stop) {
           } else if (r.exit.name == "H" && group.running() > 0) {
             // A node declared dead that still runs (hung, or stopped by
             // --pause) is no part of the job any more: not waited for.
-            const std::set<std::string> dead = DeclaredDead(report_path);
             for (const std::string& name : group.RunningNames()) {
-              if (dead.contains(name) && group.Signal(name, SIGKILL).ok()) {
+              if (DeclaredDeadInReport(report_path, name) &&
+                  group.Signal(name, SIGKILL).ok()) {
                 Say(absl::StrCat(name, " had been declared dead and still "
                                        "runs after the job; killed it"));
               }

@@ -78,29 +78,33 @@ auto KVWorker::Guarded(F fn) {
 
 template <typename Resp, typename F>
 ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn) {
-  using G = decltype(Guarded(std::move(fn)));
   struct Call final : InFlightCall {
-    explicit Call(G g) : fn(std::move(g)) {}
+    explicit Call(F f) : fn(std::move(f)) {}
     void Fail(const absl::Status& why) override {
       Resp empty;
       fn(why, &empty);
     }
-    G fn;
+    F fn;
   };
-  auto call = std::make_shared<Call>(Guarded(std::move(fn)));
+  auto call = std::make_shared<Call>(std::move(fn));
   absl::Status dead_why;
   {
     absl::MutexLock l(&life_->mu);
-    if (life_->dead.contains(server)) {
+    if (!life_->dead.contains(server)) {
+      life_->calls[server].insert(call);
+    } else if (life_->alive) {
       // Routed before the failover, sent after FailCallsTo's sweep: it
       // fails now (the transport's answer, if any, is dropped).
       call->fired = true;
       dead_why = life_->dead_why;
-    } else {
-      life_->calls[server].insert(call);
+      ++life_->running;
     }
   }
-  if (!dead_why.ok()) call->Fail(dead_why);
+  if (!dead_why.ok()) {
+    call->Fail(dead_why);
+    absl::MutexLock l(&life_->mu);
+    --life_->running;
+  }
   return [life = life_, server, call](const absl::Status& s, Resp* resp) {
     {
       absl::MutexLock l(&life->mu);
@@ -108,36 +112,44 @@ ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn) {
       call->fired = true;
       auto it = life->calls.find(server);
       if (it != life->calls.end()) it->second.erase(call);
+      if (!life->alive) return;  // the worker is gone: drop the reply
+      ++life->running;
     }
     call->fn(s, resp);
+    absl::MutexLock l(&life->mu);
+    --life->running;
   };
 }
 
 void KVWorker::FailCallsTo(const std::vector<int>& servers,
                            const absl::Status& why) {
   std::vector<std::shared_ptr<InFlightCall>> calls;
-  std::vector<int> waited_on;
   {
     absl::MutexLock l(&life_->mu);
+    if (!life_->alive) return;
     life_->dead_why = why;
     for (int server : servers) {
       life_->dead.insert(server);
       auto it = life_->calls.find(server);
       if (it == life_->calls.end()) continue;
-      if (!it->second.empty()) waited_on.push_back(server);
       for (const auto& c : it->second) {
         c->fired = true;
         calls.push_back(c);
       }
       life_->calls.erase(it);
     }
+    life_->running += static_cast<int>(calls.size());
   }
   if (!calls.empty()) {
     PS_LOG_WARN("{} call(s) in flight to failed-over server(s) {} go to the "
                 "new owners",
-                calls.size(), absl::StrJoin(waited_on, ", "));
+                calls.size(), absl::StrJoin(servers, ", "));
   }
-  for (const auto& c : calls) c->Fail(why);  // Guarded: dropped once closed
+  for (const auto& c : calls) {
+    c->Fail(why);
+    absl::MutexLock l(&life_->mu);
+    --life_->running;
+  }
 }
 
 KVWorker::KVWorker(KVWorkerOptions options, const proto::ClusterView& view,
