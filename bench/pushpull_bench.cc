@@ -20,7 +20,11 @@
 //   latency  one synchronous request of --latency_kib KiB, then Wait, in a
 //            loop; p50 and p99. The values are --latency_keys keys (1: one
 //            key of a table of dim latency_kib * 256, as ps-lite's test).
-//   sparse   --sparse_keys random keys of the dim-1 table per request.
+//   sparse   --sparse_keys random keys of the dim-1 table per request; with
+//            --sparse_dense_ids=N, the keys of random feature ids below N
+//            (FeatureKey(id), as the LR readers make them), stored in the
+//            servers' dense-id layout (TableSpec::dense_ids = N; the CSV's
+//            case then reads sparse_dense_ids).
 // Each throughput figure is the requests completed in --seconds after a
 // --warmup_seconds warm-up, with --inflight requests outstanding per worker
 // (bulk: --bulk_inflight). Its CPU is this process's getrusage(RUSAGE_SELF)
@@ -70,6 +74,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
@@ -116,6 +121,9 @@ ABSL_FLAG(int, bulk_inflight, 0,
           "bulk requests in flight per worker; 0: one per key, all at once");
 ABSL_FLAG(std::string, sparse_keys, "10000,100000,1000000",
           "sparse request sizes, keys per request");
+ABSL_FLAG(uint64_t, sparse_dense_ids, 0,
+          "sparse case: keys of feature ids below this, in the dense-id "
+          "layout (0: random 64-bit keys, hash maps)");
 ABSL_FLAG(int, inflight, 4, "requests in flight per worker (throughput)");
 ABSL_FLAG(double, seconds, 1.0, "measured seconds per throughput figure");
 ABSL_FLAG(double, warmup_seconds, 0.2, "unmeasured seconds before each");
@@ -559,6 +567,7 @@ proto::ClusterView MakeView(const Topology& t,
     table->set_id(static_cast<int>(i));
     table->set_name(absl::StrCat("bench", i));
     table->set_dim(dims[i]);
+    if (i == 0) table->set_dense_ids(absl::GetFlag(FLAGS_sparse_dense_ids));
     proto::OptimizerConfig* o = table->mutable_optimizer();
     o->set_name(absl::GetFlag(FLAGS_optimizer));
     o->set_learning_rate(0.01f);
@@ -676,6 +685,22 @@ std::vector<uint64_t> RandomKeys(size_t n, uint64_t seed) {
   for (auto& x : k) x = rng();
   std::sort(k.begin(), k.end());
   k.erase(std::unique(k.begin(), k.end()), k.end());
+  return k;
+}
+
+// The keys of n distinct random feature ids below `ids` (n <= ids),
+// ascending.
+std::vector<uint64_t> RandomFeatureKeys(size_t n, uint64_t ids,
+                                        uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  absl::flat_hash_set<uint64_t> chosen;
+  std::vector<uint64_t> k;
+  k.reserve(n);
+  while (k.size() < n) {
+    const uint64_t id = rng() % ids;
+    if (chosen.insert(id).second) k.push_back(FeatureKey(id));
+  }
+  std::sort(k.begin(), k.end());
   return k;
 }
 
@@ -1155,11 +1180,19 @@ absl::Status RunTopology(const Topology& t,
     for (size_t n : sizes) {
       // Two fixed random key sets per worker, alternated: the server's tables
       // stay bounded however long the run.
+      const uint64_t dense_ids = absl::GetFlag(FLAGS_sparse_dense_ids);
+      if (dense_ids != 0 && n > dense_ids / 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--sparse_dense_ids=", dense_ids, " must be at least twice ",
+            "--sparse_keys (", n, ")"));
+      }
       std::vector<std::vector<std::vector<uint64_t>>> sets(nw);
       for (int w = 0; w < nw; ++w) {
         for (uint64_t s = 0; s < 2; ++s) {
-          sets[w].push_back(
-              RandomKeys(n, (static_cast<uint64_t>(w) << 32) ^ (n * 2 + s)));
+          const uint64_t seed = (static_cast<uint64_t>(w) << 32) ^ (n * 2 + s);
+          sets[w].push_back(dense_ids != 0
+                                ? RandomFeatureKeys(n, dense_ids, seed)
+                                : RandomKeys(n, seed));
         }
       }
       ensure_vals(n);
@@ -1168,7 +1201,9 @@ absl::Status RunTopology(const Topology& t,
             Throughput th,
             MeasureThroughput(cluster.get(), sets, vals, push, dim1));
         rows->push_back(ThroughputRow(
-            t, absl::GetFlag(FLAGS_key_caching) ? "sparse_cached" : "sparse",
+            t,
+            absl::StrCat(dense_ids != 0 ? "sparse_dense_ids" : "sparse",
+                         absl::GetFlag(FLAGS_key_caching) ? "_cached" : ""),
             push, KeysLabel(n), 1, th));
         std::fprintf(stderr, "  %s sparse %s %s: %.2f M keys/s\n",
                      t.name().c_str(), KeysLabel(n).c_str(),

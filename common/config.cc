@@ -373,10 +373,12 @@ Field TauField() {
 // `auto_value`): training.minibatch, training.epochs,
 // fault_tolerance.work_unit_rows.
 template <typename T>
-Field AutoIntField(std::string path, Member<T> m, T auto_value) {
+Field AutoIntField(std::string path, Member<T> m, T auto_value,
+                   int64_t lo = 1,
+                   int64_t hi = std::numeric_limits<T>::max()) {
   Field f;
   f.path = path;
-  f.set = [path, m, auto_value](const YAML::Node& n, JobConfig* c) {
+  f.set = [path, m, auto_value, lo, hi](const YAML::Node& n, JobConfig* c) {
     const std::string v = n.IsScalar()
                               ? absl::AsciiStrToLower(
                                     absl::StripAsciiWhitespace(n.Scalar()))
@@ -390,9 +392,12 @@ Field AutoIntField(std::string path, Member<T> m, T auto_value) {
       return FieldError(path, absl::StrCat("expected an integer, got ",
                                            Describe(n), " (or auto)"));
     }
-    if (x < 1 || x > std::numeric_limits<T>::max()) {
-      return FieldError(path,
-                        absl::StrCat("must be >= 1, got ", x, " (or auto)"));
+    if (x < lo || x > hi) {
+      return FieldError(
+          path, hi == std::numeric_limits<T>::max()
+                    ? absl::StrCat("must be >= ", lo, ", got ", x, " (or auto)")
+                    : absl::StrCat("must be in [", lo, ", ", hi, "], got ", x,
+                                   " (or auto)"));
     }
     m(*c) = static_cast<T>(x);
     return absl::OkStatus();
@@ -506,6 +511,8 @@ const std::vector<Field>& Fields() {
       DoubleField(PS_CFG(training, straggler_factor), {1, /*lo_open=*/false}),
       DoubleField(PS_CFG(training, eval_interval_s), kNonNegative),
       IntField<int>(PS_CFG(training, early_stopping), 0, 1000),
+      AutoIntField<int64_t>(PS_CFG(training, dense_features),
+                            kAutoDenseFeatures, 0, kMaxDenseFeatures),
       IntField<int>(PS_CFG(mlp, embedding_dim), 1, 1024),
       IntListField(PS_CFG(mlp, hidden), 1, 65536),
       StringField(PS_CFG(mlp, optimizer), {"adam", "adagrad", "sgd"}),
@@ -720,6 +727,14 @@ std::string ResolveFeatureScale(JobConfig* config, double estimated_scale) {
                       ": ftrl alpha ", FormatDouble(o.alpha), ", beta ",
                       FormatDouble(o.beta), ", l1 ", FormatDouble(o.l1),
                       ", l2 ", FormatDouble(o.l2));
+}
+
+int64_t DenseFeatures(const JobConfig& config) {
+  const int64_t v = config.training.dense_features;
+  if (v != kAutoDenseFeatures) return v;
+  if (config.data.format == "synthetic") return config.data.synthetic.features;
+  if (config.data.format == "libsvm") return int64_t{1} << 20;
+  return 0;
 }
 
 int64_t JobConfig::EffectiveTau() const {

@@ -207,6 +207,17 @@ struct TrainingConfig {
   // the best evaluation is also saved in <output.model_dir>/best. 0 (the
   // default): off, every epoch is trained.
   int early_stopping = 0;
+  // The servers' dense-id layout for the logistic regression weights
+  // (issue 10): features with ids below this bound find their storage
+  // through an array indexed by the id instead of a hash map, so a push or
+  // pull does no hash lookup for them (the trained model is the same
+  // either way). Costs 8 bytes of address space per id per server, touched
+  // only where ids are used. 0: hash maps only. `auto`
+  // (kAutoDenseFeatures, the default): data.synthetic.features for
+  // synthetic data, 2^20 for libsvm (ids past it use the map), 0 for criteo
+  // (its 39 columns hash into one key space). Unused by the mlp model.
+  // At most kMaxDenseFeatures.
+  int64_t dense_features = -1;  // kAutoDenseFeatures
 
   bool operator==(const TrainingConfig&) const = default;
 };
@@ -440,6 +451,10 @@ std::string ResolveAutoMinibatch(JobConfig* config, int64_t estimated_rows);
 // is then spread over the others in small parts), and at least one
 // minibatch.
 inline constexpr int64_t kAutoWorkUnitRows = 0;
+inline constexpr int64_t kAutoDenseFeatures = -1;
+inline constexpr int64_t kMaxDenseFeatures = int64_t{1} << 32;
+// training.dense_features with `auto` resolved for the job's data.
+int64_t DenseFeatures(const JobConfig& config);
 inline constexpr int64_t kAutoMinibatchesPerUnit = 10;
 inline constexpr int64_t kAutoUnitsPerWorker = 16;
 // The rows per work unit `auto` stands for, `estimated_rows` being the

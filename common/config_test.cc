@@ -197,6 +197,37 @@ TEST(ConfigTest, AutoMinibatchIsSizedFromTheRowsPerWorker) {
   EXPECT_EQ(set.training.epochs, 5);
 }
 
+// The dense-id layout's bound: auto follows the data's feature ids; 0 turns
+// it off; a bound past kMaxDenseFeatures names the field.
+TEST(ConfigTest, DenseFeaturesFollowTheData) {
+  JobConfig c;
+  EXPECT_EQ(c.training.dense_features, kAutoDenseFeatures);
+  c.data.synthetic.features = 5000;
+  EXPECT_EQ(DenseFeatures(c), 5000);
+  c.data.format = "libsvm";
+  EXPECT_EQ(DenseFeatures(c), int64_t{1} << 20);
+  c.data.format = "criteo";
+  EXPECT_EQ(DenseFeatures(c), 0);
+  absl::StatusOr<JobConfig> parsed =
+      ParseJobConfig("training: {dense_features: 0}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(DenseFeatures(*parsed), 0);
+  parsed = ParseJobConfig("training: {dense_features: auto}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_NE(ToYaml(*parsed).find("dense_features: auto"), std::string::npos);
+  parsed = ParseJobConfig("training: {dense_features: 123}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(DenseFeatures(*parsed), 123);
+  EXPECT_EQ(ParseJobConfig("training: {dense_features: 4294967297}")
+                .status()
+                .message(),
+            "config field training.dense_features: must be in [0, "
+            "4294967296], got 4294967297 (or auto)");
+  EXPECT_EQ(ParseJobConfig("training: {dense_features: -1}").status().message(),
+            "config field training.dense_features: must be in [0, "
+            "4294967296], got -1 (or auto)");
+}
+
 // Work units default to about ten minibatches (each unit costs a GetWork
 // round trip and a state-file write), but no fewer than 16 per worker an
 // epoch, and no less than a minibatch.

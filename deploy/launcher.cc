@@ -21,6 +21,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -549,21 +550,18 @@ std::optional<std::string> FailedJobError(const std::string& report_path) {
   return report->error();
 }
 
-// Whether the job's report says the cluster declared `name` dead: a server
-// ("S[1]") it failed over, a worker ("W[0]") whose work units it handed to
-// the others (it hung, say, or was cut off). However that process ends
-// later, it was handled.
-bool DeclaredDeadInReport(const std::string& report_path,
-                          const std::string& name) {
+// The nodes the job's report says the cluster declared dead: the servers
+// ("S[1]") it failed over, the workers ("W[0]") whose work units it handed
+// to the others (they hung, say, or were cut off). However those processes
+// end later, they were handled. Empty when there is no report yet.
+absl::flat_hash_set<std::string> DeclaredDeadInReport(
+    const std::string& report_path) {
+  absl::flat_hash_set<std::string> dead;
   absl::StatusOr<proto::JobReport> report = ReadJobReport(report_path);
-  if (!report.ok()) return false;
-  for (const auto& f : report->failovers()) {
-    if (f.node() == name) return true;
-  }
-  for (int w : report->dead_workers()) {
-    if (absl::StrCat("W[", w, "]") == name) return true;
-  }
-  return false;
+  if (!report.ok()) return dead;
+  for (const auto& f : report->failovers()) dead.insert(f.node());
+  for (int w : report->dead_workers()) dead.insert(absl::StrCat("W[", w, "]"));
+  return dead;
 }
 
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(
@@ -1567,7 +1565,7 @@ int Launcher::Run(const std::atomic<int>* stop) {
             break;
           }
           if (!r.exit.ok() && !FailedJobError(report_path).has_value() &&
-              DeclaredDeadInReport(report_path, r.exit.name)) {
+              DeclaredDeadInReport(report_path).contains(r.exit.name)) {
             // Issue 9: a node that hung past the heartbeat timeout was
             // declared dead (a server failed over, a worker's units handed
             // on); woken after the job (or its scheduler) ended, it finds
@@ -1613,8 +1611,10 @@ int Launcher::Run(const std::atomic<int>* stop) {
           } else if (r.exit.name == "H" && group.running() > 0) {
             // A node declared dead that still runs (hung, or stopped by
             // --pause) is no part of the job any more: not waited for.
+            const absl::flat_hash_set<std::string> declared_dead =
+                DeclaredDeadInReport(report_path);
             for (const std::string& name : group.RunningNames()) {
-              if (DeclaredDeadInReport(report_path, name) &&
+              if (declared_dead.contains(name) &&
                   group.Signal(name, SIGKILL).ok()) {
                 Say(absl::StrCat(name, " had been declared dead and still "
                                        "runs after the job; killed it"));

@@ -66,6 +66,7 @@ std::vector<proto::TableConfig> ModelTables(const JobConfig& config) {
   t.set_name("weights");
   t.set_dim(1);
   *t.mutable_optimizer() = OptimizerProto(config.optimizer);
+  t.set_dense_ids(static_cast<uint64_t>(DenseFeatures(config)));
   return {t};
 }
 

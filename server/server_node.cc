@@ -254,6 +254,7 @@ absl::Status ServerNode::Configure(
         spec.dim = tc.dim();
         spec.optimizer = OptimizerFromProto(tc.optimizer());
         spec.init_scale = tc.optimizer().init_scale();
+        spec.dense_ids = tc.dense_ids();
         PS_ASSIGN_OR_RETURN(auto table,
                             Table::Create(spec, routing.num_ranges()));
         tables_.push_back(std::move(table));

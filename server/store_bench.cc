@@ -2,7 +2,10 @@
 // by default, sent as sorted batches split into per-range runs the way the
 // server receives them.
 //
-//   store_bench [num_keys=1000000] [batch=10000] [threads=1]
+//   store_bench [num_keys=1000000] [batch=10000] [threads=1] [dense=0]
+//
+// Keys are FeatureKey(0 .. num_keys-1). dense=1 stores them in the dense-id
+// layout (TableSpec::dense_ids = num_keys) instead of the hash maps.
 //
 // Prints the rates of: pushes creating the keys, pushes to existing keys,
 // key-cached pushes (by slots, no hash lookup) and pulls.
@@ -65,8 +68,10 @@ int main(int argc, char** argv) {
                                    : 1000000;
   const size_t batch = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 10000;
   const int threads = argc > 3 ? std::atoi(argv[3]) : 1;
+  const bool dense = argc > 4 && std::atoi(argv[4]) != 0;
   if (num_keys == 0 || batch == 0 || threads < 1) {
-    std::fprintf(stderr, "usage: store_bench [num_keys] [batch] [threads]\n");
+    std::fprintf(stderr,
+                 "usage: store_bench [num_keys] [batch] [threads] [dense]\n");
     return 2;
   }
 
@@ -74,6 +79,7 @@ int main(int argc, char** argv) {
   spec.dim = 1;
   spec.optimizer.name = "ftrl";
   spec.optimizer.l1 = 0.01;  // small enough that most weights are non-zero
+  if (dense) spec.dense_ids = num_keys;
   std::unique_ptr<ps::Table> table_ptr;
   auto new_table = [&]() -> bool {
     auto table_or = ps::Table::Create(spec, kRanges);
@@ -90,7 +96,7 @@ int main(int argc, char** argv) {
   for (size_t start = 0; start < num_keys; start += batch) {
     size_t n = std::min(batch, num_keys - start);
     std::vector<uint64_t> keys(n);
-    for (size_t i = 0; i < n; ++i) keys[i] = ps::Mix64(start + i);
+    for (size_t i = 0; i < n; ++i) keys[i] = ps::FeatureKey(start + i);
     std::sort(keys.begin(), keys.end());
     batches.push_back(std::move(keys));
   }
@@ -150,9 +156,10 @@ int main(int argc, char** argv) {
   };
 
   const double n = static_cast<double>(num_keys);
-  std::printf("store_bench: ftrl dim 1, %zu random keys, batches of %zu, "
+  std::printf("store_bench: ftrl dim 1, %zu feature keys%s, batches of %zu, "
               "%d ranges, %d thread(s)\n",
-              num_keys, batch, kRanges, threads);
+              num_keys, dense ? " (dense-id layout)" : " (hash maps)", batch,
+              kRanges, threads);
   // Best of kReps runs (the machine is shared), a fresh table each time.
   constexpr int kReps = 3;
   double t_insert = 1e30, t_update = 1e30, t_cached = 1e30, t_pull = 1e30;

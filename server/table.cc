@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
@@ -143,9 +145,30 @@ absl::StatusOr<std::unique_ptr<Table>> Table::Create(const TableSpec& spec,
         "table ", spec.id,
         ": init_scale must be 0 with ftrl (its weights start at 0)"));
   }
-  return std::unique_ptr<Table>(
-      new Table(spec, num_ranges, std::move(optimizer)));
+  if (spec.dense_ids > kMaxDenseIds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec.id, ": dense_ids must be at most ",
+                     kMaxDenseIds, ", got ", spec.dense_ids));
+  }
+  DenseIndex dense_index;
+  if (spec.dense_ids != 0) {
+    // Anonymous pages are zero and cost nothing until an id on them is
+    // used (an allocator's calloc may zero them by hand instead).
+    const size_t bytes = spec.dense_ids * sizeof(uint64_t);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table ", spec.id, ": cannot map the dense-id index of ",
+          spec.dense_ids, " ids (", bytes, " bytes): ", std::strerror(errno)));
+    }
+    dense_index = DenseIndex(static_cast<uint64_t*>(p), Unmapper{bytes});
+  }
+  return std::unique_ptr<Table>(new Table(
+      spec, num_ranges, std::move(optimizer), std::move(dense_index)));
 }
+
+void Table::Unmapper::operator()(uint64_t* p) const { munmap(p, bytes); }
 
 namespace {
 int ChunkShift(size_t stride) {
@@ -161,7 +184,7 @@ std::atomic<uint64_t> next_generation{1};
 }  // namespace
 
 Table::Table(const TableSpec& spec, int num_ranges,
-             std::unique_ptr<Optimizer> optimizer)
+             std::unique_ptr<Optimizer> optimizer, DenseIndex dense_index)
     : spec_(spec),
       num_ranges_(num_ranges),
       optimizer_(std::move(optimizer)),
@@ -170,7 +193,8 @@ Table::Table(const TableSpec& spec, int num_ranges,
       chunk_shift_(ChunkShift(stride_)),
       chunk_mask_((uint32_t{1} << chunk_shift_) - 1),
       init_seed_(Mix64(static_cast<uint64_t>(spec.id) ^ 0x7ab1e5eedULL)),
-      partitions_(new Partition[num_ranges]) {
+      partitions_(new Partition[num_ranges]),
+      dense_index_(std::move(dense_index)) {
   for (int r = 0; r < num_ranges; ++r) {
     absl::MutexLock l(&partitions_[r].mu);
     partitions_[r].generation = next_generation.fetch_add(1);
@@ -200,6 +224,79 @@ uint32_t Table::NewSlot(Partition& p) {
   return slot;
 }
 
+uint64_t* Table::DenseEntry(uint64_t key) const {
+  if (dense_index_ == nullptr) return nullptr;
+  const uint64_t id = FeatureOf(key);
+  return id < spec_.dense_ids ? &dense_index_[id] : nullptr;
+}
+
+namespace {
+constexpr uint64_t DenseValue(int range, uint32_t slot) {
+  return (static_cast<uint64_t>(range) << 32) | (uint64_t{slot} + 1);
+}
+uint64_t LoadEntry(uint64_t* e) {
+  return std::atomic_ref<uint64_t>(*e).load(std::memory_order_relaxed);
+}
+void StoreEntry(uint64_t* e, uint64_t v) {
+  std::atomic_ref<uint64_t>(*e).store(v, std::memory_order_relaxed);
+}
+}  // namespace
+
+uint32_t Table::FindSlot(int range, const Partition& p, uint64_t key) const {
+  if (uint64_t* e = DenseEntry(key); e != nullptr) {
+    const uint64_t v = LoadEntry(e);
+    if (v != 0 && static_cast<int>(v >> 32) == range) {
+      return static_cast<uint32_t>(v) - 1;
+    }
+    // Not stored, or stored by another range: this range's copy, if any,
+    // is in its map (see DenseEntry).
+    if (p.slots.empty()) return kNoSlot;
+  }
+  auto it = p.slots.find(key);
+  return it == p.slots.end() ? kNoSlot : it->second;
+}
+
+uint32_t Table::FindOrNewSlot(int range, Partition& p, uint64_t key,
+                              bool* inserted) {
+  if (uint64_t* e = DenseEntry(key); e != nullptr) {
+    const uint64_t v = LoadEntry(e);
+    if (v != 0 && static_cast<int>(v >> 32) == range) {
+      *inserted = false;
+      return static_cast<uint32_t>(v) - 1;
+    }
+    if (v == 0 && (p.slots.empty() || !p.slots.contains(key))) {
+      const uint32_t slot = NewSlot(p);
+      StoreEntry(e, DenseValue(range, slot));
+      p.dense_keys.push_back(key);
+      *inserted = true;
+      return slot;
+    }
+    // Another range holds the entry, or this range stored the key in its
+    // map while it did: the map, as without the index.
+  }
+  auto [it, is_new] = p.slots.try_emplace(key, 0);
+  if (is_new) it->second = NewSlot(p);
+  *inserted = is_new;
+  return it->second;
+}
+
+void Table::PrefetchKey(const Partition& p, uint64_t key) const {
+  if (uint64_t* e = DenseEntry(key); e != nullptr) {
+    __builtin_prefetch(e);
+  } else {
+    p.slots.prefetch(key);
+  }
+}
+
+template <typename Fn>
+void Table::ForEachKey(const Partition& p, Fn&& fn) const {
+  for (const auto& [key, slot] : p.slots) fn(key, slot);
+  for (uint64_t key : p.dense_keys) {
+    // Entries of this partition's dense keys name it.
+    fn(key, static_cast<uint32_t>(LoadEntry(DenseEntry(key))) - 1);
+  }
+}
+
 void Table::InitialValue(uint64_t key, float* w) const {
   const size_t dim = static_cast<size_t>(spec_.dim);
   if (spec_.init_scale == 0) {
@@ -225,16 +322,17 @@ uint32_t* Scratch(size_t n) {
 }  // namespace
 
 template <typename Rule>
-uint32_t Table::SlotOrNew(Partition& p, const Rule& rule, uint64_t key) {
-  auto [it, inserted] = p.slots.try_emplace(key, 0);
+uint32_t Table::SlotOrNew(int range, Partition& p, const Rule& rule,
+                          uint64_t key) {
+  bool inserted = false;
+  const uint32_t slot = FindOrNewSlot(range, p, key, &inserted);
   if (inserted) {
     const size_t dim = static_cast<size_t>(spec_.dim);
-    it->second = NewSlot(p);
-    float* data = SlotData(p, it->second);
+    float* data = SlotData(p, slot);
     rule.Init(data, data + dim, dim);
     if (spec_.init_scale != 0) InitialValue(key, data);
   }
-  return it->second;
+  return slot;
 }
 
 namespace {
@@ -344,11 +442,8 @@ void Table::Pull(int range, absl::Span<const uint64_t> keys, float* out,
   absl::ReaderMutexLock l(&p.mu);
   if (generation != nullptr) *generation = p.generation;
   for (size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchDistance < n) {
-      p.slots.prefetch(keys[i + kPrefetchDistance]);
-    }
-    auto it = p.slots.find(keys[i]);
-    s[i] = it == p.slots.end() ? kNoSlot : it->second;
+    if (i + kPrefetchDistance < n) PrefetchKey(p, keys[i + kPrefetchDistance]);
+    s[i] = FindSlot(range, p, keys[i]);
   }
   for (size_t i = 0; i < n; ++i) {
     if (i + kPrefetchDistance < n && s[i + kPrefetchDistance] != kNoSlot) {
@@ -376,9 +471,9 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
     p.mu.AssertHeld();  // tells the analysis the lambda runs under the lock
     for (size_t i = 0; i < n; ++i) {
       if (i + kPrefetchDistance < n) {
-        p.slots.prefetch(keys[i + kPrefetchDistance]);
+        PrefetchKey(p, keys[i + kPrefetchDistance]);
       }
-      s[i] = SlotOrNew(p, rule, keys[i]);
+      s[i] = SlotOrNew(range, p, rule, keys[i]);
     }
     // A key repeated in the call is updated once per occurrence, in order.
     ApplyAt(p, rule, keys, s, grads, scale);
@@ -402,11 +497,12 @@ bool Table::PullSlots(int range, uint64_t generation,
       std::memcpy(dst, SlotData(p, slots[i]), dim * sizeof(float));
       continue;
     }
-    auto it = p.slots.find(keys[i]);  // stored since it was resolved?
-    if (it == p.slots.end()) {
+    // Stored since it was resolved?
+    const uint32_t slot = FindSlot(range, p, keys[i]);
+    if (slot == kNoSlot) {
       InitialValue(keys[i], dst);
     } else {
-      std::memcpy(dst, SlotData(p, it->second), dim * sizeof(float));
+      std::memcpy(dst, SlotData(p, slot), dim * sizeof(float));
     }
   }
   return true;
@@ -436,7 +532,7 @@ bool Table::PushSlots(int range, uint64_t generation,
       uint32_t* resolved = Scratch(n);
       for (size_t i = 0; i < n; ++i) {
         resolved[i] =
-            slots[i] != kNoSlot ? slots[i] : SlotOrNew(p, rule, keys[i]);
+            slots[i] != kNoSlot ? slots[i] : SlotOrNew(range, p, rule, keys[i]);
       }
       s = resolved;
     }
@@ -449,7 +545,7 @@ size_t Table::size() const {
   size_t n = 0;
   for (int r = 0; r < num_ranges_; ++r) {
     absl::ReaderMutexLock l(&partitions_[r].mu);
-    n += partitions_[r].slots.size();
+    n += KeyCount(partitions_[r]);
   }
   return n;
 }
@@ -482,14 +578,15 @@ void Table::Gather(bool nonzero_only, const std::vector<int>* ranges,
     if (r < 0 || r >= num_ranges_) continue;
     const Partition& p = partitions_[r];
     absl::ReaderMutexLock l(&p.mu);
-    raw_keys.reserve(raw_keys.size() + p.slots.size());
-    raw_values.reserve(raw_values.size() + p.slots.size() * dim);
-    for (const auto& [key, slot] : p.slots) {
+    raw_keys.reserve(raw_keys.size() + KeyCount(p));
+    raw_values.reserve(raw_values.size() + KeyCount(p) * dim);
+    ForEachKey(p, [&](uint64_t key, uint32_t slot) {
+      p.mu.AssertReaderHeld();
       const float* v = SlotData(p, slot);
-      if (nonzero_only && AllZero(v, dim)) continue;
+      if (nonzero_only && AllZero(v, dim)) return;
       raw_keys.push_back(key);
       raw_values.insert(raw_values.end(), v, v + dim);
-    }
+    });
   }
   // Ties (a key wrongly used with two ranges) break by gather position, so
   // the output stays deterministic.
@@ -516,14 +613,15 @@ void Table::ExportRange(int range, std::vector<uint64_t>* keys,
   std::vector<float> raw;
   {
     absl::ReaderMutexLock l(&p.mu);
-    raw_keys.reserve(p.slots.size());
-    raw.resize(p.slots.size() * stride_);
+    raw_keys.reserve(KeyCount(p));
+    raw.resize(KeyCount(p) * stride_);
     float* out = raw.data();
-    for (const auto& [key, slot] : p.slots) {
+    ForEachKey(p, [&](uint64_t key, uint32_t slot) {
+      p.mu.AssertReaderHeld();
       raw_keys.push_back(key);
       std::memcpy(out, SlotData(p, slot), stride_ * sizeof(float));
       out += stride_;
-    }
+    });
   }
   std::vector<uint32_t> order(raw_keys.size());
   std::iota(order.begin(), order.end(), uint32_t{0});
@@ -545,9 +643,9 @@ void Table::ImportRange(int range, absl::Span<const uint64_t> keys,
   Partition& p = partition(range);
   absl::MutexLock l(&p.mu);
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto [it, inserted] = p.slots.try_emplace(keys[i], 0);
-    if (inserted) it->second = NewSlot(p);
-    std::memcpy(SlotData(p, it->second), entries + i * stride_,
+    bool inserted = false;
+    const uint32_t slot = FindOrNewSlot(range, p, keys[i], &inserted);
+    std::memcpy(SlotData(p, slot), entries + i * stride_,
                 stride_ * sizeof(float));
   }
 }
@@ -555,6 +653,8 @@ void Table::ImportRange(int range, absl::Span<const uint64_t> keys,
 void Table::ClearRange(int range) {
   Partition& p = partition(range);
   absl::MutexLock l(&p.mu);
+  for (uint64_t key : p.dense_keys) StoreEntry(DenseEntry(key), 0);
+  p.dense_keys.clear();
   p.slots.clear();
   p.chunks.clear();
   p.num_slots = 0;

@@ -39,6 +39,16 @@ struct TableSpec {
   // from (table id, key, element index); 0 means zeros. Must be 0 with ftrl,
   // whose weight is a function of its state (which starts at 0).
   float init_scale = 0;
+  // The dense-id layout (issue 10): a key whose feature id (FeatureOf(key),
+  // common/hash.h: the inverse of FeatureKey(id), namespace 0) is below
+  // this bound finds its storage slot in an array indexed by the id, with
+  // no hash lookup; every other key goes through the range's hash map. The
+  // contents, files and results are the same either way (only where a
+  // key's entry is found differs). Costs 8 bytes of index per id: address
+  // space mapped at creation, memory only for the pages of ids used.
+  // 0: hash maps only.
+  // At most kMaxDenseIds.
+  uint64_t dense_ids = 0;
 };
 
 // The contents of a binary table file (see Table::SaveBinary).
@@ -56,8 +66,12 @@ class Table {
   // INVALID_ARGUMENT when dim < 1, num_ranges < 1, init_scale is negative
   // or not finite, init_scale != 0 with ftrl, or the optimizer config is
   // invalid (the message names the field, see Optimizer::Create).
+  // RESOURCE_EXHAUSTED when the dense-id index cannot be mapped;
+  // INVALID_ARGUMENT for dense_ids above kMaxDenseIds.
   static absl::StatusOr<std::unique_ptr<Table>> Create(const TableSpec& spec,
                                                        int num_ranges);
+  // 2^32 ids: a 32 GiB index (address space; touched where ids are used).
+  static constexpr uint64_t kMaxDenseIds = uint64_t{1} << 32;
 
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
@@ -194,7 +208,11 @@ class Table {
   // dim * state_floats state floats.
   struct Partition {
     mutable absl::Mutex mu;
+    // Keys outside the dense-id layout -> slot.
     absl::flat_hash_map<uint64_t, uint32_t> slots ABSL_GUARDED_BY(mu);
+    // Keys stored through the dense-id index, in the order they were
+    // created (for enumeration and ClearRange).
+    std::vector<uint64_t> dense_keys ABSL_GUARDED_BY(mu);
     std::vector<std::unique_ptr<float[]>> chunks ABSL_GUARDED_BY(mu);
     uint32_t num_slots ABSL_GUARDED_BY(mu) = 0;
     // Unique in the process; replaced by ClearRange: slots handed out
@@ -202,8 +220,17 @@ class Table {
     uint64_t generation ABSL_GUARDED_BY(mu) = 0;
   };
 
+  // Unmaps the dense-id index.
+  struct Unmapper {
+    Unmapper() : bytes(0) {}
+    explicit Unmapper(size_t b) : bytes(b) {}
+    void operator()(uint64_t* p) const;
+    size_t bytes;
+  };
+  using DenseIndex = std::unique_ptr<uint64_t[], Unmapper>;
+
   Table(const TableSpec& spec, int num_ranges,
-        std::unique_ptr<Optimizer> optimizer);
+        std::unique_ptr<Optimizer> optimizer, DenseIndex dense_index);
 
   Partition& partition(int range) const;
   // The floats of slot `slot` of `p`.
@@ -211,10 +238,40 @@ class Table {
       ABSL_SHARED_LOCKS_REQUIRED(p.mu);
   // Allocates a new slot in `p` (storage uninitialised).
   uint32_t NewSlot(Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+
+  // ---- Finding a key's slot (the hash map, or the dense-id index) ----
+  // The dense-id index entry of `key`, or null when the key is not a dense
+  // id. An entry is (range << 32) | (slot + 1), 0 when the id is stored in
+  // no range. It is written under the lock of its range's partition, and
+  // read through atomic_ref (relaxed): a key used with two ranges (against
+  // Pull's precondition) then races on nothing, and a range that finds the
+  // entry taken by another stores the key in its hash map (stored twice, as
+  // it would be without the index). So a dense key of a range is either in
+  // the index (naming the range) or in the range's map, never both.
+  uint64_t* DenseEntry(uint64_t key) const;
+  // The slot of `key` in partition `range`, or kNoSlot.
+  uint32_t FindSlot(int range, const Partition& p, uint64_t key) const
+      ABSL_SHARED_LOCKS_REQUIRED(p.mu);
+  // The slot of `key` in partition `range`; a new one (storage
+  // uninitialised, *inserted set) when it has none.
+  uint32_t FindOrNewSlot(int range, Partition& p, uint64_t key,
+                         bool* inserted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Starts loading what FindSlot(range, p, key) will read.
+  void PrefetchKey(const Partition& p, uint64_t key) const
+      ABSL_SHARED_LOCKS_REQUIRED(p.mu);
+  // Calls fn(key, slot) for every key stored in `p` (unordered).
+  template <typename Fn>
+  void ForEachKey(const Partition& p, Fn&& fn) const
+      ABSL_SHARED_LOCKS_REQUIRED(p.mu);
+  // Number of keys stored in `p`.
+  static size_t KeyCount(const Partition& p) ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
+    return p.slots.size() + p.dense_keys.size();
+  }
+
   // The slot of `key` in `p`, created (rule's initial state, the key's
   // initial value) when it has none.
   template <typename Rule>
-  uint32_t SlotOrNew(Partition& p, const Rule& rule, uint64_t key)
+  uint32_t SlotOrNew(int range, Partition& p, const Rule& rule, uint64_t key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Applies scale * grads[i*dim ...) to slots[i] (the slot of keys[i]),
   // i < keys.size(), in order.
@@ -242,6 +299,10 @@ class Table {
   const uint64_t init_seed_;   // mixes the table id into initial values
   // One per range; each guards itself.
   const std::unique_ptr<Partition[]> partitions_;
+  // The dense-id index: spec_.dense_ids entries (see DenseEntry), anonymous
+  // zero pages (mmap); null when dense_ids is 0. Each entry is guarded by the
+  // lock of the partition its range names.
+  const DenseIndex dense_index_;
 };
 
 // Sums the gradients pushed during one BSP clock, then applies them as one

@@ -1,5 +1,6 @@
 #include "server/table.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/hash.h"
 #include "gtest/gtest.h"
 
 namespace ps {
@@ -58,6 +60,10 @@ TEST(TableTest, CreateRejectsBadSpecs) {
   spec = PlainSgd();
   spec.optimizer.name = "ftrl";
   spec.init_scale = 0.1f;
+  EXPECT_EQ(Table::Create(spec, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  spec = PlainSgd();
+  spec.dense_ids = Table::kMaxDenseIds + 1;
   EXPECT_EQ(Table::Create(spec, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
   spec.optimizer.name = "nope";
@@ -284,6 +290,173 @@ TEST(TableTest, ConcurrentPushesSumCorrectly) {
   for (const auto& [key, v] : snap) {
     ASSERT_EQ(v[0], expected) << key;
     ASSERT_EQ(v[1], -expected) << key;
+  }
+}
+
+// The dense-id layout (TableSpec::dense_ids) changes where a key's slot is
+// found, never what is stored: the same calls give the same bits, files and
+// enumerations as the hash maps, for dense ids, ids past the bound and keys
+// that are no feature's key in namespace 0.
+class DenseIdTest : public testing::TestWithParam<const char*> {};
+
+TEST_P(DenseIdTest, StoresAsTheHashMaps) {
+  constexpr int kRanges = 8;
+  constexpr uint64_t kDenseIds = 1000;
+  TableSpec spec;
+  spec.id = 3;
+  spec.dim = std::string(GetParam()) == "ftrl" ? 1 : 3;
+  spec.optimizer.name = GetParam();
+  spec.optimizer.learning_rate = 0.1;
+  if (spec.optimizer.name != "ftrl") spec.init_scale = 0.05f;
+  auto hashed = MakeTable(spec, kRanges);
+  spec.dense_ids = kDenseIds;
+  auto dense = MakeTable(spec, kRanges);
+  auto range_of = [](uint64_t key) { return static_cast<int>(key >> 61); };
+  const size_t dim = static_cast<size_t>(spec.dim);
+
+  // Requests as a server gets them: per range, ascending. Ids 0..1499
+  // (1000 and up are past the bound), the bound's neighbours, and keys of
+  // another namespace.
+  uint64_t state = 42;
+  auto next = [&state] { return state = Mix64(state); };
+  auto request = [&](size_t n) {
+    std::vector<uint64_t> keys;
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t r = next() % 10;
+      if (r < 6) {
+        keys.push_back(FeatureKey(next() % 1500));
+      } else if (r < 8) {
+        keys.push_back(FeatureKey(kDenseIds - 1 + next() % 2));
+      } else {
+        keys.push_back(FeatureKey(next() % 50, 7));
+      }
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    return keys;
+  };
+  auto by_range = [&](const std::vector<uint64_t>& keys, auto fn) {
+    size_t i = 0;
+    while (i < keys.size()) {
+      size_t j = i;
+      while (j < keys.size() && range_of(keys[j]) == range_of(keys[i])) ++j;
+      fn(range_of(keys[i]), absl::MakeConstSpan(keys.data() + i, j - i), i);
+      i = j;
+    }
+  };
+  auto expect_same = [&](const std::string& when) {
+    SCOPED_TRACE(when);
+    EXPECT_EQ(dense->size(), hashed->size());
+    EXPECT_EQ(dense->nonzeros(), hashed->nonzeros());
+    EXPECT_EQ(dense->Snapshot(), hashed->Snapshot());
+    for (int r = 0; r < kRanges; ++r) {
+      std::vector<uint64_t> dk, hk;
+      std::vector<float> de, he;
+      dense->ExportRange(r, &dk, &de);
+      hashed->ExportRange(r, &hk, &he);
+      EXPECT_EQ(dk, hk) << "range " << r;
+      EXPECT_EQ(de, he) << "range " << r;
+    }
+    const std::string dp = TempPath("dense.bin"), hp = TempPath("hashed.bin");
+    ASSERT_TRUE(dense->SaveBinary(dp, nullptr).ok());
+    ASSERT_TRUE(hashed->SaveBinary(hp, nullptr).ok());
+    EXPECT_EQ(ReadFile(dp), ReadFile(hp));
+    std::remove(dp.c_str());
+    std::remove(hp.c_str());
+  };
+
+  for (int round = 0; round < 6; ++round) {
+    const std::vector<uint64_t> keys = request(300);
+    std::vector<float> grads(keys.size() * dim);
+    for (float& g : grads) g = static_cast<float>(next() % 2001) / 1000 - 1;
+    // Pulls first (keys not stored yet read as their initial values), with
+    // the slots a key-cached pull records; then pushes by key or by those
+    // slots.
+    std::vector<float> dout(grads.size()), hout(grads.size());
+    std::vector<uint32_t> dslots(keys.size()), hslots(keys.size());
+    std::vector<uint64_t> dgen(kRanges), hgen(kRanges);
+    by_range(keys, [&](int r, absl::Span<const uint64_t> k, size_t off) {
+      dense->Pull(r, k, dout.data() + off * dim, dslots.data() + off, &dgen[r]);
+      hashed->Pull(r, k, hout.data() + off * dim, hslots.data() + off,
+                   &hgen[r]);
+    });
+    EXPECT_EQ(dout, hout) << "round " << round;
+    EXPECT_EQ(dslots, hslots) << "round " << round;  // same creation order
+    by_range(keys, [&](int r, absl::Span<const uint64_t> k, size_t off) {
+      if (round % 2 == 0) {
+        EXPECT_TRUE(dense->PushSlots(r, dgen[r], k, dslots.data() + off,
+                                     grads.data() + off * dim, 0.5f));
+        EXPECT_TRUE(hashed->PushSlots(r, hgen[r], k, hslots.data() + off,
+                                      grads.data() + off * dim, 0.5f));
+      } else {
+        dense->Push(r, k, grads.data() + off * dim, 0.5f);
+        hashed->Push(r, k, grads.data() + off * dim, 0.5f);
+      }
+    });
+    by_range(keys, [&](int r, absl::Span<const uint64_t> k, size_t off) {
+      EXPECT_TRUE(dense->PullSlots(r, dgen[r], k, dslots.data() + off,
+                                   dout.data() + off * dim));
+      EXPECT_TRUE(hashed->PullSlots(r, hgen[r], k, hslots.data() + off,
+                                    hout.data() + off * dim));
+    });
+    EXPECT_EQ(dout, hout) << "round " << round;
+    expect_same("round " + std::to_string(round));
+  }
+  // A range replaced by a copy (a replica's ClearRange + ImportRange): the
+  // old slots are void, the dense index forgets the range's ids and takes
+  // them again.
+  for (int r = 0; r < kRanges; r += 3) {
+    std::vector<uint64_t> keys;
+    std::vector<float> entries;
+    hashed->ExportRange(r, &keys, &entries);
+    uint64_t generation = 0;
+    std::vector<float> out(keys.size() * dim);
+    dense->Pull(r, keys, out.data(), nullptr, &generation);
+    dense->ClearRange(r);
+    hashed->ClearRange(r);
+    EXPECT_FALSE(dense->PullSlots(r, generation, keys, nullptr, out.data()));
+    expect_same("cleared range " + std::to_string(r));
+    // Import all but the first key: that one must read as not stored.
+    if (keys.empty()) continue;
+    const size_t stride = entries.size() / keys.size();
+    auto rest = absl::MakeConstSpan(keys).subspan(1);
+    dense->ImportRange(r, rest, entries.data() + stride);
+    hashed->ImportRange(r, rest, entries.data() + stride);
+    expect_same("imported range " + std::to_string(r));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, DenseIdTest,
+                         testing::Values("ftrl", "sgd", "adam"));
+
+// Against Pull's precondition, a key used with two ranges is stored in each,
+// as with the hash maps (never one range's slot read in another's storage).
+TEST(TableTest, DenseIdUsedWithTwoRangesIsStoredPerRange) {
+  for (uint64_t dense_ids : {uint64_t{0}, uint64_t{100}}) {
+    SCOPED_TRACE(dense_ids);
+    TableSpec spec = PlainSgd();
+    spec.dense_ids = dense_ids;
+    auto table = MakeTable(spec, 2);
+    const uint64_t key[] = {FeatureKey(5)};
+    const float one[] = {1}, two[] = {2};
+    table->Push(0, key, one, 1.0f);
+    table->Push(1, key, two, 1.0f);
+    table->Push(1, key, two, 1.0f);
+    EXPECT_EQ(table->size(), 2u);
+    float out = 0;
+    table->Pull(0, key, &out);
+    EXPECT_EQ(out, -1.0f);
+    table->Pull(1, key, &out);
+    EXPECT_EQ(out, -4.0f);
+    table->ClearRange(0);
+    table->Pull(1, key, &out);
+    EXPECT_EQ(out, -4.0f);
+    table->Pull(0, key, &out);
+    EXPECT_EQ(out, 0.0f);
+    table->Push(0, key, one, 1.0f);
+    table->Pull(0, key, &out);
+    EXPECT_EQ(out, -1.0f);
+    EXPECT_EQ(table->size(), 2u);
   }
 }
 
