@@ -32,6 +32,8 @@ constexpr size_t kChunkTargetFloats = 16384;
 // Push/Pull prefetch the hash-map probe of the key this many positions ahead,
 // overlapping the cache misses of a large table's random lookups.
 constexpr size_t kPrefetchDistance = 8;
+// A transparent huge page on x86-64 (the dense-id index's alignment).
+constexpr size_t kHugePage = size_t{2} << 20;
 
 absl::Status ErrnoError(int err, const std::string& what,
                         const std::string& path) {
@@ -154,21 +156,35 @@ absl::StatusOr<std::unique_ptr<Table>> Table::Create(const TableSpec& spec,
   if (spec.dense_ids != 0) {
     // Anonymous pages are zero and cost nothing until an id on them is
     // used (an allocator's calloc may zero them by hand instead).
+    // An index past a huge page asks for huge pages (where transparent
+    // huge pages are `madvise`, as Debian sets them): random ids in a
+    // table of 4 KiB pages missed the TLB on nearly every lookup, and its
+    // page walk stalled the prefetch (35 % of a 100k-key push's samples).
+    // The mapping is over-sized by one huge page to align the index.
     const size_t bytes = spec.dense_ids * sizeof(uint64_t);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+    const bool huge = bytes >= kHugePage;
+    const size_t mapped = huge ? bytes + kHugePage : bytes;
+    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "table ", spec.id, ": cannot map the dense-id index of ",
           spec.dense_ids, " ids (", bytes, " bytes): ", std::strerror(errno)));
     }
-    dense_index = DenseIndex(static_cast<uint64_t*>(p), Unmapper{bytes});
+    uintptr_t start = reinterpret_cast<uintptr_t>(p);
+    if (huge) {
+      start = (start + kHugePage - 1) & ~uintptr_t{kHugePage - 1};
+      // Advice only: without it (or without THP) the index still works.
+      madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);
+    }
+    dense_index = DenseIndex(reinterpret_cast<uint64_t*>(start),
+                             Unmapper(p, mapped));
   }
   return std::unique_ptr<Table>(new Table(
       spec, num_ranges, std::move(optimizer), std::move(dense_index)));
 }
 
-void Table::Unmapper::operator()(uint64_t* p) const { munmap(p, bytes); }
+void Table::Unmapper::operator()(uint64_t*) const { munmap(base, bytes); }
 
 namespace {
 int ChunkShift(size_t stride) {

@@ -222,9 +222,10 @@ class Table {
 
   // Unmaps the dense-id index.
   struct Unmapper {
-    Unmapper() : bytes(0) {}
-    explicit Unmapper(size_t b) : bytes(b) {}
+    Unmapper() : base(nullptr), bytes(0) {}
+    Unmapper(void* b, size_t n) : base(b), bytes(n) {}
     void operator()(uint64_t* p) const;
+    void* base;  // the mapping (the index starts in it, aligned)
     size_t bytes;
   };
   using DenseIndex = std::unique_ptr<uint64_t[], Unmapper>;
