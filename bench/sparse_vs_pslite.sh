@@ -9,14 +9,15 @@
 # no-op reference the issue names). Run on a quiet machine.
 #
 #   bench/sparse_vs_pslite.sh --pslite DIR [--ours build/bin] [--rounds 3]
-#       [--keys 100000] [--seconds 3]
+#       [--keys 100000] [--seconds 3] [--dense_ids 1000000]
 #
-# Per round: ours with the keys sent (FTRL), ours with key caching, ps-lite
-# push, ps-lite pull. Ours prints M keys/s and the CPU ns per key of all its
+# Per round: ours with the keys sent (FTRL), ours with key caching, ours with
+# the keys of random feature ids below --dense_ids in the dense-id layout
+# (the LR jobs' keys and default; 0 skips it), ps-lite push, ps-lite pull. Ours prints M keys/s and the CPU ns per key of all its
 # processes; ps-lite prints M keys/s.
 set -euo pipefail
 
-pslite="" ours="build/bin" rounds=3 keys=100000 seconds=3
+pslite="" ours="build/bin" rounds=3 keys=100000 seconds=3 dense_ids=1000000
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --pslite) pslite="$2"; shift 2 ;;
@@ -24,6 +25,7 @@ while [[ $# -gt 0 ]]; do
     --rounds) rounds="$2"; shift 2 ;;
     --keys) keys="$2"; shift 2 ;;
     --seconds) seconds="$2"; shift 2 ;;
+    --dense_ids) dense_ids="$2"; shift 2 ;;
     *) echo "sparse_vs_pslite.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -48,6 +50,7 @@ for ((r = 1; r <= rounds; ++r)); do
   echo "round $r"
   run_ours
   run_ours --key_caching
+  if [[ "$dense_ids" != 0 ]]; then run_ours --sparse_dense_ids="$dense_ids"; fi
   for mode in 0 1; do
     echo "  load $(load)"
     (cd "$pslite" && DMLC_NODE_HOST=127.0.0.1 DMLC_PS_ROOT_URI=127.0.0.1 \
