@@ -44,7 +44,7 @@ run_ours() {  # extra flags...
   "$ours/pushpull_bench" --cases=sparse --topologies=1x1 \
     --sparse_keys="$keys" --optimizer=ftrl --seconds="$seconds" \
     --warmup_seconds=1 --iperf=false "$@" 2>&1 |
-    awk '/^1S1W/ {printf "  ours %s %s: %s M keys/s, %s CPU ns/key\n", $2, $3, $6, $13}'
+    awk '/^1S1W/ && ($3 == "push" || $3 == "pull") {printf "  ours %s %s: %s M keys/s, %s CPU ns/key\n", $2, $3, $6, $13}'
 }
 for ((r = 1; r <= rounds; ++r)); do
   echo "round $r"
