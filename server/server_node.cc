@@ -257,6 +257,11 @@ absl::Status ServerNode::Configure(
         spec.dense_ids = tc.dense_ids();
         PS_ASSIGN_OR_RETURN(auto table,
                             Table::Create(spec, routing.num_ranges()));
+        if (spec.dense_ids != 0) {
+          PS_LOG_DEBUG("S[{}] table {} ({}): feature ids below {} in the "
+                       "dense-id layout",
+                       server_id, spec.id, tc.name(), spec.dense_ids);
+        }
         tables_.push_back(std::move(table));
       }
       // Checkpoints (issue 9): load this server's keys before any request
