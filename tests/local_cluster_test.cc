@@ -367,6 +367,28 @@ TEST_F(LocalClusterTest, SeedChangesTheModelAndOneSeedRepeatsItExactly) {
       << "seeds 1 and 2 gave (nearly) the same model";
 }
 
+// The servers' dense-id layout (training.dense_features) changes where a
+// key's entry is found, never the model: a BSP job (bit-identical for a
+// seed) trains the same bits with hash maps only, with every feature id in
+// the layout (auto: the synthetic feature count), and with half of them.
+TEST_F(LocalClusterTest, DenseIdLayoutTrainsTheSameModel) {
+  auto train = [](int64_t dense_features) {
+    LocalClusterOptions o;
+    o.config = SyntheticJob(Mode::kBsp);
+    o.config.data.synthetic.train_rows = 10000;
+    o.config.data.synthetic.test_rows = 1000;
+    o.config.training.dense_features = dense_features;
+    LocalCluster cluster(o);
+    absl::Status s = cluster.Run();
+    EXPECT_TRUE(s.ok()) << s;
+    return cluster.Snapshot();
+  };
+  const auto hashed = train(0);
+  ASSERT_GT(hashed.size(), 1000u);
+  EXPECT_EQ(train(kAutoDenseFeatures), hashed);
+  EXPECT_EQ(train(10000), hashed);  // ids 10000.. of 20000 in the maps
+}
+
 // ------------------------------------------------- the decorator by itself
 
 proto::ClusterView OneServerView() {
