@@ -7,7 +7,9 @@
 // different ranges proceed in parallel. A partition keeps a hash map from key
 // to slot and the slots' floats in fixed-size chunks (value then state,
 // contiguous per key), so a push or pull allocates nothing per key except
-// when it creates keys.
+// when it creates keys. With TableSpec::dense_ids, keys of small feature ids
+// find their slot through a table-wide array indexed by the id instead of
+// the map (the dense-id layout).
 //
 // Also here: GradAccumulator, which sums the pushes of one BSP clock so that
 // they can be applied as one averaged gradient in a deterministic order.
