@@ -11,6 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "gtest/gtest.h"
 
@@ -357,7 +360,10 @@ TEST_P(DenseIdTest, StoresAsTheHashMaps) {
       EXPECT_EQ(dk, hk) << "range " << r;
       EXPECT_EQ(de, he) << "range " << r;
     }
-    const std::string dp = TempPath("dense.bin"), hp = TempPath("hashed.bin");
+    // Per instance and process: ctest runs the instances side by side.
+    const std::string tag = absl::StrCat(GetParam(), "_", ::getpid());
+    const std::string dp = TempPath(absl::StrCat("dense_", tag, ".bin"));
+    const std::string hp = TempPath(absl::StrCat("hashed_", tag, ".bin"));
     ASSERT_TRUE(dense->SaveBinary(dp, nullptr).ok());
     ASSERT_TRUE(hashed->SaveBinary(hp, nullptr).ok());
     EXPECT_EQ(ReadFile(dp), ReadFile(hp));
