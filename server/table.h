@@ -72,8 +72,10 @@ class Table {
   // INVALID_ARGUMENT for dense_ids above kMaxDenseIds.
   static absl::StatusOr<std::unique_ptr<Table>> Create(const TableSpec& spec,
                                                        int num_ranges);
-  // 2^32 ids: a 32 GiB index (address space; touched where ids are used).
-  static constexpr uint64_t kMaxDenseIds = uint64_t{1} << 32;
+  // The config's bound (training.dense_features), 2^32 ids: a 32 GiB index
+  // (address space; touched where ids are used).
+  static constexpr uint64_t kMaxDenseIds =
+      static_cast<uint64_t>(kMaxDenseFeatures);
 
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
