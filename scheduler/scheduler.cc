@@ -217,8 +217,27 @@ absl::Status SchedulerCore::ProbeServer(const std::string& address) {
 
 void SchedulerCore::Probe(int id, std::string address) {
   const absl::Status probe = ProbeServer(address);
+  // A probe that timed out (the server accepts connections but answers
+  // nothing: hung, or too busy) confirms a death only when the server's
+  // heartbeats have stopped too: a busy server that still heartbeats is
+  // not failed over on a slow answer. A refused connection needs no
+  // heartbeat age: the process is gone.
+  absl::Duration silent = absl::InfiniteDuration();
+  if (probe.code() == absl::StatusCode::kDeadlineExceeded) {
+    absl::MutexLock l(&mu_);
+    if (id < static_cast<int>(servers_.size())) {
+      silent = options_.clock->Now() - servers_[id].last_seen;
+    }
+  }
+  const absl::Duration fresh =
+      absl::Milliseconds(3 * options_.config.cluster.heartbeat_ms);
   if (probe.ok()) {
     PS_LOG_INFO("S[{}] answered its probe: not dead", id);
+  } else if (silent < fresh) {
+    PS_LOG_WARN("S[{}] did not answer its probe in time ({}) but heartbeated "
+                "{} ago: busy, not failed over",
+                id, std::string(probe.message()),
+                absl::FormatDuration(silent));
   } else {
     FailoverServers({id}, absl::StrCat("probe: ", probe.message()));
   }

@@ -806,6 +806,39 @@ TEST_F(SchedulerCoreTest, SuspectThatAnswersItsProbeStays) {
   EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_ALIVE);
 }
 
+// Issue 9: a probe that times out confirms a death only once the server's
+// heartbeats have stopped too (3 heartbeat periods): a busy server that
+// still heartbeats is not failed over on one slow answer; a hung one is.
+TEST_F(SchedulerCoreTest, SuspectThatTimesOutIsFailedOverOnlyWhenSilent) {
+  Start();
+  RegisterAll();
+  clients_.server(Addr(1))->FailStatus(absl::DeadlineExceededError("slow"));
+  auto suspect = [&](int wait_ms) {
+    proto::GetViewRequest gv;
+    gv.set_known_epoch(1);
+    gv.set_wait_ms(wait_ms);
+    gv.set_role(proto::ROLE_WORKER);
+    gv.set_id(0);
+    gv.add_suspect_servers(1);
+    return core_->GetView(gv, absl::Now() + absl::Seconds(10));
+  };
+  auto v = suspect(300);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->view().epoch(), 1);
+  EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_ALIVE);
+  EXPECT_EQ(clients_.server(Addr(1))->status_calls(), 2);  // probed twice
+
+  clock_.Advance(absl::Milliseconds(1600));  // > 3 x heartbeat_ms, silent
+  ASSERT_TRUE(Beat(proto::ROLE_SERVER, 0).ok());
+  for (int i = 0; i < 100 && v->view().epoch() == 1; ++i) {
+    v = suspect(100);  // again until the first probe's thread has ended
+    ASSERT_TRUE(v.ok()) << v.status();
+  }
+  EXPECT_EQ(v->view().epoch(), 2);
+  EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_DEAD);
+  EXPECT_EQ(v->view().routing().servers(0).state(), proto::NODE_ALIVE);
+}
+
 // Bug 3 "one failed save lost the trained model".
 TEST_F(SchedulerCoreTest, SaveIsRetried) {
   Start();

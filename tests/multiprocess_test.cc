@@ -1106,6 +1106,35 @@ INSTANTIATE_TEST_SUITE_P(Modes, ServerPauseTest,
                            return std::string(info.param);
                          });
 
+// Issue 9: a hung server is failed over within seconds even when the
+// heartbeat timeout is longer than the whole job: the pushes it leaves
+// unanswered make the workers name it to the scheduler as a suspect
+// (KVWorker::SuspectSilentServers, after four heartbeats), and the
+// scheduler's probe, which a stopped process cannot answer, confirms it:
+// recovery_ms 3350 here. Without the suspicion the first to notice are
+// the primaries whose replication to S[1] gives up at its 10 s deadline
+// (recovery_ms 10872, checked by turning the suspicion off), and without
+// replicas the 120 s heartbeat timeout.
+TEST_F(MultiProcessTest, UnansweredPushesGetAHungServerFailedOver) {
+  const std::string yaml = A9aYaml("asp", 2);
+  const std::vector<std::string> sets = {
+      "cluster.num_servers=3", "training.epochs=8",
+      "fault_tolerance.replicas=1", "cluster.heartbeat_ms=300",
+      "cluster.heartbeat_timeout_ms=120000"};
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_suspect_", ::getpid()));
+  const absl::Time start = absl::Now();
+  LaunchResult r = RunLaunch(dirs_.back(), yaml, sets, "--pause S1@1:600");
+  ASSERT_LAUNCHED(r);
+  EXPECT_TRUE(HasFailover(r.report, "S[1]")) << r.report;
+  absl::StatusOr<double> recovery = JsonNumber(r.report, "recovery_ms");
+  ASSERT_TRUE(recovery.ok()) << recovery.status() << "\n" << r.report;
+  std::printf("S[1] stopped, recovery_ms %.0f, job %s\n", *recovery,
+              absl::FormatDuration(absl::Now() - start).c_str());
+  EXPECT_LT(*recovery, 8000) << r.report << Tail(r.log, 4000);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(90));
+}
+
 // Elasticity (issue 9), real processes: a fourth server started mid-run
 // (--add-server) joins and takes ranges, S[1] is drained (--drain: the
 // scheduler's Drain RPC) and exits 0; then S[0] is SIGKILLed and its

@@ -77,7 +77,8 @@ auto KVWorker::Guarded(F fn) {
 }
 
 template <typename Resp, typename F>
-ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn) {
+ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn,
+                                              bool watched) {
   struct Call final : InFlightCall {
     explicit Call(F f) : fn(std::move(f)) {}
     void Fail(const absl::Status& why) override {
@@ -87,6 +88,8 @@ ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn) {
     F fn;
   };
   auto call = std::make_shared<Call>(std::move(fn));
+  call->watched = watched;
+  call->sent = clock_->Now();
   absl::Status dead_why;
   {
     absl::MutexLock l(&life_->mu);
@@ -119,6 +122,38 @@ ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn) {
     absl::MutexLock l(&life->mu);
     --life->running;
   };
+}
+
+std::vector<int> KVWorker::SuspectSilentServers() {
+  std::vector<int> suspects;
+  const absl::Duration after = options_.suspect_after;
+  if (after <= absl::ZeroDuration()) return suspects;
+  const absl::Time now = clock_->Now();
+  {
+    absl::MutexLock l(&life_->mu);
+    if (!life_->alive) return suspects;
+    for (const auto& [server, calls] : life_->calls) {
+      auto last = life_->suspected.find(server);
+      if (last != life_->suspected.end() && now - last->second < after) {
+        continue;
+      }
+      for (const auto& c : calls) {
+        if (c->watched && now - c->sent >= after) {
+          suspects.push_back(server);
+          life_->suspected[server] = now;
+          break;
+        }
+      }
+    }
+  }
+  std::sort(suspects.begin(), suspects.end());
+  for (int server : suspects) {
+    PS_LOG_INFO("S[{}] has left a push or clock unanswered for over {}: "
+                "asking the scheduler to probe it",
+                server, absl::FormatDuration(after));
+    RefreshView(server);
+  }
+  return suspects;
 }
 
 void KVWorker::FailCallsTo(const std::vector<int>& servers,
@@ -761,7 +796,8 @@ void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
       slice->server,
       [this, slice, attempt](const absl::Status& s, proto::PushResponse*) {
         OnPushReply(slice, attempt, s);
-      });
+      },
+      /*watched=*/true);
   const absl::Time deadline = clock_->Now() + options_.request_timeout;
   if (slice->borrowed.pieces.empty()) {
     client->Push(std::move(req), deadline, std::move(done));
@@ -1158,7 +1194,7 @@ void KVWorker::SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
           return;
         }
         PartDone(ts, GaveUp(st, "clock to", server, attempt));
-      }));
+      }, /*watched=*/true));
 }
 
 absl::Status KVWorker::Finish(absl::Time deadline) {

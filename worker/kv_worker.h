@@ -86,6 +86,10 @@ struct KVWorkerOptions {
   // be held up to pull_wait before it fails and is resent).
   int max_attempts = 60;
   absl::Duration retry_timeout = absl::Seconds(300);
+  // Failover (issue 9): a push or clock a server has left unanswered this
+  // long makes SuspectSilentServers name that server to the scheduler as a
+  // suspect, which probes it (fault_tolerance.suspect_after_ms). Zero: off.
+  absl::Duration suspect_after = absl::ZeroDuration();
   // Timers and request deadlines. Must outlive the worker.
   Clock* clock = Clock::Real();
   // Key caching (the paper's section 4.2, server/key_cache.h): per server,
@@ -210,6 +214,16 @@ class KVWorker final : public ParamClient {
   // and its calls would otherwise wait for their deadline. Thread-safe.
   void OnSchedulerEpoch(int64_t epoch);
 
+  // Issue 9: a server that hangs answers nothing, and its heartbeats stop
+  // only as fast as cluster.heartbeat_timeout_ms can tell. Names to the
+  // scheduler (which probes it: a status RPC of probe_timeout_ms, twice)
+  // every server that has left a push or clock unanswered for
+  // options.suspect_after, at most once per suspect_after per server; a
+  // server that answers the probe is not failed over. Pulls do not count
+  // (consistency may hold them). Returns the servers named. Thread-safe;
+  // the worker runner calls it on every heartbeat.
+  std::vector<int> SuspectSilentServers();
+
  private:
   // Where a pull's values go; shared by its slices. Wait clears `out`, so a
   // reply that arrives later writes nothing.
@@ -282,6 +296,10 @@ class KVWorker final : public ParamClient {
     // Runs the reply with `why` and an empty response.
     virtual void Fail(const absl::Status& why) = 0;
     bool fired = false;  // guarded by Life::mu
+    // A push or clock (answered without waiting on consistency): counts
+    // for SuspectSilentServers from `sent` on. Constant once registered.
+    bool watched = false;
+    absl::Time sent;
   };
   struct Life {
     absl::Mutex mu;
@@ -295,6 +313,8 @@ class KVWorker final : public ParamClient {
     // the sweep) fails at once too.
     absl::flat_hash_set<int> dead ABSL_GUARDED_BY(mu);
     absl::Status dead_why ABSL_GUARDED_BY(mu);
+    // SuspectSilentServers: when each server was last named a suspect.
+    absl::flat_hash_map<int, absl::Time> suspected ABSL_GUARDED_BY(mu);
   };
 
   // `fn` wrapped so that it does nothing once the worker is being
@@ -305,8 +325,9 @@ class KVWorker final : public ParamClient {
   // once: on the transport's answer, or earlier, failed by
   // FailCallsTo(server) when the view marks that server dead; the answer
   // that comes after that is dropped.
+  // `watched`: a push or clock, for SuspectSilentServers.
   template <typename Resp, typename F>
-  ServerClient::Callback<Resp> Tracked(int server, F fn);
+  ServerClient::Callback<Resp> Tracked(int server, F fn, bool watched = false);
   // Fails every call in flight to these servers with `why` (stale epoch).
   void FailCallsTo(const std::vector<int>& servers, const absl::Status& why);
 

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/bytes.h"
 #include "common/clock.h"
@@ -372,6 +373,62 @@ TEST_F(KVWorkerTest, CallsToAFailedOverServerGoToTheNewOwnerAtOnce) {
   EXPECT_EQ(S(1)->held_pushes(), 0u);
   S(0)->NextPush()->Reply(absl::OkStatus());
   EXPECT_TRUE(worker_->Wait(next, Soon()).ok());
+}
+
+// Issue 9: a push a server leaves unanswered for options.suspect_after makes
+// the worker name that server to the scheduler (which probes it), at most
+// once per suspect_after; a held pull does not (consistency may hold one).
+TEST_F(KVWorkerTest, AnUnansweredPushMakesItsServerASuspect) {
+  KVWorkerOptions o;
+  o.suspect_after = absl::Seconds(2);
+  Make(2, o);
+  absl::Mutex mu;
+  std::vector<int> named;
+  factory_.scheduler()->set_get_view_handler(
+      [&](const proto::GetViewRequest& req)
+          -> absl::StatusOr<proto::GetViewResponse> {
+        absl::MutexLock l(&mu);
+        for (int s : req.suspect_servers()) named.push_back(s);
+        proto::GetViewResponse r;
+        r.set_ready(true);
+        *r.mutable_view() = view_;
+        return r;
+      });
+  auto named_so_far = [&] {
+    absl::MutexLock l(&mu);
+    return named;
+  };
+  const std::vector<uint64_t> keys = Iota(64);
+  std::vector<float> out;
+  const int64_t pull = worker_->Pull(0, keys, &out);
+  std::optional<HeldPull> pull0 = S(0)->NextPull();
+  std::optional<HeldPull> pull1 = S(1)->NextPull();
+  ASSERT_TRUE(pull0.has_value() && pull1.has_value());
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_TRUE(worker_->SuspectSilentServers().empty());
+
+  const int64_t push = Push(keys);
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  std::optional<HeldPush> silent = S(1)->NextPush();
+  ASSERT_TRUE(silent.has_value());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(worker_->SuspectSilentServers().empty());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(worker_->SuspectSilentServers(), std::vector<int>{1});
+  EXPECT_EQ(named_so_far(), std::vector<int>{1});
+  EXPECT_TRUE(worker_->SuspectSilentServers().empty());  // named just now
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(worker_->SuspectSilentServers(), std::vector<int>{1});
+  EXPECT_EQ(named_so_far(), (std::vector<int>{1, 1}));
+
+  // Answered, it is no suspect any more.
+  silent->Reply(absl::OkStatus());
+  pull0->Reply(absl::OkStatus(), Answer(*pull0->req));
+  pull1->Reply(absl::OkStatus(), Answer(*pull1->req));
+  EXPECT_TRUE(worker_->Wait(push, Soon()).ok());
+  EXPECT_TRUE(worker_->Wait(pull, Soon()).ok());
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_TRUE(worker_->SuspectSilentServers().empty());
 }
 
 // The significance filter: only rows with an element above the threshold

@@ -169,6 +169,7 @@ absl::Status TrainAndReport(
       // A newer view (a failover): fetched now, not when a call to the
       // failed server gives up, which for a hung server is its deadline.
       kv->OnSchedulerEpoch(r->epoch());
+      kv->SuspectSilentServers();
       if (others_min_clock != nullptr) {
         others_min_clock->store(r->others_min_clock());
       }
@@ -342,6 +343,16 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   ko.worker_id = worker_id;
   ko.pull_wait = absl::Milliseconds(config.consistency.pull_timeout_ms);
   ko.request_timeout = ko.pull_wait + absl::Seconds(30);
+  // Issue 9: a server that leaves a push or clock unanswered for four
+  // heartbeats (at least 2 s) is probed by the scheduler, so a hung one is
+  // failed over in seconds, not after cluster.heartbeat_timeout_ms. Only
+  // where failover is possible (a replica): without one, a failover fails
+  // the job, and the heartbeat timeout stays the only judge.
+  if (config.fault_tolerance.EffectiveReplicas(
+          view.routing().servers_size()) > 0) {
+    ko.suspect_after = std::max(
+        absl::Milliseconds(4 * config.cluster.heartbeat_ms), absl::Seconds(2));
+  }
   if (!config.cluster.key_caching) ko.key_lists_per_server = 0;
   ko.filters = PushFilterOptions::FromConfig(config.filters);  // issue 10
   ko.filters.key_caching = config.cluster.key_caching;
