@@ -329,6 +329,16 @@ void Table::InitialValue(uint64_t key, float* w) const {
 }
 
 namespace {
+// A pulled value: one load and store for the dim-1 tables of sparse models
+// (a memcpy call per key cost 6 % of a key-cached pull's samples).
+inline void CopyValue(float* dst, const float* src, size_t dim) {
+  if (dim == 1) {
+    *dst = *src;
+  } else {
+    std::memcpy(dst, src, dim * sizeof(float));
+  }
+}
+
 // Where a call records slots when its caller does not want them.
 uint32_t* Scratch(size_t n) {
   thread_local std::vector<uint32_t> scratch;
@@ -469,7 +479,7 @@ void Table::Pull(int range, absl::Span<const uint64_t> keys, float* out,
     if (s[i] == kNoSlot) {
       InitialValue(keys[i], dst);
     } else {
-      std::memcpy(dst, SlotData(p, s[i]), dim * sizeof(float));
+      CopyValue(dst, SlotData(p, s[i]), dim);
     }
   }
 }
@@ -510,7 +520,7 @@ bool Table::PullSlots(int range, uint64_t generation,
     }
     float* dst = out + i * dim;
     if (slots[i] != kNoSlot) {
-      std::memcpy(dst, SlotData(p, slots[i]), dim * sizeof(float));
+      CopyValue(dst, SlotData(p, slots[i]), dim);
       continue;
     }
     // Stored since it was resolved?
@@ -518,7 +528,7 @@ bool Table::PullSlots(int range, uint64_t generation,
     if (slot == kNoSlot) {
       InitialValue(keys[i], dst);
     } else {
-      std::memcpy(dst, SlotData(p, slot), dim * sizeof(float));
+      CopyValue(dst, SlotData(p, slot), dim);
     }
   }
   return true;
