@@ -71,6 +71,16 @@ struct ClusterConfig {
     return absl::Milliseconds(
         std::max(scheduler_timeout_ms, heartbeat_timeout_ms));
   }
+  // Failover (issue 9): a push or clock (on a worker) or a replication
+  // batch (on a primary) left unanswered this long makes its server a
+  // suspect, which the scheduler probes: four heartbeats, at least 2 s.
+  // Pushes, clocks and replication batches are answered once applied and
+  // replicated, never held by a consistency wait, so such silence means a
+  // hung server, not a slow clock.
+  absl::Duration SuspectAfter() const {
+    return std::max(absl::Milliseconds(4 * int64_t{heartbeat_ms}),
+                    absl::Seconds(2));
+  }
 };
 
 enum class Mode { kBsp, kSsp, kAsp };

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
@@ -164,6 +165,13 @@ class ServerNode {
   // so the scheduler probes it (failover); may block briefly. Set before
   // the first Configure.
   void SetSuspectHandler(std::function<void(int server)> suspect);
+  // Issue 9: a backup that hangs answers no replication batch, and this
+  // primary's pushes wait on it; the replication deadline (10 s) and the
+  // heartbeat timeout are slow to tell. Names to the suspect handler (which
+  // asks the scheduler to probe it) every backup that has left a batch
+  // unanswered for `after`, at most once per `after` per backup. Returns
+  // the backups named. The server runner calls it on every heartbeat.
+  std::vector<int> SuspectSilentBackups(absl::Duration after);
   // Group commit (fault_tolerance.replication_linger_ms): entries for a
   // backup wait up to `linger` after the first of them was queued, so that
   // the pushes arriving meanwhile travel in one batch (one round trip to
@@ -377,6 +385,9 @@ class ServerNode {
     bool sending = false;
     bool timer_armed = false;  // a linger timer will look at the stream
     uint64_t generation = 0;  // a new stream object for the same backup
+    // When the batch attempt now out was sent; InfiniteFuture when none is
+    // (SuspectSilentBackups).
+    absl::Time awaiting_since = absl::InfiniteFuture();
   };
   // `fire` gets OK when the needs are met, CANCELLED at shutdown.
   using Fire = std::function<void(const absl::Status&)>;
@@ -568,6 +579,8 @@ class ServerNode {
   std::function<void(int)> suspect_ ABSL_GUARDED_BY(mu_);
   std::vector<RangeLog> logs_ ABSL_GUARDED_BY(mu_);
   std::map<int, Stream> streams_ ABSL_GUARDED_BY(mu_);
+  // SuspectSilentBackups: when each backup was last named a suspect.
+  absl::flat_hash_map<int, absl::Time> suspected_at_ ABSL_GUARDED_BY(mu_);
   absl::Duration replication_linger_ ABSL_GUARDED_BY(mu_);
   int64_t replica_entries_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t replica_batches_ ABSL_GUARDED_BY(mu_) = 0;

@@ -248,6 +248,31 @@ void ServerNode::SetSuspectHandler(std::function<void(int server)> suspect) {
   suspect_ = std::move(suspect);
 }
 
+std::vector<int> ServerNode::SuspectSilentBackups(absl::Duration after) {
+  std::vector<int> named;
+  std::function<void(int)> suspect;
+  {
+    absl::MutexLock l(&mu_);
+    if (!suspect_ || after <= absl::ZeroDuration()) return named;
+    const absl::Time now = clock_->Now();
+    for (const auto& [backup, st] : streams_) {
+      if (now - st.awaiting_since < after) continue;  // InfiniteFuture: none
+      auto last = suspected_at_.find(backup);
+      if (last != suspected_at_.end() && now - last->second < after) continue;
+      suspected_at_[backup] = now;
+      named.push_back(backup);
+    }
+    suspect = suspect_;
+  }
+  for (int backup : named) {
+    PS_LOG_INFO("S[{}] has left a replication batch unanswered for over {}: "
+                "asking the scheduler to probe it",
+                backup, absl::FormatDuration(after));
+    suspect(backup);
+  }
+  return named;
+}
+
 std::pair<int64_t, int64_t> ServerNode::FirstAck() const {
   absl::MutexLock l(&ack_mu_);
   return {first_ack_epoch_, first_ack_ms_};
@@ -898,6 +923,10 @@ void ServerNode::SendReplicate(int backup, uint64_t generation,
     absl::MutexLock l(&mu_);
     if (peers_ == nullptr || backup >= routing_->num_servers()) return;
     client = peers_->Server(routing_->proto().servers(backup).address());
+    auto st = streams_.find(backup);
+    if (st != streams_.end() && st->second.generation == generation) {
+      st->second.awaiting_since = clock_->Now();
+    }
   }
   client->Replicate(
       req, clock_->Now() + kReplicateTimeout,
@@ -910,6 +939,13 @@ void ServerNode::SendReplicate(int backup, uint64_t generation,
 void ServerNode::OnBatchReply(int backup, uint64_t generation,
                               std::shared_ptr<proto::ReplicateRequest> req,
                               const absl::Status& s, int attempt) {
+  {
+    absl::MutexLock l(&mu_);
+    auto st = streams_.find(backup);
+    if (st != streams_.end() && st->second.generation == generation) {
+      st->second.awaiting_since = absl::InfiniteFuture();
+    }
+  }
   if (s.ok()) {
     std::vector<std::pair<AckWait, absl::Status>> fires;
     {

@@ -227,6 +227,8 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
     node.FillHeartbeat(&req);
     req.set_id(id);
     auto resp = scheduler->Heartbeat(req, absl::Now() + hb_timeout / 2);
+    // A backup that hangs is named to the scheduler in seconds (issue 9).
+    node.SuspectSilentBackups(config->cluster.SuspectAfter());
     if (resp.ok()) {
       last_ok = absl::Now();
       if (told_unreachable) {

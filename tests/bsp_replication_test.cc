@@ -17,6 +17,7 @@
 #include "common/routing.h"
 #include "gtest/gtest.h"
 #include "tests/inproc_cluster.h"
+#include "transport/faulty_transport.h"
 #include "transport/inproc_transport.h"
 #include "worker/kv_worker.h"
 
@@ -336,6 +337,48 @@ TEST_F(LingerTest, LargeQueueIsSentWithoutWaitingOutTheLinger) {
   auto a = Push(&primary_, 0, 1, 0, keys, std::vector<float>(keys.size(), -1));
   EXPECT_TRUE(a->answer.Await().ok()) << a->answer.Await();
   EXPECT_EQ(primary_.Status().replica_batches(), 1);
+}
+
+// Issue 9: a backup that leaves a replication batch unanswered (hung: here
+// the batch is delayed 30 s) is named to the suspect handler, which asks
+// the scheduler to probe it, once SuspectSilentBackups' `after` has passed,
+// at most once per `after`; a batch that was answered names nobody.
+TEST_F(LingerTest, SilentBackupIsNamedASuspect) {
+  FaultOptions o;
+  o.timers = &fake_clock_;
+  o.delay = absl::Seconds(30);
+  o.schedule = [](RpcMethod m, int64_t) {
+    return m == RpcMethod::kReplicate ? Fault::kDelay : Fault::kNone;
+  };
+  FaultyClientFactory slow(&peers_, o);
+  primary_.SetPeers(&slow);
+  std::vector<int> named;
+  primary_.SetSuspectHandler([&](int server) { named.push_back(server); });
+  const absl::Duration after = absl::Seconds(2);
+
+  primary_.SetReplicationLinger(absl::ZeroDuration());
+  EXPECT_TRUE(primary_.SuspectSilentBackups(after).empty());
+  auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -2, -3, -4});
+  EXPECT_EQ(primary_.Status().replica_batches(), 1);  // out, unanswered
+  fake_clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(primary_.SuspectSilentBackups(after).empty());
+  fake_clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(primary_.SuspectSilentBackups(after), std::vector<int>{1});
+  EXPECT_TRUE(primary_.SuspectSilentBackups(after).empty());  // just named
+  fake_clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(primary_.SuspectSilentBackups(after), std::vector<int>{1});
+  EXPECT_EQ(named, (std::vector<int>{1, 1}));
+  EXPECT_FALSE(a->answer.IsDone());
+
+  // The batch arrives at last and is answered: no suspect any more.
+  fake_clock_.Advance(absl::Seconds(26));
+  EXPECT_TRUE(a->answer.IsDone());
+  EXPECT_TRUE(a->answer.Await().ok()) << a->answer.Await();
+  fake_clock_.Advance(absl::Seconds(10));
+  EXPECT_TRUE(primary_.SuspectSilentBackups(after).empty());
+  EXPECT_EQ(named.size(), 2u);
+  primary_.SetPeers(&peers_);
+  primary_.SetSuspectHandler(nullptr);
 }
 
 }  // namespace

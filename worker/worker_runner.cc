@@ -350,8 +350,7 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
   // the job, and the heartbeat timeout stays the only judge.
   if (config.fault_tolerance.EffectiveReplicas(
           view.routing().servers_size()) > 0) {
-    ko.suspect_after = std::max(
-        absl::Milliseconds(4 * config.cluster.heartbeat_ms), absl::Seconds(2));
+    ko.suspect_after = config.cluster.SuspectAfter();
   }
   if (!config.cluster.key_caching) ko.key_lists_per_server = 0;
   ko.filters = PushFilterOptions::FromConfig(config.filters);  // issue 10
