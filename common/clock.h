@@ -17,6 +17,7 @@
 #include <mutex>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -97,6 +98,24 @@ class FakeClock : public Clock {
   int64_t now_ns_;  // guarded by mu_
   TimerId next_id_ = 1;
   TimerQueue timers_;
+};
+
+// Per id (a server), whether `every` has passed since Due last said yes for
+// it (the first time: yes); a yes starts the next interval. Rate-limits
+// naming the same suspect (issue 9). Not thread-safe: its owner guards it.
+class IntervalPerId {
+ public:
+  bool Due(int id, absl::Time now, absl::Duration every) {
+    auto [it, first] = last_.try_emplace(id, now);
+    if (!first) {
+      if (now - it->second < every) return false;
+      it->second = now;
+    }
+    return true;
+  }
+
+ private:
+  absl::flat_hash_map<int, absl::Time> last_;
 };
 
 }  // namespace ps

@@ -70,5 +70,17 @@ TEST(RealClock, RunsTimerOnItsOwnThread) {
   EXPECT_TRUE(cv.wait_for(l, std::chrono::seconds(10), [&] { return ran; }));
 }
 
+TEST(IntervalPerId, SaysYesOncePerIntervalPerId) {
+  IntervalPerId due;
+  const absl::Time t0 = absl::UnixEpoch();
+  const absl::Duration every = absl::Seconds(2);
+  EXPECT_TRUE(due.Due(1, t0, every));
+  EXPECT_TRUE(due.Due(2, t0, every));  // ids are independent
+  EXPECT_FALSE(due.Due(1, t0 + absl::Seconds(1), every));
+  EXPECT_TRUE(due.Due(1, t0 + absl::Seconds(2), every));
+  EXPECT_FALSE(due.Due(1, t0 + absl::Seconds(3), every));  // restarted at 2
+  EXPECT_TRUE(due.Due(1, t0 + absl::Seconds(4), every));
+}
+
 }  // namespace
 }  // namespace ps

@@ -22,7 +22,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
@@ -579,8 +578,8 @@ class ServerNode {
   std::function<void(int)> suspect_ ABSL_GUARDED_BY(mu_);
   std::vector<RangeLog> logs_ ABSL_GUARDED_BY(mu_);
   std::map<int, Stream> streams_ ABSL_GUARDED_BY(mu_);
-  // SuspectSilentBackups: when each backup was last named a suspect.
-  absl::flat_hash_map<int, absl::Time> suspected_at_ ABSL_GUARDED_BY(mu_);
+  // SuspectSilentBackups: names each backup at most once per interval.
+  IntervalPerId suspected_ ABSL_GUARDED_BY(mu_);
   absl::Duration replication_linger_ ABSL_GUARDED_BY(mu_);
   int64_t replica_entries_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t replica_batches_ ABSL_GUARDED_BY(mu_) = 0;

@@ -256,11 +256,11 @@ std::vector<int> ServerNode::SuspectSilentBackups(absl::Duration after) {
     if (!suspect_ || after <= absl::ZeroDuration()) return named;
     const absl::Time now = clock_->Now();
     for (const auto& [backup, st] : streams_) {
-      if (now - st.awaiting_since < after) continue;  // InfiniteFuture: none
-      auto last = suspected_at_.find(backup);
-      if (last != suspected_at_.end() && now - last->second < after) continue;
-      suspected_at_[backup] = now;
-      named.push_back(backup);
+      // awaiting_since is InfiniteFuture when no batch is out.
+      if (now - st.awaiting_since >= after &&
+          suspected_.Due(backup, now, after)) {
+        named.push_back(backup);
+      }
     }
     suspect = suspect_;
   }

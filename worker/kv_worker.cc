@@ -89,7 +89,7 @@ ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn,
   };
   auto call = std::make_shared<Call>(std::move(fn));
   call->watched = watched;
-  call->sent = clock_->Now();
+  if (watched) call->sent = clock_->Now();
   absl::Status dead_why;
   {
     absl::MutexLock l(&life_->mu);
@@ -133,16 +133,12 @@ std::vector<int> KVWorker::SuspectSilentServers() {
     absl::MutexLock l(&life_->mu);
     if (!life_->alive) return suspects;
     for (const auto& [server, calls] : life_->calls) {
-      auto last = life_->suspected.find(server);
-      if (last != life_->suspected.end() && now - last->second < after) {
-        continue;
-      }
-      for (const auto& c : calls) {
-        if (c->watched && now - c->sent >= after) {
-          suspects.push_back(server);
-          life_->suspected[server] = now;
-          break;
-        }
+      const bool silent =
+          std::any_of(calls.begin(), calls.end(), [&](const auto& c) {
+            return c->watched && now - c->sent >= after;
+          });
+      if (silent && life_->suspected.Due(server, now, after)) {
+        suspects.push_back(server);
       }
     }
   }

@@ -297,7 +297,8 @@ class KVWorker final : public ParamClient {
     virtual void Fail(const absl::Status& why) = 0;
     bool fired = false;  // guarded by Life::mu
     // A push or clock (answered without waiting on consistency): counts
-    // for SuspectSilentServers from `sent` on. Constant once registered.
+    // for SuspectSilentServers from `sent` (set only then) on. Constant
+    // once registered.
     bool watched = false;
     absl::Time sent;
   };
@@ -313,8 +314,8 @@ class KVWorker final : public ParamClient {
     // the sweep) fails at once too.
     absl::flat_hash_set<int> dead ABSL_GUARDED_BY(mu);
     absl::Status dead_why ABSL_GUARDED_BY(mu);
-    // SuspectSilentServers: when each server was last named a suspect.
-    absl::flat_hash_map<int, absl::Time> suspected ABSL_GUARDED_BY(mu);
+    // SuspectSilentServers: names each server at most once per interval.
+    IntervalPerId suspected ABSL_GUARDED_BY(mu);
   };
 
   // `fn` wrapped so that it does nothing once the worker is being
