@@ -268,8 +268,7 @@ uint32_t Table::FindSlot(int range, const Partition& p, uint64_t key) const {
     // is in its map (see DenseEntry).
     if (p.slots.empty()) return kNoSlot;
   }
-  auto it = p.slots.find(key);
-  return it == p.slots.end() ? kNoSlot : it->second;
+  return p.slots.Find(key, kNoSlot);
 }
 
 uint32_t Table::FindOrNewSlot(int range, Partition& p, uint64_t key,
@@ -280,7 +279,7 @@ uint32_t Table::FindOrNewSlot(int range, Partition& p, uint64_t key,
       *inserted = false;
       return static_cast<uint32_t>(v) - 1;
     }
-    if (v == 0 && (p.slots.empty() || !p.slots.contains(key))) {
+    if (v == 0 && (p.slots.empty() || !p.slots.Contains(key))) {
       const uint32_t slot = NewSlot(p);
       StoreEntry(e, DenseValue(range, slot));
       p.dense_keys.push_back(key);
@@ -290,23 +289,23 @@ uint32_t Table::FindOrNewSlot(int range, Partition& p, uint64_t key,
     // Another range holds the entry, or this range stored the key in its
     // map while it did: the map, as without the index.
   }
-  auto [it, is_new] = p.slots.try_emplace(key, 0);
-  if (is_new) it->second = NewSlot(p);
+  auto [slot, is_new] = p.slots.TryEmplace(key);
+  if (is_new) *slot = NewSlot(p);
   *inserted = is_new;
-  return it->second;
+  return *slot;
 }
 
-void Table::PrefetchKey(const Partition& p, uint64_t key) const {
+inline void Table::PrefetchKey(const Partition& p, uint64_t key) const {
   if (uint64_t* e = DenseEntry(key); e != nullptr) {
     __builtin_prefetch(e);
   } else {
-    p.slots.prefetch(key);
+    p.slots.Prefetch(key);
   }
 }
 
 template <typename Fn>
 void Table::ForEachKey(const Partition& p, Fn&& fn) const {
-  for (const auto& [key, slot] : p.slots) fn(key, slot);
+  p.slots.ForEach(fn);
   for (uint64_t key : p.dense_keys) {
     // Entries of this partition's dense keys name it.
     fn(key, static_cast<uint32_t>(LoadEntry(DenseEntry(key))) - 1);
@@ -683,7 +682,7 @@ void Table::ClearRange(int range) {
   absl::MutexLock l(&p.mu);
   for (uint64_t key : p.dense_keys) StoreEntry(DenseEntry(key), 0);
   p.dense_keys.clear();
-  p.slots.clear();
+  p.slots.Clear();
   p.chunks.clear();
   p.num_slots = 0;
   p.generation = next_generation.fetch_add(1);

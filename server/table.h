@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/config.h"
+#include "server/key_slot_map.h"
 #include "server/optimizer.h"
 
 namespace ps {
@@ -213,7 +214,7 @@ class Table {
   struct Partition {
     mutable absl::Mutex mu;
     // Keys outside the dense-id layout -> slot.
-    absl::flat_hash_map<uint64_t, uint32_t> slots ABSL_GUARDED_BY(mu);
+    KeySlotMap slots ABSL_GUARDED_BY(mu);
     // Keys stored through the dense-id index, in the order they were
     // created (for enumeration and ClearRange).
     std::vector<uint64_t> dense_keys ABSL_GUARDED_BY(mu);
@@ -261,8 +262,10 @@ class Table {
   // uninitialised, *inserted set) when it has none.
   uint32_t FindOrNewSlot(int range, Partition& p, uint64_t key,
                          bool* inserted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
-  // Starts loading what FindSlot(range, p, key) will read.
-  void PrefetchKey(const Partition& p, uint64_t key) const
+  // Starts loading what FindSlot(range, p, key) will read. Always inlined:
+  // GCC 12 judges an out-of-line function that only prefetches pure, and
+  // drops its calls (it did, with KeySlotMap's prefetch inlined into it).
+  [[gnu::always_inline]] void PrefetchKey(const Partition& p, uint64_t key) const
       ABSL_SHARED_LOCKS_REQUIRED(p.mu);
   // Calls fn(key, slot) for every key stored in `p` (unordered).
   template <typename Fn>

@@ -1,0 +1,87 @@
+#include "server/key_slot_map.h"
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+constexpr uint32_t kNone = 0xffffffffu;
+
+TEST(KeySlotMapTest, EmptyMapFindsNothing) {
+  KeySlotMap m;
+  EXPECT_TRUE(m.empty());
+  EXPECT_EQ(m.Find(0, kNone), kNone);
+  EXPECT_FALSE(m.Contains(42));
+  m.Prefetch(7);  // no storage yet: must not touch memory
+  int n = 0;
+  m.ForEach([&](uint64_t, uint32_t) { ++n; });
+  EXPECT_EQ(n, 0);
+}
+
+TEST(KeySlotMapTest, AgreesWithStdMapThroughGrowth) {
+  // Keys of every shape a client may send: 0, all ones, small, dense,
+  // random, and repeats.
+  std::mt19937_64 rng(7);
+  std::vector<uint64_t> keys = {0, ~uint64_t{0}, 1, 2, 3};
+  for (uint64_t k = 100; k < 5000; ++k) keys.push_back(k);
+  for (int i = 0; i < 20000; ++i) keys.push_back(rng());
+  for (int i = 0; i < 3000; ++i) keys.push_back(keys[rng() % keys.size()]);
+  KeySlotMap m;
+  std::map<uint64_t, uint32_t> want;
+  uint32_t next = 0;
+  for (uint64_t k : keys) {
+    auto [slot, added] = m.TryEmplace(k);
+    const bool want_added = want.emplace(k, next).second;
+    ASSERT_EQ(added, want_added) << k;
+    if (added) {
+      EXPECT_EQ(*slot, 0u);
+      *slot = next++;
+    } else {
+      EXPECT_EQ(*slot, want[k]) << k;
+    }
+  }
+  EXPECT_EQ(m.size(), want.size());
+  for (const auto& [k, s] : want) {
+    m.Prefetch(k);
+    ASSERT_EQ(m.Find(k, kNone), s) << k;
+    ASSERT_TRUE(m.Contains(k));
+  }
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t k = rng();
+    if (!want.contains(k)) EXPECT_EQ(m.Find(k, kNone), kNone);
+  }
+  std::map<uint64_t, uint32_t> seen;
+  m.ForEach([&](uint64_t k, uint32_t s) {
+    EXPECT_TRUE(seen.emplace(k, s).second) << "twice: " << k;
+  });
+  EXPECT_EQ(seen, want);
+}
+
+TEST(KeySlotMapTest, ClearRemovesEveryKeyAndTheMapIsReusable) {
+  KeySlotMap m;
+  for (uint64_t k = 0; k < 1000; ++k) *m.TryEmplace(k).first = 7;
+  m.Clear();
+  EXPECT_TRUE(m.empty());
+  EXPECT_FALSE(m.Contains(5));
+  auto [slot, added] = m.TryEmplace(5);
+  EXPECT_TRUE(added);
+  *slot = 9;
+  EXPECT_EQ(m.Find(5, kNone), 9u);
+  EXPECT_EQ(m.size(), 1u);
+}
+
+TEST(KeySlotMapTest, KeysThatShareLowBitsDoNotPileUp) {
+  // Keys a client chose to agree in their low 40 bits: the seeded mix
+  // spreads them, so inserting them stays linear, not quadratic.
+  KeySlotMap m;
+  for (uint64_t i = 0; i < 100000; ++i) *m.TryEmplace(i << 40).first = i;
+  for (uint64_t i = 0; i < 100000; ++i) ASSERT_EQ(m.Find(i << 40, kNone), i);
+}
+
+}  // namespace
+}  // namespace ps
