@@ -12,6 +12,16 @@ uint64_t KeySlotMap::Seed() {
   return seed;
 }
 
+size_t KeySlotMap::LongestProbe() const {
+  size_t longest = 0;
+  for (size_t i = 0; i < capacity(); ++i) {
+    if (entries_[i].used == 0) continue;
+    const size_t probes = ((i - Home(entries_[i].key)) & mask_) + 1;
+    if (probes > longest) longest = probes;
+  }
+  return longest;
+}
+
 void KeySlotMap::Grow() {
   const size_t old_capacity = capacity();
   const size_t capacity = old_capacity == 0 ? kMinCapacity : old_capacity * 2;

@@ -45,19 +45,22 @@ class KeySlotMap {
 
   // The slot of `key` (a reference the caller may set), and whether the
   // key was added (its slot then 0). Invalidates earlier references.
+  // Grows only to add a key: a key already stored never reallocates.
   std::pair<uint32_t*, bool> TryEmplace(uint64_t key) {
-    if ((size_ + 1) * 8 > capacity() * 5) Grow();
-    for (size_t i = Home(key);; i = (i + 1) & mask_) {
-      Entry& e = entries_[i];
-      if (e.used == 0) {
-        e.key = key;
-        e.slot = 0;
-        e.used = 1;
-        ++size_;
-        return {&e.slot, true};
+    if (entries_ != nullptr) {
+      for (size_t i = Home(key);; i = (i + 1) & mask_) {
+        Entry& e = entries_[i];
+        if (e.used == 0) break;
+        if (e.key == key) return {&e.slot, false};
       }
-      if (e.key == key) return {&e.slot, false};
     }
+    if ((size_ + 1) * 8 > capacity() * 5) Grow();
+    size_t i = Home(key);
+    while (entries_[i].used != 0) i = (i + 1) & mask_;
+    Entry& e = entries_[i];
+    e = {key, 0, 1};
+    ++size_;
+    return {&e.slot, true};
   }
 
   // Starts loading what Find(key) and TryEmplace(key) will read first.
@@ -79,6 +82,10 @@ class KeySlotMap {
       if (entries_[i].used != 0) fn(entries_[i].key, entries_[i].slot);
     }
   }
+
+  // The most entries a lookup of a stored key reads (0 when empty): how
+  // far linear probing displaced the worst key.
+  size_t LongestProbe() const;
 
   void Clear() {
     entries_.reset();

@@ -266,7 +266,6 @@ uint32_t Table::FindSlot(int range, const Partition& p, uint64_t key) const {
     }
     // Not stored, or stored by another range: this range's copy, if any,
     // is in its map (see DenseEntry).
-    if (p.slots.empty()) return kNoSlot;
   }
   return p.slots.Find(key, kNoSlot);
 }
@@ -279,7 +278,7 @@ uint32_t Table::FindOrNewSlot(int range, Partition& p, uint64_t key,
       *inserted = false;
       return static_cast<uint32_t>(v) - 1;
     }
-    if (v == 0 && (p.slots.empty() || !p.slots.Contains(key))) {
+    if (v == 0 && !p.slots.Contains(key)) {
       const uint32_t slot = NewSlot(p);
       StoreEntry(e, DenseValue(range, slot));
       p.dense_keys.push_back(key);
