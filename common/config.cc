@@ -537,6 +537,7 @@ const std::vector<Field>& Fields() {
       DoubleField(PS_CFG(fault_tolerance, replication_linger_ms),
                   {0, /*lo_open=*/false, /*has_hi=*/true, 1000,
                    /*hi_open=*/false}),
+      BoolField(PS_CFG(fault_tolerance, replicate_deltas)),
       // Metrics and health (issue 11).
       IntField<int>(PS_CFG(observability, metrics_port), 0, 65535),
       // Filters and compression (issue 10).

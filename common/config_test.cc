@@ -982,6 +982,17 @@ TEST(ConfigTest, ReplicationLinger) {
                 "config field fault_tolerance.replication_linger_ms");
 }
 
+// Replication by deltas (issue 9): on unless turned off; a boolean.
+TEST(ConfigTest, ReplicateDeltas) {
+  EXPECT_TRUE(JobConfig().fault_tolerance.replicate_deltas);
+  absl::StatusOr<JobConfig> c =
+      ParseJobConfig("fault_tolerance: {replicate_deltas: false}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->fault_tolerance.replicate_deltas);
+  ExpectInvalid(ParseStatus("fault_tolerance: {replicate_deltas: 3}"),
+                "config field fault_tolerance.replicate_deltas");
+}
+
 // Checkpoints (issue 9): the fault_tolerance fields a checkpoint uses.
 TEST(ConfigTest, CheckpointFields) {
   absl::StatusOr<JobConfig> c = ParseJobConfig(

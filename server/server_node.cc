@@ -726,6 +726,11 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
         // Replication after aggregation: the segment goes to the backups
         // within its clock's sum, and is acknowledged once that is there.
         needs.emplace_back(run.range, ClockNeed(req.clock()));
+      } else if (replicated && DeltasLocked()) {
+        // In the range's next delta: its rows as they are then.
+        AssignIndexLocked(run.range, &needs);
+        AddDirtyKeysLocked(run.range, req.table(),
+                           keys.subspan(run.first, run.last - run.first));
       } else if (replicated) {
         logged.push_back(LoggedSegment{run.range, run.first, run.last,
                                        seqs[i],
@@ -1110,6 +1115,10 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
           continue;
         }
         const int64_t index = AssignIndexLocked(range, needs);
+        if (DeltasLocked()) {
+          MarkDirtyLocked(range);  // the range's state goes in its delta
+          continue;
+        }
         for (int b : FeedTargetsLocked(range)) {
           auto [it, inserted] = per_backup.try_emplace(b);
           proto::ReplicaAnnounces* an;

@@ -181,6 +181,14 @@ class ServerNode {
   // replicates one aggregated entry per clock.
   void SetReplicationLinger(absl::Duration linger);
   static constexpr size_t kLingerFlushBytes = 64 << 10;
+  // ASP/SSP (fault_tolerance.replicate_deltas, the default here): the
+  // backups get deltas, the result of a linger's inputs (each row they
+  // changed, read from the table, and the range's consistency state)
+  // instead of each push and clock to replay; a push is acknowledged once
+  // a delta covering it is on every backup. false: the per-input log. Set
+  // before the first Configure (changing it later leaves inputs logged one
+  // way and not sent the other).
+  void SetReplicationDeltas(bool deltas);
   // A backup's side: applies a primary's entries in its log order. Errors:
   // UNAVAILABLE + VIEW_BEHIND when the request's epoch is newer than this
   // server's; FAILED_PRECONDITION + STALE_EPOCH when the sender does not
@@ -375,6 +383,13 @@ class ServerNode {
     bool complete = false;
     std::map<int, int64_t> acked;   // primary: backup -> last entry applied
     std::vector<int> copy_to;       // primary: backups that need a copy
+    // Primary, ASP/SSP (deltas): the index of the last delta made; inputs
+    // after it are not on their way to any backup yet (`dirty`), and
+    // dirty_keys[table] are the keys their pushes changed (unsorted, with
+    // repeats).
+    int64_t shipped = 0;
+    bool dirty = false;
+    std::vector<std::vector<uint64_t>> dirty_keys;
   };
   // Entries on their way to one backup, in the order they were logged.
   struct Stream {
@@ -428,6 +443,33 @@ class ServerNode {
   absl::Duration LingerLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Sets st->queued_bytes from its queue (after entries were pruned).
   void RecountLocked(Stream* st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ASP/SSP replicate by deltas (issue 9): an input of a replicated range
+  // gets its log index as before, but travels to the backups as its
+  // effect, in the range's next RangeDelta, made when the linger is over
+  // (ShipDirtyLocked) from the range's state and the rows its pushes
+  // changed, instead of as an entry the backup replays. BSP keeps entries
+  // (replication after aggregation).
+  bool DeltasLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return replicate_deltas_ && mode_ != proto::MODE_BSP;
+  }
+  // Marks owned range `range` as having inputs no delta carries yet.
+  void MarkDirtyLocked(int range) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for a push's keys of `table` in `range`.
+  void AddDirtyKeysLocked(int range, int table,
+                          absl::Span<const uint64_t> keys)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the dirty ranges' linger is over (arms a timer that kicks
+  // when it will be, if not).
+  bool DirtyDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes a delta of every dirty range that is quiet (no push awaiting its
+  // apply: the rows and the state agree) and whose backups' streams are
+  // idle (a busy stream's ranges keep gathering, so that one delta covers
+  // more pushes), and queues it for the range's backups.
+  void ShipDirtyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A backup's side of a delta.
+  absl::Status ApplyDeltaLocked(int from, const proto::ReplicaEntry& e,
+                                RangeActionList* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The new segments of one push request, logged: one entry per backup
   // with the segments of the ranges it backs up.
   struct LoggedSegment {
@@ -578,9 +620,17 @@ class ServerNode {
   std::function<void(int)> suspect_ ABSL_GUARDED_BY(mu_);
   std::vector<RangeLog> logs_ ABSL_GUARDED_BY(mu_);
   std::map<int, Stream> streams_ ABSL_GUARDED_BY(mu_);
+  // Deltas (ASP/SSP): the ranges marked dirty, when the first of them was
+  // (their linger runs from it), about how many bytes their deltas will
+  // carry, and whether a timer will kick when the linger ends.
+  std::vector<int> dirty_ranges_ ABSL_GUARDED_BY(mu_);
+  absl::Time dirty_since_ ABSL_GUARDED_BY(mu_);
+  size_t dirty_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool dirty_timer_armed_ ABSL_GUARDED_BY(mu_) = false;
   // SuspectSilentBackups: names each backup at most once per interval.
   IntervalPerId suspected_ ABSL_GUARDED_BY(mu_);
   absl::Duration replication_linger_ ABSL_GUARDED_BY(mu_);
+  bool replicate_deltas_ ABSL_GUARDED_BY(mu_) = true;
   int64_t replica_entries_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t replica_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;

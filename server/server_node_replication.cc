@@ -166,9 +166,18 @@ void AppendBspClock(const proto::ReplicaBspClocks& from,
 
 // What an entry counts for in a batch's bytes (kMaxBatchBytes) and in a
 // stream's queued bytes (kLingerFlushBytes): a copy fills a batch.
+size_t DeltaBytes(const proto::RangeDelta& d) {
+  size_t n = 64 * static_cast<size_t>(d.state().workers_size());
+  for (const proto::RangeCopy::Rows& rows : d.tables()) {
+    n += rows.keys().size() + rows.entries().size();
+  }
+  return n;
+}
+
 size_t ReplicaEntryBytes(const proto::ReplicaEntry& e) {
   return e.has_push()        ? e.push().keys().size() + e.push().vals().size()
          : e.has_copy()      ? kMaxBatchBytes
+         : e.has_delta()     ? DeltaBytes(e.delta())
          : e.has_announces() ? 32 * e.announces().ranges_size()
          : e.has_bsp()       ? BspBytes(e.bsp())
                              : 64;
@@ -346,6 +355,135 @@ void ServerNode::SetReplicationLinger(absl::Duration linger) {
 
 absl::Duration ServerNode::LingerLocked() const { return replication_linger_; }
 
+void ServerNode::SetReplicationDeltas(bool deltas) {
+  absl::MutexLock l(&mu_);
+  replicate_deltas_ = deltas;
+}
+
+void ServerNode::MarkDirtyLocked(int range) {
+  RangeLog& lg = logs_[range];
+  if (lg.dirty) return;
+  lg.dirty = true;
+  if (dirty_ranges_.empty()) dirty_since_ = clock_->Now();
+  dirty_ranges_.push_back(range);
+  dirty_bytes_ += 64;
+}
+
+void ServerNode::AddDirtyKeysLocked(int range, int table,
+                                    absl::Span<const uint64_t> keys) {
+  MarkDirtyLocked(range);
+  RangeLog& lg = logs_[range];
+  if (lg.dirty_keys.size() <= static_cast<size_t>(table)) {
+    lg.dirty_keys.resize(static_cast<size_t>(table) + 1);
+  }
+  lg.dirty_keys[table].insert(lg.dirty_keys[table].end(), keys.begin(),
+                              keys.end());
+  dirty_bytes_ +=
+      keys.size() *
+      (sizeof(uint64_t) + tables_[table]->entry_floats() * sizeof(float));
+}
+
+bool ServerNode::DirtyDueLocked() {
+  if (dirty_ranges_.empty()) return false;
+  const absl::Duration linger = LingerLocked();
+  if (linger <= absl::ZeroDuration() || dirty_bytes_ >= kLingerFlushBytes) {
+    return true;
+  }
+  const absl::Duration left = dirty_since_ + linger - clock_->Now();
+  if (left <= absl::ZeroDuration()) return true;
+  if (!dirty_timer_armed_) {
+    dirty_timer_armed_ = true;
+    Later(left, [this] {
+      {
+        absl::MutexLock l(&mu_);
+        dirty_timer_armed_ = false;
+      }
+      Kick();
+    });
+  }
+  return false;
+}
+
+void ServerNode::ShipDirtyLocked() {
+  size_t kept = 0;
+  absl::InlinedVector<int, 4> fed;  // streams given a delta now
+  std::vector<uint64_t> keys;
+  std::vector<float> entries;
+  for (int r : dirty_ranges_) {
+    RangeLog& lg = logs_[r];
+    if (!lg.dirty) continue;
+    auto clear = [&lg] {
+      lg.dirty = false;
+      for (std::vector<uint64_t>& k : lg.dirty_keys) k.clear();
+    };
+    if (routing_ == nullptr || routing_->OwnerOfRange(r) != id_) {
+      clear();  // moved away: its new owner's copies carry it
+      continue;
+    }
+    const Targets to = FeedTargetsLocked(r);
+    // Only when a backup's stream can take it now: until then the range
+    // goes on gathering, and one delta covers more pushes.
+    bool idle = to.empty();
+    for (int b : to) {
+      auto it = streams_.find(b);
+      if (it == streams_.end() || !it->second.sending) idle = true;
+    }
+    if (!idle) {
+      dirty_ranges_[kept++] = r;
+      continue;
+    }
+    absl::StatusOr<proto::RangeStateSnapshot> snap = ranges_[r].Snapshot();
+    if (!snap.ok()) {
+      // A push to it awaits its apply: the rows are not yet what the state
+      // says. That push's end kicks again.
+      dirty_ranges_[kept++] = r;
+      continue;
+    }
+    if (to.empty()) {  // every backup awaits a copy, which will cover it
+      lg.shipped = lg.index;
+      clear();
+      continue;
+    }
+    proto::ReplicaEntry e;
+    e.set_range(r);
+    e.set_index(lg.index);
+    proto::RangeDelta* d = e.mutable_delta();
+    d->set_base(lg.shipped);
+    *d->mutable_state() = std::move(*snap);
+    for (size_t t = 0; t < lg.dirty_keys.size(); ++t) {
+      std::vector<uint64_t>& dk = lg.dirty_keys[t];
+      if (dk.empty()) continue;
+      std::sort(dk.begin(), dk.end());
+      dk.erase(std::unique(dk.begin(), dk.end()), dk.end());
+      keys.clear();
+      entries.clear();
+      tables_[t]->ExportKeys(r, dk, &keys, &entries);
+      if (keys.empty()) continue;
+      proto::RangeCopy::Rows* rows = d->add_tables();
+      rows->set_table(static_cast<int32_t>(t));
+      rows->set_keys(keys.data(), keys.size() * sizeof(uint64_t));
+      rows->set_entries(entries.data(), entries.size() * sizeof(float));
+    }
+    for (size_t i = 0; i < to.size(); ++i) {
+      if (std::find(fed.begin(), fed.end(), to[i]) == fed.end()) {
+        fed.push_back(to[i]);
+      }
+      if (i + 1 == to.size()) {
+        EnqueueLocked(to[i], std::move(e));
+      } else {
+        EnqueueLocked(to[i], e);
+      }
+    }
+    lg.shipped = lg.index;
+    clear();
+  }
+  dirty_ranges_.resize(kept);
+  if (kept == 0) dirty_bytes_ = 0;
+  // The deltas served their linger as dirt: they go as soon as the stream
+  // is idle.
+  for (int b : fed) streams_[b].first_queued = clock_->Now() - LingerLocked();
+}
+
 void ServerNode::QueueLocked(int backup, proto::ReplicaEntry e) {
   auto [it, inserted] = streams_.try_emplace(backup);
   Stream& st = it->second;
@@ -370,6 +508,11 @@ void ServerNode::RecountLocked(Stream* st) {
 }
 
 void ServerNode::LogEntry(int range, proto::ReplicaEntry e, Needs* needs) {
+  if (DeltasLocked()) {
+    AssignIndexLocked(range, needs);
+    MarkDirtyLocked(range);  // the range's state goes in its next delta
+    return;
+  }
   e.set_range(range);
   e.set_index(AssignIndexLocked(range, needs));
   const Targets to = FeedTargetsLocked(range);
@@ -721,6 +864,9 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
         PS_LOG_ERROR("{}", std::string(lost_.message()));
       }
       lg.complete = true;
+      // Deltas from here on: every backup new to the range gets a copy at
+      // this index or later first.
+      if (!owner_before) lg.shipped = lg.index;
       std::map<int, int64_t> acked;
       std::vector<int> copy_to;
       for (int i = 0; i < routing_->replicas(); ++i) {
@@ -742,6 +888,8 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
     } else {
       lg.acked.clear();
       lg.copy_to.clear();
+      lg.dirty = false;  // its new owner's copies carry it
+      lg.dirty_keys.clear();
       const bool backup = routing_->IsBackupOf(r, id_);
       if (backup && old != nullptr &&
           (!old->IsBackupOf(r, id_) ||
@@ -751,6 +899,17 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
         lg.awaiting_copy = false;
       }
     }
+  }
+  {
+    std::vector<int> dirty;
+    for (int r : dirty_ranges_) {
+      if (logs_[r].dirty &&
+          std::find(dirty.begin(), dirty.end(), r) == dirty.end()) {
+        dirty.push_back(r);
+      }
+    }
+    dirty_ranges_ = std::move(dirty);
+    if (dirty_ranges_.empty()) dirty_bytes_ = 0;
   }
   // Drop queued entries no backup needs any more; drop idle streams of
   // servers that back nothing up now.
@@ -867,6 +1026,7 @@ void ServerNode::Kick() {
   std::vector<int> due;
   {
     absl::MutexLock l(&mu_);
+    if (DirtyDueLocked()) ShipDirtyLocked();
     for (auto& [b, st] : streams_) {
       if (DueLocked(b, &st)) due.push_back(b);
     }
@@ -975,7 +1135,7 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
       fires = TakeReadyLocked();
     }
     for (auto& [w, st] : fires) RunWait(w, st);
-    KickOne(backup);
+    Kick();  // also ships the deltas of ranges that waited for this stream
     return;
   }
   if (attempt == 0 || attempt % 50 == 0) {
@@ -1069,7 +1229,7 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
       if (entries->empty()) st->second.sending = false;
     }
     if (req->entries_size() == 0) {
-      KickOne(backup);
+      Kick();
       return;
     }
     SendReplicate(backup, generation, req, attempt + 1);
@@ -1308,11 +1468,96 @@ absl::Status ServerNode::ApplyBspClocksLocked(
   return absl::OkStatus();
 }
 
+namespace {
+
+// A copy's or delta's rows: tables this server has, keys ascending inside
+// `range`, entries matching.
+absl::Status CheckRows(
+    const google::protobuf::RepeatedPtrField<proto::RangeCopy::Rows>& tables,
+    const std::vector<std::unique_ptr<Table>>& have, const Routing& routing,
+    int range, absl::string_view what) {
+  for (const proto::RangeCopy::Rows& rows : tables) {
+    if (rows.table() < 0 || rows.table() >= static_cast<int>(have.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " of range ", range, ": unknown table ", rows.table()));
+    }
+    PS_RETURN_IF_ERROR(CheckRangeKeys(rows.keys(), routing, range));
+    const size_t n = rows.keys().size() / sizeof(uint64_t);
+    if (rows.entries().size() !=
+        n * have[rows.table()]->entry_floats() * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " of range ", range, ": entries do not match keys"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ServerNode::ApplyDeltaLocked(int from,
+                                          const proto::ReplicaEntry& e,
+                                          RangeActionList* actions) {
+  const int r = e.range();
+  RangeLog& lg = logs_[r];
+  if (lg.awaiting_copy) {
+    return absl::UnavailableError(
+        absl::StrCat("range ", r, " awaits its copy from S[", from, "]"));
+  }
+  if (e.index() <= lg.index) return absl::OkStatus();  // a resend
+  const proto::RangeDelta& d = e.delta();
+  if (d.base() > lg.index) {
+    // Rows changed between this replica's index and the delta's base are
+    // in no delta it got: the primary answers with a fresh copy.
+    return absl::DataLossError(absl::StrCat("range ", r, ": delta from entry ",
+                                            d.base(), " after ", lg.index));
+  }
+  RangeLimits rl;
+  rl.max_clock_ahead = limits_.max_clock_ahead;
+  rl.max_unsettled_seqs = limits_.max_unsettled_seqs;
+  absl::StatusOr<RangeState> state = RangeState::FromSnapshot(d.state(), rl);
+  if (!state.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "delta of range ", r, " from S[", from, "]: ", state.status().message()));
+  }
+  if (state->num_workers() > static_cast<int>(workers_.size())) {
+    // A worker joined that this server's view does not have yet.
+    return ErrorWithReason(
+        absl::StatusCode::kUnavailable, proto::REASON_VIEW_BEHIND,
+        absl::StrCat("delta of range ", r, " has ", state->num_workers(),
+                     " workers, this view ", workers_.size()));
+  }
+  if (state->bsp() != (mode_ == proto::MODE_BSP)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta of range ", r, ": another job's state"));
+  }
+  PS_RETURN_IF_ERROR(CheckRows(d.tables(), tables_, *routing_, r, "delta"));
+  RangeState& range = ranges_[r];
+  absl::InlinedVector<int64_t, 8> before(range.num_workers());
+  for (int w = 0; w < range.num_workers(); ++w) before[w] = range.Entry(w);
+  range = std::move(*state);
+  RangeActions none;  // a follower applies nothing by itself
+  range.SetFollower(routing_->OwnerOfRange(r) != id_, &none);
+  for (const proto::RangeCopy::Rows& rows : d.tables()) {
+    tables_[rows.table()]->ImportRange(
+        r, ViewAs<uint64_t>(rows.keys()),
+        reinterpret_cast<const float*>(rows.entries().data()));
+  }
+  lg.index = e.index();
+  RangeActions a;
+  for (int w = 0; w < range.num_workers(); ++w) {
+    const int64_t was = w < static_cast<int>(before.size()) ? before[w] : 0;
+    if (range.Entry(w) > was) a.advanced.emplace_back(w, range.Entry(w));
+  }
+  AddActions(actions, r, &a);
+  return absl::OkStatus();
+}
+
 absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e,
                                           RangeActionList* actions) {
   if (e.has_push()) return ApplyPushLocked(from, e.push(), actions);
   if (e.has_announces()) return ApplyAnnouncesLocked(from, e.announces(), actions);
   if (e.has_bsp()) return ApplyBspClocksLocked(from, e.bsp(), actions);
+  if (e.has_delta()) return ApplyDeltaLocked(from, e, actions);
   const int r = e.range();
   RangeLog& lg = logs_[r];
   RangeState& range = ranges_[r];
@@ -1334,19 +1579,8 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
       return absl::InvalidArgumentError(
           absl::StrCat("copy of range ", r, ": another job's state"));
     }
-    for (const proto::RangeCopy::Rows& rows : e.copy().tables()) {
-      if (rows.table() < 0 || rows.table() >= static_cast<int>(tables_.size())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("copy of range ", r, ": unknown table ", rows.table()));
-      }
-      PS_RETURN_IF_ERROR(CheckRangeKeys(rows.keys(), *routing_, r));
-      const size_t n = rows.keys().size() / sizeof(uint64_t);
-      if (rows.entries().size() !=
-          n * tables_[rows.table()]->entry_floats() * sizeof(float)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("copy of range ", r, ": entries do not match keys"));
-      }
-    }
+    PS_RETURN_IF_ERROR(CheckRows(e.copy().tables(), tables_, *routing_, r,
+                                 "copy"));
     range = std::move(*state);
     RangeActions none;  // a follower applies nothing by itself
     range.SetFollower(routing_->OwnerOfRange(r) != id_, &none);

@@ -186,6 +186,7 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   InitLogging(absl::StrCat("S[", id, "]"), config->output.log_level);
   node.SetReplicationLinger(
       absl::Milliseconds(config->fault_tolerance.replication_linger_ms));
+  node.SetReplicationDeltas(config->fault_tolerance.replicate_deltas);
   metrics.SetName(absl::StrCat("S[", id, "]"));
   if (metrics_port < 0) {
     PS_RETURN_IF_ERROR(metrics.Serve(options.bind_host,

@@ -664,6 +664,28 @@ void Table::ExportRange(int range, std::vector<uint64_t>* keys,
   }
 }
 
+void Table::ExportKeys(int range, absl::Span<const uint64_t> keys,
+                       std::vector<uint64_t>* out_keys,
+                       std::vector<float>* entries) const {
+  const Partition& p = partition(range);
+  out_keys->reserve(out_keys->size() + keys.size());
+  const size_t at = entries->size();
+  entries->resize(at + keys.size() * stride_);
+  float* out = entries->data() + at;
+  absl::ReaderMutexLock l(&p.mu);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kPrefetchDistance < keys.size()) {
+      PrefetchKey(p, keys[i + kPrefetchDistance]);
+    }
+    const uint32_t slot = FindSlot(range, p, keys[i]);
+    if (slot == kNoSlot) continue;
+    out_keys->push_back(keys[i]);
+    std::memcpy(out, SlotData(p, slot), stride_ * sizeof(float));
+    out += stride_;
+  }
+  entries->resize(static_cast<size_t>(out - entries->data()));
+}
+
 void Table::ImportRange(int range, absl::Span<const uint64_t> keys,
                         const float* entries) {
   Partition& p = partition(range);

@@ -192,6 +192,13 @@ class Table {
   // for Pull.
   void ExportRange(int range, std::vector<uint64_t>* keys,
                    std::vector<float>* entries) const;
+  // Appends to *out_keys / *entries each of `keys` stored in `range` and
+  // its entry (entry_floats() floats each), in the order of `keys`; keys not
+  // stored are skipped. Read under the range's partition lock, as
+  // ExportRange (a replication delta's rows, issue 9).
+  void ExportKeys(int range, absl::Span<const uint64_t> keys,
+                  std::vector<uint64_t>* out_keys,
+                  std::vector<float>* entries) const;
   // Sets the entry of each keys[i] to entries[i*entry_floats() ...],
   // creating missing keys, under the range's partition lock. A later Pull
   // returns the value, a later Push continues from the state. Preconditions

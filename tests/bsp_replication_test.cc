@@ -4,6 +4,7 @@
 // per push and announcement, and acknowledges a clock's pushes only once
 // that entry is on every backup. Two ServerNodes over the in-process
 // transport: S[0] owns every range, S[1] backs every range up.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/routing.h"
+#include "consistency/range_state.h"
 #include "gtest/gtest.h"
 #include "tests/inproc_cluster.h"
 #include "transport/faulty_transport.h"
@@ -110,10 +112,14 @@ class ReplicationFixture : public ::testing::Test {
     peers_.AddServer(1, &h1_);
     primary_.SetPeers(&peers_);
     backup_.SetPeers(&peers_);
+    primary_.SetReplicationDeltas(Deltas());
+    backup_.SetReplicationDeltas(Deltas());
     ASSERT_TRUE(primary_.Configure(0, View(1, 0, 1, Mode())).ok());
     ASSERT_TRUE(backup_.Configure(1, View(1, 0, 1, Mode())).ok());
   }
   virtual proto::ConsistencyMode Mode() const { return proto::MODE_BSP; }
+  // ASP/SSP: deltas (the default) or the per-input log.
+  virtual bool Deltas() const { return true; }
   ps::Clock* NodeClock() {
     return kFakeClock ? static_cast<ps::Clock*>(&fake_clock_)
                       : ps::Clock::Real();
@@ -213,11 +219,11 @@ TEST_F(BspReplicationTest, OneEntryPerClockAndPushesAnsweredAfterIt) {
   EXPECT_EQ(primary_.Status().replica_entries(), 1);
 
   // The backup applied the same sums: promoted, it serves the same floats.
-  const std::vector<float> want = PullAt(&primary_, 1, kKeys);
+  const std::vector<float> want = PullAt(&primary_, 0, kKeys);
   EXPECT_EQ(want, (std::vector<float>{(1 + 8 + 32) / 2.0f, 2 / 2.0f,
                                       (3 + 64) / 2.0f, (4 + 16) / 2.0f}));
   ASSERT_TRUE(backup_.Configure(1, View(2, 1, -1)).ok());
-  EXPECT_EQ(PullAt(&backup_, 1, kKeys), want);
+  EXPECT_EQ(PullAt(&backup_, 0, kKeys), want);
 }
 
 // The primary dies in the middle of a clock: none of the clock's pushes
@@ -287,26 +293,34 @@ TEST_F(BspReplicationTest, WaitingForAPushOfTheCurrentClockIsRefused) {
   EXPECT_EQ(PullAt(&primary_, 1, kKeys), std::vector<float>(4, 1.5f));
 }
 
-// Group commit (fault_tolerance.replication_linger_ms), in ASP, where each
-// push is logged as it comes: the entries of pushes arriving within the
-// linger travel to the backup in one batch, and each push is answered only
-// once that batch is on the backup. On a fake clock: the linger runs out
-// when the test says, not when a loaded machine happens to let it (the
-// real clock made this test fail once under the full suite).
+// Group commit (fault_tolerance.replication_linger_ms), in ASP: the pushes
+// arriving within the linger travel to the backup in one batch, and each
+// push is answered only once that batch is on the backup. With deltas (the
+// default) the batch carries one delta per range they touched, made when the
+// linger ends; with the per-input log, one entry per push, made as each
+// came. On a fake clock: the linger runs out when the test says, not when a
+// loaded machine happens to let it (the real clock made this test fail once
+// under the full suite).
 class LingerTest : public ReplicationFixture<true> {
  protected:
   proto::ConsistencyMode Mode() const override { return proto::MODE_ASP; }
+  void PushesWithinTheLingerShareOneBatch();
+};
+class LingerLogTest : public LingerTest {
+ protected:
+  bool Deltas() const override { return false; }
 };
 
-TEST_F(LingerTest, PushesWithinTheLingerShareOneBatch) {
+void LingerTest::PushesWithinTheLingerShareOneBatch() {
   primary_.SetReplicationLinger(absl::Seconds(1));
   auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -2, -3, -4});
   fake_clock_.Advance(absl::Milliseconds(400));
   auto b = Push(&primary_, 1, 1, 0, {kKeys[1]}, {-8});
   fake_clock_.Advance(absl::Milliseconds(500));
   auto c = Push(&primary_, 0, 2, 0, {kKeys[0], kKeys[3]}, {-16, -32});
-  // Logged, not sent, not answered: the linger has 100 ms to run.
-  EXPECT_EQ(primary_.Status().replica_entries(), 3);
+  // Not sent, not answered: the linger has 100 ms to run. The log made an
+  // entry per push; deltas are made only when they go.
+  EXPECT_EQ(primary_.Status().replica_entries(), Deltas() ? 0 : 3);
   EXPECT_EQ(primary_.Status().replica_batches(), 0);
   for (PushCall* p : {a, b, c}) EXPECT_FALSE(p->answer.IsDone());
   fake_clock_.Advance(absl::Milliseconds(99));
@@ -319,11 +333,28 @@ TEST_F(LingerTest, PushesWithinTheLingerShareOneBatch) {
     EXPECT_TRUE(p->answer.Await().ok()) << p->answer.Await();
   }
   EXPECT_EQ(primary_.Status().replica_batches(), 1);
+  if (Deltas()) {
+    // One delta per range the pushes touched, however many pushes did.
+    std::vector<int> ranges;
+    const Routing routing = *Routing::FromProto(View(1, 0, 1).routing());
+    for (uint64_t k : kKeys) ranges.push_back(routing.RangeOf(k));
+    std::sort(ranges.begin(), ranges.end());
+    ranges.erase(std::unique(ranges.begin(), ranges.end()), ranges.end());
+    EXPECT_EQ(primary_.Status().replica_entries(),
+              static_cast<int64_t>(ranges.size()));
+  }
   // The backup applied all three: promoted, it serves what S[0] does.
   const std::vector<float> want = PullAt(&primary_, 0, kKeys);
   EXPECT_EQ(want, (std::vector<float>{1 + 16, 2 + 8, 3, 4 + 32}));
   ASSERT_TRUE(backup_.Configure(1, View(2, 1, -1, proto::MODE_ASP)).ok());
   EXPECT_EQ(PullAt(&backup_, 0, kKeys), want);
+}
+
+TEST_F(LingerTest, PushesWithinTheLingerShareOneBatch) {
+  PushesWithinTheLingerShareOneBatch();
+}
+TEST_F(LingerLogTest, PushesWithinTheLingerShareOneBatch) {
+  PushesWithinTheLingerShareOneBatch();
 }
 
 // A queue of kLingerFlushBytes or more goes at once, whatever the linger.
@@ -379,6 +410,106 @@ TEST_F(LingerTest, SilentBackupIsNamedASuspect) {
   EXPECT_EQ(named.size(), 2u);
   primary_.SetPeers(&peers_);
   primary_.SetSuspectHandler(nullptr);
+}
+
+// Deltas (ASP/SSP, issue 9): what the backup holds after a linger's delta
+// is the primary's range, bit for bit: every row's entry (value and
+// optimizer state) and the exactly-once state, so a promoted backup drops
+// a resend of an acknowledged push.
+class DeltaTest : public LingerTest {
+ protected:
+  proto::ConsistencyMode Mode() const override { return proto::MODE_SSP; }
+  // Every range's keys and entries (values and optimizer state).
+  static std::pair<std::vector<uint64_t>, std::vector<float>> Rows(
+      const ServerNode& node, int ranges) {
+    std::pair<std::vector<uint64_t>, std::vector<float>> all;
+    std::vector<uint64_t> keys;
+    std::vector<float> entries;
+    for (int r = 0; r < ranges; ++r) {
+      node.table(0)->ExportRange(r, &keys, &entries);
+      all.first.insert(all.first.end(), keys.begin(), keys.end());
+      all.second.insert(all.second.end(), entries.begin(), entries.end());
+    }
+    return all;
+  }
+};
+
+TEST_F(DeltaTest, BackupHoldsThePrimarysRangesAndDropsResends) {
+  primary_.SetReplicationLinger(absl::Milliseconds(5));
+  const int ranges = View(1, 0, 1).routing().range_begin_size();
+  auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -2, -3, -4});
+  auto b = Push(&primary_, 1, 1, 0, {kKeys[1], kKeys[2]}, {0.5f, -8});
+  Answer* c0 = Clock(&primary_, 0, 0, 1);
+  auto d = Push(&primary_, 0, 2, 1, {kKeys[0], kKeys[3]}, {-16, 0.25f});
+  fake_clock_.Advance(absl::Milliseconds(5));
+  for (PushCall* p : {a, b, d}) {
+    ASSERT_TRUE(p->answer.IsDone());
+    EXPECT_TRUE(p->answer.Await().ok()) << p->answer.Await();
+  }
+  ASSERT_TRUE(c0->IsDone());
+  EXPECT_TRUE(c0->Await().ok()) << c0->Await();
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
+  EXPECT_TRUE(backup_.CheckInvariants().ok()) << backup_.CheckInvariants();
+
+  // Later pushes to some of the keys: the next delta carries those rows.
+  auto e = Push(&primary_, 1, 3, 0, {kKeys[2]}, {-64});
+  fake_clock_.Advance(absl::Milliseconds(5));
+  ASSERT_TRUE(e->answer.IsDone());
+  EXPECT_TRUE(e->answer.Await().ok()) << e->answer.Await();
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
+
+  // The primary is gone; the backup owns every range. Worker 0's push `d`
+  // was acknowledged: sent again (same seqs) it is a duplicate.
+  const std::vector<float> want = PullAt(&primary_, 0, kKeys);
+  ASSERT_TRUE(backup_.Configure(1, View(2, 1, -1, proto::MODE_SSP)).ok());
+  auto again = Push(&backup_, 0, 2, 1, {kKeys[0], kKeys[3]}, {-16, 0.25f},
+                    /*epoch=*/2);
+  ASSERT_TRUE(again->answer.Await().ok()) << again->answer.Await();
+  EXPECT_TRUE(again->resp.duplicate());
+  EXPECT_EQ(PullAt(&backup_, 0, kKeys), want);
+  // And its clock 0 is complete there: worker 0 may go on to clock 1.
+  Answer* c1 = Clock(&backup_, 0, 1, 1);
+  EXPECT_TRUE(c1->Await().ok()) << c1->Await();
+}
+
+// A delta a backup cannot build on (its base is past what the backup
+// holds: a delta in between was lost) is DATA_LOSS, which makes the primary
+// send a fresh copy; one it has (a resend) is skipped; malformed rows are
+// INVALID_ARGUMENT and change nothing.
+TEST_F(DeltaTest, BackupRefusesADeltaItCannotBuildOn) {
+  const Routing routing = *Routing::FromProto(View(1, 0, 1).routing());
+  const int r = routing.RangeOf(kKeys[1]);
+  absl::StatusOr<RangeState> empty = RangeState::Create(kWorkers, false);
+  ASSERT_TRUE(empty.ok());
+  auto delta = [&](int64_t base, int64_t index, uint64_t key, float value) {
+    proto::ReplicateRequest req;
+    req.set_from_server(0);
+    req.set_epoch(1);
+    proto::ReplicaEntry* e = req.add_entries();
+    e->set_range(r);
+    e->set_index(index);
+    e->mutable_delta()->set_base(base);
+    *e->mutable_delta()->mutable_state() = *empty->Snapshot();
+    proto::RangeCopy::Rows* rows = e->mutable_delta()->add_tables();
+    rows->set_table(0);
+    rows->set_keys(&key, sizeof(key));
+    rows->set_entries(&value, sizeof(value));
+    return req;
+  };
+  absl::Status s = backup_.Replicate(delta(2, 3, kKeys[1], 5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  uint64_t outside = kKeys[0];  // a key of another range
+  for (uint64_t k : kKeys) {
+    if (routing.RangeOf(k) != r) outside = k;
+  }
+  ASSERT_NE(routing.RangeOf(outside), r);
+  s = backup_.Replicate(delta(0, 3, outside, 5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(backup_.Replicate(delta(0, 3, kKeys[1], 5)).ok());
+  EXPECT_TRUE(backup_.Replicate(delta(0, 2, kKeys[1], 7)).ok());  // a resend
+  EXPECT_TRUE(backup_.Replicate(delta(3, 4, kKeys[1], 9)).ok());
+  ASSERT_TRUE(backup_.Configure(1, View(2, 1, -1, proto::MODE_SSP)).ok());
+  EXPECT_EQ(PullAt(&backup_, 0, {kKeys[1]}), std::vector<float>{9});
 }
 
 }  // namespace

@@ -197,6 +197,26 @@ TEST_F(FailoverTest, ExactCounterWhileServersAreKilled) {
   EXPECT_TRUE(HasFailover(report, "S[2]")) << report;
 }
 
+// The same with the per-input replication log instead of deltas
+// (fault_tolerance.replicate_deltas: false).
+TEST_F(FailoverTest, ExactCounterWhileServersAreKilledWithTheEntryLog) {
+  LocalClusterOptions o;
+  o.config = CounterJob();
+  o.config.fault_tolerance.replicate_deltas = false;
+  LocalCluster cluster(o);
+  ASSERT_TRUE(cluster.Start().ok());
+  RunExactCounter(cluster, [&](const std::function<void(int)>& wait_for,
+                               int total) {
+    wait_for(total / 4);
+    cluster.KillServer(1);
+    wait_for(total * 5 / 8);
+    cluster.KillServer(2);
+  });
+  const std::string report = cluster.scheduler()->ReportJson();
+  EXPECT_TRUE(HasFailover(report, "S[1]")) << report;
+  EXPECT_TRUE(HasFailover(report, "S[2]")) << report;
+}
+
 // Two of four servers die at the same moment (2 replicas, so every range
 // keeps a holder): the failover of the first cannot tell the second its
 // view; the second is probed, skipped and failed over in turn instead of

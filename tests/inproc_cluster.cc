@@ -269,6 +269,8 @@ absl::Status LocalCluster::Start() {
     servers_.back()->SetPeers(peers);
     servers_.back()->SetReplicationLinger(
         absl::Milliseconds(config.fault_tolerance.replication_linger_ms));
+    servers_.back()->SetReplicationDeltas(
+        config.fault_tolerance.replicate_deltas);
     servers_.back()->SetSuspectHandler([this](int server) {
       proto::GetViewRequest req;
       req.set_wait_ms(0);
