@@ -141,6 +141,10 @@ ABSL_FLAG(int, replicas, 0,
 ABSL_FLAG(double, replication_linger_ms, ps::kDefaultReplicationLingerMs,
           "with --replicas: how long a server's entries for a backup wait "
           "for more to share a batch (fault_tolerance.replication_linger_ms)");
+ABSL_FLAG(bool, replicate_deltas, true,
+          "with --replicas, ASP: backups get deltas (changed rows and range "
+          "state, once a linger) instead of every push to replay "
+          "(fault_tolerance.replicate_deltas)");
 ABSL_FLAG(bool, noop_server, false,
           "servers answer without touching any table (pull: zeros), which "
           "isolates transport and client costs; ps-lite's sparse reference "
@@ -353,6 +357,7 @@ int ServeMain() {
   node.SetPeers(&peers);
   node.SetReplicationLinger(
       absl::Milliseconds(absl::GetFlag(FLAGS_replication_linger_ms)));
+  node.SetReplicationDeltas(absl::GetFlag(FLAGS_replicate_deltas));
   ServerService service(&node, /*token=*/"", nullptr);
   DataService data_service(&node);
   std::unique_ptr<DataPlaneServer> data_plane;
@@ -591,7 +596,11 @@ class Cluster {
         absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level)),
         absl::StrCat("--noop_server=", absl::GetFlag(FLAGS_noop_server)),
         absl::StrCat("--data_plane=", absl::GetFlag(FLAGS_data_plane)),
-        absl::StrCat("--apply_threads=", absl::GetFlag(FLAGS_apply_threads))};
+        absl::StrCat("--apply_threads=", absl::GetFlag(FLAGS_apply_threads)),
+        absl::StrCat("--replication_linger_ms=",
+                     absl::GetFlag(FLAGS_replication_linger_ms)),
+        absl::StrCat("--replicate_deltas=",
+                     absl::GetFlag(FLAGS_replicate_deltas))};
     std::vector<std::string> addresses;
     for (int i = 0; i < t.servers; ++i) {
       PS_ASSIGN_OR_RETURN(auto s, ServerProcess::Start(argv));

@@ -4,7 +4,9 @@
   python3 bench/replication_cost.py --mode asp --rounds 4 0:0 1:0 1:5
 
 Each SETTING is REPLICAS:LINGER_MS (fault_tolerance.replicas and
-fault_tolerance.replication_linger_ms). Every round launches the a9a job of
+fault_tolerance.replication_linger_ms), or REPLICAS:LINGER_MS:log for the
+per-input replication log instead of deltas
+(fault_tolerance.replicate_deltas=false). Every round launches the a9a job of
 bench/failover_bench.py (3 servers x 2 workers) once per setting, in the
 order given, and prints its job seconds, the CPU seconds of all its
 processes (user + sys of ps_launch's children) and the load average before
@@ -31,7 +33,7 @@ import failover_bench  # noqa: E402  (its job and its launch())
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("settings", nargs="+", help="REPLICAS:LINGER_MS")
+    ap.add_argument("settings", nargs="+", help="REPLICAS:LINGER_MS[:log]")
     ap.add_argument("--mode", default="asp", choices=["bsp", "ssp", "asp"])
     ap.add_argument("--tau", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
@@ -45,8 +47,9 @@ def main():
                                                   "replication_cost"))
     args = ap.parse_args()
     for s in args.settings:
-        if len(s.split(":")) != 2:
-            ap.error("setting %r is not REPLICAS:LINGER_MS" % s)
+        f = s.split(":")
+        if len(f) not in (2, 3) or (len(f) == 3 and f[2] != "log"):
+            ap.error("setting %r is not REPLICAS:LINGER_MS[:log]" % s)
     # What failover_bench.launch() reads.
     args.data = os.path.abspath(args.data)
     args.servers, args.workers = 3, 2
@@ -57,12 +60,15 @@ def main():
         print("round %d: %s" % (r, failover_bench.machine_probe()),
               flush=True)
         for s in args.settings:
-            replicas, linger = s.split(":")
+            f = s.split(":")
+            replicas, linger = f[0], f[1]
             load = failover_bench.load()
             rep, wall, cpu, _ = failover_bench.launch(
                 args, "r%d-%s" % (r, s.replace(":", "-")),
                 ["fault_tolerance.replicas=" + replicas,
-                 "fault_tolerance.replication_linger_ms=" + linger], [])
+                 "fault_tolerance.replication_linger_ms=" + linger,
+                 "fault_tolerance.replicate_deltas=" +
+                 ("false" if len(f) == 3 else "true")], [])
             if rep is None:
                 return 1  # launch() printed why
             results[s].append((wall, cpu, rep["examples_per_sec"]))

@@ -385,8 +385,8 @@ class ServerNode {
     std::vector<int> copy_to;       // primary: backups that need a copy
     // Primary, ASP/SSP (deltas): the index of the last delta made; inputs
     // after it are not on their way to any backup yet (`dirty`), and
-    // dirty_keys[table] are the keys their pushes changed (unsorted, with
-    // repeats).
+    // dirty_keys[table] are the keys their pushes changed (in push order,
+    // with repeats).
     int64_t shipped = 0;
     bool dirty = false;
     std::vector<std::vector<uint64_t>> dirty_keys;

@@ -668,17 +668,30 @@ void Table::ExportKeys(int range, absl::Span<const uint64_t> keys,
                        std::vector<uint64_t>* out_keys,
                        std::vector<float>* entries) const {
   const Partition& p = partition(range);
-  out_keys->reserve(out_keys->size() + keys.size());
+  const size_t n = keys.size();
+  std::vector<uint32_t> slots(n);
+  out_keys->reserve(out_keys->size() + n);
   const size_t at = entries->size();
-  entries->resize(at + keys.size() * stride_);
+  entries->resize(at + n * stride_);
   float* out = entries->data() + at;
   absl::ReaderMutexLock l(&p.mu);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i + kPrefetchDistance < keys.size()) {
-      PrefetchKey(p, keys[i + kPrefetchDistance]);
+  // Two passes, each loading ahead what it will read: the keys' slots,
+  // then their entries (random keys miss the cache in both).
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n) PrefetchKey(p, keys[i + kPrefetchDistance]);
+    slots[i] = FindSlot(range, p, keys[i]);
+  }
+  std::vector<uint64_t> seen((p.num_slots + 63) / 64);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n && slots[i + kPrefetchDistance] != kNoSlot) {
+      __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
     }
-    const uint32_t slot = FindSlot(range, p, keys[i]);
+    const uint32_t slot = slots[i];
     if (slot == kNoSlot) continue;
+    uint64_t& word = seen[slot / 64];
+    const uint64_t bit = uint64_t{1} << (slot % 64);
+    if ((word & bit) != 0) continue;  // a repeat
+    word |= bit;
     out_keys->push_back(keys[i]);
     std::memcpy(out, SlotData(p, slot), stride_ * sizeof(float));
     out += stride_;
@@ -689,11 +702,20 @@ void Table::ExportKeys(int range, absl::Span<const uint64_t> keys,
 void Table::ImportRange(int range, absl::Span<const uint64_t> keys,
                         const float* entries) {
   Partition& p = partition(range);
+  const size_t n = keys.size();
+  std::vector<uint32_t> slots(n);
   absl::MutexLock l(&p.mu);
-  for (size_t i = 0; i < keys.size(); ++i) {
+  // As ExportKeys: the slots, then the entries, each loaded ahead.
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n) PrefetchKey(p, keys[i + kPrefetchDistance]);
     bool inserted = false;
-    const uint32_t slot = FindOrNewSlot(range, p, keys[i], &inserted);
-    std::memcpy(SlotData(p, slot), entries + i * stride_,
+    slots[i] = FindOrNewSlot(range, p, keys[i], &inserted);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n) {
+      __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
+    }
+    std::memcpy(SlotData(p, slots[i]), entries + i * stride_,
                 stride_ * sizeof(float));
   }
 }

@@ -193,14 +193,16 @@ class Table {
   void ExportRange(int range, std::vector<uint64_t>* keys,
                    std::vector<float>* entries) const;
   // Appends to *out_keys / *entries each of `keys` stored in `range` and
-  // its entry (entry_floats() floats each), in the order of `keys`; keys not
-  // stored are skipped. Read under the range's partition lock, as
-  // ExportRange (a replication delta's rows, issue 9).
+  // its entry (entry_floats() floats each), once, in the order of their
+  // first occurrence in `keys` (which may repeat keys); keys not stored are
+  // skipped. Read under the range's partition lock, as ExportRange (a
+  // replication delta's rows, issue 9).
   void ExportKeys(int range, absl::Span<const uint64_t> keys,
                   std::vector<uint64_t>* out_keys,
                   std::vector<float>* entries) const;
   // Sets the entry of each keys[i] to entries[i*entry_floats() ...],
-  // creating missing keys, under the range's partition lock. A later Pull
+  // creating missing keys, under the range's partition lock (keys in any
+  // order; a repeated key gets its last entry). A later Pull
   // returns the value, a later Push continues from the state. Preconditions
   // as for Pull.
   void ImportRange(int range, absl::Span<const uint64_t> keys,
