@@ -684,6 +684,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
   std::vector<size_t> fresh;  // runs admitted now, to apply (ASP/SSP)
   Needs needs;                // replication: what the answer waits for
   std::vector<LoggedSegment> logged;  // ... and what goes to the backups
+  std::vector<bool> delta_runs;  // runs whose rows go in a delta
   fresh.reserve(runs.size());
   {
     absl::MutexLock l(&mu_);
@@ -727,10 +728,12 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
         // within its clock's sum, and is acknowledged once that is there.
         needs.emplace_back(run.range, ClockNeed(req.clock()));
       } else if (replicated && DeltasLocked()) {
-        // In the range's next delta: its rows as they are then.
+        // In the range's next delta: its rows as they are then (the keys,
+        // and the slots the apply finds them at, are noted once applied).
         AssignIndexLocked(run.range, &needs);
-        AddDirtyKeysLocked(run.range, req.table(),
-                           keys.subspan(run.first, run.last - run.first));
+        MarkDirtyLocked(run.range);
+        if (delta_runs.empty()) delta_runs.resize(runs.size(), false);
+        delta_runs[i] = true;
       } else if (replicated) {
         logged.push_back(LoggedSegment{run.range, run.first, run.last,
                                        seqs[i],
@@ -764,16 +767,31 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
   if (!fresh.empty()) {
     const float scale = t->optimizer().GradientScale(req.num_examples());
     absl::Mutex resolving_mu;  // Resolving makes rk.resolved on first use
+    // Deltas: where each run's keys were found (a delta reads their rows
+    // by slot, without hashing them again), and the slots' generation.
+    std::vector<uint32_t> delta_slots;
+    std::vector<const uint32_t*> run_slots;
+    std::vector<uint64_t> run_generations;
+    if (!delta_runs.empty()) {
+      delta_slots.resize(keys.size());
+      run_slots.resize(runs.size(), nullptr);
+      run_generations.resize(runs.size(), 0);
+    }
     auto apply = [&](size_t i) {
       const RangeRun& run = runs[i];
       const size_t n = run.last - run.first;
       const float* grads = g + run.first * dim;
+      const bool delta = !delta_runs.empty() && delta_runs[i];
       // A cached list's slots, unless stale: no hashing but for the keys
       // its pull did not find.
       if (rk.cached != nullptr && !rk.cached->slots.empty() &&
           t->PushSlots(run.range, rk.cached->generations[i],
                        keys.subspan(run.first, n),
                        rk.cached->slots.data() + run.first, grads, scale)) {
+        if (delta) {
+          run_slots[i] = rk.cached->slots.data() + run.first;
+          run_generations[i] = rk.cached->generations[i];
+        }
         return;
       }
       std::pair<uint32_t*, uint64_t*> resolving;
@@ -781,8 +799,15 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
         absl::MutexLock l(&resolving_mu);
         resolving = Resolving(&rk, req.table(), i);
       }
+      if (delta && resolving.first == nullptr) {
+        resolving = {delta_slots.data() + run.first, &run_generations[i]};
+      }
       t->Push(run.range, keys.subspan(run.first, n), grads, scale,
               resolving.first, resolving.second);
+      if (delta) {
+        run_slots[i] = resolving.first;
+        run_generations[i] = *resolving.second;
+      }
     };
     // Ranges are independent: a large push is applied by several threads,
     // each a contiguous group of its ranges (answered once all are done).
@@ -800,6 +825,12 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
           .Applied(req.worker_id(), req.clock(), &a)
           .IgnoreError();  // admitted above: cannot fail
       AddActions(&actions, runs[i].range, &a);
+      if (!delta_runs.empty() && delta_runs[i]) {
+        const RangeRun& run = runs[i];
+        AddDirtyKeysLocked(run.range, req.table(),
+                           keys.subspan(run.first, run.last - run.first),
+                           run_slots[i], run_generations[i]);
+      }
     }
     NoteFinished(req.worker_id(), actions, &finished);
   }

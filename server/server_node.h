@@ -385,11 +385,23 @@ class ServerNode {
     std::vector<int> copy_to;       // primary: backups that need a copy
     // Primary, ASP/SSP (deltas): the index of the last delta made; inputs
     // after it are not on their way to any backup yet (`dirty`), and
-    // dirty_keys[table] are the keys their pushes changed (in push order,
-    // with repeats).
+    // dirty_rows[table] the rows their pushes changed.
     int64_t shipped = 0;
     bool dirty = false;
-    std::vector<std::vector<uint64_t>> dirty_keys;
+    struct DirtyRows {
+      std::vector<uint64_t> keys;  // in push order, with repeats
+      // Where the pushes found them (kNoSlot: by key), when `by_slot`: all
+      // at `generation` of the range's partition.
+      std::vector<uint32_t> slots;
+      uint64_t generation = 0;
+      bool by_slot = true;
+      void Clear() {
+        keys.clear();
+        slots.clear();
+        by_slot = true;
+      }
+    };
+    std::vector<DirtyRows> dirty_rows;
   };
   // Entries on their way to one backup, in the order they were logged.
   struct Stream {
@@ -454,9 +466,11 @@ class ServerNode {
   }
   // Marks owned range `range` as having inputs no delta carries yet.
   void MarkDirtyLocked(int range) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The same for a push's keys of `table` in `range`.
+  // The same for the keys of `table` in `range` a push changed, with the
+  // slots it found them at (`slots`, may be null) at `generation`.
   void AddDirtyKeysLocked(int range, int table,
-                          absl::Span<const uint64_t> keys)
+                          absl::Span<const uint64_t> keys,
+                          const uint32_t* slots, uint64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the dirty ranges' linger is over (arms a timer that kicks
   // when it will be, if not).

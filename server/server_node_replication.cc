@@ -373,14 +373,22 @@ void ServerNode::MarkDirtyLocked(int range) {
 }
 
 void ServerNode::AddDirtyKeysLocked(int range, int table,
-                                    absl::Span<const uint64_t> keys) {
+                                    absl::Span<const uint64_t> keys,
+                                    const uint32_t* slots,
+                                    uint64_t generation) {
   MarkDirtyLocked(range);
   RangeLog& lg = logs_[range];
-  if (lg.dirty_keys.size() <= static_cast<size_t>(table)) {
-    lg.dirty_keys.resize(static_cast<size_t>(table) + 1);
+  if (lg.dirty_rows.size() <= static_cast<size_t>(table)) {
+    lg.dirty_rows.resize(static_cast<size_t>(table) + 1);
   }
-  std::vector<uint64_t>& dk = lg.dirty_keys[table];
-  dk.insert(dk.end(), keys.begin(), keys.end());
+  RangeLog::DirtyRows& d = lg.dirty_rows[table];
+  if (d.keys.empty()) d.generation = generation;
+  if (slots == nullptr || generation != d.generation) {
+    d.by_slot = false;  // the range was cleared in between: by keys
+    d.slots.clear();
+  }
+  d.keys.insert(d.keys.end(), keys.begin(), keys.end());
+  if (d.by_slot) d.slots.insert(d.slots.end(), slots, slots + keys.size());
   dirty_bytes_ +=
       keys.size() *
       (sizeof(uint64_t) + tables_[table]->entry_floats() * sizeof(float));
@@ -417,7 +425,7 @@ void ServerNode::ShipDirtyLocked() {
     if (!lg.dirty) continue;
     auto clear = [&lg] {
       lg.dirty = false;
-      for (std::vector<uint64_t>& k : lg.dirty_keys) k.clear();
+      for (RangeLog::DirtyRows& d : lg.dirty_rows) d.Clear();
     };
     if (routing_ == nullptr || routing_->OwnerOfRange(r) != id_) {
       clear();  // moved away: its new owner's copies carry it
@@ -453,14 +461,16 @@ void ServerNode::ShipDirtyLocked() {
     proto::RangeDelta* d = e.mutable_delta();
     d->set_base(lg.shipped);
     *d->mutable_state() = std::move(*snap);
-    for (size_t t = 0; t < lg.dirty_keys.size(); ++t) {
-      std::vector<uint64_t>& dk = lg.dirty_keys[t];
-      if (dk.empty()) continue;
+    for (size_t t = 0; t < lg.dirty_rows.size(); ++t) {
+      const RangeLog::DirtyRows& dr = lg.dirty_rows[t];
+      if (dr.keys.empty()) continue;
       keys.clear();
       entries.clear();
       // Each key once (by its slot), in the order first pushed: no sort
-      // (sorting 100k random keys a push cost more than replaying it).
-      tables_[t]->ExportKeys(r, dk, &keys, &entries);
+      // (sorting 100k random keys a push cost more than replaying it), and
+      // no hashing where the pushes' slots are still good.
+      tables_[t]->ExportKeys(r, dr.keys, dr.by_slot ? dr.slots.data() : nullptr,
+                             dr.generation, &keys, &entries);
       if (keys.empty()) continue;
       proto::RangeCopy::Rows* rows = d->add_tables();
       rows->set_table(static_cast<int32_t>(t));
@@ -892,7 +902,7 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
       lg.acked.clear();
       lg.copy_to.clear();
       lg.dirty = false;  // its new owner's copies carry it
-      lg.dirty_keys.clear();
+      lg.dirty_rows.clear();
       const bool backup = routing_->IsBackupOf(r, id_);
       if (backup && old != nullptr &&
           (!old->IsBackupOf(r, id_) ||

@@ -665,6 +665,7 @@ void Table::ExportRange(int range, std::vector<uint64_t>* keys,
 }
 
 void Table::ExportKeys(int range, absl::Span<const uint64_t> keys,
+                       const uint32_t* known, uint64_t generation,
                        std::vector<uint64_t>* out_keys,
                        std::vector<float>* entries) const {
   const Partition& p = partition(range);
@@ -675,11 +676,21 @@ void Table::ExportKeys(int range, absl::Span<const uint64_t> keys,
   entries->resize(at + n * stride_);
   float* out = entries->data() + at;
   absl::ReaderMutexLock l(&p.mu);
-  // Two passes, each loading ahead what it will read: the keys' slots,
-  // then their entries (random keys miss the cache in both).
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchDistance < n) PrefetchKey(p, keys[i + kPrefetchDistance]);
-    slots[i] = FindSlot(range, p, keys[i]);
+  // Two passes, each loading ahead what it will read: the keys' slots
+  // (unless known), then their entries (random keys miss the cache).
+  if (known != nullptr && generation == p.generation) {
+    for (size_t i = 0; i < n; ++i) {
+      slots[i] = known[i] != kNoSlot && known[i] < p.num_slots
+                     ? known[i]
+                     : FindSlot(range, p, keys[i]);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n) {
+        PrefetchKey(p, keys[i + kPrefetchDistance]);
+      }
+      slots[i] = FindSlot(range, p, keys[i]);
+    }
   }
   std::vector<uint64_t> seen((p.num_slots + 63) / 64);
   for (size_t i = 0; i < n; ++i) {

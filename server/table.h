@@ -197,7 +197,11 @@ class Table {
   // first occurrence in `keys` (which may repeat keys); keys not stored are
   // skipped. Read under the range's partition lock, as ExportRange (a
   // replication delta's rows, issue 9).
+  // With `slots` (may be null): slots[i] is where keys[i] is stored, as a
+  // Push or Pull at `generation` wrote it (kNoSlot: look it up), used unless
+  // the range was cleared since.
   void ExportKeys(int range, absl::Span<const uint64_t> keys,
+                  const uint32_t* slots, uint64_t generation,
                   std::vector<uint64_t>* out_keys,
                   std::vector<float>* entries) const;
   // Sets the entry of each keys[i] to entries[i*entry_floats() ...],
