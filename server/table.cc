@@ -374,7 +374,21 @@ constexpr size_t kFtrlLanes = 16;
 // ones the CPU has (the clones). The same bits as Step on each entry in
 // turn: IEEE arithmetic per lane, and no contraction into fused
 // multiply-adds (-ffp-contract=off for this file), whichever clone runs.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void FtrlLanes(
+// Not cloned under ThreadSanitizer: the clones' resolver runs while the
+// dynamic loader relocates, before the TSan runtime is set up, and the
+// instrumented resolver crashed every TSan test binary at start-up.
+#if defined(__SANITIZE_THREAD__)
+#define PS_FTRL_CLONES
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PS_FTRL_CLONES
+#endif
+#endif
+#ifndef PS_FTRL_CLONES
+#define PS_FTRL_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+PS_FTRL_CLONES void FtrlLanes(
     const optimizer_internal::FtrlRule& rule, float* const* e,
     const float* g, float scale) {
   double w[kFtrlLanes], z[kFtrlLanes], acc[kFtrlLanes], gi[kFtrlLanes];
