@@ -480,6 +480,12 @@ class ServerNode {
   // idle (a busy stream's ranges keep gathering, so that one delta covers
   // more pushes), and queues it for the range's backups.
   void ShipDirtyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A copy's or delta's consistency state from primary `from` for range
+  // `r`: INVALID_ARGUMENT when malformed or another job's, UNAVAILABLE +
+  // VIEW_BEHIND when it has workers this server's view does not.
+  absl::StatusOr<RangeState> PeerStateLocked(
+      const proto::RangeStateSnapshot& snap, int r, int from,
+      absl::string_view what) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A backup's side of a delta.
   absl::Status ApplyDeltaLocked(int from, const proto::ReplicaEntry& e,
                                 RangeActionList* actions)

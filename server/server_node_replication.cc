@@ -443,16 +443,16 @@ void ServerNode::ShipDirtyLocked() {
       dirty_ranges_[kept++] = r;
       continue;
     }
+    if (to.empty()) {  // every backup awaits a copy, which will cover it
+      lg.shipped = lg.index;
+      clear();
+      continue;
+    }
     absl::StatusOr<proto::RangeStateSnapshot> snap = ranges_[r].Snapshot();
     if (!snap.ok()) {
       // A push to it awaits its apply: the rows are not yet what the state
       // says. That push's end kicks again.
       dirty_ranges_[kept++] = r;
-      continue;
-    }
-    if (to.empty()) {  // every backup awaits a copy, which will cover it
-      lg.shipped = lg.index;
-      clear();
       continue;
     }
     proto::ReplicaEntry e;
@@ -913,16 +913,15 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
       }
     }
   }
+  // Ranges no longer owned were cleared above; a dirty range is listed
+  // once (MarkDirtyLocked).
   {
-    std::vector<int> dirty;
+    size_t kept = 0;
     for (int r : dirty_ranges_) {
-      if (logs_[r].dirty &&
-          std::find(dirty.begin(), dirty.end(), r) == dirty.end()) {
-        dirty.push_back(r);
-      }
+      if (logs_[r].dirty) dirty_ranges_[kept++] = r;
     }
-    dirty_ranges_ = std::move(dirty);
-    if (dirty_ranges_.empty()) dirty_bytes_ = 0;
+    dirty_ranges_.resize(kept);
+    if (kept == 0) dirty_bytes_ = 0;
   }
   // Drop queued entries no backup needs any more; drop idle streams of
   // servers that back nothing up now.
@@ -1507,6 +1506,34 @@ absl::Status CheckRows(
 
 }  // namespace
 
+absl::StatusOr<RangeState> ServerNode::PeerStateLocked(
+    const proto::RangeStateSnapshot& snap, int r, int from,
+    absl::string_view what) const {
+  RangeLimits rl;
+  rl.max_clock_ahead = limits_.max_clock_ahead;
+  rl.max_unsettled_seqs = limits_.max_unsettled_seqs;
+  absl::StatusOr<RangeState> state = RangeState::FromSnapshot(snap, rl);
+  if (!state.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " of range ", r, " from S[", from, "]: ",
+        state.status().message()));
+  }
+  // Fewer workers than this view: workers joined since the state was taken
+  // (issue 9); what follows adds them. More: a worker joined that this
+  // server's view does not have yet.
+  if (state->num_workers() > static_cast<int>(workers_.size())) {
+    return ErrorWithReason(
+        absl::StatusCode::kUnavailable, proto::REASON_VIEW_BEHIND,
+        absl::StrCat(what, " of range ", r, " has ", state->num_workers(),
+                     " workers, this view ", workers_.size()));
+  }
+  if (state->bsp() != (mode_ == proto::MODE_BSP)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " of range ", r, ": another job's state"));
+  }
+  return state;
+}
+
 absl::Status ServerNode::ApplyDeltaLocked(int from,
                                           const proto::ReplicaEntry& e,
                                           RangeActionList* actions) {
@@ -1524,25 +1551,8 @@ absl::Status ServerNode::ApplyDeltaLocked(int from,
     return absl::DataLossError(absl::StrCat("range ", r, ": delta from entry ",
                                             d.base(), " after ", lg.index));
   }
-  RangeLimits rl;
-  rl.max_clock_ahead = limits_.max_clock_ahead;
-  rl.max_unsettled_seqs = limits_.max_unsettled_seqs;
-  absl::StatusOr<RangeState> state = RangeState::FromSnapshot(d.state(), rl);
-  if (!state.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "delta of range ", r, " from S[", from, "]: ", state.status().message()));
-  }
-  if (state->num_workers() > static_cast<int>(workers_.size())) {
-    // A worker joined that this server's view does not have yet.
-    return ErrorWithReason(
-        absl::StatusCode::kUnavailable, proto::REASON_VIEW_BEHIND,
-        absl::StrCat("delta of range ", r, " has ", state->num_workers(),
-                     " workers, this view ", workers_.size()));
-  }
-  if (state->bsp() != (mode_ == proto::MODE_BSP)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("delta of range ", r, ": another job's state"));
-  }
+  PS_ASSIGN_OR_RETURN(RangeState state,
+                      PeerStateLocked(d.state(), r, from, "delta"));
   // A delta's keys come in push order, each once; a repeat would only be
   // written twice with the same entry.
   PS_RETURN_IF_ERROR(CheckRows(d.tables(), tables_, *routing_, r, "delta",
@@ -1550,7 +1560,7 @@ absl::Status ServerNode::ApplyDeltaLocked(int from,
   RangeState& range = ranges_[r];
   absl::InlinedVector<int64_t, 8> before(range.num_workers());
   for (int w = 0; w < range.num_workers(); ++w) before[w] = range.Entry(w);
-  range = std::move(*state);
+  range = std::move(state);
   RangeActions none;  // a follower applies nothing by itself
   range.SetFollower(routing_->OwnerOfRange(r) != id_, &none);
   for (const proto::RangeCopy::Rows& rows : d.tables()) {
@@ -1579,25 +1589,11 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
   RangeState& range = ranges_[r];
   if (e.has_copy()) {
     if (!lg.awaiting_copy && e.index() <= lg.index) return absl::OkStatus();
-    RangeLimits rl;
-    rl.max_clock_ahead = limits_.max_clock_ahead;
-    rl.max_unsettled_seqs = limits_.max_unsettled_seqs;
-    absl::StatusOr<RangeState> state =
-        RangeState::FromSnapshot(e.copy().state(), rl);
-    if (!state.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "copy of range ", r, " from S[", from, "]: ", state.status().message()));
-    }
-    // Fewer workers than this view: workers joined since the copy was
-    // taken (issue 9); the log that follows it adds them.
-    if (state->num_workers() > static_cast<int>(workers_.size()) ||
-        state->bsp() != (mode_ == proto::MODE_BSP)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("copy of range ", r, ": another job's state"));
-    }
+    PS_ASSIGN_OR_RETURN(RangeState state,
+                        PeerStateLocked(e.copy().state(), r, from, "copy"));
     PS_RETURN_IF_ERROR(CheckRows(e.copy().tables(), tables_, *routing_, r,
                                  "copy", /*ascending=*/true));
-    range = std::move(*state);
+    range = std::move(state);
     RangeActions none;  // a follower applies nothing by itself
     range.SetFollower(routing_->OwnerOfRange(r) != id_, &none);
     for (const auto& t : tables_) t->ClearRange(r);
