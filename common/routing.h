@@ -2,6 +2,7 @@
 // nodes, and slicing of sorted key arrays by owner server.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -89,15 +90,29 @@ class Routing {
   std::vector<KeySlice> Slice(absl::Span<const uint64_t> keys) const;
 
   // For ascending `keys`, calls fn(range, first, last) for each maximal run
-  // of keys in one range. O(keys + ranges).
+  // of keys in one range. A run's end is found by galloping, then bisection:
+  // O(log) of the run's length, so a large request (runs of thousands of
+  // keys) is not read key by key (that scan was 5 % of a key-cached push's
+  // samples, in the worker).
   template <typename Fn>
   void ForEachRangeRun(absl::Span<const uint64_t> keys, Fn&& fn) const {
+    const size_t n = keys.size();
     size_t i = 0;
-    while (i < keys.size()) {
-      int r = RangeOf(keys[i]);
-      uint64_t last = RangeLast(r);
-      size_t j = i + 1;
-      while (j < keys.size() && keys[j] <= last) ++j;
+    while (i < n) {
+      const int r = RangeOf(keys[i]);
+      const uint64_t last = RangeLast(r);
+      // keys[lo - 1] <= last; the run ends in [lo, hi] (keys[hi] > last, or
+      // hi == n).
+      size_t lo = i + 1, hi = i + 1, step = 1;
+      while (hi < n && keys[hi] <= last) {
+        lo = hi + 1;
+        hi = lo + step - 1;
+        step *= 2;
+      }
+      hi = std::min(hi, n);
+      const size_t j = static_cast<size_t>(
+          std::upper_bound(keys.begin() + lo, keys.begin() + hi, last) -
+          keys.begin());
       fn(r, i, j);
       i = j;
     }

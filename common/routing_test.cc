@@ -247,6 +247,21 @@ TEST(RoutingTest, ForEachRangeRun) {
   });
   EXPECT_TRUE(runs.empty());
 
+  // Every run length about the galloping search's steps (1, 2, 4, ...):
+  // a run of `len` keys in range 1, then one key in range 2.
+  for (size_t len = 1; len <= 70; ++len) {
+    std::vector<uint64_t> k;
+    for (size_t i = 0; i < len; ++i) k.push_back(100 + i);
+    k.push_back(250);
+    runs.clear();
+    r.ForEachRangeRun(k, [&](int range, size_t first, size_t last) {
+      runs.emplace_back(range, first, last);
+    });
+    EXPECT_EQ(runs, (std::vector<std::tuple<int, size_t, size_t>>{
+                        {1, 0, len}, {2, len, len + 1}}))
+        << "len " << len;
+  }
+
   // On a real ring: runs are maximal, in order, and tile the key array.
   Routing ring = MustRouting(BuildHashRing(Ids(3), 16, 1));
   std::mt19937_64 rng(5);

@@ -61,11 +61,11 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     PS_RETURN_IF_ERROR(CheckParam("alpha", cfg.alpha, true));
     PS_RETURN_IF_ERROR(CheckParam("beta", cfg.beta, false));
     opt->kind_ = OptimizerKind::kFtrl;
-    opt->ftrl_.alpha = cfg.alpha;
-    opt->ftrl_.inv_alpha = 1.0 / static_cast<double>(cfg.alpha);
-    opt->ftrl_.beta = cfg.beta;
-    opt->ftrl_.l1 = cfg.l1;
-    opt->ftrl_.l2 = cfg.l2;
+    opt->ftrl_.alpha = static_cast<float>(cfg.alpha);
+    opt->ftrl_.inv_alpha = 1.0f / static_cast<float>(cfg.alpha);
+    opt->ftrl_.beta = static_cast<float>(cfg.beta);
+    opt->ftrl_.l1 = static_cast<float>(cfg.l1);
+    opt->ftrl_.l2 = static_cast<float>(cfg.l2);
   } else if (cfg.name == "adam") {
     PS_RETURN_IF_ERROR(CheckParam("learning_rate", cfg.learning_rate, true));
     opt->kind_ = OptimizerKind::kAdam;

@@ -107,8 +107,8 @@ struct AdagradRule {
 // The weight is a function of (z, n) alone: a key starts at w = 0.
 struct FtrlRule {
   static constexpr int kStateFloats = 2;
-  double alpha = 0, beta = 0, l1 = 0, l2 = 0;
-  double inv_alpha = 0;  // 1 / alpha
+  float alpha = 0, beta = 0, l1 = 0, l2 = 0;
+  float inv_alpha = 0;  // 1 / alpha
 
   void Init(float* w, float* state, size_t n) const {
     for (size_t i = 0; i < n; ++i) {
@@ -122,33 +122,37 @@ struct FtrlRule {
   // for dim-1 tables (server/table.cc, several keys side by side in vector
   // registers) both call it, so they compute the same bits.
   //
+  // In single precision, as the state is stored: the square roots and the
+  // division bound a key-cached push, and a vector register holds twice as
+  // many floats as doubles, each float operation also taking fewer of the
+  // divider's cycles. What doubles added was below the stored state's own
+  // rounding: sigma * w is at most about |z| (w = -z*alpha/(beta+sqrt(n))
+  // when non-zero), so the rounding of sqrt(n + g^2) - sqrt(n) moves z by
+  // about an ulp of z, as storing z does; and where g^2 is below half an ulp
+  // of n, n + g^2 rounds to n whether it is summed in doubles and then
+  // stored or summed in floats.
+  //
   // Branch-free: whether |z| > l1 is a coin toss from key to key, and a
   // mispredicted branch there flushed the square roots and divisions in
   // flight for the keys after it (a dim-1 table's update is one key per
   // call). Both sides are computed and one is selected. The divisions by
   // alpha are multiplications by inv_alpha: the square roots and the one
   // division left share a divider that bounds a cached push.
-  double Step(double gi, double w, double& z, double& acc) const {
-    const double acc_new = acc + gi * gi;
-    const double sqrt_new = std::sqrt(acc_new);
-    const double sigma = (sqrt_new - std::sqrt(acc)) * inv_alpha;
+  float Step(float gi, float w, float& z, float& acc) const {
+    const float acc_new = acc + gi * gi;
+    const float sqrt_new = std::sqrt(acc_new);
+    const float sigma = (sqrt_new - std::sqrt(acc)) * inv_alpha;
     z += gi - sigma * w;
     acc = acc_new;
-    const double signed_l1 = z < 0 ? -l1 : l1;
-    const double w_out =
+    const float signed_l1 = z < 0 ? -l1 : l1;
+    const float w_out =
         -(z - signed_l1) / ((beta + sqrt_new) * inv_alpha + l2);
-    return std::abs(z) > l1 ? w_out : 0.0;
+    return std::abs(z) > l1 ? w_out : 0.0f;
   }
   void Apply(float* w, float* state, const float* g, float scale,
              size_t n) const {
     for (size_t i = 0; i < n; ++i) {
-      double z = state[2 * i];
-      double acc = state[2 * i + 1];
-      const double wi =
-          Step(static_cast<double>(scale) * g[i], w[i], z, acc);
-      state[2 * i] = static_cast<float>(z);
-      state[2 * i + 1] = static_cast<float>(acc);
-      w[i] = static_cast<float>(wi);
+      w[i] = Step(scale * g[i], w[i], state[2 * i], state[2 * i + 1]);
     }
   }
 };

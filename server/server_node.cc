@@ -787,7 +787,8 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
       if (rk.cached != nullptr && !rk.cached->slots.empty() &&
           t->PushSlots(run.range, rk.cached->generations[i],
                        keys.subspan(run.first, n),
-                       rk.cached->slots.data() + run.first, grads, scale)) {
+                       rk.cached->slots.data() + run.first, grads, scale,
+                       KeyOrder::kAscending)) {
         if (delta) {
           run_slots[i] = rk.cached->slots.data() + run.first;
           run_generations[i] = rk.cached->generations[i];
@@ -803,7 +804,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
         resolving = {delta_slots.data() + run.first, &run_generations[i]};
       }
       t->Push(run.range, keys.subspan(run.first, n), grads, scale,
-              resolving.first, resolving.second);
+              resolving.first, resolving.second, KeyOrder::kAscending);
       if (delta) {
         run_slots[i] = resolving.first;
         run_generations[i] = *resolving.second;

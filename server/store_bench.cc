@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
   auto push = [&](int t) {
     ForEachRun(batches, t, threads,
                [&](size_t, int r, Keys keys, size_t offset) {
-                 table_ptr->Push(r, keys, grads.data() + offset, 0.5f);
+                 table_ptr->Push(r, keys, grads.data() + offset, 0.5f,
+                                 nullptr, nullptr, ps::KeyOrder::kAscending);
                });
   };
   // The updates and pulls pass over every key `passes` times, so that a
@@ -132,7 +133,8 @@ int main(int argc, char** argv) {
                [&](size_t b, int r, Keys keys, size_t offset) {
                  table_ptr->Push(r, keys, grads.data() + offset, 0.5f,
                                  slots[b].data() + offset,
-                                 &generations[b][r]);
+                                 &generations[b][r],
+                                 ps::KeyOrder::kAscending);
                });
   };
   auto cached = [&](int t) {
@@ -141,7 +143,8 @@ int main(int argc, char** argv) {
                  [&](size_t b, int r, Keys keys, size_t offset) {
                    table_ptr->PushSlots(r, generations[b][r], keys,
                                         slots[b].data() + offset,
-                                        grads.data() + offset, 0.5f);
+                                        grads.data() + offset, 0.5f,
+                                        ps::KeyOrder::kAscending);
                  });
     }
   };

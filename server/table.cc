@@ -391,20 +391,20 @@ constexpr size_t kFtrlLanes = 16;
 PS_FTRL_CLONES void FtrlLanes(
     const optimizer_internal::FtrlRule& rule, float* const* e,
     const float* g, float scale) {
-  double w[kFtrlLanes], z[kFtrlLanes], acc[kFtrlLanes], gi[kFtrlLanes];
+  float w[kFtrlLanes], z[kFtrlLanes], acc[kFtrlLanes], gi[kFtrlLanes];
   for (size_t k = 0; k < kFtrlLanes; ++k) {
     w[k] = e[k][0];
     z[k] = e[k][1];
     acc[k] = e[k][2];
-    gi[k] = static_cast<double>(scale) * g[k];
+    gi[k] = scale * g[k];
   }
   for (size_t k = 0; k < kFtrlLanes; ++k) {
     w[k] = rule.Step(gi[k], w[k], z[k], acc[k]);
   }
   for (size_t k = 0; k < kFtrlLanes; ++k) {
-    e[k][0] = static_cast<float>(w[k]);
-    e[k][1] = static_cast<float>(z[k]);
-    e[k][2] = static_cast<float>(acc[k]);
+    e[k][0] = w[k];
+    e[k][1] = z[k];
+    e[k][2] = acc[k];
   }
 }
 
@@ -432,7 +432,7 @@ bool AnyRepeated(const uint32_t* slots) {
 template <typename Rule>
 void Table::ApplyAt(Partition& p, const Rule& rule,
                     absl::Span<const uint64_t> keys, const uint32_t* slots,
-                    const float* grads, float scale) {
+                    const float* grads, float scale, KeyOrder order) {
   const size_t n = keys.size();
   const size_t dim = static_cast<size_t>(spec_.dim);
   size_t i = 0;
@@ -441,7 +441,8 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
     // time, unless a key repeats among them (then one by one below, in
     // order, as a repeated key must be).
     if (dim == 1) {
-      const bool distinct = StrictlyAscending(keys);
+      const bool distinct =
+          order == KeyOrder::kAscending || StrictlyAscending(keys);
       float* e[kFtrlLanes];
       for (; i + kFtrlLanes <= n; i += kFtrlLanes) {
         for (size_t k = 0; k < kFtrlLanes; ++k) {
@@ -500,7 +501,7 @@ void Table::Pull(int range, absl::Span<const uint64_t> keys, float* out,
 
 void Table::Push(int range, absl::Span<const uint64_t> keys,
                  const float* grads, float scale, uint32_t* slots,
-                 uint64_t* generation) {
+                 uint64_t* generation, KeyOrder order) {
   Partition& p = partition(range);
   const size_t n = keys.size();
   uint32_t* s = slots != nullptr ? slots : Scratch(n);
@@ -516,7 +517,7 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
       s[i] = SlotOrNew(range, p, rule, keys[i]);
     }
     // A key repeated in the call is updated once per occurrence, in order.
-    ApplyAt(p, rule, keys, s, grads, scale);
+    ApplyAt(p, rule, keys, s, grads, scale, order);
   });
 }
 
@@ -550,7 +551,7 @@ bool Table::PullSlots(int range, uint64_t generation,
 
 bool Table::PushSlots(int range, uint64_t generation,
                       absl::Span<const uint64_t> keys, const uint32_t* slots,
-                      const float* grads, float scale) {
+                      const float* grads, float scale, KeyOrder order) {
   Partition& p = partition(range);
   const size_t n = keys.size();
   absl::MutexLock l(&p.mu);
@@ -576,7 +577,7 @@ bool Table::PushSlots(int range, uint64_t generation,
       }
       s = resolved;
     }
-    ApplyAt(p, rule, keys, s, grads, scale);
+    ApplyAt(p, rule, keys, s, grads, scale, order);
   });
   return true;
 }
@@ -977,7 +978,9 @@ void GradAccumulator::ApplyTo(Table* table, float scale,
                   rs.sums.data() + static_cast<size_t>(order_[i]) * dim,
                   dim * sizeof(float));
     }
-    table->Push(r, sorted_keys_, sorted_sums_.data(), scale);
+    // Summed per key: unique, and sorted.
+    table->Push(r, sorted_keys_, sorted_sums_.data(), scale, nullptr, nullptr,
+                KeyOrder::kAscending);
     if (keys_out != nullptr && sums_out != nullptr) {
       keys_out->append(reinterpret_cast<const char*>(sorted_keys_.data()),
                        sorted_keys_.size() * sizeof(uint64_t));
