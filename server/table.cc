@@ -556,14 +556,21 @@ bool Table::PushSlots(int range, uint64_t generation,
   const size_t n = keys.size();
   absl::MutexLock l(&p.mu);
   if (p.generation != generation) return false;
-  bool missing = false;
+  // Branch-free, so that it runs in vector registers (with an early return
+  // it went key by key: 5 % of a key-cached push's samples).
+  // slot + 1 wraps kNoSlot to 0, and is above num_slots for a slot out of
+  // bounds.
+  static_assert(kNoSlot == UINT32_MAX);
+  uint32_t missing_keys = 0;
+  uint32_t out_of_bounds = 0;
+  const uint32_t num_slots = p.num_slots;
   for (size_t i = 0; i < n; ++i) {
-    if (slots[i] == kNoSlot) {
-      missing = true;
-    } else if (slots[i] >= p.num_slots) {
-      return false;
-    }
+    const uint32_t next = slots[i] + 1u;
+    missing_keys |= static_cast<uint32_t>(next == 0);
+    out_of_bounds |= static_cast<uint32_t>(next > num_slots);
   }
+  if (out_of_bounds != 0) return false;
+  const bool missing = missing_keys != 0;
   optimizer_->Visit([&](const auto& rule) {
     p.mu.AssertHeld();
     const uint32_t* s = slots;
