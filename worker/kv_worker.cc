@@ -549,7 +549,15 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
       count += runs[i].last - runs[i].first;
       if (i == 0 || runs[i - 1].last != runs[i].first) ++pieces;
     }
-    std::string* k = &p->keys;
+    std::vector<std::pair<size_t, size_t>> spans;  // runs, adjacent joined
+    for (const Run& run : runs) {
+      if (!spans.empty() && spans.back().second == run.first) {
+        spans.back().second = run.last;
+      } else {
+        spans.emplace_back(run.first, run.last);
+      }
+    }
+    p->keys = SliceKeys(server, table, keys, spans, count);
     std::string* v = r.mutable_vals();
     // Appended, not resized then overwritten: libstdc++ zero-fills on
     // resize (a memset as costly as the copy).
@@ -563,12 +571,9 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
         owner != nullptr && encoding == proto::VALUES_F32 && !codec &&
         count * dim * sizeof(float) >= kMinBorrowedPiece * pieces;
     if (borrow) p->borrowed.owner = owner;
-    k->reserve(count * sizeof(uint64_t));
     if (!borrow) v->reserve(count * dim * EncodedValueBytes(encoding));
     for (const Run& run : runs) {
       const size_t n = run.last - run.first;
-      k->append(reinterpret_cast<const char*>(keys.data() + run.first),
-                n * sizeof(uint64_t));
       proto::PushSegment* seg = r.add_segments();
       if (borrow) {
         const char* at = reinterpret_cast<const char*>(vals + run.first * dim);
@@ -689,9 +694,11 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
     ABSL_RAW_CHECK(st.ok(), "a push's own values do not decompress");
     vals = &unpacked;
   }
+  const std::string& old_keys = *old.keys;
   const size_t dim_bytes =
-      old.keys.empty() ? 0 : vals->size() / (old.keys.size() / 8);
+      old_keys.empty() ? 0 : vals->size() / (old_keys.size() / 8);
   std::map<int, std::shared_ptr<PushSlice>> by_server;
+  std::map<int, std::string> keys_by_server;
   size_t at = 0;  // key index in the old request
   for (const proto::PushSegment& seg : o.segments()) {
     const int server = routing->OwnerOfRange(seg.range());
@@ -707,8 +714,8 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
       p->req.set_num_examples(o.num_examples());
       p->req.set_value_encoding(o.value_encoding());
     }
-    p->keys.append(old.keys, at * sizeof(uint64_t),
-                   seg.num_keys() * sizeof(uint64_t));
+    keys_by_server[server].append(old_keys, at * sizeof(uint64_t),
+                                  seg.num_keys() * sizeof(uint64_t));
     p->req.mutable_vals()->append(*vals, at * dim_bytes,
                                   seg.num_keys() * dim_bytes);
     *p->req.add_segments() = seg;  // the same (range, seq)
@@ -718,23 +725,64 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
     absl::MutexLock l(&mu_);
     ops_[old.ts].pending += static_cast<int>(by_server.size());
   }
-  for (auto& [server, p] : by_server) SendPush(p, attempt);
+  for (auto& [server, p] : by_server) {
+    p->keys = std::make_shared<const std::string>(
+        std::move(keys_by_server[server]));
+    SendPush(p, attempt);
+  }
+}
+
+std::shared_ptr<const std::string> KVWorker::SliceKeys(
+    int server, int table, absl::Span<const uint64_t> keys,
+    absl::Span<const std::pair<size_t, size_t>> spans, size_t count) {
+  const size_t bytes = count * sizeof(uint64_t);
+  if (options_.key_lists_per_server > 0 && count > 0) {
+    absl::MutexLock l(&mu_);
+    auto found = lists_.find(server);
+    if (found != lists_.end()) {
+      for (const SentList& e : found->second) {
+        if (e.table != table || e.keys->size() != bytes) continue;
+        size_t at = 0;
+        bool equal = true;
+        for (const auto& [first, last] : spans) {
+          const size_t len = (last - first) * sizeof(uint64_t);
+          if (std::memcmp(e.keys->data() + at, keys.data() + first, len) !=
+              0) {
+            equal = false;
+            break;
+          }
+          at += len;
+        }
+        if (equal) return e.keys;
+      }
+    }
+  }
+  auto k = std::make_shared<std::string>();
+  k->reserve(bytes);  // appended: no zero-fill
+  for (const auto& [first, last] : spans) {
+    k->append(reinterpret_cast<const char*>(keys.data() + first),
+              (last - first) * sizeof(uint64_t));
+  }
+  return k;
 }
 
 template <typename Req>
-void KVWorker::AttachKeys(int server, const std::string& keys, Req* req) {
+void KVWorker::AttachKeys(int server,
+                          const std::shared_ptr<const std::string>& keys,
+                          Req* req) {
   req->clear_key_list();
   req->clear_num_keys();
-  if (options_.key_lists_per_server <= 0 || keys.empty()) {
-    req->set_keys(keys);
+  if (options_.key_lists_per_server <= 0 || keys->empty()) {
+    req->set_keys(*keys);
     return;
   }
   absl::MutexLock l(&mu_);
   std::list<SentList>& sent = lists_[server];
   // Few lists per server, and unequal ones differ early: a linear search
-  // with whole comparisons is cheap next to sending the keys.
+  // with whole comparisons is cheap next to sending the keys. A slice
+  // whose keys SliceKeys found in a list shares its string.
   auto it = std::find_if(sent.begin(), sent.end(), [&](const SentList& e) {
-    return e.table == req->table() && e.keys == keys;
+    return e.table == req->table() && (e.keys == keys || *e.keys == *keys);
   });
   if (it == sent.end()) {
     sent.push_front(SentList{next_list_id_++, req->table(), keys, false});
@@ -748,9 +796,9 @@ void KVWorker::AttachKeys(int server, const std::string& keys, Req* req) {
   req->set_key_list(it->id);
   if (it->kept) {
     req->clear_keys();
-    req->set_num_keys(static_cast<uint32_t>(keys.size() / sizeof(uint64_t)));
+    req->set_num_keys(static_cast<uint32_t>(keys->size() / sizeof(uint64_t)));
   } else {
-    req->set_keys(keys);  // the server keeps it under the name
+    req->set_keys(*keys);  // the server keeps it under the name
   }
 }
 
@@ -921,11 +969,8 @@ void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
     r.set_epoch(epoch);
     r.set_table(table);
     r.set_wait_ms(absl::ToInt64Milliseconds(options_.pull_wait));
-    std::string* k = &p->keys;
-    k->reserve(ks.count * sizeof(uint64_t));  // appended: no zero-fill
+    p->keys = SliceKeys(ks.server, table, keys, ks.spans, ks.count);
     for (const auto& [first, last] : ks.spans) {
-      k->append(reinterpret_cast<const char*>(keys.data() + first),
-                (last - first) * sizeof(uint64_t));
       if (pos.empty()) {
         p->spans_first.push_back(first);
         p->spans_last.push_back(last);
@@ -980,7 +1025,7 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
     if (!slice->req.keys().empty()) {
       ListKept(slice->server, slice->req.key_list());
     }
-    const size_t n = slice->keys.size() / sizeof(uint64_t);
+    const size_t n = slice->keys->size() / sizeof(uint64_t);
     const int dim = slice->dim;
     if (resp->vals().size() != n * dim * sizeof(float)) {
       PartDone(slice->ts,
@@ -1030,7 +1075,7 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
         }
       }
       StartPull(slice->ts, slice->req.table(), slice->req.clock(),
-                ViewAs<uint64_t>(slice->keys), pos, slice->target,
+                ViewAs<uint64_t>(*slice->keys), pos, slice->target,
                 attempt + 1);
       PartDone(slice->ts, absl::OkStatus());
     });

@@ -266,7 +266,9 @@ class KVWorker final : public ParamClient {
     int64_t ts;
     int server;
     int64_t clock_ts = -1;  // the op of req.end_clock, when it has one
-    std::string keys;  // uint64[]; req.keys is set from it when sent
+    // uint64[]; req.keys is set from it when sent. Shared with the sent
+    // list it equals, if any (SliceKeys).
+    std::shared_ptr<const std::string> keys;
     proto::PushRequest req;
     // The values, when borrowed from the caller (ZPush): req.vals is empty.
     BorrowedValues borrowed;
@@ -278,14 +280,14 @@ class KVWorker final : public ParamClient {
     std::vector<size_t> spans_first;  // key index ranges in the caller's
     std::vector<size_t> spans_last;   // array, in request order
     std::shared_ptr<PullTarget> target;
-    std::string keys;  // uint64[]; req.keys is set from it when sent
+    std::shared_ptr<const std::string> keys;  // as PushSlice's
     proto::PullRequest req;
   };
   // A key list sent to a server under a name (key caching).
   struct SentList {
     uint64_t id;
     int table;
-    std::string keys;
+    std::shared_ptr<const std::string> keys;  // shared with the slices
     bool kept = false;  // a request carrying it succeeded: the server has it
   };
   // Lets transport and timer callbacks reach the worker only while it
@@ -348,7 +350,16 @@ class KVWorker final : public ParamClient {
   // Key caching: sets req's keys from `keys`, or only its key_list and
   // num_keys when `server` keeps that list; names new lists.
   template <typename Req>
-  void AttachKeys(int server, const std::string& keys, Req* req);
+  void AttachKeys(int server, const std::shared_ptr<const std::string>& keys,
+                  Req* req);
+  // The keys of a request to `server`: keys[first, last) for each of
+  // `spans`, in order (`count` in all). With key caching, the string of a
+  // list sent to `server` for `table` before, when equal (the spans are
+  // compared in place: a repeated list is not copied, and AttachKeys then
+  // finds it by pointer); else a new string.
+  std::shared_ptr<const std::string> SliceKeys(
+      int server, int table, absl::Span<const uint64_t> keys,
+      absl::Span<const std::pair<size_t, size_t>> spans, size_t count);
   // A request that carried its keys under key_list `id` succeeded: the
   // server keeps them. Or it answered KEYS_NOT_CACHED: it does not.
   void ListKept(int server, uint64_t id);
