@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "common/logging.h"
+#include "common/process.h"
 #include "scheduler/scheduler_runner.h"
 #include "tests/inproc_cluster.h"
 
@@ -21,6 +22,7 @@ ABSL_FLAG(int, timeout_s, 3600, "give up after this long");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  ps::UseReleaseMutexes();  // as ps_server and ps_worker run
   ps::InitLogging("L");
   auto config = ps::LoadConfigWithOverrides(absl::GetFlag(FLAGS_config),
                                             absl::GetFlag(FLAGS_set));

@@ -94,6 +94,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/net.h"
+#include "common/process.h"
 #include "common/routing.h"
 #include "common/status_macros.h"
 #include "server/server_node.h"
@@ -1327,6 +1328,7 @@ int BenchMain() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  ps::UseReleaseMutexes();  // as ps_server and ps_worker run
   if (absl::GetFlag(FLAGS_serve)) return ps::bench::ServeMain();
   return ps::bench::BenchMain();
 }

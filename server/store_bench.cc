@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/hash.h"
+#include "common/process.h"
 #include "server/table.h"
 
 namespace {
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
   const size_t batch = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 10000;
   const int threads = argc > 3 ? std::atoi(argv[3]) : 1;
   const bool dense = argc > 4 && std::atoi(argv[4]) != 0;
+  ps::UseReleaseMutexes();  // as ps_server runs
   if (num_keys == 0 || batch == 0 || threads < 1) {
     std::fprintf(stderr,
                  "usage: store_bench [num_keys] [batch] [threads] [dense]\n");
