@@ -692,7 +692,7 @@ void Table::ExportKeys(int range, absl::Span<const uint64_t> keys,
                        std::vector<float>* entries) const {
   const Partition& p = partition(range);
   const size_t n = keys.size();
-  std::vector<uint32_t> slots(n);
+  uint32_t* slots = Scratch(n);
   out_keys->reserve(out_keys->size() + n);
   const size_t at = entries->size();
   entries->resize(at + n * stride_);
@@ -714,7 +714,13 @@ void Table::ExportKeys(int range, absl::Span<const uint64_t> keys,
       slots[i] = FindSlot(range, p, keys[i]);
     }
   }
-  std::vector<uint64_t> seen((p.num_slots + 63) / 64);
+  // Which slots are out already: a bitmap kept by the thread, grown to the
+  // largest range it exported, and cleared word by word after use, so that
+  // a delta of a few rows costs the rows, not the size of their range.
+  thread_local std::vector<uint64_t> seen;
+  if (seen.size() < (size_t{p.num_slots} + 63) / 64) {
+    seen.resize((size_t{p.num_slots} + 63) / 64);
+  }
   for (size_t i = 0; i < n; ++i) {
     if (i + kPrefetchDistance < n && slots[i + kPrefetchDistance] != kNoSlot) {
       __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
@@ -729,6 +735,9 @@ void Table::ExportKeys(int range, absl::Span<const uint64_t> keys,
     std::memcpy(out, SlotData(p, slot), stride_ * sizeof(float));
     out += stride_;
   }
+  for (size_t i = 0; i < n; ++i) {
+    if (slots[i] != kNoSlot) seen[slots[i] / 64] = 0;
+  }
   entries->resize(static_cast<size_t>(out - entries->data()));
 }
 
@@ -736,7 +745,7 @@ void Table::ImportRange(int range, absl::Span<const uint64_t> keys,
                         const float* entries) {
   Partition& p = partition(range);
   const size_t n = keys.size();
-  std::vector<uint32_t> slots(n);
+  uint32_t* slots = Scratch(n);
   absl::MutexLock l(&p.mu);
   // As ExportKeys: the slots, then the entries, each loaded ahead.
   for (size_t i = 0; i < n; ++i) {
