@@ -242,6 +242,8 @@ class ServerNode {
 
   // Tests and tools. nullptr when no such table.
   const Table* table(int id) const;
+  // The workers' named key lists (metrics: hits, misses, size).
+  const KeyCache& key_cache() const { return key_cache_; }
   // The ranges this server owns in its current view, ascending.
   std::vector<int> OwnedRanges() const;
   int id() const;

@@ -17,8 +17,10 @@
 #include "absl/time/time.h"
 #include "common/bytes.h"
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "common/routing.h"
 #include "common/value_codec.h"
+#include "server/server_runner.h"
 #include "transport/errors.h"
 #include "transport/transport.h"
 #include "gtest/gtest.h"
@@ -919,6 +921,17 @@ TEST_F(ServerNodeTest, NamedKeyListWorksAsItsKeys) {
   EXPECT_EQ(PushNow(&node_, b).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(PullNow(&node_, 0, 0, {2, 7}), (std::vector<float>{-2.0f, -4.0f}))
       << "nothing applied by the refused pushes";
+  // The metrics count the named requests: found (b, the pull, b with three
+  // keys) and not (list 6).
+  ExpositionWriter w;
+  WriteServerMetrics(node_, &w);
+  const std::string text = w.Take();
+  EXPECT_NE(text.find("\nps_server_key_cache_hits_total 3\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\nps_server_key_cache_misses_total 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("\nps_server_key_cache_lists 1\n"), std::string::npos);
 }
 
 // A push or pull large enough to be split across threads (by range) gives

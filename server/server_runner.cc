@@ -53,6 +53,19 @@ void WriteServerMetrics(const ServerNode& node, ExpositionWriter* w) {
               st.ranges());
   w->AddGauge("ps_server_view_epoch", "the cluster view installed", {},
               static_cast<double>(node.epoch()));
+  const KeyCache& kc = node.key_cache();
+  w->AddCounter("ps_server_key_cache_hits_total",
+                "pushes and pulls that named a key list this server kept "
+                "(key caching: no keys sent, no hashing)",
+                {}, static_cast<double>(kc.hits()));
+  w->AddCounter("ps_server_key_cache_misses_total",
+                "pushes and pulls that named a key list this server did not "
+                "keep (evicted, or never sent): answered KEYS_NOT_CACHED",
+                {}, static_cast<double>(kc.misses()));
+  w->AddGauge("ps_server_key_cache_lists", "key lists kept", {},
+              static_cast<double>(kc.lists()));
+  w->AddGauge("ps_server_key_cache_bytes", "bytes of the key lists kept", {},
+              static_cast<double>(kc.bytes()));
   w->AddCounter("ps_server_non_finite_pushes_total",
                 "pushes refused for NaN or infinite values", {},
                 static_cast<double>(st.non_finite_pushes()));
@@ -290,6 +303,10 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   if (const proto::ServerStatus st = node.Status(); st.replica_entries() > 0) {
     PS_LOG_INFO("replicated {} entries in {} batches", st.replica_entries(),
                 st.replica_batches());
+  }
+  if (const KeyCache& kc = node.key_cache(); kc.hits() + kc.misses() > 0) {
+    PS_LOG_INFO("key cache: {} hits, {} misses, {} lists kept", kc.hits(),
+                kc.misses(), kc.lists());
   }
   PS_LOG_INFO("exiting");
   return result;
