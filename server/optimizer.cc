@@ -45,9 +45,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
   if (cfg.name == "sgd") {
     PS_RETURN_IF_ERROR(CheckParam("learning_rate", cfg.learning_rate, true));
     opt->kind_ = OptimizerKind::kSgd;
-    opt->sgd_.lr = cfg.learning_rate;
-    opt->sgd_.l1 = cfg.l1;
-    opt->sgd_.l2 = cfg.l2;
+    opt->sgd_.lr = static_cast<float>(cfg.learning_rate);
+    opt->sgd_.l1 = static_cast<float>(cfg.l1);
+    opt->sgd_.l2 = static_cast<float>(cfg.l2);
   } else if (cfg.name == "adagrad") {
     PS_RETURN_IF_ERROR(CheckParam("learning_rate", cfg.learning_rate, true));
     PS_RETURN_IF_ERROR(
