@@ -1012,6 +1012,28 @@ void DataPlaneClient::Push(const proto::PushRequest& req,
 
 void DataPlaneClient::Pull(const proto::PullRequest& req, absl::Time deadline,
                            ServerClient::Callback<proto::PullResponse> done) {
+  StartPull(req, deadline, Typed<proto::PullResponse>(std::move(done)));
+}
+
+void DataPlaneClient::PullValues(const proto::PullRequest& req,
+                                 absl::Time deadline,
+                                 ServerClient::ValuesCallback done) {
+  StartPull(req, deadline,
+            [done = std::move(done)](const absl::Status& s,
+                                     const proto::DataReply* reply,
+                                     absl::Span<const char> vals) {
+              proto::PullResponse resp;
+              absl::Status st = s;
+              if (st.ok() && reply != nullptr &&
+                  !resp.ParseFromString(reply->response())) {
+                st = absl::InternalError("data plane: malformed response");
+              }
+              done(st, &resp, st.ok() ? vals : absl::Span<const char>());
+            });
+}
+
+void DataPlaneClient::StartPull(const proto::PullRequest& req,
+                                absl::Time deadline, ReplyFn done) {
   const std::string meta = PullHead(req).SerializeAsString();
   Header h;
   h.type = data_plane::kPull;
@@ -1020,8 +1042,7 @@ void DataPlaneClient::Pull(const proto::PullRequest& req, absl::Time deadline,
                      ? 0
                      : static_cast<uint64_t>(std::max<int64_t>(
                            1, absl::ToInt64Microseconds(left)));
-  state_->Call(h, meta, req.keys(), nullptr, {}, deadline,
-               Typed<proto::PullResponse>(std::move(done)));
+  state_->Call(h, meta, req.keys(), nullptr, {}, deadline, std::move(done));
 }
 
 void DataPlaneClient::Clock(const proto::ClockRequest& req, absl::Time deadline,

@@ -41,6 +41,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -200,6 +201,10 @@ class DataPlaneClient {
             absl::Time deadline, ServerClient::Callback<proto::PushResponse> done);
   void Pull(const proto::PullRequest& req, absl::Time deadline,
             ServerClient::Callback<proto::PullResponse> done);
+  // As Pull, the values where the connection received them
+  // (ServerClient::PullValues).
+  void PullValues(const proto::PullRequest& req, absl::Time deadline,
+                  ServerClient::ValuesCallback done);
   void Clock(const proto::ClockRequest& req, absl::Time deadline,
              ServerClient::Callback<proto::ClockResponse> done);
   // The answer's status is the batch's (ReplicateResponse is empty).
@@ -210,6 +215,11 @@ class DataPlaneClient {
 
  private:
   explicit DataPlaneClient(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  // An answer's callback (State::Done).
+  using ReplyFn = std::function<void(
+      const absl::Status&, const proto::DataReply*, absl::Span<const char>)>;
+  void StartPull(const proto::PullRequest& req, absl::Time deadline,
+                 ReplyFn done);
   std::shared_ptr<State> state_;
 };
 

@@ -744,6 +744,14 @@ class GrpcServerClient : public ServerClient {
           s->async()->Pull(ctx, rq, rs, std::move(cb));
         });
   }
+  void PullValues(std::shared_ptr<const proto::PullRequest> req,
+                  absl::Time deadline, ValuesCallback done) override {
+    if (std::shared_ptr<DataPlaneClient> d = Data()) {
+      d->PullValues(*req, deadline, std::move(done));
+      return;
+    }
+    ServerClient::PullValues(std::move(req), deadline, std::move(done));
+  }
   // On the client's replication stream (opened on first use, and again
   // after it ended).
   void Replicate(std::shared_ptr<const proto::ReplicateRequest> req,

@@ -76,14 +76,14 @@ auto KVWorker::Guarded(F fn) {
   };
 }
 
-template <typename Resp, typename F>
-ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn,
-                                              bool watched) {
+template <typename Resp, typename... Extra, typename F>
+std::function<void(const absl::Status&, Resp*, Extra...)> KVWorker::Tracked(
+    int server, F fn, bool watched) {
   struct Call final : InFlightCall {
     explicit Call(F f) : fn(std::move(f)) {}
     void Fail(const absl::Status& why) override {
       Resp empty;
-      fn(why, &empty);
+      fn(why, &empty, Extra{}...);
     }
     F fn;
   };
@@ -108,7 +108,8 @@ ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn,
     absl::MutexLock l(&life_->mu);
     --life_->running;
   }
-  return [life = life_, server, call](const absl::Status& s, Resp* resp) {
+  return [life = life_, server, call](const absl::Status& s, Resp* resp,
+                                      Extra... extra) {
     {
       absl::MutexLock l(&life->mu);
       if (call->fired) return;  // failed already: its server was failed over
@@ -118,7 +119,7 @@ ServerClient::Callback<Resp> KVWorker::Tracked(int server, F fn,
       if (!life->alive) return;  // the worker is gone: drop the reply
       ++life->running;
     }
-    call->fn(s, resp);
+    call->fn(s, resp, extra...);
     absl::MutexLock l(&life->mu);
     --life->running;
   };
@@ -1005,36 +1006,39 @@ void KVWorker::SendPull(std::shared_ptr<PullSlice> slice, int attempt) {
   if (client == nullptr) {
     OnPullReply(slice, attempt,
                 absl::InternalError("server not in the current view"),
-                nullptr);
+                nullptr, {});
     return;
   }
   AttachKeys(slice->server, slice->keys, &slice->req);
   std::shared_ptr<const proto::PullRequest> req(slice, &slice->req);
-  client->Pull(req, clock_->Now() + options_.request_timeout,
-               Tracked<proto::PullResponse>(
-                   slice->server, [this, slice, attempt](
-                                      const absl::Status& s,
-                                      proto::PullResponse* resp) {
-                     OnPullReply(slice, attempt, s, resp);
-                   }));
+  client->PullValues(
+      req, clock_->Now() + options_.request_timeout,
+      Tracked<proto::PullResponse, absl::Span<const char>>(
+          slice->server,
+          [this, slice, attempt](const absl::Status& s,
+                                 proto::PullResponse* resp,
+                                 absl::Span<const char> vals) {
+            OnPullReply(slice, attempt, s, resp, vals);
+          }));
 }
 
 void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
-                           const absl::Status& s, proto::PullResponse* resp) {
+                           const absl::Status& s, proto::PullResponse* resp,
+                           absl::Span<const char> vals) {
   if (s.ok()) {
     if (!slice->req.keys().empty()) {
       ListKept(slice->server, slice->req.key_list());
     }
     const size_t n = slice->keys->size() / sizeof(uint64_t);
     const int dim = slice->dim;
-    if (resp->vals().size() != n * dim * sizeof(float)) {
+    if (vals.size() != n * dim * sizeof(float)) {
       PartDone(slice->ts,
                absl::InternalError(absl::StrCat(
-                   "pull from S[", slice->server, "]: ", resp->vals().size(),
+                   "pull from S[", slice->server, "]: ", vals.size(),
                    " value bytes for ", n, " keys")));
       return;
     }
-    const float* v = reinterpret_cast<const float*>(resp->vals().data());
+    const char* v = vals.data();  // may be unaligned: copied bytewise
     {
       // Under the target's lock: Wait clears `out` before it returns.
       absl::MutexLock l(&slice->target->mu);
@@ -1043,7 +1047,7 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
         size_t at = 0;
         for (size_t i = 0; i < slice->spans_first.size(); ++i) {
           const size_t f = slice->spans_first[i], l = slice->spans_last[i];
-          std::memcpy(out->data() + f * dim, v + at * dim,
+          std::memcpy(out->data() + f * dim, v + at * dim * sizeof(float),
                       (l - f) * dim * sizeof(float));
           at += l - f;
         }

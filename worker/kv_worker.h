@@ -328,9 +328,12 @@ class KVWorker final : public ParamClient {
   // once: on the transport's answer, or earlier, failed by
   // FailCallsTo(server) when the view marks that server dead; the answer
   // that comes after that is dropped.
-  // `watched`: a push or clock, for SuspectSilentServers.
-  template <typename Resp, typename F>
-  ServerClient::Callback<Resp> Tracked(int server, F fn, bool watched = false);
+  // `watched`: a push or clock, for SuspectSilentServers. `Extra`: the
+  // callback's arguments after the response (a pull's values), given
+  // value-initialised when the call is failed here.
+  template <typename Resp, typename... Extra, typename F>
+  std::function<void(const absl::Status&, Resp*, Extra...)> Tracked(
+      int server, F fn, bool watched = false);
   // Fails every call in flight to these servers with `why` (stale epoch).
   void FailCallsTo(const std::vector<int>& servers, const absl::Status& why);
 
@@ -368,8 +371,10 @@ class KVWorker final : public ParamClient {
   void OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
                    const absl::Status& s);
   void SendPull(std::shared_ptr<PullSlice> slice, int attempt);
+  // `vals`: the answer's values (ServerClient::PullValues).
   void OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
-                   const absl::Status& s, proto::PullResponse* resp);
+                   const absl::Status& s, proto::PullResponse* resp,
+                   absl::Span<const char> vals);
   // Push's first step: a new op (*ts, with a guard part for the caller to
   // release) counted as a push of the current clock (*clock), which
   // end_clock also ends (*clock_ts, see EndClockLocked). INVALID_ARGUMENT
