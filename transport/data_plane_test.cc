@@ -299,6 +299,44 @@ TEST_F(DataPlaneTest, PullAnswersWithValuesAndTheCallersTimeLeft) {
   EXPECT_LE(handler_.last_wait, absl::Seconds(30));
 }
 
+// PullValues: the same answer, its values handed over where the connection
+// received them, not copied into the response.
+TEST_F(DataPlaneTest, PullValuesHandsOverTheValuesAsReceived) {
+  Serve();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  proto::PullRequest req;
+  req.set_table(7);
+  std::vector<uint64_t> keys = {4, 5, 6, 7};
+  req.set_keys(reinterpret_cast<const char*>(keys.data()), keys.size() * 8);
+  absl::Notification done;
+  c->PullValues(req, absl::Now() + absl::Seconds(30),
+                [&](const absl::Status& s, proto::PullResponse* resp,
+                    absl::Span<const char> vals) {
+                  ASSERT_TRUE(s.ok()) << s;
+                  EXPECT_EQ(resp->held_us(), 1007);
+                  EXPECT_TRUE(resp->vals().empty());
+                  ASSERT_EQ(vals.size(), 16u);
+                  float v[4];
+                  std::memcpy(v, vals.data(), 16);
+                  EXPECT_EQ(v[0], 4.0f);
+                  EXPECT_EQ(v[3], 7.0f);
+                  done.Notify();
+                });
+  done.WaitForNotification();
+  // A failed call has no values.
+  server_->Stop();
+  absl::Notification failed;
+  c->PullValues(req, absl::Now() + absl::Seconds(5),
+                [&](const absl::Status& s, proto::PullResponse*,
+                    absl::Span<const char> vals) {
+                  EXPECT_FALSE(s.ok());
+                  EXPECT_TRUE(vals.empty());
+                  failed.Notify();
+                });
+  ASSERT_TRUE(failed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
 TEST_F(DataPlaneTest, ErrorsKeepTheirCodeAndReason) {
   Serve();
   handler_.clock_status = ErrorWithReason(absl::StatusCode::kFailedPrecondition,
