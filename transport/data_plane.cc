@@ -977,26 +977,31 @@ bool DataPlaneClient::OnReaderThread() const {
 }
 
 namespace {
-// A call's callback as the reader gives it: the response parsed, and a
-// pull's values put where KVWorker reads them (resp->vals).
-template <typename Resp>
-DataPlaneClient::State::Done Typed(ServerClient::Callback<Resp> done) {
+// A call's callback as the reader gives it: the response parsed, and the
+// frame's values (a pull's) passed on where the reader received them
+// (empty when the call failed).
+template <typename Resp, typename F>
+DataPlaneClient::State::Done Parsed(F done) {
   return [done = std::move(done)](const absl::Status& s,
                                   const proto::DataReply* reply,
-                                  absl::Span<const char> vals) {
+                                  absl::Span<const char> vals) mutable {
     Resp resp;
     absl::Status st = s;
     if (st.ok() && reply != nullptr &&
         !resp.ParseFromString(reply->response())) {
       st = absl::InternalError("data plane: malformed response");
     }
-    if constexpr (std::is_same_v<Resp, proto::PullResponse>) {
-      if (st.ok() && !vals.empty()) {
-        resp.mutable_vals()->assign(vals.data(), vals.size());
-      }
-    }
-    done(st, &resp);
+    done(st, &resp, st.ok() ? vals : absl::Span<const char>());
   };
+}
+// The same, for an answer without values.
+template <typename Resp>
+DataPlaneClient::State::Done Typed(ServerClient::Callback<Resp> done) {
+  return Parsed<Resp>([done = std::move(done)](const absl::Status& s,
+                                               Resp* resp,
+                                               absl::Span<const char>) {
+    done(s, resp);
+  });
 }
 }  // namespace
 
@@ -1012,28 +1017,20 @@ void DataPlaneClient::Push(const proto::PushRequest& req,
 
 void DataPlaneClient::Pull(const proto::PullRequest& req, absl::Time deadline,
                            ServerClient::Callback<proto::PullResponse> done) {
-  StartPull(req, deadline, Typed<proto::PullResponse>(std::move(done)));
+  PullValues(req, deadline,
+             [done = std::move(done)](const absl::Status& s,
+                                      proto::PullResponse* resp,
+                                      absl::Span<const char> vals) {
+               if (!vals.empty()) {
+                 resp->mutable_vals()->assign(vals.data(), vals.size());
+               }
+               done(s, resp);
+             });
 }
 
 void DataPlaneClient::PullValues(const proto::PullRequest& req,
                                  absl::Time deadline,
                                  ServerClient::ValuesCallback done) {
-  StartPull(req, deadline,
-            [done = std::move(done)](const absl::Status& s,
-                                     const proto::DataReply* reply,
-                                     absl::Span<const char> vals) {
-              proto::PullResponse resp;
-              absl::Status st = s;
-              if (st.ok() && reply != nullptr &&
-                  !resp.ParseFromString(reply->response())) {
-                st = absl::InternalError("data plane: malformed response");
-              }
-              done(st, &resp, st.ok() ? vals : absl::Span<const char>());
-            });
-}
-
-void DataPlaneClient::StartPull(const proto::PullRequest& req,
-                                absl::Time deadline, ReplyFn done) {
   const std::string meta = PullHead(req).SerializeAsString();
   Header h;
   h.type = data_plane::kPull;
@@ -1042,7 +1039,8 @@ void DataPlaneClient::StartPull(const proto::PullRequest& req,
                      ? 0
                      : static_cast<uint64_t>(std::max<int64_t>(
                            1, absl::ToInt64Microseconds(left)));
-  state_->Call(h, meta, req.keys(), nullptr, {}, deadline, std::move(done));
+  state_->Call(h, meta, req.keys(), nullptr, {}, deadline,
+               Parsed<proto::PullResponse>(std::move(done)));
 }
 
 void DataPlaneClient::Clock(const proto::ClockRequest& req, absl::Time deadline,

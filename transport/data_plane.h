@@ -41,7 +41,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 
@@ -215,11 +214,6 @@ class DataPlaneClient {
 
  private:
   explicit DataPlaneClient(std::shared_ptr<State> state) : state_(std::move(state)) {}
-  // An answer's callback (State::Done).
-  using ReplyFn = std::function<void(
-      const absl::Status&, const proto::DataReply*, absl::Span<const char>)>;
-  void StartPull(const proto::PullRequest& req, absl::Time deadline,
-                 ReplyFn done);
   std::shared_ptr<State> state_;
 };
 

@@ -545,19 +545,16 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
     r.set_table(table);
     r.set_num_examples(num_examples);
     size_t count = 0;
-    size_t pieces = 0;  // runs not adjacent to the one before
-    for (size_t i = 0; i < runs.size(); ++i) {
-      count += runs[i].last - runs[i].first;
-      if (i == 0 || runs[i - 1].last != runs[i].first) ++pieces;
-    }
     std::vector<std::pair<size_t, size_t>> spans;  // runs, adjacent joined
     for (const Run& run : runs) {
+      count += run.last - run.first;
       if (!spans.empty() && spans.back().second == run.first) {
         spans.back().second = run.last;
       } else {
         spans.emplace_back(run.first, run.last);
       }
     }
+    const size_t pieces = spans.size();
     p->keys = SliceKeys(server, table, keys, spans, count);
     std::string* v = r.mutable_vals();
     // Appended, not resized then overwritten: libstdc++ zero-fills on
@@ -699,7 +696,10 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
   const size_t dim_bytes =
       old_keys.empty() ? 0 : vals->size() / (old_keys.size() / 8);
   std::map<int, std::shared_ptr<PushSlice>> by_server;
-  std::map<int, std::string> keys_by_server;
+  // Per new owner, the spans of the old request's keys it gets, and how
+  // many.
+  std::map<int, std::pair<std::vector<std::pair<size_t, size_t>>, size_t>>
+      spans_by_server;
   size_t at = 0;  // key index in the old request
   for (const proto::PushSegment& seg : o.segments()) {
     const int server = routing->OwnerOfRange(seg.range());
@@ -715,8 +715,9 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
       p->req.set_num_examples(o.num_examples());
       p->req.set_value_encoding(o.value_encoding());
     }
-    keys_by_server[server].append(old_keys, at * sizeof(uint64_t),
-                                  seg.num_keys() * sizeof(uint64_t));
+    auto& [spans, count] = spans_by_server[server];
+    spans.emplace_back(at, at + seg.num_keys());
+    count += seg.num_keys();
     p->req.mutable_vals()->append(*vals, at * dim_bytes,
                                   seg.num_keys() * dim_bytes);
     *p->req.add_segments() = seg;  // the same (range, seq)
@@ -727,8 +728,10 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
     ops_[old.ts].pending += static_cast<int>(by_server.size());
   }
   for (auto& [server, p] : by_server) {
-    p->keys = std::make_shared<const std::string>(
-        std::move(keys_by_server[server]));
+    // The same list as before when the owner is (a resend keeps its name).
+    const auto& [spans, count] = spans_by_server[server];
+    p->keys = SliceKeys(server, o.table(), ViewAs<uint64_t>(old_keys), spans,
+                        count);
     SendPush(p, attempt);
   }
 }
@@ -779,11 +782,11 @@ void KVWorker::AttachKeys(int server,
   }
   absl::MutexLock l(&mu_);
   std::list<SentList>& sent = lists_[server];
-  // Few lists per server, and unequal ones differ early: a linear search
-  // with whole comparisons is cheap next to sending the keys. A slice
-  // whose keys SliceKeys found in a list shares its string.
+  // SliceKeys compared the keys with these lists and, when one was equal,
+  // gave the request that list's string: found by pointer. Keys it did not
+  // find (or a resend's regrouped keys) go under a new name.
   auto it = std::find_if(sent.begin(), sent.end(), [&](const SentList& e) {
-    return e.table == req->table() && (e.keys == keys || *e.keys == *keys);
+    return e.table == req->table() && e.keys == keys;
   });
   if (it == sent.end()) {
     sent.push_front(SentList{next_list_id_++, req->table(), keys, false});
