@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/match.h"
 #include "common/job_report.h"
 #include "common/net.h"
@@ -505,7 +506,11 @@ H, S[i], W[i].
                        is ready; ROLE S (server), W (worker) or H (scheduler),
                        e.g. S1@10, W0@2.5, H@5; repeatable. The launcher
                        does not stop the job for a process it killed: the
-                       cluster decides
+                       cluster decides. Instead of SECONDS, eEPOCHS (S1@e2,
+                       W0@e0.5) is when that many epochs of work units are
+                       done (the scheduler's progress, polled every 20 ms):
+                       the same point of the job on any machine. So for
+                       --pause, --drain, --add-server and --add-worker
   --pause ROLE[ID]@SECONDS:FOR_S
                        chaos: SIGSTOP that process SECONDS after the cluster
                        is ready and SIGCONT it FOR_S seconds later: a node
@@ -687,7 +692,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
         return absl::InvalidArgumentError(absl::StrCat(
             "flag --pause wants ROLE[ID]@SECONDS:FOR_SECONDS (S1@10:5: stop "
             "server 1 ten seconds after the cluster is ready, for five "
-            "seconds; FOR_SECONDS in (0, 86400]), got '",
+            "seconds; S1@e2:5 once two epochs of work are done; FOR_SECONDS "
+            "in (0, 86400]), got '",
             value, "'"));
       }
       PS_ASSIGN_OR_RETURN(ChaosKill k,
@@ -698,23 +704,18 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
       PS_ASSIGN_OR_RETURN(ChaosKill k, ParseKillSpec(value, "--drain"));
       if (k.role != 'S') {
         return absl::InvalidArgumentError(absl::StrCat(
-            "flag --drain wants a server, S<ID>@SECONDS, got '", value, "'"));
+            "flag --drain wants a server, S<ID>@SECONDS or S<ID>@eEPOCHS, "
+            "got '", value, "'"));
       }
       options.drains.push_back(k);
     } else if (flag == "--add-server") {
-      double t = 0;
-      if (!absl::SimpleAtod(value, &t) || !(t >= 0) || t > 86400 * 30) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "flag --add-server wants seconds >= 0, got '", value, "'"));
-      }
-      options.add_servers.push_back(t);
+      PS_ASSIGN_OR_RETURN(ChaosKill k,
+                          ParseChaosWhen(value, 'A', "--add-server"));
+      options.add_servers.push_back(k);
     } else if (flag == "--add-worker") {
-      double t = 0;
-      if (!absl::SimpleAtod(value, &t) || !(t >= 0) || t > 86400 * 30) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "flag --add-worker wants seconds >= 0, got '", value, "'"));
-      }
-      options.add_workers.push_back(t);
+      PS_ASSIGN_OR_RETURN(ChaosKill k,
+                          ParseChaosWhen(value, 'J', "--add-worker"));
+      options.add_workers.push_back(k);
     } else if (flag == "--timeout_s") {
       if (!absl::SimpleAtod(value, &options.timeout_s) ||
           !(options.timeout_s >= 0)) {
@@ -734,12 +735,53 @@ std::string ChaosKill::Target() const {
   return absl::StrCat(std::string(1, role), "[", id, "]");
 }
 
+std::string ChaosKill::When() const {
+  if (after_epochs >= 0) return absl::StrCat("e", after_epochs);
+  return absl::StrCat(after_s);
+}
+
+namespace {
+
+// "10", "2.5" (seconds after the cluster is ready) or "e2", "e0.5" (epochs
+// of work done) into k; false for anything else.
+bool ParseWhen(absl::string_view when, ChaosKill* k) {
+  if (absl::ConsumePrefix(&when, "e")) {
+    double e = 0;
+    if (!absl::SimpleAtod(when, &e) || !(e >= 0) || e > 1e6) return false;
+    k->after_epochs = e;
+    k->after_s = 0;
+    return true;
+  }
+  double t = 0;
+  if (!absl::SimpleAtod(when, &t) || !(t >= 0) || t > 86400 * 30) {
+    return false;
+  }
+  k->after_s = t;
+  k->after_epochs = -1;
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<ChaosKill> ParseChaosWhen(absl::string_view when, char role,
+                                         absl::string_view flag) {
+  ChaosKill k;
+  k.role = role;
+  if (!ParseWhen(when, &k)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flag ", flag, " wants seconds >= 0 after the cluster is ready, or "
+        "eEPOCHS (e2: once two epochs of work are done), got '", when, "'"));
+  }
+  return k;
+}
+
 absl::StatusOr<ChaosKill> ParseKillSpec(absl::string_view spec,
                                         absl::string_view flag) {
   auto bad = [&]() {
     return absl::InvalidArgumentError(absl::StrCat(
-        "flag ", flag, " wants ROLE[ID]@SECONDS with ROLE S, W or H (S1@10, "
-        "W0@2.5, H@5), got '",
+        "flag ", flag, " wants ROLE[ID]@SECONDS or ROLE[ID]@eEPOCHS with ROLE "
+        "S, W or H (S1@10, W0@2.5, H@5; S1@e2: once two epochs of work are "
+        "done), got '",
         spec, "'"));
   };
   const size_t at = spec.find('@');
@@ -754,10 +796,7 @@ absl::StatusOr<ChaosKill> ParseKillSpec(absl::string_view spec,
              (k.role == 'H' && k.id != 0)) {
     return bad();
   }
-  if (!absl::SimpleAtod(spec.substr(at + 1), &k.after_s) ||
-      !(k.after_s >= 0) || k.after_s > 86400 * 30) {
-    return bad();
-  }
+  if (!ParseWhen(spec.substr(at + 1), &k)) return bad();
   return k;
 }
 
@@ -781,7 +820,7 @@ absl::StatusOr<JobConfig> CheckLaunch(const LaunchOptions& options,
                   static_cast<int>(options.add_servers.size());
     if (k.id >= n) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "flag --drain ", k.Target(), "@", k.after_s, ": the job has ", n,
+          "flag --drain ", k.Target(), "@", k.When(), ": the job has ", n,
           " servers"));
     }
   }
@@ -794,7 +833,7 @@ absl::StatusOr<JobConfig> CheckLaunch(const LaunchOptions& options,
     if (k.id >= n) {
       return absl::InvalidArgumentError(
           absl::StrCat(k.pause_s > 0 ? "flag --pause " : "flag --kill ",
-                       k.Target(), "@", k.after_s,
+                       k.Target(), "@", k.When(),
                        ": the job has ", n,
                        k.role == 'S' ? " servers" : " workers"));
     }
@@ -949,31 +988,49 @@ class Chaos {
   // `drain` drains a server (the scheduler's Drain RPC; blocks): run on a
   // thread of its own per --drain, joined by the destructor.
   using DrainFn = std::function<absl::StatusOr<proto::DrainResponse>(int)>;
+  // `probe_epochs` asks the scheduler how many epochs of work are done
+  // (nullopt when it did not answer); polled every kEpochPoll while an
+  // eEPOCHS event is pending.
+  using EpochsFn = std::function<std::optional<double>()>;
   Chaos(const LaunchOptions& o, SayFn say, std::function<bool()> probe_ready,
-        std::string record_path, DrainFn drain)
+        std::string record_path, DrainFn drain, EpochsFn probe_epochs)
       : record_path_(std::move(record_path)),
         restart_(o.restart),
         restart_delay_(absl::Seconds(o.restart_delay_s)),
         say_(std::move(say)),
         probe_ready_(std::move(probe_ready)),
-        drain_(std::move(drain)) {
+        drain_(std::move(drain)),
+        probe_epochs_(std::move(probe_epochs)) {
     for (const ChaosKill& k : o.kills) pending_.push_back(k);
     for (const ChaosKill& k : o.pauses) pending_.push_back(k);
     // Elasticity (issue 9): adds and drains on the same schedule, told
     // apart by role ('A': add a server; 'J': add a worker; 'D': drain
     // server id).
-    for (double t : o.add_servers) pending_.push_back(ChaosKill{'A', 0, t});
-    for (double t : o.add_workers) pending_.push_back(ChaosKill{'J', 0, t});
-    for (const ChaosKill& d : o.drains) {
-      pending_.push_back(ChaosKill{'D', d.id, d.after_s});
+    for (const ChaosKill& k : o.add_servers) pending_.push_back(k);
+    for (const ChaosKill& k : o.add_workers) pending_.push_back(k);
+    for (ChaosKill d : o.drains) {
+      d.role = 'D';
+      pending_.push_back(d);
     }
+    // Timed events by time, then progress events by epochs: RunDue fires
+    // whatever is due in this order.
     std::stable_sort(pending_.begin(), pending_.end(),
                      [](const ChaosKill& a, const ChaosKill& b) {
-                       return a.after_s < b.after_s;
+                       const bool ea = a.after_epochs >= 0;
+                       const bool eb = b.after_epochs >= 0;
+                       if (ea != eb) return eb;
+                       return ea ? a.after_epochs < b.after_epochs
+                                 : a.after_s < b.after_s;
                      });
   }
+  // Whatever never came due (the job ended first) is said, not dropped
+  // silently: a chaos run whose fault never happened tested nothing.
   ~Chaos() {
     for (std::thread& t : drains_) t.join();
+    for (const ChaosKill& k : pending_) {
+      say_(absl::StrCat("chaos: ", Flag(k), " never came due (the job ended "
+                        "first); nothing done"));
+    }
   }
 
   bool active() const {
@@ -994,8 +1051,10 @@ class Chaos {
     const absl::Time ready = Ready();
     if (ready == absl::InfiniteFuture()) return absl::Now() + kReadyPoll;
     absl::Time next = absl::InfiniteFuture();
-    if (!pending_.empty()) {
-      next = ready + absl::Seconds(pending_.front().after_s);
+    for (const ChaosKill& k : pending_) {
+      next = std::min(next, k.after_epochs >= 0
+                                ? absl::Now() + kEpochPoll
+                                : ready + absl::Seconds(k.after_s));
     }
     for (const auto& r : restarts_) next = std::min(next, r.when);
     for (const auto& r : resumes_) next = std::min(next, r.second);
@@ -1012,10 +1071,29 @@ class Chaos {
       ready = ready_;
     }
     const absl::Time now = absl::Now();
-    while (!pending_.empty() &&
-           ready + absl::Seconds(pending_.front().after_s) <= now) {
-      const ChaosKill k = pending_.front();
-      pending_.erase(pending_.begin());
+    // Progress, asked at most once a call and only when an eEPOCHS event
+    // waits for it.
+    std::optional<double> epochs;
+    for (const ChaosKill& k : pending_) {
+      if (k.after_epochs >= 0 && probe_epochs_) {
+        epochs = probe_epochs_();
+        break;
+      }
+    }
+    for (size_t i = 0; i < pending_.size();) {
+      const ChaosKill k = pending_[i];
+      const bool due = k.after_epochs >= 0
+                           ? epochs.has_value() && *epochs >= k.after_epochs
+                           : ready + absl::Seconds(k.after_s) <= now;
+      if (!due) {
+        ++i;
+        continue;
+      }
+      pending_.erase(pending_.begin() + i);
+      if (k.after_epochs >= 0) {
+        say_(absl::StrFormat("chaos: %.2f epochs of work done: %s is due",
+                             *epochs, Flag(k)));
+      }
       if (k.role == 'A' || k.role == 'J') {
         AddNode(k.role == 'A' ? 'S' : 'W', group, specs, ready, now);
         continue;
@@ -1035,15 +1113,15 @@ class Chaos {
       absl::StatusOr<pid_t> pid = group->Signal(name, SIGKILL);
       const double at = absl::ToDoubleSeconds(now - ready);
       if (!pid.ok()) {
-        say_(absl::StrFormat("chaos: --kill %s@%g: %s; nothing killed",
-                             target, k.after_s, pid.status().message()));
+        say_(absl::StrFormat("chaos: %s: %s; nothing killed", Flag(k),
+                             pid.status().message()));
         continue;
       }
       killed_.insert(*pid);
       say_(absl::StrFormat(
           "chaos: killed %s (pid %d) with SIGKILL at %.3f s after the "
-          "cluster was ready (--kill %s@%g), unix ms %d",
-          name, *pid, at, target, k.after_s, absl::ToUnixMillis(now)));
+          "cluster was ready (%s), unix ms %d",
+          name, *pid, at, Flag(k), absl::ToUnixMillis(now)));
       Record(absl::StrFormat(
           "{\"event\": \"kill\", \"node\": \"%s\", \"pid\": %d, "
           "\"unix_ms\": %d, \"after_ready_s\": %.3f}",
@@ -1128,16 +1206,14 @@ class Chaos {
     absl::StatusOr<pid_t> pid = group->Signal(name, SIGSTOP);
     const double at = absl::ToDoubleSeconds(now - ready);
     if (!pid.ok()) {
-      say_(absl::StrFormat("chaos: --pause %s@%g:%g: %s; nothing paused",
-                           k.Target(), k.after_s, k.pause_s,
+      say_(absl::StrFormat("chaos: %s: %s; nothing paused", Flag(k),
                            pid.status().message()));
       return;
     }
     say_(absl::StrFormat(
         "chaos: paused %s (pid %d) with SIGSTOP at %.3f s after the cluster "
-        "was ready, for %g s (--pause %s@%g:%g), unix ms %d",
-        name, *pid, at, k.pause_s, k.Target(), k.after_s, k.pause_s,
-        absl::ToUnixMillis(now)));
+        "was ready, for %g s (%s), unix ms %d",
+        name, *pid, at, k.pause_s, Flag(k), absl::ToUnixMillis(now)));
     Record(absl::StrFormat(
         "{\"event\": \"pause\", \"node\": \"%s\", \"pid\": %d, "
         "\"unix_ms\": %d, \"after_ready_s\": %.3f, \"for_s\": %g}",
@@ -1216,6 +1292,21 @@ class Chaos {
     ChildSpec spec;
     absl::Time when;
   };
+  // The event as its flag: "--kill S[1]@e2", "--pause W[1]@1:600",
+  // "--add-server 0.2", "--drain S[1]@0.6".
+  static std::string Flag(const ChaosKill& k) {
+    switch (k.role) {
+      case 'A': return absl::StrCat("--add-server ", k.When());
+      case 'J': return absl::StrCat("--add-worker ", k.When());
+      case 'D': return absl::StrCat("--drain S[", k.id, "]@", k.When());
+      default: break;
+    }
+    if (k.pause_s > 0) {
+      return absl::StrCat("--pause ", k.Target(), "@", k.When(), ":",
+                          k.pause_s);
+    }
+    return absl::StrCat("--kill ", k.Target(), "@", k.When());
+  }
   absl::Time Ready() {
     absl::MutexLock l(&mu_);
     return ready_;
@@ -1227,15 +1318,17 @@ class Chaos {
   }
 
   static constexpr absl::Duration kReadyPoll = absl::Milliseconds(100);
+  static constexpr absl::Duration kEpochPoll = absl::Milliseconds(20);
   const std::string record_path_;
   const bool restart_;
   const absl::Duration restart_delay_;
   const SayFn say_;
   const std::function<bool()> probe_ready_;
   const DrainFn drain_;
+  const EpochsFn probe_epochs_;
   std::vector<std::thread> drains_;
   std::map<char, int> added_;  // per role letter
-  std::vector<ChaosKill> pending_;  // by after_s
+  std::vector<ChaosKill> pending_;  // in the constructor's order
   std::vector<Restart> restarts_;
   // --pause: the processes stopped, with when to resume each.
   std::vector<std::pair<std::string, absl::Time>> resumes_;
@@ -1490,7 +1583,9 @@ int Launcher::Run(const std::atomic<int>* stop) {
   std::vector<std::string> dead_workers;  // issue 9: workers that died
   {
     // Chaos (issue 9): readiness from the scheduler's log line, or by
-    // asking it (Status: phase past registering).
+    // asking it (Status: phase past registering); eEPOCHS events by asking
+    // it for its progress (one channel: the scheduler listens by then).
+    GrpcClientFactory progress_clients(GrpcClientFactory::Options(security, 1));
     Chaos chaos(
         options_, [this](absl::string_view l) { Say(l); },
         [&]() {
@@ -1512,6 +1607,14 @@ int Launcher::Run(const std::atomic<int>* stop) {
           req.set_server(id);
           return drain_clients.Scheduler(scheduler_address_)
               ->Drain(req, absl::Now() + absl::Seconds(300));
+        },
+        [&]() -> std::optional<double> {
+          proto::StatusRequest req;
+          req.set_brief(true);
+          auto st = progress_clients.Scheduler(scheduler_address_)
+                        ->Status(req, absl::Now() + absl::Milliseconds(200));
+          if (!st.ok()) return std::nullopt;
+          return st->epochs_done();
         });
     ProcessGroup group(
         [this, &chaos](const std::string& name, absl::string_view line) {

@@ -157,7 +157,11 @@ class ProcessGroup {
 };
 
 // Chaos (issue 9): `--kill S1@10` SIGKILLs server 1 ten seconds after the
-// cluster is ready. role: 'S' server, 'W' worker, 'H' scheduler (id 0).
+// cluster is ready; `--kill S1@e2` once two epochs' worth of work units are
+// done (the scheduler's progress, polled), which, unlike a time, falls at
+// the same point of the job however fast the machine trains. role: 'S'
+// server, 'W' worker, 'H' scheduler (id 0); in Chaos also 'A' (add a
+// server), 'J' (add a worker) and 'D' (drain server id).
 struct ChaosKill {
   char role = 'S';
   int id = 0;
@@ -165,15 +169,25 @@ struct ChaosKill {
   // --pause: SIGSTOP instead of SIGKILL, and SIGCONT this many seconds
   // later (0: a kill).
   double pause_s = 0;
+  // >= 0: due when the job has done this many epochs of work (after_s is
+  // then unused); -1: due after_s seconds after the cluster is ready.
+  double after_epochs = -1;
 
   // "S[1]", "W[0]", "H": the child's name in ps_launch's output.
   std::string Target() const;
+  // When it is due as written on the command line: "10", "2.5", "e2".
+  std::string When() const;
   bool operator==(const ChaosKill&) const = default;
 };
-// Parses "S1@10", "W0@2.5", "H@5" (also "H0@5"). INVALID_ARGUMENT naming
-// the flag (--kill) for anything else.
+// Parses "S1@10", "W0@2.5", "H@5" (also "H0@5"), and "S1@e2" (after two
+// epochs of work). INVALID_ARGUMENT naming the flag (--kill) for anything
+// else.
 absl::StatusOr<ChaosKill> ParseKillSpec(absl::string_view spec,
                                         absl::string_view flag = "--kill");
+// Parses the time of --add-server/--add-worker: "SECONDS" or "eEPOCHS"
+// into a ChaosKill of `role` ('A' or 'J').
+absl::StatusOr<ChaosKill> ParseChaosWhen(absl::string_view when, char role,
+                                         absl::string_view flag);
 
 // What ps_launch was asked to do; see launch_main.cc for the flags.
 struct LaunchOptions {
@@ -197,9 +211,11 @@ struct LaunchOptions {
   // Elasticity (issue 9): --add-server SECONDS starts one more server (a new
   // node, "S+1", ...) that long after the cluster is ready; --drain S1@10
   // drains server 1 then (the Drain RPC, like ps_status --drain 1).
-  std::vector<double> add_servers;
-  // --add-worker SECONDS: one more worker ("W+1", ...) joins likewise.
-  std::vector<double> add_workers;
+  // Either also at eEPOCHS (see ChaosKill); role 'A'.
+  std::vector<ChaosKill> add_servers;
+  // --add-worker SECONDS: one more worker ("W+1", ...) joins likewise;
+  // role 'J'.
+  std::vector<ChaosKill> add_workers;
   std::vector<ChaosKill> drains;  // role 'S'
   // --check: validate the config and flags (CheckLaunch) and exit, starting
   // nothing; --check=resources also checks the data files and model_dir.

@@ -349,6 +349,17 @@ TEST(ParseLaunchArgsTest, KillAndRestart) {
                                           ChaosKill{'W', 0, 0.5, 1.5}));
   EXPECT_TRUE(paused->kills.empty());
 
+  // At a point of the job's progress instead of a time: eEPOCHS.
+  auto progress = ParseLaunchArgs({"--config", "a", "--kill", "S1@e2",
+                                   "--pause=W0@e0.5:3", "--kill", "H@e0"});
+  ASSERT_TRUE(progress.ok()) << progress.status();
+  EXPECT_THAT(progress->kills, ElementsAre(ChaosKill{'S', 1, 0, 0, 2},
+                                           ChaosKill{'H', 0, 0, 0, 0}));
+  EXPECT_THAT(progress->pauses, ElementsAre(ChaosKill{'W', 0, 0, 3, 0.5}));
+  EXPECT_EQ(progress->kills[0].When(), "e2");
+  EXPECT_EQ(progress->pauses[0].When(), "e0.5");
+  EXPECT_EQ(options->kills[1].When(), "2.5");
+
   auto plain = ParseLaunchArgs({"--config", "a", "--restart", "--kill",
                                 "H0@0"});
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -367,7 +378,8 @@ TEST(ParseLaunchArgsTest, KillAndRestart) {
            {"--restart=abc"}, {"--restart=-1"}, {"--pause", "S1@1"},
            {"--pause", "S1@1:0"}, {"--pause", "S1@1:-2"},
            {"--pause", "S1@1:x"}, {"--pause", "X1@1:2"},
-           {"--pause", "S1:2"}}) {
+           {"--pause", "S1:2"}, {"--kill", "S1@e"}, {"--kill", "S1@e-1"},
+           {"--kill", "S1@ex"}, {"--kill", "S1@2e"}, {"--pause", "S1@e:2"}}) {
     std::vector<std::string> full = {"--config", "a"};
     full.insert(full.end(), args.begin(), args.end());
     auto bad = ParseLaunchArgs(full);
@@ -385,9 +397,17 @@ TEST(ParseLaunchArgsTest, AddServerAndDrain) {
                                   "--drain=S1@4.5", "--add-server=0",
                                   "--add-worker", "1.5"});
   ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_THAT(options->add_servers, ElementsAre(2.0, 0.0));
-  EXPECT_THAT(options->add_workers, ElementsAre(1.5));
+  EXPECT_THAT(options->add_servers,
+              ElementsAre(ChaosKill{'A', 0, 2}, ChaosKill{'A', 0, 0}));
+  EXPECT_THAT(options->add_workers, ElementsAre(ChaosKill{'J', 0, 1.5}));
   EXPECT_THAT(options->drains, ElementsAre(ChaosKill{'S', 1, 4.5}));
+  auto progress = ParseLaunchArgs({"--config", "a", "--add-server", "e1",
+                                   "--drain=S1@e1.5", "--add-worker=e0.25"});
+  ASSERT_TRUE(progress.ok()) << progress.status();
+  EXPECT_THAT(progress->add_servers, ElementsAre(ChaosKill{'A', 0, 0, 0, 1}));
+  EXPECT_THAT(progress->add_workers,
+              ElementsAre(ChaosKill{'J', 0, 0, 0, 0.25}));
+  EXPECT_THAT(progress->drains, ElementsAre(ChaosKill{'S', 1, 0, 0, 1.5}));
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{
            {"--drain", "W1@1"}, {"--drain", "H@1"}, {"--drain", "S1"},
@@ -959,6 +979,28 @@ TEST_F(LauncherTest, KillAndRestartMechanics) {
                                  "\"S[1]\", \"as\": \"S[1]+1\""));
 }
 
+// An eEPOCHS event waits for the scheduler's progress; one that never came
+// due (here: a stand-in scheduler that reports none) is said at the end, not
+// dropped silently. The real progress trigger is tested with real processes
+// (tests/multiprocess_test.cc, the chaos tests).
+TEST_F(LauncherTest, ProgressEventThatNeverCameDueIsSaid) {
+  Steer("ps_scheduler", "--print-ready --sleep-ms 600");
+  Steer("ps_server", "--sleep-ms 600");
+  Steer("ps_worker", "--sleep-ms 600");
+  options_.kills = {ChaosKill{'S', 1, 0, 0, 5}};
+  options_.add_servers = {ChaosKill{'A', 0, 0, 0, 1.5}};
+  EXPECT_EQ(Run(), 0) << lines_.Joined();
+  EXPECT_TRUE(With("ps_launch: chaos: killed").empty()) << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: chaos: --kill S[1]@e5 never came due (the job "
+                 "ended first); nothing done")
+                .size(),
+            1u)
+      << lines_.Joined();
+  EXPECT_EQ(With("ps_launch: chaos: --add-server e1.5 never came due").size(),
+            1u)
+      << lines_.Joined();
+}
+
 // A replacement that cannot join (the real scheduler refuses a node in a
 // running job) is reported and the job goes on.
 TEST_F(LauncherTest, ReplacementThatCannotJoinDoesNotStopTheJob) {
@@ -984,7 +1026,7 @@ TEST_F(LauncherTest, AddServerStartsANewServerMidRun) {
   Steer("ps_server", "--sleep-ms 1500");
   Steer("ps_worker", "--sleep-ms 1500");
   Steer("ps_server_new", "--echo-args --sleep-ms 200");
-  options_.add_servers = {0.2};
+  options_.add_servers = {ChaosKill{'A', 0, 0.2}};
   EXPECT_EQ(Run(), 0) << lines_.Joined();
   EXPECT_EQ(With("ps_launch: added server S+1 (pid ").size(), 1u)
       << lines_.Joined();
@@ -999,7 +1041,7 @@ TEST_F(LauncherTest, AddWorkerStartsANewWorkerMidRun) {
   Steer("ps_server", "--sleep-ms 1500");
   Steer("ps_worker", "--sleep-ms 1500");
   Steer("ps_worker_new", "--echo-args --sleep-ms 200");
-  options_.add_workers = {0.2};
+  options_.add_workers = {ChaosKill{'J', 0, 0.2}};
   EXPECT_EQ(Run(), 0) << lines_.Joined();
   EXPECT_EQ(With("ps_launch: added worker W+1 (pid ").size(), 1u)
       << lines_.Joined();

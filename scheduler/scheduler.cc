@@ -1103,7 +1103,7 @@ absl::StatusOr<proto::SetConsistencyResponse> SchedulerCore::SetConsistency(
   return resp;
 }
 
-absl::StatusOr<proto::StatusResponse> SchedulerCore::Status() {
+absl::StatusOr<proto::StatusResponse> SchedulerCore::Status(bool brief) {
   proto::StatusResponse resp;
   std::vector<std::string> addresses;
   {
@@ -1118,7 +1118,15 @@ absl::StatusOr<proto::StatusResponse> SchedulerCore::Status() {
     for (const Node& w : workers_) *resp.add_nodes() = w.info;
     resp.set_phase(JobPhaseName(phase_));
     resp.set_now_ms(absl::ToUnixMillis(options_.clock->Now()));
+    if (work_ != nullptr) {
+      const JobProgress p = work_->Progress();
+      if (p.units_per_epoch > 0) {
+        resp.set_epochs_done(static_cast<double>(p.done) /
+                             static_cast<double>(p.units_per_epoch));
+      }
+    }
   }
+  if (brief) return resp;
   for (const std::string& a : addresses) {
     if (a.empty()) continue;
     auto s = options_.clients->Server(a)->GetStatus(

@@ -133,7 +133,8 @@ class SchedulerCore {
   // server could not be told (the job then fails).
   absl::StatusOr<proto::SetConsistencyResponse> SetConsistency(
       const proto::SetConsistencyRequest& req);
-  absl::StatusOr<proto::StatusResponse> Status();
+  // `brief`: without asking the servers for their ServerStatus.
+  absl::StatusOr<proto::StatusResponse> Status(bool brief = false);
 
   // Failover (issue 9, docs/fault_tolerance.md). Marks servers `ids` dead
   // and, with replication on, publishes a view (epoch + 1) in which every

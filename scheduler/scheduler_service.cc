@@ -106,10 +106,10 @@ grpc::Status SchedulerService::SetConsistency(
 }
 
 grpc::Status SchedulerService::Status(grpc::ServerContext* ctx,
-                                      const proto::StatusRequest*,
+                                      const proto::StatusRequest* req,
                                       proto::StatusResponse* resp) {
   PS_AUTH();
-  return Fill(core_->Status(), resp);
+  return Fill(core_->Status(req->brief()), resp);
 }
 
 // Checkpoints (issue 9).
