@@ -170,7 +170,7 @@ def recovery(args):
     for i in range(args.runs):
         r, wall, _, log = launch(args, "kill-%d" % i,
                                  ["fault_tolerance.replicas=1"],
-                                 ["--kill", "S1@%g" % args.at])
+                                 ["--kill", "S1@%s" % args.at])
         if r is None:
             ok = False
             continue
@@ -249,8 +249,8 @@ def elastic(args):
     for i in range(args.pairs):
         for kind in ("plain", "elastic"):
             extra = [] if kind == "plain" else [
-                "--add-server", "%g" % args.at,
-                "--drain", "S1@%g" % args.at2]
+                "--add-server", args.at,
+                "--drain", "S1@%s" % args.at2]
             r, wall, cpu, _ = launch(args, "elastic-%d-%s" % (i, kind),
                                      ["fault_tolerance.replicas=1"], extra)
             if r is None:
@@ -303,10 +303,12 @@ def main():
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--mode", default="asp", choices=["bsp", "ssp", "asp"])
     ap.add_argument("--tau", type=int, default=2)
-    ap.add_argument("--at", type=float, default=1.0,
-                    help="seconds after the cluster is ready (--kill S1@AT; "
+    ap.add_argument("--at", default="e2",
+                    help="seconds after the cluster is ready, or eEPOCHS "
+                    "(e2: once two epochs of work are done; the default, the "
+                    "same point of the job on any machine) (--kill S1@AT; "
                     "elastic: --add-server AT)")
-    ap.add_argument("--at2", type=float, default=2.0,
+    ap.add_argument("--at2", default="e4",
                     help="elastic: --drain S1@AT2")
     ap.add_argument("--set", action="append", default=[],
                     help="FIELD=VALUE for every launch (repeatable)")
