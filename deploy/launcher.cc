@@ -509,8 +509,8 @@ H, S[i], W[i].
                        cluster decides. Instead of SECONDS, eEPOCHS (S1@e2,
                        W0@e0.5) is when that many epochs of work units are
                        done (the scheduler's progress, polled every 20 ms):
-                       the same point of the job on any machine. So for
-                       --pause, --drain, --add-server and --add-worker
+                       the same point of the job on any machine; --pause,
+                       --drain, --add-server and --add-worker take it too
   --pause ROLE[ID]@SECONDS:FOR_S
                        chaos: SIGSTOP that process SECONDS after the cluster
                        is ready and SIGCONT it FOR_S seconds later: a node
