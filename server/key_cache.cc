@@ -14,8 +14,8 @@ std::shared_ptr<const KeyList> KeyCache::Find(int worker, uint64_t id) {
   return it->second->list;
 }
 
-void KeyCache::Put(int worker, uint64_t id,
-                   std::shared_ptr<const KeyList> list) {
+void KeyCache::Put(int worker, uint64_t id, std::shared_ptr<const KeyList> list,
+                   uint32_t window) {
   const size_t size = list->bytes();
   absl::MutexLock l(&mu_);
   const Name name{worker, id};
@@ -24,21 +24,48 @@ void KeyCache::Put(int worker, uint64_t id,
   while (bytes_ + size > budget_ && !lru_.empty()) {
     EraseLocked(std::prev(lru_.end()));
   }
+  if (window > 0) {
+    // The worker's least recently used lists, from the back: with every
+    // worker bounded, at most the sum of their windows are walked.
+    auto it = lru_.end();
+    while (CountLocked(worker) >= window && it != lru_.begin()) {
+      --it;
+      if (it->name.first != worker) continue;
+      it = EraseLocked(it);
+    }
+  }
   lru_.push_front(Entry{name, std::move(list)});
   index_[name] = lru_.begin();
   bytes_ += size;
+  ++per_worker_[worker];
 }
 
-void KeyCache::EraseLocked(std::list<Entry>::iterator it) {
+std::list<KeyCache::Entry>::iterator KeyCache::EraseLocked(
+    std::list<Entry>::iterator it) {
   bytes_ -= it->list->bytes();
   index_.erase(it->name);
-  lru_.erase(it);
+  if (auto w = per_worker_.find(it->name.first);
+      w != per_worker_.end() && --w->second == 0) {
+    per_worker_.erase(w);
+  }
+  return lru_.erase(it);
+}
+
+size_t KeyCache::CountLocked(int worker) const {
+  auto it = per_worker_.find(worker);
+  return it == per_worker_.end() ? 0 : it->second;
+}
+
+size_t KeyCache::lists_of(int worker) const {
+  absl::MutexLock l(&mu_);
+  return CountLocked(worker);
 }
 
 void KeyCache::Clear() {
   absl::MutexLock l(&mu_);
   lru_.clear();
   index_.clear();
+  per_worker_.clear();
   bytes_ = 0;
 }
 

@@ -70,6 +70,42 @@ TEST(KeyCacheTest, ListLargerThanTheBudgetIsNotKept) {
   EXPECT_EQ(cache.bytes(), 0u);
 }
 
+// A worker names only its `window` most recent lists to a server: the
+// server keeps no more of that worker's lists, whatever the budget, and
+// leaves other workers' lists alone.
+TEST(KeyCacheTest, KeepsAtMostTheWorkersWindowOfItsLists) {
+  KeyCache cache(size_t{1} << 30);
+  for (uint64_t id = 1; id <= 3; ++id) cache.Put(1, id, ListOf(10), 3);
+  for (uint64_t id = 1; id <= 5; ++id) cache.Put(0, id, ListOf(10), 3);
+  EXPECT_EQ(cache.lists_of(0), 3u);
+  EXPECT_EQ(cache.lists_of(1), 3u) << "worker 0's window evicted worker 1's";
+  EXPECT_EQ(cache.Find(0, 1), nullptr);
+  EXPECT_EQ(cache.Find(0, 2), nullptr);
+  for (uint64_t id = 3; id <= 5; ++id) EXPECT_NE(cache.Find(0, id), nullptr);
+  for (uint64_t id = 1; id <= 3; ++id) EXPECT_NE(cache.Find(1, id), nullptr);
+  // Least recently used first out: 3 was used (Find above) after 4 and 5
+  // were put, but 4 and 5 were found after it.
+  ASSERT_NE(cache.Find(0, 3), nullptr);  // 3 is now worker 0's most recent
+  cache.Put(0, 6, ListOf(10), 3);        // evicts 4
+  EXPECT_EQ(cache.Find(0, 4), nullptr);
+  EXPECT_NE(cache.Find(0, 3), nullptr);
+  EXPECT_NE(cache.Find(0, 5), nullptr);
+  EXPECT_NE(cache.Find(0, 6), nullptr);
+  // Replacing a list does not count it twice; a window of 1 keeps one.
+  cache.Put(0, 6, ListOf(20), 3);
+  EXPECT_EQ(cache.lists_of(0), 3u);
+  cache.Put(0, 7, ListOf(10), 1);
+  EXPECT_EQ(cache.lists_of(0), 1u);
+  EXPECT_NE(cache.Find(0, 7), nullptr);
+  EXPECT_EQ(cache.lists(), 4u);
+  EXPECT_EQ(cache.bytes(), 3 * ListOf(10)->bytes() + ListOf(10)->bytes());
+  // Without a window only the budget bounds a worker's lists.
+  for (uint64_t id = 10; id < 20; ++id) cache.Put(2, id, ListOf(1));
+  EXPECT_EQ(cache.lists_of(2), 10u);
+  cache.Clear();
+  EXPECT_EQ(cache.lists_of(0), 0u);
+}
+
 std::unique_ptr<Table> SgdTable() {
   TableSpec spec;
   spec.dim = 2;

@@ -602,13 +602,13 @@ std::pair<uint32_t*, uint64_t*> ServerNode::Resolving(RequestKeys* rk,
 void ServerNode::KeepResolved(int worker, RequestKeys* rk) {
   if (rk->keep == 0) return;
   if (rk->resolved != nullptr) {
-    key_cache_.Put(worker, rk->keep, std::move(rk->resolved));
+    key_cache_.Put(worker, rk->keep, std::move(rk->resolved), rk->window);
   } else if (rk->cached == nullptr) {
     // Kept unresolved (nothing was looked up: e.g. every run a duplicate).
     auto l = std::make_shared<KeyList>();
     l->keys.assign(rk->keys.begin(), rk->keys.end());
     l->runs = rk->runs;
-    key_cache_.Put(worker, rk->keep, std::move(l));
+    key_cache_.Put(worker, rk->keep, std::move(l), rk->window);
   }
 }
 
@@ -626,6 +626,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
   if (s.ok()) {
     s = ResolveKeys(req.worker_id(), req.table(), req.key_list(),
                     req.num_keys(), keys_in, adm, &rk);
+    rk.window = req.key_lists();
   }
   const std::vector<RangeRun>& runs = rk.runs;
   PushValues pv;  // the values as float32
@@ -912,6 +913,7 @@ void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
   if (s.ok()) {
     s = ResolveKeys(req.worker_id(), req.table(), req.key_list(),
                     req.num_keys(), keys_in, adm, rk.get());
+    rk->window = req.key_lists();
   }
   std::vector<int> ranges;
   ranges.reserve(rk->runs.size());

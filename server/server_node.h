@@ -303,6 +303,8 @@ class ServerNode {
     std::vector<RangeRun> runs;
     std::shared_ptr<const KeyList> cached;  // the list named, if cached
     uint64_t keep = 0;  // the request's keys are to be kept as this list
+    // The most lists the worker names to this server (key_lists; 0: any).
+    uint32_t window = 0;
     // The list with the slots resolved by keys this time (made by
     // Resolving), to keep once the request succeeded.
     std::shared_ptr<KeyList> resolved;

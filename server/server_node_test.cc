@@ -886,6 +886,32 @@ TEST_F(ServerNodeTest, PushCarryingItsClockEndsTheClock) {
   EXPECT_EQ(node_.Status().worker_clocks(1), 1);
 }
 
+// A worker that names at most key_lists lists at a time gets no more of
+// them kept: older lists go, least recently used first, and the newest
+// still serve by name.
+TEST_F(ServerNodeTest, KeepsNoMoreListsThanTheWorkerNames) {
+  Configure(1, 1, proto::MODE_ASP);
+  for (uint64_t list = 1; list <= 6; ++list) {
+    proto::PushRequest a =
+        MakePush(0, static_cast<int64_t>(list), 0, {2, 7}, {1, 2}, 1);
+    a.set_key_list(list);
+    a.set_key_lists(2);
+    ASSERT_TRUE(PushNow(&node_, a).ok());
+  }
+  EXPECT_EQ(node_.key_cache().lists_of(0), 2u);
+  proto::PushRequest b = MakePush(0, 7, 0, {}, {1, 2}, 1);
+  b.set_num_keys(2);
+  b.set_key_lists(2);
+  for (uint64_t list : {5, 6}) {
+    b.set_key_list(list);
+    EXPECT_TRUE(PushNow(&node_, b).ok()) << "list " << list;
+    b.set_seq(b.seq() + 1);
+  }
+  b.set_key_list(4);
+  absl::Status gone = PushNow(&node_, b);
+  EXPECT_EQ(ReasonOf(gone), proto::REASON_KEYS_NOT_CACHED) << gone;
+}
+
 // Key caching: a list kept under a name serves later pushes and pulls that
 // name it, exactly as their keys would.
 TEST_F(ServerNodeTest, NamedKeyListWorksAsItsKeys) {

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <list>
 #include <memory>
 #include <thread>
@@ -181,7 +182,7 @@ void Tune(int fd) {
 
 // A frame's first iovecs: header, meta, padding. `hdr` must outlive the
 // write.
-void FrameHead(const Header& h, const std::string& meta,
+void FrameHead(const Header& h, absl::string_view meta,
                char hdr[kHeaderBytes], std::vector<iovec>* iov) {
   data_plane::EncodeHeader(h, hdr);
   iov->push_back({hdr, kHeaderBytes});
@@ -663,14 +664,14 @@ struct DataPlaneClient::State {
   }
 
   // Registers `done`, writes the frame; a failed write fails the call.
-  void Call(Header h, const std::string& meta, absl::Span<const char> keys,
+  void Call(Header h, absl::string_view meta, absl::Span<const char> keys,
             const BorrowedValues* borrowed, absl::Span<const char> vals,
             absl::Time deadline, Done done);
   void Read();
   void FailAll(const absl::Status& s);
 };
 
-void DataPlaneClient::State::Call(Header h, const std::string& meta,
+void DataPlaneClient::State::Call(Header h, absl::string_view meta,
                                   absl::Span<const char> keys,
                                   const BorrowedValues* borrowed,
                                   absl::Span<const char> vals,
@@ -1003,12 +1004,37 @@ DataPlaneClient::State::Done Typed(ServerClient::Callback<Resp> done) {
     done(s, resp);
   });
 }
+// A request's message serialized into a buffer kept by the calling thread,
+// valid until the thread's next call (State::Call writes the frame before
+// it returns). A replication batch is up to 8 MiB: serialized into a new
+// string each time, its zero-fill and first-touch page faults cost a
+// replicating server 10 % of its CPU (perf, 2026-11-28); here the bytes are
+// written once, into memory the thread already has.
+absl::string_view SerializeHead(const google::protobuf::MessageLite& m) {
+  struct Kept {
+    std::unique_ptr<char[]> data;
+    size_t cap = 0;
+  };
+  thread_local Kept kept;
+  const size_t n = m.ByteSizeLong();
+  // Protobuf serializes nothing of 2 GiB or more: an empty head, which the
+  // server answers INVALID_ARGUMENT (no batch comes near: at most 8 MiB).
+  if (n > static_cast<size_t>(std::numeric_limits<int>::max())) return {};
+  // A buffer grown past this for one large request is not kept.
+  constexpr size_t kKeepBytes = size_t{32} << 20;
+  if (n > kept.cap || (kept.cap > kKeepBytes && n <= kKeepBytes)) {
+    kept.cap = std::max<size_t>(n, 4096);
+    kept.data.reset(new char[kept.cap]);
+  }
+  m.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(kept.data.get()));
+  return absl::string_view(kept.data.get(), n);
+}
 }  // namespace
 
 void DataPlaneClient::Push(const proto::PushRequest& req,
                            const BorrowedValues* borrowed, absl::Time deadline,
                            ServerClient::Callback<proto::PushResponse> done) {
-  const std::string meta = PushHead(req).SerializeAsString();
+  const absl::string_view meta = SerializeHead(PushHead(req));
   Header h;
   h.type = data_plane::kPush;
   state_->Call(h, meta, req.keys(), borrowed, req.vals(), deadline,
@@ -1031,7 +1057,7 @@ void DataPlaneClient::Pull(const proto::PullRequest& req, absl::Time deadline,
 void DataPlaneClient::PullValues(const proto::PullRequest& req,
                                  absl::Time deadline,
                                  ServerClient::ValuesCallback done) {
-  const std::string meta = PullHead(req).SerializeAsString();
+  const absl::string_view meta = SerializeHead(PullHead(req));
   Header h;
   h.type = data_plane::kPull;
   const absl::Duration left = deadline - absl::Now();
@@ -1047,7 +1073,7 @@ void DataPlaneClient::Clock(const proto::ClockRequest& req, absl::Time deadline,
                             ServerClient::Callback<proto::ClockResponse> done) {
   Header h;
   h.type = data_plane::kClock;
-  state_->Call(h, req.SerializeAsString(), {}, nullptr, {}, deadline,
+  state_->Call(h, SerializeHead(req), {}, nullptr, {}, deadline,
                Typed<proto::ClockResponse>(std::move(done)));
 }
 
@@ -1056,7 +1082,7 @@ void DataPlaneClient::Replicate(
     ServerClient::Callback<proto::ReplicateResponse> done) {
   Header h;
   h.type = data_plane::kReplicate;
-  state_->Call(h, req.SerializeAsString(), {}, nullptr, {}, deadline,
+  state_->Call(h, SerializeHead(req), {}, nullptr, {}, deadline,
                Typed<proto::ReplicateResponse>(std::move(done)));
 }
 
@@ -1069,6 +1095,7 @@ proto::PullRequest PullHead(const proto::PullRequest& req) {
   head.set_wait_ms(req.wait_ms());
   head.set_key_list(req.key_list());
   head.set_num_keys(req.num_keys());
+  head.set_key_lists(req.key_lists());
   return head;
 }
 
@@ -1084,6 +1111,7 @@ proto::PushRequest PushHead(const proto::PushRequest& req) {
   if (req.has_end_clock()) *head.mutable_end_clock() = req.end_clock();
   head.set_key_list(req.key_list());
   head.set_num_keys(req.num_keys());
+  head.set_key_lists(req.key_lists());
   head.set_value_encoding(req.value_encoding());
   head.set_vals_codec(req.vals_codec());
   head.set_vals_raw_bytes(req.vals_raw_bytes());

@@ -776,6 +776,7 @@ void KVWorker::AttachKeys(int server,
                           Req* req) {
   req->clear_key_list();
   req->clear_num_keys();
+  req->clear_key_lists();
   if (options_.key_lists_per_server <= 0 || keys->empty()) {
     req->set_keys(*keys);
     return;
@@ -798,6 +799,7 @@ void KVWorker::AttachKeys(int server,
     sent.splice(sent.begin(), sent, it);
   }
   req->set_key_list(it->id);
+  req->set_key_lists(static_cast<uint32_t>(options_.key_lists_per_server));
   if (it->kept) {
     req->clear_keys();
     req->set_num_keys(static_cast<uint32_t>(keys->size() / sizeof(uint64_t)));

@@ -717,6 +717,9 @@ TEST_F(KVWorkerTest, KeyListIsSentOnceThenNamed) {
   EXPECT_EQ(ReqKeys(first->req->keys()), keys);
   const uint64_t id = first->req->key_list();
   EXPECT_NE(id, 0u);
+  // It tells the server how many of its lists are worth keeping.
+  EXPECT_EQ(first->req->key_lists(),
+            static_cast<uint32_t>(KVWorkerOptions().key_lists_per_server));
   // Sent again before the answer: still with its keys.
   const int64_t push = Push(keys);
   std::optional<HeldPush> p = S(0)->NextPush();
@@ -780,6 +783,7 @@ TEST_F(KVWorkerTest, KeyCachingOffSendsKeysAlways) {
     std::optional<HeldPush> p = S(0)->NextPush();
     EXPECT_EQ(ReqKeys(p->req->keys()), (std::vector<uint64_t>{3, 5}));
     EXPECT_EQ(p->req->key_list(), 0u);
+    EXPECT_EQ(p->req->key_lists(), 0u);
     p->Reply(absl::OkStatus());
     ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
   }
