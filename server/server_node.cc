@@ -1590,6 +1590,8 @@ proto::ServerStatus ServerNode::Status() const {
   s.set_non_finite_pushes(non_finite_pushes_);
   s.set_replica_entries(replica_entries_);
   s.set_replica_batches(replica_batches_);
+  s.set_replica_rows_by_slot(replica_rows_by_slot_);
+  s.set_replica_rows_by_key(replica_rows_by_key_);
   s.set_ranges(static_cast<int>(owned_.size()));
   for (int r : owned_) {
     if (r >= static_cast<int>(logs_.size())) break;

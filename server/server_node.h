@@ -406,6 +406,16 @@ class ServerNode {
       }
     };
     std::vector<DirtyRows> dirty_rows;
+    // Primary, deltas by slot (Table::ExportDelta): every backup of the
+    // range has this server's layout of table t's partition up to
+    // synced_slots[t] slots (digest synced_digests[t]), at
+    // synced_generations[t] (the partition's generation here). Set at the job's start, when every replica is
+    // empty; off for good once a backup is sent a copy (it then has the
+    // copy's layout) or a partition changes under it.
+    bool by_slot = false;
+    std::vector<uint32_t> synced_slots;
+    std::vector<uint64_t> synced_generations;
+    std::vector<uint64_t> synced_digests;  // Table::PartitionLayout::digest
   };
   // Entries on their way to one backup, in the order they were logged.
   struct Stream {
@@ -656,6 +666,8 @@ class ServerNode {
   absl::Duration replication_linger_ ABSL_GUARDED_BY(mu_);
   bool replicate_deltas_ ABSL_GUARDED_BY(mu_) = true;
   int64_t replica_entries_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t replica_rows_by_slot_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t replica_rows_by_key_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t replica_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<AckWait> ack_waits_ ABSL_GUARDED_BY(mu_);

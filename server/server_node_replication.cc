@@ -420,6 +420,7 @@ void ServerNode::ShipDirtyLocked() {
   absl::InlinedVector<int, 4> fed;  // streams given a delta now
   std::vector<uint64_t> keys;
   std::vector<float> entries;
+  Table::DeltaRows by_slot;
   for (int r : dirty_ranges_) {
     RangeLog& lg = logs_[r];
     if (!lg.dirty) continue;
@@ -464,6 +465,34 @@ void ServerNode::ShipDirtyLocked() {
     for (size_t t = 0; t < lg.dirty_rows.size(); ++t) {
       const RangeLog::DirtyRows& dr = lg.dirty_rows[t];
       if (dr.keys.empty()) continue;
+      if (lg.by_slot && t < lg.synced_slots.size()) {
+        // By slot: the backups' layout is ours (no key lookups there, and
+        // a slot instead of a key on the wire for rows they hold).
+        const uint64_t gen = lg.synced_generations[t];
+        const uint32_t* known =
+            dr.by_slot && dr.generation == gen ? dr.slots.data() : nullptr;
+        if (tables_[t]->ExportDelta(r, dr.keys, known, gen,
+                                    lg.synced_slots[t], &by_slot)) {
+          if (by_slot.slots.empty() && by_slot.new_keys.empty()) continue;
+          proto::RangeCopy::Rows* rows = d->add_tables();
+          rows->set_table(static_cast<int32_t>(t));
+          rows->set_by_slot(true);
+          rows->set_slots(by_slot.slots.data(),
+                          by_slot.slots.size() * sizeof(uint32_t));
+          rows->set_keys(by_slot.new_keys.data(),
+                         by_slot.new_keys.size() * sizeof(uint64_t));
+          rows->set_entries(by_slot.entries.data(),
+                            by_slot.entries.size() * sizeof(float));
+          rows->set_base_slots(by_slot.base_slots);
+          rows->set_base_digest(lg.synced_digests[t]);
+          lg.synced_slots[t] = by_slot.num_slots;
+          lg.synced_digests[t] = by_slot.digest;
+          replica_rows_by_slot_ += static_cast<int64_t>(
+              by_slot.slots.size() + by_slot.new_keys.size());
+          continue;
+        }
+        lg.by_slot = false;  // the partition changed: by key from now on
+      }
       keys.clear();
       entries.clear();
       // Each key once (by its slot), in the order first pushed: no sort
@@ -476,6 +505,7 @@ void ServerNode::ShipDirtyLocked() {
       rows->set_table(static_cast<int32_t>(t));
       rows->set_keys(keys.data(), keys.size() * sizeof(uint64_t));
       rows->set_entries(entries.data(), entries.size() * sizeof(float));
+      replica_rows_by_key_ += static_cast<int64_t>(keys.size());
     }
     for (size_t i = 0; i < to.size(); ++i) {
       if (std::find(fed.begin(), fed.end(), to[i]) == fed.end()) {
@@ -898,7 +928,23 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
       }
       lg.acked = std::move(acked);
       lg.copy_to = std::move(copy_to);
+      if (old == nullptr && routing_->epoch() <= 1) {
+        // The job's start: this replica and every backup's are empty, and
+        // the backups build theirs from this server's deltas only.
+        lg.by_slot = true;
+        lg.synced_slots.assign(tables_.size(), 0);
+        lg.synced_generations.assign(tables_.size(), 0);
+        lg.synced_digests.assign(tables_.size(), 0);
+        for (size_t t = 0; t < tables_.size(); ++t) {
+          const Table::PartitionLayout layout = tables_[t]->Layout(r);
+          if (layout.slots != 0) lg.by_slot = false;
+          lg.synced_generations[t] = layout.generation;
+        }
+      } else if (!owner_before) {
+        lg.by_slot = false;
+      }
     } else {
+      lg.by_slot = false;
       lg.acked.clear();
       lg.copy_to.clear();
       lg.dirty = false;  // its new owner's copies carry it
@@ -988,6 +1034,7 @@ void ServerNode::TakeCopies() {
         rows->set_entries(entries.data(), entries.size() * sizeof(float));
       }
       for (int b : lg.copy_to) QueueLocked(b, e);
+      lg.by_slot = false;  // that backup has the copy's layout, not ours
       PS_LOG_INFO("S[{}] copying range {} at entry {} to S[{}] ({} bytes)",
                   id_, r, lg.index, lg.copy_to.front(), e.ByteSizeLong());
       lg.copy_to.clear();
@@ -1494,7 +1541,18 @@ absl::Status CheckRows(
           what, " of range ", range, ": unknown table ", rows.table()));
     }
     PS_RETURN_IF_ERROR(CheckRangeKeys(rows.keys(), routing, range, ascending));
-    const size_t n = rows.keys().size() / sizeof(uint64_t);
+    size_t n = rows.keys().size() / sizeof(uint64_t);
+    if (rows.by_slot()) {
+      // A delta's rows by slot (a copy's go by key, ascending).
+      if (ascending || rows.slots().size() % sizeof(uint32_t) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " of range ", range, ": malformed rows by slot"));
+      }
+      n += rows.slots().size() / sizeof(uint32_t);
+    } else if (!rows.slots().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " of range ", range, ": slots in rows by key"));
+    }
     if (rows.entries().size() !=
         n * have[rows.table()]->entry_floats() * sizeof(float)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -1557,6 +1615,14 @@ absl::Status ServerNode::ApplyDeltaLocked(int from,
   // written twice with the same entry.
   PS_RETURN_IF_ERROR(CheckRows(d.tables(), tables_, *routing_, r, "delta",
                                /*ascending=*/false));
+  for (const proto::RangeCopy::Rows& rows : d.tables()) {
+    if (!rows.by_slot()) continue;
+    // Before anything changes: rows by slot that do not fit this replica's
+    // layout leave it as it was, and the primary sends a copy.
+    PS_RETURN_IF_ERROR(tables_[rows.table()]->CheckDelta(
+        r, ViewAs<uint32_t>(rows.slots()), rows.base_slots(),
+        rows.base_digest()));
+  }
   RangeState& range = ranges_[r];
   absl::InlinedVector<int64_t, 8> before(range.num_workers());
   for (int w = 0; w < range.num_workers(); ++w) before[w] = range.Entry(w);
@@ -1564,9 +1630,16 @@ absl::Status ServerNode::ApplyDeltaLocked(int from,
   RangeActions none;  // a follower applies nothing by itself
   range.SetFollower(routing_->OwnerOfRange(r) != id_, &none);
   for (const proto::RangeCopy::Rows& rows : d.tables()) {
-    tables_[rows.table()]->ImportRange(
-        r, ViewAs<uint64_t>(rows.keys()),
-        reinterpret_cast<const float*>(rows.entries().data()));
+    const float* entries =
+        reinterpret_cast<const float*>(rows.entries().data());
+    if (rows.by_slot()) {
+      tables_[rows.table()]->ImportDelta(r, ViewAs<uint32_t>(rows.slots()),
+                                         ViewAs<uint64_t>(rows.keys()),
+                                         entries);
+    } else {
+      tables_[rows.table()]->ImportRange(r, ViewAs<uint64_t>(rows.keys()),
+                                         entries);
+    }
   }
   lg.index = e.index();
   RangeActions a;

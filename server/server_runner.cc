@@ -301,8 +301,11 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::seconds(2));
   if (const proto::ServerStatus st = node.Status(); st.replica_entries() > 0) {
-    PS_LOG_INFO("replicated {} entries in {} batches", st.replica_entries(),
-                st.replica_batches());
+    PS_LOG_INFO(
+        "replicated {} entries in {} batches (deltas' rows: {} by slot, {} "
+        "by key)",
+        st.replica_entries(), st.replica_batches(), st.replica_rows_by_slot(),
+        st.replica_rows_by_key());
   }
   if (const KeyCache& kc = node.key_cache(); kc.hits() + kc.misses() > 0) {
     PS_LOG_INFO("key cache: {} hits, {} misses, {} lists kept", kc.hits(),

@@ -286,6 +286,7 @@ uint32_t Table::FindOrNewSlot(int range, Partition& p, uint64_t key,
     }
     if (v == 0 && !p.slots.Contains(key)) {
       const uint32_t slot = NewSlot(p);
+      p.layout_digest = NextDigest(p.layout_digest, key);
       StoreEntry(e, DenseValue(range, slot));
       p.dense_keys.push_back(key);
       *inserted = true;
@@ -295,7 +296,10 @@ uint32_t Table::FindOrNewSlot(int range, Partition& p, uint64_t key,
     // map while it did: the map, as without the index.
   }
   auto [slot, is_new] = p.slots.TryEmplace(key);
-  if (is_new) *slot = NewSlot(p);
+  if (is_new) {
+    *slot = NewSlot(p);
+    p.layout_digest = NextDigest(p.layout_digest, key);
+  }
   *inserted = is_new;
   return *slot;
 }
@@ -819,8 +823,142 @@ void Table::ClearRange(int range) {
   p.dense_keys.clear();
   p.slots.Clear();
   p.chunks.clear();
+  p.layout_digest = 0;
   p.num_slots = 0;
   p.generation = next_generation.fetch_add(1);
+}
+
+Table::PartitionLayout Table::Layout(int range) const {
+  const Partition& p = partition(range);
+  absl::ReaderMutexLock l(&p.mu);
+  return PartitionLayout{p.num_slots, p.generation, p.layout_digest};
+}
+
+bool Table::ExportDelta(int range, absl::Span<const uint64_t> keys,
+                        const uint32_t* known, uint64_t generation,
+                        uint32_t base_slots, DeltaRows* out) const {
+  const Partition& p = partition(range);
+  const size_t n = keys.size();
+  uint32_t* slots = Scratch(n);
+  absl::ReaderMutexLock l(&p.mu);
+  if (p.generation != generation || p.num_slots < base_slots) return false;
+  // The rows' slots (known where the pushes found them), then the rows
+  // below base_slots once each, then the new slots in order.
+  if (known != nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      slots[i] = known[i] != kNoSlot && known[i] < p.num_slots
+                     ? known[i]
+                     : FindSlot(range, p, keys[i]);
+    }
+  } else {
+    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
+      PrefetchKey(p, keys[i]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n) {
+        PrefetchKey(p, keys[i + kPrefetchDistance]);
+      }
+      slots[i] = FindSlot(range, p, keys[i]);
+    }
+  }
+  out->slots.clear();
+  out->new_keys.clear();
+  out->entries.clear();
+  out->slots.reserve(n);
+  out->entries.resize(n * stride_);
+  float* to = out->entries.data();
+  // As ExportKeys: a bitmap of the slots out already, kept by the thread.
+  thread_local std::vector<uint64_t> seen;
+  thread_local std::vector<std::pair<uint32_t, uint64_t>> fresh;
+  fresh.clear();
+  if (seen.size() < (size_t{p.num_slots} + 63) / 64) {
+    seen.resize((size_t{p.num_slots} + 63) / 64);
+  }
+  for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
+    if (slots[i] < base_slots) __builtin_prefetch(SlotData(p, slots[i]));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n && slots[i + kPrefetchDistance] < base_slots) {
+      __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
+    }
+    const uint32_t slot = slots[i];
+    if (slot == kNoSlot) continue;
+    uint64_t& word = seen[slot / 64];
+    const uint64_t bit = uint64_t{1} << (slot % 64);
+    if ((word & bit) != 0) continue;  // a repeat
+    word |= bit;
+    if (slot >= base_slots) {
+      fresh.emplace_back(slot, keys[i]);
+      continue;
+    }
+    out->slots.push_back(slot);
+    std::memcpy(to, SlotData(p, slot), stride_ * sizeof(float));
+    to += stride_;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (slots[i] != kNoSlot) seen[slots[i] / 64] = 0;
+  }
+  // The new slots, in order: each must be among the rows.
+  std::sort(fresh.begin(), fresh.end());
+  if (fresh.size() != p.num_slots - base_slots) return false;
+  for (size_t j = 0; j < fresh.size(); ++j) {
+    const uint32_t slot = fresh[j].first;
+    if (slot != base_slots + j) return false;
+    out->new_keys.push_back(fresh[j].second);
+    std::memcpy(to, SlotData(p, slot), stride_ * sizeof(float));
+    to += stride_;
+  }
+  out->entries.resize(static_cast<size_t>(to - out->entries.data()));
+  out->base_slots = base_slots;
+  out->num_slots = p.num_slots;
+  out->digest = p.layout_digest;
+  return true;
+}
+
+absl::Status Table::CheckDelta(int range, absl::Span<const uint32_t> slots,
+                               uint32_t base_slots,
+                               uint64_t base_digest) const {
+  const Partition& p = partition(range);
+  absl::ReaderMutexLock l(&p.mu);
+  if (p.num_slots != base_slots || p.layout_digest != base_digest) {
+    return absl::DataLossError(absl::StrCat(
+        "table ", spec_.id, " range ", range, ": the delta builds on ",
+        base_slots, " slots of the primary's layout, this replica has ",
+        p.num_slots, p.layout_digest == base_digest ? "" : " of another"));
+  }
+  uint32_t past = 0;
+  for (uint32_t slot : slots) past |= static_cast<uint32_t>(slot >= base_slots);
+  if (past != 0) {
+    return absl::DataLossError(absl::StrCat(
+        "table ", spec_.id, " range ", range, ": a row's slot is past ",
+        base_slots));
+  }
+  return absl::OkStatus();
+}
+
+void Table::ImportDelta(int range, absl::Span<const uint32_t> slots,
+                        absl::Span<const uint64_t> new_keys,
+                        const float* entries) {
+  Partition& p = partition(range);
+  absl::MutexLock l(&p.mu);
+  const size_t n = slots.size();
+  for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
+    __builtin_prefetch(SlotData(p, slots[i]));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n) {
+      __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
+    }
+    std::memcpy(SlotData(p, slots[i]), entries + i * stride_,
+                stride_ * sizeof(float));
+  }
+  entries += n * stride_;
+  for (size_t i = 0; i < new_keys.size(); ++i) {
+    bool inserted = false;
+    const uint32_t slot = FindOrNewSlot(range, p, new_keys[i], &inserted);
+    std::memcpy(SlotData(p, slot), entries + i * stride_,
+                stride_ * sizeof(float));
+  }
 }
 
 std::vector<std::pair<uint64_t, std::vector<float>>> Table::Snapshot(

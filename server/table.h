@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/hash.h"
 #include "common/config.h"
 #include "server/key_slot_map.h"
 #include "server/optimizer.h"
@@ -223,6 +224,51 @@ class Table {
   // Removes every key of `range` (a replica about to receive a copy).
   void ClearRange(int range);
 
+  // ---- Replication by slot (issue 9/10; proto RangeCopy.Rows.by_slot) ----
+  // A partition's slots are handed out in order, 0, 1, ..., each to one key
+  // until the range is cleared (a new generation). A backup that built its
+  // partition of a range from nothing but the primary's deltas, in order,
+  // has the primary's layout, and takes rows by slot: no key lookup.
+  struct DeltaRows {
+    std::vector<uint32_t> slots;     // rows below `base_slots`, by slot
+    std::vector<uint64_t> new_keys;  // slots base_slots, base_slots + 1, ...
+    std::vector<float> entries;      // slots' rows, then new_keys' rows
+    uint32_t base_slots = 0;
+    uint32_t num_slots = 0;  // base_slots + new_keys.size()
+    uint64_t digest = 0;     // the partition's layout digest at num_slots
+  };
+  struct PartitionLayout {
+    uint32_t slots = 0;
+    uint64_t generation = 0;
+    uint64_t digest = 0;  // of its keys in slot order (NextDigest)
+  };
+  PartitionLayout Layout(int range) const;
+  // The layout digest of keys k0, k1, ... in slots 0, 1, ...: starting from
+  // 0, digest = NextDigest(digest, k) for each.
+  static uint64_t NextDigest(uint64_t digest, uint64_t key) {
+    return Mix64(digest ^ Mix64(key + 0x6a09e667f3bcc909ULL));
+  }
+  // As ExportKeys (`keys` in push order, with repeats; `slots` as there),
+  // by slot: rows of slots below `base_slots` once each in the order of
+  // their first occurrence, then the rows of the slots created since
+  // (base_slots on) in slot order with their keys. False when the range
+  // has fewer than `base_slots` slots, is not at `generation`, or `keys`
+  // lack one of the new slots (none is made but by a push, whose keys the
+  // caller passes).
+  bool ExportDelta(int range, absl::Span<const uint64_t> keys,
+                   const uint32_t* slots, uint64_t generation,
+                   uint32_t base_slots, DeltaRows* out) const;
+  // Checks that rows by slot fit this partition of `range`: exactly
+  // `base_slots` slots with layout digest `base_digest` (the primary's
+  // keys at the primary's slots), and each of `slots` below them.
+  // DATA_LOSS naming what differs (the primary then sends a copy).
+  absl::Status CheckDelta(int range, absl::Span<const uint32_t> slots,
+                          uint32_t base_slots, uint64_t base_digest) const;
+  // Writes rows that CheckDelta accepted: `entries` (slots' rows, then
+  // new_keys'), creating new_keys at slots base_slots, base_slots + 1, ...
+  void ImportDelta(int range, absl::Span<const uint32_t> slots,
+                   absl::Span<const uint64_t> new_keys, const float* entries);
+
   // All (key, value) pairs, ascending by key. Allocates per key: for tests
   // and model comparison, not for hot paths.
   // `ranges`: only those (null: all).
@@ -241,6 +287,9 @@ class Table {
     // created (for enumeration and ClearRange).
     std::vector<uint64_t> dense_keys ABSL_GUARDED_BY(mu);
     std::vector<std::unique_ptr<float[]>> chunks ABSL_GUARDED_BY(mu);
+    // A digest of the keys in slot order (NextDigest): two partitions with
+    // the same slots and digest have the same key at every slot.
+    uint64_t layout_digest ABSL_GUARDED_BY(mu) = 0;
     uint32_t num_slots ABSL_GUARDED_BY(mu) = 0;
     // Unique in the process; replaced by ClearRange: slots handed out
     // before are void.

@@ -450,6 +450,14 @@ TEST_F(DeltaTest, BackupHoldsThePrimarysRangesAndDropsResends) {
   EXPECT_TRUE(c0->Await().ok()) << c0->Await();
   EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
   EXPECT_TRUE(backup_.CheckInvariants().ok()) << backup_.CheckInvariants();
+  // Both started empty: the rows went by slot, the backup's partitions
+  // have the primary's layout.
+  EXPECT_EQ(primary_.Status().replica_rows_by_slot(), 4);
+  EXPECT_EQ(primary_.Status().replica_rows_by_key(), 0);
+  for (int r = 0; r < ranges; ++r) {
+    EXPECT_EQ(backup_.table(0)->Layout(r).slots,
+              primary_.table(0)->Layout(r).slots);
+  }
 
   // Later pushes to some of the keys: the next delta carries those rows.
   auto e = Push(&primary_, 1, 3, 0, {kKeys[2]}, {-64});
@@ -457,6 +465,7 @@ TEST_F(DeltaTest, BackupHoldsThePrimarysRangesAndDropsResends) {
   ASSERT_TRUE(e->answer.IsDone());
   EXPECT_TRUE(e->answer.Await().ok()) << e->answer.Await();
   EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
+  EXPECT_EQ(primary_.Status().replica_rows_by_slot(), 5) << "one row more";
 
   // The primary is gone; the backup owns every range. Worker 0's push `d`
   // was acknowledged: sent again (same seqs) it is a duplicate.
@@ -510,6 +519,132 @@ TEST_F(DeltaTest, BackupRefusesADeltaItCannotBuildOn) {
   EXPECT_TRUE(backup_.Replicate(delta(3, 4, kKeys[1], 9)).ok());
   ASSERT_TRUE(backup_.Configure(1, View(2, 1, -1, proto::MODE_SSP)).ok());
   EXPECT_EQ(PullAt(&backup_, 0, {kKeys[1]}), std::vector<float>{9});
+}
+
+// Rows by slot (Table::ExportDelta) that do not fit the backup's layout
+// are DATA_LOSS and change nothing; malformed ones are INVALID_ARGUMENT.
+TEST_F(DeltaTest, RowsBySlotThatDoNotFitAreRefused) {
+  const Routing routing = *Routing::FromProto(View(1, 0, 1).routing());
+  const int r = routing.RangeOf(kKeys[1]);
+  absl::StatusOr<RangeState> empty = RangeState::Create(kWorkers, false);
+  ASSERT_TRUE(empty.ok());
+  const size_t floats = backup_.table(0)->entry_floats();
+  // Index `index` on base `base`: `slots` (with entries of 1s) and new
+  // keys (entries of `value`), claimed to build on `base_slots` slots of
+  // digest `base_digest`.
+  auto delta = [&](int64_t base, int64_t index, std::vector<uint32_t> slots,
+                   std::vector<uint64_t> new_keys, uint32_t base_slots,
+                   uint64_t base_digest, float value) {
+    proto::ReplicateRequest req;
+    req.set_from_server(0);
+    req.set_epoch(1);
+    proto::ReplicaEntry* e = req.add_entries();
+    e->set_range(r);
+    e->set_index(index);
+    e->mutable_delta()->set_base(base);
+    *e->mutable_delta()->mutable_state() = *empty->Snapshot();
+    proto::RangeCopy::Rows* rows = e->mutable_delta()->add_tables();
+    rows->set_table(0);
+    rows->set_by_slot(true);
+    rows->set_slots(slots.data(), slots.size() * sizeof(uint32_t));
+    rows->set_keys(new_keys.data(), new_keys.size() * sizeof(uint64_t));
+    std::vector<float> entries(slots.size() * floats, 1.0f);
+    entries.resize((slots.size() + new_keys.size()) * floats, value);
+    rows->set_entries(entries.data(), entries.size() * sizeof(float));
+    rows->set_base_slots(base_slots);
+    rows->set_base_digest(base_digest);
+    return req;
+  };
+  const uint64_t k = kKeys[1];
+  // Builds on slots this backup does not have.
+  absl::Status s = backup_.Replicate(delta(0, 1, {}, {k}, 1, 0, 5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(backup_.table(0)->Layout(r).slots, 0u);
+  // A new key at slot 0: taken.
+  ASSERT_TRUE(backup_.Replicate(delta(0, 1, {}, {k}, 0, 0, 5)).ok());
+  EXPECT_EQ(backup_.table(0)->Layout(r).slots, 1u);
+  // Slot 0 of a layout holding another key there, or a slot past the
+  // base: refused.
+  const uint64_t digest = Table::NextDigest(0, k);
+  s = backup_.Replicate(
+      delta(1, 2, {0}, {}, 1, Table::NextDigest(0, k + 1), 7));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  s = backup_.Replicate(delta(1, 2, {1}, {}, 1, digest, 7));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  // Malformed: slots not whole uint32s; entries that do not match the rows.
+  proto::ReplicateRequest bad = delta(1, 2, {0}, {}, 1, digest, 7);
+  bad.mutable_entries(0)->mutable_delta()->mutable_tables(0)->mutable_slots()
+      ->push_back('x');
+  EXPECT_EQ(backup_.Replicate(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = delta(1, 2, {0}, {}, 1, digest, 7);
+  bad.mutable_entries(0)->mutable_delta()->mutable_tables(0)->mutable_entries()
+      ->append(4, '\0');
+  EXPECT_EQ(backup_.Replicate(bad).code(), absl::StatusCode::kInvalidArgument);
+  // Nothing refused changed the row; the right checksum writes it.
+  std::vector<uint64_t> keys;
+  std::vector<float> entries;
+  backup_.table(0)->ExportRange(r, &keys, &entries);
+  EXPECT_EQ(entries, std::vector<float>(floats, 5.0f));
+  ASSERT_TRUE(
+      backup_.Replicate(delta(1, 2, {0}, {}, 1, digest, 7)).ok());
+  backup_.table(0)->ExportRange(r, &keys, &entries);
+  EXPECT_EQ(keys, std::vector<uint64_t>{k});
+  EXPECT_EQ(entries, std::vector<float>(floats, 1.0f));
+}
+
+// A backup whose layout is not the primary's (here it holds a row the
+// primary never sent by slot) refuses the first delta by slot; the primary
+// sends it a copy and from then on sends its rows by key. The backup ends
+// with the primary's rows all the same.
+TEST_F(DeltaTest, BackupWithAnotherLayoutGetsACopyThenRowsByKey) {
+  primary_.SetReplicationLinger(absl::Milliseconds(5));
+  const int ranges = View(1, 0, 1).routing().range_begin_size();
+  const Routing routing = *Routing::FromProto(View(1, 0, 1).routing());
+  const int r = routing.RangeOf(kKeys[1]);
+  {
+    absl::StatusOr<RangeState> empty = RangeState::Create(kWorkers, false);
+    ASSERT_TRUE(empty.ok());
+    proto::ReplicateRequest req;
+    req.set_from_server(0);
+    req.set_epoch(1);
+    proto::ReplicaEntry* e = req.add_entries();
+    e->set_range(r);
+    e->set_index(0);  // a resend of nothing: only its rows count
+    e->mutable_delta()->set_base(0);
+    *e->mutable_delta()->mutable_state() = *empty->Snapshot();
+    proto::RangeCopy::Rows* rows = e->mutable_delta()->add_tables();
+    rows->set_table(0);
+    const uint64_t k = kKeys[1] + 1;
+    ASSERT_EQ(routing.RangeOf(k), r);
+    std::vector<float> entry(backup_.table(0)->entry_floats(), 3.0f);
+    rows->set_keys(&k, sizeof(k));
+    rows->set_entries(entry.data(), entry.size() * sizeof(float));
+    e->set_index(1);
+    ASSERT_TRUE(backup_.Replicate(req).ok());
+    ASSERT_EQ(backup_.table(0)->Layout(r).slots, 1u);
+  }
+  // Two pushes to range r in one linger: its delta is entry 2, past the
+  // row put there as entry 1.
+  auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -2, -3, -4});
+  auto a2 = Push(&primary_, 1, 1, 0, {kKeys[1]}, {-0.5f});
+  fake_clock_.Advance(absl::Milliseconds(5));
+  for (int i = 0; i < 20 && !a2->answer.IsDone(); ++i) {
+    fake_clock_.Advance(absl::Milliseconds(100));
+  }
+  for (PushCall* p : {a, a2}) {
+    ASSERT_TRUE(p->answer.IsDone());
+    EXPECT_TRUE(p->answer.Await().ok()) << p->answer.Await();
+  }
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
+  auto b = Push(&primary_, 0, 2, 0, {kKeys[1]}, {-8});
+  fake_clock_.Advance(absl::Milliseconds(5));
+  for (int i = 0; i < 20 && !b->answer.IsDone(); ++i) {
+    fake_clock_.Advance(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(b->answer.IsDone());
+  EXPECT_TRUE(b->answer.Await().ok()) << b->answer.Await();
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
+  EXPECT_EQ(primary_.Status().replica_rows_by_key(), 1) << "range r: by key";
 }
 
 }  // namespace
