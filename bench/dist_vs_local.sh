@@ -20,9 +20,11 @@ trap 'rm -rf "$out"' EXIT
 sets=(--set "data.synthetic.train_rows=$rows" --set data.synthetic.test_rows=100000
       --set "output.model_dir=$out/model")
 for s in "$@"; do sets+=(--set "$s"); done
+# inproc_train takes one --set with comma-separated overrides.
+joined=$(IFS=,; echo "data.synthetic.train_rows=$rows,data.synthetic.test_rows=100000,output.model_dir=$out/model${*:+,$*}")
 case "$mode" in
   dist) cmd=("$bin/ps_launch" --config deploy/configs/scale.yaml "${sets[@]}") ;;
-  local) cmd=("$bin/inproc_train" --config deploy/configs/scale.yaml "${sets[@]}") ;;
+  local) cmd=("$bin/inproc_train" --config deploy/configs/scale.yaml --set "$joined") ;;
   *) echo "mode must be dist or local, got $mode" >&2; exit 2 ;;
 esac
 load=$(cut -d' ' -f1 /proc/loadavg)
