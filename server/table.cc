@@ -728,6 +728,41 @@ void Table::ExportRange(int range, std::vector<uint64_t>* keys,
   }
 }
 
+void Table::LookUpSlots(int range, const Partition& p,
+                        absl::Span<const uint64_t> keys, const uint32_t* known,
+                        uint32_t* slots) const {
+  const size_t n = keys.size();
+  if (known != nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      slots[i] = known[i] != kNoSlot && known[i] < p.num_slots
+                     ? known[i]
+                     : FindSlot(range, p, keys[i]);
+    }
+    return;
+  }
+  for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
+    PrefetchKey(p, keys[i]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n) PrefetchKey(p, keys[i + kPrefetchDistance]);
+    slots[i] = FindSlot(range, p, keys[i]);
+  }
+}
+
+namespace {
+// Which slots a delta has out already: a bitmap kept by the thread, grown
+// to the largest range it exported, all zero between calls (callers clear
+// the words they set), so that a delta of a few rows costs the rows, not
+// the size of their range.
+std::vector<uint64_t>& SeenSlots(uint32_t num_slots) {
+  thread_local std::vector<uint64_t> seen;
+  if (seen.size() < (size_t{num_slots} + 63) / 64) {
+    seen.resize((size_t{num_slots} + 63) / 64);
+  }
+  return seen;
+}
+}  // namespace
+
 void Table::ExportKeys(int range, absl::Span<const uint64_t> keys,
                        const uint32_t* known, uint64_t generation,
                        std::vector<uint64_t>* out_keys,
@@ -742,30 +777,9 @@ void Table::ExportKeys(int range, absl::Span<const uint64_t> keys,
   absl::ReaderMutexLock l(&p.mu);
   // Two passes, each loading ahead what it will read: the keys' slots
   // (unless known), then their entries (random keys miss the cache).
-  if (known != nullptr && generation == p.generation) {
-    for (size_t i = 0; i < n; ++i) {
-      slots[i] = known[i] != kNoSlot && known[i] < p.num_slots
-                     ? known[i]
-                     : FindSlot(range, p, keys[i]);
-    }
-  } else {
-    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
-      PrefetchKey(p, keys[i]);
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) {
-        PrefetchKey(p, keys[i + kPrefetchDistance]);
-      }
-      slots[i] = FindSlot(range, p, keys[i]);
-    }
-  }
-  // Which slots are out already: a bitmap kept by the thread, grown to the
-  // largest range it exported, and cleared word by word after use, so that
-  // a delta of a few rows costs the rows, not the size of their range.
-  thread_local std::vector<uint64_t> seen;
-  if (seen.size() < (size_t{p.num_slots} + 63) / 64) {
-    seen.resize((size_t{p.num_slots} + 63) / 64);
-  }
+  LookUpSlots(range, p, keys,
+              generation == p.generation ? known : nullptr, slots);
+  std::vector<uint64_t>& seen = SeenSlots(p.num_slots);
   for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
     if (slots[i] != kNoSlot) __builtin_prefetch(SlotData(p, slots[i]));
   }
@@ -844,36 +858,16 @@ bool Table::ExportDelta(int range, absl::Span<const uint64_t> keys,
   if (p.generation != generation || p.num_slots < base_slots) return false;
   // The rows' slots (known where the pushes found them), then the rows
   // below base_slots once each, then the new slots in order.
-  if (known != nullptr) {
-    for (size_t i = 0; i < n; ++i) {
-      slots[i] = known[i] != kNoSlot && known[i] < p.num_slots
-                     ? known[i]
-                     : FindSlot(range, p, keys[i]);
-    }
-  } else {
-    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
-      PrefetchKey(p, keys[i]);
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) {
-        PrefetchKey(p, keys[i + kPrefetchDistance]);
-      }
-      slots[i] = FindSlot(range, p, keys[i]);
-    }
-  }
+  LookUpSlots(range, p, keys, known, slots);
   out->slots.clear();
   out->new_keys.clear();
   out->entries.clear();
   out->slots.reserve(n);
   out->entries.resize(n * stride_);
   float* to = out->entries.data();
-  // As ExportKeys: a bitmap of the slots out already, kept by the thread.
-  thread_local std::vector<uint64_t> seen;
+  std::vector<uint64_t>& seen = SeenSlots(p.num_slots);
   thread_local std::vector<std::pair<uint32_t, uint64_t>> fresh;
   fresh.clear();
-  if (seen.size() < (size_t{p.num_slots} + 63) / 64) {
-    seen.resize((size_t{p.num_slots} + 63) / 64);
-  }
   for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
     if (slots[i] < base_slots) __builtin_prefetch(SlotData(p, slots[i]));
   }

@@ -338,6 +338,12 @@ class Table {
   // drops its calls (it did, with KeySlotMap's prefetch inlined into it).
   [[gnu::always_inline]] void PrefetchKey(const Partition& p, uint64_t key) const
       ABSL_SHARED_LOCKS_REQUIRED(p.mu);
+  // slots[i] = the slot of keys[i] in `p` (kNoSlot when not stored):
+  // known[i] where it is a slot of `p` (known may be null; the caller
+  // vouches for its generation), else looked up, loading ahead.
+  void LookUpSlots(int range, const Partition& p,
+                   absl::Span<const uint64_t> keys, const uint32_t* known,
+                   uint32_t* slots) const ABSL_SHARED_LOCKS_REQUIRED(p.mu);
   // Calls fn(key, slot) for every key stored in `p` (unordered).
   template <typename Fn>
   void ForEachKey(const Partition& p, Fn&& fn) const
