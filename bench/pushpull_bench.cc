@@ -176,6 +176,10 @@ ABSL_FLAG(int, chunk_kib, 0,
 ABSL_FLAG(bool, data_plane, true,
           "push, pull and clock over the servers' data planes (plain TCP, "
           "transport/data_plane.h) instead of gRPC; never with --noop_server");
+ABSL_FLAG(bool, local_socket, true,
+          "with --data_plane: workers and servers reach the servers over "
+          "their same-host Unix-domain sockets (cluster.local_socket); "
+          "false: loopback TCP");
 ABSL_FLAG(bool, iperf, true, "measure one iperf3 loopback stream first");
 ABSL_FLAG(int, iperf_seconds, 3, "iperf3 -t");
 ABSL_FLAG(std::string, csv, "", "also write the results as CSV here");
@@ -350,7 +354,9 @@ int ServeMain() {
   }
   // The other servers, for replication (--replicas; before the node, which
   // uses it until it is gone).
-  GrpcClientFactory peers(GrpcTransportOptions{});
+  GrpcTransportOptions peer_options;
+  peer_options.local_socket = absl::GetFlag(FLAGS_local_socket);
+  GrpcClientFactory peers(peer_options);
   const int apply_threads = absl::GetFlag(FLAGS_apply_threads);
   ServerNode node(Clock::Real(), ServerLimits(),
                   apply_threads > 0 ? apply_threads
@@ -370,7 +376,7 @@ int ServeMain() {
       return 1;
     }
     data_plane = std::move(*d);
-    service.set_data_port(data_plane->port());
+    service.set_data_plane(data_plane->port(), data_plane->local_name());
   }
   NoopService noop;
   grpc::ServerBuilder builder;
@@ -597,6 +603,7 @@ class Cluster {
         absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level)),
         absl::StrCat("--noop_server=", absl::GetFlag(FLAGS_noop_server)),
         absl::StrCat("--data_plane=", absl::GetFlag(FLAGS_data_plane)),
+        absl::StrCat("--local_socket=", absl::GetFlag(FLAGS_local_socket)),
         absl::StrCat("--apply_threads=", absl::GetFlag(FLAGS_apply_threads)),
         absl::StrCat("--replication_linger_ms=",
                      absl::GetFlag(FLAGS_replication_linger_ms)),
@@ -618,6 +625,7 @@ class Cluster {
     for (int i = 0; i < t.workers; ++i) {
       GrpcTransportOptions to{"", channels, extra};
       to.data_plane = absl::GetFlag(FLAGS_data_plane);
+      to.local_socket = absl::GetFlag(FLAGS_local_socket);
       c->factories_.push_back(std::make_unique<GrpcClientFactory>(to));
       KVWorkerOptions o;
       o.worker_id = i;

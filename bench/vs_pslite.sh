@@ -57,6 +57,10 @@ usage: bench/vs_pslite.sh --pslite DIR --ours BIN_DIR [options]
   --sparse          also run sparse-push (ours only; see below)
   --out DIR         keep logs and results here (default: a new temp dir)
   --ours-args "..." extra flags for every pushpull_bench run
+                    (--local_socket=false: ours over loopback TCP instead of
+                    the servers' same-host Unix-domain sockets, the default)
+  --pslite-local    ps-lite with DMLC_LOCAL=1: ZeroMQ over ipc:// (Unix-
+                    domain sockets) instead of tcp://, its own same-host mode
   -h, --help        this text
 
 Sparse: ps-lite's tests/test_kv_app_benchmark pushes 10M keys once
@@ -78,6 +82,7 @@ die() {
 
 PSLITE="" OURS="" PAIRS=3 QUICK=0 SECONDS_OURS="" ONLY="" SPARSE=0 OUT=""
 OURS_ARGS=""
+PSLITE_LOCAL=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --pslite) PSLITE="${2:?--pslite needs a folder}"; shift 2 ;;
@@ -89,6 +94,7 @@ while [[ $# -gt 0 ]]; do
     --sparse) SPARSE=1; shift ;;
     --out) OUT="${2:?--out needs a folder}"; shift 2 ;;
     --ours-args) OURS_ARGS="${2?--ours-args needs a value}"; shift 2 ;;
+    --pslite-local) PSLITE_LOCAL=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
@@ -221,7 +227,7 @@ run_pslite() {
   echo "  load $before  ps-lite $w pair $pair: LOG_DURATION=$dur tests/local.sh 1 1 tests/test_benchmark_efa $len $repeat $mode"
   local t wall user sys
   if ! t="$(cd "$PSLITE" && DMLC_NODE_HOST=127.0.0.1 \
-    DMLC_PS_ROOT_URI=127.0.0.1 LOG_DURATION="$dur" \
+    DMLC_PS_ROOT_URI=127.0.0.1 LOG_DURATION="$dur" DMLC_LOCAL="$PSLITE_LOCAL" \
     timed "$log" timeout -k 5 "$TIMEOUT" bash tests/local.sh 1 1 \
     tests/test_benchmark_efa "$len" "$repeat" "$mode")"; then
     echo "ps-lite failed ($w pair $pair); its log, $log:" >&2

@@ -466,6 +466,7 @@ const std::vector<Field>& Fields() {
       IntField<int>(PS_CFG(cluster, max_message_mb), 1, 2047),
       BoolField(PS_CFG(cluster, key_caching)),
       BoolField(PS_CFG(cluster, data_plane)),
+      BoolField(PS_CFG(cluster, local_socket)),
       StringField(PS_CFG(cluster.tls, cert_file)),
       StringField(PS_CFG(cluster.tls, key_file)),
       StringField(PS_CFG(cluster.tls, ca_file)),

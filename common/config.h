@@ -48,6 +48,12 @@ struct ClusterConfig {
   // (a plain TCP connection beside gRPC, transport/data_plane.h) instead
   // of gRPC. Never with TLS (the data plane has none: gRPC carries them).
   bool data_plane = true;
+  // With the data plane: a worker or server reaches a server on the same
+  // host (in the same network namespace) over that server's abstract
+  // Unix-domain socket instead of loopback TCP: the same frames at about
+  // half the CPU per byte. A server elsewhere is reached over TCP as
+  // before. false: always TCP.
+  bool local_socket = true;
   // gRPC TLS when cert_file or ca_file is set (PEM files; relative paths as
   // given). Servers and the scheduler present cert_file/key_file; clients
   // verify them against ca_file; with require_client_cert every process

@@ -131,7 +131,7 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
         DataPlaneServer::Start(dopt, &data_service);
     if (d.ok()) {
       data_plane = std::move(*d);
-      service.set_data_port(data_plane->port());
+      service.set_data_plane(data_plane->port(), data_plane->local_name());
     } else {
       PS_LOG_WARN("no data plane, gRPC only: {}", d.status().ToString());
     }
@@ -200,6 +200,7 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   node.SetReplicationLinger(
       absl::Milliseconds(config->fault_tolerance.replication_linger_ms));
   node.SetReplicationDeltas(config->fault_tolerance.replicate_deltas);
+  clients.SetLocalSocket(config->cluster.local_socket);
   metrics.SetName(absl::StrCat("S[", id, "]"));
   if (metrics_port < 0) {
     PS_RETURN_IF_ERROR(metrics.Serve(options.bind_host,
@@ -296,7 +297,12 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   ticker.join();
   node.CancelAll(absl::CancelledError("server shutting down"));
   service.EndStreams();
-  if (data_plane != nullptr) data_plane->Stop();
+  if (data_plane != nullptr) {
+    data_plane->Stop();
+    PS_LOG_INFO("data plane: {} connections over the same-host socket, {} "
+                "over TCP",
+                data_plane->served(true), data_plane->served(false));
+  }
   // Give the save_and_exit reply time to leave before tearing down.
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::seconds(2));

@@ -344,7 +344,11 @@ grpc::ServerUnaryReactor* ServerService::GetStatus(
   absl::Status auth = CheckToken(*ctx, token_);
   if (!auth.ok()) return Reply(ctx, auth);
   *resp = node_->Status();
-  resp->set_data_port(data_port_.load());
+  {
+    absl::MutexLock l(&data_mu_);
+    resp->set_data_port(data_port_);
+    resp->set_data_socket(data_socket_);
+  }
   return Reply(ctx, absl::OkStatus());
 }
 

@@ -63,8 +63,13 @@ class ServerService final
   // would otherwise wait its whole grace period for them): call before it.
   void EndStreams();
 
-  // The data plane's port, which GetStatus tells clients (0: none).
-  void set_data_port(int port) { data_port_.store(port); }
+  // The data plane's port (0: none) and same-host socket name (empty:
+  // none), which GetStatus tells clients.
+  void set_data_plane(int port, std::string socket) {
+    absl::MutexLock l(&data_mu_);
+    data_port_ = port;
+    data_socket_ = std::move(socket);
+  }
 
  private:
   class ReplicateStreamReactor;
@@ -74,7 +79,9 @@ class ServerService final
   const std::string token_;
   std::function<void()> on_save_and_exit_;
   PushPullMetrics* const metrics_;
-  std::atomic<int> data_port_{0};
+  absl::Mutex data_mu_;
+  int data_port_ ABSL_GUARDED_BY(data_mu_) = 0;
+  std::string data_socket_ ABSL_GUARDED_BY(data_mu_);
   absl::Mutex streams_mu_;
   absl::flat_hash_set<ReplicateStreamReactor*> streams_
       ABSL_GUARDED_BY(streams_mu_);

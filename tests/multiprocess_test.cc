@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <iterator>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -224,14 +226,39 @@ void ExpectPredictReproducesReport(const LaunchResult& r) {
   EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 16281);
 }
 
+// Also issue 10: run a reaches every server's data plane over its
+// same-host socket (cluster.local_socket, the default) and run b over
+// loopback TCP; the model is the same to the bit.
 TEST_F(MultiProcessTest, BspReachesAucAndIsReproducible) {
-  LaunchResult a = Launch("bsp_a", A9aYaml("bsp", 0));
+  const std::string info = absl::StrReplaceAll(
+      A9aYaml("bsp", 0), {{"log_level: warn", "log_level: info"}});
+  LaunchResult a = Launch("bsp_a", info);
   ASSERT_LAUNCHED(a);
   EXPECT_GE(Auc(a), 0.90) << a.report;
   ExpectPredictReproducesReport(a);
+  // Each server: its workers' and its peer's connections, none over TCP.
+  const std::regex local_only(
+      "data plane: [1-9][0-9]* connections over the same-host socket, 0 over "
+      "TCP");
+  EXPECT_EQ(std::distance(
+                std::sregex_iterator(a.log.begin(), a.log.end(), local_only),
+                std::sregex_iterator()),
+            2)
+      << Tail(a.log, 4000);
 
-  LaunchResult b = Launch("bsp_b", A9aYaml("bsp", 0));
+  LaunchResult b = Launch(
+      "bsp_b", absl::StrReplaceAll(info, {{"  virtual_nodes: 64\n",
+                                           "  virtual_nodes: 64\n"
+                                           "  local_socket: false\n"}}));
   ASSERT_LAUNCHED(b);
+  const std::regex tcp_only(
+      "data plane: 0 connections over the same-host socket, [1-9][0-9]* over "
+      "TCP");
+  EXPECT_EQ(std::distance(
+                std::sregex_iterator(b.log.begin(), b.log.end(), tcp_only),
+                std::sregex_iterator()),
+            2)
+      << Tail(b.log, 4000);
   const auto fa = ModelFiles(a.model_dir);
   const auto fb = ModelFiles(b.model_dir);
   ASSERT_TRUE(fa.contains("table-0.server-0.bin"));

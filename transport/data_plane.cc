@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -180,6 +183,25 @@ void Tune(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
 }
 
+// A same-host socket's send buffer: the bytes a writer may have in the
+// socket before it blocks (the default, about 208 KiB, makes a 4 MiB frame
+// two dozen hand-overs between writer and reader). Capped by
+// net.core.wmem_max.
+void TuneLocal(int fd) {
+  int bytes = 4 << 20;
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+}
+
+// The address of the abstract Unix-domain socket `name` (no file: the
+// name lives in the network namespace, and goes with the last descriptor).
+socklen_t LocalAddress(const std::string& name, sockaddr_un* a) {
+  *a = sockaddr_un{};
+  a->sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof(a->sun_path) - 1);
+  std::memcpy(a->sun_path + 1, name.data(), n);  // sun_path[0] == 0: abstract
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
 // A frame's first iovecs: header, meta, padding. `hdr` must outlive the
 // write.
 void FrameHead(const Header& h, absl::string_view meta,
@@ -270,8 +292,13 @@ struct DataPlaneServer::State {
   DataHandler* handler = nullptr;
   int listen_fd = -1;
   std::thread acceptor;
+  // The abstract Unix-domain listener (options.local_socket), -1 if none.
+  int local_fd = -1;
+  std::thread local_acceptor;
   // Bytes of receive buffers past their initial size, all connections.
   std::atomic<int64_t> grown{0};
+  // Connections served, by listener.
+  std::atomic<int64_t> served_tcp{0}, served_local{0};
 
   absl::Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
@@ -282,7 +309,8 @@ struct DataPlaneServer::State {
   };
   std::list<Conn> conns ABSL_GUARDED_BY(mu);
 
-  void Accept();
+  // Accepts on `fd` until stopped; `tcp`: tune each connection for TCP.
+  void Accept(int fd, bool tcp);
   void Serve(const std::shared_ptr<DataConnection>& conn);
   bool Hello(const std::shared_ptr<DataConnection>& conn);
   // False: close the connection.
@@ -337,14 +365,47 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   int port = addr.ss_family == AF_INET6
                  ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
                  : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  // Same-host clients (issue 10): an abstract Unix-domain socket under a
+  // random name, announced beside the port (ServerStatus.data_socket). A
+  // local stream socket moves a byte at about half the CPU of loopback TCP
+  // (no TCP/IP processing, no acknowledgements) and is reachable only from
+  // this network namespace, so a client elsewhere falls back to the port.
+  // It says the same HELLO with the same token.
+  int local_fd = -1;
+  std::string local_name;
+  if (options.local_socket) {
+    absl::BitGen gen;
+    char raw[16];
+    for (char& c : raw) c = static_cast<char>(absl::Uniform<uint8_t>(gen));
+    local_name = absl::StrCat("ps-data-", absl::BytesToHexString(
+                                               absl::string_view(raw, 16)));
+    sockaddr_un a;
+    const socklen_t alen = LocalAddress(local_name, &a);
+    local_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (local_fd < 0 ||
+        ::bind(local_fd, reinterpret_cast<sockaddr*>(&a), alen) != 0 ||
+        ::listen(local_fd, 128) != 0) {
+      PS_LOG_WARN("data plane: no same-host socket, TCP only: {}",
+                  std::strerror(errno));
+      if (local_fd >= 0) ::close(local_fd);
+      local_fd = -1;
+      local_name.clear();
+    }
+  }
   std::unique_ptr<DataPlaneServer> server(new DataPlaneServer());
   server->port_ = port;
+  server->local_name_ = local_name;
   server->state_ = std::make_shared<State>();
   State* st = server->state_.get();
   st->options = std::move(options);
   st->handler = handler;
   st->listen_fd = fd;
-  st->acceptor = std::thread([st] { st->Accept(); });
+  st->local_fd = local_fd;
+  st->acceptor = std::thread([st] { st->Accept(st->listen_fd, true); });
+  if (local_fd >= 0) {
+    st->local_acceptor =
+        std::thread([st] { st->Accept(st->local_fd, false); });
+  }
   return server;
 }
 
@@ -359,15 +420,24 @@ void DataPlaneServer::Stop() {
     if (st->stopped) return;
     st->stopped = true;
     ::shutdown(st->listen_fd, SHUT_RDWR);
+    if (st->local_fd >= 0) ::shutdown(st->local_fd, SHUT_RDWR);
   }
   st->acceptor.join();
   ::close(st->listen_fd);
+  if (st->local_fd >= 0) {
+    st->local_acceptor.join();
+    ::close(st->local_fd);
+  }
   {
     absl::MutexLock l(&st->mu);
     conns.swap(st->conns);
   }
   for (State::Conn& c : conns) c.conn->Shutdown();
   for (State::Conn& c : conns) c.thread.join();
+}
+
+int64_t DataPlaneServer::served(bool local) const {
+  return (local ? state_->served_local : state_->served_tcp).load();
 }
 
 int DataPlaneServer::connections() const {
@@ -377,9 +447,9 @@ int DataPlaneServer::connections() const {
   return n;
 }
 
-void DataPlaneServer::State::Accept() {
+void DataPlaneServer::State::Accept(int listener, bool tcp) {
   for (;;) {
-    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
     const int err = errno;
     absl::MutexLock l(&mu);
     if (stopped) {
@@ -401,8 +471,13 @@ void DataPlaneServer::State::Accept() {
       ::close(fd);  // over the cap: the client stays on gRPC
       continue;
     }
-    Tune(fd);
+    if (tcp) {
+      Tune(fd);
+    } else {
+      TuneLocal(fd);
+    }
     SetTimeout(fd, SO_SNDTIMEO, options.send_timeout);
+    (tcp ? served_tcp : served_local).fetch_add(1);
     conns.emplace_back();
     Conn& c = conns.back();
     c.conn = std::make_shared<DataConnection>(fd);
@@ -901,9 +976,38 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Connect(
     return absl::UnavailableError(absl::StrCat("data plane: cannot connect to ",
                                                host_in, ":", port, ": ", why));
   }
+  Tune(fd);
+  return Open(fd, absl::StrCat(host_in, ":", port), token, max_frame_bytes,
+              deadline, send_stall);
+}
+
+absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::ConnectLocal(
+    const std::string& name, const std::string& token, size_t max_frame_bytes,
+    absl::Time deadline, absl::Duration send_stall) {
+  if (name.empty() || name.size() > sizeof(sockaddr_un::sun_path) - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane: bad same-host socket name '", name, "'"));
+  }
+  sockaddr_un a;
+  const socklen_t alen = LocalAddress(name, &a);
+  // Non-blocking: a listener whose backlog is full answers EAGAIN instead
+  // of holding the caller, which then takes the port.
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), alen) != 0) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return absl::UnavailableError(absl::StrCat(
+        "data plane: no same-host socket ", name, ": ", why));
+  }
+  TuneLocal(fd);
+  return Open(fd, name, token, max_frame_bytes, deadline, send_stall);
+}
+
+absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Open(
+    int fd, const std::string& peer, const std::string& token,
+    size_t max_frame_bytes, absl::Time deadline, absl::Duration send_stall) {
   // Blocking from here on; the hello is bounded by the deadline.
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  Tune(fd);
   const absl::Duration left =
       std::max(deadline - absl::Now(), absl::Milliseconds(1));
   SetTimeout(fd, SO_SNDTIMEO, left);
@@ -922,8 +1026,8 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Connect(
   if (token.size() > data_plane::kMaxHelloBytes - kHeaderBytes - 8) {
     s = absl::InvalidArgumentError("data plane: cluster token too long");
   } else if (!WriteAll(fd, &iov) || !ReadExactly(fd, answer, kHeaderBytes)) {
-    s = absl::UnavailableError(absl::StrCat(
-        "data plane: no answer to the hello from ", host_in, ":", port));
+    s = absl::UnavailableError(
+        absl::StrCat("data plane: no answer to the hello from ", peer));
   } else if (s = data_plane::DecodeHeader(answer, data_plane::kMaxHelloBytes, &ah);
              !s.ok() || ah.type != data_plane::kReply) {
     s = absl::UnavailableError("data plane: the peer is not a data plane");

@@ -272,6 +272,147 @@ TEST_F(DataPlaneTest, BorrowedPiecesArriveAsOneValsField) {
   EXPECT_EQ(std::memcmp(handler_.last_vals.data(), base, 1001 * 4), 0);
 }
 
+// The same-host socket (issue 10): an abstract Unix-domain socket under a
+// random name beside the port, with the same frames, the same hello and
+// the same token.
+TEST_F(DataPlaneTest, SameHostSocketCarriesTheSameCalls) {
+  Serve();
+  const std::string name = server_->local_name();
+  ASSERT_EQ(name.rfind("ps-data-", 0), 0u) << name;
+  EXPECT_EQ(name.size(), 8u + 32u);  // 16 random bytes in hex
+  auto c = DataPlaneClient::ConnectLocal(name, "", kLimit,
+                                         absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(PushOnce(c->get(), 1000).ok());
+  {
+    absl::MutexLock l(&handler_.mu);
+    EXPECT_EQ(handler_.last_push.seq(), 42u);
+    ASSERT_EQ(handler_.last_keys.size(), 8000u);
+    ASSERT_EQ(handler_.last_vals.size(), 4000u);
+    float v;
+    std::memcpy(&v, handler_.last_vals.data() + 4 * 999, 4);
+    EXPECT_EQ(v, 500.0f);
+    EXPECT_TRUE(handler_.aligned);
+  }
+  // Frames several times the socket's default buffer (208 KiB) arrive
+  // whole, back to back: 80k keys, 960 KB each.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(PushOnce(c->get(), 80000).ok());
+  {
+    absl::MutexLock l(&handler_.mu);
+    ASSERT_EQ(handler_.last_vals.size(), 320000u);
+    float v;
+    std::memcpy(&v, handler_.last_vals.data() + handler_.last_vals.size() - 4,
+                4);
+    EXPECT_EQ(v, 40000.0f);
+    EXPECT_EQ(handler_.pushes, 4);
+  }
+  // A pull's values come back over it too.
+  proto::PullRequest req;
+  std::vector<uint64_t> keys = {3, 9};
+  req.set_keys(reinterpret_cast<const char*>(keys.data()), keys.size() * 8);
+  absl::Notification done;
+  (*c)->Pull(req, absl::Now() + absl::Seconds(30),
+             [&](const absl::Status& s, proto::PullResponse* resp) {
+               EXPECT_TRUE(s.ok()) << s;
+               if (s.ok()) {
+                 float v[2];
+                 EXPECT_EQ(resp->vals().size(), 8u);
+                 std::memcpy(v, resp->vals().data(), 8);
+                 EXPECT_EQ(v[0], 3.0f);
+                 EXPECT_EQ(v[1], 9.0f);
+               }
+               done.Notify();
+             });
+  done.WaitForNotification();
+  EXPECT_EQ(server_->connections(), 1);
+  EXPECT_EQ(server_->served(/*local=*/true), 1);
+  EXPECT_EQ(server_->served(/*local=*/false), 0);
+  // Two servers on one host never share a name.
+  DataPlaneServerOptions o;
+  auto other = DataPlaneServer::Start(o, &handler_);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE((*other)->local_name(), name);
+  EXPECT_FALSE((*other)->local_name().empty());
+}
+
+TEST_F(DataPlaneTest, SameHostSocketChecksTheToken) {
+  Serve("s3cret");
+  auto bad = DataPlaneClient::ConnectLocal(server_->local_name(), "nope",
+                                           kLimit,
+                                           absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnauthenticated);
+  auto good = DataPlaneClient::ConnectLocal(server_->local_name(), "s3cret",
+                                            kLimit,
+                                            absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE(PushOnce(good->get(), 3).ok());
+  absl::MutexLock l(&handler_.mu);
+  EXPECT_EQ(handler_.pushes, 1);
+}
+
+// A server on another host (or in another network namespace) has no socket
+// by that name here: the client hears so at once and takes the port.
+TEST_F(DataPlaneTest, SameHostSocketThatIsNotHereIsUnavailableAtOnce) {
+  const absl::Time t0 = absl::Now();
+  auto c = DataPlaneClient::ConnectLocal(
+      "ps-data-00000000000000000000000000000000", "", kLimit,
+      absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  EXPECT_EQ(DataPlaneClient::ConnectLocal("", "", kLimit,
+                                          absl::Now() + absl::Seconds(5))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DataPlaneClient::ConnectLocal(std::string(200, 'x'), "", kLimit,
+                                          absl::Now() + absl::Seconds(5))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // A server told not to have one announces none.
+  DataPlaneServerOptions o;
+  o.local_socket = false;
+  auto s = DataPlaneServer::Start(o, &handler_);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE((*s)->local_name().empty());
+}
+
+// Stopping the server closes its same-host connections as it does TCP
+// ones: a call in flight fails UNAVAILABLE, and the name is gone.
+TEST_F(DataPlaneTest, StoppedServerClosesItsSameHostConnections) {
+  Serve();
+  handler_.hold = true;
+  const std::string name = server_->local_name();
+  auto c = DataPlaneClient::ConnectLocal(name, "", kLimit,
+                                         absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::Notification done;
+  absl::Status out;
+  proto::PullRequest req;
+  (*c)->Pull(req, absl::Now() + absl::Seconds(30),
+             [&](const absl::Status& s, proto::PullResponse*) {
+               out = s;
+               done.Notify();
+             });
+  {
+    absl::MutexLock l(&handler_.mu);
+    handler_.mu.AwaitWithTimeout(
+        absl::Condition(+[](TestHandler* h) { return !h->held.empty(); },
+                        &handler_),
+        absl::Seconds(5));
+    ASSERT_FALSE(handler_.held.empty());
+  }
+  server_->Stop();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(out.code(), absl::StatusCode::kUnavailable) << out;
+  EXPECT_FALSE((*c)->ok());
+  EXPECT_EQ(DataPlaneClient::ConnectLocal(name, "", kLimit,
+                                          absl::Now() + absl::Seconds(5))
+                .status()
+                .code(),
+            absl::StatusCode::kUnavailable);
+}
+
 TEST_F(DataPlaneTest, PullAnswersWithValuesAndTheCallersTimeLeft) {
   Serve();
   auto c = Connect();

@@ -659,7 +659,7 @@ class GrpcServerClient : public ServerClient {
  public:
   GrpcServerClient(const std::string& address, const GrpcTransportOptions& o,
                    const std::shared_ptr<grpc::ChannelCredentials>& creds,
-                   std::shared_ptr<const std::atomic<bool>> data_plane)
+                   std::shared_ptr<const DataPlaneSwitches> data_plane)
       : token_(o.token),
         address_(address),
         max_frame_bytes_(static_cast<size_t>(MessageLimitBytes(o.max_message_mb))),
@@ -850,7 +850,7 @@ class GrpcServerClient : public ServerClient {
   // callback), which must not write on it unless the caller knows the
   // write cannot wait for that reader (data_plane.h).
   std::shared_ptr<DataPlaneClient> Data(bool from_reader = false) {
-    if (!data_plane_->load(std::memory_order_relaxed)) return nullptr;
+    if (!data_plane_->on.load(std::memory_order_relaxed)) return nullptr;
     std::shared_ptr<DataPlaneClient> broken;  // released after the lock
     absl::MutexLock l(&data_mu_);
     if (data_ != nullptr) {
@@ -883,7 +883,21 @@ class GrpcServerClient : public ServerClient {
     if (s.ok() && st.data_port() <= 0) {
       s = absl::NotFoundError("the server has no data plane");
     }
-    if (s.ok()) {
+    // A server on this host (in this network namespace) is reached over its
+    // same-host socket; one elsewhere refuses that at once, and the port
+    // is next.
+    bool local = false;
+    if (s.ok() && !st.data_socket().empty() &&
+        data_plane_->local.load(std::memory_order_relaxed)) {
+      c = DataPlaneClient::ConnectLocal(st.data_socket(), token_,
+                                        max_frame_bytes_, deadline);
+      local = c.ok();
+      if (!c.ok()) {
+        PS_LOG_DEBUG("data plane to {}: {}; trying its port", address_,
+                     c.status().ToString());
+      }
+    }
+    if (s.ok() && !local) {
       c = DataPlaneClient::Connect(host, st.data_port(), token_,
                                    max_frame_bytes_, deadline);
       s = c.status();
@@ -893,7 +907,11 @@ class GrpcServerClient : public ServerClient {
     if (s.ok() && !closing_) {
       data_ = std::move(*c);
       failures_ = 0;
-      PS_LOG_DEBUG("data plane to {} on port {}", address_, st.data_port());
+      if (local) {
+        PS_LOG_DEBUG("data plane to {} over its same-host socket", address_);
+      } else {
+        PS_LOG_DEBUG("data plane to {} on port {}", address_, st.data_port());
+      }
       return;
     }
     if (absl::IsNotFound(s)) {
@@ -942,7 +960,7 @@ class GrpcServerClient : public ServerClient {
   const std::string token_;
   const std::string address_;
   const size_t max_frame_bytes_;
-  const std::shared_ptr<const std::atomic<bool>> data_plane_;
+  const std::shared_ptr<const DataPlaneSwitches> data_plane_;
   absl::Mutex data_mu_;
   std::shared_ptr<DataPlaneClient> data_ ABSL_GUARDED_BY(data_mu_);
   std::thread connector_ ABSL_GUARDED_BY(data_mu_);
@@ -1015,8 +1033,9 @@ class GrpcSchedulerClient : public SchedulerClient {
 
 GrpcClientFactory::GrpcClientFactory(GrpcTransportOptions options)
     : options_(std::move(options)),
-      data_plane_(std::make_shared<std::atomic<bool>>(options_.data_plane &&
-                                                      !options_.tls.enabled())) {
+      data_plane_(std::make_shared<DataPlaneSwitches>()) {
+  data_plane_->on.store(options_.data_plane && !options_.tls.enabled());
+  data_plane_->local.store(options_.local_socket);
   GrpcSecurity s;
   s.tls = options_.tls;
   auto creds = MakeChannelCredentials(s);
@@ -1050,7 +1069,11 @@ std::shared_ptr<ServerClient> GrpcClientFactory::Server(
 }
 
 void GrpcClientFactory::SetDataPlane(bool on) {
-  data_plane_->store(on && !options_.tls.enabled());
+  data_plane_->on.store(on && !options_.tls.enabled());
+}
+
+void GrpcClientFactory::SetLocalSocket(bool on) {
+  data_plane_->local.store(on);
 }
 
 std::shared_ptr<SchedulerClient> GrpcClientFactory::Scheduler(

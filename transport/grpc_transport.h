@@ -156,6 +156,16 @@ struct GrpcTransportOptions {
   // Push, pull and clock over the servers' data planes
   // (transport/data_plane.h) where they have one; never with TLS.
   bool data_plane = true;
+  // With the data plane: reach a server on this host (in this network
+  // namespace) over its same-host Unix-domain socket rather than loopback
+  // TCP (cluster.local_socket).
+  bool local_socket = true;
+};
+
+// The data plane's switches, shared by a factory's server clients.
+struct DataPlaneSwitches {
+  std::atomic<bool> on{true};
+  std::atomic<bool> local{true};
 };
 
 class GrpcClientFactory : public ClientFactory {
@@ -173,10 +183,13 @@ class GrpcClientFactory : public ClientFactory {
   // Turns the data plane on or off for every server client, made or to be
   // made (cluster.data_plane, once the config is known). Never on with TLS.
   void SetDataPlane(bool on);
+  // Same-host sockets on or off (cluster.local_socket) for connections made
+  // from now on (one already open stays as it is).
+  void SetLocalSocket(bool on);
 
  private:
   const GrpcTransportOptions options_;
-  const std::shared_ptr<std::atomic<bool>> data_plane_;
+  const std::shared_ptr<DataPlaneSwitches> data_plane_;
   std::shared_ptr<grpc::ChannelCredentials> creds_;  // null: unreadable files
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<ServerClient>> servers_

@@ -613,6 +613,7 @@ absl::Status RunWorker(const WorkerRunOptions& options) {
   if (config.ok()) {
     InitLogging(absl::StrCat("W[", id, "]"), config->output.log_level);
     clients.SetDataPlane(config->cluster.data_plane);
+    clients.SetLocalSocket(config->cluster.local_socket);
   }
   node_metrics.SetName(absl::StrCat("W[", id, "]"));
   if (metrics_port < 0 && config.ok()) {
