@@ -10,6 +10,12 @@
 #
 #   bench/sparse_vs_pslite.sh --pslite DIR [--ours build/bin] [--rounds 3]
 #       [--keys 100000] [--seconds 3] [--dense_ids 1000000]
+#       [--ours-args "--local_socket=false"] [--pslite-local]
+#
+# --ours-args: extra flags for every pushpull_bench run (--local_socket=false:
+# loopback TCP instead of the servers' same-host sockets, the default).
+# --pslite-local: ps-lite with DMLC_LOCAL=1 (ZeroMQ over ipc://, its
+# same-host mode) instead of tcp://.
 #
 # Per round: ours with the keys sent (FTRL), ours with key caching, ours with
 # the keys of random feature ids below --dense_ids in the dense-id layout
@@ -18,6 +24,7 @@
 set -euo pipefail
 
 pslite="" ours="build/bin" rounds=3 keys=100000 seconds=3 dense_ids=1000000
+ours_args="" pslite_local=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --pslite) pslite="$2"; shift 2 ;;
@@ -26,6 +33,8 @@ while [[ $# -gt 0 ]]; do
     --keys) keys="$2"; shift 2 ;;
     --seconds) seconds="$2"; shift 2 ;;
     --dense_ids) dense_ids="$2"; shift 2 ;;
+    --ours-args) ours_args="$2"; shift 2 ;;
+    --pslite-local) pslite_local=1; shift ;;
     *) echo "sparse_vs_pslite.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -43,7 +52,7 @@ run_ours() {  # extra flags...
   echo "  load $(load)"
   "$ours/pushpull_bench" --cases=sparse --topologies=1x1 \
     --sparse_keys="$keys" --optimizer=ftrl --seconds="$seconds" \
-    --warmup_seconds=1 --iperf=false "$@" 2>&1 |
+    --warmup_seconds=1 --iperf=false $ours_args "$@" 2>&1 |
     awk '/^1S1W/ && ($3 == "push" || $3 == "pull") {printf "  ours %s %s: %s M keys/s, %s CPU ns/key\n", $2, $3, $6, $13}'
 }
 for ((r = 1; r <= rounds; ++r)); do
@@ -54,6 +63,7 @@ for ((r = 1; r <= rounds; ++r)); do
   for mode in 0 1; do
     echo "  load $(load)"
     (cd "$pslite" && DMLC_NODE_HOST=127.0.0.1 DMLC_PS_ROOT_URI=127.0.0.1 \
+      DMLC_LOCAL="$pslite_local" \
       timeout 120 tests/local.sh 1 1 tests/test_sparse "$keys" "$mode" \
       "$seconds" 4 2>&1 | grep -i "keys/s" | sed "s/^/  ps-lite: /")
   done

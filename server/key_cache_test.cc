@@ -164,9 +164,28 @@ TEST(TableSlotsTest, PushSlotsWithMissingKeysMatchesPushByKeys) {
   t->Push(0, six, g2.data(), 1.0f);
   by_keys->Push(0, six, g2.data(), 1.0f);
   const std::vector<float> g = {1, 2, 3, 4, 5, 6, 7, 8};
-  ASSERT_TRUE(t->PushSlots(0, gen, keys, slots.data(), g.data(), 0.25f));
+  std::vector<uint32_t> resolved(4, 12345);
+  ASSERT_TRUE(t->PushSlots(0, gen, keys, slots.data(), g.data(), 0.25f,
+                           KeyOrder::kAny, resolved.data()));
   by_keys->Push(0, keys, g.data(), 0.25f);
   EXPECT_EQ(t->size(), 4u) << "6 found, not stored twice; 2 created";
+  t->Pull(0, keys, out.data());
+  by_keys->Pull(0, keys, want.data());
+  EXPECT_EQ(out, want);
+  // `resolved`: the given slots as they were, and where 2 and 6 are now.
+  std::vector<uint32_t> now(4);
+  uint64_t now_gen = 0;
+  t->Pull(0, keys, out.data(), now.data(), &now_gen);
+  EXPECT_EQ(now_gen, gen);
+  EXPECT_EQ(resolved, now);
+  EXPECT_EQ(resolved[1], slots[1]);
+  EXPECT_EQ(resolved[3], slots[3]);
+  // With every slot given, `resolved` is a copy of them.
+  std::vector<uint32_t> again(4, 12345);
+  ASSERT_TRUE(t->PushSlots(0, gen, keys, now.data(), g.data(), 0.5f,
+                           KeyOrder::kAny, again.data()));
+  by_keys->Push(0, keys, g.data(), 0.5f);
+  EXPECT_EQ(again, now);
   t->Pull(0, keys, out.data());
   by_keys->Pull(0, keys, want.data());
   EXPECT_EQ(out, want);

@@ -784,14 +784,16 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
       const float* grads = g + run.first * dim;
       const bool delta = !delta_runs.empty() && delta_runs[i];
       // A cached list's slots, unless stale: no hashing but for the keys
-      // its pull did not find.
+      // its pull did not find. A delta names the rows by every slot,
+      // those the push made included (no second lookup when it is built).
       if (rk.cached != nullptr && !rk.cached->slots.empty() &&
           t->PushSlots(run.range, rk.cached->generations[i],
                        keys.subspan(run.first, n),
                        rk.cached->slots.data() + run.first, grads, scale,
-                       KeyOrder::kAscending)) {
+                       KeyOrder::kAscending,
+                       delta ? delta_slots.data() + run.first : nullptr)) {
         if (delta) {
-          run_slots[i] = rk.cached->slots.data() + run.first;
+          run_slots[i] = delta_slots.data() + run.first;
           run_generations[i] = rk.cached->generations[i];
         }
         return;

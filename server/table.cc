@@ -593,7 +593,8 @@ bool Table::PullSlots(int range, uint64_t generation,
 
 bool Table::PushSlots(int range, uint64_t generation,
                       absl::Span<const uint64_t> keys, const uint32_t* slots,
-                      const float* grads, float scale, KeyOrder order) {
+                      const float* grads, float scale, KeyOrder order,
+                      uint32_t* resolved) {
   Partition& p = partition(range);
   const size_t n = keys.size();
   absl::MutexLock l(&p.mu);
@@ -618,13 +619,29 @@ bool Table::PushSlots(int range, uint64_t generation,
     const uint32_t* s = slots;
     if (missing) {
       // The keys the pull did not find, by key (created here, or stored
-      // since), in key order as Push creates them.
-      uint32_t* resolved = Scratch(n);
+      // since), in key order as Push creates them; each looked up ahead
+      // (a new key's index entry is a miss, 7 % of a replicated LR job's
+      // server samples without).
+      uint32_t* out = resolved != nullptr ? resolved : Scratch(n);
+      thread_local std::vector<uint32_t> absent;
+      absent.clear();
       for (size_t i = 0; i < n; ++i) {
-        resolved[i] =
-            slots[i] != kNoSlot ? slots[i] : SlotOrNew(range, p, rule, keys[i]);
+        out[i] = slots[i];
+        if (slots[i] == kNoSlot) absent.push_back(static_cast<uint32_t>(i));
       }
-      s = resolved;
+      const size_t m = absent.size();
+      for (size_t j = 0; j < std::min(m, kPrefetchDistance); ++j) {
+        PrefetchKey(p, keys[absent[j]]);
+      }
+      for (size_t j = 0; j < m; ++j) {
+        if (j + kPrefetchDistance < m) {
+          PrefetchKey(p, keys[absent[j + kPrefetchDistance]]);
+        }
+        out[absent[j]] = SlotOrNew(range, p, rule, keys[absent[j]]);
+      }
+      s = out;
+    } else if (resolved != nullptr) {
+      std::memcpy(resolved, slots, n * sizeof(uint32_t));
     }
     ApplyAt(p, rule, keys, s, grads, scale, order);
   });
@@ -734,6 +751,10 @@ void Table::LookUpSlots(int range, const Partition& p,
   const size_t n = keys.size();
   if (known != nullptr) {
     for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchDistance < n &&
+          known[i + kPrefetchDistance] >= p.num_slots) {
+        PrefetchKey(p, keys[i + kPrefetchDistance]);  // kNoSlot included
+      }
       slots[i] = known[i] != kNoSlot && known[i] < p.num_slots
                      ? known[i]
                      : FindSlot(range, p, keys[i]);
@@ -947,7 +968,12 @@ void Table::ImportDelta(int range, absl::Span<const uint32_t> slots,
                 stride_ * sizeof(float));
   }
   entries += n * stride_;
-  for (size_t i = 0; i < new_keys.size(); ++i) {
+  const size_t m = new_keys.size();
+  for (size_t i = 0; i < std::min(m, kPrefetchDistance); ++i) {
+    PrefetchKey(p, new_keys[i]);
+  }
+  for (size_t i = 0; i < m; ++i) {
+    if (i + kPrefetchDistance < m) PrefetchKey(p, new_keys[i + kPrefetchDistance]);
     bool inserted = false;
     const uint32_t slot = FindOrNewSlot(range, p, new_keys[i], &inserted);
     std::memcpy(SlotData(p, slot), entries + i * stride_,

@@ -131,14 +131,18 @@ class Table {
   // (stored since, or its initial value), PushSlots creates it as Push does
   // (or finds it, stored since), so a push after the pull of a batch with
   // new keys hashes only those. PushSlots also returns false, having done
-  // nothing, for a slot out of the range's bounds.
+  // nothing, for a slot out of the range's bounds. `resolved`, when given,
+  // receives every key's slot (the given ones, and those it found or made
+  // for kNoSlot entries), for a caller that goes on to name the rows again
+  // (a replication delta) without looking them up.
   bool PullSlots(int range, uint64_t generation,
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  float* out) const;
   bool PushSlots(int range, uint64_t generation,
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  const float* grads, float scale,
-                 KeyOrder order = KeyOrder::kAny);
+                 KeyOrder order = KeyOrder::kAny,
+                 uint32_t* resolved = nullptr);
 
   // Number of keys stored (created by a push).
   size_t size() const;
