@@ -226,6 +226,13 @@ void ExpectPredictReproducesReport(const LaunchResult& r) {
   EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 16281);
 }
 
+// How many times `pattern` (ECMAScript regex) matches in `text`.
+std::ptrdiff_t CountMatches(const std::string& text, const std::string& pattern) {
+  const std::regex re(pattern);
+  return std::distance(std::sregex_iterator(text.begin(), text.end(), re),
+                       std::sregex_iterator());
+}
+
 // Also issue 10: run a reaches every server's data plane over its
 // same-host socket (cluster.local_socket, the default) and run b over
 // loopback TCP; the model is the same to the bit.
@@ -237,12 +244,9 @@ TEST_F(MultiProcessTest, BspReachesAucAndIsReproducible) {
   EXPECT_GE(Auc(a), 0.90) << a.report;
   ExpectPredictReproducesReport(a);
   // Each server: its workers' and its peer's connections, none over TCP.
-  const std::regex local_only(
-      "data plane: [1-9][0-9]* connections over the same-host socket, 0 over "
-      "TCP");
-  EXPECT_EQ(std::distance(
-                std::sregex_iterator(a.log.begin(), a.log.end(), local_only),
-                std::sregex_iterator()),
+  EXPECT_EQ(CountMatches(a.log,
+                         "data plane: [1-9][0-9]* connections over the "
+                         "same-host socket, 0 over TCP"),
             2)
       << Tail(a.log, 4000);
 
@@ -251,12 +255,9 @@ TEST_F(MultiProcessTest, BspReachesAucAndIsReproducible) {
                                            "  virtual_nodes: 64\n"
                                            "  local_socket: false\n"}}));
   ASSERT_LAUNCHED(b);
-  const std::regex tcp_only(
-      "data plane: 0 connections over the same-host socket, [1-9][0-9]* over "
-      "TCP");
-  EXPECT_EQ(std::distance(
-                std::sregex_iterator(b.log.begin(), b.log.end(), tcp_only),
-                std::sregex_iterator()),
+  EXPECT_EQ(CountMatches(b.log,
+                         "data plane: 0 connections over the same-host "
+                         "socket, [1-9][0-9]* over TCP"),
             2)
       << Tail(b.log, 4000);
   const auto fa = ModelFiles(a.model_dir);
