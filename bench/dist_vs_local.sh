@@ -43,3 +43,7 @@ print(f"{mode:5} load {load} user {user:.1f} sys {sys_s:.1f} cpu {cpu:.1f} wall 
       f"loopback_MB {int(lo_bytes) / 1e6:.0f} examples_per_cpu_s {r['examples'] / cpu:.0f} "
       f"status {r['status']} test_auc {r.get('test_auc', 0):.4f}")
 PY
+# Each server's replication counts (info log), to stderr: what a setting
+# did to the number of batches and rows, which the CPU figures are too noisy
+# on these machines to show alone.
+grep -ho "S\[[0-9]*\] .*replicated [0-9]* entries in .*" "$out/log" >&2 || true

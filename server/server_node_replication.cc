@@ -473,22 +473,20 @@ void ServerNode::ShipDirtyLocked() {
             dr.by_slot && dr.generation == gen ? dr.slots.data() : nullptr;
         if (tables_[t]->ExportDelta(r, dr.keys, known, gen,
                                     lg.synced_slots[t], &by_slot)) {
-          if (by_slot.slots.empty() && by_slot.new_keys.empty()) continue;
+          const size_t made = by_slot.rows();
+          if (made == 0) continue;
           proto::RangeCopy::Rows* rows = d->add_tables();
           rows->set_table(static_cast<int32_t>(t));
           rows->set_by_slot(true);
-          rows->set_slots(by_slot.slots.data(),
-                          by_slot.slots.size() * sizeof(uint32_t));
-          rows->set_keys(by_slot.new_keys.data(),
-                         by_slot.new_keys.size() * sizeof(uint64_t));
-          rows->set_entries(by_slot.entries.data(),
-                            by_slot.entries.size() * sizeof(float));
+          // Moved, not copied (the next export makes new strings).
+          rows->set_slots(std::move(by_slot.slots));
+          rows->set_keys(std::move(by_slot.new_keys));
+          rows->set_entries(std::move(by_slot.entries));
           rows->set_base_slots(by_slot.base_slots);
           rows->set_base_digest(lg.synced_digests[t]);
           lg.synced_slots[t] = by_slot.num_slots;
           lg.synced_digests[t] = by_slot.digest;
-          replica_rows_by_slot_ += static_cast<int64_t>(
-              by_slot.slots.size() + by_slot.new_keys.size());
+          replica_rows_by_slot_ += static_cast<int64_t>(made);
           continue;
         }
         lg.by_slot = false;  // the partition changed: by key from now on

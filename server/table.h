@@ -233,10 +233,15 @@ class Table {
   // until the range is cleared (a new generation). A backup that built its
   // partition of a range from nothing but the primary's deltas, in order,
   // has the primary's layout, and takes rows by slot: no key lookup.
+  // The arrays are in the bytes of the strings that proto RangeCopy.Rows
+  // carries them in (moved there: no copy).
   struct DeltaRows {
-    std::vector<uint32_t> slots;     // rows below `base_slots`, by slot
-    std::vector<uint64_t> new_keys;  // slots base_slots, base_slots + 1, ...
-    std::vector<float> entries;      // slots' rows, then new_keys' rows
+    std::string slots;     // uint32: rows below `base_slots`, by slot
+    std::string new_keys;  // uint64: slots base_slots, base_slots + 1, ...
+    std::string entries;   // float: slots' rows, then new_keys' rows
+    size_t rows() const {
+      return slots.size() / sizeof(uint32_t) + new_keys.size() / sizeof(uint64_t);
+    }
     uint32_t base_slots = 0;
     uint32_t num_slots = 0;  // base_slots + new_keys.size()
     uint64_t digest = 0;     // the partition's layout digest at num_slots

@@ -361,8 +361,8 @@ TEST_F(LingerLogTest, PushesWithinTheLingerShareOneBatch) {
 TEST_F(LingerTest, LargeQueueIsSentWithoutWaitingOutTheLinger) {
   primary_.SetReplicationLinger(absl::Minutes(10));
   std::vector<uint64_t> keys;
-  const uint64_t step = ~0ULL / 10000;
-  for (uint64_t i = 0; i < 10000; ++i) keys.push_back(i * step);
+  const uint64_t step = ~0ULL / 100000;
+  for (uint64_t i = 0; i < 100000; ++i) keys.push_back(i * step);
   ASSERT_GE(keys.size() * (sizeof(uint64_t) + sizeof(float)),
             ServerNode::kLingerFlushBytes);
   auto a = Push(&primary_, 0, 1, 0, keys, std::vector<float>(keys.size(), -1));
