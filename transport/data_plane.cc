@@ -31,8 +31,6 @@
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "google/protobuf/arena.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream.h"
 #include "transport/errors.h"
 #include "transport/grpc_transport.h"
 
@@ -1153,95 +1151,6 @@ absl::string_view SerializeHead(const google::protobuf::MessageLite& m) {
   return absl::string_view(kept.data.get(), n);
 }
 
-// A message serialized in pieces (`pieces`, replaced), for a writev: what
-// protobuf copies goes into a buffer kept by the calling thread, and every
-// bytes field of more than about kChunk bytes is a piece of its own,
-// pointing into the message (protobuf's aliasing), not copied. Returns the
-// message's size (0 for one of 2 GiB or more, or on an error: an empty
-// message, which the server refuses). Valid until the thread's next call
-// or a change to `m`, whichever is first.
-//
-// Why: a replication batch's rows (RangeCopy.Rows: slots, keys, entries)
-// are most of its bytes; serialized into one buffer they were copied once
-// more than needed (3.6 % of a replicating server's CPU in a raw push,
-// perf 2026-11-29).
-class PiecesOutput final : public google::protobuf::io::ZeroCopyOutputStream {
- public:
-  // Hands out buf[0, cap) kChunk bytes at a time.
-  PiecesOutput(char* buf, size_t cap, std::vector<iovec>* pieces)
-      : buf_(buf), cap_(cap), pieces_(pieces) {}
-  bool Next(void** data, int* size) override {
-    if (pos_ >= cap_) return false;
-    const size_t n = std::min(kChunk, cap_ - pos_);
-    *data = buf_ + pos_;
-    *size = static_cast<int>(n);
-    pos_ += n;
-    return true;
-  }
-  void BackUp(int count) override { pos_ -= static_cast<size_t>(count); }
-  int64_t ByteCount() const override {
-    return static_cast<int64_t>(pos_ + aliased_);
-  }
-  bool AllowsAliasing() const override { return true; }
-  bool WriteAliasedRaw(const void* data, int size) override {
-    Close();
-    pieces_->push_back({const_cast<void*>(data), static_cast<size_t>(size)});
-    aliased_ += static_cast<size_t>(size);
-    return true;
-  }
-  // Ends the copied piece that is open (after the CodedOutputStream is
-  // gone: it gives back what it did not write).
-  void Close() {
-    if (pos_ > start_) pieces_->push_back({buf_ + start_, pos_ - start_});
-    start_ = pos_;
-  }
-
- private:
-  // EpsCopyOutputStream aliases a field only when it is larger than what is
-  // left of the chunk it writes into.
-  static constexpr size_t kChunk = 2048;
-  char* const buf_;
-  const size_t cap_;
-  std::vector<iovec>* const pieces_;
-  size_t pos_ = 0;    // handed out up to here
-  size_t start_ = 0;  // the open copied piece starts here
-  size_t aliased_ = 0;
-};
-
-size_t SerializePieces(const google::protobuf::MessageLite& m,
-                       std::vector<iovec>* pieces) {
-  struct Kept {
-    std::unique_ptr<char[]> data;
-    size_t cap = 0;
-  };
-  thread_local Kept kept;
-  pieces->clear();
-  const size_t n = m.ByteSizeLong();
-  if (n > static_cast<size_t>(std::numeric_limits<int>::max())) return 0;
-  // Copied bytes are at most n; the slack lets a chunk be handed out past
-  // the last byte.
-  const size_t need = n + kHeaderBytes;
-  constexpr size_t kKeepBytes = size_t{32} << 20;
-  if (need > kept.cap || (kept.cap > kKeepBytes && need <= kKeepBytes)) {
-    kept.cap = std::max<size_t>(need, 4096);
-    kept.data.reset(new char[kept.cap]);
-  }
-  PiecesOutput out(kept.data.get(), kept.cap, pieces);
-  bool failed;
-  {
-    google::protobuf::io::CodedOutputStream coded(&out);
-    coded.EnableAliasing(true);
-    m.SerializeWithCachedSizes(&coded);
-    coded.Trim();
-    failed = coded.HadError();
-  }
-  out.Close();
-  if (failed || static_cast<size_t>(out.ByteCount()) != n) {
-    pieces->clear();
-    return 0;
-  }
-  return n;
-}
 }  // namespace
 
 void DataPlaneClient::Push(const proto::PushRequest& req,
@@ -1295,9 +1204,13 @@ void DataPlaneClient::Replicate(
     ServerClient::Callback<proto::ReplicateResponse> done) {
   Header h;
   h.type = data_plane::kReplicate;
-  thread_local std::vector<iovec> pieces;
-  const size_t n = SerializePieces(req, &pieces);
-  state_->Call(h, pieces, n, {}, nullptr, {}, deadline,
+  // Serialized whole, not written from the request's own strings
+  // (protobuf's aliasing into the writev was tried, 2026-11-29): the
+  // backup's answer can arrive, and the primary recycle the batch's
+  // entries on this connection's reader thread, before the writing call
+  // has returned, and ASan, which checks a sendmsg's buffers after the
+  // call, saw them freed.
+  state_->Call(h, SerializeHead(req), {}, nullptr, {}, deadline,
                Typed<proto::ReplicateResponse>(std::move(done)));
 }
 

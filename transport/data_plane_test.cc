@@ -527,10 +527,8 @@ TEST_F(DataPlaneTest, ReplicationBatchArrivesWholeAndItsStatusComesBack) {
   }
 }
 
-// The rows' bytes fields of a batch are written where they lie
-// (SerializePieces aliases any of more than about 2 KiB), between the
-// pieces protobuf copies: fields just below, at and above that size, empty
-// ones, and many of them, must arrive byte for byte.
+// A batch of many deltas' rows (bytes fields of every size, around 2 KiB
+// and far above, empty ones) arrives byte for byte.
 TEST_F(DataPlaneTest, ReplicationBatchOfRowsOfEverySizeArrivesByteForByte) {
   Serve();
   auto c = Connect();
