@@ -204,22 +204,15 @@ socklen_t LocalAddress(const std::string& name, sockaddr_un* a) {
 
 // A frame's first iovecs: header, meta, padding. `hdr` must outlive the
 // write.
-// The header, the meta (h.meta_len bytes in `meta`'s pieces) and its
-// padding.
-void FrameHead(const Header& h, absl::Span<const iovec> meta,
+void FrameHead(const Header& h, absl::string_view meta,
                char hdr[kHeaderBytes], std::vector<iovec>* iov) {
   data_plane::EncodeHeader(h, hdr);
   iov->push_back({hdr, kHeaderBytes});
-  for (const iovec& piece : meta) {
-    if (piece.iov_len > 0) iov->push_back(piece);
+  if (!meta.empty()) {
+    iov->push_back({const_cast<char*>(meta.data()), meta.size()});
   }
-  const size_t pad = KeysOffset(h) - kHeaderBytes - h.meta_len;
+  const size_t pad = KeysOffset(h) - kHeaderBytes - meta.size();
   if (pad > 0) iov->push_back({const_cast<char*>(kZeros), pad});
-}
-void FrameHead(const Header& h, absl::string_view meta,
-               char hdr[kHeaderBytes], std::vector<iovec>* iov) {
-  const iovec piece{const_cast<char*>(meta.data()), meta.size()};
-  FrameHead(h, absl::MakeConstSpan(&piece, 1), hdr, iov);
 }
 
 void AddBytes(absl::Span<const char> b, std::vector<iovec>* iov) {
@@ -746,32 +739,23 @@ struct DataPlaneClient::State {
   }
 
   // Registers `done`, writes the frame; a failed write fails the call.
-  // `meta`: the request's message, serialized.
   void Call(Header h, absl::string_view meta, absl::Span<const char> keys,
             const BorrowedValues* borrowed, absl::Span<const char> vals,
-            absl::Time deadline, Done done) {
-    const iovec piece{const_cast<char*>(meta.data()), meta.size()};
-    Call(h, absl::MakeConstSpan(&piece, 1), meta.size(), keys, borrowed, vals,
-         deadline, std::move(done));
-  }
-  // The same with the message in pieces of meta_len bytes in all.
-  void Call(Header h, absl::Span<const iovec> meta, size_t meta_len,
-            absl::Span<const char> keys, const BorrowedValues* borrowed,
-            absl::Span<const char> vals, absl::Time deadline, Done done);
+            absl::Time deadline, Done done);
   void Read();
   void FailAll(const absl::Status& s);
 };
 
-void DataPlaneClient::State::Call(Header h, absl::Span<const iovec> meta,
-                                  size_t meta_len, absl::Span<const char> keys,
+void DataPlaneClient::State::Call(Header h, absl::string_view meta,
+                                  absl::Span<const char> keys,
                                   const BorrowedValues* borrowed,
                                   absl::Span<const char> vals,
                                   absl::Time deadline, Done done) {
   h.id = next_id.fetch_add(1, std::memory_order_relaxed);
-  h.meta_len = static_cast<uint32_t>(meta_len);
+  h.meta_len = static_cast<uint32_t>(meta.size());
   h.keys_len = keys.size();
   h.vals_len = borrowed != nullptr ? borrowed->size() : vals.size();
-  if (FrameBytes(h) > max_frame_bytes || meta_len > max_frame_bytes) {
+  if (FrameBytes(h) > max_frame_bytes || meta.size() > max_frame_bytes) {
     done(absl::ResourceExhaustedError(absl::StrCat(
              "data plane: request of ", FrameBytes(h),
              " bytes is over the message limit of ", max_frame_bytes)),
@@ -793,8 +777,7 @@ void DataPlaneClient::State::Call(Header h, absl::Span<const iovec> meta,
   }
   char hdr[kHeaderBytes];
   std::vector<iovec> iov;
-  iov.reserve(5 + meta.size() +
-              (borrowed != nullptr ? borrowed->pieces.size() : 0));
+  iov.reserve(6 + (borrowed != nullptr ? borrowed->pieces.size() : 0));
   FrameHead(h, meta, hdr, &iov);
   AddBytes(keys, &iov);
   if (borrowed != nullptr) {
@@ -1150,7 +1133,6 @@ absl::string_view SerializeHead(const google::protobuf::MessageLite& m) {
   m.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(kept.data.get()));
   return absl::string_view(kept.data.get(), n);
 }
-
 }  // namespace
 
 void DataPlaneClient::Push(const proto::PushRequest& req,
