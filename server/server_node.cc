@@ -685,7 +685,10 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
   std::vector<size_t> fresh;  // runs admitted now, to apply (ASP/SSP)
   Needs needs;                // replication: what the answer waits for
   std::vector<LoggedSegment> logged;  // ... and what goes to the backups
-  std::vector<bool> delta_runs;  // runs whose rows go in a delta
+  // Runs whose rows go in a delta: by the range's journal (kDeltaJournal,
+  // the table records them as it applies them) or by their keys.
+  enum : uint8_t { kNoDelta, kDeltaKeys, kDeltaJournal };
+  std::vector<uint8_t> delta_runs;
   fresh.reserve(runs.size());
   {
     absl::MutexLock l(&mu_);
@@ -729,12 +732,14 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
         // within its clock's sum, and is acknowledged once that is there.
         needs.emplace_back(run.range, ClockNeed(req.clock()));
       } else if (replicated && DeltasLocked()) {
-        // In the range's next delta: its rows as they are then (the keys,
-        // and the slots the apply finds them at, are noted once applied).
+        // In the range's next delta: the rows the apply records in the
+        // range's journal, or else the rows of its keys as they are then
+        // (the keys, and the slots the apply finds them at, are noted once
+        // applied).
         AssignIndexLocked(run.range, &needs);
         MarkDirtyLocked(run.range);
-        if (delta_runs.empty()) delta_runs.resize(runs.size(), false);
-        delta_runs[i] = true;
+        if (delta_runs.empty()) delta_runs.resize(runs.size(), kNoDelta);
+        delta_runs[i] = logs_[run.range].by_slot ? kDeltaJournal : kDeltaKeys;
       } else if (replicated) {
         logged.push_back(LoggedSegment{run.range, run.first, run.last,
                                        seqs[i],
@@ -768,21 +773,27 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
   if (!fresh.empty()) {
     const float scale = t->optimizer().GradientScale(req.num_examples());
     absl::Mutex resolving_mu;  // Resolving makes rk.resolved on first use
-    // Deltas: where each run's keys were found (a delta reads their rows
-    // by slot, without hashing them again), and the slots' generation.
+    // Deltas by keys: where each run's keys were found (a delta reads
+    // their rows by slot, without hashing them again), and the slots'
+    // generation. By journal: whether the table recorded the rows.
     std::vector<uint32_t> delta_slots;
     std::vector<const uint32_t*> run_slots;
     std::vector<uint64_t> run_generations;
+    std::unique_ptr<bool[]> journaled;
     if (!delta_runs.empty()) {
       delta_slots.resize(keys.size());
       run_slots.resize(runs.size(), nullptr);
       run_generations.resize(runs.size(), 0);
+      journaled = std::make_unique<bool[]>(runs.size());
     }
     auto apply = [&](size_t i) {
       const RangeRun& run = runs[i];
       const size_t n = run.last - run.first;
       const float* grads = g + run.first * dim;
-      const bool delta = !delta_runs.empty() && delta_runs[i];
+      const bool delta = !delta_runs.empty() && delta_runs[i] == kDeltaKeys;
+      bool* journal = !delta_runs.empty() && delta_runs[i] == kDeltaJournal
+                          ? &journaled[i]
+                          : nullptr;
       // A cached list's slots, unless stale: no hashing but for the keys
       // its pull did not find. A delta names the rows by every slot,
       // those the push made included (no second lookup when it is built).
@@ -791,7 +802,8 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
                        keys.subspan(run.first, n),
                        rk.cached->slots.data() + run.first, grads, scale,
                        KeyOrder::kAscending,
-                       delta ? delta_slots.data() + run.first : nullptr)) {
+                       delta ? delta_slots.data() + run.first : nullptr,
+                       journal)) {
         if (delta) {
           run_slots[i] = delta_slots.data() + run.first;
           run_generations[i] = rk.cached->generations[i];
@@ -807,7 +819,8 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
         resolving = {delta_slots.data() + run.first, &run_generations[i]};
       }
       t->Push(run.range, keys.subspan(run.first, n), grads, scale,
-              resolving.first, resolving.second, KeyOrder::kAscending);
+              resolving.first, resolving.second, KeyOrder::kAscending,
+              journal);
       if (delta) {
         run_slots[i] = resolving.first;
         run_generations[i] = *resolving.second;
@@ -829,11 +842,15 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
           .Applied(req.worker_id(), req.clock(), &a)
           .IgnoreError();  // admitted above: cannot fail
       AddActions(&actions, runs[i].range, &a);
-      if (!delta_runs.empty() && delta_runs[i]) {
+      if (!delta_runs.empty() && delta_runs[i] != kNoDelta) {
         const RangeRun& run = runs[i];
-        AddDirtyKeysLocked(run.range, req.table(),
-                           keys.subspan(run.first, run.last - run.first),
-                           run_slots[i], run_generations[i]);
+        if (journaled[i]) {
+          AddJournaledLocked(req.table(), run.last - run.first);
+        } else {
+          AddDirtyKeysLocked(run.range, req.table(),
+                             keys.subspan(run.first, run.last - run.first),
+                             run_slots[i], run_generations[i]);
+        }
       }
     }
     NoteFinished(req.worker_id(), actions, &finished);

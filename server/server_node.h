@@ -409,11 +409,13 @@ class ServerNode {
       }
     };
     std::vector<DirtyRows> dirty_rows;
-    // Primary, deltas by slot (Table::ExportDelta): every backup of the
+    // Primary, deltas by slot (Table::TakeJournal): every backup of the
     // range has this server's layout of table t's partition up to
     // synced_slots[t] slots (digest synced_digests[t]), at
-    // synced_generations[t] (the partition's generation here). Set at the job's start, when every replica is
-    // empty; off for good once a backup is sent a copy (it then has the
+    // synced_generations[t] (the partition's generation here), and the
+    // partition's journal records its pushes from there. Set at the job's
+    // start, when every replica is empty; off for good
+    // (EndBySlotLocked) once a backup is sent a copy (it then has the
     // copy's layout) or a partition changes under it.
     bool by_slot = false;
     std::vector<uint32_t> synced_slots;
@@ -489,6 +491,14 @@ class ServerNode {
                           absl::Span<const uint64_t> keys,
                           const uint32_t* slots, uint64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `rows` rows of `table` a push recorded in its range's journal
+  // towards the linger's byte bound.
+  void AddJournaledLocked(int table, size_t rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends replication by slot of owned range `range` (its backups have or
+  // will have a copy's layout, or it moved): by keys from now on; stops its
+  // tables' journals.
+  void EndBySlotLocked(int range) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the dirty ranges' linger is over (arms a timer that kicks
   // when it will be, if not).
   bool DirtyDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -394,6 +394,18 @@ void ServerNode::AddDirtyKeysLocked(int range, int table,
       (sizeof(uint64_t) + tables_[table]->entry_floats() * sizeof(float));
 }
 
+void ServerNode::AddJournaledLocked(int table, size_t rows) {
+  dirty_bytes_ += rows * (sizeof(uint32_t) +
+                          tables_[table]->entry_floats() * sizeof(float));
+}
+
+void ServerNode::EndBySlotLocked(int range) {
+  RangeLog& lg = logs_[range];
+  if (!lg.by_slot) return;
+  lg.by_slot = false;
+  for (const auto& t : tables_) t->StopJournal(range);
+}
+
 bool ServerNode::DirtyDueLocked() {
   if (dirty_ranges_.empty()) return false;
   const absl::Duration linger = LingerLocked();
@@ -421,6 +433,7 @@ void ServerNode::ShipDirtyLocked() {
   std::vector<uint64_t> keys;
   std::vector<float> entries;
   Table::DeltaRows by_slot;
+  bool copies_due = false;
   for (int r : dirty_ranges_) {
     RangeLog& lg = logs_[r];
     if (!lg.dirty) continue;
@@ -462,35 +475,41 @@ void ServerNode::ShipDirtyLocked() {
     proto::RangeDelta* d = e.mutable_delta();
     d->set_base(lg.shipped);
     *d->mutable_state() = std::move(*snap);
-    for (size_t t = 0; t < lg.dirty_rows.size(); ++t) {
-      const RangeLog::DirtyRows& dr = lg.dirty_rows[t];
-      if (dr.keys.empty()) continue;
-      if (lg.by_slot && t < lg.synced_slots.size()) {
-        // By slot: the backups' layout is ours (no key lookups there, and
-        // a slot instead of a key on the wire for rows they hold).
-        const uint64_t gen = lg.synced_generations[t];
-        const uint32_t* known =
-            dr.by_slot && dr.generation == gen ? dr.slots.data() : nullptr;
-        if (tables_[t]->ExportDelta(r, dr.keys, known, gen,
-                                    lg.synced_slots[t], &by_slot)) {
-          const size_t made = by_slot.rows();
-          if (made == 0) continue;
-          proto::RangeCopy::Rows* rows = d->add_tables();
-          rows->set_table(static_cast<int32_t>(t));
-          rows->set_by_slot(true);
-          // Moved, not copied (the next export makes new strings).
-          rows->set_slots(std::move(by_slot.slots));
-          rows->set_keys(std::move(by_slot.new_keys));
-          rows->set_entries(std::move(by_slot.entries));
-          rows->set_base_slots(by_slot.base_slots);
-          rows->set_base_digest(lg.synced_digests[t]);
-          lg.synced_slots[t] = by_slot.num_slots;
-          lg.synced_digests[t] = by_slot.digest;
-          replica_rows_by_slot_ += static_cast<int64_t>(made);
-          continue;
+    bool recopy = false;
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      const RangeLog::DirtyRows* dirty =
+          t < lg.dirty_rows.size() ? &lg.dirty_rows[t] : nullptr;
+      if (lg.by_slot) {
+        // By slot, from the journal the pushes wrote as they applied: the
+        // backups' layout is ours (no key lookups there, and a slot
+        // instead of a key on the wire for rows they hold). A push the
+        // journal missed (by keys), or a partition changed under it: the
+        // backups get a copy of the range instead.
+        if (t >= lg.synced_slots.size() ||
+            (dirty != nullptr && !dirty->keys.empty()) ||
+            !tables_[t]->TakeJournal(r, lg.synced_generations[t],
+                                     lg.synced_slots[t], &by_slot)) {
+          recopy = true;
+          break;
         }
-        lg.by_slot = false;  // the partition changed: by key from now on
+        const size_t made = by_slot.rows();
+        if (made == 0) continue;
+        proto::RangeCopy::Rows* rows = d->add_tables();
+        rows->set_table(static_cast<int32_t>(t));
+        rows->set_by_slot(true);
+        // Moved, not copied (the journal starts new strings).
+        rows->set_slots(std::move(by_slot.slots));
+        rows->set_keys(std::move(by_slot.new_keys));
+        rows->set_entries(std::move(by_slot.entries));
+        rows->set_base_slots(by_slot.base_slots);
+        rows->set_base_digest(lg.synced_digests[t]);
+        lg.synced_slots[t] = by_slot.num_slots;
+        lg.synced_digests[t] = by_slot.digest;
+        replica_rows_by_slot_ += static_cast<int64_t>(made);
+        continue;
       }
+      if (dirty == nullptr || dirty->keys.empty()) continue;
+      const RangeLog::DirtyRows& dr = *dirty;
       keys.clear();
       entries.clear();
       // Each key once (by its slot), in the order first pushed: no sort
@@ -504,6 +523,23 @@ void ServerNode::ShipDirtyLocked() {
       rows->set_keys(keys.data(), keys.size() * sizeof(uint64_t));
       rows->set_entries(entries.data(), entries.size() * sizeof(float));
       replica_rows_by_key_ += static_cast<int64_t>(keys.size());
+    }
+    if (recopy) {
+      PS_LOG_WARN("S[{}] range {}: its journal does not cover its pushes "
+                  "since the last delta; its backups get a copy",
+                  id_, r);
+      EndBySlotLocked(r);
+      for (int b : to) {
+        lg.acked.erase(b);
+        if (std::find(lg.copy_to.begin(), lg.copy_to.end(), b) ==
+            lg.copy_to.end()) {
+          lg.copy_to.push_back(b);
+        }
+      }
+      lg.shipped = lg.index;  // the copy covers it
+      clear();
+      copies_due = true;
+      continue;
     }
     for (size_t i = 0; i < to.size(); ++i) {
       if (std::find(fed.begin(), fed.end(), to[i]) == fed.end()) {
@@ -523,6 +559,12 @@ void ServerNode::ShipDirtyLocked() {
   // The deltas served their linger as dirt: they go as soon as the stream
   // is idle.
   for (int b : fed) streams_[b].first_queued = clock_->Now() - LingerLocked();
+  if (copies_due) {
+    Later(absl::ZeroDuration(), [this] {
+      TakeCopies();
+      Kick();
+    });
+  }
 }
 
 void ServerNode::QueueLocked(int backup, proto::ReplicaEntry e) {
@@ -938,11 +980,16 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
           if (layout.slots != 0) lg.by_slot = false;
           lg.synced_generations[t] = layout.generation;
         }
+        // Only deltas take the journals (BSP replicates its sums).
+        if (!DeltasLocked()) lg.by_slot = false;
+        if (lg.by_slot) {
+          for (const auto& t : tables_) t->StartJournal(r);
+        }
       } else if (!owner_before) {
-        lg.by_slot = false;
+        EndBySlotLocked(r);
       }
     } else {
-      lg.by_slot = false;
+      EndBySlotLocked(r);
       lg.acked.clear();
       lg.copy_to.clear();
       lg.dirty = false;  // its new owner's copies carry it
@@ -1032,7 +1079,7 @@ void ServerNode::TakeCopies() {
         rows->set_entries(entries.data(), entries.size() * sizeof(float));
       }
       for (int b : lg.copy_to) QueueLocked(b, e);
-      lg.by_slot = false;  // that backup has the copy's layout, not ours
+      EndBySlotLocked(r);  // that backup has the copy's layout, not ours
       PS_LOG_INFO("S[{}] copying range {} at entry {} to S[{}] ({} bytes)",
                   id_, r, lg.index, lg.copy_to.front(), e.ByteSizeLong());
       lg.copy_to.clear();

@@ -382,10 +382,14 @@ uint32_t* Scratch(size_t n) {
 
 template <typename Rule>
 uint32_t Table::SlotOrNew(int range, Partition& p, const Rule& rule,
-                          uint64_t key) {
+                          uint64_t key, bool journal) {
   bool inserted = false;
   const uint32_t slot = FindOrNewSlot(range, p, key, &inserted);
   if (inserted) {
+    if (journal) {
+      p.journal.new_keys.append(reinterpret_cast<const char*>(&key),
+                                sizeof(key));
+    }
     const size_t dim = static_cast<size_t>(spec_.dim);
     float* data = SlotData(p, slot);
     rule.Init(data, data + dim, dim);
@@ -474,9 +478,23 @@ bool AnyRepeated(const uint32_t* slots) {
 template <typename Rule>
 void Table::ApplyAt(Partition& p, const Rule& rule,
                     absl::Span<const uint64_t> keys, const uint32_t* slots,
-                    const float* grads, float scale, KeyOrder order) {
+                    const float* grads, float scale, KeyOrder order,
+                    bool journal) {
   const size_t n = keys.size();
   const size_t dim = static_cast<size_t>(spec_.dim);
+  // The journal's entries: each slot's after its update, while the row is
+  // at hand.
+  const size_t row_bytes = stride_ * sizeof(float);
+  char* journal_slots = nullptr;
+  char* journal_entries = nullptr;
+  if (journal) {
+    p.journal.Reserve(n, row_bytes, &journal_slots, &journal_entries);
+  }
+  auto record = [&](size_t i, const float* entry) {
+    std::memcpy(journal_slots + i * sizeof(uint32_t), &slots[i],
+                sizeof(uint32_t));
+    CopyRow(journal_entries + i * row_bytes, entry, stride_);
+  };
   for (size_t k = 0; k < std::min(n, kPrefetchDistance); ++k) {
     __builtin_prefetch(SlotData(p, slots[k]));
   }
@@ -503,13 +521,18 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
         } else {
           FtrlLanes(rule, e, grads + i, scale);
         }
+        if (journal_slots != nullptr) {
+          for (size_t k = 0; k < kFtrlLanes; ++k) record(i + k, e[k]);
+        }
       }
     }
   }
   if constexpr (std::is_same_v<Rule, optimizer_internal::SgdRule>) {
     if (dim >= kLongRow) {
       for (; i < n; ++i) {
-        SgdRow(rule, SlotData(p, slots[i]), grads + i * dim, scale, dim);
+        float* data = SlotData(p, slots[i]);
+        SgdRow(rule, data, grads + i * dim, scale, dim);
+        if (journal_slots != nullptr) record(i, data);
       }
       return;
     }
@@ -520,6 +543,7 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
     }
     float* data = SlotData(p, slots[i]);
     rule.Apply(data, data + dim, grads + i * dim, scale, dim);
+    if (journal_slots != nullptr) record(i, data);
   }
 }
 
@@ -560,12 +584,14 @@ void Table::Pull(int range, absl::Span<const uint64_t> keys, float* out,
 
 void Table::Push(int range, absl::Span<const uint64_t> keys,
                  const float* grads, float scale, uint32_t* slots,
-                 uint64_t* generation, KeyOrder order) {
+                 uint64_t* generation, KeyOrder order, bool* journal) {
   Partition& p = partition(range);
   const size_t n = keys.size();
   uint32_t* s = slots != nullptr ? slots : Scratch(n);
   absl::MutexLock l(&p.mu);
   if (generation != nullptr) *generation = p.generation;
+  const bool record = journal != nullptr && p.journal.on;
+  if (journal != nullptr) *journal = record;
   // One switch on the rule for the whole batch; Rule::Apply inlines here.
   optimizer_->Visit([&](const auto& rule) {
     p.mu.AssertHeld();  // tells the analysis the lambda runs under the lock
@@ -576,10 +602,10 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
       if (i + kPrefetchDistance < n) {
         PrefetchKey(p, keys[i + kPrefetchDistance]);
       }
-      s[i] = SlotOrNew(range, p, rule, keys[i]);
+      s[i] = SlotOrNew(range, p, rule, keys[i], record);
     }
     // A key repeated in the call is updated once per occurrence, in order.
-    ApplyAt(p, rule, keys, s, grads, scale, order);
+    ApplyAt(p, rule, keys, s, grads, scale, order, record);
   });
 }
 
@@ -617,9 +643,10 @@ bool Table::PullSlots(int range, uint64_t generation,
 bool Table::PushSlots(int range, uint64_t generation,
                       absl::Span<const uint64_t> keys, const uint32_t* slots,
                       const float* grads, float scale, KeyOrder order,
-                      uint32_t* resolved) {
+                      uint32_t* resolved, bool* journal) {
   Partition& p = partition(range);
   const size_t n = keys.size();
+  if (journal != nullptr) *journal = false;
   absl::MutexLock l(&p.mu);
   if (p.generation != generation) return false;
   // Branch-free, so that it runs in vector registers (with an early return
@@ -637,6 +664,8 @@ bool Table::PushSlots(int range, uint64_t generation,
   }
   if (out_of_bounds != 0) return false;
   const bool missing = missing_keys != 0;
+  const bool record = journal != nullptr && p.journal.on;
+  if (journal != nullptr) *journal = record;
   optimizer_->Visit([&](const auto& rule) {
     p.mu.AssertHeld();
     const uint32_t* s = slots;
@@ -660,13 +689,13 @@ bool Table::PushSlots(int range, uint64_t generation,
         if (j + kPrefetchDistance < m) {
           PrefetchKey(p, keys[absent[j + kPrefetchDistance]]);
         }
-        out[absent[j]] = SlotOrNew(range, p, rule, keys[absent[j]]);
+        out[absent[j]] = SlotOrNew(range, p, rule, keys[absent[j]], record);
       }
       s = out;
     } else if (resolved != nullptr) {
       std::memcpy(resolved, slots, n * sizeof(uint32_t));
     }
-    ApplyAt(p, rule, keys, s, grads, scale, order);
+    ApplyAt(p, rule, keys, s, grads, scale, order, record);
   });
   return true;
 }
@@ -853,6 +882,7 @@ void Table::ImportRange(int range, absl::Span<const uint64_t> keys,
   const size_t n = keys.size();
   uint32_t* slots = Scratch(n);
   absl::MutexLock l(&p.mu);
+  p.journal = Journal{};  // slots made otherwise than by a push
   // As ExportKeys: the slots, then the entries, each loaded ahead.
   for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
     PrefetchKey(p, keys[i]);
@@ -876,6 +906,7 @@ void Table::ImportRange(int range, absl::Span<const uint64_t> keys,
 void Table::ClearRange(int range) {
   Partition& p = partition(range);
   absl::MutexLock l(&p.mu);
+  p.journal = Journal{};
   for (uint64_t key : p.dense_keys) StoreEntry(DenseEntry(key), 0);
   p.dense_keys.clear();
   p.slots.Clear();
@@ -891,69 +922,108 @@ Table::PartitionLayout Table::Layout(int range) const {
   return PartitionLayout{p.num_slots, p.generation, p.layout_digest};
 }
 
-bool Table::ExportDelta(int range, absl::Span<const uint64_t> keys,
-                        const uint32_t* known, uint64_t generation,
-                        uint32_t base_slots, DeltaRows* out) const {
-  const Partition& p = partition(range);
-  const size_t n = keys.size();
-  uint32_t* slots = Scratch(n);
-  absl::ReaderMutexLock l(&p.mu);
-  if (p.generation != generation || p.num_slots < base_slots) return false;
-  // The rows' slots (known where the pushes found them), then the rows
-  // below base_slots once each, then the new slots in order.
-  LookUpSlots(range, p, keys, known, slots);
-  const size_t row_bytes = stride_ * sizeof(float);
-  out->slots.resize(n * sizeof(uint32_t));
-  out->new_keys.clear();
-  out->entries.resize(n * row_bytes);
-  char* slots_to = out->slots.data();
-  char* to = out->entries.data();
-  std::vector<uint64_t>& seen = SeenSlots(p.num_slots);
-  thread_local std::vector<std::pair<uint32_t, uint64_t>> fresh;
-  fresh.clear();
-  for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
-    if (slots[i] < base_slots) __builtin_prefetch(SlotData(p, slots[i]));
+void Table::Journal::Reserve(size_t n, size_t row_bytes, char** slot_at,
+                             char** entry_at) {
+  const size_t want = rows + n;
+  if (slots.size() < want * sizeof(uint32_t)) {
+    // Grown by doubling, from the last take's size (growth zero-fills).
+    const size_t cap = std::max({want, last_rows, 2 * rows});
+    slots.resize(cap * sizeof(uint32_t));
+    entries.resize(cap * row_bytes);
   }
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchDistance < n && slots[i + kPrefetchDistance] < base_slots) {
-      __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
+  *slot_at = slots.data() + rows * sizeof(uint32_t);
+  *entry_at = entries.data() + rows * row_bytes;
+  rows = want;
+}
+
+void Table::StartJournal(int range) {
+  Partition& p = partition(range);
+  absl::MutexLock l(&p.mu);
+  p.journal = Journal{};
+  p.journal.on = true;
+  p.journal.base = p.num_slots;
+}
+
+void Table::StopJournal(int range) {
+  Partition& p = partition(range);
+  absl::MutexLock l(&p.mu);
+  p.journal = Journal{};
+}
+
+bool Table::TakeJournal(int range, uint64_t generation, uint32_t base_slots,
+                        DeltaRows* out) {
+  Partition& p = partition(range);
+  const size_t row_bytes = stride_ * sizeof(float);
+  size_t n = 0;
+  uint32_t num_slots = 0;
+  {
+    absl::MutexLock l(&p.mu);
+    Journal& j = p.journal;
+    if (!j.on || p.generation != generation || j.base != base_slots) {
+      return false;
     }
-    const uint32_t slot = slots[i];
-    if (slot == kNoSlot) continue;
+    n = j.rows;
+    out->slots.swap(j.slots);
+    out->entries.swap(j.entries);
+    out->new_keys.swap(j.new_keys);
+    j.slots.clear();
+    j.entries.clear();
+    j.new_keys.clear();
+    j.rows = 0;
+    j.last_rows = n;
+    j.base = p.num_slots;
+    num_slots = p.num_slots;
+    out->digest = p.layout_digest;
+  }
+  out->base_slots = base_slots;
+  out->num_slots = num_slots;
+  const size_t fresh = num_slots - base_slots;
+  if (out->new_keys.size() != fresh * sizeof(uint64_t)) return false;
+  // Newest first: each slot's last entry is the one kept. A row below
+  // base_slots stays among the entries, moved towards their end (kept ones
+  // end up at [w, n), in their order); a new slot's goes to its place
+  // among the new rows.
+  thread_local std::string fresh_rows;
+  fresh_rows.resize(fresh * row_bytes);
+  std::vector<uint64_t>& seen = SeenSlots(num_slots);
+  char* const slots = out->slots.data();
+  char* const entries = out->entries.data();
+  size_t w = n;
+  size_t filled = 0;
+  for (size_t i = n; i-- > 0;) {
+    uint32_t slot;
+    std::memcpy(&slot, slots + i * sizeof(uint32_t), sizeof(slot));
     uint64_t& word = seen[slot / 64];
     const uint64_t bit = uint64_t{1} << (slot % 64);
-    if ((word & bit) != 0) continue;  // a repeat
+    if ((word & bit) != 0) continue;  // an earlier entry of the slot
     word |= bit;
     if (slot >= base_slots) {
-      fresh.emplace_back(slot, keys[i]);
+      CopyRow(fresh_rows.data() + (slot - base_slots) * row_bytes,
+              entries + i * row_bytes, stride_);
+      ++filled;
       continue;
     }
-    std::memcpy(slots_to, &slot, sizeof(slot));
-    slots_to += sizeof(slot);
-    CopyRow(to, SlotData(p, slot), stride_);
-    to += row_bytes;
+    if (--w != i) {
+      std::memcpy(slots + w * sizeof(uint32_t), &slot, sizeof(slot));
+      CopyRow(entries + w * row_bytes, entries + i * row_bytes, stride_);
+    }
   }
-  out->slots.resize(static_cast<size_t>(slots_to - out->slots.data()));
-  for (size_t i = 0; i < n; ++i) {
-    if (slots[i] != kNoSlot) seen[slots[i] / 64] = 0;
+  const size_t kept = n - w;
+  for (size_t i = w; i < n; ++i) {
+    uint32_t slot;
+    std::memcpy(&slot, slots + i * sizeof(uint32_t), sizeof(slot));
+    seen[slot / 64] = 0;
   }
-  // The new slots, in order: each must be among the rows.
-  std::sort(fresh.begin(), fresh.end());
-  if (fresh.size() != p.num_slots - base_slots) return false;
-  out->new_keys.resize(fresh.size() * sizeof(uint64_t));
-  char* keys_to = out->new_keys.data();
-  for (size_t j = 0; j < fresh.size(); ++j) {
-    const uint32_t slot = fresh[j].first;
-    if (slot != base_slots + j) return false;
-    std::memcpy(keys_to, &fresh[j].second, sizeof(uint64_t));
-    keys_to += sizeof(uint64_t);
-    CopyRow(to, SlotData(p, slot), stride_);
-    to += row_bytes;
+  for (uint32_t slot = base_slots; slot < num_slots; ++slot) {
+    seen[slot / 64] = 0;
   }
-  out->entries.resize(static_cast<size_t>(to - out->entries.data()));
-  out->base_slots = base_slots;
-  out->num_slots = p.num_slots;
-  out->digest = p.layout_digest;
+  // Every slot made since base_slots was made by a recorded push.
+  if (filled != fresh) return false;
+  std::memmove(slots, slots + w * sizeof(uint32_t), kept * sizeof(uint32_t));
+  out->slots.resize(kept * sizeof(uint32_t));
+  std::memmove(entries, entries + w * row_bytes, kept * row_bytes);
+  out->entries.resize(kept * row_bytes);
+  out->entries.append(fresh_rows.data(), fresh * row_bytes);
   return true;
 }
 
@@ -983,6 +1053,7 @@ void Table::ImportDelta(int range, absl::Span<const uint32_t> slots,
                         const float* entries) {
   Partition& p = partition(range);
   absl::MutexLock l(&p.mu);
+  if (!new_keys.empty()) p.journal = Journal{};  // slots not made by a push
   const size_t n = slots.size();
   for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
     __builtin_prefetch(SlotData(p, slots[i]));

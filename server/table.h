@@ -117,9 +117,12 @@ class Table {
   // With `slots`, also writes each key's slot (all set: the push stores
   // every key) and the range's generation, as Pull does.
   // `order`: what the caller knows of the keys (KeyOrder).
+  // `journal` (may be null): records the rows in the range's delta journal
+  // if it is on (StartJournal); *journal is set to whether they were.
   void Push(int range, absl::Span<const uint64_t> keys, const float* grads,
             float scale, uint32_t* slots = nullptr,
-            uint64_t* generation = nullptr, KeyOrder order = KeyOrder::kAny);
+            uint64_t* generation = nullptr, KeyOrder order = KeyOrder::kAny,
+            bool* journal = nullptr);
 
   // ---- Key caching: by slots, without hash lookups ----
   static constexpr uint32_t kNoSlot = 0xffffffffu;
@@ -134,7 +137,7 @@ class Table {
   // nothing, for a slot out of the range's bounds. `resolved`, when given,
   // receives every key's slot (the given ones, and those it found or made
   // for kNoSlot entries), for a caller that goes on to name the rows again
-  // (a replication delta) without looking them up.
+  // without looking them up. `journal` as for Push.
   bool PullSlots(int range, uint64_t generation,
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  float* out) const;
@@ -142,7 +145,7 @@ class Table {
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  const float* grads, float scale,
                  KeyOrder order = KeyOrder::kAny,
-                 uint32_t* resolved = nullptr);
+                 uint32_t* resolved = nullptr, bool* journal = nullptr);
 
   // Number of keys stored (created by a push).
   size_t size() const;
@@ -257,16 +260,26 @@ class Table {
   static uint64_t NextDigest(uint64_t digest, uint64_t key) {
     return Mix64(digest ^ Mix64(key + 0x6a09e667f3bcc909ULL));
   }
-  // As ExportKeys (`keys` in push order, with repeats; `slots` as there),
-  // by slot: rows of slots below `base_slots` once each in the order of
-  // their first occurrence, then the rows of the slots created since
-  // (base_slots on) in slot order with their keys. False when the range
-  // has fewer than `base_slots` slots, is not at `generation`, or `keys`
-  // lack one of the new slots (none is made but by a push, whose keys the
-  // caller passes).
-  bool ExportDelta(int range, absl::Span<const uint64_t> keys,
-                   const uint32_t* slots, uint64_t generation,
-                   uint32_t base_slots, DeltaRows* out) const;
+  // ---- The primary's delta journal (by slot) ----
+  // While a range's journal is on, each Push or PushSlots asked to (their
+  // `journal`) records, in the order applied, every row it updates (its
+  // slot and its entry after the update) and every key it creates. A delta
+  // is then taken from the journal: no second look at the rows (reading
+  // them back at the delta, cold and at random, cost as much as the
+  // backup's writes), and no list of pushed keys kept meanwhile.
+  // Starts (or restarts, empty) the journal at the range's current slots.
+  void StartJournal(int range);
+  // Stops it and frees what it held. ClearRange, ImportRange and
+  // ImportDelta stop it too (slots made otherwise than by a push).
+  void StopJournal(int range);
+  // Takes what the journal recorded since `base_slots` as rows by slot:
+  // the rows of slots below `base_slots` once each (the last entry
+  // recorded), then the slots made since in slot order with their keys and
+  // last entries. The journal goes on, empty, at the range's slots now.
+  // False, taking nothing, when it is off, the range is not at
+  // `generation`, or the journal did not start at `base_slots`.
+  bool TakeJournal(int range, uint64_t generation, uint32_t base_slots,
+                   DeltaRows* out);
   // Checks that rows by slot fit this partition of `range`: exactly
   // `base_slots` slots with layout digest `base_digest` (the primary's
   // keys at the primary's slots), and each of `slots` below them.
@@ -285,6 +298,19 @@ class Table {
       const std::vector<int>* ranges = nullptr) const;
 
  private:
+  // A partition's delta journal (StartJournal).
+  struct Journal {
+    bool on = false;
+    uint32_t base = 0;    // the partition's slots when it (re)started
+    size_t rows = 0;      // entries recorded
+    size_t last_rows = 0; // recorded by the last take (sizes the next)
+    std::string slots;    // uint32 per entry; sized beyond `rows`
+    std::string entries;  // stride_ floats per entry; sized beyond `rows`
+    std::string new_keys; // uint64: the keys of slots base, base + 1, ...
+    // Room for n more entries of `row_bytes`; the first free ones.
+    void Reserve(size_t n, size_t row_bytes, char** slot_at, char** entry_at);
+  };
+
   // One range's storage. Slot s lives in chunks[s >> chunk_shift_] at float
   // offset (s & chunk_mask_) * stride_: dim value floats, then
   // dim * state_floats state floats.
@@ -303,6 +329,7 @@ class Table {
     // Unique in the process; replaced by ClearRange: slots handed out
     // before are void.
     uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+    Journal journal ABSL_GUARDED_BY(mu);
   };
 
   // Unmaps the dense-id index.
@@ -364,15 +391,17 @@ class Table {
 
   // The slot of `key` in `p`, created (rule's initial state, the key's
   // initial value) when it has none.
+  // With `journal`, records a created key in the journal.
   template <typename Rule>
-  uint32_t SlotOrNew(int range, Partition& p, const Rule& rule, uint64_t key)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  uint32_t SlotOrNew(int range, Partition& p, const Rule& rule, uint64_t key,
+                     bool journal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Applies scale * grads[i*dim ...) to slots[i] (the slot of keys[i]),
   // i < keys.size(), in order.
+  // With `journal`, records each slot's entry after its update there.
   template <typename Rule>
   void ApplyAt(Partition& p, const Rule& rule, absl::Span<const uint64_t> keys,
                const uint32_t* slots, const float* grads, float scale,
-               KeyOrder order)
+               KeyOrder order, bool journal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Writes the initial value of `key` (dim floats) to `w`.
   void InitialValue(uint64_t key, float* w) const;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/bytes.h"
 #include "common/hash.h"
 #include "gtest/gtest.h"
 
@@ -684,6 +685,165 @@ TEST(GradAccumulatorTest, ReusedAfterApplyPushesOnlyTheNewSums) {
   EXPECT_EQ(sum, 2.0f);
   acc.ApplyTo(t.get(), 1.0f, &keys, &sums);  // nothing new: nothing pushed
   EXPECT_EQ(keys.size(), sizeof(second));
+}
+
+// The delta journal (replication by slot): a backup that takes every delta
+// from the primary's journal, in order, holds the primary's partition byte
+// for byte, whichever push path made the rows (by keys, by cached slots
+// with keys the pull did not find, keys repeated within a push and across
+// the pushes of one delta, new keys) and whichever apply loop updated them
+// (FTRL's lanes at dim 1, a long SGD row, Adam's per-row rule).
+struct JournalCase {
+  const char* name;
+  int dim;
+  const char* optimizer;
+  uint64_t dense_ids;
+};
+
+class JournalTest : public testing::TestWithParam<JournalCase> {};
+
+TEST_P(JournalTest, DeltasFromTheJournalRebuildThePrimaryByteForByte) {
+  const JournalCase& c = GetParam();
+  TableSpec spec;
+  spec.id = 3;
+  spec.dim = c.dim;
+  spec.optimizer.name = c.optimizer;
+  spec.init_scale = std::string(c.optimizer) == "ftrl" ? 0 : 0.01;
+  spec.dense_ids = c.dense_ids;
+  constexpr int kRanges = 3;
+  auto primary = MakeTable(spec, kRanges);
+  auto backup = MakeTable(spec, kRanges);
+  std::vector<uint32_t> synced(kRanges, 0);
+  std::vector<uint64_t> generation(kRanges);
+  for (int r = 0; r < kRanges; ++r) {
+    primary->StartJournal(r);
+    generation[r] = primary->Layout(r).generation;
+  }
+  uint64_t x = 99;
+  auto next = [&x] {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return x >> 33;
+  };
+  const size_t dim = static_cast<size_t>(c.dim);
+  size_t rows_sent = 0;
+  for (int round = 0; round < 40; ++round) {
+    const int r = static_cast<int>(next() % kRanges);
+    // Keys from a pool of 400 (new ones early, repeats later), ascending
+    // but for every fifth push, which repeats keys within itself.
+    const size_t n = 1 + next() % 120;
+    std::vector<uint64_t> keys(n);
+    for (auto& k : keys) k = FeatureKey(next() % (40 + 10 * round));
+    if (round % 5 != 0) {
+      std::sort(keys.begin(), keys.end());
+      keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    }
+    std::vector<float> grads(keys.size() * dim);
+    for (auto& g : grads) g = static_cast<float>(next() % 200) / 100.0f - 1.0f;
+    const KeyOrder order =
+        round % 5 != 0 ? KeyOrder::kAscending : KeyOrder::kAny;
+    bool journaled = false;
+    if (round % 3 == 1) {
+      // By slots a pull found (kNoSlot for keys not stored yet).
+      std::vector<uint32_t> slots(keys.size());
+      std::vector<float> out(keys.size() * dim);
+      uint64_t gen = 0;
+      primary->Pull(r, keys, out.data(), slots.data(), &gen);
+      ASSERT_TRUE(primary->PushSlots(r, gen, keys, slots.data(), grads.data(),
+                                     0.5f, order, nullptr, &journaled));
+    } else {
+      primary->Push(r, keys, grads.data(), 0.5f, nullptr, nullptr, order,
+                    &journaled);
+    }
+    EXPECT_TRUE(journaled);
+    if (round % 4 != 3) continue;  // several pushes in one delta
+    for (int d = 0; d < kRanges; ++d) {
+      Table::DeltaRows delta;
+      ASSERT_TRUE(primary->TakeJournal(d, generation[d], synced[d], &delta));
+      EXPECT_EQ(delta.base_slots, synced[d]);
+      EXPECT_EQ(delta.num_slots, primary->Layout(d).slots);
+      const auto slots = ViewAs<uint32_t>(delta.slots);
+      const auto new_keys = ViewAs<uint64_t>(delta.new_keys);
+      EXPECT_EQ(new_keys.size(), delta.num_slots - delta.base_slots);
+      EXPECT_EQ(delta.entries.size(),
+                delta.rows() * backup->entry_floats() * sizeof(float));
+      // Each row once.
+      std::vector<uint32_t> sorted(slots.begin(), slots.end());
+      std::sort(sorted.begin(), sorted.end());
+      EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()),
+                sorted.end());
+      ASSERT_TRUE(backup
+                      ->CheckDelta(d, slots, delta.base_slots,
+                                   backup->Layout(d).digest)
+                      .ok());
+      backup->ImportDelta(d, slots, new_keys,
+                          reinterpret_cast<const float*>(delta.entries.data()));
+      EXPECT_EQ(backup->Layout(d).digest, delta.digest);
+      synced[d] = delta.num_slots;
+      rows_sent += delta.rows();
+    }
+  }
+  EXPECT_GT(rows_sent, 0u);
+  for (int r = 0; r < kRanges; ++r) {
+    std::vector<uint64_t> pk, bk;
+    std::vector<float> pe, be;
+    Table::DeltaRows rest;
+    ASSERT_TRUE(primary->TakeJournal(r, generation[r], synced[r], &rest));
+    backup->ImportDelta(r, ViewAs<uint32_t>(rest.slots),
+                        ViewAs<uint64_t>(rest.new_keys),
+                        reinterpret_cast<const float*>(rest.entries.data()));
+    primary->ExportRange(r, &pk, &pe);
+    backup->ExportRange(r, &bk, &be);
+    EXPECT_EQ(pk, bk) << "range " << r;
+    ASSERT_EQ(pe.size(), be.size());
+    EXPECT_EQ(std::memcmp(pe.data(), be.data(), pe.size() * sizeof(float)), 0)
+        << "range " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, JournalTest,
+    testing::Values(JournalCase{"FtrlDim1", 1, "ftrl", 0},
+                    JournalCase{"FtrlDim1DenseIds", 1, "ftrl", 4096},
+                    JournalCase{"AdamDim3", 3, "adam", 0},
+                    JournalCase{"SgdLongRows", 300, "sgd", 0}),
+    [](const testing::TestParamInfo<JournalCase>& info) {
+      return info.param.name;
+    });
+
+TEST(TableTest, JournalIsTakenOnlyWhereItCoversThePushes) {
+  auto table = MakeTable(PlainSgd(), 2);
+  const std::vector<uint64_t> keys = {1, 2, 3};
+  const std::vector<float> grads = {1, 1, 1};
+  Table::DeltaRows delta;
+  const uint64_t gen = table->Layout(0).generation;
+  // Off: nothing recorded, nothing to take.
+  bool journaled = true;
+  table->Push(0, keys, grads.data(), 1.0f, nullptr, nullptr, KeyOrder::kAny,
+              &journaled);
+  EXPECT_FALSE(journaled);
+  EXPECT_FALSE(table->TakeJournal(0, gen, 0, &delta));
+  // On at 3 slots: a take from another base, or after the range was
+  // cleared or written otherwise than by a push, is refused.
+  table->StartJournal(0);
+  EXPECT_FALSE(table->TakeJournal(0, gen, 0, &delta));
+  ASSERT_TRUE(table->TakeJournal(0, gen, 3, &delta));
+  EXPECT_EQ(delta.rows(), 0u);
+  table->Push(0, {4}, grads.data(), 1.0f, nullptr, nullptr, KeyOrder::kAny,
+              &journaled);
+  EXPECT_TRUE(journaled);
+  ASSERT_TRUE(table->TakeJournal(0, gen, 3, &delta));
+  EXPECT_EQ(delta.rows(), 1u);
+  EXPECT_EQ(delta.new_keys.size(), sizeof(uint64_t));
+  EXPECT_EQ(delta.num_slots, 4u);
+  const std::vector<float> entry = {-2};
+  table->ImportRange(0, {9}, entry.data());
+  EXPECT_FALSE(table->TakeJournal(0, gen, 4, &delta));
+  table->StartJournal(0);
+  table->ClearRange(0);
+  EXPECT_FALSE(
+      table->TakeJournal(0, table->Layout(0).generation, 0, &delta));
+  // The other range never had one.
+  EXPECT_FALSE(table->TakeJournal(1, table->Layout(1).generation, 0, &delta));
 }
 
 }  // namespace
