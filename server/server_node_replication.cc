@@ -395,7 +395,9 @@ void ServerNode::AddDirtyKeysLocked(int range, int table,
 }
 
 void ServerNode::AddJournaledLocked(int table, size_t rows) {
-  dirty_bytes_ += rows * (sizeof(uint32_t) +
+  // Counted as AddDirtyKeysLocked counts a key and its row (the bound the
+  // linger was tuned with), though a row by slot travels with a 4-byte slot.
+  dirty_bytes_ += rows * (sizeof(uint64_t) +
                           tables_[table]->entry_floats() * sizeof(float));
 }
 
