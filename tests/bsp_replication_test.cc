@@ -521,7 +521,7 @@ TEST_F(DeltaTest, BackupRefusesADeltaItCannotBuildOn) {
   EXPECT_EQ(PullAt(&backup_, 0, {kKeys[1]}), std::vector<float>{9});
 }
 
-// Rows by slot (Table::ExportDelta) that do not fit the backup's layout
+// Rows by slot (Table::TakeJournal) that do not fit the backup's layout
 // are DATA_LOSS and change nothing; malformed ones are INVALID_ARGUMENT.
 TEST_F(DeltaTest, RowsBySlotThatDoNotFitAreRefused) {
   const Routing routing = *Routing::FromProto(View(1, 0, 1).routing());
@@ -645,6 +645,41 @@ TEST_F(DeltaTest, BackupWithAnotherLayoutGetsACopyThenRowsByKey) {
   EXPECT_TRUE(b->answer.Await().ok()) << b->answer.Await();
   EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
   EXPECT_EQ(primary_.Status().replica_rows_by_key(), 1) << "range r: by key";
+}
+
+// A range whose journal does not cover its pushes since the last delta
+// (here stopped under it; in a job, a partition written otherwise than by
+// a push) sends its backups a copy instead of a delta, and goes by key from
+// then on; every push is acknowledged and the backup holds the primary's
+// rows.
+TEST_F(DeltaTest, RangeWhoseJournalFallsShortIsCopiedThenGoesByKey) {
+  primary_.SetReplicationLinger(absl::Milliseconds(5));
+  const int ranges = View(1, 0, 1).routing().range_begin_size();
+  const Routing routing = *Routing::FromProto(View(1, 0, 1).routing());
+  const int r = routing.RangeOf(kKeys[1]);
+  auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -2, -3, -4});
+  // The journal of range r loses the push before the linger is over.
+  const_cast<Table*>(primary_.table(0))->StopJournal(r);
+  fake_clock_.Advance(absl::Milliseconds(5));
+  for (int i = 0; i < 20 && !a->answer.IsDone(); ++i) {
+    fake_clock_.Advance(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(a->answer.IsDone());
+  EXPECT_TRUE(a->answer.Await().ok()) << a->answer.Await();
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
+  EXPECT_TRUE(backup_.CheckInvariants().ok()) << backup_.CheckInvariants();
+  const int64_t by_slot = primary_.Status().replica_rows_by_slot();
+  // Range r's next push goes by key, the others' still by slot.
+  auto b = Push(&primary_, 0, 2, 0, {kKeys[1]}, {-8});
+  fake_clock_.Advance(absl::Milliseconds(5));
+  for (int i = 0; i < 20 && !b->answer.IsDone(); ++i) {
+    fake_clock_.Advance(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(b->answer.IsDone());
+  EXPECT_TRUE(b->answer.Await().ok()) << b->answer.Await();
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
+  EXPECT_EQ(primary_.Status().replica_rows_by_key(), 1) << "range r: by key";
+  EXPECT_EQ(primary_.Status().replica_rows_by_slot(), by_slot);
 }
 
 }  // namespace
