@@ -590,8 +590,7 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
   uint32_t* s = slots != nullptr ? slots : Scratch(n);
   absl::MutexLock l(&p.mu);
   if (generation != nullptr) *generation = p.generation;
-  const bool record = journal != nullptr && p.journal.on;
-  if (journal != nullptr) *journal = record;
+  const bool record = JournalTakes(p, n, journal);
   // One switch on the rule for the whole batch; Rule::Apply inlines here.
   optimizer_->Visit([&](const auto& rule) {
     p.mu.AssertHeld();  // tells the analysis the lambda runs under the lock
@@ -664,8 +663,7 @@ bool Table::PushSlots(int range, uint64_t generation,
   }
   if (out_of_bounds != 0) return false;
   const bool missing = missing_keys != 0;
-  const bool record = journal != nullptr && p.journal.on;
-  if (journal != nullptr) *journal = record;
+  const bool record = JournalTakes(p, n, journal);
   optimizer_->Visit([&](const auto& rule) {
     p.mu.AssertHeld();
     const uint32_t* s = slots;
@@ -934,6 +932,23 @@ void Table::Journal::Reserve(size_t n, size_t row_bytes, char** slot_at,
   *slot_at = slots.data() + rows * sizeof(uint32_t);
   *entry_at = entries.data() + rows * row_bytes;
   rows = want;
+}
+
+bool Table::JournalTakes(Partition& p, size_t n, bool* journal) {
+  Journal& j = p.journal;
+  if (journal != nullptr) *journal = j.on;
+  if (!j.on) return false;
+  const size_t row_bytes = stride_ * sizeof(float);
+  const size_t bytes = (j.rows + n) * (row_bytes + sizeof(uint32_t)) +
+                       j.new_keys.size() + n * sizeof(uint64_t);
+  const size_t bound =
+      std::max(kJournalMinBytes, 4 * (size_t{p.num_slots} + n) * row_bytes);
+  if (journal != nullptr && bytes <= bound) return true;
+  // A push it would not record (not asked to), or past its bound (a backup
+  // slow to take deltas, rows of a dense table pushed again and again): it
+  // stops, and the range's backups get a copy, no larger than the range.
+  j = Journal{};
+  return false;
 }
 
 void Table::StartJournal(int range) {

@@ -117,8 +117,10 @@ class Table {
   // With `slots`, also writes each key's slot (all set: the push stores
   // every key) and the range's generation, as Pull does.
   // `order`: what the caller knows of the keys (KeyOrder).
-  // `journal` (may be null): records the rows in the range's delta journal
-  // if it is on (StartJournal); *journal is set to whether they were.
+  // `journal`: records the rows in the range's delta journal if it is on
+  // (StartJournal); *journal is set to whether it was (the push is then
+  // covered: recorded, or the journal stopped past its bound, which the
+  // next TakeJournal reports). Null: a journal that is on stops.
   void Push(int range, absl::Span<const uint64_t> keys, const float* grads,
             float scale, uint32_t* slots = nullptr,
             uint64_t* generation = nullptr, KeyOrder order = KeyOrder::kAny,
@@ -270,8 +272,12 @@ class Table {
   // Starts (or restarts, empty) the journal at the range's current slots.
   void StartJournal(int range);
   // Stops it and frees what it held. ClearRange, ImportRange and
-  // ImportDelta stop it too (slots made otherwise than by a push).
+  // ImportDelta stop it too (slots made otherwise than by a push), and so
+  // does a push not asked to record, or one that would take the journal
+  // past kJournalMinBytes and 4 times the partition's rows (a backup slow
+  // to take its deltas: a copy of the range is then the smaller).
   void StopJournal(int range);
+  static constexpr size_t kJournalMinBytes = size_t{16} << 20;
   // Takes what the journal recorded since `base_slots` as rows by slot:
   // the rows of slots below `base_slots` once each (the last entry
   // recorded), then the slots made since in slot order with their keys and
@@ -397,6 +403,12 @@ class Table {
                      bool journal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Applies scale * grads[i*dim ...) to slots[i] (the slot of keys[i]),
   // i < keys.size(), in order.
+  // Whether a push of n keys records in p's journal: on, asked to (journal
+  // not null) and within its bound; stops it where it is on but not. Sets
+  // *journal (when given) to whether the journal was on: the push is then
+  // covered (recorded, or the journal stopped and a copy follows).
+  bool JournalTakes(Partition& p, size_t n, bool* journal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // With `journal`, records each slot's entry after its update there.
   template <typename Rule>
   void ApplyAt(Partition& p, const Rule& rule, absl::Span<const uint64_t> keys,

@@ -844,6 +844,43 @@ TEST(TableTest, JournalIsTakenOnlyWhereItCoversThePushes) {
       table->TakeJournal(0, table->Layout(0).generation, 0, &delta));
   // The other range never had one.
   EXPECT_FALSE(table->TakeJournal(1, table->Layout(1).generation, 0, &delta));
+  // A push not asked to record stops it.
+  const uint64_t gen1 = table->Layout(1).generation;
+  table->StartJournal(1);
+  table->Push(1, {5}, grads.data(), 1.0f);
+  EXPECT_FALSE(table->TakeJournal(1, gen1, 0, &delta));
+}
+
+// A journal stops once it would hold more than its bound (4 times the
+// partition's rows, at least Table::kJournalMinBytes): one row of a dense
+// table pushed again and again while no delta is taken.
+TEST(TableTest, JournalStopsPastItsBound) {
+  constexpr int kDim = 1000;
+  auto table = MakeTable(PlainSgd(kDim), 1);
+  const std::vector<float> grads(kDim, 1.0f);
+  const uint64_t gen = table->Layout(0).generation;
+  table->StartJournal(0);
+  const size_t entry_bytes = kDim * sizeof(float) + sizeof(uint32_t);
+  const size_t fits = Table::kJournalMinBytes / entry_bytes;
+  bool journaled = false;
+  for (size_t i = 0; i < fits - 1; ++i) {
+    table->Push(0, {42}, grads.data(), 1.0f, nullptr, nullptr, KeyOrder::kAny,
+                &journaled);
+    ASSERT_TRUE(journaled);
+  }
+  Table::DeltaRows delta;
+  ASSERT_TRUE(table->TakeJournal(0, gen, 0, &delta));
+  EXPECT_EQ(delta.rows(), 1u) << "one row, its last entry";
+  for (size_t i = 0; i < fits + 1; ++i) {
+    table->Push(0, {42}, grads.data(), 1.0f, nullptr, nullptr, KeyOrder::kAny,
+                &journaled);
+    // Covered until it stopped: recorded, then the push that stops it.
+    EXPECT_EQ(journaled, i <= fits) << i;
+  }
+  EXPECT_FALSE(table->TakeJournal(0, gen, 1, &delta));
+  std::vector<float> value(kDim);
+  table->Pull(0, {42}, value.data());
+  EXPECT_EQ(value[0], -static_cast<float>(2 * fits)) << "every push applied";
 }
 
 }  // namespace
