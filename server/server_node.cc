@@ -781,10 +781,13 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
     std::vector<uint64_t> run_generations;
     std::unique_ptr<bool[]> journaled;
     if (!delta_runs.empty()) {
-      delta_slots.resize(keys.size());
-      run_slots.resize(runs.size(), nullptr);
-      run_generations.resize(runs.size(), 0);
       journaled = std::make_unique<bool[]>(runs.size());
+      if (std::find(delta_runs.begin(), delta_runs.end(), kDeltaKeys) !=
+          delta_runs.end()) {
+        delta_slots.resize(keys.size());
+        run_slots.resize(runs.size(), nullptr);
+        run_generations.resize(runs.size(), 0);
+      }
     }
     auto apply = [&](size_t i) {
       const RangeRun& run = runs[i];
@@ -845,11 +848,15 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
       if (!delta_runs.empty() && delta_runs[i] != kNoDelta) {
         const RangeRun& run = runs[i];
         if (journaled[i]) {
-          AddJournaledLocked(req.table(), run.last - run.first);
+          CountDirtyRowsLocked(req.table(), run.last - run.first);
         } else {
+          // By keys, with the slots the apply found (none where a journal
+          // was expected but off: looked up again).
+          const bool found = delta_runs[i] == kDeltaKeys;
           AddDirtyKeysLocked(run.range, req.table(),
                              keys.subspan(run.first, run.last - run.first),
-                             run_slots[i], run_generations[i]);
+                             found ? run_slots[i] : nullptr,
+                             found ? run_generations[i] : 0);
         }
       }
     }

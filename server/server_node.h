@@ -491,9 +491,10 @@ class ServerNode {
                           absl::Span<const uint64_t> keys,
                           const uint32_t* slots, uint64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts `rows` rows of `table` a push recorded in its range's journal
-  // towards the linger's byte bound.
-  void AddJournaledLocked(int table, size_t rows)
+  // Counts `rows` rows of `table` a push changed towards the linger's byte
+  // bound (AddDirtyKeysLocked's, and a push's rows its range's journal
+  // recorded).
+  void CountDirtyRowsLocked(int table, size_t rows)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends replication by slot of owned range `range` (its backups have or
   // will have a copy's layout, or it moved): by keys from now on; stops its

@@ -389,14 +389,12 @@ void ServerNode::AddDirtyKeysLocked(int range, int table,
   }
   d.keys.insert(d.keys.end(), keys.begin(), keys.end());
   if (d.by_slot) d.slots.insert(d.slots.end(), slots, slots + keys.size());
-  dirty_bytes_ +=
-      keys.size() *
-      (sizeof(uint64_t) + tables_[table]->entry_floats() * sizeof(float));
+  CountDirtyRowsLocked(table, keys.size());
 }
 
-void ServerNode::AddJournaledLocked(int table, size_t rows) {
-  // Counted as AddDirtyKeysLocked counts a key and its row (the bound the
-  // linger was tuned with), though a row by slot travels with a 4-byte slot.
+void ServerNode::CountDirtyRowsLocked(int table, size_t rows) {
+  // A key and its row (the bound the linger was tuned with), also for a
+  // row by slot, which travels with a 4-byte slot.
   dirty_bytes_ += rows * (sizeof(uint64_t) +
                           tables_[table]->entry_floats() * sizeof(float));
 }
@@ -531,12 +529,9 @@ void ServerNode::ShipDirtyLocked() {
                   "since the last delta; its backups get a copy",
                   id_, r);
       EndBySlotLocked(r);
-      for (int b : to) {
+      for (int b : to) {  // fed, so none awaits a copy yet
         lg.acked.erase(b);
-        if (std::find(lg.copy_to.begin(), lg.copy_to.end(), b) ==
-            lg.copy_to.end()) {
-          lg.copy_to.push_back(b);
-        }
+        lg.copy_to.push_back(b);
       }
       lg.shipped = lg.index;  // the copy covers it
       clear();

@@ -432,6 +432,16 @@ class DeltaTest : public LingerTest {
     }
     return all;
   }
+  // Advances the clock by `step` until push `p` is answered (at most 20
+  // times), then checks that it was answered OK.
+  void ExpectAcknowledged(PushCall* p,
+                          absl::Duration step = absl::Milliseconds(5)) {
+    for (int i = 0; i < 20 && !p->answer.IsDone(); ++i) {
+      fake_clock_.Advance(step);
+    }
+    ASSERT_TRUE(p->answer.IsDone());
+    EXPECT_TRUE(p->answer.Await().ok()) << p->answer.Await();
+  }
 };
 
 TEST_F(DeltaTest, BackupHoldsThePrimarysRangesAndDropsResends) {
@@ -628,21 +638,12 @@ TEST_F(DeltaTest, BackupWithAnotherLayoutGetsACopyThenRowsByKey) {
   auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -2, -3, -4});
   auto a2 = Push(&primary_, 1, 1, 0, {kKeys[1]}, {-0.5f});
   fake_clock_.Advance(absl::Milliseconds(5));
-  for (int i = 0; i < 20 && !a2->answer.IsDone(); ++i) {
-    fake_clock_.Advance(absl::Milliseconds(100));
-  }
-  for (PushCall* p : {a, a2}) {
-    ASSERT_TRUE(p->answer.IsDone());
-    EXPECT_TRUE(p->answer.Await().ok()) << p->answer.Await();
-  }
+  ExpectAcknowledged(a2, absl::Milliseconds(100));
+  ExpectAcknowledged(a);
   EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
   auto b = Push(&primary_, 0, 2, 0, {kKeys[1]}, {-8});
   fake_clock_.Advance(absl::Milliseconds(5));
-  for (int i = 0; i < 20 && !b->answer.IsDone(); ++i) {
-    fake_clock_.Advance(absl::Milliseconds(5));
-  }
-  ASSERT_TRUE(b->answer.IsDone());
-  EXPECT_TRUE(b->answer.Await().ok()) << b->answer.Await();
+  ExpectAcknowledged(b);
   EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
   EXPECT_EQ(primary_.Status().replica_rows_by_key(), 1) << "range r: by key";
 }
@@ -661,22 +662,14 @@ TEST_F(DeltaTest, RangeWhoseJournalFallsShortIsCopiedThenGoesByKey) {
   // The journal of range r loses the push before the linger is over.
   const_cast<Table*>(primary_.table(0))->StopJournal(r);
   fake_clock_.Advance(absl::Milliseconds(5));
-  for (int i = 0; i < 20 && !a->answer.IsDone(); ++i) {
-    fake_clock_.Advance(absl::Milliseconds(5));
-  }
-  ASSERT_TRUE(a->answer.IsDone());
-  EXPECT_TRUE(a->answer.Await().ok()) << a->answer.Await();
+  ExpectAcknowledged(a);
   EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
   EXPECT_TRUE(backup_.CheckInvariants().ok()) << backup_.CheckInvariants();
   const int64_t by_slot = primary_.Status().replica_rows_by_slot();
   // Range r's next push goes by key, the others' still by slot.
   auto b = Push(&primary_, 0, 2, 0, {kKeys[1]}, {-8});
   fake_clock_.Advance(absl::Milliseconds(5));
-  for (int i = 0; i < 20 && !b->answer.IsDone(); ++i) {
-    fake_clock_.Advance(absl::Milliseconds(5));
-  }
-  ASSERT_TRUE(b->answer.IsDone());
-  EXPECT_TRUE(b->answer.Await().ok()) << b->answer.Await();
+  ExpectAcknowledged(b);
   EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
   EXPECT_EQ(primary_.Status().replica_rows_by_key(), 1) << "range r: by key";
   EXPECT_EQ(primary_.Status().replica_rows_by_slot(), by_slot);
