@@ -9,6 +9,7 @@ PKGS=(build-essential cmake pkg-config
       libcpp-httplib-dev
       libzstd-dev liblz4-dev  # push compression (filters.codec)
       iperf3 python3 openssl
+      iproute2  # the network-partition test (ip netns, veth)
       python3-matplotlib)  # ps_launch --plot, bench/lr_benchmark.py plots
 missing=()
 for p in "${PKGS[@]}"; do
