@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -231,8 +232,16 @@ void SchedulerCore::Probe(int id, std::string address) {
   }
   const absl::Duration fresh =
       absl::Milliseconds(3 * options_.config.cluster.heartbeat_ms);
+  std::string unreachable;  // why it is failed over though it answered
   if (probe.ok()) {
+    unreachable = UnreachableFrom(id);
+  }
+  if (probe.ok() && unreachable.empty()) {
     PS_LOG_INFO("S[{}] answered its probe: not dead", id);
+  } else if (probe.ok()) {
+    PS_LOG_WARN("S[{}] answers the scheduler but is {}: failing it over", id,
+                unreachable);
+    FailoverServers({id}, unreachable);
   } else if (silent < fresh) {
     PS_LOG_WARN("S[{}] did not answer its probe in time ({}) but heartbeated "
                 "{} ago: busy, not failed over",
@@ -243,6 +252,38 @@ void SchedulerCore::Probe(int id, std::string address) {
   }
   absl::MutexLock l(&mu_);
   probing_.erase(id);
+}
+
+std::string SchedulerCore::UnreachableFrom(int id) {
+  absl::MutexLock l(&mu_);
+  auto it = accused_.find(id);
+  if (it == accused_.end()) return "";
+  Accusation& a = it->second;
+  const absl::Duration limit =
+      absl::Milliseconds(options_.config.cluster.heartbeat_timeout_ms);
+  if (a.last - a.first < limit) return "";
+  int live_workers = 0;
+  for (const Node& w : workers_) {
+    live_workers += static_cast<int>(w.info.state() == proto::NODE_ALIVE);
+  }
+  const bool believed =
+      a.by.size() >= 2 ||
+      (live_workers == 1 && absl::StartsWith(*a.by.begin(), "W["));
+  const std::string by = absl::StrJoin(a.by, ", ");
+  const std::string span = absl::FormatDuration(a.last - a.first);
+  if (!believed) {
+    if (!a.warned) {
+      a.warned = true;
+      PS_LOG_WARN("S[{}] answers the scheduler but {} alone has named it "
+                  "unreachable for {}: not failed over on one node's word "
+                  "(that node's own link may be what is broken)",
+                  id, by, span);
+    }
+    return "";
+  }
+  accused_.erase(it);
+  return absl::StrCat("unreachable from ", by, " for ", span,
+                      " (a network partition)");
 }
 
 void SchedulerCore::FailoverServers(const std::vector<int>& ids,
@@ -513,13 +554,30 @@ absl::StatusOr<proto::GetViewResponse> SchedulerCore::GetView(
     }
   }
   // Failover (issue 9): a caller that could not reach a server has it
-  // probed now.
+  // probed now; unless the caller is not a live node (a server failed over
+  // while cut off, whose suspicions of its backups arrive once it is
+  // reconnected: they would fail no one, but are not worth a probe).
+  const Node* accuser = FindLocked(req.role(), req.id());
+  const bool believable =
+      accuser != nullptr && accuser->info.state() == proto::NODE_ALIVE;
   for (int s : req.suspect_servers()) {
+    if (!believable) break;
     if (s < 0 || s >= static_cast<int>(servers_.size()) || !ready_ ||
         concluding_ || closing_ || replicas_ == 0 ||
-        servers_[s].info.state() != proto::NODE_ALIVE || probing_.contains(s)) {
+        servers_[s].info.state() != proto::NODE_ALIVE) {
       continue;
     }
+    // Who names it and since when (UnreachableFrom), probe or not.
+    const absl::Time now = options_.clock->Now();
+    Accusation& a = accused_[s];
+    if (a.by.empty() ||
+        now - a.last > 3 * options_.config.cluster.SuspectAfter()) {
+      a = Accusation{};
+      a.first = now;
+    }
+    a.last = now;
+    a.by.insert(absl::StrCat(RoleLetter(req.role()), "[", req.id(), "]"));
+    if (probing_.contains(s)) continue;
     probing_.insert(s);
     PS_LOG_WARN("S[{}] suspected by {}[{}]: probing it", s,
                 RoleLetter(req.role()), req.id());

@@ -88,6 +88,11 @@ class SchedulerCore {
   // probed at once on a thread of its own (a status RPC of
   // fault_tolerance.probe_timeout_ms, twice); when neither answers it is
   // dead (FailoverServers), without waiting for its heartbeat deadline.
+  // A server that answers its probes while other nodes go on naming it for
+  // heartbeat_timeout_ms (a partial partition: the scheduler reaches it,
+  // they do not) is failed over too, when at least two nodes name it or the
+  // one naming it is the only live worker; one node alone among several is
+  // not believed (its own link may be what is broken) and is logged.
   // A reply that carries the ready view to a registered node (req.role/id)
   // starts that node's heartbeat deadline.
   absl::StatusOr<proto::GetViewResponse> GetView(
@@ -268,6 +273,10 @@ class SchedulerCore {
   // Probes server `id` (a thread of its own); fails it over when it does
   // not answer.
   void Probe(int id, std::string address);
+  // For a server that answered its probe: empty, or why it is to be failed
+  // over all the same (named unreachable for heartbeat_timeout_ms by two
+  // nodes, or by the only live worker; see GetView). Takes mu_.
+  std::string UnreachableFrom(int id);
   // OK when the server at `address` answers a status call (two tries of
   // fault_tolerance.probe_timeout_ms; an error answer counts), else the
   // last UNAVAILABLE/DEADLINE_EXCEEDED. Without mu_.
@@ -411,6 +420,17 @@ class SchedulerCore {
   };
   std::vector<Failover> failovers_ ABSL_GUARDED_BY(mu_);
   std::set<int> probing_ ABSL_GUARDED_BY(mu_);
+  // A server that answers its probes while nodes keep naming it as a
+  // suspect (a partial network partition: the scheduler reaches it, they do
+  // not): since when, until when, and by whom, for as long as each naming
+  // follows the last within 3 x SuspectAfter(). See Probe.
+  struct Accusation {
+    absl::Time first;
+    absl::Time last;
+    std::set<std::string> by;  // "W[0]", "S[2]"
+    bool warned = false;       // logged that one node alone names it
+  };
+  std::map<int, Accusation> accused_ ABSL_GUARDED_BY(mu_);
   // Probes and rebalances (joined by the destructor).
   std::vector<std::thread> probes_ ABSL_GUARDED_BY(mu_);
   // Elasticity (issue 9): joins and drains, for the report.

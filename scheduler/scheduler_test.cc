@@ -798,6 +798,8 @@ TEST_F(SchedulerCoreTest, SuspectThatAnswersItsProbeStays) {
   proto::GetViewRequest gv;
   gv.set_known_epoch(1);
   gv.set_wait_ms(300);
+  gv.set_role(proto::ROLE_WORKER);
+  gv.set_id(0);
   gv.add_suspect_servers(1);
   auto v = core_->GetView(gv, absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(v.ok()) << v.status();
@@ -805,6 +807,64 @@ TEST_F(SchedulerCoreTest, SuspectThatAnswersItsProbeStays) {
   EXPECT_EQ(clients_.server(Addr(1))->status_calls(), 1);
   EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_ALIVE);
 }
+
+// Issue 9, a partial network partition: the scheduler reaches S[1] (it
+// heartbeats, and answers every probe) while the workers cannot, and
+// name it every 2 s. Once both have named it for heartbeat_timeout_ms
+// (5 s here), the probe that it answers fails it over all the same:
+// otherwise their pushes to it wait as long as the partition lasts. Named
+// by one worker alone, among two, it stays: that worker's own link may be
+// what is broken.
+class PartialPartitionTest : public SchedulerCoreTest,
+                             public ::testing::WithParamInterface<bool> {};
+
+TEST_P(PartialPartitionTest, ServerNamedUnreachableThoughItAnswers) {
+  const bool both = GetParam();
+  Start();
+  RegisterAll();
+  auto name = [&](int worker) {
+    proto::GetViewRequest gv;
+    gv.set_known_epoch(1);
+    gv.set_wait_ms(0);
+    gv.set_role(proto::ROLE_WORKER);
+    gv.set_id(worker);
+    gv.add_suspect_servers(1);
+    return core_->GetView(gv, absl::Now() + absl::Seconds(10));
+  };
+  int probes = 0;
+  for (int second = 0; second <= 6; second += 2) {
+    ASSERT_TRUE(Beat(proto::ROLE_SERVER, 1).ok());  // alive to the scheduler
+    // Each probe runs on a thread of its own; named again until the last
+    // one has ended and a new one has run.
+    ++probes;
+    for (int i = 0;
+         i < 2000 && clients_.server(Addr(1))->status_calls() < probes; ++i) {
+      ASSERT_TRUE(name(0).ok());
+      if (both) ASSERT_TRUE(name(1).ok());
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(clients_.server(Addr(1))->status_calls(), probes);
+    clock_.Advance(absl::Seconds(2));
+  }
+  // The last probe's failover (its thread's end).
+  for (int i = 0; i < 2000 && both && core_->Status()->view().epoch() == 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const proto::ClusterView v = core_->Status()->view();
+  if (both) {
+    EXPECT_EQ(v.epoch(), 2);
+    EXPECT_EQ(v.routing().servers(1).state(), proto::NODE_DEAD);
+    EXPECT_EQ(v.routing().servers(0).state(), proto::NODE_ALIVE);
+  } else {
+    EXPECT_EQ(v.epoch(), 1);
+    EXPECT_EQ(v.routing().servers(1).state(), proto::NODE_ALIVE);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Namers, PartialPartitionTest, ::testing::Bool(),
+                         [](const auto& info) {
+                           return info.param ? "TwoWorkers" : "OneWorker";
+                         });
 
 // Issue 9: a probe that times out confirms a death only once the server's
 // heartbeats have stopped too (3 heartbeat periods): a busy server that

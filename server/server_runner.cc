@@ -162,8 +162,12 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   // Replication (issue 9): the node reaches its backups through `clients`;
   // it lets go of them before they are destroyed.
   node.SetPeers(&clients);
-  node.SetSuspectHandler([&clients, &options](int server) {
+  node.SetSuspectHandler([&clients, &options, &node](int server) {
     proto::GetViewRequest req;
+    // Named: the scheduler believes only live nodes, and counts who names
+    // a server that answers it (a partial partition).
+    req.set_role(proto::ROLE_SERVER);
+    req.set_id(node.id());
     req.set_wait_ms(0);
     req.set_known_epoch(std::numeric_limits<int64_t>::max());
     req.add_suspect_servers(server);

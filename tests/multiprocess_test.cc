@@ -1209,23 +1209,25 @@ bool Ip(const std::string& ip, const std::string& args, const fs::path& log) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-// Two network namespaces made for one test, joined by a veth pair: side A
-// (10.201.0.1) and side B (10.201.0.2), nothing else in either but their
-// loopback. Nothing of the machine's own network is touched, and nothing
-// is sent outside the pair. Cut() makes a silent partition between them:
-// each side's neighbour entry for the other names a MAC address nobody
-// has, so frames are dropped without an error to either sender (no
-// refused connection, no unreachable route: what a failed switch or a
-// firewall that drops does); Heal() deletes those entries, and ARP finds
-// the real ones again. Removed by the destructor.
-class NetnsPair {
+// Three network namespaces made for one test, sides 0, 1 and 2 at
+// 10.201.0.1, .2 and .3, each joined by a veth pair to a bridge in a
+// fourth: nothing else in any of them but their loopback. Nothing of the
+// machine's own network is touched, and nothing is sent outside them.
+// Cut(x, y) makes a silent partition between two sides: each one's
+// neighbour entry for the other names a MAC address nobody has, so their
+// frames are dropped without an error to either sender (no refused
+// connection, no unreachable route: what a failed link or a firewall that
+// drops does), while both still reach the third side. Heal(x, y) deletes
+// those entries, and ARP finds the real ones again. Removed by the
+// destructor.
+class NetnsLab {
  public:
-  static constexpr char kAddrA[] = "10.201.0.1";
-  static constexpr char kAddrB[] = "10.201.0.2";
+  static constexpr int kSides = 3;
+  static std::string Addr(int side) { return absl::StrCat("10.201.0.", side + 1); }
 
   // Empty `error()` when made; otherwise why not (not root, no `ip`, no
   // namespaces in this container).
-  explicit NetnsPair(const fs::path& log) : log_(log) {
+  explicit NetnsLab(const fs::path& log) : log_(log) {
     if (::geteuid() != 0) {
       error_ = "not root: cannot make network namespaces";
       return;
@@ -1240,98 +1242,111 @@ class NetnsPair {
       error_ = "no `ip` command (iproute2)";
       return;
     }
-    a_ = absl::StrCat("ps_part_a_", ::getpid());
-    b_ = absl::StrCat("ps_part_b_", ::getpid());
-    if (!Ip(ip_, "netns add " + a_, log_)) {
-      error_ = "cannot make a network namespace here";
-      a_.clear();
-      b_.clear();
-      return;
+    const std::string sw = Name(kSides);
+    bool ok = true;
+    for (int n = 0; n <= kSides && ok; ++n) {
+      ok = Ip(ip_, "netns add " + Name(n), log_);
+      if (ok) made_ = n + 1;
+      ok = ok && Ip(ip_, absl::StrCat("-n ", Name(n), " link set lo up"), log_);
     }
-    made_ = true;
-    const bool ok =
-        Ip(ip_, "netns add " + b_, log_) &&
-        Ip(ip_,
-           absl::StrCat("link add psvA netns ", a_,
-                        " type veth peer name psvB netns ", b_),
-           log_) &&
-        Ip(ip_, absl::StrCat("-n ", a_, " addr add ", kAddrA, "/24 dev psvA"),
-           log_) &&
-        Ip(ip_, absl::StrCat("-n ", b_, " addr add ", kAddrB, "/24 dev psvB"),
-           log_) &&
-        Ip(ip_, absl::StrCat("-n ", a_, " link set psvA up"), log_) &&
-        Ip(ip_, absl::StrCat("-n ", b_, " link set psvB up"), log_) &&
-        Ip(ip_, absl::StrCat("-n ", a_, " link set lo up"), log_) &&
-        Ip(ip_, absl::StrCat("-n ", b_, " link set lo up"), log_);
-    if (!ok) {
-      error_ = "cannot make the veth pair (see " + log_.string() + ")";
-    } else if (!Ip(ip_, absl::StrCat("netns exec ", a_, " true"), log_)) {
+    ok = ok &&
+         Ip(ip_, absl::StrCat("-n ", sw, " link add br0 type bridge"), log_) &&
+         Ip(ip_, absl::StrCat("-n ", sw, " link set br0 up"), log_);
+    for (int n = 0; n < kSides && ok; ++n) {
+      ok = Ip(ip_,
+              absl::StrCat("link add psv", n, " netns ", Name(n),
+                           " type veth peer name psw", n, " netns ", sw),
+              log_) &&
+           Ip(ip_,
+              absl::StrCat("-n ", Name(n), " addr add ", Addr(n),
+                           "/24 dev psv", n),
+              log_) &&
+           Ip(ip_, absl::StrCat("-n ", Name(n), " link set psv", n, " up"),
+              log_) &&
+           Ip(ip_,
+              absl::StrCat("-n ", sw, " link set psw", n, " master br0"),
+              log_) &&
+           Ip(ip_, absl::StrCat("-n ", sw, " link set psw", n, " up"), log_);
+    }
+    if (made_ == 0) {
+      error_ = "cannot make a network namespace here";
+    } else if (!ok) {
+      error_ = "cannot make the namespaces' network (see " + log_.string() + ")";
+    } else if (!Ip(ip_, absl::StrCat("netns exec ", Name(0), " true"), log_)) {
       error_ = "cannot run a process in a network namespace (see " +
                log_.string() + ")";
     }
   }
-  ~NetnsPair() {
-    if (!made_) return;
-    Ip(ip_, "netns del " + a_, log_);
-    Ip(ip_, "netns del " + b_, log_);
+  ~NetnsLab() {
+    for (int n = 0; n < made_; ++n) Ip(ip_, "netns del " + Name(n), log_);
   }
-  NetnsPair(const NetnsPair&) = delete;
-  NetnsPair& operator=(const NetnsPair&) = delete;
+  NetnsLab(const NetnsLab&) = delete;
+  NetnsLab& operator=(const NetnsLab&) = delete;
 
   const std::string& error() const { return error_; }
-  // argv that runs `argv` in side A (or B).
-  std::vector<std::string> In(bool side_b, std::vector<std::string> argv) const {
-    argv.insert(argv.begin(), {ip_, "netns", "exec", side_b ? b_ : a_});
+  // argv that runs `argv` in `side`.
+  std::vector<std::string> In(int side, std::vector<std::string> argv) const {
+    argv.insert(argv.begin(), {ip_, "netns", "exec", Name(side)});
     return argv;
   }
-  bool Cut() {
-    return Ip(ip_,
-              absl::StrCat("-n ", a_, " neigh replace ", kAddrB,
-                           " lladdr 02:00:00:00:00:0b dev psvA nud permanent"),
-              log_) &&
-           Ip(ip_,
-              absl::StrCat("-n ", b_, " neigh replace ", kAddrA,
-                           " lladdr 02:00:00:00:00:0a dev psvB nud permanent"),
-              log_);
+  bool Cut(int x, int y) {
+    return Ip(ip_, Neigh(x, y, true), log_) && Ip(ip_, Neigh(y, x, true), log_);
   }
-  bool Heal() {
-    return Ip(ip_, absl::StrCat("-n ", a_, " neigh del ", kAddrB, " dev psvA"),
-              log_) &&
-           Ip(ip_, absl::StrCat("-n ", b_, " neigh del ", kAddrA, " dev psvB"),
-              log_);
+  bool Heal(int x, int y) {
+    return Ip(ip_, Neigh(x, y, false), log_) && Ip(ip_, Neigh(y, x, false), log_);
   }
 
  private:
+  std::string Name(int n) const {
+    return absl::StrCat("ps_lab_", ::getpid(), "_", n);
+  }
+  // Side `x`'s neighbour entry for side `y`: a MAC nobody has, or deleted.
+  std::string Neigh(int x, int y, bool bogus) const {
+    return bogus ? absl::StrCat("-n ", Name(x), " neigh replace ", Addr(y),
+                                " lladdr 02:00:00:00:00:0", y + 1, " dev psv",
+                                x, " nud permanent")
+                 : absl::StrCat("-n ", Name(x), " neigh del ", Addr(y),
+                                " dev psv", x);
+  }
+
   fs::path log_;
-  std::string ip_, a_, b_, error_;
-  bool made_ = false;
+  std::string ip_, error_;
+  int made_ = 0;  // namespaces made (the first made_ of Name(0..3))
 };
 
-// Issue 9 (optional in its text, and the case SIGSTOP does not cover): S[1]
-// cut off from everyone by a silent network partition while it keeps
-// running, then reconnected. The scheduler, the other servers and the
-// workers are in one network namespace, S[1] in another, joined by a veth
-// pair made here (only addresses the test makes; the machine's network is
-// not touched). Cut at the job's first progress report, healed once S[1]
-// is failed over (its heartbeats stop arriving; the workers' pushes
-// to it go unanswered), and while cut off it runs on, retrying its
-// replication and heartbeats into the void. Healed, what it sent arrives
-// late: its batches are refused as of a stale epoch, and it catches up
-// with the view, owning no range. Every process exits 0; the job ends ok
-// with exact epochs, in BSP with the model of the same cluster run without
+// Issue 9 (optional in its text, and what SIGSTOP does not cover): network
+// partitions while every process runs on. The scheduler, S[0] and S[2] are
+// on side 0 of a NetnsLab, S[1] on side 1, the workers on side 2. Cut at
+// the job's first progress report, healed once S[1] is failed over:
+//   * full: S[1] cut off from everyone. Its heartbeats stop arriving and
+//     the workers' pushes to it go unanswered; it is failed over. Cut off,
+//     it runs on, retrying its replication and heartbeats into the void;
+//     healed, what it sent arrives late: its batches are refused as of a
+//     stale epoch, its suspicions of its backups are not believed (it is
+//     no longer a live node), and it catches up with the view, owning no
+//     range.
+//   * partial: S[1] cut off from the workers only. The scheduler still
+//     reaches it (heartbeats, probes): the workers name it for a heartbeat
+//     timeout, and it is failed over though it answers (SchedulerCore::
+//     UnreachableFrom); without that, the job waited as long as the
+//     partition lasted.
+// Every process exits 0; only S[1] is failed over; the job ends ok with
+// exact epochs, and in BSP with the model of the same cluster run without
 // the partition, key for key. Skipped where network namespaces cannot be
 // made (not root, no iproute2, a container without CAP_SYS_ADMIN).
-class NetworkPartitionTest : public HandStartedTest,
-                             public ::testing::WithParamInterface<const char*> {
+class NetworkPartitionTest
+    : public HandStartedTest,
+      public ::testing::WithParamInterface<std::pair<const char*, bool>> {
  protected:
   struct Run {
-    std::string report, model_dir, s1_log;
+    std::string report, model_dir, s1_log, h_log;
     std::vector<Proc> procs;
   };
-  // The job on 3 servers (S[1] on side B) and 2 workers; `partition`: cut
-  // S[1] off at the first progress report until it is failed over.
-  Run RunJob(NetnsPair* net, const std::string& name, const std::string& yaml,
-             bool partition) {
+  // The job on 3 servers and 2 workers; `cut`: cut S[1] off at the first
+  // progress report (from the workers only when `partial`) until it is
+  // failed over.
+  Run RunJob(NetnsLab* net, const std::string& name, const std::string& yaml,
+             bool cut, bool partial) {
     Run r;
     dirs_.push_back(fs::path(::testing::TempDir()) /
                     absl::StrCat("ps_mp_", name, "_", ::getpid()));
@@ -1341,50 +1356,52 @@ class NetworkPartitionTest : public HandStartedTest,
     fs::create_directories(dir);
     const std::string config = (dir / "job.yaml").string();
     std::ofstream(config) << yaml;
-    const std::string scheduler = absl::StrCat(NetnsPair::kAddrA, ":7000");
+    const std::string scheduler = NetnsLab::Addr(0) + ":7000";
     r.report = (dir / "report.json").string();
     r.model_dir = (dir / "model").string();
     r.procs.push_back(Spawn(
         "H",
-        net->In(false, {PS_BIN_DIR "/ps_scheduler", "--config", config,
-                        "--port", "7000", "--report", r.report, "--set",
-                        absl::StrCat("output.model_dir=", r.model_dir,
-                                     ",cluster.scheduler=", scheduler)}),
+        net->In(0, {PS_BIN_DIR "/ps_scheduler", "--config", config, "--port",
+                    "7000", "--report", r.report, "--set",
+                    absl::StrCat("output.model_dir=", r.model_dir,
+                                 ",cluster.scheduler=", scheduler)}),
         dir));
     for (int i = 0; i < 3; ++i) {
-      const bool b = i == 1;
+      const int side = i == 1 ? 1 : 0;
       r.procs.push_back(Spawn(
           absl::StrCat("S", i),
-          net->In(b, {PS_BIN_DIR "/ps_server", "--scheduler", scheduler,
-                      "--id", absl::StrCat(i), "--bind",
-                      b ? NetnsPair::kAddrB : NetnsPair::kAddrA}),
+          net->In(side, {PS_BIN_DIR "/ps_server", "--scheduler", scheduler,
+                         "--id", absl::StrCat(i), "--bind",
+                         NetnsLab::Addr(side)}),
           dir));
     }
     for (int i = 0; i < 2; ++i) {
       r.procs.push_back(Spawn(
           absl::StrCat("W", i),
-          net->In(false, {PS_BIN_DIR "/ps_worker", "--scheduler", scheduler,
-                          "--id", absl::StrCat(i)}),
+          net->In(2, {PS_BIN_DIR "/ps_worker", "--scheduler", scheduler,
+                      "--id", absl::StrCat(i)}),
           dir));
     }
     r.s1_log = (dir / "S1.log").string();
-    if (partition) {
-      const std::string h_log = (dir / "H.log").string();
+    r.h_log = (dir / "H.log").string();
+    if (cut) {
       const absl::Time give_up = absl::Now() + absl::Seconds(60);
-      while (!absl::StrContains(ReadFile(h_log), "progress: epoch") &&
+      while (!absl::StrContains(ReadFile(r.h_log), "progress: epoch") &&
              absl::Now() < give_up) {
         absl::SleepFor(absl::Milliseconds(20));
       }
-      EXPECT_TRUE(net->Cut()) << "cannot cut the link";
-      std::printf("S[1] cut off\n");
-      // Healed once the scheduler has failed S[1] over (or after 20 s), so
+      EXPECT_TRUE(net->Cut(1, 2)) << "cannot cut S[1] off the workers";
+      if (!partial) EXPECT_TRUE(net->Cut(1, 0)) << "cannot cut S[1] off";
+      std::printf("S[1] cut off%s\n", partial ? " from the workers" : "");
+      // Healed once the scheduler has failed S[1] over (or after 30 s), so
       // that S[1] comes back while the job still runs.
-      const absl::Time heal_by = absl::Now() + absl::Seconds(20);
-      while (!absl::StrContains(ReadFile(h_log), "failed over") &&
+      const absl::Time heal_by = absl::Now() + absl::Seconds(30);
+      while (!absl::StrContains(ReadFile(r.h_log), "failed over") &&
              absl::Now() < heal_by) {
         absl::SleepFor(absl::Milliseconds(20));
       }
-      EXPECT_TRUE(net->Heal()) << "cannot heal the link";
+      EXPECT_TRUE(net->Heal(1, 2)) << "cannot heal the link";
+      if (!partial) EXPECT_TRUE(net->Heal(1, 0)) << "cannot heal the link";
       std::printf("S[1] reconnected\n");
     }
     WaitAll(&r.procs, absl::Now() + absl::Seconds(150));
@@ -1400,9 +1417,10 @@ TEST_P(NetworkPartitionTest, CutOffServerIsFailedOverAndRejoinsHarmlessly) {
   dirs_.push_back(fs::path(::testing::TempDir()) /
                   absl::StrCat("ps_mp_netns_", ::getpid()));
   fs::create_directories(dirs_.back());
-  NetnsPair net(dirs_.back() / "ip.log");
+  NetnsLab net(dirs_.back() / "ip.log");
   if (!net.error().empty()) GTEST_SKIP() << net.error();
-  const std::string mode = GetParam();
+  const std::string mode = GetParam().first;
+  const bool partial = GetParam().second;
   // Enough that the job outlasts the partition by seconds.
   const int epochs = 80;
   const std::string yaml = absl::StrReplaceAll(
@@ -1413,9 +1431,10 @@ TEST_P(NetworkPartitionTest, CutOffServerIsFailedOverAndRejoinsHarmlessly) {
        {"  epochs: 5\n", absl::StrCat("  epochs: ", epochs, "\n")},
        {"log_level: warn", "log_level: info\n"
                            "fault_tolerance:\n  replicas: 1"}});
-  Run clean = RunJob(&net, "netns_clean_" + mode, yaml, false);
+  const std::string tag = absl::StrCat(mode, partial ? "_partial" : "");
+  Run clean = RunJob(&net, "netns_clean_" + tag, yaml, false, false);
   for (const Proc& p : clean.procs) ASSERT_TRUE(p.Exited0()) << p.Describe();
-  Run cut = RunJob(&net, "netns_cut_" + mode, yaml, true);
+  Run cut = RunJob(&net, "netns_cut_" + tag, yaml, true, partial);
   for (const Proc& p : cut.procs) EXPECT_TRUE(p.Exited0()) << p.Describe();
   EXPECT_NE(cut.report.find("\"status\": \"ok\""), std::string::npos)
       << cut.report;
@@ -1423,10 +1442,17 @@ TEST_P(NetworkPartitionTest, CutOffServerIsFailedOverAndRejoinsHarmlessly) {
   // Only S[1]: what it sent the scheduler while cut off (it named its
   // silent backups as suspects) arrives late and fails no live server.
   EXPECT_EQ(ParseReportOrEmpty(cut.report).failovers_size(), 1) << cut.report;
+  if (partial) {
+    EXPECT_NE(ReadFile(cut.h_log).find("answers the scheduler but is "
+                                       "unreachable from W[0], W[1]"),
+              std::string::npos)
+        << Tail(ReadFile(cut.h_log), 4000);
+  } else {
+    EXPECT_NE(ReadFile(cut.s1_log).find("caught up from view epoch"),
+              std::string::npos)
+        << Tail(ReadFile(cut.s1_log), 4000);
+  }
   EXPECT_TRUE(A9aEpochs(cut.report, epochs)) << cut.report;
-  const std::string s1 = ReadFile(cut.s1_log);
-  EXPECT_NE(s1.find("caught up from view epoch"), std::string::npos)
-      << Tail(s1, 4000);
   absl::StatusOr<double> auc = JsonNumber(cut.report, "test_auc");
   absl::StatusOr<double> clean_auc = JsonNumber(clean.report, "test_auc");
   ASSERT_TRUE(auc.ok() && clean_auc.ok()) << cut.report << clean.report;
@@ -1439,11 +1465,14 @@ TEST_P(NetworkPartitionTest, CutOffServerIsFailedOverAndRejoinsHarmlessly) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, NetworkPartitionTest,
-                         ::testing::Values("bsp", "asp"),
-                         [](const auto& info) {
-                           return std::string(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Cuts, NetworkPartitionTest,
+    ::testing::Values(std::make_pair("bsp", false), std::make_pair("asp", false),
+                      std::make_pair("bsp", true)),
+    [](const auto& info) {
+      return absl::StrCat(info.param.first,
+                          info.param.second ? "_FromTheWorkers" : "_FromAll");
+    });
 
 // Issue 9: a hung server is failed over within seconds even when the
 // heartbeat timeout is longer than the whole job: the pushes it leaves
