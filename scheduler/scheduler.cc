@@ -199,14 +199,18 @@ void SchedulerCore::Close() {
   for (std::thread& t : probes) t.join();
 }
 
-absl::Status SchedulerCore::ProbeServer(const std::string& address) {
+absl::Status SchedulerCore::ProbeServer(const std::string& address,
+                                        absl::Duration* replication_waiting) {
   const absl::Duration timeout = absl::Milliseconds(
       options_.config.fault_tolerance.probe_timeout_ms);
   absl::Status last;
   for (int attempt = 0; attempt < 2; ++attempt) {
     auto st = options_.clients->Server(address)->GetStatus(
         options_.clock->Now() + timeout);
-    if (st.ok()) return absl::OkStatus();
+    if (st.ok()) {
+      *replication_waiting = absl::Milliseconds(st->replication_waiting_ms());
+      return absl::OkStatus();
+    }
     last = st.status();
     if (last.code() != absl::StatusCode::kUnavailable &&
         last.code() != absl::StatusCode::kDeadlineExceeded) {
@@ -217,7 +221,8 @@ absl::Status SchedulerCore::ProbeServer(const std::string& address) {
 }
 
 void SchedulerCore::Probe(int id, std::string address) {
-  const absl::Status probe = ProbeServer(address);
+  absl::Duration replication_waiting = absl::ZeroDuration();
+  const absl::Status probe = ProbeServer(address, &replication_waiting);
   // A probe that timed out (the server accepts connections but answers
   // nothing: hung, or too busy) confirms a death only when the server's
   // heartbeats have stopped too: a busy server that still heartbeats is
@@ -234,7 +239,7 @@ void SchedulerCore::Probe(int id, std::string address) {
       absl::Milliseconds(3 * options_.config.cluster.heartbeat_ms);
   std::string unreachable;  // why it is failed over though it answered
   if (probe.ok()) {
-    unreachable = UnreachableFrom(id);
+    unreachable = UnreachableFrom(id, replication_waiting);
   }
   if (probe.ok() && unreachable.empty()) {
     PS_LOG_INFO("S[{}] answered its probe: not dead", id);
@@ -254,36 +259,65 @@ void SchedulerCore::Probe(int id, std::string address) {
   probing_.erase(id);
 }
 
-std::string SchedulerCore::UnreachableFrom(int id) {
+std::string SchedulerCore::UnreachableFrom(
+    int id, absl::Duration replication_waiting) {
   absl::MutexLock l(&mu_);
   auto it = accused_.find(id);
   if (it == accused_.end()) return "";
   Accusation& a = it->second;
+  const absl::Time now = options_.clock->Now();
   const absl::Duration limit =
       absl::Milliseconds(options_.config.cluster.heartbeat_timeout_ms);
-  if (a.last - a.first < limit) return "";
+  const absl::Duration recent = 3 * options_.config.cluster.SuspectAfter();
+  // A primary that waits on a backup's answer leaves its pushes unanswered
+  // as long: the silence the workers hear is the backup's (found by its
+  // heartbeats, or named by this primary), not a cut between them and it.
+  if (replication_waiting >= std::min(limit / 2, options_.config.cluster
+                                                     .SuspectAfter())) {
+    PS_LOG_INFO("S[{}] has waited {} on a backup's replication answer: the "
+                "silence its workers report is that backup's",
+                id, absl::FormatDuration(replication_waiting));
+    return "";
+  }
+  // Silence counts from the current view on: one that began before it may
+  // be the doing of a server the view change failed over (a primary
+  // waiting on its cut-off backup is silent to its workers until then).
+  if (view_.epoch() != silence_epoch_) {
+    silence_epoch_since_ = silence_epoch_ < 0 ? ready_time_ : now;
+    silence_epoch_ = view_.epoch();
+  }
+  std::vector<std::string> by;
+  absl::Duration silent = absl::InfiniteDuration();
+  for (const auto& [node, report] : a.by) {
+    const auto& [when, heard_nothing] = report;
+    const absl::Duration since_view =
+        when - std::max(when - heard_nothing, silence_epoch_since_);
+    if (now - when <= recent && since_view >= limit) {
+      by.push_back(node);
+      silent = std::min(silent, since_view);
+    }
+  }
+  if (by.empty()) return "";
   int live_workers = 0;
   for (const Node& w : workers_) {
     live_workers += static_cast<int>(w.info.state() == proto::NODE_ALIVE);
   }
   const bool believed =
-      a.by.size() >= 2 ||
-      (live_workers == 1 && absl::StartsWith(*a.by.begin(), "W["));
-  const std::string by = absl::StrJoin(a.by, ", ");
-  const std::string span = absl::FormatDuration(a.last - a.first);
+      by.size() >= 2 || (live_workers == 1 && absl::StartsWith(by[0], "W["));
+  const std::string names = absl::StrJoin(by, ", ");
   if (!believed) {
     if (!a.warned) {
       a.warned = true;
-      PS_LOG_WARN("S[{}] answers the scheduler but {} alone has named it "
-                  "unreachable for {}: not failed over on one node's word "
-                  "(that node's own link may be what is broken)",
-                  id, by, span);
+      PS_LOG_WARN("S[{}] answers the scheduler but {} alone has heard nothing "
+                  "from it for {}: not failed over on one node's word (that "
+                  "node's own link may be what is broken)",
+                  id, names, absl::FormatDuration(silent));
     }
     return "";
   }
   accused_.erase(it);
-  return absl::StrCat("unreachable from ", by, " for ", span,
-                      " (a network partition)");
+  return absl::StrCat("unreachable from ", names, " for ",
+                      absl::FormatDuration(silent), " (a network partition)");
 }
 
 void SchedulerCore::FailoverServers(const std::vector<int>& ids,
@@ -560,23 +594,26 @@ absl::StatusOr<proto::GetViewResponse> SchedulerCore::GetView(
   const Node* accuser = FindLocked(req.role(), req.id());
   const bool believable =
       accuser != nullptr && accuser->info.state() == proto::NODE_ALIVE;
-  for (int s : req.suspect_servers()) {
+  for (int i = 0; i < req.suspect_servers_size(); ++i) {
+    const int s = req.suspect_servers(i);
     if (!believable) break;
     if (s < 0 || s >= static_cast<int>(servers_.size()) || !ready_ ||
         concluding_ || closing_ || replicas_ == 0 ||
         servers_[s].info.state() != proto::NODE_ALIVE) {
       continue;
     }
-    // Who names it and since when (UnreachableFrom), probe or not.
-    const absl::Time now = options_.clock->Now();
-    Accusation& a = accused_[s];
-    if (a.by.empty() ||
-        now - a.last > 3 * options_.config.cluster.SuspectAfter()) {
-      a = Accusation{};
-      a.first = now;
+    // Who names it, having heard nothing from it for how long
+    // (UnreachableFrom), probe or not.
+    if (view_.epoch() != silence_epoch_) {
+      silence_epoch_since_ =
+          silence_epoch_ < 0 ? ready_time_ : options_.clock->Now();
+      silence_epoch_ = view_.epoch();
     }
-    a.last = now;
-    a.by.insert(absl::StrCat(RoleLetter(req.role()), "[", req.id(), "]"));
+    if (i < req.suspect_silent_ms_size()) {
+      accused_[s].by[absl::StrCat(RoleLetter(req.role()), "[", req.id(), "]")] =
+          {options_.clock->Now(),
+           absl::Milliseconds(std::max<int64_t>(0, req.suspect_silent_ms(i)))};
+    }
     if (probing_.contains(s)) continue;
     probing_.insert(s);
     PS_LOG_WARN("S[{}] suspected by {}[{}]: probing it", s,
@@ -608,6 +645,9 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   Node* found = FindLocked(req.role(), req.id());
   if (found == nullptr) {
     return absl::InvalidArgumentError("heartbeat: unknown node");
+  }
+  if (found->info.state() == proto::NODE_ALIVE) {
+    last_heartbeat_ = std::max(last_heartbeat_, options_.clock->Now());
   }
   Node& n = *found;
   if (n.info.state() == proto::NODE_UNKNOWN) {
@@ -1238,6 +1278,70 @@ void SchedulerCore::CheckHeartbeats() {
           "cluster incomplete after ", limit, " ms (cluster.register_timeout_ms)"
           ": waiting for ", absl::StrJoin(missing, ", ")));
     } else {
+      // No live node heard from at all (no heartbeat from any for half a
+      // heartbeat timeout, two heartbeat periods at least) while nodes are
+      // due to be declared dead: the scheduler is more likely cut off from
+      // the cluster (its host's network) than all of them dead together,
+      // and failing them over would end the job (DATA_LOSS) when nothing
+      // died. None is declared dead while nobody is heard from, for up to
+      // cluster.scheduler_timeout_ms (how long the nodes wait for an
+      // unreachable scheduler); the first heartbeat again gives every live
+      // node a full heartbeat timeout to be heard from too (their
+      // heartbeats come back one by one as connections recover). Counted
+      // from heartbeats received (or this scheduler's start, or the
+      // cluster's), not from when nodes were last told the view (a
+      // long-polled view answered after the cut moves that).
+      const absl::Time heard = std::max({last_heartbeat_, start_, ready_time_});
+      const absl::Duration quiet = std::max(
+          timeout / 2,
+          absl::Milliseconds(2 * int64_t{options_.config.cluster.heartbeat_ms}));
+      int live = 0;
+      bool due = false;
+      for (const std::vector<Node>* group : {&servers_, &workers_}) {
+        for (const Node& n : *group) {
+          if (n.info.state() != proto::NODE_ALIVE) continue;
+          due |= now - n.last_seen > timeout;
+          ++live;
+        }
+      }
+      if (live > 1 && (isolated_ || due) && now - heard > quiet) {
+        const absl::Duration limit =
+            options_.config.cluster.SchedulerTimeout();
+        if (now - heard > std::max(limit, timeout)) {
+          failure = absl::UnavailableError(absl::StrCat(
+              "no node heard from for ", absl::FormatDuration(now - heard),
+              " (cluster.scheduler_timeout_ms): all ", live,
+              " live nodes went silent at once (the scheduler cut off from "
+              "the cluster, or the whole cluster down)"));
+        } else {
+          if (!isolated_) {
+            PS_LOG_WARN(
+                "all {} live nodes silent for {}: the scheduler is likely cut "
+                "off from the cluster; declaring none dead until one is heard "
+                "from (giving up after {}, cluster.scheduler_timeout_ms)",
+                live, absl::FormatDuration(now - heard),
+                absl::FormatDuration(limit));
+          }
+          isolated_ = true;
+          return;
+        }
+      } else if (isolated_) {
+        isolated_ = false;
+        for (std::vector<Node>* group : {&servers_, &workers_}) {
+          for (Node& n : *group) {
+            if (n.info.state() == proto::NODE_ALIVE) {
+              n.last_seen = std::max(n.last_seen, now);
+            }
+          }
+        }
+        PS_LOG_WARN("nodes heard from again: the scheduler reaches the "
+                    "cluster; the heartbeat deadlines of {} live node(s) "
+                    "start again now",
+                    live);
+        return;
+      }
+    }
+    if (ready_ && failure.ok()) {
       // Servers first: a dead server is the cause when both went silent.
       for (const std::vector<Node>* group : {&servers_, &workers_}) {
         for (const Node& n : *group) {
@@ -1331,7 +1435,8 @@ absl::Status SchedulerCore::BroadcastView(
         absl::MutexLock l(&mu_);
         dead = replicas_ > 0 && !closing_;
       }
-      if (dead) dead = !ProbeServer(s.address()).ok();
+      absl::Duration waiting;
+      if (dead) dead = !ProbeServer(s.address(), &waiting).ok();
       if (dead) {
         PS_LOG_WARN("S[{}] at {} could not be told view epoch {} and does not "
                     "answer its probe: failing it over",

@@ -88,11 +88,12 @@ class SchedulerCore {
   // probed at once on a thread of its own (a status RPC of
   // fault_tolerance.probe_timeout_ms, twice); when neither answers it is
   // dead (FailoverServers), without waiting for its heartbeat deadline.
-  // A server that answers its probes while other nodes go on naming it for
-  // heartbeat_timeout_ms (a partial partition: the scheduler reaches it,
-  // they do not) is failed over too, when at least two nodes name it or the
-  // one naming it is the only live worker; one node alone among several is
-  // not believed (its own link may be what is broken) and is logged.
+  // A server that answers its probes while nodes name it having heard
+  // nothing from it for heartbeat_timeout_ms (req.suspect_silent_ms: a
+  // partial partition, the scheduler reaches it, they do not) is failed
+  // over too, when at least two nodes say so or the one saying so is the
+  // only live worker; one node alone among several is not believed (its
+  // own link may be what is broken) and is logged.
   // A reply that carries the ready view to a registered node (req.role/id)
   // starts that node's heartbeat deadline.
   absl::StatusOr<proto::GetViewResponse> GetView(
@@ -274,13 +275,19 @@ class SchedulerCore {
   // not answer.
   void Probe(int id, std::string address);
   // For a server that answered its probe: empty, or why it is to be failed
-  // over all the same (named unreachable for heartbeat_timeout_ms by two
-  // nodes, or by the only live worker; see GetView). Takes mu_.
-  std::string UnreachableFrom(int id);
+  // over all the same (reported silent for heartbeat_timeout_ms, within the
+  // last 3 x SuspectAfter(), by two nodes or by the only live worker; see
+  // GetView). Takes mu_.
+  // `replication_waiting`: the probe's ServerStatus.replication_waiting_ms
+  // (a primary waiting that long on a backup is silent to its workers
+  // because of the backup: not failed over on their word).
+  std::string UnreachableFrom(int id, absl::Duration replication_waiting);
   // OK when the server at `address` answers a status call (two tries of
   // fault_tolerance.probe_timeout_ms; an error answer counts), else the
-  // last UNAVAILABLE/DEADLINE_EXCEEDED. Without mu_.
-  absl::Status ProbeServer(const std::string& address);
+  // last UNAVAILABLE/DEADLINE_EXCEEDED. When it answered its status,
+  // *replication_waiting is its replication_waiting_ms. Without mu_.
+  absl::Status ProbeServer(const std::string& address,
+                           absl::Duration* replication_waiting);
   // ---- elasticity (issue 9)
   // Range -> its new chain (owner, then backups), planned from the current
   // routing under mu_.
@@ -420,17 +427,24 @@ class SchedulerCore {
   };
   std::vector<Failover> failovers_ ABSL_GUARDED_BY(mu_);
   std::set<int> probing_ ABSL_GUARDED_BY(mu_);
-  // A server that answers its probes while nodes keep naming it as a
-  // suspect (a partial network partition: the scheduler reaches it, they do
-  // not): since when, until when, and by whom, for as long as each naming
-  // follows the last within 3 x SuspectAfter(). See Probe.
+  // Who named a server as a suspect and reported it silent (a partial
+  // network partition: the scheduler reaches it, they do not): by node
+  // ("W[0]"), when it last named it and how long it had then heard nothing
+  // from it. See UnreachableFrom.
   struct Accusation {
-    absl::Time first;
-    absl::Time last;
-    std::set<std::string> by;  // "W[0]", "S[2]"
-    bool warned = false;       // logged that one node alone names it
+    std::map<std::string, std::pair<absl::Time, absl::Duration>> by;
+    bool warned = false;  // logged that one node alone names it
   };
   std::map<int, Accusation> accused_ ABSL_GUARDED_BY(mu_);
+  // The view epoch UnreachableFrom last saw, and since when (about when it
+  // was published: GetView and UnreachableFrom look at every naming).
+  int64_t silence_epoch_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time silence_epoch_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Every live node went silent at once (CheckHeartbeats): none is
+  // declared dead until one is heard from again.
+  bool isolated_ ABSL_GUARDED_BY(mu_) = false;
+  // When a live node's heartbeat last arrived (any node's).
+  absl::Time last_heartbeat_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Probes and rebalances (joined by the destructor).
   std::vector<std::thread> probes_ ABSL_GUARDED_BY(mu_);
   // Elasticity (issue 9): joins and drains, for the report.

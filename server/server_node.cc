@@ -1618,6 +1618,14 @@ proto::ServerStatus ServerNode::Status() const {
   s.set_replica_batches(replica_batches_);
   s.set_replica_rows_by_slot(replica_rows_by_slot_);
   s.set_replica_rows_by_key(replica_rows_by_key_);
+  absl::Time oldest = absl::InfiniteFuture();
+  for (const auto& [backup, st] : streams_) {
+    oldest = std::min(oldest, st.awaiting_since);
+  }
+  if (oldest != absl::InfiniteFuture()) {
+    s.set_replication_waiting_ms(std::max<int64_t>(
+        0, absl::ToInt64Milliseconds(clock_->Now() - oldest)));
+  }
   s.set_ranges(static_cast<int>(owned_.size()));
   for (int r : owned_) {
     if (r >= static_cast<int>(logs_.size())) break;

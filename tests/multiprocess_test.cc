@@ -1209,20 +1209,20 @@ bool Ip(const std::string& ip, const std::string& args, const fs::path& log) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-// Three network namespaces made for one test, sides 0, 1 and 2 at
-// 10.201.0.1, .2 and .3, each joined by a veth pair to a bridge in a
-// fourth: nothing else in any of them but their loopback. Nothing of the
+// Four network namespaces made for one test, sides 0 to 3 at 10.201.0.1
+// to .4, each joined by a veth pair to a bridge in a fifth: nothing else
+// in any of them but their loopback. Nothing of the
 // machine's own network is touched, and nothing is sent outside them.
 // Cut(x, y) makes a silent partition between two sides: each one's
 // neighbour entry for the other names a MAC address nobody has, so their
 // frames are dropped without an error to either sender (no refused
 // connection, no unreachable route: what a failed link or a firewall that
-// drops does), while both still reach the third side. Heal(x, y) deletes
+// drops does), while both still reach the other sides. Heal(x, y) deletes
 // those entries, and ARP finds the real ones again. Removed by the
 // destructor.
 class NetnsLab {
  public:
-  static constexpr int kSides = 3;
+  static constexpr int kSides = 4;
   static std::string Addr(int side) { return absl::StrCat("10.201.0.", side + 1); }
 
   // Empty `error()` when made; otherwise why not (not root, no `ip`, no
@@ -1311,42 +1311,66 @@ class NetnsLab {
 
   fs::path log_;
   std::string ip_, error_;
-  int made_ = 0;  // namespaces made (the first made_ of Name(0..3))
+  int made_ = 0;  // namespaces made (the first made_ of Name(0..kSides))
 };
 
 // Issue 9 (optional in its text, and what SIGSTOP does not cover): network
-// partitions while every process runs on. The scheduler, S[0] and S[2] are
-// on side 0 of a NetnsLab, S[1] on side 1, the workers on side 2. Cut at
-// the job's first progress report, healed once S[1] is failed over:
-//   * full: S[1] cut off from everyone. Its heartbeats stop arriving and
-//     the workers' pushes to it go unanswered; it is failed over. Cut off,
-//     it runs on, retrying its replication and heartbeats into the void;
-//     healed, what it sent arrives late: its batches are refused as of a
-//     stale epoch, its suspicions of its backups are not believed (it is
-//     no longer a live node), and it catches up with the view, owning no
-//     range.
-//   * partial: S[1] cut off from the workers only. The scheduler still
-//     reaches it (heartbeats, probes): the workers name it for a heartbeat
-//     timeout, and it is failed over though it answers (SchedulerCore::
-//     UnreachableFrom); without that, the job waited as long as the
-//     partition lasted.
-// Every process exits 0; only S[1] is failed over; the job ends ok with
-// exact epochs, and in BSP with the model of the same cluster run without
-// the partition, key for key. Skipped where network namespaces cannot be
-// made (not root, no iproute2, a container without CAP_SYS_ADMIN).
+// partitions while every process runs on. On a NetnsLab, S[0] and S[2] are
+// on side 0, S[1] on side 1, the workers on side 2 and the scheduler on
+// side 3. Cut at the job's first progress report:
+//   * kServerFromAll: S[1] cut off from everyone until it is failed over
+//     (its heartbeats stop arriving, the workers' pushes to it go
+//     unanswered). Cut off, it runs on, retrying its replication and
+//     heartbeats into the void; reconnected, what it sent arrives late: its
+//     batches are refused as of a stale epoch, its suspicions of its
+//     backups are not believed (it is no longer a live node), and it
+//     catches up with the view, owning no range.
+//   * kServerFromWorkers: S[1] cut off from the workers only, until it is
+//     failed over. The scheduler still reaches it (heartbeats, probes): the
+//     workers name it for a heartbeat timeout, and it is failed over
+//     though it answers (SchedulerCore::UnreachableFrom); before, the job
+//     waited as long as the partition lasted.
+//   * kScheduler: the scheduler cut off from everyone for 3 heartbeat
+//     timeouts. Every node goes silent to it at once: it declares none dead
+//     (before, it failed every server over and the job ended with
+//     DATA_LOSS though nothing had died), and the job goes on.
+// Every process exits 0; only S[1] is failed over (nobody with the
+// scheduler cut off); the job ends ok with exact epochs, and in BSP with
+// the model of the same cluster run without the partition, key for key.
+// Skipped where network namespaces cannot be made (not root, no iproute2, a
+// container without CAP_SYS_ADMIN).
+enum class Cut { kNone, kServerFromAll, kServerFromWorkers, kScheduler };
+
 class NetworkPartitionTest
     : public HandStartedTest,
-      public ::testing::WithParamInterface<std::pair<const char*, bool>> {
+      public ::testing::WithParamInterface<std::pair<const char*, Cut>> {
  protected:
+  static constexpr int kServerSide = 0, kS1Side = 1, kWorkerSide = 2,
+                       kSchedulerSide = 3;
   struct Run {
     std::string report, model_dir, s1_log, h_log;
     std::vector<Proc> procs;
   };
-  // The job on 3 servers and 2 workers; `cut`: cut S[1] off at the first
-  // progress report (from the workers only when `partial`) until it is
-  // failed over.
+  // The sides `cut` separates: pairs for NetnsLab::Cut.
+  static std::vector<std::pair<int, int>> Links(Cut cut) {
+    switch (cut) {
+      case Cut::kServerFromAll:
+        return {{kS1Side, kServerSide}, {kS1Side, kWorkerSide},
+                {kS1Side, kSchedulerSide}};
+      case Cut::kServerFromWorkers:
+        return {{kS1Side, kWorkerSide}};
+      case Cut::kScheduler:
+        return {{kSchedulerSide, kServerSide}, {kSchedulerSide, kS1Side},
+                {kSchedulerSide, kWorkerSide}};
+      case Cut::kNone:
+        break;
+    }
+    return {};
+  }
+  // The job on 3 servers and 2 workers, cut as `cut` says at the first
+  // progress report.
   Run RunJob(NetnsLab* net, const std::string& name, const std::string& yaml,
-             bool cut, bool partial) {
+             Cut cut) {
     Run r;
     dirs_.push_back(fs::path(::testing::TempDir()) /
                     absl::StrCat("ps_mp_", name, "_", ::getpid()));
@@ -1356,18 +1380,19 @@ class NetworkPartitionTest
     fs::create_directories(dir);
     const std::string config = (dir / "job.yaml").string();
     std::ofstream(config) << yaml;
-    const std::string scheduler = NetnsLab::Addr(0) + ":7000";
+    const std::string scheduler = NetnsLab::Addr(kSchedulerSide) + ":7000";
     r.report = (dir / "report.json").string();
     r.model_dir = (dir / "model").string();
     r.procs.push_back(Spawn(
         "H",
-        net->In(0, {PS_BIN_DIR "/ps_scheduler", "--config", config, "--port",
-                    "7000", "--report", r.report, "--set",
-                    absl::StrCat("output.model_dir=", r.model_dir,
-                                 ",cluster.scheduler=", scheduler)}),
+        net->In(kSchedulerSide,
+                {PS_BIN_DIR "/ps_scheduler", "--config", config, "--port",
+                 "7000", "--report", r.report, "--set",
+                 absl::StrCat("output.model_dir=", r.model_dir,
+                              ",cluster.scheduler=", scheduler)}),
         dir));
     for (int i = 0; i < 3; ++i) {
-      const int side = i == 1 ? 1 : 0;
+      const int side = i == 1 ? kS1Side : kServerSide;
       r.procs.push_back(Spawn(
           absl::StrCat("S", i),
           net->In(side, {PS_BIN_DIR "/ps_server", "--scheduler", scheduler,
@@ -1378,31 +1403,37 @@ class NetworkPartitionTest
     for (int i = 0; i < 2; ++i) {
       r.procs.push_back(Spawn(
           absl::StrCat("W", i),
-          net->In(2, {PS_BIN_DIR "/ps_worker", "--scheduler", scheduler,
-                      "--id", absl::StrCat(i)}),
+          net->In(kWorkerSide, {PS_BIN_DIR "/ps_worker", "--scheduler",
+                                scheduler, "--id", absl::StrCat(i)}),
           dir));
     }
     r.s1_log = (dir / "S1.log").string();
     r.h_log = (dir / "H.log").string();
-    if (cut) {
+    if (cut != Cut::kNone) {
       const absl::Time give_up = absl::Now() + absl::Seconds(60);
       while (!absl::StrContains(ReadFile(r.h_log), "progress: epoch") &&
              absl::Now() < give_up) {
         absl::SleepFor(absl::Milliseconds(20));
       }
-      EXPECT_TRUE(net->Cut(1, 2)) << "cannot cut S[1] off the workers";
-      if (!partial) EXPECT_TRUE(net->Cut(1, 0)) << "cannot cut S[1] off";
-      std::printf("S[1] cut off%s\n", partial ? " from the workers" : "");
-      // Healed once the scheduler has failed S[1] over (or after 30 s), so
-      // that S[1] comes back while the job still runs.
-      const absl::Time heal_by = absl::Now() + absl::Seconds(30);
-      while (!absl::StrContains(ReadFile(r.h_log), "failed over") &&
-             absl::Now() < heal_by) {
-        absl::SleepFor(absl::Milliseconds(20));
+      for (const auto& [x, y] : Links(cut)) {
+        EXPECT_TRUE(net->Cut(x, y)) << "cannot cut sides " << x << ", " << y;
       }
-      EXPECT_TRUE(net->Heal(1, 2)) << "cannot heal the link";
-      if (!partial) EXPECT_TRUE(net->Heal(1, 0)) << "cannot heal the link";
-      std::printf("S[1] reconnected\n");
+      std::printf("cut\n");
+      if (cut == Cut::kScheduler) {
+        absl::SleepFor(absl::Seconds(6));  // 3 heartbeat timeouts
+      } else {
+        // Healed once the scheduler has failed S[1] over (or after 30 s),
+        // so that S[1] comes back while the job still runs.
+        const absl::Time heal_by = absl::Now() + absl::Seconds(30);
+        while (!absl::StrContains(ReadFile(r.h_log), "failed over") &&
+               absl::Now() < heal_by) {
+          absl::SleepFor(absl::Milliseconds(20));
+        }
+      }
+      for (const auto& [x, y] : Links(cut)) {
+        EXPECT_TRUE(net->Heal(x, y)) << "cannot heal sides " << x << ", " << y;
+      }
+      std::printf("healed\n");
     }
     WaitAll(&r.procs, absl::Now() + absl::Seconds(150));
     r.report = ReadFile(r.report);
@@ -1410,7 +1441,7 @@ class NetworkPartitionTest
   }
 };
 
-TEST_P(NetworkPartitionTest, CutOffServerIsFailedOverAndRejoinsHarmlessly) {
+TEST_P(NetworkPartitionTest, JobEndsLikeOneWithoutTheCut) {
   if (!fs::exists(kTrain) || !fs::exists(kTest)) {
     GTEST_SKIP() << "a9a not found under " << kData;
   }
@@ -1420,7 +1451,7 @@ TEST_P(NetworkPartitionTest, CutOffServerIsFailedOverAndRejoinsHarmlessly) {
   NetnsLab net(dirs_.back() / "ip.log");
   if (!net.error().empty()) GTEST_SKIP() << net.error();
   const std::string mode = GetParam().first;
-  const bool partial = GetParam().second;
+  const Cut kind = GetParam().second;
   // Enough that the job outlasts the partition by seconds.
   const int epochs = 80;
   const std::string yaml = absl::StrReplaceAll(
@@ -1431,23 +1462,34 @@ TEST_P(NetworkPartitionTest, CutOffServerIsFailedOverAndRejoinsHarmlessly) {
        {"  epochs: 5\n", absl::StrCat("  epochs: ", epochs, "\n")},
        {"log_level: warn", "log_level: info\n"
                            "fault_tolerance:\n  replicas: 1"}});
-  const std::string tag = absl::StrCat(mode, partial ? "_partial" : "");
-  Run clean = RunJob(&net, "netns_clean_" + tag, yaml, false, false);
+  const std::string tag = absl::StrCat(mode, "_", static_cast<int>(kind));
+  Run clean = RunJob(&net, "netns_clean_" + tag, yaml, Cut::kNone);
   for (const Proc& p : clean.procs) ASSERT_TRUE(p.Exited0()) << p.Describe();
-  Run cut = RunJob(&net, "netns_cut_" + tag, yaml, true, partial);
+  Run cut = RunJob(&net, "netns_cut_" + tag, yaml, kind);
   for (const Proc& p : cut.procs) EXPECT_TRUE(p.Exited0()) << p.Describe();
   EXPECT_NE(cut.report.find("\"status\": \"ok\""), std::string::npos)
       << cut.report;
-  EXPECT_TRUE(HasFailover(cut.report, "S[1]")) << cut.report;
-  // Only S[1]: what it sent the scheduler while cut off (it named its
-  // silent backups as suspects) arrives late and fails no live server.
-  EXPECT_EQ(ParseReportOrEmpty(cut.report).failovers_size(), 1) << cut.report;
-  if (partial) {
-    EXPECT_NE(ReadFile(cut.h_log).find("answers the scheduler but is "
-                                       "unreachable from W[0], W[1]"),
+  const std::string h = ReadFile(cut.h_log);
+  if (kind == Cut::kScheduler) {
+    EXPECT_EQ(ParseReportOrEmpty(cut.report).failovers_size(), 0)
+        << cut.report;
+    EXPECT_NE(h.find("the scheduler is likely cut off from the cluster"),
               std::string::npos)
-        << Tail(ReadFile(cut.h_log), 4000);
+        << Tail(h, 4000);
   } else {
+    EXPECT_TRUE(HasFailover(cut.report, "S[1]")) << cut.report;
+    // Only S[1]: what it sent the scheduler while cut off (it named its
+    // silent backups as suspects) arrives late and fails no live server.
+    EXPECT_EQ(ParseReportOrEmpty(cut.report).failovers_size(), 1)
+        << cut.report;
+  }
+  if (kind == Cut::kServerFromWorkers) {
+    EXPECT_NE(h.find("answers the scheduler but is unreachable from W[0], "
+                     "W[1]"),
+              std::string::npos)
+        << Tail(h, 4000);
+  }
+  if (kind == Cut::kServerFromAll) {
     EXPECT_NE(ReadFile(cut.s1_log).find("caught up from view epoch"),
               std::string::npos)
         << Tail(ReadFile(cut.s1_log), 4000);
@@ -1467,11 +1509,19 @@ TEST_P(NetworkPartitionTest, CutOffServerIsFailedOverAndRejoinsHarmlessly) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cuts, NetworkPartitionTest,
-    ::testing::Values(std::make_pair("bsp", false), std::make_pair("asp", false),
-                      std::make_pair("bsp", true)),
+    ::testing::Values(std::make_pair("bsp", Cut::kServerFromAll),
+                      std::make_pair("asp", Cut::kServerFromAll),
+                      std::make_pair("bsp", Cut::kServerFromWorkers),
+                      std::make_pair("bsp", Cut::kScheduler)),
     [](const auto& info) {
-      return absl::StrCat(info.param.first,
-                          info.param.second ? "_FromTheWorkers" : "_FromAll");
+      const char* cut = "";
+      switch (info.param.second) {
+        case Cut::kServerFromAll: cut = "S1FromAll"; break;
+        case Cut::kServerFromWorkers: cut = "S1FromTheWorkers"; break;
+        case Cut::kScheduler: cut = "SchedulerFromAll"; break;
+        case Cut::kNone: cut = "None"; break;
+      }
+      return absl::StrCat(info.param.first, "_", cut);
     });
 
 // Issue 9: a hung server is failed over within seconds even when the

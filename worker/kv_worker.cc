@@ -108,8 +108,8 @@ std::function<void(const absl::Status&, Resp*, Extra...)> KVWorker::Tracked(
     absl::MutexLock l(&life_->mu);
     --life_->running;
   }
-  return [life = life_, server, call](const absl::Status& s, Resp* resp,
-                                      Extra... extra) {
+  return [life = life_, server, call, clock = clock_](
+             const absl::Status& s, Resp* resp, Extra... extra) {
     {
       absl::MutexLock l(&life->mu);
       if (call->fired) return;  // failed already: its server was failed over
@@ -117,6 +117,10 @@ std::function<void(const absl::Status&, Resp*, Extra...)> KVWorker::Tracked(
       auto it = life->calls.find(server);
       if (it != life->calls.end()) it->second.erase(call);
       if (!life->alive) return;  // the worker is gone: drop the reply
+      if (s.code() != absl::StatusCode::kUnavailable &&
+          s.code() != absl::StatusCode::kDeadlineExceeded) {
+        life->heard[server] = clock->Now();
+      }
       ++life->running;
     }
     call->fn(s, resp, extra...);
@@ -127,6 +131,7 @@ std::function<void(const absl::Status&, Resp*, Extra...)> KVWorker::Tracked(
 
 std::vector<int> KVWorker::SuspectSilentServers() {
   std::vector<int> suspects;
+  std::vector<absl::Duration> silences;
   const absl::Duration after = options_.suspect_after;
   if (after <= absl::ZeroDuration()) return suspects;
   const absl::Time now = clock_->Now();
@@ -134,23 +139,43 @@ std::vector<int> KVWorker::SuspectSilentServers() {
     absl::MutexLock l(&life_->mu);
     if (!life_->alive) return suspects;
     for (const auto& [server, calls] : life_->calls) {
-      const bool silent =
-          std::any_of(calls.begin(), calls.end(), [&](const auto& c) {
-            return c->watched && now - c->sent >= after;
-          });
-      if (silent && life_->suspected.Due(server, now, after)) {
-        suspects.push_back(server);
+      // A call unanswered for `after`, and nothing else answered meanwhile
+      // (on a lossy network some calls wait out their retries while others
+      // are answered: the server is reachable, and the scheduler, which
+      // fails over a server that answers it when workers go on naming it,
+      // must not hear of it).
+      auto heard = life_->heard.find(server);
+      if (heard != life_->heard.end() && now - heard->second < after) continue;
+      // How long it has answered nothing: since its last answer, or since
+      // the oldest call still waiting on it, whichever is later.
+      absl::Time waiting = absl::InfiniteFuture();
+      for (const auto& c : calls) {
+        if (c->watched) waiting = std::min(waiting, c->sent);
       }
+      if (now - waiting < after || !life_->suspected.Due(server, now, after)) {
+        continue;
+      }
+      if (heard != life_->heard.end()) {
+        waiting = std::max(waiting, heard->second);
+      }
+      suspects.push_back(server);
+      silences.push_back(now - waiting);
     }
   }
-  std::sort(suspects.begin(), suspects.end());
-  for (int server : suspects) {
-    PS_LOG_INFO("S[{}] has left a push or clock unanswered for over {}: "
-                "asking the scheduler to probe it",
-                server, absl::FormatDuration(after));
-    RefreshView(server);
+  // In id order (the map's is unspecified).
+  std::vector<size_t> order(suspects.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return suspects[a] < suspects[b]; });
+  std::vector<int> sorted;
+  for (size_t i : order) {
+    sorted.push_back(suspects[i]);
+    PS_LOG_INFO("S[{}] has answered nothing for {}: asking the scheduler to "
+                "probe it",
+                suspects[i], absl::FormatDuration(silences[i]));
+    RefreshView(suspects[i], -1, silences[i]);
   }
-  return suspects;
+  return sorted;
 }
 
 void KVWorker::FailCallsTo(const std::vector<int>& servers,
@@ -1329,7 +1354,8 @@ absl::Status KVWorker::Finish(absl::Time deadline) {
 
 // ------------------------------------------------------------ view, retry
 
-void KVWorker::RefreshView(int suspect, int64_t sent_epoch) {
+void KVWorker::RefreshView(int suspect, int64_t sent_epoch,
+                           absl::Duration silent) {
   int64_t known;
   {
     absl::MutexLock l(&mu_);
@@ -1341,7 +1367,10 @@ void KVWorker::RefreshView(int suspect, int64_t sent_epoch) {
   req.set_wait_ms(200);
   req.set_role(proto::ROLE_WORKER);
   req.set_id(options_.worker_id);
-  if (suspect >= 0) req.add_suspect_servers(suspect);
+  if (suspect >= 0) {
+    req.add_suspect_servers(suspect);
+    req.add_suspect_silent_ms(absl::ToInt64Milliseconds(silent));
+  }
   auto resp = scheduler_->GetView(req, clock_->Now() + absl::Seconds(5));
   if (!resp.ok() || !resp->ready()) return;
   std::vector<int> dead;

@@ -218,9 +218,12 @@ class KVWorker final : public ParamClient {
   // only as fast as cluster.heartbeat_timeout_ms can tell. Names to the
   // scheduler (which probes it: a status RPC of probe_timeout_ms, twice)
   // every server that has left a push or clock unanswered for
-  // options.suspect_after, at most once per suspect_after per server; a
-  // server that answers the probe is not failed over. Pulls do not count
-  // (consistency may hold them). Returns the servers named. Thread-safe;
+  // options.suspect_after and answered nothing else meanwhile (a lossy
+  // network leaves calls waiting on retries from a server that answers
+  // others), at most once per suspect_after per server. A server that
+  // answers the probe is not failed over, unless nodes go on naming it
+  // (SchedulerCore::GetView: a partition between it and them). Pulls do
+  // not count as unanswered (consistency may hold them). Returns the servers named. Thread-safe;
   // the worker runner calls it on every heartbeat.
   std::vector<int> SuspectSilentServers();
 
@@ -318,6 +321,11 @@ class KVWorker final : public ParamClient {
     absl::Status dead_why ABSL_GUARDED_BY(mu);
     // SuspectSilentServers: names each server at most once per interval.
     IntervalPerId suspected ABSL_GUARDED_BY(mu);
+    // By server id: when it last answered a call of any kind (an error
+    // from it counts; a transport's UNAVAILABLE or DEADLINE_EXCEEDED does
+    // not). A server that answers something is reachable, however many of
+    // its calls a lossy network leaves waiting on their retries.
+    absl::flat_hash_map<int, absl::Time> heard ABSL_GUARDED_BY(mu);
   };
 
   // `fn` wrapped so that it does nothing once the worker is being
@@ -440,8 +448,10 @@ class KVWorker final : public ParamClient {
   // `sent_epoch` >= 0: the epoch of the request that failed; when a newer
   // view is installed already (another request's retry fetched it), returns
   // at once: waiting for one newer still held every retry after the first
-  // for the whole 200 ms.
-  void RefreshView(int suspect = -1, int64_t sent_epoch = -1);
+  // for the whole 200 ms. `silent`: how long nothing at all came from
+  // `suspect` (SuspectSilentServers; zero: not known).
+  void RefreshView(int suspect = -1, int64_t sent_epoch = -1,
+                   absl::Duration silent = absl::ZeroDuration());
   void InstallView(const proto::ClusterView& view)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `fn` on the clock's timer thread after `delay`, unless the worker
