@@ -208,7 +208,10 @@ absl::Status SchedulerCore::ProbeServer(const std::string& address,
     auto st = options_.clients->Server(address)->GetStatus(
         options_.clock->Now() + timeout);
     if (st.ok()) {
-      *replication_waiting = absl::Milliseconds(st->replication_waiting_ms());
+      if (replication_waiting != nullptr) {
+        *replication_waiting =
+            absl::Milliseconds(st->replication_waiting_ms());
+      }
       return absl::OkStatus();
     }
     last = st.status();
@@ -259,6 +262,13 @@ void SchedulerCore::Probe(int id, std::string address) {
   probing_.erase(id);
 }
 
+void SchedulerCore::NoteViewForSilenceLocked() {
+  if (view_.epoch() == silence_epoch_) return;
+  silence_epoch_since_ =
+      silence_epoch_ < 0 ? ready_time_ : options_.clock->Now();
+  silence_epoch_ = view_.epoch();
+}
+
 std::string SchedulerCore::UnreachableFrom(
     int id, absl::Duration replication_waiting) {
   absl::MutexLock l(&mu_);
@@ -282,10 +292,7 @@ std::string SchedulerCore::UnreachableFrom(
   // Silence counts from the current view on: one that began before it may
   // be the doing of a server the view change failed over (a primary
   // waiting on its cut-off backup is silent to its workers until then).
-  if (view_.epoch() != silence_epoch_) {
-    silence_epoch_since_ = silence_epoch_ < 0 ? ready_time_ : now;
-    silence_epoch_ = view_.epoch();
-  }
+  NoteViewForSilenceLocked();
   std::vector<std::string> by;
   absl::Duration silent = absl::InfiniteDuration();
   for (const auto& [node, report] : a.by) {
@@ -594,9 +601,8 @@ absl::StatusOr<proto::GetViewResponse> SchedulerCore::GetView(
   const Node* accuser = FindLocked(req.role(), req.id());
   const bool believable =
       accuser != nullptr && accuser->info.state() == proto::NODE_ALIVE;
-  for (int i = 0; i < req.suspect_servers_size(); ++i) {
+  for (int i = 0; believable && i < req.suspect_servers_size(); ++i) {
     const int s = req.suspect_servers(i);
-    if (!believable) break;
     if (s < 0 || s >= static_cast<int>(servers_.size()) || !ready_ ||
         concluding_ || closing_ || replicas_ == 0 ||
         servers_[s].info.state() != proto::NODE_ALIVE) {
@@ -604,11 +610,7 @@ absl::StatusOr<proto::GetViewResponse> SchedulerCore::GetView(
     }
     // Who names it, having heard nothing from it for how long
     // (UnreachableFrom), probe or not.
-    if (view_.epoch() != silence_epoch_) {
-      silence_epoch_since_ =
-          silence_epoch_ < 0 ? ready_time_ : options_.clock->Now();
-      silence_epoch_ = view_.epoch();
-    }
+    NoteViewForSilenceLocked();
     if (i < req.suspect_silent_ms_size()) {
       accused_[s].by[absl::StrCat(RoleLetter(req.role()), "[", req.id(), "]")] =
           {options_.clock->Now(),
@@ -1435,8 +1437,7 @@ absl::Status SchedulerCore::BroadcastView(
         absl::MutexLock l(&mu_);
         dead = replicas_ > 0 && !closing_;
       }
-      absl::Duration waiting;
-      if (dead) dead = !ProbeServer(s.address(), &waiting).ok();
+      if (dead) dead = !ProbeServer(s.address()).ok();
       if (dead) {
         PS_LOG_WARN("S[{}] at {} could not be told view epoch {} and does not "
                     "answer its probe: failing it over",

@@ -282,12 +282,15 @@ class SchedulerCore {
   // (a primary waiting that long on a backup is silent to its workers
   // because of the backup: not failed over on their word).
   std::string UnreachableFrom(int id, absl::Duration replication_waiting);
+  // Starts silence_epoch_since_ when the view's epoch is new to it.
+  void NoteViewForSilenceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when the server at `address` answers a status call (two tries of
   // fault_tolerance.probe_timeout_ms; an error answer counts), else the
-  // last UNAVAILABLE/DEADLINE_EXCEEDED. When it answered its status,
-  // *replication_waiting is its replication_waiting_ms. Without mu_.
+  // last UNAVAILABLE/DEADLINE_EXCEEDED. When it answered its status and
+  // `replication_waiting` is given, sets it to its replication_waiting_ms.
+  // Without mu_.
   absl::Status ProbeServer(const std::string& address,
-                           absl::Duration* replication_waiting);
+                           absl::Duration* replication_waiting = nullptr);
   // ---- elasticity (issue 9)
   // Range -> its new chain (owner, then backups), planned from the current
   // routing under mu_.

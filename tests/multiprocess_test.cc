@@ -1409,12 +1409,16 @@ class NetworkPartitionTest
     }
     r.s1_log = (dir / "S1.log").string();
     r.h_log = (dir / "H.log").string();
-    if (cut != Cut::kNone) {
-      const absl::Time give_up = absl::Now() + absl::Seconds(60);
-      while (!absl::StrContains(ReadFile(r.h_log), "progress: epoch") &&
+    // Until the scheduler's log has `text`, or for at most `limit`.
+    auto wait_for = [&](absl::string_view text, absl::Duration limit) {
+      const absl::Time give_up = absl::Now() + limit;
+      while (!absl::StrContains(ReadFile(r.h_log), text) &&
              absl::Now() < give_up) {
         absl::SleepFor(absl::Milliseconds(20));
       }
+    };
+    if (cut != Cut::kNone) {
+      wait_for("progress: epoch", absl::Seconds(60));
       for (const auto& [x, y] : Links(cut)) {
         EXPECT_TRUE(net->Cut(x, y)) << "cannot cut sides " << x << ", " << y;
       }
@@ -1424,11 +1428,7 @@ class NetworkPartitionTest
       } else {
         // Healed once the scheduler has failed S[1] over (or after 30 s),
         // so that S[1] comes back while the job still runs.
-        const absl::Time heal_by = absl::Now() + absl::Seconds(30);
-        while (!absl::StrContains(ReadFile(r.h_log), "failed over") &&
-               absl::Now() < heal_by) {
-          absl::SleepFor(absl::Milliseconds(20));
-        }
+        wait_for("failed over", absl::Seconds(30));
       }
       for (const auto& [x, y] : Links(cut)) {
         EXPECT_TRUE(net->Heal(x, y)) << "cannot heal sides " << x << ", " << y;

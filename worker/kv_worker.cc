@@ -108,7 +108,10 @@ std::function<void(const absl::Status&, Resp*, Extra...)> KVWorker::Tracked(
     absl::MutexLock l(&life_->mu);
     --life_->running;
   }
-  return [life = life_, server, call, clock = clock_](
+  // The answer's time only where SuspectSilentServers reads it.
+  ps::Clock* const answer_clock =
+      options_.suspect_after > absl::ZeroDuration() ? clock_ : nullptr;
+  return [life = life_, server, call, answer_clock](
              const absl::Status& s, Resp* resp, Extra... extra) {
     {
       absl::MutexLock l(&life->mu);
@@ -117,9 +120,10 @@ std::function<void(const absl::Status&, Resp*, Extra...)> KVWorker::Tracked(
       auto it = life->calls.find(server);
       if (it != life->calls.end()) it->second.erase(call);
       if (!life->alive) return;  // the worker is gone: drop the reply
-      if (s.code() != absl::StatusCode::kUnavailable &&
+      if (answer_clock != nullptr &&
+          s.code() != absl::StatusCode::kUnavailable &&
           s.code() != absl::StatusCode::kDeadlineExceeded) {
-        life->heard[server] = clock->Now();
+        life->heard[server] = answer_clock->Now();
       }
       ++life->running;
     }
@@ -131,51 +135,41 @@ std::function<void(const absl::Status&, Resp*, Extra...)> KVWorker::Tracked(
 
 std::vector<int> KVWorker::SuspectSilentServers() {
   std::vector<int> suspects;
-  std::vector<absl::Duration> silences;
   const absl::Duration after = options_.suspect_after;
   if (after <= absl::ZeroDuration()) return suspects;
   const absl::Time now = clock_->Now();
+  // (server, how long it has answered nothing), in id order.
+  std::vector<std::pair<int, absl::Duration>> silent;
   {
     absl::MutexLock l(&life_->mu);
     if (!life_->alive) return suspects;
     for (const auto& [server, calls] : life_->calls) {
-      // A call unanswered for `after`, and nothing else answered meanwhile
-      // (on a lossy network some calls wait out their retries while others
-      // are answered: the server is reachable, and the scheduler, which
-      // fails over a server that answers it when workers go on naming it,
-      // must not hear of it).
-      auto heard = life_->heard.find(server);
-      if (heard != life_->heard.end() && now - heard->second < after) continue;
-      // How long it has answered nothing: since its last answer, or since
-      // the oldest call still waiting on it, whichever is later.
-      absl::Time waiting = absl::InfiniteFuture();
+      // Silent since the oldest push or clock still waiting on it, or since
+      // its last answer of any kind, whichever is later: on a lossy network
+      // some calls wait out their retries while others are answered, and
+      // the server is reachable (the scheduler fails over a server that
+      // answers it when workers report it silent long enough).
+      absl::Time since = absl::InfiniteFuture();
       for (const auto& c : calls) {
-        if (c->watched) waiting = std::min(waiting, c->sent);
+        if (c->watched) since = std::min(since, c->sent);
       }
-      if (now - waiting < after || !life_->suspected.Due(server, now, after)) {
-        continue;
+      if (auto heard = life_->heard.find(server); heard != life_->heard.end()) {
+        since = std::max(since, heard->second);
       }
-      if (heard != life_->heard.end()) {
-        waiting = std::max(waiting, heard->second);
+      if (now - since >= after && life_->suspected.Due(server, now, after)) {
+        silent.emplace_back(server, now - since);
       }
-      suspects.push_back(server);
-      silences.push_back(now - waiting);
     }
   }
-  // In id order (the map's is unspecified).
-  std::vector<size_t> order(suspects.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return suspects[a] < suspects[b]; });
-  std::vector<int> sorted;
-  for (size_t i : order) {
-    sorted.push_back(suspects[i]);
+  std::sort(silent.begin(), silent.end());
+  for (const auto& [server, silence] : silent) {
     PS_LOG_INFO("S[{}] has answered nothing for {}: asking the scheduler to "
                 "probe it",
-                suspects[i], absl::FormatDuration(silences[i]));
-    RefreshView(suspects[i], -1, silences[i]);
+                server, absl::FormatDuration(silence));
+    RefreshView(server, -1, silence);
+    suspects.push_back(server);
   }
-  return sorted;
+  return suspects;
 }
 
 void KVWorker::FailCallsTo(const std::vector<int>& servers,
