@@ -30,6 +30,12 @@ absl::Status RangeState::CheckWorker(int worker) const {
   return absl::OkStatus();
 }
 
+absl::Status RangeState::DeadWorker(int worker) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker ", worker, " was declared dead: its work went to the others, "
+      "and this range takes nothing new from it"));
+}
+
 absl::Status RangeState::CheckAhead(int worker, int64_t clock) const {
   const int64_t completed = workers_[worker].completed;
   if (clock > completed && clock - completed > limits_.max_clock_ahead) {
@@ -54,6 +60,7 @@ absl::Status RangeState::Accept(int worker, uint64_t seq, int64_t clock,
     *duplicate = true;  // a replay: admitted once already
     return absl::OkStatus();
   }
+  if (w.dead && !follower_) return DeadWorker(worker);
   if (clock < w.completed) {
     return absl::FailedPreconditionError(
         absl::StrCat("push for clock ", clock, " after worker ", worker,
@@ -122,6 +129,7 @@ absl::Status RangeState::Announce(int worker, int64_t clock, int64_t segments,
   Settle(worker, settled).IgnoreError();  // id checked above
   Worker& w = workers_[worker];
   if (clock < w.completed) return absl::OkStatus();  // a replay
+  if (w.dead && !follower_) return DeadWorker(worker);
   w.announced[clock] = BspAnnouncement{worker, segments, examples, settled};
   Advance(worker, actions);
   return absl::OkStatus();

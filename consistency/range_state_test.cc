@@ -247,6 +247,40 @@ TEST(RangeStateTest, BspDeadOrFinishedWorkerNoLongerHoldsClocksBack) {
   EXPECT_EQ(st.Entry(0), 2);
 }
 
+// Issue 9: a worker declared dead had its work handed to the others; if it
+// was only hung or cut off, what it sends afterwards (a zombie) must not
+// count twice. Its new segments and announcements are refused; a replay of
+// a segment admitted before the death is still answered as one; a
+// follower takes whatever its primary admitted, in the primary's order.
+TEST(RangeStateTest, DeadWorkerIsRefusedExceptReplaysAndOnFollowers) {
+  for (const bool bsp : {false, true}) {
+    SCOPED_TRACE(bsp ? "bsp" : "asp");
+    RangeState st = Make(2, bsp);
+    RangeActions a;
+    EXPECT_TRUE(Push(&st, 1, 1, 0, &a));
+    ASSERT_TRUE(st.SetDead(1, &a).ok());
+    BufferedSegment seg = Seg("z");
+    bool dup = false;
+    absl::Status s = st.Accept(1, 2, 0, &seg, &dup, &a);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("declared dead"), std::string::npos) << s;
+    EXPECT_EQ(st.Announce(1, 0, 2, 10, 0, &a).code(),
+              StatusCode::kFailedPrecondition);
+    seg = Seg("k");
+    ASSERT_TRUE(st.Accept(1, 1, 0, &seg, &dup, &a).ok());  // a replay
+    EXPECT_TRUE(dup);
+    EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+    // The live worker is unaffected.
+    EXPECT_TRUE(Push(&st, 0, 1, 0, &a));
+
+    RangeState follower = Make(2, bsp);
+    RangeActions none;
+    follower.SetFollower(true, &none);
+    ASSERT_TRUE(follower.SetDead(1, &none).ok());
+    EXPECT_TRUE(Push(&follower, 1, 1, 0, &none));
+  }
+}
+
 // Issue 9: a worker joining a running BSP job holds back the clock the
 // range is at (not one already applied), from its start clock on takes
 // part like any other, and the clocks before its start count as done.

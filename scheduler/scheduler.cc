@@ -200,7 +200,7 @@ void SchedulerCore::Close() {
 }
 
 absl::Status SchedulerCore::ProbeServer(const std::string& address,
-                                        absl::Duration* replication_waiting) {
+                                        proto::ServerStatus* status) {
   const absl::Duration timeout = absl::Milliseconds(
       options_.config.fault_tolerance.probe_timeout_ms);
   absl::Status last;
@@ -208,10 +208,7 @@ absl::Status SchedulerCore::ProbeServer(const std::string& address,
     auto st = options_.clients->Server(address)->GetStatus(
         options_.clock->Now() + timeout);
     if (st.ok()) {
-      if (replication_waiting != nullptr) {
-        *replication_waiting =
-            absl::Milliseconds(st->replication_waiting_ms());
-      }
+      if (status != nullptr) *status = *std::move(st);
       return absl::OkStatus();
     }
     last = st.status();
@@ -224,8 +221,8 @@ absl::Status SchedulerCore::ProbeServer(const std::string& address,
 }
 
 void SchedulerCore::Probe(int id, std::string address) {
-  absl::Duration replication_waiting = absl::ZeroDuration();
-  const absl::Status probe = ProbeServer(address, &replication_waiting);
+  proto::ServerStatus status;
+  const absl::Status probe = ProbeServer(address, &status);
   // A probe that timed out (the server accepts connections but answers
   // nothing: hung, or too busy) confirms a death only when the server's
   // heartbeats have stopped too: a busy server that still heartbeats is
@@ -240,16 +237,21 @@ void SchedulerCore::Probe(int id, std::string address) {
   }
   const absl::Duration fresh =
       absl::Milliseconds(3 * options_.config.cluster.heartbeat_ms);
-  std::string unreachable;  // why it is failed over though it answered
+  Unreachable unreachable;  // what its accusers' reports mean
   if (probe.ok()) {
-    unreachable = UnreachableFrom(id, replication_waiting);
+    unreachable = UnreachableFrom(id, status);
   }
-  if (probe.ok() && unreachable.empty()) {
-    PS_LOG_INFO("S[{}] answered its probe: not dead", id);
-  } else if (probe.ok()) {
+  if (probe.ok() && !unreachable.server_why.empty()) {
     PS_LOG_WARN("S[{}] answers the scheduler but is {}: failing it over", id,
-                unreachable);
-    FailoverServers({id}, unreachable);
+                unreachable.server_why);
+    FailoverServers({id}, unreachable.server_why);
+  } else if (probe.ok() && unreachable.worker >= 0) {
+    PS_LOG_WARN("S[{}] answers the scheduler; W[{}] is {}: dropping the "
+                "worker",
+                id, unreachable.worker, unreachable.worker_why);
+    DropDeadWorkers({unreachable.worker}, unreachable.worker_why);
+  } else if (probe.ok()) {
+    PS_LOG_INFO("S[{}] answered its probe: not dead", id);
   } else if (silent < fresh) {
     PS_LOG_WARN("S[{}] did not answer its probe in time ({}) but heartbeated "
                 "{} ago: busy, not failed over",
@@ -269,16 +271,19 @@ void SchedulerCore::NoteViewForSilenceLocked() {
   silence_epoch_ = view_.epoch();
 }
 
-std::string SchedulerCore::UnreachableFrom(
-    int id, absl::Duration replication_waiting) {
+SchedulerCore::Unreachable SchedulerCore::UnreachableFrom(
+    int id, const proto::ServerStatus& status) {
   absl::MutexLock l(&mu_);
+  Unreachable out;
   auto it = accused_.find(id);
-  if (it == accused_.end()) return "";
+  if (it == accused_.end()) return out;
   Accusation& a = it->second;
   const absl::Time now = options_.clock->Now();
   const absl::Duration limit =
       absl::Milliseconds(options_.config.cluster.heartbeat_timeout_ms);
   const absl::Duration recent = 3 * options_.config.cluster.SuspectAfter();
+  const absl::Duration replication_waiting =
+      absl::Milliseconds(status.replication_waiting_ms());
   // A primary that waits on a backup's answer leaves its pushes unanswered
   // as long: the silence the workers hear is the backup's (found by its
   // heartbeats, or named by this primary), not a cut between them and it.
@@ -287,44 +292,69 @@ std::string SchedulerCore::UnreachableFrom(
     PS_LOG_INFO("S[{}] has waited {} on a backup's replication answer: the "
                 "silence its workers report is that backup's",
                 id, absl::FormatDuration(replication_waiting));
-    return "";
+    return out;
   }
   // Silence counts from the current view on: one that began before it may
   // be the doing of a server the view change failed over (a primary
   // waiting on its cut-off backup is silent to its workers until then).
   NoteViewForSilenceLocked();
   std::vector<std::string> by;
+  const Accusation::Report* lone = nullptr;  // when `by` has one name
+  int named_recently = 0;  // by anyone, however short the silence
   absl::Duration silent = absl::InfiniteDuration();
   for (const auto& [node, report] : a.by) {
-    const auto& [when, heard_nothing] = report;
+    if (now - report.when > recent) continue;
+    ++named_recently;
     const absl::Duration since_view =
-        when - std::max(when - heard_nothing, silence_epoch_since_);
-    if (now - when <= recent && since_view >= limit) {
+        report.when -
+        std::max(report.when - report.silent, silence_epoch_since_);
+    if (since_view >= limit) {
       by.push_back(node);
+      lone = &report;
       silent = std::min(silent, since_view);
     }
   }
-  if (by.empty()) return "";
+  if (by.empty()) return out;
   int live_workers = 0;
   for (const Node& w : workers_) {
     live_workers += static_cast<int>(w.info.state() == proto::NODE_ALIVE);
   }
   const bool believed =
-      by.size() >= 2 || (live_workers == 1 && absl::StartsWith(by[0], "W["));
+      by.size() >= 2 ||
+      (live_workers == 1 && lone->role == proto::ROLE_WORKER);
   const std::string names = absl::StrJoin(by, ", ");
-  if (!believed) {
-    if (!a.warned) {
-      a.warned = true;
-      PS_LOG_WARN("S[{}] answers the scheduler but {} alone has heard nothing "
-                  "from it for {}: not failed over on one node's word (that "
-                  "node's own link may be what is broken)",
-                  id, names, absl::FormatDuration(silent));
-    }
-    return "";
+  if (believed) {
+    accused_.erase(it);
+    out.server_why = absl::StrCat("unreachable from ", names, " for ",
+                                  absl::FormatDuration(silent),
+                                  " (a network partition)");
+    return out;
   }
-  accused_.erase(it);
-  return absl::StrCat("unreachable from ", names, " for ",
-                      absl::FormatDuration(silent), " (a network partition)");
+  // One worker alone, for twice the timeout, while the other live workers
+  // (who had as long to say so) name it not at all: the cut is that
+  // worker's. With work units it is dropped, and its units go to the
+  // others; otherwise the job waits for the link to come back.
+  if (units_on_ && lone->role == proto::ROLE_WORKER && named_recently == 1 &&
+      silent >= 2 * limit && lone->id >= 0 &&
+      lone->id < static_cast<int>(workers_.size()) &&
+      workers_[lone->id].info.state() == proto::NODE_ALIVE) {
+    out.worker = lone->id;
+    out.worker_why = absl::StrCat(
+        "cut off from S[", id, "]: heard nothing from it for ",
+        absl::FormatDuration(silent),
+        " while it answers the scheduler and no other worker names it (a "
+        "network partition)");
+    accused_.erase(it);
+    return out;
+  }
+  if (!a.warned) {
+    a.warned = true;
+    PS_LOG_WARN("S[{}] answers the scheduler but {} alone has heard nothing "
+                "from it for {}: not failed over on one node's word (that "
+                "node's own link may be what is broken)",
+                id, names, absl::FormatDuration(silent));
+  }
+  return out;
 }
 
 void SchedulerCore::FailoverServers(const std::vector<int>& ids,
@@ -614,7 +644,8 @@ absl::StatusOr<proto::GetViewResponse> SchedulerCore::GetView(
     if (i < req.suspect_silent_ms_size()) {
       accused_[s].by[absl::StrCat(RoleLetter(req.role()), "[", req.id(), "]")] =
           {options_.clock->Now(),
-           absl::Milliseconds(std::max<int64_t>(0, req.suspect_silent_ms(i)))};
+           absl::Milliseconds(std::max<int64_t>(0, req.suspect_silent_ms(i))),
+           req.role(), req.id()};
     }
     if (probing_.contains(s)) continue;
     probing_.insert(s);
@@ -659,7 +690,9 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
       n.info.state() == proto::NODE_DEAD) {
     // Its units were handed to the others: it must not come back.
     return absl::FailedPreconditionError(absl::StrCat(
-        "W[", req.id(), "] was declared dead; its work was handed to others"));
+        "W[", req.id(), "] was declared dead",
+        n.dead_why.empty() ? "" : absl::StrCat(" (", n.dead_why, ")"),
+        "; its work was handed to others"));
   }
   n.last_seen = std::max(n.last_seen, options_.clock->Now());
   n.info.set_last_heartbeat_ms(absl::ToUnixMillis(n.last_seen));
@@ -834,7 +867,8 @@ absl::StatusOr<proto::GetWorkResponse> SchedulerCore::GetWork(
   return resp;
 }
 
-void SchedulerCore::DropDeadWorkers(const std::vector<int>& ids) {
+void SchedulerCore::DropDeadWorkers(const std::vector<int>& ids,
+                                    const std::string& why) {
   if (ids.empty()) return;
   // One view change at a time (taken before mu_), so servers see epochs in
   // order.
@@ -845,7 +879,10 @@ void SchedulerCore::DropDeadWorkers(const std::vector<int>& ids) {
   {
     absl::MutexLock l(&mu_);
     if (concluding_) return;
-    for (int id : ids) workers_[id].info.set_state(proto::NODE_DEAD);
+    for (int id : ids) {
+      workers_[id].info.set_state(proto::NODE_DEAD);
+      workers_[id].dead_why = why;
+    }
     int live = 0;
     for (const Node& n : workers_) {
       if (n.info.state() == proto::NODE_ALIVE ||
@@ -859,10 +896,9 @@ void SchedulerCore::DropDeadWorkers(const std::vector<int>& ids) {
         dead_workers_.push_back(id);
       }
       const int released = work_ != nullptr ? work_->Release(id) : 0;
-      PS_LOG_WARN("W[{}] died (no heartbeat for {} ms): {} unfinished work "
-                  "unit(s) go back to the queue; {} worker(s) left",
-                  id, options_.config.cluster.heartbeat_timeout_ms, released,
-                  live);
+      PS_LOG_WARN("W[{}] declared dead ({}): {} unfinished work unit(s) go "
+                  "back to the queue; {} worker(s) left",
+                  id, why, released, live);
       if (id == evaluator_ && HasTestSet() && !done_.contains(id)) {
         failure = absl::UnavailableError(absl::StrCat(
             "worker W[", id, "], chosen to evaluate the test set, died before "
@@ -1403,7 +1439,10 @@ void SchedulerCore::CheckHeartbeats() {
                                              options_.config.cluster
                                                  .heartbeat_timeout_ms,
                                              " ms"));
-  DropDeadWorkers(dead_workers);
+  DropDeadWorkers(dead_workers,
+                  absl::StrCat("no heartbeat for ",
+                               options_.config.cluster.heartbeat_timeout_ms,
+                               " ms"));
 }
 
 absl::Status SchedulerCore::BroadcastView(

@@ -265,6 +265,7 @@ class SchedulerCore {
   struct Node {
     proto::NodeInfo info;
     absl::Time last_seen;  // last heartbeat, or when it was told the view
+    std::string dead_why;  // a worker declared dead: why (its heartbeats')
   };
   struct WorkerResult {
     proto::WorkerDoneRequest done;
@@ -274,23 +275,30 @@ class SchedulerCore {
   // Probes server `id` (a thread of its own); fails it over when it does
   // not answer.
   void Probe(int id, std::string address);
-  // For a server that answered its probe: empty, or why it is to be failed
-  // over all the same (reported silent for heartbeat_timeout_ms, within the
-  // last 3 x SuspectAfter(), by two nodes or by the only live worker; see
-  // GetView). Takes mu_.
-  // `replication_waiting`: the probe's ServerStatus.replication_waiting_ms
-  // (a primary waiting that long on a backup is silent to its workers
-  // because of the backup: not failed over on their word).
-  std::string UnreachableFrom(int id, absl::Duration replication_waiting);
+  // For a server that answered its probe: what its accusers' reports mean.
+  // `server_why` non-empty: it is to be failed over all the same (reported
+  // silent for heartbeat_timeout_ms, within the last 3 x SuspectAfter(), by
+  // two nodes or by the only live worker; see GetView). `worker` >= 0: one
+  // worker alone has heard nothing from it for twice that, while the other
+  // live workers name it not at all: that worker is the one cut off, and
+  // is dropped (work units on) for `worker_why`. Takes mu_.
+  // `status`: the probe's answer. Its replication_waiting_ms: a primary
+  // waiting that long on a backup is silent to its workers because of the
+  // backup (not failed over on their word).
+  struct Unreachable {
+    std::string server_why;
+    int worker = -1;
+    std::string worker_why;
+  };
+  Unreachable UnreachableFrom(int id, const proto::ServerStatus& status);
   // Starts silence_epoch_since_ when the view's epoch is new to it.
   void NoteViewForSilenceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when the server at `address` answers a status call (two tries of
   // fault_tolerance.probe_timeout_ms; an error answer counts), else the
   // last UNAVAILABLE/DEADLINE_EXCEEDED. When it answered its status and
-  // `replication_waiting` is given, sets it to its replication_waiting_ms.
-  // Without mu_.
+  // `status` is given, sets it to that status. Without mu_.
   absl::Status ProbeServer(const std::string& address,
-                           absl::Duration* replication_waiting = nullptr);
+                           proto::ServerStatus* status = nullptr);
   // ---- elasticity (issue 9)
   // Range -> its new chain (owner, then backups), planned from the current
   // routing under mu_.
@@ -359,8 +367,9 @@ class SchedulerCore {
   void Finalize();
   // ---- work units and worker failure (issue 9)
   // Marks `ids` NODE_DEAD, hands their units back, and tells the servers
-  // (a new view); fails the job when no worker is left. Without mu_.
-  void DropDeadWorkers(const std::vector<int>& ids);
+  // (a new view); fails the job when no worker is left. `why`: for the log
+  // and for the dropped worker's heartbeats. Without mu_.
+  void DropDeadWorkers(const std::vector<int>& ids, const std::string& why);
   // Whether every worker that is not dead has reported WorkerDone; sets
   // finalizing_ (the caller then calls Finalize) the first time it is.
   bool StartFinalizingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -435,7 +444,13 @@ class SchedulerCore {
   // ("W[0]"), when it last named it and how long it had then heard nothing
   // from it. See UnreachableFrom.
   struct Accusation {
-    std::map<std::string, std::pair<absl::Time, absl::Duration>> by;
+    struct Report {
+      absl::Time when;
+      absl::Duration silent;
+      proto::Role role;
+      int id;
+    };
+    std::map<std::string, Report> by;
     bool warned = false;  // logged that one node alone names it
   };
   std::map<int, Accusation> accused_ ABSL_GUARDED_BY(mu_);

@@ -950,6 +950,75 @@ INSTANTIATE_TEST_SUITE_P(
       return "";
     });
 
+// Issue 9, a worker cut off from one server: W[0] alone names S[1], which
+// answers the scheduler, reporting twice heartbeat_timeout_ms of silence
+// (10 s here) while W[1] names it not at all: the cut is W[0]'s. It is
+// dropped (work units: its units go to W[1]) instead of the job waiting as
+// long as the cut lasts, and its heartbeats are refused saying why. When
+// W[1] names S[1] too, however briefly silent, the lone-worker rule does
+// not apply: the server may be the one in trouble.
+class WorkerCutOffTest : public SchedulerCoreTest,
+                         public ::testing::WithParamInterface<bool> {};
+
+TEST_P(WorkerCutOffTest, WorkerAloneCutOffFromAServerIsDropped) {
+  const bool other_names_it = GetParam();
+  Start();
+  RegisterAll();
+  auto name = [&](int worker, int64_t silent_ms) {
+    proto::GetViewRequest gv;
+    gv.set_known_epoch(1);
+    gv.set_wait_ms(0);
+    gv.set_role(proto::ROLE_WORKER);
+    gv.set_id(worker);
+    gv.add_suspect_servers(1);
+    gv.add_suspect_silent_ms(silent_ms);
+    return core_->GetView(gv, absl::Now() + absl::Seconds(10));
+  };
+  int probes = 0;
+  for (int second = 2; second <= 12; second += 2) {
+    clock_.Advance(absl::Seconds(2));  // the cluster was ready at second 0
+    BeatAll();
+    ++probes;
+    // Each probe runs on a thread of its own: named again until a new one
+    // has run (and, once the silence is long enough, the view changed).
+    for (int i = 0;
+         i < 2000 && (clients_.server(Addr(1))->status_calls() < probes ||
+                      (!other_names_it && second >= 10 &&
+                       core_->Status()->view().epoch() == 1));
+         ++i) {
+      ASSERT_TRUE(name(0, 1000 * second).ok());
+      if (other_names_it) ASSERT_TRUE(name(1, 600).ok());
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    probes = clients_.server(Addr(1))->status_calls();
+    const proto::ClusterView v = core_->Status()->view();
+    if (second < 10 || other_names_it) {
+      ASSERT_EQ(v.epoch(), 1) << "second " << second;
+      continue;
+    }
+    EXPECT_EQ(v.epoch(), 2);
+    EXPECT_EQ(v.workers(0).state(), proto::NODE_DEAD);
+    EXPECT_EQ(v.workers(1).state(), proto::NODE_ALIVE);
+    EXPECT_EQ(v.routing().servers(1).state(), proto::NODE_ALIVE);
+    auto hb = Beat(proto::ROLE_WORKER, 0);
+    EXPECT_EQ(hb.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(hb.status().message().find("cut off from S[1]"),
+              std::string::npos)
+        << hb.status();
+    break;
+  }
+  const proto::ClusterView v = core_->Status()->view();
+  EXPECT_EQ(v.workers(0).state(),
+            other_names_it ? proto::NODE_ALIVE : proto::NODE_DEAD);
+  EXPECT_EQ(v.routing().servers(1).state(), proto::NODE_ALIVE);
+}
+
+INSTANTIATE_TEST_SUITE_P(Others, WorkerCutOffTest, ::testing::Bool(),
+                         [](const auto& info) {
+                           return info.param ? "OtherWorkerNamesItToo"
+                                             : "NoOtherWorkerNamesIt";
+                         });
+
 // Issue 9: a probe that times out confirms a death only once the server's
 // heartbeats have stopped too (3 heartbeat periods): a busy server that
 // still heartbeats is not failed over on one slow answer; a hung one is.

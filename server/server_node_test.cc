@@ -1069,6 +1069,32 @@ TEST_F(ServerNodeTest, NewViewWithDeadWorkerReleasesBsp) {
   EXPECT_TRUE(IsStaleEpoch(PushNow(&node_, MakePush(0, 2, 1, {4}, {1}, 1))));
 }
 
+// Issue 9: a worker declared dead had its work units handed to the others;
+// if it was only hung or cut off, what it sends at the new epoch (having
+// caught up with the view) must not be applied on top of their redoing.
+// Its pushes are refused (FAILED_PRECONDITION, not a stale epoch it would
+// resend on); a replay of one applied before is still a duplicate; the
+// live worker is unaffected.
+TEST_F(ServerNodeTest, PushesOfADeadWorkerAreRefused) {
+  Configure(1, 2, proto::MODE_ASP);
+  ASSERT_TRUE(PushNow(&node_, MakePush(1, 1, 0, {4}, {2}, 1)).ok());
+  proto::ClusterView v = MakeView(1, 2, proto::MODE_ASP, 0, /*epoch=*/2);
+  v.mutable_workers(1)->set_state(proto::NODE_DEAD);
+  ASSERT_TRUE(node_.Configure(0, v).ok());
+  absl::Status s = PushNow(&node_, MakePush(1, 2, 0, {4}, {5}, 1, 2));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_FALSE(IsStaleEpoch(s));
+  EXPECT_NE(s.message().find("declared dead"), std::string::npos) << s;
+  proto::PushResponse r;
+  ASSERT_TRUE(PushNow(&node_, MakePush(1, 1, 0, {4}, {2}, 1, 2), &r).ok());
+  EXPECT_TRUE(r.duplicate());
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {4}, {1}, 1, 2)).ok());
+  // Only the dead worker's first push and the live one's are in the value.
+  auto p = StartPull(&node_, 0, 0, {4}, 60000, /*epoch=*/2);
+  ASSERT_TRUE(p->done() && p->status.ok()) << p->status;
+  EXPECT_EQ(p->values(), std::vector<float>{-3.0f});
+}
+
 // Bug (server_node.cc, Configure): a newer view's consistency section is
 // ignored, although the header says a later Configure "replaces routing and
 // consistency settings". Enable once Configure applies it.

@@ -1059,6 +1059,37 @@ TEST_F(MultiProcessTest, JobGoesOnWithoutAHungWorker) {
       << r.report;
 }
 
+// Issue 9: a worker that hangs past the heartbeat timeout is declared dead
+// and its work units go to the other; here it is resumed (SIGCONT) while
+// the job still runs: a zombie. Before, what it had in flight went to the
+// servers again at the new view epoch and was applied on top of its units'
+// redoing. Now its first call is refused (a stale epoch, then the new view
+// marks it dead): it fences itself (KVWorker::Fence), the servers would
+// refuse its pushes anyway, and it exits non-zero saying it was declared
+// dead. The job ends ok with exact epochs.
+TEST_F(MultiProcessTest, HungWorkerThatComesBackIsFenced) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("ps_mp_zombieW1_", ::getpid());
+  dirs_.push_back(dir);
+  LaunchResult r = RunLaunch(
+      dir, A9aYaml("asp", 2),
+      {"training.epochs=80", "cluster.heartbeat_ms=300",
+       "cluster.heartbeat_timeout_ms=2000"},
+      "--pause W1@e1:4");
+  ASSERT_LAUNCHED(r);
+  const size_t resumed = r.log.find("chaos: resumed W[1]");
+  ASSERT_NE(resumed, std::string::npos) << Tail(r.log, 4000);
+  // Told by the view of the running job (the scheduler is gone after it).
+  EXPECT_NE(r.log.find("W[1] was declared dead at view epoch", resumed),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report;
+  EXPECT_TRUE(A9aEpochs(r.report, 80)) << r.report;
+  EXPECT_THAT(ParseReportOrEmpty(r.report).dead_workers(), ElementsAre(1))
+      << r.report;
+}
+
 // Issue 9: SIGKILL one of three servers (one replica) during sparse LR on
 // a9a. The scheduler fails it over to the backups of its ranges and the job
 // ends ok with the same example count and, within 0.002, the AUC of a
@@ -1209,8 +1240,8 @@ bool Ip(const std::string& ip, const std::string& args, const fs::path& log) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-// Four network namespaces made for one test, sides 0 to 3 at 10.201.0.1
-// to .4, each joined by a veth pair to a bridge in a fifth: nothing else
+// Five network namespaces made for one test, sides 0 to 4 at 10.201.0.1
+// to .5, each joined by a veth pair to a bridge in a sixth: nothing else
 // in any of them but their loopback. Nothing of the
 // machine's own network is touched, and nothing is sent outside them.
 // Cut(x, y) makes a silent partition between two sides: each one's
@@ -1222,7 +1253,7 @@ bool Ip(const std::string& ip, const std::string& args, const fs::path& log) {
 // destructor.
 class NetnsLab {
  public:
-  static constexpr int kSides = 4;
+  static constexpr int kSides = 5;
   static std::string Addr(int side) { return absl::StrCat("10.201.0.", side + 1); }
 
   // Empty `error()` when made; otherwise why not (not root, no `ip`, no
@@ -1316,8 +1347,8 @@ class NetnsLab {
 
 // Issue 9 (optional in its text, and what SIGSTOP does not cover): network
 // partitions while every process runs on. On a NetnsLab, S[0] and S[2] are
-// on side 0, S[1] on side 1, the workers on side 2 and the scheduler on
-// side 3. Cut at the job's first progress report:
+// on side 0, S[1] on side 1, W[0] on side 2, the scheduler on side 3 and
+// W[1] on side 4. Cut at the job's first progress report:
 //   * kServerFromAll: S[1] cut off from everyone until it is failed over
 //     (its heartbeats stop arriving, the workers' pushes to it go
 //     unanswered). Cut off, it runs on, retrying its replication and
@@ -1334,19 +1365,35 @@ class NetnsLab {
 //     timeouts. Every node goes silent to it at once: it declares none dead
 //     (before, it failed every server over and the job ended with
 //     DATA_LOSS though nothing had died), and the job goes on.
-// Every process exits 0; only S[1] is failed over (nobody with the
-// scheduler cut off); the job ends ok with exact epochs, and in BSP with
-// the model of the same cluster run without the partition, key for key.
+//   * kWorkerFromServer: W[1] cut off from S[1] only, until it is dropped.
+//     W[0] and the scheduler reach S[1], and W[1] reaches everyone else:
+//     W[1] alone names S[1], for twice the heartbeat timeout, and is
+//     dropped (its work units go to W[0]); before, the job waited as long
+//     as the partition lasted. Told it was declared dead, W[1] stops and
+//     exits non-zero, saying so; the servers refuse what it sends. In BSP
+//     W[0] hears nothing from S[1] either (its pushes there wait for the
+//     clock's sum, which lacks W[1]'s part), but S[1] answers its status
+//     asks (KVWorker::PingSilentServers), so W[0] does not name it.
+// Every other process exits 0; only S[1] is failed over (nobody with the
+// scheduler or W[1] cut off); the job ends ok with exact epochs, and in BSP
+// with the model of the same cluster run without the partition, key for
+// key (unless W[1] was dropped: its units then went to W[0]).
 // Skipped where network namespaces cannot be made (not root, no iproute2, a
 // container without CAP_SYS_ADMIN).
-enum class Cut { kNone, kServerFromAll, kServerFromWorkers, kScheduler };
+enum class Cut {
+  kNone,
+  kServerFromAll,
+  kServerFromWorkers,
+  kScheduler,
+  kWorkerFromServer
+};
 
 class NetworkPartitionTest
     : public HandStartedTest,
       public ::testing::WithParamInterface<std::pair<const char*, Cut>> {
  protected:
-  static constexpr int kServerSide = 0, kS1Side = 1, kWorkerSide = 2,
-                       kSchedulerSide = 3;
+  static constexpr int kServerSide = 0, kS1Side = 1, kW0Side = 2,
+                       kSchedulerSide = 3, kW1Side = 4;
   struct Run {
     std::string report, model_dir, s1_log, h_log;
     std::vector<Proc> procs;
@@ -1355,13 +1402,19 @@ class NetworkPartitionTest
   static std::vector<std::pair<int, int>> Links(Cut cut) {
     switch (cut) {
       case Cut::kServerFromAll:
-        return {{kS1Side, kServerSide}, {kS1Side, kWorkerSide},
+        return {{kS1Side, kServerSide},
+                {kS1Side, kW0Side},
+                {kS1Side, kW1Side},
                 {kS1Side, kSchedulerSide}};
       case Cut::kServerFromWorkers:
-        return {{kS1Side, kWorkerSide}};
+        return {{kS1Side, kW0Side}, {kS1Side, kW1Side}};
       case Cut::kScheduler:
-        return {{kSchedulerSide, kServerSide}, {kSchedulerSide, kS1Side},
-                {kSchedulerSide, kWorkerSide}};
+        return {{kSchedulerSide, kServerSide},
+                {kSchedulerSide, kS1Side},
+                {kSchedulerSide, kW0Side},
+                {kSchedulerSide, kW1Side}};
+      case Cut::kWorkerFromServer:
+        return {{kW1Side, kS1Side}};
       case Cut::kNone:
         break;
     }
@@ -1403,8 +1456,9 @@ class NetworkPartitionTest
     for (int i = 0; i < 2; ++i) {
       r.procs.push_back(Spawn(
           absl::StrCat("W", i),
-          net->In(kWorkerSide, {PS_BIN_DIR "/ps_worker", "--scheduler",
-                                scheduler, "--id", absl::StrCat(i)}),
+          net->In(i == 0 ? kW0Side : kW1Side,
+                  {PS_BIN_DIR "/ps_worker", "--scheduler", scheduler, "--id",
+                   absl::StrCat(i)}),
           dir));
     }
     r.s1_log = (dir / "S1.log").string();
@@ -1425,6 +1479,8 @@ class NetworkPartitionTest
       std::printf("cut\n");
       if (cut == Cut::kScheduler) {
         absl::SleepFor(absl::Seconds(6));  // 3 heartbeat timeouts
+      } else if (cut == Cut::kWorkerFromServer) {
+        wait_for("dropping the worker", absl::Seconds(30));
       } else {
         // Healed once the scheduler has failed S[1] over (or after 30 s),
         // so that S[1] comes back while the job still runs.
@@ -1466,11 +1522,28 @@ TEST_P(NetworkPartitionTest, JobEndsLikeOneWithoutTheCut) {
   Run clean = RunJob(&net, "netns_clean_" + tag, yaml, Cut::kNone);
   for (const Proc& p : clean.procs) ASSERT_TRUE(p.Exited0()) << p.Describe();
   Run cut = RunJob(&net, "netns_cut_" + tag, yaml, kind);
-  for (const Proc& p : cut.procs) EXPECT_TRUE(p.Exited0()) << p.Describe();
+  const bool dropped = kind == Cut::kWorkerFromServer;
+  for (const Proc& p : cut.procs) {
+    if (dropped && p.name == "W1") {
+      EXPECT_FALSE(p.Exited0()) << p.Describe();
+      EXPECT_NE(ReadFile(p.log).find("W[1] was declared dead"),
+                std::string::npos)
+          << p.Describe();
+      continue;
+    }
+    EXPECT_TRUE(p.Exited0()) << p.Describe();
+  }
   EXPECT_NE(cut.report.find("\"status\": \"ok\""), std::string::npos)
       << cut.report;
   const std::string h = ReadFile(cut.h_log);
-  if (kind == Cut::kScheduler) {
+  if (dropped) {
+    EXPECT_EQ(ParseReportOrEmpty(cut.report).failovers_size(), 0)
+        << cut.report;
+    EXPECT_THAT(ParseReportOrEmpty(cut.report).dead_workers(), ElementsAre(1))
+        << cut.report;
+    EXPECT_NE(h.find("W[1] is cut off from S[1]"), std::string::npos)
+        << Tail(h, 4000);
+  } else if (kind == Cut::kScheduler) {
     EXPECT_EQ(ParseReportOrEmpty(cut.report).failovers_size(), 0)
         << cut.report;
     EXPECT_NE(h.find("the scheduler is likely cut off from the cluster"),
@@ -1499,7 +1572,7 @@ TEST_P(NetworkPartitionTest, JobEndsLikeOneWithoutTheCut) {
   absl::StatusOr<double> clean_auc = JsonNumber(clean.report, "test_auc");
   ASSERT_TRUE(auc.ok() && clean_auc.ok()) << cut.report << clean.report;
   EXPECT_NEAR(*auc, *clean_auc, 0.002);
-  if (mode == "bsp") {
+  if (mode == "bsp" && !dropped) {
     const std::vector<std::string> want = ModelLines(clean.model_dir);
     ASSERT_FALSE(want.empty());
     EXPECT_TRUE(ModelLines(cut.model_dir) == want)
@@ -1512,17 +1585,55 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_pair("bsp", Cut::kServerFromAll),
                       std::make_pair("asp", Cut::kServerFromAll),
                       std::make_pair("bsp", Cut::kServerFromWorkers),
-                      std::make_pair("bsp", Cut::kScheduler)),
+                      std::make_pair("bsp", Cut::kScheduler),
+                      std::make_pair("asp", Cut::kWorkerFromServer),
+                      std::make_pair("bsp", Cut::kWorkerFromServer)),
     [](const auto& info) {
       const char* cut = "";
       switch (info.param.second) {
         case Cut::kServerFromAll: cut = "S1FromAll"; break;
         case Cut::kServerFromWorkers: cut = "S1FromTheWorkers"; break;
         case Cut::kScheduler: cut = "SchedulerFromAll"; break;
+        case Cut::kWorkerFromServer: cut = "W1FromS1"; break;
         case Cut::kNone: cut = "None"; break;
       }
       return absl::StrCat(info.param.first, "_", cut);
     });
+
+// Issue 9: in BSP with a replica a worker's pushes are answered once its
+// clock's sum is complete, so while a straggler computes, the workers ahead
+// of it hear nothing from any server. Here W[0] is 150 times slower: its
+// minibatches take seconds, past the suspicion threshold (2 s) and the
+// heartbeat timeout (1 s). The others named every server, with a second
+// and more of silence, and the scheduler took that for a partition: it
+// failed all three servers over, one after the other, and the job failed
+// ("range 0: its owner S[2] and every backup with a complete copy are
+// dead"). Now a worker asks a server silent for half the threshold for
+// its status (KVWorker::PingSilentServers); answering, it is not named: no
+// server is failed over and the job ends ok.
+TEST_F(MultiProcessTest, BspStragglerGetsNoServerFailedOver) {
+  const std::vector<std::string> sets = {
+      "cluster.num_servers=3",         "cluster.num_workers=3",
+      "fault_tolerance.replicas=1",    "cluster.heartbeat_ms=100",
+      "cluster.heartbeat_timeout_ms=1000", "training.minibatch=4000",
+      "training.epochs=1",             "training.straggler_factor=150",
+      "output.log_level=info"};
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_straggler_", ::getpid()));
+  LaunchResult r = RunLaunch(dirs_.back(), A9aYaml("bsp", 0), sets);
+  ASSERT_LAUNCHED(r);
+  // The stalls were long enough to have the servers named without the
+  // status asks.
+  EXPECT_NE(r.log.find("answers its status: it is waiting"),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_EQ(r.log.find("suspected by W["), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report;
+  EXPECT_EQ(ParseReportOrEmpty(r.report).failovers_size(), 0) << r.report;
+  EXPECT_TRUE(A9aEpochs(r.report, 1)) << r.report;
+}
 
 // Issue 9: a hung server is failed over within seconds even when the
 // heartbeat timeout is longer than the whole job: the pushes it leaves

@@ -80,7 +80,20 @@ absl::StatusOr<proto::ServerControlResponse> FakeServerClient::Control(
 }
 
 absl::StatusOr<proto::ServerStatus> FakeServerClient::GetStatus(absl::Time) {
+  absl::MutexLock l(&mu_);
+  ++status_calls_;
+  if (!status_error_.ok()) return status_error_;
   return proto::ServerStatus();
+}
+
+void FakeServerClient::set_status_error(absl::Status s) {
+  absl::MutexLock l(&mu_);
+  status_error_ = std::move(s);
+}
+
+int64_t FakeServerClient::status_calls() const {
+  absl::MutexLock l(&mu_);
+  return status_calls_;
 }
 
 std::optional<HeldPush> FakeServerClient::NextPush() {

@@ -98,9 +98,15 @@ class FakeServerClient : public ServerClient {
       std::function<absl::StatusOr<proto::ServerControlResponse>(
           const proto::ServerControlRequest&)>
           fn);
+  // Every later GetStatus answers `s` when it is an error (default: an
+  // empty status); counted.
+  void set_status_error(absl::Status s);
+  int64_t status_calls() const;
 
  private:
   mutable absl::Mutex mu_;
+  absl::Status status_error_ ABSL_GUARDED_BY(mu_);
+  int64_t status_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<HeldPush> pushes_ ABSL_GUARDED_BY(mu_);
   std::deque<HeldPull> pulls_ ABSL_GUARDED_BY(mu_);
   std::deque<HeldClock> clocks_ ABSL_GUARDED_BY(mu_);

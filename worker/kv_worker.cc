@@ -133,6 +133,79 @@ std::function<void(const absl::Status&, Resp*, Extra...)> KVWorker::Tracked(
   };
 }
 
+std::vector<int> KVWorker::PingSilentServers(absl::Duration timeout) {
+  std::vector<int> answered;
+  const absl::Duration after = options_.suspect_after / 2;
+  if (after <= absl::ZeroDuration()) return answered;
+  const absl::Time now = clock_->Now();
+  // (server, since when its oldest push or clock waits), in id order.
+  std::vector<std::pair<int, absl::Time>> silent;
+  {
+    absl::MutexLock l(&life_->mu);
+    if (!life_->alive) return answered;
+    for (const auto& [server, calls] : life_->calls) {
+      if (SilentSinceLocked(server, calls) <= now - after) {
+        absl::Time waiting = absl::InfiniteFuture();
+        for (const auto& c : calls) {
+          if (c->watched) waiting = std::min(waiting, c->sent);
+        }
+        silent.emplace_back(server, waiting);
+      }
+    }
+  }
+  std::sort(silent.begin(), silent.end());
+  for (const auto& [server, waiting] : silent) {
+    std::shared_ptr<ServerClient> client;
+    {
+      absl::MutexLock l(&mu_);
+      if (closing_ || !fence_.ok()) return answered;
+      if (server < static_cast<int>(servers_.size())) client = servers_[server];
+    }
+    if (client == nullptr) continue;
+    const absl::Status st = client->GetStatus(clock_->Now() + timeout).status();
+    if (st.code() == absl::StatusCode::kUnavailable ||
+        st.code() == absl::StatusCode::kDeadlineExceeded) {
+      continue;  // not reached: silent it stays
+    }
+    const absl::Time at = clock_->Now();
+    bool tell = false;
+    {
+      absl::MutexLock l(&life_->mu);
+      absl::Time& heard = life_->heard[server];
+      heard = std::max(heard, at);
+      // Named it would have been, without the ask (once per suspect_after).
+      tell = at - waiting >= options_.suspect_after &&
+             life_->pinged.Due(server, at, options_.suspect_after);
+    }
+    if (tell) {
+      PS_LOG_INFO("S[{}] has left a push or clock unanswered for {} but "
+                  "answers its status: it is waiting (on a straggler's "
+                  "clock?), not cut off; not named a suspect",
+                  server, absl::FormatDuration(at - waiting));
+    }
+    answered.push_back(server);
+  }
+  return answered;
+}
+
+absl::Time KVWorker::SilentSinceLocked(
+    int server,
+    const absl::flat_hash_set<std::shared_ptr<InFlightCall>>& calls) const {
+  // Silent since the oldest push or clock still waiting on it, or since its
+  // last answer of any kind, whichever is later: on a lossy network some
+  // calls wait out their retries while others are answered, and the server
+  // is reachable (the scheduler fails over a server that answers it when
+  // workers report it silent long enough).
+  absl::Time since = absl::InfiniteFuture();
+  for (const auto& c : calls) {
+    if (c->watched) since = std::min(since, c->sent);
+  }
+  if (auto heard = life_->heard.find(server); heard != life_->heard.end()) {
+    since = std::max(since, heard->second);
+  }
+  return since;
+}
+
 std::vector<int> KVWorker::SuspectSilentServers() {
   std::vector<int> suspects;
   const absl::Duration after = options_.suspect_after;
@@ -144,18 +217,7 @@ std::vector<int> KVWorker::SuspectSilentServers() {
     absl::MutexLock l(&life_->mu);
     if (!life_->alive) return suspects;
     for (const auto& [server, calls] : life_->calls) {
-      // Silent since the oldest push or clock still waiting on it, or since
-      // its last answer of any kind, whichever is later: on a lossy network
-      // some calls wait out their retries while others are answered, and
-      // the server is reachable (the scheduler fails over a server that
-      // answers it when workers report it silent long enough).
-      absl::Time since = absl::InfiniteFuture();
-      for (const auto& c : calls) {
-        if (c->watched) since = std::min(since, c->sent);
-      }
-      if (auto heard = life_->heard.find(server); heard != life_->heard.end()) {
-        since = std::max(since, heard->second);
-      }
+      const absl::Time since = SilentSinceLocked(server, calls);
       if (now - since >= after && life_->suspected.Due(server, now, after)) {
         silent.emplace_back(server, now - since);
       }
@@ -191,7 +253,7 @@ void KVWorker::FailCallsTo(const std::vector<int>& servers,
     }
     life_->running += static_cast<int>(calls.size());
   }
-  if (!calls.empty()) {
+  if (!calls.empty() && IsStaleEpoch(why)) {
     PS_LOG_WARN("{} call(s) in flight to failed-over server(s) {} go to the "
                 "new owners",
                 calls.size(), absl::StrJoin(servers, ", "));
@@ -844,11 +906,17 @@ void KVWorker::ListLost(int server, uint64_t id) {
 
 void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
   std::shared_ptr<ServerClient> client;
+  absl::Status fenced;
   {
     absl::MutexLock l(&mu_);
+    fenced = fence_;
     if (slice->server < static_cast<int>(servers_.size())) {
       client = servers_[slice->server];
     }
+  }
+  if (!fenced.ok()) {
+    OnPushReply(slice, attempt, fenced);
+    return;
   }
   if (client == nullptr) {
     OnPushReply(slice, attempt,
@@ -1021,11 +1089,17 @@ void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
 
 void KVWorker::SendPull(std::shared_ptr<PullSlice> slice, int attempt) {
   std::shared_ptr<ServerClient> client;
+  absl::Status fenced;
   {
     absl::MutexLock l(&mu_);
+    fenced = fence_;
     if (slice->server < static_cast<int>(servers_.size())) {
       client = servers_[slice->server];
     }
+  }
+  if (!fenced.ok()) {
+    OnPullReply(slice, attempt, fenced, nullptr, {});
+    return;
   }
   if (client == nullptr) {
     OnPullReply(slice, attempt,
@@ -1235,6 +1309,15 @@ void KVWorker::SendClockRanges(const proto::ClockRequest& all, int64_t ts,
 void KVWorker::SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
                            std::shared_ptr<ServerClient> client, int64_t ts,
                            int server, int attempt) {
+  absl::Status fenced;
+  {
+    absl::MutexLock l(&mu_);
+    fenced = fence_;
+  }
+  if (!fenced.ok()) {
+    PartDone(ts, fenced);
+    return;
+  }
   client->Clock(
       req, clock_->Now() + options_.request_timeout,
       Tracked<proto::ClockResponse>(server, [this, req, client, ts, server,
@@ -1367,6 +1450,16 @@ void KVWorker::RefreshView(int suspect, int64_t sent_epoch,
   }
   auto resp = scheduler_->GetView(req, clock_->Now() + absl::Seconds(5));
   if (!resp.ok() || !resp->ready()) return;
+  for (const proto::NodeInfo& w : resp->view().workers()) {
+    if (w.id() == options_.worker_id && w.state() == proto::NODE_DEAD) {
+      Fence(absl::FailedPreconditionError(absl::StrCat(
+          "W[", w.id(), "] was declared dead at view epoch ",
+          resp->view().epoch(),
+          ": its work went to the other workers, and the servers take "
+          "nothing more from it")));
+      return;
+    }
+  }
   std::vector<int> dead;
   {
     absl::MutexLock l(&mu_);
@@ -1388,6 +1481,21 @@ void KVWorker::RefreshView(int suspect, int64_t sent_epoch,
                                        "over at view epoch ",
                                        resp->view().epoch())));
   }
+}
+
+void KVWorker::Fence(const absl::Status& why) {
+  std::vector<int> servers;
+  {
+    absl::MutexLock l(&mu_);
+    if (!fence_.ok()) return;
+    fence_ = why;
+    if (sticky_.ok()) sticky_ = why;
+    for (int i = 0; i < static_cast<int>(servers_.size()); ++i) {
+      servers.push_back(i);
+    }
+  }
+  PS_LOG_ERROR("{}", std::string(why.message()));
+  FailCallsTo(servers, why);
 }
 
 void KVWorker::OnSchedulerEpoch(int64_t epoch) {

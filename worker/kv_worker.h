@@ -214,6 +214,15 @@ class KVWorker final : public ParamClient {
   // and its calls would otherwise wait for their deadline. Thread-safe.
   void OnSchedulerEpoch(int64_t epoch);
 
+  // Issue 9: the scheduler declared this worker dead (its heartbeats
+  // refused with `why`, or a view that marks it NODE_DEAD: it hung past the
+  // heartbeat timeout, or was cut off from a server the others reach). Its
+  // work units went to the others and the servers take nothing new from
+  // it: every operation in flight and every later one fails with `why`
+  // (the sticky error), so the trainer stops instead of retrying into the
+  // void. Thread-safe; idempotent.
+  void Fence(const absl::Status& why);
+
   // Issue 9: a server that hangs answers nothing, and its heartbeats stop
   // only as fast as cluster.heartbeat_timeout_ms can tell. Names to the
   // scheduler (which probes it: a status RPC of probe_timeout_ms, twice)
@@ -226,6 +235,18 @@ class KVWorker final : public ParamClient {
   // not count as unanswered (consistency may hold them). Returns the servers named. Thread-safe;
   // the worker runner calls it on every heartbeat.
   std::vector<int> SuspectSilentServers();
+
+  // Issue 9: a server can be reachable and still answer nothing for long:
+  // in BSP a push or clock is answered once its clock's sum is complete,
+  // so the workers ahead of a straggler hear nothing from any server until
+  // it catches up. Asks every server silent (as SuspectSilentServers counts
+  // it) for half of options.suspect_after for its status, waiting at most
+  // `timeout`; one that answers counts as heard from, so a worker names
+  // only servers it cannot reach (before, two workers waiting on a
+  // straggler had every server failed over). Blocks: the worker runner
+  // calls it every heartbeat on a thread of its own. Returns the servers
+  // that answered.
+  std::vector<int> PingSilentServers(absl::Duration timeout);
 
  private:
   // Where a pull's values go; shared by its slices. Wait clears `out`, so a
@@ -321,6 +342,8 @@ class KVWorker final : public ParamClient {
     absl::Status dead_why ABSL_GUARDED_BY(mu);
     // SuspectSilentServers: names each server at most once per interval.
     IntervalPerId suspected ABSL_GUARDED_BY(mu);
+    // PingSilentServers: logs each server it spared at most as often.
+    IntervalPerId pinged ABSL_GUARDED_BY(mu);
     // By server id: when it last answered a call of any kind (an error
     // from it counts; a transport's UNAVAILABLE or DEADLINE_EXCEEDED does
     // not). A server that answers something is reachable, however many of
@@ -342,6 +365,12 @@ class KVWorker final : public ParamClient {
   template <typename Resp, typename... Extra, typename F>
   std::function<void(const absl::Status&, Resp*, Extra...)> Tracked(
       int server, F fn, bool watched = false);
+  // Since when `server`, whose calls in flight are `calls`, has answered
+  // nothing (InfiniteFuture: no push or clock waits on it).
+  absl::Time SilentSinceLocked(
+      int server,
+      const absl::flat_hash_set<std::shared_ptr<InFlightCall>>& calls) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(life_->mu);
   // Fails every call in flight to these servers with `why` (stale epoch).
   void FailCallsTo(const std::vector<int>& servers, const absl::Status& why);
 
@@ -493,6 +522,8 @@ class KVWorker final : public ParamClient {
   std::atomic<int64_t> push_bytes_{0};
   std::atomic<int64_t> push_raw_bytes_{0};
   absl::Status sticky_ ABSL_GUARDED_BY(mu_);
+  // Fence(): set once, this worker was declared dead; nothing is sent.
+  absl::Status fence_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   // Retry timers scheduled and not yet run (cancelled by the destructor).
   std::set<ps::Clock::TimerId> timers_ ABSL_GUARDED_BY(mu_);

@@ -375,6 +375,38 @@ TEST_F(KVWorkerTest, CallsToAFailedOverServerGoToTheNewOwnerAtOnce) {
   EXPECT_TRUE(worker_->Wait(next, Soon()).ok());
 }
 
+// Issue 9: a worker the scheduler declared dead (hung past the heartbeat
+// timeout, or cut off from a server the others reach) had its work handed
+// to the others. Told so by a view that marks it dead, it fences itself:
+// what is in flight fails at once with why, and so does every later
+// operation, without a call sent (the servers refuse it anyway).
+TEST_F(KVWorkerTest, WorkerDeclaredDeadFencesItself) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(64);
+  const int64_t push = Push(keys);
+  std::optional<HeldPush> held0 = S(0)->NextPush();
+  std::optional<HeldPush> held1 = S(1)->NextPush();
+  ASSERT_TRUE(held0.has_value() && held1.has_value());
+  proto::ClusterView dead = view_;
+  dead.set_epoch(2);
+  dead.mutable_routing()->set_epoch(2);
+  dead.mutable_workers(0)->set_state(proto::NODE_DEAD);
+  factory_.scheduler()->set_view(dead);
+  worker_->OnSchedulerEpoch(2);
+  absl::Status s = worker_->Wait(push, Soon());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("W[0] was declared dead at view epoch 2"),
+            std::string::npos)
+      << s;
+  held0->Reply(absl::OkStatus());  // late answers change nothing
+  held1->Reply(absl::OkStatus());
+  const int64_t next = Push(keys);
+  EXPECT_EQ(worker_->Wait(next, Soon()).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(S(0)->held_pushes(), 0u);
+  EXPECT_EQ(S(1)->held_pushes(), 0u);
+}
+
 // Issue 9: a push a server leaves unanswered for options.suspect_after makes
 // the worker name that server to the scheduler (which probes it), at most
 // once per suspect_after; a held pull does not (consistency may hold one).
@@ -429,6 +461,43 @@ TEST_F(KVWorkerTest, AnUnansweredPushMakesItsServerASuspect) {
   EXPECT_TRUE(worker_->Wait(pull, Soon()).ok());
   clock_.Advance(absl::Seconds(5));
   EXPECT_TRUE(worker_->SuspectSilentServers().empty());
+}
+
+// Issue 9: a server that answers nothing for half of suspect_after is asked
+// for its status; answering, it counts as heard from, so that one slow to
+// answer (in BSP, waiting on a straggler's part of the clock) is never
+// named a suspect. One that cannot be reached stays silent and is named.
+TEST_F(KVWorkerTest, ASilentServerThatAnswersItsPingIsNoSuspect) {
+  KVWorkerOptions o;
+  o.suspect_after = absl::Seconds(2);
+  Make(2, o);
+  const std::vector<uint64_t> keys = Iota(64);
+  const int64_t push = Push(keys);
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  std::optional<HeldPush> held = S(1)->NextPush();
+  ASSERT_TRUE(held.has_value());
+  clock_.Advance(absl::Milliseconds(900));
+  EXPECT_TRUE(worker_->PingSilentServers(absl::Seconds(1)).empty());
+  EXPECT_EQ(S(1)->status_calls(), 0);  // not silent long enough yet
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(absl::Milliseconds(500));
+    worker_->PingSilentServers(absl::Seconds(1));
+    EXPECT_TRUE(worker_->SuspectSilentServers().empty()) << i;
+  }
+  EXPECT_GE(S(1)->status_calls(), 2);
+  EXPECT_EQ(S(0)->status_calls(), 0);  // it answered
+
+  // Unreachable now: its pings fail, and it is named.
+  S(1)->set_status_error(absl::UnavailableError("cut off"));
+  std::vector<int> named;
+  for (int i = 0; i < 6 && named.empty(); ++i) {
+    clock_.Advance(absl::Milliseconds(500));
+    EXPECT_TRUE(worker_->PingSilentServers(absl::Seconds(1)).empty());
+    named = worker_->SuspectSilentServers();
+  }
+  EXPECT_EQ(named, std::vector<int>{1});
+  held->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(push, Soon()).ok());
 }
 
 // The significance filter: only rows with an element above the threshold

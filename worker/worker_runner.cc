@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -163,6 +164,11 @@ absl::Status TrainAndReport(
       auto r = scheduler->Heartbeat(hb, absl::Now() + every * 4);
       if (!r.ok()) {
         PS_LOG_DEBUG("heartbeat: {}", r.status().ToString());
+        if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
+          // Declared dead (issue 9)? The view says: fetched now, it fences
+          // the worker when it marks it dead (KVWorker::Fence).
+          kv->OnSchedulerEpoch(std::numeric_limits<int64_t>::max());
+        }
         continue;
       }
       last_ok_ns.store(absl::ToUnixNanos(absl::Now()));
@@ -184,11 +190,23 @@ absl::Status TrainAndReport(
       }
     }
   });
+  // Issue 9: the servers this worker has heard nothing from for a while
+  // are asked for their status, so that one that is only slow to answer
+  // (in BSP, behind a straggler) is not named a suspect: on a thread of
+  // its own, as an unreachable one makes the ask wait its timeout.
+  std::thread reach([&] {
+    const absl::Duration timeout =
+        absl::Milliseconds(config.fault_tolerance.probe_timeout_ms);
+    while (!stop.WaitForNotificationWithTimeout(every)) {
+      kv->PingSilentServers(timeout);
+    }
+  });
   // A local error after the job failed elsewhere is a consequence: report
   // the job's failure (reason JOB_FAILED) instead.
   auto finish = [&](absl::Status s) {
     stop.Notify();
     heartbeat.join();
+    reach.join();
     absl::MutexLock l(&outcome_mu);
     if (!outcome.ok()) {
       if (!s.ok()) PS_LOG_INFO("after the job failed: {}", s.ToString());
