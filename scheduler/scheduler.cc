@@ -287,12 +287,14 @@ SchedulerCore::Unreachable SchedulerCore::UnreachableFrom(
   // A primary that waits on a backup's answer leaves its pushes unanswered
   // as long: the silence the workers hear is the backup's (found by its
   // heartbeats, or named by this primary), not a cut between them and it.
-  if (replication_waiting >= std::min(limit / 2, options_.config.cluster
-                                                     .SuspectAfter())) {
+  // (A primary naming it as its backup is answered by it directly.)
+  const bool waits_on_backup =
+      replication_waiting >=
+      std::min(limit / 2, options_.config.cluster.SuspectAfter());
+  if (waits_on_backup) {
     PS_LOG_INFO("S[{}] has waited {} on a backup's replication answer: the "
                 "silence its workers report is that backup's",
                 id, absl::FormatDuration(replication_waiting));
-    return out;
   }
   // Silence counts from the current view on: one that began before it may
   // be the doing of a server the view change failed over (a primary
@@ -304,6 +306,7 @@ SchedulerCore::Unreachable SchedulerCore::UnreachableFrom(
   absl::Duration silent = absl::InfiniteDuration();
   for (const auto& [node, report] : a.by) {
     if (now - report.when > recent) continue;
+    if (waits_on_backup && report.role == proto::ROLE_WORKER) continue;
     ++named_recently;
     const absl::Duration since_view =
         report.when -
@@ -345,6 +348,20 @@ SchedulerCore::Unreachable SchedulerCore::UnreachableFrom(
         " while it answers the scheduler and no other worker names it (a "
         "network partition)");
     accused_.erase(it);
+    return out;
+  }
+  // One primary alone, for twice the timeout, naming its backup: the link
+  // between the two is cut (a backup cut off from every primary it serves
+  // is named by two of them, within the timeout). The backup is failed
+  // over: the primary's pushes wait on it for as long as the cut lasts,
+  // and its ranges have other copies. (A primary whose own link is broken
+  // is named by the primaries it backs up first, within the timeout.)
+  if (lone->role == proto::ROLE_SERVER && named_recently == 1 &&
+      silent >= 2 * limit) {
+    accused_.erase(it);
+    out.server_why = absl::StrCat(
+        "unreachable from ", names, ", a primary it backs up, for ",
+        absl::FormatDuration(silent), " (a network partition)");
     return out;
   }
   if (!a.warned) {

@@ -93,7 +93,10 @@ class SchedulerCore {
   // partial partition, the scheduler reaches it, they do not) is failed
   // over too, when at least two nodes say so or the one saying so is the
   // only live worker; one node alone among several is not believed (its
-  // own link may be what is broken) and is logged.
+  // own link may be what is broken) and is logged, unless it has said so
+  // for twice the timeout while no other node names the server: a worker
+  // is then the one cut off (dropped, with work units), a primary naming
+  // its backup has lost its link to it (the backup is failed over).
   // A reply that carries the ready view to a registered node (req.role/id)
   // starts that node's heartbeat deadline.
   absl::StatusOr<proto::GetViewResponse> GetView(
@@ -278,7 +281,8 @@ class SchedulerCore {
   // For a server that answered its probe: what its accusers' reports mean.
   // `server_why` non-empty: it is to be failed over all the same (reported
   // silent for heartbeat_timeout_ms, within the last 3 x SuspectAfter(), by
-  // two nodes or by the only live worker; see GetView). `worker` >= 0: one
+  // two nodes or by the only live worker; or for twice that by one primary
+  // alone, whose backup it is; see GetView). `worker` >= 0: one
   // worker alone has heard nothing from it for twice that, while the other
   // live workers name it not at all: that worker is the one cut off, and
   // is dropped (work units on) for `worker_why`. Takes mu_.

@@ -1019,6 +1019,54 @@ INSTANTIATE_TEST_SUITE_P(Others, WorkerCutOffTest, ::testing::Bool(),
                                              : "NoOtherWorkerNamesIt";
                          });
 
+// Issue 9, a primary cut off from its backup alone: S[0] names S[1], its
+// backup, which answers the scheduler and is itself waiting on a
+// replication answer (from S[0], across the same cut). Believed once S[0]
+// has said so for twice heartbeat_timeout_ms (10 s here) with no other node
+// naming S[1]: S[1] is failed over, as the primary's pushes would
+// otherwise wait on it for as long as the cut lasts. Its own waiting does
+// not excuse it: that exception is for its workers' silence.
+TEST_F(SchedulerCoreTest, PrimaryCutOffFromItsBackupFailsTheBackupOver) {
+  Start();
+  RegisterAll();
+  proto::ServerStatus waiting;
+  waiting.set_replication_waiting_ms(4000);
+  clients_.server(Addr(1))->SetStatus(waiting);
+  auto name = [&](int64_t silent_ms) {
+    proto::GetViewRequest gv;
+    gv.set_known_epoch(1);
+    gv.set_wait_ms(0);
+    gv.set_role(proto::ROLE_SERVER);
+    gv.set_id(0);
+    gv.add_suspect_servers(1);
+    gv.add_suspect_silent_ms(silent_ms);
+    ASSERT_TRUE(core_->GetView(gv, absl::Now() + absl::Seconds(10)).ok());
+  };
+  for (int second = 2; second <= 12; second += 2) {
+    clock_.Advance(absl::Seconds(2));  // the cluster was ready at second 0
+    BeatAll();
+    name(1000 * second);
+    const int base = clients_.server(Addr(1))->status_calls();
+    for (int i = 0; i < 2000 && core_->Status()->view().epoch() == 1 &&
+                    (clients_.server(Addr(1))->status_calls() <= base ||
+                     second >= 10);
+         ++i) {
+      name(1000 * second);
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    absl::SleepFor(absl::Milliseconds(50));  // that probe's verdict
+    const proto::ClusterView v = core_->Status()->view();
+    if (second < 10) {
+      ASSERT_EQ(v.epoch(), 1) << "second " << second;
+      continue;
+    }
+    EXPECT_EQ(v.epoch(), 2);
+    EXPECT_EQ(v.routing().servers(1).state(), proto::NODE_DEAD);
+    EXPECT_EQ(v.routing().servers(0).state(), proto::NODE_ALIVE);
+    break;
+  }
+}
+
 // Issue 9: a probe that times out confirms a death only once the server's
 // heartbeats have stopped too (3 heartbeat periods): a busy server that
 // still heartbeats is not failed over on one slow answer; a hung one is.

@@ -161,9 +161,10 @@ class ServerNode {
   // Must outlive the node. Without it the node replicates nothing.
   void SetPeers(ClientFactory* peers);
   // Called (on a timer thread) with a backup this server could not reach,
-  // so the scheduler probes it (failover); may block briefly. Set before
-  // the first Configure.
-  void SetSuspectHandler(std::function<void(int server)> suspect);
+  // and how long its oldest batch out has waited, so the scheduler probes
+  // it (failover); may block briefly. Set before the first Configure.
+  void SetSuspectHandler(
+      std::function<void(int server, absl::Duration silent)> suspect);
   // Issue 9: a backup that hangs answers no replication batch, and this
   // primary's pushes wait on it; the replication deadline (10 s) and the
   // heartbeat timeout are slow to tell. Names to the suspect handler (which
@@ -433,6 +434,10 @@ class ServerNode {
     // When the batch attempt now out was sent; InfiniteFuture when none is
     // (SuspectSilentBackups).
     absl::Time awaiting_since = absl::InfiniteFuture();
+    // Since when the backup has answered none of the batches sent to it
+    // (their attempts time out and are sent again; awaiting_since starts
+    // again with each); InfiniteFuture when it answered the last one.
+    absl::Time unanswered_since = absl::InfiniteFuture();
   };
   // `fire` gets OK when the needs are met, CANCELLED at shutdown.
   using Fire = std::function<void(const absl::Status&)>;
@@ -665,7 +670,7 @@ class ServerNode {
 
   // Replication (issue 9).
   ClientFactory* peers_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::function<void(int)> suspect_ ABSL_GUARDED_BY(mu_);
+  std::function<void(int, absl::Duration)> suspect_ ABSL_GUARDED_BY(mu_);
   std::vector<RangeLog> logs_ ABSL_GUARDED_BY(mu_);
   std::map<int, Stream> streams_ ABSL_GUARDED_BY(mu_);
   // Deltas (ASP/SSP): the ranges marked dirty, when the first of them was

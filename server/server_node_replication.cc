@@ -255,14 +255,16 @@ void ServerNode::SetPeers(ClientFactory* peers) {
   peers_ = peers;
 }
 
-void ServerNode::SetSuspectHandler(std::function<void(int server)> suspect) {
+void ServerNode::SetSuspectHandler(
+    std::function<void(int server, absl::Duration silent)> suspect) {
   absl::MutexLock l(&mu_);
   suspect_ = std::move(suspect);
 }
 
 std::vector<int> ServerNode::SuspectSilentBackups(absl::Duration after) {
   std::vector<int> named;
-  std::function<void(int)> suspect;
+  std::vector<absl::Duration> silences;
+  std::function<void(int, absl::Duration)> suspect;
   {
     absl::MutexLock l(&mu_);
     if (!suspect_ || after <= absl::ZeroDuration()) return named;
@@ -272,15 +274,17 @@ std::vector<int> ServerNode::SuspectSilentBackups(absl::Duration after) {
       if (now - st.awaiting_since >= after &&
           suspected_.Due(backup, now, after)) {
         named.push_back(backup);
+        silences.push_back(now - std::min(st.awaiting_since,
+                                          st.unanswered_since));
       }
     }
     suspect = suspect_;
   }
-  for (int backup : named) {
-    PS_LOG_INFO("S[{}] has left a replication batch unanswered for over {}: "
+  for (size_t i = 0; i < named.size(); ++i) {
+    PS_LOG_INFO("S[{}] has left a replication batch unanswered for {}: "
                 "asking the scheduler to probe it",
-                backup, absl::FormatDuration(after));
-    suspect(backup);
+                named[i], absl::FormatDuration(silences[i]));
+    suspect(named[i], silences[i]);
   }
   return named;
 }
@@ -1187,6 +1191,9 @@ void ServerNode::SendReplicate(int backup, uint64_t generation,
     auto st = streams_.find(backup);
     if (st != streams_.end() && st->second.generation == generation) {
       st->second.awaiting_since = clock_->Now();
+      if (st->second.unanswered_since == absl::InfiniteFuture()) {
+        st->second.unanswered_since = st->second.awaiting_since;
+      }
     }
   }
   client->Replicate(
@@ -1205,6 +1212,10 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
     auto st = streams_.find(backup);
     if (st != streams_.end() && st->second.generation == generation) {
       st->second.awaiting_since = absl::InfiniteFuture();
+      if (s.code() != absl::StatusCode::kUnavailable &&
+          s.code() != absl::StatusCode::kDeadlineExceeded) {
+        st->second.unanswered_since = absl::InfiniteFuture();  // it answered
+      }
     }
   }
   if (s.ok()) {
@@ -1305,12 +1316,17 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
   Later(RetryBackoff(attempt), [this, backup, generation, req, attempt,
                                 unreachable] {
     if (unreachable && attempt % 10 == 0) {
-      std::function<void(int)> suspect;
+      std::function<void(int, absl::Duration)> suspect;
+      absl::Duration silent = absl::ZeroDuration();
       {
         absl::MutexLock l(&mu_);
         suspect = suspect_;
+        if (auto st = streams_.find(backup); st != streams_.end() &&
+            st->second.unanswered_since != absl::InfiniteFuture()) {
+          silent = clock_->Now() - st->second.unanswered_since;
+        }
       }
-      if (suspect) suspect(backup);
+      if (suspect) suspect(backup, silent);
     }
     {
       absl::MutexLock l(&mu_);

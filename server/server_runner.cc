@@ -162,7 +162,8 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   // Replication (issue 9): the node reaches its backups through `clients`;
   // it lets go of them before they are destroyed.
   node.SetPeers(&clients);
-  node.SetSuspectHandler([&clients, &options, &node](int server) {
+  node.SetSuspectHandler([&clients, &options, &node](int server,
+                                                     absl::Duration silent) {
     proto::GetViewRequest req;
     // Named: the scheduler believes only live nodes, and counts who names
     // a server that answers it (a partial partition).
@@ -171,6 +172,9 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
     req.set_wait_ms(0);
     req.set_known_epoch(std::numeric_limits<int64_t>::max());
     req.add_suspect_servers(server);
+    // A backup that answers the scheduler but not this primary (a cut
+    // between the two alone) is failed over on it (UnreachableFrom).
+    req.add_suspect_silent_ms(absl::ToInt64Milliseconds(silent));
     (void)clients.Scheduler(options.scheduler)
         ->GetView(req, absl::Now() + absl::Seconds(1));
   });

@@ -384,7 +384,8 @@ TEST_F(LingerTest, SilentBackupIsNamedASuspect) {
   FaultyClientFactory slow(&peers_, o);
   primary_.SetPeers(&slow);
   std::vector<int> named;
-  primary_.SetSuspectHandler([&](int server) { named.push_back(server); });
+  primary_.SetSuspectHandler(
+      [&](int server, absl::Duration) { named.push_back(server); });
   const absl::Duration after = absl::Seconds(2);
 
   primary_.SetReplicationLinger(absl::ZeroDuration());

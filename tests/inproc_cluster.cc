@@ -271,11 +271,16 @@ absl::Status LocalCluster::Start() {
         absl::Milliseconds(config.fault_tolerance.replication_linger_ms));
     servers_.back()->SetReplicationDeltas(
         config.fault_tolerance.replicate_deltas);
-    servers_.back()->SetSuspectHandler([this](int server) {
+    servers_.back()->SetSuspectHandler([this, i](int server,
+                                               absl::Duration silent) {
       proto::GetViewRequest req;
+      // Named, as ps_server does: the scheduler believes only live nodes.
+      req.set_role(proto::ROLE_SERVER);
+      req.set_id(i);
       req.set_wait_ms(0);
       req.set_known_epoch(std::numeric_limits<int64_t>::max());
       req.add_suspect_servers(server);
+      req.add_suspect_silent_ms(absl::ToInt64Milliseconds(silent));
       (void)scheduler_->GetView(req, absl::Now() + absl::Seconds(1));
     });
     server_handlers_.push_back(

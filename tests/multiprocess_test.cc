@@ -1365,6 +1365,14 @@ class NetnsLab {
 //     timeouts. Every node goes silent to it at once: it declares none dead
 //     (before, it failed every server over and the job ended with
 //     DATA_LOSS though nothing had died), and the job goes on.
+//   * kServerFromServers: S[1] cut off from S[0] and S[2] only, until it
+//     is failed over. The workers and the scheduler reach all three; the
+//     primaries' replication to S[1] and S[1]'s to them wait. Both
+//     primaries name S[1] (reporting how long their batch has waited) and
+//     it is failed over, though it answers the scheduler and is itself
+//     waiting on them; before, the job stalled for as long as the cut
+//     lasted (the workers, whose pushes waited on that replication, were
+//     the only ones believed, and S[1]'s own wait excused it).
 //   * kWorkerFromServer: W[1] cut off from S[1] only, until it is dropped.
 //     W[0] and the scheduler reach S[1], and W[1] reaches everyone else:
 //     W[1] alone names S[1], for twice the heartbeat timeout, and is
@@ -1385,7 +1393,8 @@ enum class Cut {
   kServerFromAll,
   kServerFromWorkers,
   kScheduler,
-  kWorkerFromServer
+  kWorkerFromServer,
+  kServerFromServers
 };
 
 class NetworkPartitionTest
@@ -1415,6 +1424,8 @@ class NetworkPartitionTest
                 {kSchedulerSide, kW1Side}};
       case Cut::kWorkerFromServer:
         return {{kW1Side, kS1Side}};
+      case Cut::kServerFromServers:
+        return {{kS1Side, kServerSide}};
       case Cut::kNone:
         break;
     }
@@ -1476,6 +1487,7 @@ class NetworkPartitionTest
       for (const auto& [x, y] : Links(cut)) {
         EXPECT_TRUE(net->Cut(x, y)) << "cannot cut sides " << x << ", " << y;
       }
+      const absl::Time cut_at = absl::Now();
       std::printf("cut\n");
       if (cut == Cut::kScheduler) {
         absl::SleepFor(absl::Seconds(6));  // 3 heartbeat timeouts
@@ -1489,7 +1501,8 @@ class NetworkPartitionTest
       for (const auto& [x, y] : Links(cut)) {
         EXPECT_TRUE(net->Heal(x, y)) << "cannot heal sides " << x << ", " << y;
       }
-      std::printf("healed\n");
+      std::printf("healed %.1f s after the cut\n",
+                  absl::ToDoubleSeconds(absl::Now() - cut_at));
     }
     WaitAll(&r.procs, absl::Now() + absl::Seconds(150));
     r.report = ReadFile(r.report);
@@ -1562,6 +1575,12 @@ TEST_P(NetworkPartitionTest, JobEndsLikeOneWithoutTheCut) {
               std::string::npos)
         << Tail(h, 4000);
   }
+  if (kind == Cut::kServerFromServers) {
+    EXPECT_NE(h.find("answers the scheduler but is unreachable from S[0], "
+                     "S[2]"),
+              std::string::npos)
+        << Tail(h, 4000);
+  }
   if (kind == Cut::kServerFromAll) {
     EXPECT_NE(ReadFile(cut.s1_log).find("caught up from view epoch"),
               std::string::npos)
@@ -1587,7 +1606,8 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_pair("bsp", Cut::kServerFromWorkers),
                       std::make_pair("bsp", Cut::kScheduler),
                       std::make_pair("asp", Cut::kWorkerFromServer),
-                      std::make_pair("bsp", Cut::kWorkerFromServer)),
+                      std::make_pair("bsp", Cut::kWorkerFromServer),
+                      std::make_pair("bsp", Cut::kServerFromServers)),
     [](const auto& info) {
       const char* cut = "";
       switch (info.param.second) {
@@ -1595,6 +1615,7 @@ INSTANTIATE_TEST_SUITE_P(
         case Cut::kServerFromWorkers: cut = "S1FromTheWorkers"; break;
         case Cut::kScheduler: cut = "SchedulerFromAll"; break;
         case Cut::kWorkerFromServer: cut = "W1FromS1"; break;
+        case Cut::kServerFromServers: cut = "S1FromTheServers"; break;
         case Cut::kNone: cut = "None"; break;
       }
       return absl::StrCat(info.param.first, "_", cut);

@@ -554,6 +554,21 @@ absl::Status KVWorker::BeginPush(int table, absl::Span<const uint64_t> keys,
                                  int clock_examples, int64_t* ts,
                                  int64_t* clock, int64_t* clock_ts) {
   absl::MutexLock l(&mu_);
+  if (options_.max_unacked_clocks > 0) {
+    // Backpressure (see KVWorkerOptions::max_unacked_clocks).
+    auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return clocks_.empty() || !sticky_.ok() || closing_ ||
+             clocks_.begin()->first + options_.max_unacked_clocks >
+                 clock_count_;
+    };
+    if (!room()) {
+      const int64_t t0 = options_.wait_ns != nullptr ? MonotonicNanos() : 0;
+      mu_.Await(absl::Condition(&room));
+      if (options_.wait_ns != nullptr) {
+        options_.wait_ns->Add(static_cast<uint64_t>(MonotonicNanos() - t0));
+      }
+    }
+  }
   *ts = NewOp(1);  // a guard part, released by the caller
   if (options_.metrics != nullptr) {
     Op& op = ops_[*ts];

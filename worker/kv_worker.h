@@ -90,6 +90,14 @@ struct KVWorkerOptions {
   // long makes SuspectSilentServers name that server to the scheduler as a
   // suspect, which probes it (fault_tolerance.suspect_after_ms). Zero: off.
   absl::Duration suspect_after = absl::ZeroDuration();
+  // Backpressure: a push (or clock end) waits while the oldest clock with a
+  // push not yet acknowledged is this many clocks behind the current one.
+  // Unacknowledged pushes are resent after a failover, and a server takes
+  // none more than ServerLimits::max_clock_ahead (1000) clocks ahead of
+  // what that worker completed there: a worker whose pushes wait on a
+  // stalled replication (its primary still answers pulls) ran 1000 clocks
+  // ahead in seconds, and its resends were refused. 0: unbounded.
+  int max_unacked_clocks = 256;
   // Timers and request deadlines. Must outlive the worker.
   Clock* clock = Clock::Real();
   // Key caching (the paper's section 4.2, server/key_cache.h): per server,

@@ -11,12 +11,14 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/bytes.h"
 #include "common/clock.h"
@@ -461,6 +463,43 @@ TEST_F(KVWorkerTest, AnUnansweredPushMakesItsServerASuspect) {
   EXPECT_TRUE(worker_->Wait(pull, Soon()).ok());
   clock_.Advance(absl::Seconds(5));
   EXPECT_TRUE(worker_->SuspectSilentServers().empty());
+}
+
+// Issue 9: a worker does not run more than max_unacked_clocks clocks ahead
+// of its oldest unacknowledged push. What is not acknowledged is resent
+// after a failover, and a server refuses what is too far ahead of the
+// clocks that worker completed there: a worker whose primary answered its
+// pulls while its replication stalled ran 1000 clocks ahead in seconds,
+// and its resends failed the job. The push that would go past the bound
+// waits until the oldest one is answered.
+TEST_F(KVWorkerTest, PushWaitsWhileTooManyClocksAreUnacknowledged) {
+  KVWorkerOptions o;
+  o.max_unacked_clocks = 3;
+  Make(1, o);
+  const std::vector<uint64_t> keys = Iota(8);
+  const std::vector<float> vals(keys.size() * kDim, 0.5f);
+  std::vector<int64_t> ts;
+  for (int c = 0; c < 3; ++c) {
+    ts.push_back(worker_->PushAndClock(0, keys, vals, 1));
+  }
+  std::optional<HeldPush> first = S(0)->NextPush();
+  ASSERT_TRUE(first.has_value());
+  absl::Notification pushed;
+  std::thread fourth([&] {
+    ts.push_back(worker_->PushAndClock(0, keys, vals, 1));
+    pushed.Notify();
+  });
+  EXPECT_FALSE(pushed.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  first->Reply(absl::OkStatus());
+  EXPECT_TRUE(pushed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  fourth.join();
+  while (std::optional<HeldPush> p = S(0)->NextPush()) {
+    p->Reply(absl::OkStatus());
+  }
+  while (std::optional<HeldClock> c = S(0)->NextClock()) {
+    c->Reply(absl::OkStatus());
+  }
+  for (int64_t t : ts) EXPECT_TRUE(worker_->Wait(t, Soon()).ok());
 }
 
 // Issue 9: a server that answers nothing for half of suspect_after is asked
