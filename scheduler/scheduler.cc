@@ -333,12 +333,13 @@ SchedulerCore::Unreachable SchedulerCore::UnreachableFrom(
                                   " (a network partition)");
     return out;
   }
-  // One worker alone, for twice the timeout, while the other live workers
-  // (who had as long to say so) name it not at all: the cut is that
-  // worker's. With work units it is dropped, and its units go to the
+  // One node alone, for twice the timeout, while no other node (who had as
+  // long to say so) names the server at all: the cut is that node's link.
+  const bool alone_long = named_recently == 1 && silent >= 2 * limit;
+  // A worker: with work units it is dropped, and its units go to the
   // others; otherwise the job waits for the link to come back.
-  if (units_on_ && lone->role == proto::ROLE_WORKER && named_recently == 1 &&
-      silent >= 2 * limit && lone->id >= 0 &&
+  if (alone_long && units_on_ && lone->role == proto::ROLE_WORKER &&
+      lone->id >= 0 &&
       lone->id < static_cast<int>(workers_.size()) &&
       workers_[lone->id].info.state() == proto::NODE_ALIVE) {
     out.worker = lone->id;
@@ -350,14 +351,13 @@ SchedulerCore::Unreachable SchedulerCore::UnreachableFrom(
     accused_.erase(it);
     return out;
   }
-  // One primary alone, for twice the timeout, naming its backup: the link
-  // between the two is cut (a backup cut off from every primary it serves
-  // is named by two of them, within the timeout). The backup is failed
-  // over: the primary's pushes wait on it for as long as the cut lasts,
-  // and its ranges have other copies. (A primary whose own link is broken
-  // is named by the primaries it backs up first, within the timeout.)
-  if (lone->role == proto::ROLE_SERVER && named_recently == 1 &&
-      silent >= 2 * limit) {
+  // A primary naming its backup: the link between the two is cut (a
+  // backup cut off from every primary it serves is named by two of them,
+  // within the timeout). The backup is failed over: the primary's pushes
+  // wait on it for as long as the cut lasts, and its ranges have other
+  // copies. (A primary whose own link is broken is named by the primaries
+  // it backs up first, within the timeout.)
+  if (alone_long && lone->role == proto::ROLE_SERVER) {
     accused_.erase(it);
     out.server_why = absl::StrCat(
         "unreachable from ", names, ", a primary it backs up, for ",

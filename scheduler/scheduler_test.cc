@@ -239,6 +239,19 @@ class SchedulerCoreTest : public ::testing::Test {
     h.set_id(id);
     return core_->Heartbeat(h);
   }
+  // Node (role, id) names server `server` a suspect, having heard nothing
+  // from it for `silent_ms` (a failover suspicion, GetViewRequest).
+  absl::StatusOr<proto::GetViewResponse> Name(proto::Role role, int id,
+                                              int server, int64_t silent_ms) {
+    proto::GetViewRequest gv;
+    gv.set_known_epoch(1);
+    gv.set_wait_ms(0);
+    gv.set_role(role);
+    gv.set_id(id);
+    gv.add_suspect_servers(server);
+    gv.add_suspect_silent_ms(silent_ms);
+    return core_->GetView(gv, absl::Now() + absl::Seconds(10));
+  }
   void BeatAll() {
     for (int i = 0; i < config_.cluster.num_servers; ++i) {
       ASSERT_TRUE(Beat(proto::ROLE_SERVER, i).ok());
@@ -887,16 +900,10 @@ TEST_P(PartialPartitionTest, ServerNamedUnreachableThoughItAnswers) {
   RegisterAll();
   int second = 0;
   auto name = [&](int worker) {
-    proto::GetViewRequest gv;
-    gv.set_known_epoch(1);
-    gv.set_wait_ms(0);
-    gv.set_role(proto::ROLE_WORKER);
-    gv.set_id(worker);
-    gv.add_suspect_servers(1);
     // Silent since second 0 (or for 600 ms at a time).
-    gv.add_suspect_silent_ms(
-        namers == Namers::kTwoWorkersShortSilences ? 600 : 1000 * second);
-    return core_->GetView(gv, absl::Now() + absl::Seconds(10));
+    return Name(proto::ROLE_WORKER, worker, 1,
+                namers == Namers::kTwoWorkersShortSilences ? 600
+                                                           : 1000 * second);
   };
   int probes = 0;
   clock_.Advance(absl::Seconds(2));  // the cluster was ready at second 0
@@ -964,16 +971,6 @@ TEST_P(WorkerCutOffTest, WorkerAloneCutOffFromAServerIsDropped) {
   const bool other_names_it = GetParam();
   Start();
   RegisterAll();
-  auto name = [&](int worker, int64_t silent_ms) {
-    proto::GetViewRequest gv;
-    gv.set_known_epoch(1);
-    gv.set_wait_ms(0);
-    gv.set_role(proto::ROLE_WORKER);
-    gv.set_id(worker);
-    gv.add_suspect_servers(1);
-    gv.add_suspect_silent_ms(silent_ms);
-    return core_->GetView(gv, absl::Now() + absl::Seconds(10));
-  };
   int probes = 0;
   for (int second = 2; second <= 12; second += 2) {
     clock_.Advance(absl::Seconds(2));  // the cluster was ready at second 0
@@ -986,8 +983,10 @@ TEST_P(WorkerCutOffTest, WorkerAloneCutOffFromAServerIsDropped) {
                       (!other_names_it && second >= 10 &&
                        core_->Status()->view().epoch() == 1));
          ++i) {
-      ASSERT_TRUE(name(0, 1000 * second).ok());
-      if (other_names_it) ASSERT_TRUE(name(1, 600).ok());
+      ASSERT_TRUE(Name(proto::ROLE_WORKER, 0, 1, 1000 * second).ok());
+      if (other_names_it) {
+        ASSERT_TRUE(Name(proto::ROLE_WORKER, 1, 1, 600).ok());
+      }
       absl::SleepFor(absl::Milliseconds(5));
     }
     probes = clients_.server(Addr(1))->status_calls();
@@ -1032,15 +1031,9 @@ TEST_F(SchedulerCoreTest, PrimaryCutOffFromItsBackupFailsTheBackupOver) {
   proto::ServerStatus waiting;
   waiting.set_replication_waiting_ms(4000);
   clients_.server(Addr(1))->SetStatus(waiting);
+  // S[0] names S[1], its backup.
   auto name = [&](int64_t silent_ms) {
-    proto::GetViewRequest gv;
-    gv.set_known_epoch(1);
-    gv.set_wait_ms(0);
-    gv.set_role(proto::ROLE_SERVER);
-    gv.set_id(0);
-    gv.add_suspect_servers(1);
-    gv.add_suspect_silent_ms(silent_ms);
-    ASSERT_TRUE(core_->GetView(gv, absl::Now() + absl::Seconds(10)).ok());
+    ASSERT_TRUE(Name(proto::ROLE_SERVER, 0, 1, silent_ms).ok());
   };
   for (int second = 2; second <= 12; second += 2) {
     clock_.Advance(absl::Seconds(2));  // the cluster was ready at second 0

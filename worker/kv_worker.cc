@@ -144,12 +144,9 @@ std::vector<int> KVWorker::PingSilentServers(absl::Duration timeout) {
     absl::MutexLock l(&life_->mu);
     if (!life_->alive) return answered;
     for (const auto& [server, calls] : life_->calls) {
-      if (SilentSinceLocked(server, calls) <= now - after) {
-        absl::Time waiting = absl::InfiniteFuture();
-        for (const auto& c : calls) {
-          if (c->watched) waiting = std::min(waiting, c->sent);
-        }
-        silent.emplace_back(server, waiting);
+      const Silence silence = SilenceLocked(server, calls);
+      if (silence.since <= now - after) {
+        silent.emplace_back(server, silence.waiting);
       }
     }
   }
@@ -188,7 +185,7 @@ std::vector<int> KVWorker::PingSilentServers(absl::Duration timeout) {
   return answered;
 }
 
-absl::Time KVWorker::SilentSinceLocked(
+KVWorker::Silence KVWorker::SilenceLocked(
     int server,
     const absl::flat_hash_set<std::shared_ptr<InFlightCall>>& calls) const {
   // Silent since the oldest push or clock still waiting on it, or since its
@@ -196,14 +193,15 @@ absl::Time KVWorker::SilentSinceLocked(
   // calls wait out their retries while others are answered, and the server
   // is reachable (the scheduler fails over a server that answers it when
   // workers report it silent long enough).
-  absl::Time since = absl::InfiniteFuture();
+  Silence out;
   for (const auto& c : calls) {
-    if (c->watched) since = std::min(since, c->sent);
+    if (c->watched) out.waiting = std::min(out.waiting, c->sent);
   }
+  out.since = out.waiting;
   if (auto heard = life_->heard.find(server); heard != life_->heard.end()) {
-    since = std::max(since, heard->second);
+    out.since = std::max(out.since, heard->second);
   }
-  return since;
+  return out;
 }
 
 std::vector<int> KVWorker::SuspectSilentServers() {
@@ -217,7 +215,7 @@ std::vector<int> KVWorker::SuspectSilentServers() {
     absl::MutexLock l(&life_->mu);
     if (!life_->alive) return suspects;
     for (const auto& [server, calls] : life_->calls) {
-      const absl::Time since = SilentSinceLocked(server, calls);
+      const absl::Time since = SilenceLocked(server, calls).since;
       if (now - since >= after && life_->suspected.Due(server, now, after)) {
         silent.emplace_back(server, now - since);
       }

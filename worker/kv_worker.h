@@ -373,9 +373,15 @@ class KVWorker final : public ParamClient {
   template <typename Resp, typename... Extra, typename F>
   std::function<void(const absl::Status&, Resp*, Extra...)> Tracked(
       int server, F fn, bool watched = false);
-  // Since when `server`, whose calls in flight are `calls`, has answered
-  // nothing (InfiniteFuture: no push or clock waits on it).
-  absl::Time SilentSinceLocked(
+  // For `server`, whose calls in flight are `calls`: since when its oldest
+  // push or clock has waited (`waiting`), and since when it has answered
+  // nothing (`since`: that, or its last answer if later). InfiniteFuture
+  // both when no push or clock waits on it.
+  struct Silence {
+    absl::Time waiting = absl::InfiniteFuture();
+    absl::Time since = absl::InfiniteFuture();
+  };
+  Silence SilenceLocked(
       int server,
       const absl::flat_hash_set<std::shared_ptr<InFlightCall>>& calls) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(life_->mu);
