@@ -89,7 +89,9 @@ std::function<void(const absl::Status&, Resp*, Extra...)> KVWorker::Tracked(
   };
   auto call = std::make_shared<Call>(std::move(fn));
   call->watched = watched;
-  if (watched) call->sent = clock_->Now();
+  if (options_.suspect_after > absl::ZeroDuration()) {
+    call->sent = clock_->Now();
+  }
   absl::Status dead_why;
   {
     absl::MutexLock l(&life_->mu);
@@ -145,7 +147,7 @@ std::vector<int> KVWorker::PingSilentServers(absl::Duration timeout) {
     if (!life_->alive) return answered;
     for (const auto& [server, calls] : life_->calls) {
       const Silence silence = SilenceLocked(server, calls);
-      if (silence.since <= now - after) {
+      if (silence.any_since <= now - after) {
         silent.emplace_back(server, silence.waiting);
       }
     }
@@ -160,11 +162,13 @@ std::vector<int> KVWorker::PingSilentServers(absl::Duration timeout) {
     }
     if (client == nullptr) continue;
     const absl::Status st = client->GetStatus(clock_->Now() + timeout).status();
+    const absl::Time at = clock_->Now();
     if (st.code() == absl::StatusCode::kUnavailable ||
         st.code() == absl::StatusCode::kDeadlineExceeded) {
-      continue;  // not reached: silent it stays
+      absl::MutexLock l(&life_->mu);
+      life_->unreached[server] = at;  // silent it stays
+      continue;
     }
-    const absl::Time at = clock_->Now();
     bool tell = false;
     {
       absl::MutexLock l(&life_->mu);
@@ -194,12 +198,16 @@ KVWorker::Silence KVWorker::SilenceLocked(
   // is reachable (the scheduler fails over a server that answers it when
   // workers report it silent long enough).
   Silence out;
+  absl::Time oldest = absl::InfiniteFuture();
   for (const auto& c : calls) {
+    oldest = std::min(oldest, c->sent);
     if (c->watched) out.waiting = std::min(out.waiting, c->sent);
   }
   out.since = out.waiting;
+  out.any_since = oldest;
   if (auto heard = life_->heard.find(server); heard != life_->heard.end()) {
     out.since = std::max(out.since, heard->second);
+    out.any_since = std::max(out.any_since, heard->second);
   }
   return out;
 }
@@ -215,7 +223,16 @@ std::vector<int> KVWorker::SuspectSilentServers() {
     absl::MutexLock l(&life_->mu);
     if (!life_->alive) return suspects;
     for (const auto& [server, calls] : life_->calls) {
-      const absl::Time since = SilenceLocked(server, calls).since;
+      const Silence silence = SilenceLocked(server, calls);
+      absl::Time since = silence.since;
+      // A pull waits on it too (a push may be answered, and none sent
+      // since), and its last status ask went unanswered: the pull's answer
+      // may be lost as well.
+      if (auto it = life_->unreached.find(server);
+          now - since < after && it != life_->unreached.end() &&
+          it->second >= silence.any_since) {
+        since = silence.any_since;
+      }
       if (now - since >= after && life_->suspected.Due(server, now, after)) {
         silent.emplace_back(server, now - since);
       }

@@ -239,21 +239,27 @@ class KVWorker final : public ParamClient {
   // network leaves calls waiting on retries from a server that answers
   // others), at most once per suspect_after per server. A server that
   // answers the probe is not failed over, unless nodes go on naming it
-  // (SchedulerCore::GetView: a partition between it and them). Pulls do
-  // not count as unanswered (consistency may hold them). Returns the servers named. Thread-safe;
-  // the worker runner calls it on every heartbeat.
+  // (SchedulerCore::GetView: a partition between it and them). A pull
+  // alone does not make a server silent (consistency may hold it), but a
+  // server that has answered nothing for suspect_after while a call of any
+  // kind waits on it, and whose last status ask (PingSilentServers) since
+  // found it unreachable, is named too: a pull's answer lost in a cut
+  // leaves its worker waiting, and in BSP every other worker with it.
+  // Returns the servers named. Thread-safe; the worker runner calls it on
+  // every heartbeat.
   std::vector<int> SuspectSilentServers();
 
   // Issue 9: a server can be reachable and still answer nothing for long:
   // in BSP a push or clock is answered once its clock's sum is complete,
   // so the workers ahead of a straggler hear nothing from any server until
   // it catches up. Asks every server silent (as SuspectSilentServers counts
-  // it) for half of options.suspect_after for its status, waiting at most
-  // `timeout`; one that answers counts as heard from, so a worker names
-  // only servers it cannot reach (before, two workers waiting on a
-  // straggler had every server failed over). Blocks: the worker runner
-  // calls it every heartbeat on a thread of its own. Returns the servers
-  // that answered.
+  // it, or with only a pull waiting on it) for half of
+  // options.suspect_after for its status, waiting at most `timeout`; one
+  // that answers counts as heard from, so a worker names only servers it
+  // cannot reach (before, two workers waiting on a straggler had every
+  // server failed over); one that does not is noted unreached. Blocks: the
+  // worker runner calls it every heartbeat on a thread of its own. Returns
+  // the servers that answered.
   std::vector<int> PingSilentServers(absl::Duration timeout);
 
  private:
@@ -331,9 +337,9 @@ class KVWorker final : public ParamClient {
     virtual void Fail(const absl::Status& why) = 0;
     bool fired = false;  // guarded by Life::mu
     // A push or clock (answered without waiting on consistency): counts
-    // for SuspectSilentServers from `sent` (set only then) on. Constant
-    // once registered.
+    // for SuspectSilentServers from `sent` on. Constant once registered.
     bool watched = false;
+    // When it was sent (set only with options.suspect_after).
     absl::Time sent;
   };
   struct Life {
@@ -357,6 +363,9 @@ class KVWorker final : public ParamClient {
     // not). A server that answers something is reachable, however many of
     // its calls a lossy network leaves waiting on their retries.
     absl::flat_hash_map<int, absl::Time> heard ABSL_GUARDED_BY(mu);
+    // By server id: when a status ask (PingSilentServers) last failed to
+    // reach it.
+    absl::flat_hash_map<int, absl::Time> unreached ABSL_GUARDED_BY(mu);
   };
 
   // `fn` wrapped so that it does nothing once the worker is being
@@ -376,10 +385,12 @@ class KVWorker final : public ParamClient {
   // For `server`, whose calls in flight are `calls`: since when its oldest
   // push or clock has waited (`waiting`), and since when it has answered
   // nothing (`since`: that, or its last answer if later). InfiniteFuture
-  // both when no push or clock waits on it.
+  // both when no push or clock waits on it. `any_since`: as `since`,
+  // counting pulls too.
   struct Silence {
     absl::Time waiting = absl::InfiniteFuture();
     absl::Time since = absl::InfiniteFuture();
+    absl::Time any_since = absl::InfiniteFuture();
   };
   Silence SilenceLocked(
       int server,

@@ -539,6 +539,50 @@ TEST_F(KVWorkerTest, ASilentServerThatAnswersItsPingIsNoSuspect) {
   EXPECT_TRUE(worker_->Wait(push, Soon()).ok());
 }
 
+// Issue 9: a pull alone never makes a server silent (in BSP it waits on
+// the clock), but one that waits on a server its status asks no longer
+// reach is named: a pull's answer lost in a cut left its worker waiting,
+// and in BSP the whole job with it, for as long as the cut lasted.
+TEST_F(KVWorkerTest, APullWaitingOnAnUnreachableServerNamesIt) {
+  KVWorkerOptions o;
+  o.suspect_after = absl::Seconds(2);
+  Make(2, o);
+  const std::vector<uint64_t> keys = Iota(64);
+  std::vector<float> out;
+  const int64_t pull = worker_->Pull(0, keys, &out);
+  std::optional<HeldPull> pull0 = S(0)->NextPull();
+  std::optional<HeldPull> pull1 = S(1)->NextPull();
+  ASSERT_TRUE(pull0.has_value() && pull1.has_value());
+  pull0->Reply(absl::OkStatus(), Answer(*pull0->req));
+  // Held, and reachable: asked, never named.
+  for (int i = 0; i < 8; ++i) {
+    clock_.Advance(absl::Milliseconds(500));
+    worker_->PingSilentServers(absl::Seconds(1));
+    EXPECT_TRUE(worker_->SuspectSilentServers().empty()) << i;
+  }
+  EXPECT_GE(S(1)->status_calls(), 2);
+  EXPECT_EQ(S(0)->status_calls(), 0);  // nothing waits on it
+
+  // Unreachable now: named once its silence reaches suspect_after.
+  S(1)->set_status_error(absl::UnavailableError("cut off"));
+  std::vector<int> named;
+  int asks = 0;
+  for (; asks < 8 && named.empty(); ++asks) {
+    clock_.Advance(absl::Milliseconds(500));
+    EXPECT_TRUE(worker_->PingSilentServers(absl::Seconds(1)).empty());
+    named = worker_->SuspectSilentServers();
+  }
+  EXPECT_EQ(named, std::vector<int>{1});
+  EXPECT_GE(asks, 3);  // not before 2 s of silence
+  // Reached again: no suspect any more.
+  S(1)->set_status_error(absl::OkStatus());
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(worker_->PingSilentServers(absl::Seconds(1)), std::vector<int>{1});
+  EXPECT_TRUE(worker_->SuspectSilentServers().empty());
+  pull1->Reply(absl::OkStatus(), Answer(*pull1->req));
+  EXPECT_TRUE(worker_->Wait(pull, Soon()).ok());
+}
+
 // The significance filter: only rows with an element above the threshold
 // leave; a clock still rides on the push (or goes alone when none does).
 TEST_F(KVWorkerTest, SignificanceFilterSendsOnlyLargeRows) {
