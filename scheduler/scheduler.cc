@@ -93,17 +93,14 @@ SchedulerOptions ResolveDataDefaults(SchedulerOptions options) {
 SchedulerCore::SchedulerCore(SchedulerOptions options)
     : options_(ResolveDataDefaults(std::move(options))),
       config_yaml_(ToYaml(options_.config)),
-      start_(options_.clock->Now()),
-      units_on_(true) {
+      start_(options_.clock->Now()) {
   absl::MutexLock l(&mu_);
-  if (units_on_) {
-    // BSP: no stealing, so its clocks combine the same batches every run.
-    work_ = std::make_unique<WorkQueue>(
-        PlanWorkUnits(options_.config), options_.config.training.epochs,
-        options_.config.cluster.num_workers,
-        /*steal=*/options_.config.consistency.mode != Mode::kBsp,
-        UnitShuffleSeed(options_.config));
-  }
+  // BSP: no stealing, so its clocks combine the same batches every run.
+  work_ = std::make_unique<WorkQueue>(
+      PlanWorkUnits(options_.config), options_.config.training.epochs,
+      options_.config.cluster.num_workers,
+      /*steal=*/options_.config.consistency.mode != Mode::kBsp,
+      UnitShuffleSeed(options_.config));
   if (work_ != nullptr && !options_.restore_from.empty()) {
     // Checkpoints (issue 9): continue the data where the checkpoint stood.
     absl::StatusOr<proto::CheckpointManifest> m =
@@ -336,9 +333,8 @@ SchedulerCore::Unreachable SchedulerCore::UnreachableFrom(
   // One node alone, for twice the timeout, while no other node (who had as
   // long to say so) names the server at all: the cut is that node's link.
   const bool alone_long = named_recently == 1 && silent >= 2 * limit;
-  // A worker: with work units it is dropped, and its units go to the
-  // others; otherwise the job waits for the link to come back.
-  if (alone_long && units_on_ && lone->role == proto::ROLE_WORKER &&
+  // A worker: it is dropped, and its work units go to the others.
+  if (alone_long && lone->role == proto::ROLE_WORKER &&
       lone->id >= 0 &&
       lone->id < static_cast<int>(workers_.size()) &&
       workers_[lone->id].info.state() == proto::NODE_ALIVE) {
@@ -703,7 +699,7 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   if (n.info.state() == proto::NODE_UNKNOWN) {
     return absl::FailedPreconditionError("heartbeat before register");
   }
-  if (req.role() == proto::ROLE_WORKER && units_on_ &&
+  if (req.role() == proto::ROLE_WORKER &&
       n.info.state() == proto::NODE_DEAD) {
     // Its units were handed to the others: it must not come back.
     return absl::FailedPreconditionError(absl::StrCat(
@@ -1397,36 +1393,27 @@ void SchedulerCore::CheckHeartbeats() {
       }
     }
     if (ready_ && failure.ok()) {
-      // Servers first: a dead server is the cause when both went silent.
-      for (const std::vector<Node>* group : {&servers_, &workers_}) {
-        for (const Node& n : *group) {
-          if (n.info.state() != proto::NODE_ALIVE || now - n.last_seen <= timeout) {
-            continue;
-          }
-          // With work units a dead worker is dropped (DropDeadWorkers).
-          if (units_on_ && n.info.role() == proto::ROLE_WORKER) continue;
-          const bool server = n.info.role() == proto::ROLE_SERVER;
-          // With replication a dead server fails over (FailoverServers).
-          if (server && replicas_ > 0) continue;
-          failure = absl::UnavailableError(absl::StrCat(
-              server ? "server S[" : "worker W[", n.info.id(), "]",
-              n.info.address().empty() ? "" : " at ", n.info.address(),
-              " died (no heartbeat for ", absl::FormatDuration(now - n.last_seen),
-              ")",
-              server ? "; its key ranges have no replica"
-                     : "; its share of the data and clocks cannot be "
-                       "completed"));
-          break;
+      // A dead worker is dropped (DropDeadWorkers: its work units go to the
+      // others); a dead server fails over (FailoverServers), or, without
+      // replication, ends the job.
+      for (const Node& n : servers_) {
+        if (replicas_ > 0 || n.info.state() != proto::NODE_ALIVE ||
+            now - n.last_seen <= timeout) {
+          continue;
         }
-        if (!failure.ok()) break;
+        failure = absl::UnavailableError(absl::StrCat(
+            "server S[", n.info.id(), "]",
+            n.info.address().empty() ? "" : " at ", n.info.address(),
+            " died (no heartbeat for ",
+            absl::FormatDuration(now - n.last_seen),
+            "); its key ranges have no replica"));
+        break;
       }
       if (failure.ok()) {
-        if (units_on_) {
-          for (const Node& n : workers_) {
-            if (n.info.state() == proto::NODE_ALIVE &&
-                now - n.last_seen > timeout) {
-              dead_workers.push_back(n.info.id());
-            }
+        for (const Node& n : workers_) {
+          if (n.info.state() == proto::NODE_ALIVE &&
+              now - n.last_seen > timeout) {
+            dead_workers.push_back(n.info.id());
           }
         }
         if (replicas_ > 0) {

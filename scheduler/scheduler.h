@@ -419,9 +419,8 @@ class SchedulerCore {
   std::map<int, proto::WorkerDoneRequest> done_ ABSL_GUARDED_BY(mu_);
   std::vector<proto::ServerControlResponse> models_ ABSL_GUARDED_BY(mu_);
   bool finalizing_ ABSL_GUARDED_BY(mu_) = false;
-  // Work units (issue 9): on for every model (the mlp workers read their
-  // units as field rows).
-  const bool units_on_;
+  // Work units (issue 9), for every model (the mlp workers read their units
+  // as field rows).
   std::unique_ptr<WorkQueue> work_ ABSL_GUARDED_BY(mu_);
   int evaluator_ ABSL_GUARDED_BY(mu_) = -1;  // told to evaluate; -1: none
   std::vector<int> dead_workers_ ABSL_GUARDED_BY(mu_);  // in order of death

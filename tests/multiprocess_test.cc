@@ -1495,8 +1495,10 @@ class NetworkPartitionTest
         wait_for("dropping the worker", absl::Seconds(30));
       } else {
         // Healed once the scheduler has failed S[1] over (or after 30 s),
-        // so that S[1] comes back while the job still runs.
-        wait_for("failed over", absl::Seconds(30));
+        // so that S[1] comes back while the job still runs. (Not "failed
+        // over": "not failed over on one node's word" has it too, and
+        // healed the cut before the failover in one suite run.)
+        wait_for("S[1] failed over to the backups", absl::Seconds(30));
       }
       for (const auto& [x, y] : Links(cut)) {
         EXPECT_TRUE(net->Heal(x, y)) << "cannot heal sides " << x << ", " << y;
