@@ -1,5 +1,6 @@
 #include "server/server_runner.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <limits>
 #include <thread>
@@ -240,6 +241,23 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
       absl::Milliseconds(config->cluster.heartbeat_timeout_ms);
   const absl::Duration scheduler_timeout = config->cluster.SchedulerTimeout();
   bool told_unreachable = false;
+  // Suspicions of silent backups and catching up with a newer view go on a
+  // thread of their own: both call the scheduler (up to a second each), and
+  // on the heartbeat thread they delayed the next heartbeat, so that a
+  // loaded machine could see a live server declared dead.
+  std::atomic<int64_t> scheduler_epoch{0};
+  std::thread watch([&] {
+    while (!stop.WaitForNotificationWithTimeout(hb)) {
+      // A backup that hangs is named to the scheduler in seconds (issue 9).
+      node.SuspectSilentBackups(config->cluster.SuspectAfter());
+      const int64_t epoch = scheduler_epoch.load();
+      if (epoch > node.epoch()) {
+        absl::Status s = CatchUpView(&node, scheduler.get(), id, epoch,
+                                     absl::Now() + hb_timeout / 2);
+        if (!s.ok()) PS_LOG_WARN("catching up with the view: {}", s.ToString());
+      }
+    }
+  });
   for (;;) {
     if (exit_requested.HasBeenNotified()) {
       absl::SleepFor(hb);  // saved: only waiting for the end of the job
@@ -250,8 +268,6 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
     node.FillHeartbeat(&req);
     req.set_id(id);
     auto resp = scheduler->Heartbeat(req, absl::Now() + hb_timeout / 2);
-    // A backup that hangs is named to the scheduler in seconds (issue 9).
-    node.SuspectSilentBackups(config->cluster.SuspectAfter());
     if (resp.ok()) {
       last_ok = absl::Now();
       if (told_unreachable) {
@@ -271,11 +287,8 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
         }
         break;
       }
-      if (resp->epoch() > node.epoch()) {
-        absl::Status s = CatchUpView(&node, scheduler.get(), id, resp->epoch(),
-                                     absl::Now() + hb_timeout / 2);
-        if (!s.ok()) PS_LOG_WARN("catching up with the view: {}", s.ToString());
-      }
+      // A newer view (a missed broadcast): the watch thread fetches it.
+      scheduler_epoch.store(resp->epoch());
     } else if (absl::Now() - last_ok > hb_timeout) {
       if (exit_requested.HasBeenNotified()) {
         PS_LOG_WARN("scheduler gone after the model was saved: {}",
@@ -303,6 +316,7 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
              result.ok() ? "the job is over" : std::string(result.message()));
   stop.Notify();
   ticker.join();
+  watch.join();
   node.CancelAll(absl::CancelledError("server shutting down"));
   service.EndStreams();
   if (data_plane != nullptr) {
