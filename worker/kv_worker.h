@@ -245,8 +245,9 @@ class KVWorker final : public ParamClient {
   // kind waits on it, and whose last status ask (PingSilentServers) since
   // found it unreachable, is named too: a pull's answer lost in a cut
   // leaves its worker waiting, and in BSP every other worker with it.
-  // Returns the servers named. Thread-safe; the worker runner calls it on
-  // every heartbeat.
+  // Returns the servers named. Thread-safe; blocks while the scheduler
+  // answers each naming: the worker runner calls it after
+  // PingSilentServers, every heartbeat interval, on a thread of its own.
   std::vector<int> SuspectSilentServers();
 
   // Issue 9: a server can be reachable and still answer nothing for long:

@@ -175,7 +175,6 @@ absl::Status TrainAndReport(
       // A newer view (a failover): fetched now, not when a call to the
       // failed server gives up, which for a hung server is its deadline.
       kv->OnSchedulerEpoch(r->epoch());
-      kv->SuspectSilentServers();
       if (others_min_clock != nullptr) {
         others_min_clock->store(r->others_min_clock());
       }
@@ -192,13 +191,18 @@ absl::Status TrainAndReport(
   });
   // Issue 9: the servers this worker has heard nothing from for a while
   // are asked for their status, so that one that is only slow to answer
-  // (in BSP, behind a straggler) is not named a suspect: on a thread of
-  // its own, as an unreachable one makes the ask wait its timeout.
+  // (in BSP, behind a straggler) is not named a suspect, and then those
+  // still silent are named to the scheduler: on a thread of their own, as
+  // an unreachable server makes the ask wait its timeout and each naming
+  // waits on the scheduler (on the heartbeat thread they delayed the
+  // heartbeats), and in this order, so that no server is named before it
+  // was asked.
   std::thread reach([&] {
     const absl::Duration timeout =
         absl::Milliseconds(config.fault_tolerance.probe_timeout_ms);
     while (!stop.WaitForNotificationWithTimeout(every)) {
       kv->PingSilentServers(timeout);
+      kv->SuspectSilentServers();
     }
   });
   // A local error after the job failed elsewhere is a consequence: report
