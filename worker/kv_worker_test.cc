@@ -175,6 +175,19 @@ class KVWorkerTest : public ::testing::Test {
     return worker_->Push(0, keys, vals, examples);
   }
 
+  // A pull of 64 keys across servers 0 and 1, both slices held.
+  struct HeldPulls {
+    int64_t ts;
+    std::optional<HeldPull> at0, at1;
+  };
+  HeldPulls PullHeldAtBoth(std::vector<float>* out) {
+    HeldPulls h;
+    h.ts = worker_->Pull(0, Iota(64), out);
+    h.at0 = S(0)->NextPull();
+    h.at1 = S(1)->NextPull();
+    return h;
+  }
+
   FakeClock clock_;
   FakeClientFactory factory_;
   proto::ClusterView view_;
@@ -434,9 +447,7 @@ TEST_F(KVWorkerTest, AnUnansweredPushMakesItsServerASuspect) {
   };
   const std::vector<uint64_t> keys = Iota(64);
   std::vector<float> out;
-  const int64_t pull = worker_->Pull(0, keys, &out);
-  std::optional<HeldPull> pull0 = S(0)->NextPull();
-  std::optional<HeldPull> pull1 = S(1)->NextPull();
+  auto [pull, pull0, pull1] = PullHeldAtBoth(&out);
   ASSERT_TRUE(pull0.has_value() && pull1.has_value());
   clock_.Advance(absl::Seconds(3));
   EXPECT_TRUE(worker_->SuspectSilentServers().empty());
@@ -547,11 +558,8 @@ TEST_F(KVWorkerTest, APullWaitingOnAnUnreachableServerNamesIt) {
   KVWorkerOptions o;
   o.suspect_after = absl::Seconds(2);
   Make(2, o);
-  const std::vector<uint64_t> keys = Iota(64);
   std::vector<float> out;
-  const int64_t pull = worker_->Pull(0, keys, &out);
-  std::optional<HeldPull> pull0 = S(0)->NextPull();
-  std::optional<HeldPull> pull1 = S(1)->NextPull();
+  auto [pull, pull0, pull1] = PullHeldAtBoth(&out);
   ASSERT_TRUE(pull0.has_value() && pull1.has_value());
   pull0->Reply(absl::OkStatus(), Answer(*pull0->req));
   // Held, and reachable: asked, never named.
