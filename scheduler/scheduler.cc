@@ -101,7 +101,7 @@ SchedulerCore::SchedulerCore(SchedulerOptions options)
       options_.config.cluster.num_workers,
       /*steal=*/options_.config.consistency.mode != Mode::kBsp,
       UnitShuffleSeed(options_.config));
-  if (work_ != nullptr && !options_.restore_from.empty()) {
+  if (!options_.restore_from.empty()) {
     // Checkpoints (issue 9): continue the data where the checkpoint stood.
     absl::StatusOr<proto::CheckpointManifest> m =
         ReadManifest(options_.restore_from);

@@ -224,15 +224,14 @@ std::vector<int> KVWorker::SuspectSilentServers() {
     if (!life_->alive) return suspects;
     for (const auto& [server, calls] : life_->calls) {
       const Silence silence = SilenceLocked(server, calls);
-      absl::Time since = silence.since;
-      // A pull waits on it too (a push may be answered, and none sent
-      // since), and its last status ask went unanswered: the pull's answer
-      // may be lost as well.
-      if (auto it = life_->unreached.find(server);
-          now - since < after && it != life_->unreached.end() &&
-          it->second >= silence.any_since) {
-        since = silence.any_since;
-      }
+      // Its last status ask since the oldest call of any kind (a pull too)
+      // went unanswered: that pull's answer may be lost as well, so the
+      // silence counts from it (any_since is never after since).
+      auto it = life_->unreached.find(server);
+      const absl::Time since =
+          it != life_->unreached.end() && it->second >= silence.any_since
+              ? silence.any_since
+              : silence.since;
       if (now - since >= after && life_->suspected.Due(server, now, after)) {
         silent.emplace_back(server, now - since);
       }
