@@ -513,6 +513,18 @@ class ServerNode {
   // idle (a busy stream's ranges keep gathering, so that one delta covers
   // more pushes), and queues it for the range's backups.
   void ShipDirtyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What ShipRangeLocked did with a dirty range.
+  enum class Shipped {
+    kDelta,     // queued its delta for every target
+    kNotQuiet,  // nothing: a push to it awaits its apply
+    kRecopy,    // its journal fell short: the targets await a copy instead
+  };
+  // Makes owned dirty range `r`'s delta (its state, and the rows its pushes
+  // changed since the last one) and queues it for each of `to` (appended to
+  // `fed` where not there yet); the range is clean after kDelta and
+  // kRecopy.
+  Shipped ShipRangeLocked(int r, const Targets& to, Targets* fed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A copy's or delta's consistency state from primary `from` for range
   // `r`: INVALID_ARGUMENT when malformed or another job's, UNAVAILABLE +
   // VIEW_BEHIND when it has workers this server's view does not.

@@ -433,20 +433,14 @@ bool ServerNode::DirtyDueLocked() {
 
 void ServerNode::ShipDirtyLocked() {
   size_t kept = 0;
-  absl::InlinedVector<int, 4> fed;  // streams given a delta now
-  std::vector<uint64_t> keys;
-  std::vector<float> entries;
-  Table::DeltaRows by_slot;
+  Targets fed;  // streams given a delta now
   bool copies_due = false;
   for (int r : dirty_ranges_) {
     RangeLog& lg = logs_[r];
     if (!lg.dirty) continue;
-    auto clear = [&lg] {
-      lg.dirty = false;
-      for (RangeLog::DirtyRows& d : lg.dirty_rows) d.Clear();
-    };
     if (routing_ == nullptr || routing_->OwnerOfRange(r) != id_) {
-      clear();  // moved away: its new owner's copies carry it
+      lg.dirty = false;  // moved away: its new owner's copies carry it
+      for (RangeLog::DirtyRows& d : lg.dirty_rows) d.Clear();
       continue;
     }
     const Targets to = FeedTargetsLocked(r);
@@ -461,99 +455,18 @@ void ServerNode::ShipDirtyLocked() {
       dirty_ranges_[kept++] = r;
       continue;
     }
-    if (to.empty()) {  // every backup awaits a copy, which will cover it
-      lg.shipped = lg.index;
-      clear();
-      continue;
+    switch (ShipRangeLocked(r, to, &fed)) {
+      case Shipped::kDelta:
+        break;
+      case Shipped::kNotQuiet:
+        // A push to it awaits its apply: the rows are not yet what the
+        // state says. That push's end kicks again.
+        dirty_ranges_[kept++] = r;
+        break;
+      case Shipped::kRecopy:
+        copies_due = true;
+        break;
     }
-    absl::StatusOr<proto::RangeStateSnapshot> snap = ranges_[r].Snapshot();
-    if (!snap.ok()) {
-      // A push to it awaits its apply: the rows are not yet what the state
-      // says. That push's end kicks again.
-      dirty_ranges_[kept++] = r;
-      continue;
-    }
-    proto::ReplicaEntry e;
-    e.set_range(r);
-    e.set_index(lg.index);
-    proto::RangeDelta* d = e.mutable_delta();
-    d->set_base(lg.shipped);
-    *d->mutable_state() = std::move(*snap);
-    bool recopy = false;
-    for (size_t t = 0; t < tables_.size(); ++t) {
-      const RangeLog::DirtyRows* dirty =
-          t < lg.dirty_rows.size() ? &lg.dirty_rows[t] : nullptr;
-      if (lg.by_slot) {
-        // By slot, from the journal the pushes wrote as they applied: the
-        // backups' layout is ours (no key lookups there, and a slot
-        // instead of a key on the wire for rows they hold). A push the
-        // journal missed (by keys), or a partition changed under it: the
-        // backups get a copy of the range instead.
-        if (t >= lg.synced_slots.size() ||
-            (dirty != nullptr && !dirty->keys.empty()) ||
-            !tables_[t]->TakeJournal(r, lg.synced_generations[t],
-                                     lg.synced_slots[t], &by_slot)) {
-          recopy = true;
-          break;
-        }
-        const size_t made = by_slot.rows();
-        if (made == 0) continue;
-        proto::RangeCopy::Rows* rows = d->add_tables();
-        rows->set_table(static_cast<int32_t>(t));
-        rows->set_by_slot(true);
-        // Moved, not copied (the journal starts new strings).
-        rows->set_slots(std::move(by_slot.slots));
-        rows->set_keys(std::move(by_slot.new_keys));
-        rows->set_entries(std::move(by_slot.entries));
-        rows->set_base_slots(by_slot.base_slots);
-        rows->set_base_digest(lg.synced_digests[t]);
-        lg.synced_slots[t] = by_slot.num_slots;
-        lg.synced_digests[t] = by_slot.digest;
-        replica_rows_by_slot_ += static_cast<int64_t>(made);
-        continue;
-      }
-      if (dirty == nullptr || dirty->keys.empty()) continue;
-      const RangeLog::DirtyRows& dr = *dirty;
-      keys.clear();
-      entries.clear();
-      // Each key once (by its slot), in the order first pushed: no sort
-      // (sorting 100k random keys a push cost more than replaying it), and
-      // no hashing where the pushes' slots are still good.
-      tables_[t]->ExportKeys(r, dr.keys, dr.by_slot ? dr.slots.data() : nullptr,
-                             dr.generation, &keys, &entries);
-      if (keys.empty()) continue;
-      proto::RangeCopy::Rows* rows = d->add_tables();
-      rows->set_table(static_cast<int32_t>(t));
-      rows->set_keys(keys.data(), keys.size() * sizeof(uint64_t));
-      rows->set_entries(entries.data(), entries.size() * sizeof(float));
-      replica_rows_by_key_ += static_cast<int64_t>(keys.size());
-    }
-    if (recopy) {
-      PS_LOG_WARN("S[{}] range {}: its journal does not cover its pushes "
-                  "since the last delta; its backups get a copy",
-                  id_, r);
-      EndBySlotLocked(r);
-      for (int b : to) {  // fed, so none awaits a copy yet
-        lg.acked.erase(b);
-        lg.copy_to.push_back(b);
-      }
-      lg.shipped = lg.index;  // the copy covers it
-      clear();
-      copies_due = true;
-      continue;
-    }
-    for (size_t i = 0; i < to.size(); ++i) {
-      if (std::find(fed.begin(), fed.end(), to[i]) == fed.end()) {
-        fed.push_back(to[i]);
-      }
-      if (i + 1 == to.size()) {
-        EnqueueLocked(to[i], std::move(e));
-      } else {
-        EnqueueLocked(to[i], e);
-      }
-    }
-    lg.shipped = lg.index;
-    clear();
   }
   dirty_ranges_.resize(kept);
   if (kept == 0) dirty_bytes_ = 0;
@@ -566,6 +479,101 @@ void ServerNode::ShipDirtyLocked() {
       Kick();
     });
   }
+}
+
+ServerNode::Shipped ServerNode::ShipRangeLocked(int r, const Targets& to,
+                                                Targets* fed) {
+  RangeLog& lg = logs_[r];
+  auto clear = [&lg] {
+    lg.dirty = false;
+    for (RangeLog::DirtyRows& d : lg.dirty_rows) d.Clear();
+  };
+  if (to.empty()) {  // every backup awaits a copy, which will cover it
+    lg.shipped = lg.index;
+    clear();
+    return Shipped::kDelta;
+  }
+  absl::StatusOr<proto::RangeStateSnapshot> snap = ranges_[r].Snapshot();
+  if (!snap.ok()) return Shipped::kNotQuiet;
+  proto::ReplicaEntry e;
+  e.set_range(r);
+  e.set_index(lg.index);
+  proto::RangeDelta* d = e.mutable_delta();
+  d->set_base(lg.shipped);
+  *d->mutable_state() = std::move(*snap);
+  std::vector<uint64_t> keys;
+  std::vector<float> entries;
+  Table::DeltaRows by_slot;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const RangeLog::DirtyRows* dirty =
+        t < lg.dirty_rows.size() ? &lg.dirty_rows[t] : nullptr;
+    if (lg.by_slot) {
+      // By slot, from the journal the pushes wrote as they applied: the
+      // backups' layout is ours (no key lookups there, and a slot instead
+      // of a key on the wire for rows they hold). A push the journal
+      // missed (by keys), or a partition changed under it: the backups get
+      // a copy of the range instead.
+      if (t >= lg.synced_slots.size() ||
+          (dirty != nullptr && !dirty->keys.empty()) ||
+          !tables_[t]->TakeJournal(r, lg.synced_generations[t],
+                                   lg.synced_slots[t], &by_slot)) {
+        PS_LOG_WARN("S[{}] range {}: its journal does not cover its pushes "
+                    "since the last delta; its backups get a copy",
+                    id_, r);
+        EndBySlotLocked(r);
+        for (int b : to) {  // fed, so none awaits a copy yet
+          lg.acked.erase(b);
+          lg.copy_to.push_back(b);
+        }
+        lg.shipped = lg.index;  // the copy covers it
+        clear();
+        return Shipped::kRecopy;
+      }
+      const size_t made = by_slot.rows();
+      if (made == 0) continue;
+      proto::RangeCopy::Rows* rows = d->add_tables();
+      rows->set_table(static_cast<int32_t>(t));
+      rows->set_by_slot(true);
+      // Moved, not copied (the journal starts new strings).
+      rows->set_slots(std::move(by_slot.slots));
+      rows->set_keys(std::move(by_slot.new_keys));
+      rows->set_entries(std::move(by_slot.entries));
+      rows->set_base_slots(by_slot.base_slots);
+      rows->set_base_digest(lg.synced_digests[t]);
+      lg.synced_slots[t] = by_slot.num_slots;
+      lg.synced_digests[t] = by_slot.digest;
+      replica_rows_by_slot_ += static_cast<int64_t>(made);
+      continue;
+    }
+    if (dirty == nullptr || dirty->keys.empty()) continue;
+    const RangeLog::DirtyRows& dr = *dirty;
+    keys.clear();
+    entries.clear();
+    // Each key once (by its slot), in the order first pushed: no sort
+    // (sorting 100k random keys a push cost more than replaying it), and no
+    // hashing where the pushes' slots are still good.
+    tables_[t]->ExportKeys(r, dr.keys, dr.by_slot ? dr.slots.data() : nullptr,
+                           dr.generation, &keys, &entries);
+    if (keys.empty()) continue;
+    proto::RangeCopy::Rows* rows = d->add_tables();
+    rows->set_table(static_cast<int32_t>(t));
+    rows->set_keys(keys.data(), keys.size() * sizeof(uint64_t));
+    rows->set_entries(entries.data(), entries.size() * sizeof(float));
+    replica_rows_by_key_ += static_cast<int64_t>(keys.size());
+  }
+  for (size_t i = 0; i < to.size(); ++i) {
+    if (std::find(fed->begin(), fed->end(), to[i]) == fed->end()) {
+      fed->push_back(to[i]);
+    }
+    if (i + 1 == to.size()) {
+      EnqueueLocked(to[i], std::move(e));
+    } else {
+      EnqueueLocked(to[i], e);
+    }
+  }
+  lg.shipped = lg.index;
+  clear();
+  return Shipped::kDelta;
 }
 
 void ServerNode::QueueLocked(int backup, proto::ReplicaEntry e) {
@@ -1063,6 +1071,16 @@ void ServerNode::TakeCopies() {
       if (!snap.ok()) {  // a segment awaits its apply: a moment later
         retry = true;
         continue;
+      }
+      if (lg.by_slot && lg.dirty) {
+        // The copy ends the range's journal, which holds the rows of its
+        // pushes since the last delta: the backups that get no copy need
+        // them (a push acknowledged on a delta without its rows is lost
+        // once that backup is promoted). They get that delta first; a
+        // journal that falls short makes them copies too. (Every caller
+        // kicks the streams after this.)
+        Targets fed;
+        ShipRangeLocked(r, FeedTargetsLocked(r), &fed);
       }
       proto::ReplicaEntry e;
       e.set_range(r);

@@ -676,5 +676,80 @@ TEST_F(DeltaTest, RangeWhoseJournalFallsShortIsCopiedThenGoesByKey) {
   EXPECT_EQ(primary_.Status().replica_rows_by_slot(), by_slot);
 }
 
+// A third server joins every range's chain (as a join's or a drain's first
+// stage makes it) while a push's rows wait in the ranges' journals for the
+// linger: the copy the joiner gets ends the journals, and the backup that
+// was there all along must still get those rows. (The push was answered on
+// a delta of the range's state alone: a drain then promoted that backup
+// and lost the push; FailoverTest.ExactCounterWhileServersJoinAndOneIsDrained
+// under ASan.)
+class JoinerDeltaTest : public DeltaTest {
+ protected:
+  void SetUp() override {
+    DeltaTest::SetUp();
+    peers_.AddServer(2, &h2_);
+    joiner_.SetPeers(&peers_);
+    joiner_.SetReplicationDeltas(true);
+  }
+  void TearDown() override {
+    EXPECT_TRUE(joiner_.CheckInvariants().ok()) << joiner_.CheckInvariants();
+    DeltaTest::TearDown();
+    joiner_.CancelAll(absl::CancelledError("test over"));
+  }
+  // View(epoch, 0, 1) with S[2] in the cluster and, when `chain` is, as
+  // every range's second backup after S[1].
+  static proto::ClusterView Grown(int64_t epoch, bool chain) {
+    proto::ClusterView v = View(epoch, 0, 1, proto::MODE_SSP);
+    proto::RoutingTable* t = v.mutable_routing();
+    proto::NodeInfo* s = t->add_servers();
+    s->set_id(2);
+    s->set_role(proto::ROLE_SERVER);
+    s->set_address(InProcServerAddress(2));
+    s->set_state(proto::NODE_ALIVE);
+    if (chain) {
+      t->set_replicas(2);
+      t->clear_range_backup();
+      for (int r = 0; r < t->range_server_size(); ++r) {
+        t->add_range_backup(1);
+        t->add_range_backup(2);
+      }
+    }
+    return v;
+  }
+
+  ServerNode joiner_{NodeClock()};
+  ServerNodeHandler h2_{2, &joiner_};
+};
+
+TEST_F(JoinerDeltaTest, BackupKeepsTheJournaledRowsOfACopiedRange) {
+  primary_.SetReplicationLinger(absl::Milliseconds(5));
+  const int ranges = View(1, 0, 1).routing().range_begin_size();
+  auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -2, -3, -4});
+  ASSERT_FALSE(a->answer.IsDone());  // its rows wait in the journals
+  // S[2] joins every chain: the backup first (it refuses the primary's
+  // batches of a view it has not installed), then the joiner, then the
+  // primary, which copies every range to S[2].
+  ASSERT_TRUE(backup_.Configure(1, Grown(2, true)).ok());
+  ASSERT_TRUE(joiner_.Configure(2, Grown(2, true)).ok());
+  ASSERT_TRUE(primary_.Configure(0, Grown(2, true)).ok());
+  ExpectAcknowledged(a);
+  EXPECT_EQ(Rows(joiner_, ranges), Rows(primary_, ranges));
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges))
+      << "the backup lost the push's rows";
+  // Later pushes reach both backups (by key from the copy on).
+  auto b = Push(&primary_, 1, 1, 0, {kKeys[1]}, {-8}, /*epoch=*/2);
+  ExpectAcknowledged(b);
+  EXPECT_EQ(Rows(joiner_, ranges), Rows(primary_, ranges));
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
+  // The backup, promoted (as a drain of S[0] does), serves both pushes.
+  proto::ClusterView promoted = Grown(3, false);
+  proto::RoutingTable* t = promoted.mutable_routing();
+  t->set_replicas(0);
+  t->clear_range_backup();
+  for (int r = 0; r < t->range_server_size(); ++r) t->set_range_server(r, 1);
+  ASSERT_TRUE(backup_.Configure(1, promoted).ok());
+  EXPECT_EQ(PullAt(&backup_, 0, kKeys), (std::vector<float>{1, 10, 3, 4}));
+}
+
 }  // namespace
 }  // namespace ps
