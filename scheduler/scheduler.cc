@@ -808,10 +808,6 @@ absl::StatusOr<proto::GetWorkResponse> SchedulerCore::GetWork(
     }
     if (concluding_ && !end_status_.ok()) return JobFailed(end_status_);
     if (!ready_) return absl::FailedPreconditionError("cluster not ready yet");
-    if (work_ == nullptr) {
-      return absl::FailedPreconditionError(
-          "this job reads static shards (GetShard), not work units");
-    }
     const proto::NodeState state = workers_[w].info.state();
     if (state != proto::NODE_ALIVE && state != proto::NODE_FINISHED) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -908,7 +904,7 @@ void SchedulerCore::DropDeadWorkers(const std::vector<int>& ids,
           dead_workers_.end()) {
         dead_workers_.push_back(id);
       }
-      const int released = work_ != nullptr ? work_->Release(id) : 0;
+      const int released = work_->Release(id);
       PS_LOG_WARN("W[{}] declared dead ({}): {} unfinished work unit(s) go "
                   "back to the queue; {} worker(s) left",
                   id, why, released, live);
@@ -921,8 +917,7 @@ void SchedulerCore::DropDeadWorkers(const std::vector<int>& ids,
     if (live == 0) {
       failure = absl::UnavailableError(absl::StrCat(
           "every worker died (the last: W[", ids.back(), "]); ",
-          work_ != nullptr && !work_->AllDone() ? "the training data"
-                                                : "the job",
+          !work_->AllDone() ? "the training data" : "the job",
           " cannot be completed"));
     }
     if (failure.ok()) {
@@ -972,10 +967,8 @@ bool SchedulerCore::StartFinalizingLocked() {
   phase_ = JobPhase::kFinishing;
   // The curve ends where training did, also for a job shorter than one
   // progress interval.
-  if (work_ != nullptr) {
-    AddProgressPointLocked(options_.clock->Now(), work_->Progress().epoch,
-                           /*last=*/true);
-  }
+  AddProgressPointLocked(options_.clock->Now(), work_->Progress().epoch,
+                         /*last=*/true);
   return true;
 }
 
@@ -1267,12 +1260,10 @@ absl::StatusOr<proto::StatusResponse> SchedulerCore::Status(bool brief) {
     for (const Node& w : workers_) *resp.add_nodes() = w.info;
     resp.set_phase(JobPhaseName(phase_));
     resp.set_now_ms(absl::ToUnixMillis(options_.clock->Now()));
-    if (work_ != nullptr) {
-      const JobProgress p = work_->Progress();
-      if (p.units_per_epoch > 0) {
-        resp.set_epochs_done(static_cast<double>(p.done) /
-                             static_cast<double>(p.units_per_epoch));
-      }
+    const JobProgress p = work_->Progress();
+    if (p.units_per_epoch > 0) {
+      resp.set_epochs_done(static_cast<double>(p.done) /
+                           static_cast<double>(p.units_per_epoch));
     }
   }
   if (brief) return resp;
@@ -1605,12 +1596,10 @@ proto::JobReport SchedulerCore::ReportLocked() const {
     if (d.has_eval() && eval == nullptr) eval = &d;
     if (d.validation_rows() > 0 && validated == nullptr) validated = &d;
   }
-  if (work_ != nullptr) {
-    // The finished units, a dead worker's included (its WorkerDone never
-    // came, but the units it finished count: their pushes were acked).
-    examples = 0;
-    for (int64_t n : work_->epoch_examples()) examples += n;
-  }
+  // The finished units, a dead worker's included (its WorkerDone never
+  // came, but the units it finished count: their pushes were acked).
+  examples = 0;
+  for (int64_t n : work_->epoch_examples()) examples += n;
   proto::JobReport r;
   r.set_status(phase_ == JobPhase::kDone     ? "ok"
                : phase_ == JobPhase::kFailed ? "failed"
@@ -1634,11 +1623,9 @@ proto::JobReport SchedulerCore::ReportLocked() const {
       Round6(max_worker_wall > 0 ? examples / max_worker_wall : 0));
   // Issue 9: examples of the finished work units per epoch (each equals the
   // data's row count once the job is done), and the workers that died.
-  if (work_ != nullptr) {
-    r.set_work_units_per_epoch(static_cast<int32_t>(work_->units_per_epoch()));
-    for (int64_t n : work_->epoch_examples()) {
-      r.add_epoch_examples(static_cast<double>(n));
-    }
+  r.set_work_units_per_epoch(static_cast<int32_t>(work_->units_per_epoch()));
+  for (int64_t n : work_->epoch_examples()) {
+    r.add_epoch_examples(static_cast<double>(n));
   }
   for (int w : dead_workers_) r.add_dead_workers(w);
   r.set_replicas(replicas_);
@@ -1689,8 +1676,7 @@ proto::JobReport SchedulerCore::ReportLocked() const {
     proto::JobReport::Worker* w = r.add_per_worker();
     w->set_id(id);
     w->set_examples(static_cast<double>(d.examples()));
-    w->set_units(work_ != nullptr ? static_cast<int32_t>(work_->finished_by(id))
-                                  : 0);
+    w->set_units(static_cast<int32_t>(work_->finished_by(id)));
     w->set_skipped_lines(static_cast<double>(worker_skipped));
     w->set_compute_seconds(Round6(d.compute_seconds()));
     w->set_wait_seconds(Round6(d.wait_seconds()));
@@ -1740,10 +1726,8 @@ absl::StatusOr<proto::CheckpointResponse> SchedulerCore::Checkpoint() {
     since_ready = absl::ToDoubleSeconds(options_.clock->Now() - ready_time_);
     // The data position before any range is copied: a unit finished by now
     // had its pushes acknowledged, so they are in the copies.
-    if (work_ != nullptr) {
-      work_->SaveTo(&work_at_start);
-      plan_at_start = work_->plan();
-    }
+    work_->SaveTo(&work_at_start);
+    plan_at_start = work_->plan();
   }
   const std::string dir = absl::StrCat(root, "/", CheckpointFolderName(id));
   proto::CheckpointManifest m;
@@ -1909,7 +1893,7 @@ void SchedulerCore::NoteValidationLocked(const proto::HeartbeatRequest& req) {
               "rows; best log loss {:.4f} after {} epochs)",
               p.epoch, p.auc, p.logloss, p.rows, best.logloss, best.epoch);
   const int patience = options_.config.training.early_stopping;
-  if (patience <= 0 || stopped_early_after_ > 0 || work_ == nullptr) return;
+  if (patience <= 0 || stopped_early_after_ > 0) return;
   if (index - validation_best_ < patience) return;
   const int64_t dropped = work_->StopAfter(p.epoch);
   stopped_early_after_ = p.epoch;
@@ -1945,7 +1929,7 @@ void SchedulerCore::ValidationReportLocked(const proto::WorkerDoneRequest* eval,
 
 std::optional<std::string> SchedulerCore::MaybeProgress() {
   absl::MutexLock l(&mu_);
-  if (phase_ != JobPhase::kRunning || work_ == nullptr) return std::nullopt;
+  if (phase_ != JobPhase::kRunning) return std::nullopt;
   const absl::Time now = options_.clock->Now();
   if (!progress_base_) {
     progress_base_.emplace(now, work_->done());

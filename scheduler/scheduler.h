@@ -420,7 +420,7 @@ class SchedulerCore {
   std::vector<proto::ServerControlResponse> models_ ABSL_GUARDED_BY(mu_);
   bool finalizing_ ABSL_GUARDED_BY(mu_) = false;
   // Work units (issue 9), for every model (the mlp workers read their units
-  // as field rows).
+  // as field rows). Made by the constructor: never null.
   std::unique_ptr<WorkQueue> work_ ABSL_GUARDED_BY(mu_);
   int evaluator_ ABSL_GUARDED_BY(mu_) = -1;  // told to evaluate; -1: none
   std::vector<int> dead_workers_ ABSL_GUARDED_BY(mu_);  // in order of death

@@ -24,7 +24,7 @@ void SchedulerCore::SaveStateLocked() {
   st.set_replicas(replicas_);
   for (const Node& n : servers_) *st.add_servers() = n.info;
   for (const Node& n : workers_) *st.add_workers() = n.info;
-  if (work_ != nullptr) work_->SaveTo(st.mutable_work());
+  work_->SaveTo(st.mutable_work());
   for (const auto& [id, d] : done_) *st.add_done() = d;
   st.mutable_dead_workers()->Add(dead_workers_.begin(), dead_workers_.end());
   st.set_evaluator(evaluator_);
@@ -117,11 +117,9 @@ absl::StatusOr<bool> SchedulerCore::RestoreState() {
     workers[i].info = st.workers(i);
     workers[i].last_seen = now;
   }
-  if (work_ != nullptr) {
-    if (absl::Status s = work_->RestoreFrom(st.work()); !s.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("scheduler state ", path, ": ", s.message()));
-    }
+  if (absl::Status s = work_->RestoreFrom(st.work()); !s.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("scheduler state ", path, ": ", s.message()));
   }
   servers_ = std::move(servers);
   workers_ = std::move(workers);
