@@ -74,6 +74,18 @@ absl::StatusOr<proto::RoutingTable> Reassign(
   out.set_replicas(replicas);
   out.clear_range_backup();
   const int old_k = current.replicas();
+  // Chain memberships per live server, as assigned so far (the current
+  // view's, then this one's): a range whose preference list has no live
+  // server left to add (the ring's servers dead or drained, the live ones
+  // joined later) takes the live server in the fewest chains.
+  std::vector<int> members(live.size(), 0);
+  for (int r = 0; r < current.range_server_size(); ++r) {
+    if (is_live(current.range_server(r))) ++members[current.range_server(r)];
+    for (int i = 0; i < old_k; ++i) {
+      const int b = current.range_backup(r * old_k + i);
+      if (is_live(b)) ++members[b];
+    }
+  }
   for (int r = 0; r < current.range_server_size(); ++r) {
     // The live members of the range's chain, in order, those with a
     // complete copy first.
@@ -103,6 +115,7 @@ absl::StatusOr<proto::RoutingTable> Reassign(
     }
     std::vector<int> chain = std::move(whole);
     chain.insert(chain.end(), copying.begin(), copying.end());
+    const size_t kept = chain.size();
     if (r < ring.range_server_size()) {
       for (int s : PreferenceList(ring, r)) {
         if (static_cast<int>(chain.size()) > replicas) break;
@@ -112,6 +125,19 @@ absl::StatusOr<proto::RoutingTable> Reassign(
         }
       }
     }
+    while (static_cast<int>(chain.size()) <= replicas) {
+      int best = -1;
+      for (int s = 0; s < static_cast<int>(live.size()); ++s) {
+        if (!is_live(s) ||
+            std::find(chain.begin(), chain.end(), s) != chain.end()) {
+          continue;
+        }
+        if (best < 0 || members[s] < members[best]) best = s;
+      }
+      if (best < 0) break;  // fewer live servers than 1 + replicas
+      chain.push_back(best);
+    }
+    for (size_t i = kept; i < chain.size(); ++i) ++members[chain[i]];
     out.set_range_server(r, chain[0]);
     for (int i = 0; i < replicas; ++i) {
       out.add_range_backup(i + 1 < static_cast<int>(chain.size()) ? chain[i + 1]

@@ -36,7 +36,9 @@ std::vector<int> PreferenceList(const proto::RoutingTable& ring, int range);
 // server)` names the chain members still waiting for their copy (they stay
 // backups and get a copy from the new owner). The backups are the live ones
 // left of the current chain, then the next live servers of the range's
-// preference list in `ring`, up to `replicas`. Keeps boundaries and servers
+// preference list in `ring`, then (servers that joined later are in no
+// preference list) the live servers in the fewest chains, up to
+// `replicas`. Keeps boundaries and servers
 // of `current`; sets `epoch`. DATA_LOSS naming the range when no live
 // member of its chain holds a complete copy.
 absl::StatusOr<proto::RoutingTable> Reassign(

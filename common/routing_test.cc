@@ -283,5 +283,46 @@ TEST(RoutingTest, ForEachRangeRun) {
   EXPECT_EQ(expect_first, many.size());
 }
 
+// Servers that joined after the start are in no range's preference list (the
+// ring is the job's first): once the ring's servers are dead or gone, a
+// failover refills each chain from the live servers in the fewest chains,
+// so every range keeps its backup and the refills spread over them.
+TEST(ReassignTest, RefillsChainsFromServersThatJoinedLater) {
+  const proto::RoutingTable ring = BuildHashRing(Ids(3), 16, 1);
+  const int n = ring.range_server_size();
+  proto::RoutingTable current = ring;
+  current.set_replicas(1);
+  current.clear_range_backup();
+  // S[0] left, S[3] and S[4] joined; chains over S[1..4], S[1] in many.
+  for (int r = 0; r < n; ++r) {
+    const int owner = 1 + r % 4;
+    current.set_range_server(r, owner);
+    current.add_range_backup(owner == 1 ? 2 + r % 3 : 1);
+  }
+  const std::vector<bool> live = {false, false, true, true, true};  // S[1] died
+  absl::StatusOr<proto::RoutingTable> t = Reassign(ring, current, live, 1, 9);
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<int> refills(5, 0);
+  for (int r = 0; r < n; ++r) {
+    const int owner = t->range_server(r);
+    const int backup = t->range_backup(r);
+    EXPECT_TRUE(live[owner]) << "range " << r;
+    ASSERT_GE(backup, 0) << "range " << r << ": no backup";
+    EXPECT_TRUE(live[backup]) << "range " << r;
+    EXPECT_NE(owner, backup) << "range " << r;
+    // A live member of the old chain stays in it, first.
+    if (current.range_server(r) != 1) {
+      EXPECT_EQ(owner, current.range_server(r)) << "range " << r;
+    } else {
+      EXPECT_EQ(owner, current.range_backup(r)) << "range " << r;
+    }
+    if (current.range_server(r) == 1 || current.range_backup(r) == 1) {
+      ++refills[backup];  // the chain lost S[1]: its backup is new
+    }
+  }
+  // Each live server got some of the refills.
+  for (int s = 2; s <= 4; ++s) EXPECT_GT(refills[s], 0) << "S[" << s << "]";
+}
+
 }  // namespace
 }  // namespace ps

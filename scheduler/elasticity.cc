@@ -77,6 +77,22 @@ void SchedulerCore::NoteChainsLocked(const proto::RoutingTable& before,
   }
 }
 
+bool SchedulerCore::MembershipSettled() const {
+  absl::MutexLock l(&mu_);
+  if (!draining_.empty() || !rebalancing_.empty() || !copying_.empty()) {
+    return false;
+  }
+  const proto::RoutingTable& t = view_.routing();
+  for (int r = 0; r < t.range_server_size(); ++r) {
+    const std::vector<int> chain = ChainOf(t, r);
+    if (static_cast<int>(chain.size()) != 1 + replicas_) return false;
+    for (int s : chain) {
+      if (!AliveServerLocked(s)) return false;
+    }
+  }
+  return true;
+}
+
 std::vector<int> SchedulerCore::OwnedCountsLocked(
     const proto::RoutingTable& t) const {
   std::vector<int> n(servers_.size(), 0);

@@ -232,6 +232,11 @@ class SchedulerCore {
   // job is running and the server is alive with another live server left,
   // ABORTED when a range could not be moved (the server then stays).
   absl::StatusOr<proto::DrainResponse> Drain(const proto::DrainRequest& req);
+  // Whether the servers' membership is at rest: no server being drained or
+  // taking its share after a join, no chain member still receiving its
+  // copy, and every range's chain whole (its owner and `replicas` backups,
+  // all alive). For tests that change the cluster one step at a time.
+  bool MembershipSettled() const;
 
   // Checkpoints (issue 9; server/checkpoint.h). Takes checkpoint <id>, the
   // next id above every ckpt-<id> folder in the checkpoint dir: each server
