@@ -318,17 +318,18 @@ TEST_F(FailoverTest, ExactCounterWhileServersJoinAndOneIsDrained) {
 
 // Membership changes drawn at random (seeded: the same steps each run)
 // while the sparse counter runs: five steps, each a join of a spare, a
-// drain or a kill of a live server (a removal only while three or more are
-// live), at a point off the workers' clocks, each once the one before has
-// settled (every chain whole again: SchedulerCore::MembershipSettled); in
-// ASP replicated by deltas ("asp") or by the per-input log ("log"), and in
-// BSP (replication after aggregation; the workers wait at each clock). With
-// one replica no single step can lose a whole copy, so every key must end
-// at its exact count. Seeds 4, 6, 16 and 18 each took the ring's servers
-// down to one live (e.g. drain S[0], join S[3] and S[4], kill S[1]): the
-// failover refilled chains from the ring's preference list only, where the
-// joined servers are not, and left those ranges without a backup for the
-// rest of the job (Reassign; 24 seeds pass since).
+// drain or a kill of a live server, at a point off the workers' clocks,
+// each once the one before has settled (every chain whole again:
+// SchedulerCore::MembershipSettled); in ASP replicated by deltas ("asp")
+// or by the per-input log ("log"), in BSP (replication after aggregation;
+// the workers wait at each clock), and with two replicas ("r2": 4 servers;
+// a step may also kill two at once). No step can lose every whole copy of
+// a range (a removal leaves 1 + replicas live servers), so every key must
+// end at its exact count. Seeds 4, 6, 16 and 18 each took the ring's
+// servers down to one live (e.g. drain S[0], join S[3] and S[4], kill
+// S[1]): the failover refilled chains from the ring's preference list
+// only, where the joined servers are not, and left those ranges without a
+// backup for the rest of the job (Reassign; every seed passes since).
 class ChaosCounterTest
     : public FailoverTest,
       public ::testing::WithParamInterface<std::tuple<const char*, int>> {};
@@ -363,6 +364,11 @@ TEST_P(ChaosCounterTest, ExactCounterThroughRandomJoinsDrainsAndKills) {
   // aggregation.
   if (mode == "log") o.config.fault_tolerance.replicate_deltas = false;
   if (mode == "bsp") o.config.consistency.mode = Mode::kBsp;
+  if (mode == "r2") {  // two replicas: two servers may die at once
+    o.config.cluster.num_servers = 4;
+    o.config.fault_tolerance.replicas = 2;
+  }
+  const int replicas = o.config.fault_tolerance.replicas;
   o.spare_servers = 3;
   LocalCluster cluster(o);
   ASSERT_TRUE(cluster.Start().ok());
@@ -387,18 +393,23 @@ TEST_P(ChaosCounterTest, ExactCounterThroughRandomJoinsDrainsAndKills) {
   };
   RunExactCounter(cluster, [&](const std::function<void(int)>& wait_for,
                                int total) {
-    std::vector<int> live = {0, 1, 2};
-    int spare = 3;
+    std::vector<int> live;
+    for (int i = 0; i < o.config.cluster.num_servers; ++i) live.push_back(i);
+    int spare = o.config.cluster.num_servers;
     for (int step = 0; step < 5; ++step) {
       wait_for(total * (step + 1) / 8 + 3 + static_cast<int>(rng() % 12));
       ASSERT_TRUE(await([&] { return sched->MembershipSettled(); }))
           << "not settled after: " << steps << "\n" << Chains(sched);
       std::vector<char> can;
       if (spare < cluster.num_servers()) can.push_back('j');
-      if (live.size() >= 3) {
+      // A removal leaves at least 1 + replicas live servers, so that
+      // every chain can be whole again.
+      const int n = static_cast<int>(live.size());
+      if (n >= replicas + 2) {
         can.push_back('d');
         can.push_back('k');
       }
+      if (replicas >= 2 && n >= replicas + 3) can.push_back('K');
       const char what = can[rng() % can.size()];
       if (what == 'j') {
         const int id = spare++;
@@ -418,12 +429,23 @@ TEST_P(ChaosCounterTest, ExactCounterThroughRandomJoinsDrainsAndKills) {
         d.set_server(id);
         absl::StatusOr<proto::DrainResponse> r = sched->Drain(d);
         ASSERT_TRUE(r.ok()) << r.status() << " after: " << steps;
-      } else {
+      } else if (what == 'k') {
         absl::StrAppend(&steps, "kill S[", id, "]; ");
         cluster.KillServer(id);
         // The workers' failed calls make the scheduler probe it.
         ASSERT_TRUE(await([&] { return state_of(id) == proto::NODE_DEAD; }))
             << steps;
+      } else {
+        const size_t at2 = rng() % live.size();
+        const int id2 = live[at2];
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(at2));
+        absl::StrAppend(&steps, "kill S[", id, "] and S[", id2, "]; ");
+        cluster.KillServer(id);
+        cluster.KillServer(id2);
+        ASSERT_TRUE(await([&] {
+          return state_of(id) == proto::NODE_DEAD &&
+                 state_of(id2) == proto::NODE_DEAD;
+        })) << steps;
       }
     }
     // The last step's refills too.
@@ -433,15 +455,18 @@ TEST_P(ChaosCounterTest, ExactCounterThroughRandomJoinsDrainsAndKills) {
   std::printf("%s seed %d: %s\n", mode.c_str(), seed, steps.c_str());
 }
 
-// Seeds 1-24 of each mode passed (stop 52); the suite runs those that took
-// the ring's servers down to one live, and a few more for the other modes.
+// Seeds 1-24 of asp, log and bsp and 1-12 of r2 passed (stop 52); the
+// suite runs those that took the ring's servers down to one live, a few
+// more for the other paths, and r2's with two servers killed at once.
 INSTANTIATE_TEST_SUITE_P(
     Seeds, ChaosCounterTest,
     ::testing::Values(std::make_tuple("asp", 4), std::make_tuple("asp", 6),
                       std::make_tuple("asp", 16), std::make_tuple("asp", 18),
                       std::make_tuple("log", 8), std::make_tuple("log", 12),
                       std::make_tuple("bsp", 4), std::make_tuple("bsp", 10),
-                      std::make_tuple("bsp", 12), std::make_tuple("bsp", 18)),
+                      std::make_tuple("bsp", 12), std::make_tuple("bsp", 18),
+                      std::make_tuple("r2", 2), std::make_tuple("r2", 6),
+                      std::make_tuple("r2", 10), std::make_tuple("r2", 11)),
     [](const auto& info) {
       return absl::StrCat(std::get<0>(info.param), "_",
                           std::get<1>(info.param));
