@@ -410,6 +410,12 @@ class ServerNode {
       }
     };
     std::vector<DirtyRows> dirty_rows;
+    // Clean: nothing left for a delta (shipped, moved away, or covered by
+    // a copy).
+    void ClearDirty() {
+      dirty = false;
+      for (DirtyRows& d : dirty_rows) d.Clear();
+    }
     // Primary, deltas by slot (Table::TakeJournal): every backup of the
     // range has this server's layout of table t's partition up to
     // synced_slots[t] slots (digest synced_digests[t]), at
@@ -521,8 +527,8 @@ class ServerNode {
   };
   // Makes owned dirty range `r`'s delta (its state, and the rows its pushes
   // changed since the last one) and queues it for each of `to` (appended to
-  // `fed` where not there yet); the range is clean after kDelta and
-  // kRecopy.
+  // `fed`, when not null, where not there yet); the range is clean after
+  // kDelta and kRecopy.
   Shipped ShipRangeLocked(int r, const Targets& to, Targets* fed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A copy's or delta's consistency state from primary `from` for range
@@ -691,6 +697,9 @@ class ServerNode {
   std::vector<int> dirty_ranges_ ABSL_GUARDED_BY(mu_);
   absl::Time dirty_since_ ABSL_GUARDED_BY(mu_);
   size_t dirty_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // ShipRangeLocked's rows by key, reused from one delta to the next.
+  std::vector<uint64_t> delta_keys_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> delta_entries_ ABSL_GUARDED_BY(mu_);
   bool dirty_timer_armed_ ABSL_GUARDED_BY(mu_) = false;
   // SuspectSilentBackups: names each backup at most once per interval.
   IntervalPerId suspected_ ABSL_GUARDED_BY(mu_);

@@ -439,8 +439,7 @@ void ServerNode::ShipDirtyLocked() {
     RangeLog& lg = logs_[r];
     if (!lg.dirty) continue;
     if (routing_ == nullptr || routing_->OwnerOfRange(r) != id_) {
-      lg.dirty = false;  // moved away: its new owner's copies carry it
-      for (RangeLog::DirtyRows& d : lg.dirty_rows) d.Clear();
+      lg.ClearDirty();  // moved away: its new owner's copies carry it
       continue;
     }
     const Targets to = FeedTargetsLocked(r);
@@ -484,13 +483,9 @@ void ServerNode::ShipDirtyLocked() {
 ServerNode::Shipped ServerNode::ShipRangeLocked(int r, const Targets& to,
                                                 Targets* fed) {
   RangeLog& lg = logs_[r];
-  auto clear = [&lg] {
-    lg.dirty = false;
-    for (RangeLog::DirtyRows& d : lg.dirty_rows) d.Clear();
-  };
   if (to.empty()) {  // every backup awaits a copy, which will cover it
     lg.shipped = lg.index;
-    clear();
+    lg.ClearDirty();
     return Shipped::kDelta;
   }
   absl::StatusOr<proto::RangeStateSnapshot> snap = ranges_[r].Snapshot();
@@ -501,8 +496,8 @@ ServerNode::Shipped ServerNode::ShipRangeLocked(int r, const Targets& to,
   proto::RangeDelta* d = e.mutable_delta();
   d->set_base(lg.shipped);
   *d->mutable_state() = std::move(*snap);
-  std::vector<uint64_t> keys;
-  std::vector<float> entries;
+  std::vector<uint64_t>& keys = delta_keys_;
+  std::vector<float>& entries = delta_entries_;
   Table::DeltaRows by_slot;
   for (size_t t = 0; t < tables_.size(); ++t) {
     const RangeLog::DirtyRows* dirty =
@@ -526,7 +521,7 @@ ServerNode::Shipped ServerNode::ShipRangeLocked(int r, const Targets& to,
           lg.copy_to.push_back(b);
         }
         lg.shipped = lg.index;  // the copy covers it
-        clear();
+        lg.ClearDirty();
         return Shipped::kRecopy;
       }
       const size_t made = by_slot.rows();
@@ -562,7 +557,8 @@ ServerNode::Shipped ServerNode::ShipRangeLocked(int r, const Targets& to,
     replica_rows_by_key_ += static_cast<int64_t>(keys.size());
   }
   for (size_t i = 0; i < to.size(); ++i) {
-    if (std::find(fed->begin(), fed->end(), to[i]) == fed->end()) {
+    if (fed != nullptr &&
+        std::find(fed->begin(), fed->end(), to[i]) == fed->end()) {
       fed->push_back(to[i]);
     }
     if (i + 1 == to.size()) {
@@ -572,7 +568,7 @@ ServerNode::Shipped ServerNode::ShipRangeLocked(int r, const Targets& to,
     }
   }
   lg.shipped = lg.index;
-  clear();
+  lg.ClearDirty();
   return Shipped::kDelta;
 }
 
@@ -1079,8 +1075,7 @@ void ServerNode::TakeCopies() {
         // once that backup is promoted). They get that delta first; a
         // journal that falls short makes them copies too. (Every caller
         // kicks the streams after this.)
-        Targets fed;
-        ShipRangeLocked(r, FeedTargetsLocked(r), &fed);
+        ShipRangeLocked(r, FeedTargetsLocked(r), /*fed=*/nullptr);
       }
       proto::ReplicaEntry e;
       e.set_range(r);
