@@ -93,6 +93,23 @@ bool SchedulerCore::MembershipSettled() const {
   return true;
 }
 
+std::vector<int> SchedulerCore::SyncedMembersLocked() const {
+  const proto::RoutingTable& t = view_.routing();
+  std::vector<int> synced(static_cast<size_t>(t.range_server_size()), 0);
+  for (int r = 0; r < t.range_server_size(); ++r) {
+    for (int s : ChainOf(t, r)) {
+      if (AliveServerLocked(s) && !copying_.contains({r, s})) ++synced[r];
+    }
+  }
+  return synced;
+}
+
+int SchedulerCore::FewestSyncedMembers() const {
+  absl::MutexLock l(&mu_);
+  const std::vector<int> synced = SyncedMembersLocked();
+  return synced.empty() ? 0 : *std::min_element(synced.begin(), synced.end());
+}
+
 std::vector<int> SchedulerCore::OwnedCountsLocked(
     const proto::RoutingTable& t) const {
   std::vector<int> n(servers_.size(), 0);

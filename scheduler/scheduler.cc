@@ -1265,6 +1265,13 @@ absl::StatusOr<proto::StatusResponse> SchedulerCore::Status(bool brief) {
       resp.set_epochs_done(static_cast<double>(p.done) /
                            static_cast<double>(p.units_per_epoch));
     }
+    resp.set_replicas(replicas_);
+    for (int n : SyncedMembersLocked()) {
+      if (n < 1 + replicas_) resp.set_ranges_degraded(resp.ranges_degraded() + 1);
+      if (n <= 1 && replicas_ > 0) {
+        resp.set_ranges_single_copy(resp.ranges_single_copy() + 1);
+      }
+    }
   }
   if (brief) return resp;
   for (const std::string& a : addresses) {

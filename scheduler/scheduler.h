@@ -237,6 +237,11 @@ class SchedulerCore {
   // copy, and every range's chain whole (its owner and `replicas` backups,
   // all alive). For tests that change the cluster one step at a time.
   bool MembershipSettled() const;
+  // The fewest live members holding a complete copy (not still receiving
+  // it) over every range's chain: with 1, some range would be lost if its
+  // owner died now; with 1 + replicas, every chain is whole and synced.
+  // 0 when some range has none (or there are no ranges).
+  int FewestSyncedMembers() const;
 
   // Checkpoints (issue 9; server/checkpoint.h). Takes checkpoint <id>, the
   // next id above every ckpt-<id> folder in the checkpoint dir: each server
@@ -338,6 +343,9 @@ class SchedulerCore {
   // and answers with that clock), then fixes its start clock at the
   // highest of them and publishes it. `units`: work units it was dealt.
   void JoinWorker(int id, int units, absl::Time since);
+  // Per range of the current view: its live chain members holding a
+  // complete copy (not in copying_).
+  std::vector<int> SyncedMembersLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Ranges owned per server in `t` (index: server id).
   std::vector<int> OwnedCountsLocked(const proto::RoutingTable& t) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -1994,6 +1994,16 @@ TEST_F(SchedulerCoreTest, DrainSurvivesTheDeathOfACopyTarget) {
           auto v = Suspect(2, 2);
           ASSERT_TRUE(v.ok()) << v.status();
           ASSERT_EQ(v->view().routing().servers(2).state(), proto::NODE_DEAD);
+          // S[2]'s ranges are down to their other members, and the new
+          // members (the drain's, the refill's) have no copy yet: ps_status
+          // says so.
+          auto mid = core_->Status(/*brief=*/true);
+          ASSERT_TRUE(mid.ok());
+          EXPECT_EQ(mid->replicas(), 1);
+          EXPECT_GT(mid->ranges_degraded(), 0);
+          // Every range S[2] was in has one complete copy left.
+          EXPECT_GT(mid->ranges_single_copy(), 0);
+          EXPECT_EQ(core_->FewestSyncedMembers(), 1);
           const proto::ServerStatus synced = Synced(num_ranges, {0, 1, 3});
           for (int sv : {0, 1, 3}) {
             clients_.server(Addr(sv))->SetStatus(synced);

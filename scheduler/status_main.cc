@@ -132,6 +132,25 @@ std::string StatusTable(const ps::proto::StatusResponse& s,
     absl::StrAppendFormat(&out, " (%.0f/s)",
                           static_cast<double>(examples - before) / seconds);
   }
+  if (s.replicas() > 0) {
+    // Whether one more failure could lose a range (issue 9).
+    absl::StrAppendFormat(&out, "\nreplicas %d: ", s.replicas());
+    if (s.ranges_degraded() == 0) {
+      absl::StrAppend(&out, "every key range has all its copies");
+    } else {
+      absl::StrAppendFormat(&out,
+                            "%d key range(s) with fewer than %d complete "
+                            "copies (a copy under way, or too few live "
+                            "servers)",
+                            s.ranges_degraded(), 1 + s.replicas());
+      if (s.ranges_single_copy() > 0) {
+        absl::StrAppendFormat(&out,
+                              ", %d with a single complete copy (a failure "
+                              "of its server now would lose them)",
+                              s.ranges_single_copy());
+      }
+    }
+  }
   absl::StrAppendFormat(
       &out, "\n\n%-6s %-8s %-22s %-9s %8s %12s %10s %5s %10s %s\n", "node",
       "role", "address", "state", "clock", "examples", "examples/s", "wait",

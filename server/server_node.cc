@@ -14,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/bytes.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -1451,6 +1452,33 @@ absl::Status ServerNode::CheckInvariants() const {
     }
   }
   return absl::OkStatus();
+}
+
+std::string ServerNode::DebugRanges() const {
+  absl::MutexLock l(&mu_);
+  std::string out = absl::StrCat("S[", id_, "] epoch ", epoch_, ":\n");
+  for (size_t i = 0; i < ranges_.size(); ++i) {
+    const int r = static_cast<int>(i);
+    if (routing_ == nullptr) break;
+    const bool owner = routing_->OwnerOfRange(r) == id_;
+    if (!owner && !routing_->IsBackupOf(r, id_)) continue;
+    absl::StrAppend(&out, "  r", r, owner ? " owner" : " backup");
+    if (i < logs_.size()) {
+      const RangeLog& lg = logs_[i];
+      absl::StrAppend(&out, " index ", lg.index,
+                      lg.complete ? " complete" : " incomplete",
+                      lg.awaiting_copy ? " awaiting-copy" : "", " acked {");
+      for (const auto& [b, e] : lg.acked) absl::StrAppend(&out, b, ":", e, " ");
+      absl::StrAppend(&out, "} copy_to {", absl::StrJoin(lg.copy_to, ","),
+                      "}");
+    }
+    absl::StatusOr<proto::RangeStateSnapshot> snap = ranges_[i].Snapshot();
+    absl::StrAppend(&out, " ",
+                    snap.ok() ? snap->ShortDebugString()
+                              : snap.status().ToString(),
+                    "\n");
+  }
+  return out;
 }
 
 absl::Status ServerNode::SetConsistency(const proto::ConsistencyConfig& c) {

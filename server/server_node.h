@@ -237,6 +237,9 @@ class ServerNode {
   // (RangeState::CheckInvariants), annotated with the range; tests run it
   // after every step.
   absl::Status CheckInvariants() const;
+  // For a failing test's message: per range this server owns or backs up,
+  // its role, replication log position and consistency state.
+  std::string DebugRanges() const;
 
   // Expires consistency waits past their deadline; call periodically.
   void Tick();
@@ -567,7 +570,9 @@ class ServerNode {
                      int dim, const std::vector<LoggedSegment>& segs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops from `e` what `backup` no longer needs (ranges it stopped
-  // backing up, or will get a copy of); false when nothing is left.
+  // backing up, or will get a copy of; a copy of a range this server no
+  // longer owns, or that `backup` no longer backs up); false when nothing
+  // is left.
   bool PruneForLocked(int backup, proto::ReplicaEntry* e) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Whether `from` may send entries of `range` here (it owns it, this

@@ -704,7 +704,16 @@ bool ServerNode::PruneForLocked(int backup, proto::ReplicaEntry* e) const {
     return r >= 0 && r < static_cast<int>(logs_.size()) &&
            logs_[r].acked.contains(backup);
   };
-  if (e->has_copy()) return true;
+  if (e->has_copy()) {
+    // A copy only for a backup of a range this server still owns: the
+    // backup refuses any other as stale-epoch, on every resend, and the
+    // whole stream behind it waits (its primary's later entries, and the
+    // acknowledgements of every push and clock they carry).
+    const int r = e->range();
+    return routing_ != nullptr && r >= 0 &&
+           r < static_cast<int>(logs_.size()) &&
+           routing_->OwnerOfRange(r) == id_ && routing_->IsBackupOf(r, backup);
+  }
   if (e->has_bsp()) {
     const proto::ReplicaBspClocks& bc = e->bsp();
     int kept = 0;

@@ -683,6 +683,44 @@ TEST_F(DeltaTest, RangeWhoseJournalFallsShortIsCopiedThenGoesByKey) {
 // a delta of the range's state alone: a drain then promoted that backup
 // and lost the push; FailoverTest.ExactCounterWhileServersJoinAndOneIsDrained
 // under ASan.)
+// A copy for a range that moved on before its backup took it. S[1] is made
+// the owner of range A (a copy of it to S[0] goes out, refused while S[0]
+// has not installed that view); the next view gives A back to S[0] and
+// range B to S[1]. The copy of A is then refused as stale-epoch on every
+// resend, and before, S[1] resent it forever: the copy of B and every
+// push to B queued behind it, unacknowledged (a BSP job hung on this when a
+// join's move and a drain overlapped). It is dropped now, as a delta of a
+// range that moved is, and B's push is acknowledged.
+TEST_F(DeltaTest, CopyOfARangeThatMovedOnDoesNotHoldUpTheStream) {
+  const Routing routing = *Routing::FromProto(View(1, 0, 1).routing());
+  const int a = routing.RangeOf(kKeys[0]);
+  const int b = routing.RangeOf(kKeys[2]);
+  ASSERT_NE(a, b);
+  backup_.SetReplicationLinger(absl::Milliseconds(5));
+  // View 2: S[1] owns A, S[0] backs it up. S[0] stays at view 1 for now.
+  proto::ClusterView v2 = View(2, 0, 1, Mode());
+  v2.mutable_routing()->set_range_server(a, 1);
+  v2.mutable_routing()->set_range_backup(a, 0);
+  ASSERT_TRUE(backup_.Configure(1, v2).ok());
+  fake_clock_.Advance(absl::Milliseconds(50));  // A's copy refused, retried
+  // View 3: A back to S[0]; B to S[1], backed up by S[0]. S[0] installs it
+  // first: S[1]'s copy of A is stale from then on.
+  proto::ClusterView v3 = View(3, 0, 1, Mode());
+  v3.mutable_routing()->set_range_server(b, 1);
+  v3.mutable_routing()->set_range_backup(b, 0);
+  ASSERT_TRUE(primary_.Configure(0, v3).ok());
+  fake_clock_.Advance(absl::Milliseconds(50));
+  ASSERT_TRUE(backup_.Configure(1, v3).ok());
+  auto p = Push(&backup_, 0, 1, 0, {kKeys[2]}, {-5}, /*epoch=*/3);
+  ExpectAcknowledged(p, absl::Milliseconds(100));
+  // S[0] holds B's copy and the push.
+  EXPECT_EQ(PullAt(&backup_, 0, {kKeys[2]}), (std::vector<float>{5}));
+  proto::ClusterView v4 = View(4, 0, 1, Mode());  // B back to S[0]
+  ASSERT_TRUE(backup_.Configure(1, v4).ok());
+  ASSERT_TRUE(primary_.Configure(0, v4).ok());
+  EXPECT_EQ(PullAt(&primary_, 0, {kKeys[2]}), (std::vector<float>{5}));
+}
+
 class JoinerDeltaTest : public DeltaTest {
  protected:
   void SetUp() override {

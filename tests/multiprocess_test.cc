@@ -804,6 +804,11 @@ TEST_F(HandStartedTest, StatusWatchFollowsTheJobToItsEnd) {
         ++n;
       }
       EXPECT_EQ(n, 2u) << two_frames;
+      // Two servers, so one replica by default, every chain whole.
+      EXPECT_NE(two_frames.find(
+                    "replicas 1: every key range has all its copies"),
+                std::string::npos)
+          << two_frames;
       // The scheduler's progress line (ps_launch shows it) has ETAs: one
       // every training.progress_interval_s (2 s).
       Proc* h = Find("H");
