@@ -1738,6 +1738,35 @@ TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
   ExpectLikeClean(r, clean, 12);
 }
 
+// The same changes at once (stop 53): the fourth server starts, S[1] is
+// drained and S[0] SIGKILLed in the same moment, so the join's move, the
+// drain's and the failover overlap (the in-process ChaosOverlapTest draws
+// many such schedules). The job ends ok with exact epochs and the AUC of a
+// run without any of it.
+TEST_P(ElasticityTest, ServersJoinLeaveAndDieAtOnce) {
+  const std::string mode = GetParam();
+  const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
+  const std::vector<std::string> sets = {"cluster.num_servers=3",
+                                         "training.epochs=8",
+                                         "fault_tolerance.replicas=1"};
+  LaunchResult clean = Launch("clean_at_once_" + mode, yaml, sets);
+  ASSERT_LAUNCHED(clean);
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_at_once_", mode, "_", ::getpid()));
+  LaunchResult r =
+      RunLaunch(dirs_.back(), yaml, sets,
+                "--add-server e1 --drain S1@e1 --kill S0@e1 --restart=0.1");
+  ASSERT_LAUNCHED(r);
+  EXPECT_TRUE(FindMembership(r.report, "joined", "S[3]").has_value())
+      << r.report;
+  // A drain that met the failover plans again from its view: it completes.
+  const auto drained = FindMembership(r.report, "drained", "S[1]");
+  ASSERT_TRUE(drained.has_value()) << r.report;
+  EXPECT_EQ(drained->error(), "") << r.report;
+  EXPECT_TRUE(HasFailover(r.report, "S[0]")) << r.report;
+  ExpectLikeClean(r, clean, 8);
+}
+
 // Worker join (issue 9), real processes: a third worker started mid-run
 // (--add-worker) joins at the servers' clock with a share of the work units;
 // the job ends ok with exact epochs and the AUC of a run without it.
