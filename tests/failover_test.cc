@@ -6,6 +6,7 @@
 // seqs. Nothing acknowledged is lost, nothing is applied twice, and BSP
 // ends with the same model as a run without the kill.
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -535,6 +536,44 @@ TEST_P(ChaosCounterTest, ExactCounterThroughRandomJoinsDrainsAndKills) {
            /*overlap=*/false);
 }
 
+// More seeds than the suite runs, for exploring: PS_CHAOS_SEEDS=FIRST-LAST
+// instantiates Explore/ChaosCounterTest.* and Explore/ChaosOverlapTest.*
+// over every mode and those seeds (none when it is unset), e.g.
+//   PS_CHAOS_SEEDS=25-48 build/tests/failover_test --gtest_filter='Explore/*'
+std::vector<std::tuple<const char*, int>> ExploreSeeds() {
+  std::vector<std::tuple<const char*, int>> out;
+  const char* env = std::getenv("PS_CHAOS_SEEDS");
+  int first = 0, last = -1;
+  if (env == nullptr || std::sscanf(env, "%d-%d", &first, &last) != 2) {
+    return out;
+  }
+  for (const char* mode : {"asp", "log", "bsp", "r2"}) {
+    for (int seed = first; seed <= last; ++seed) out.emplace_back(mode, seed);
+  }
+  return out;
+}
+
+std::string SeedName(
+    const ::testing::TestParamInfo<std::tuple<const char*, int>>& info) {
+  return absl::StrCat(std::get<0>(info.param), "_", std::get<1>(info.param));
+}
+
+// Seeds 1-24 of asp, log and bsp and 1-12 of r2 passed (stop 52); the
+// suite runs those that took the ring's servers down to one live, a few
+// more for the other paths, and r2's with two servers killed at once.
+INSTANTIATE_TEST_SUITE_P(
+    Seeds, ChaosCounterTest,
+    ::testing::Values(std::make_tuple("asp", 4), std::make_tuple("asp", 6),
+                      std::make_tuple("asp", 16), std::make_tuple("asp", 18),
+                      std::make_tuple("log", 8), std::make_tuple("log", 12),
+                      std::make_tuple("bsp", 4), std::make_tuple("bsp", 10),
+                      std::make_tuple("bsp", 12), std::make_tuple("bsp", 18),
+                      std::make_tuple("r2", 2), std::make_tuple("r2", 6),
+                      std::make_tuple("r2", 10), std::make_tuple("r2", 11)),
+    SeedName);
+INSTANTIATE_TEST_SUITE_P(Explore, ChaosCounterTest,
+                         ::testing::ValuesIn(ExploreSeeds()), SeedName);
+
 // Kills during moves, copies and refills, and drains during failovers.
 class ChaosOverlapTest : public ChaosCounterTest {};
 
@@ -554,27 +593,9 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("bsp", 4), std::make_tuple("bsp", 11),
                       std::make_tuple("bsp", 13), std::make_tuple("bsp", 14),
                       std::make_tuple("r2", 10), std::make_tuple("r2", 11)),
-    [](const auto& info) {
-      return absl::StrCat(std::get<0>(info.param), "_",
-                          std::get<1>(info.param));
-    });
-
-// Seeds 1-24 of asp, log and bsp and 1-12 of r2 passed (stop 52); the
-// suite runs those that took the ring's servers down to one live, a few
-// more for the other paths, and r2's with two servers killed at once.
-INSTANTIATE_TEST_SUITE_P(
-    Seeds, ChaosCounterTest,
-    ::testing::Values(std::make_tuple("asp", 4), std::make_tuple("asp", 6),
-                      std::make_tuple("asp", 16), std::make_tuple("asp", 18),
-                      std::make_tuple("log", 8), std::make_tuple("log", 12),
-                      std::make_tuple("bsp", 4), std::make_tuple("bsp", 10),
-                      std::make_tuple("bsp", 12), std::make_tuple("bsp", 18),
-                      std::make_tuple("r2", 2), std::make_tuple("r2", 6),
-                      std::make_tuple("r2", 10), std::make_tuple("r2", 11)),
-    [](const auto& info) {
-      return absl::StrCat(std::get<0>(info.param), "_",
-                          std::get<1>(info.param));
-    });
+    SeedName);
+INSTANTIATE_TEST_SUITE_P(Explore, ChaosOverlapTest,
+                         ::testing::ValuesIn(ExploreSeeds()), SeedName);
 
 // A failover refills each chain with a new backup, which holds nothing
 // until its primary's copy arrives. Here S[0] dies, then S[1] dies before
