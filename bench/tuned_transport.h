@@ -33,10 +33,6 @@ class UnreachableScheduler : public SchedulerClient {
       const proto::HeartbeatRequest&, absl::Time) override {
     return Unavailable();
   }
-  absl::StatusOr<proto::GetShardResponse> GetShard(
-      const proto::GetShardRequest&, absl::Time) override {
-    return Unavailable();
-  }
   absl::StatusOr<proto::GetWorkResponse> GetWork(
       const proto::GetWorkRequest&, absl::Time) override {
     return Unavailable();

@@ -120,7 +120,7 @@ SchedulerInput SchedulerJob(bool switch_mode) {
   }
   in.add_calls()->mutable_get_view()->set_known_epoch(0);
   for (int w = 0; w < 2; ++w) {
-    in.add_calls()->mutable_get_shard()->set_worker_id(w);
+    in.add_calls()->mutable_get_work()->set_worker_id(w);
     proto::HeartbeatRequest* h = in.add_calls()->mutable_heartbeat();
     h->set_role(proto::ROLE_WORKER);
     h->set_id(w);

@@ -1,6 +1,6 @@
 // Fuzz target for the scheduler's request handlers (scheduler/scheduler.h):
 // a SchedulerCore on a fake clock, whose servers are fakes that answer
-// every control call with OK, gets the Register/Heartbeat/GetShard/Barrier/
+// every control call with OK, gets the Register/Heartbeat/GetWork/Barrier/
 // WorkerDone/SetConsistency/GetView calls of a ps.fuzz.SchedulerInput
 // (fuzz_input.proto) parsed from the input, with fake-clock advances and
 // CheckHeartbeats() in between. Barrier and GetView get a deadline that has
@@ -86,8 +86,8 @@ int Scheduler(const uint8_t* data, size_t size) {
       case SchedulerCall::kHeartbeat:
         CheckCode(core.Heartbeat(call.heartbeat()).status());
         break;
-      case SchedulerCall::kGetShard:
-        CheckCode(core.GetShard(call.get_shard()).status());
+      case SchedulerCall::kGetWork:
+        CheckCode(core.GetWork(call.get_work()).status());
         break;
       case SchedulerCall::kBarrier: {
         proto::BarrierRequest req = call.barrier();

@@ -1,7 +1,5 @@
 #include "scheduler/scheduler.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -753,41 +751,6 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   }
   return resp;
 }
-
-absl::StatusOr<proto::GetShardResponse> SchedulerCore::GetShard(
-    const proto::GetShardRequest& req) {
-  const JobConfig& c = options_.config;
-  const int w = req.worker_id();
-  const int n = c.cluster.num_workers;
-  if (w < 0 || w >= n) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown worker ", w));
-  }
-  proto::GetShardResponse resp;
-  proto::DataShard* s = resp.add_train();
-  s->set_part(w);
-  s->set_num_parts(n);
-  if (c.data.format == "synthetic") {
-    const int64_t rows = c.data.synthetic.train_rows;
-    s->set_row_begin(rows * w / n);
-    s->set_row_end(rows * (w + 1) / n);
-    s->set_seed_begin(c.data.synthetic.seed);
-    s->set_seed_end(c.data.synthetic.seed);
-  } else {
-    s->set_path(c.data.train);
-    struct stat st;
-    if (::stat(c.data.train.c_str(), &st) == 0) {
-      s->set_begin_byte(st.st_size * w / n);
-      s->set_end_byte(w + 1 == n ? -1 : st.st_size * (w + 1) / n);
-    } else {
-      // The file lives where the workers are: they cut by part/num_parts.
-      s->set_begin_byte(-1);
-      s->set_end_byte(-1);
-    }
-  }
-  return resp;
-}
-
-
 
 // ------------------------------------------------------ work units (issue 9)
 

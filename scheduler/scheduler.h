@@ -108,10 +108,6 @@ class SchedulerCore {
   // worker declared dead (work units on: its work went to the others).
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest& req);
-  // The static split of the training data (one shard per worker): kept
-  // for compatibility; the trainers use GetWork.
-  absl::StatusOr<proto::GetShardResponse> GetShard(
-      const proto::GetShardRequest& req);
   // Dynamic work (issue 9, scheduler/work_units.h). Records req.finished
   // (units whose pushes were all acknowledged), then answers: a unit lost
   // in an earlier reply (assigned to the worker, neither finished nor in

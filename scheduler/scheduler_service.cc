@@ -59,13 +59,6 @@ grpc::Status SchedulerService::Heartbeat(grpc::ServerContext* ctx,
   return Fill(core_->Heartbeat(*req), resp);
 }
 
-grpc::Status SchedulerService::GetShard(grpc::ServerContext* ctx,
-                                        const proto::GetShardRequest* req,
-                                        proto::GetShardResponse* resp) {
-  PS_AUTH();
-  return Fill(core_->GetShard(*req), resp);
-}
-
 grpc::Status SchedulerService::GetWork(grpc::ServerContext* ctx,
                                        const proto::GetWorkRequest* req,
                                        proto::GetWorkResponse* resp) {

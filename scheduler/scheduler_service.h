@@ -25,9 +25,6 @@ class SchedulerService final : public proto::Scheduler::Service {
   grpc::Status Heartbeat(grpc::ServerContext* ctx,
                          const proto::HeartbeatRequest* req,
                          proto::HeartbeatResponse* resp) override;
-  grpc::Status GetShard(grpc::ServerContext* ctx,
-                        const proto::GetShardRequest* req,
-                        proto::GetShardResponse* resp) override;
   grpc::Status GetWork(grpc::ServerContext* ctx,
                        const proto::GetWorkRequest* req,
                        proto::GetWorkResponse* resp) override;

@@ -2150,10 +2150,6 @@ class SwappableScheduler : public SchedulerClient {
       const proto::HeartbeatRequest& req, absl::Time) override {
     return Get()->Heartbeat(req);
   }
-  absl::StatusOr<proto::GetShardResponse> GetShard(
-      const proto::GetShardRequest& req, absl::Time) override {
-    return Get()->GetShard(req);
-  }
   absl::StatusOr<proto::GetWorkResponse> GetWork(
       const proto::GetWorkRequest& req, absl::Time) override {
     return Get()->GetWork(req);

@@ -65,10 +65,6 @@ class FakeScheduler : public SchedulerClient {
       const proto::HeartbeatRequest&, absl::Time) override {
     return absl::UnimplementedError("fake");
   }
-  absl::StatusOr<proto::GetShardResponse> GetShard(
-      const proto::GetShardRequest&, absl::Time) override {
-    return absl::UnimplementedError("fake");
-  }
   absl::StatusOr<proto::GetWorkResponse> GetWork(
       const proto::GetWorkRequest&, absl::Time) override {
     return absl::UnimplementedError("fake");

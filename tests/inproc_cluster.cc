@@ -174,11 +174,6 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCoreHandler::Heartbeat(
   return core_->Heartbeat(req);
 }
 
-absl::StatusOr<proto::GetShardResponse> SchedulerCoreHandler::GetShard(
-    const proto::GetShardRequest& req) {
-  return core_->GetShard(req);
-}
-
 absl::StatusOr<proto::GetWorkResponse> SchedulerCoreHandler::GetWork(
     const proto::GetWorkRequest& req) {
   return core_->GetWork(req);

@@ -100,8 +100,6 @@ class SchedulerCoreHandler : public SchedulerHandler {
       const proto::GetViewRequest& req, absl::Time deadline) override;
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest& req) override;
-  absl::StatusOr<proto::GetShardResponse> GetShard(
-      const proto::GetShardRequest& req) override;
   absl::StatusOr<proto::GetWorkResponse> GetWork(
       const proto::GetWorkRequest& req) override;
   absl::Status Barrier(const proto::BarrierRequest& req,

@@ -106,7 +106,6 @@ class KillableScheduler : public SchedulerClient {
   PS_KILLABLE(Register, proto::RegisterRequest, proto::RegisterResponse)
   PS_KILLABLE(GetView, proto::GetViewRequest, proto::GetViewResponse)
   PS_KILLABLE(Heartbeat, proto::HeartbeatRequest, proto::HeartbeatResponse)
-  PS_KILLABLE(GetShard, proto::GetShardRequest, proto::GetShardResponse)
   PS_KILLABLE(GetWork, proto::GetWorkRequest, proto::GetWorkResponse)
   PS_KILLABLE_VOID(Barrier, proto::BarrierRequest)
   PS_KILLABLE_VOID(WorkerDone, proto::WorkerDoneRequest)

@@ -212,11 +212,6 @@ absl::StatusOr<proto::HeartbeatResponse> FakeSchedulerClient::Heartbeat(
   return proto::HeartbeatResponse();
 }
 
-absl::StatusOr<proto::GetShardResponse> FakeSchedulerClient::GetShard(
-    const proto::GetShardRequest&, absl::Time) {
-  return proto::GetShardResponse();
-}
-
 absl::StatusOr<proto::GetWorkResponse> FakeSchedulerClient::GetWork(
     const proto::GetWorkRequest& req, absl::Time) {
   std::function<absl::StatusOr<proto::GetWorkResponse>(

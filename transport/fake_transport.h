@@ -142,8 +142,6 @@ class FakeSchedulerClient : public SchedulerClient {
       const proto::GetViewRequest& req, absl::Time deadline) override;
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest& req, absl::Time deadline) override;
-  absl::StatusOr<proto::GetShardResponse> GetShard(
-      const proto::GetShardRequest& req, absl::Time deadline) override;
   // Answers with set_get_work_handler's function; WORK_DONE without one.
   absl::StatusOr<proto::GetWorkResponse> GetWork(
       const proto::GetWorkRequest& req, absl::Time deadline) override;

@@ -1000,7 +1000,6 @@ class GrpcSchedulerClient : public SchedulerClient {
   PS_SYNC_CALL(Register, proto::RegisterRequest, proto::RegisterResponse)
   PS_SYNC_CALL(GetView, proto::GetViewRequest, proto::GetViewResponse)
   PS_SYNC_CALL(Heartbeat, proto::HeartbeatRequest, proto::HeartbeatResponse)
-  PS_SYNC_CALL(GetShard, proto::GetShardRequest, proto::GetShardResponse)
   PS_SYNC_CALL(GetWork, proto::GetWorkRequest, proto::GetWorkResponse)
   PS_SYNC_CALL(SetConsistency, proto::SetConsistencyRequest,
                proto::SetConsistencyResponse)

@@ -122,10 +122,6 @@ class InProcSchedulerClient : public SchedulerClient {
       const proto::HeartbeatRequest& req, absl::Time) override {
     return core_->Heartbeat(req);
   }
-  absl::StatusOr<proto::GetShardResponse> GetShard(
-      const proto::GetShardRequest& req, absl::Time) override {
-    return core_->GetShard(req);
-  }
   absl::StatusOr<proto::GetWorkResponse> GetWork(
       const proto::GetWorkRequest& req, absl::Time) override {
     return core_->GetWork(req);
@@ -167,10 +163,6 @@ class UnreachableSchedulerClient : public SchedulerClient {
   }
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest&, absl::Time) override {
-    return Error();
-  }
-  absl::StatusOr<proto::GetShardResponse> GetShard(
-      const proto::GetShardRequest&, absl::Time) override {
     return Error();
   }
   absl::StatusOr<proto::GetWorkResponse> GetWork(

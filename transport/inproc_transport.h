@@ -65,8 +65,6 @@ class SchedulerHandler {
       const proto::GetViewRequest& req, absl::Time deadline) = 0;
   virtual absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest& req) = 0;
-  virtual absl::StatusOr<proto::GetShardResponse> GetShard(
-      const proto::GetShardRequest& req) = 0;
   virtual absl::StatusOr<proto::GetWorkResponse> GetWork(
       const proto::GetWorkRequest& req) = 0;
   virtual absl::Status Barrier(const proto::BarrierRequest& req,

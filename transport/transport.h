@@ -128,8 +128,6 @@ class SchedulerClient {
       const proto::GetViewRequest& req, absl::Time deadline) = 0;
   virtual absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest& req, absl::Time deadline) = 0;
-  virtual absl::StatusOr<proto::GetShardResponse> GetShard(
-      const proto::GetShardRequest& req, absl::Time deadline) = 0;
   // Dynamic work units (issue 9): reports finished units, gets the next.
   virtual absl::StatusOr<proto::GetWorkResponse> GetWork(
       const proto::GetWorkRequest& req, absl::Time deadline) = 0;
