@@ -65,10 +65,12 @@ std::vector<int> PreferenceList(const proto::RoutingTable& ring, int range) {
 absl::StatusOr<proto::RoutingTable> Reassign(
     const proto::RoutingTable& ring, const proto::RoutingTable& current,
     const std::vector<bool>& live, int replicas, int64_t epoch,
-    const std::function<bool(int range, int server)>& incomplete) {
+    const std::function<bool(int range, int server)>& incomplete,
+    const std::function<bool(int server)>& leaving) {
   auto is_live = [&](int s) {
     return s >= 0 && s < static_cast<int>(live.size()) && live[s];
   };
+  auto is_leaving = [&](int s) { return leaving != nullptr && leaving(s); };
   proto::RoutingTable out = current;
   out.set_epoch(epoch);
   out.set_replicas(replicas);
@@ -119,7 +121,7 @@ absl::StatusOr<proto::RoutingTable> Reassign(
     if (r < ring.range_server_size()) {
       for (int s : PreferenceList(ring, r)) {
         if (static_cast<int>(chain.size()) > replicas) break;
-        if (is_live(s) &&
+        if (is_live(s) && !is_leaving(s) &&
             std::find(chain.begin(), chain.end(), s) == chain.end()) {
           chain.push_back(s);
         }
@@ -132,7 +134,12 @@ absl::StatusOr<proto::RoutingTable> Reassign(
             std::find(chain.begin(), chain.end(), s) != chain.end()) {
           continue;
         }
-        if (best < 0 || members[s] < members[best]) best = s;
+        // A server being drained only as the last resort.
+        if (best < 0 ||
+            std::make_pair(is_leaving(s), members[s]) <
+                std::make_pair(is_leaving(best), members[best])) {
+          best = s;
+        }
       }
       if (best < 0) break;  // fewer live servers than 1 + replicas
       chain.push_back(best);

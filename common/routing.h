@@ -38,13 +38,16 @@ std::vector<int> PreferenceList(const proto::RoutingTable& ring, int range);
 // left of the current chain, then the next live servers of the range's
 // preference list in `ring`, then (servers that joined later are in no
 // preference list) the live servers in the fewest chains, up to
-// `replicas`. Keeps boundaries and servers
-// of `current`; sets `epoch`. DATA_LOSS naming the range when no live
-// member of its chain holds a complete copy.
+// `replicas`. `leaving(server)` names live servers being drained: they stay
+// in the chains they are in, and are added to one only when no other live
+// server is left to add (a drain that finds its server added back fails).
+// Keeps boundaries and servers of `current`; sets `epoch`. DATA_LOSS naming
+// the range when no live member of its chain holds a complete copy.
 absl::StatusOr<proto::RoutingTable> Reassign(
     const proto::RoutingTable& ring, const proto::RoutingTable& current,
     const std::vector<bool>& live, int replicas, int64_t epoch,
-    const std::function<bool(int range, int server)>& incomplete = nullptr);
+    const std::function<bool(int range, int server)>& incomplete = nullptr,
+    const std::function<bool(int server)>& leaving = nullptr);
 
 // The keys of one destination server inside a sorted key array: index spans
 // [first, second) into that array, in ascending order.

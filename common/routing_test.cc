@@ -324,5 +324,42 @@ TEST(ReassignTest, RefillsChainsFromServersThatJoinedLater) {
   for (int s = 2; s <= 4; ++s) EXPECT_GT(refills[s], 0) << "S[" << s << "]";
 }
 
+// A server being drained (`leaving`) keeps the chains it is in but is not
+// added to one while another live server can be: a failover during the
+// drain would otherwise put it back into chains, and its drain fail. With
+// no other server left to add, it is taken rather than leave a range
+// without a backup.
+TEST(ReassignTest, ServersBeingDrainedAreTheLastResort) {
+  const proto::RoutingTable ring = BuildHashRing(Ids(4), 16, 1);
+  const int n = ring.range_server_size();
+  proto::RoutingTable current = ring;
+  current.set_replicas(1);
+  current.clear_range_backup();
+  for (int r = 0; r < n; ++r) {
+    current.set_range_server(r, r % 4);
+    current.add_range_backup((r + 1) % 4);
+  }
+  // S[0] died; S[3] is being drained.
+  auto leaving = [](int s) { return s == 3; };
+  absl::StatusOr<proto::RoutingTable> t = Reassign(
+      ring, current, {false, true, true, true}, 1, 9, nullptr, leaving);
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int r = 0; r < n; ++r) {
+    const bool had_3 =
+        current.range_server(r) == 3 || current.range_backup(r) == 3;
+    const bool has_3 = t->range_server(r) == 3 || t->range_backup(r) == 3;
+    EXPECT_EQ(has_3, had_3) << "range " << r;  // kept where it was, no more
+    EXPECT_GE(t->range_backup(r), 0) << "range " << r << ": no backup";
+  }
+  // S[1] and S[3] live, S[3] leaving: the ranges S[0] shared with S[1]
+  // have nobody else to take.
+  t = Reassign(ring, current, {false, true, false, true}, 1, 10, nullptr,
+               leaving);
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_GE(t->range_backup(r), 0) << "range " << r << ": no backup";
+  }
+}
+
 }  // namespace
 }  // namespace ps

@@ -465,12 +465,20 @@ absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
       for (int s : chain) {
         if (s != x && AliveServerLocked(s)) c.push_back(s);
       }
+      // Servers being drained too are taken only as the last resort: one
+      // added back to a chain fails its own drain.
+      auto leaving = [&](int s) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return draining_.contains(s);
+      };
       if (c.empty()) {
         int best = -1;
         for (size_t s = 0; s < servers_.size(); ++s) {
           const int id = static_cast<int>(s);
           if (id == x || !AliveServerLocked(id)) continue;
-          if (best < 0 || owned[id] < owned[best]) best = id;
+          if (best < 0 || std::make_pair(leaving(id), owned[id]) <
+                              std::make_pair(leaving(best), owned[best])) {
+            best = id;
+          }
         }
         c.push_back(best);
         ++owned[best];
@@ -479,9 +487,14 @@ absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
       for (size_t s = 0; s < servers_.size(); ++s) {
         candidates.push_back(static_cast<int>(s));
       }
-      for (int s : candidates) {
-        if (static_cast<int>(c.size()) >= 1 + replicas) break;
-        if (s != x && AliveServerLocked(s) && !Contains(c, s)) c.push_back(s);
+      for (const bool last_resort : {false, true}) {
+        for (int s : candidates) {
+          if (static_cast<int>(c.size()) >= 1 + replicas) break;
+          if (s != x && AliveServerLocked(s) && leaving(s) == last_resort &&
+              !Contains(c, s)) {
+            c.push_back(s);
+          }
+        }
       }
       p[r] = std::move(c);
     }
@@ -509,20 +522,27 @@ absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
     absl::MutexLock change(&view_change_mu_);
     {
       absl::MutexLock l(&mu_);
-      bool holds = false;
+      std::vector<int> held;  // ranges whose chain holds x now
       for (int r = 0; r < view_.routing().range_server_size(); ++r) {
-        holds = holds || Contains(ChainOf(view_.routing(), r), x);
+        if (Contains(ChainOf(view_.routing(), r), x)) held.push_back(r);
       }
       MembershipChange m;
       m.event = "drained";
       m.server = x;
       m.ranges = res.moved;
       m.seconds = absl::ToDoubleSeconds(options_.clock->Now() - t0);
-      if (holds || !res.not_moved.empty()) {
+      if (!res.not_moved.empty()) {
         failed = absl::AbortedError(absl::StrCat(
             "drain: S[", x, "] still holds range(s) ",
             absl::StrJoin(res.not_moved, ","),
             " (no synced copy on their new owner in time); it stays"));
+        m.error = std::string(failed.message());
+      } else if (!held.empty()) {
+        failed = absl::AbortedError(absl::StrCat(
+            "drain: S[", x, "] was added back to range(s) ",
+            absl::StrJoin(held, ","),
+            " by a change made meanwhile (no other live server to take "
+            "them); it stays"));
         m.error = std::string(failed.message());
       } else if (AliveServerLocked(x)) {
         servers_[x].info.set_state(proto::NODE_LEFT);

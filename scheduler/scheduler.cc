@@ -408,6 +408,9 @@ void SchedulerCore::FailoverServers(const std::vector<int>& ids,
           ring_, view_.routing(), live, replicas_, view_.epoch() + 1,
           [&](int r, int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
             return copying_.contains({r, s});
+          },
+          [&](int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return draining_.contains(s);
           });
       if (!t.ok()) {
         failure = Annotate(t.status(), absl::StrCat("server S[", failed[0],
