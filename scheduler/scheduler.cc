@@ -1232,12 +1232,13 @@ absl::StatusOr<proto::StatusResponse> SchedulerCore::Status(bool brief) {
                            static_cast<double>(p.units_per_epoch));
     }
     resp.set_replicas(replicas_);
+    int degraded = 0, single = 0;
     for (int n : SyncedMembersLocked()) {
-      if (n < 1 + replicas_) resp.set_ranges_degraded(resp.ranges_degraded() + 1);
-      if (n <= 1 && replicas_ > 0) {
-        resp.set_ranges_single_copy(resp.ranges_single_copy() + 1);
-      }
+      degraded += n < 1 + replicas_ ? 1 : 0;
+      single += n <= 1 && replicas_ > 0 ? 1 : 0;
     }
+    resp.set_ranges_degraded(degraded);
+    resp.set_ranges_single_copy(single);
   }
   if (brief) return resp;
   for (const std::string& a : addresses) {

@@ -1457,9 +1457,9 @@ absl::Status ServerNode::CheckInvariants() const {
 std::string ServerNode::DebugRanges() const {
   absl::MutexLock l(&mu_);
   std::string out = absl::StrCat("S[", id_, "] epoch ", epoch_, ":\n");
+  if (routing_ == nullptr) return out;
   for (size_t i = 0; i < ranges_.size(); ++i) {
     const int r = static_cast<int>(i);
-    if (routing_ == nullptr) break;
     const bool owner = routing_->OwnerOfRange(r) == id_;
     if (!owner && !routing_->IsBackupOf(r, id_)) continue;
     absl::StrAppend(&out, "  r", r, owner ? " owner" : " backup");

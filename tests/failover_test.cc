@@ -440,8 +440,6 @@ void RunChaos(const std::string& mode, int seed, bool overlap) {
         wait_for(at_push);
       } else {
         wait_for(total * (step + 1) / 8 + 3 + static_cast<int>(rng() % 12));
-      }
-      if (!overlap) {
         ASSERT_TRUE(await([&] { return sched->MembershipSettled(); }))
             << "not settled after: " << steps << "\n" << Chains(sched);
       }

@@ -18,6 +18,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -1704,21 +1705,31 @@ TEST_F(MultiProcessTest, UnansweredPushesGetAHungServerFailedOver) {
 // --restart replacement joins as a new server. The job ends ok with exact
 // epochs and the AUC of a run without any of it.
 class ElasticityTest : public MultiProcessTest,
-                       public ::testing::WithParamInterface<const char*> {};
+                       public ::testing::WithParamInterface<const char*> {
+ protected:
+  // a9a in this test's mode on 3 servers with 1 replica for `epochs`: a
+  // clean run, then one with `chaos` (ps_launch flags) in directory
+  // ps_mp_<name>_<mode>.
+  std::pair<LaunchResult, LaunchResult> CleanAndChaos(
+      const std::string& name, int epochs, const std::string& chaos) {
+    const std::string mode = GetParam();
+    const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
+    const std::vector<std::string> sets = {
+        "cluster.num_servers=3", absl::StrCat("training.epochs=", epochs),
+        "fault_tolerance.replicas=1"};
+    LaunchResult clean = Launch(absl::StrCat("clean_", name, "_", mode), yaml,
+                                sets);
+    dirs_.push_back(fs::path(::testing::TempDir()) /
+                    absl::StrCat("ps_mp_", name, "_", mode, "_", ::getpid()));
+    return {std::move(clean), RunLaunch(dirs_.back(), yaml, sets, chaos)};
+  }
+};
 
 TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
-  const std::string mode = GetParam();
-  const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
-  const std::vector<std::string> sets = {"cluster.num_servers=3",
-                                         "training.epochs=12",
-                                         "fault_tolerance.replicas=1"};
-  LaunchResult clean = Launch("clean_elastic_" + mode, yaml, sets);
+  auto [clean, r] =
+      CleanAndChaos("elastic", 12,
+                    "--add-server e1 --drain S1@e3 --kill S0@e5 --restart=0.1");
   ASSERT_LAUNCHED(clean);
-  dirs_.push_back(fs::path(::testing::TempDir()) /
-                  absl::StrCat("ps_mp_elastic_", mode, "_", ::getpid()));
-  LaunchResult r =
-      RunLaunch(dirs_.back(), yaml, sets,
-                "--add-server e1 --drain S1@e3 --kill S0@e5 --restart=0.1");
   ASSERT_LAUNCHED(r);
   EXPECT_NE(r.log.find("ps_launch: added server S+1 (pid "), std::string::npos)
       << Tail(r.log, 4000);
@@ -1744,18 +1755,9 @@ TEST_P(ElasticityTest, ServersJoinLeaveAndDieMidRun) {
 // many such schedules). The job ends ok with exact epochs and the AUC of a
 // run without any of it.
 TEST_P(ElasticityTest, ServersJoinLeaveAndDieAtOnce) {
-  const std::string mode = GetParam();
-  const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
-  const std::vector<std::string> sets = {"cluster.num_servers=3",
-                                         "training.epochs=8",
-                                         "fault_tolerance.replicas=1"};
-  LaunchResult clean = Launch("clean_at_once_" + mode, yaml, sets);
+  auto [clean, r] = CleanAndChaos(
+      "at_once", 8, "--add-server e1 --drain S1@e1 --kill S0@e1 --restart=0.1");
   ASSERT_LAUNCHED(clean);
-  dirs_.push_back(fs::path(::testing::TempDir()) /
-                  absl::StrCat("ps_mp_at_once_", mode, "_", ::getpid()));
-  LaunchResult r =
-      RunLaunch(dirs_.back(), yaml, sets,
-                "--add-server e1 --drain S1@e1 --kill S0@e1 --restart=0.1");
   ASSERT_LAUNCHED(r);
   EXPECT_TRUE(FindMembership(r.report, "joined", "S[3]").has_value())
       << r.report;
