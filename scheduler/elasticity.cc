@@ -442,6 +442,24 @@ absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
       return absl::FailedPreconditionError(absl::StrCat(
           "drain: S[", x, "] is the only live server"));
     }
+    // A drain is the graceful way out: unless forced, it does not leave
+    // the ranges with fewer copies than the job was configured to keep.
+    // Servers being drained too are not counted as staying.
+    int staying = 0;
+    for (size_t s = 0; s < servers_.size(); ++s) {
+      const int id = static_cast<int>(s);
+      if (id != x && AliveServerLocked(id) && draining_.count(id) == 0) {
+        ++staying;
+      }
+    }
+    if (replicas_ > 0 && staying < 1 + replicas_ && !req.force()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "drain: S[", x, "] would leave ", staying,
+          " live server(s) not being drained, fewer than the ", 1 + replicas_,
+          " that hold every key range's 1 + fault_tolerance.replicas copies; "
+          "add a server first, or force the drain (ps_status --drain ", x,
+          " --force) to run with fewer copies"));
+    }
     replicas = replicas_;
     if (draining_.insert(x).second) SaveStateLocked();
   }

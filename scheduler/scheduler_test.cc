@@ -2031,6 +2031,49 @@ TEST_F(SchedulerCoreTest, DrainSurvivesTheDeathOfACopyTarget) {
   }
 }
 
+// A drain does not take the job below its replication factor unless
+// forced: with 3 servers and 1 replica, the first drain leaves 2 (every
+// range keeps 2 copies); the second would leave 1 and is refused, naming
+// the way to force it, with nothing moved; forced, it leaves every range
+// on S[2] alone.
+TEST_F(SchedulerCoreTest, DrainKeepsTheReplicationFactorUnlessForced) {
+  config_.cluster.num_servers = 3;
+  Start();
+  RegisterAll();
+  const int num_ranges = core_->Status()->view().routing().range_server_size();
+  const proto::ServerStatus synced = Synced(num_ranges, {0, 1, 2});
+  for (int sv = 0; sv < 3; ++sv) clients_.server(Addr(sv))->SetStatus(synced);
+  proto::DrainRequest d;
+  d.set_server(1);
+  ASSERT_TRUE(core_->Drain(d).ok());
+  const int64_t epoch = core_->Status()->view().epoch();
+  d.set_server(0);
+  absl::StatusOr<proto::DrainResponse> r = core_->Drain(d);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+      << r.status();
+  EXPECT_NE(r.status().message().find("would leave 1 live server(s)"),
+            absl::string_view::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("--drain 0 --force"),
+            absl::string_view::npos)
+      << r.status();
+  auto st = core_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->view().epoch(), epoch);
+  EXPECT_EQ(st->view().routing().servers(0).state(), proto::NODE_ALIVE);
+  d.set_force(true);
+  r = core_->Drain(d);
+  ASSERT_TRUE(r.ok()) << r.status();
+  st = core_->Status();
+  ASSERT_TRUE(st.ok());
+  const proto::RoutingTable& t = st->view().routing();
+  EXPECT_EQ(t.servers(0).state(), proto::NODE_LEFT);
+  for (int i = 0; i < t.range_server_size(); ++i) {
+    EXPECT_EQ(t.range_server(i), 2) << "range " << i;
+    EXPECT_LT(t.range_backup(i), 0) << "range " << i;
+  }
+}
+
 // Scheduler restart during a drain (issue 9): the scheduler dies after the
 // drain's stage-1 view (the refilled backups added, copying); the one that
 // takes the job over from that state file finishes the drain: S[1] leaves,

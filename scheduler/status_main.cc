@@ -41,6 +41,9 @@ ABSL_FLAG(int, drain, -1,
           "let it leave the running job; waits until done (issue 9). A "
           "server is added by starting one more ps_server with --scheduler");
 ABSL_FLAG(int64_t, drain_timeout_s, 300, "--drain: how long to wait");
+ABSL_FLAG(bool, force, false,
+          "--drain: drain even when the servers left would be too few to "
+          "keep every key range's 1 + fault_tolerance.replicas copies");
 ABSL_FLAG(double, watch, 0,
           "refresh the table every this many seconds (0: print it once); in "
           "place on a terminal, frame after frame otherwise; ends with the "
@@ -258,6 +261,7 @@ int main(int argc, char** argv) {
   if (const int drain = absl::GetFlag(FLAGS_drain); drain >= 0) {
     ps::proto::DrainRequest req;
     req.set_server(drain);
+    req.set_force(absl::GetFlag(FLAGS_force));
     auto r = scheduler->Drain(
         req, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
     if (!r.ok()) {
