@@ -1089,6 +1089,28 @@ class Chaos {
         ++i;
         continue;
       }
+      // A kill whose target this launcher already killed (two --kill of
+      // one process due together, or the second before the replacement is
+      // up): it waits for the replacement, so that the restart happens once
+      // and the second kill takes the new process; without --restart it
+      // does nothing.
+      bool killed_before = false;
+      if (k.role != 'A' && k.role != 'J' && k.role != 'D' && k.pause_s <= 0) {
+        std::string name = k.Target();
+        if (auto it = latest_.find(name); it != latest_.end()) {
+          name = it->second;
+        }
+        absl::StatusOr<pid_t> pid = group->Signal(name, 0);
+        killed_before = pid.ok() && killed_.count(*pid) > 0;
+        bool restart_pending = false;
+        for (const Restart& r : restarts_) {
+          restart_pending = restart_pending || r.spec.name == k.Target();
+        }
+        if ((killed_before || !pid.ok()) && restart_pending) {
+          ++i;
+          continue;
+        }
+      }
       pending_.erase(pending_.begin() + i);
       if (k.after_epochs >= 0) {
         say_(absl::StrFormat("chaos: %.2f epochs of work done: %s is due",
@@ -1110,7 +1132,10 @@ class Chaos {
         Pause(group, k, name, ready, now);
         continue;
       }
-      absl::StatusOr<pid_t> pid = group->Signal(name, SIGKILL);
+      absl::StatusOr<pid_t> pid =
+          killed_before ? absl::StatusOr<pid_t>(absl::FailedPreconditionError(
+                              absl::StrCat(name, " was killed already")))
+                        : group->Signal(name, SIGKILL);
       const double at = absl::ToDoubleSeconds(now - ready);
       if (!pid.ok()) {
         say_(absl::StrFormat("chaos: %s: %s; nothing killed", Flag(k),
@@ -1585,7 +1610,11 @@ int Launcher::Run(const std::atomic<int>* stop) {
     // Chaos (issue 9): readiness from the scheduler's log line, or by
     // asking it (Status: phase past registering); eEPOCHS events by asking
     // it for its progress (one channel: the scheduler listens by then).
-    GrpcClientFactory progress_clients(GrpcClientFactory::Options(security, 1));
+    // Replaced after a failed call: a channel that lost the scheduler (a
+    // --kill H) backs off its reconnects for seconds, and the eEPOCHS events
+    // after a scheduler restart then never came due.
+    auto progress_clients = std::make_unique<GrpcClientFactory>(
+        GrpcClientFactory::Options(security, 1));
     Chaos chaos(
         options_, [this](absl::string_view l) { Say(l); },
         [&]() {
@@ -1611,9 +1640,16 @@ int Launcher::Run(const std::atomic<int>* stop) {
         [&]() -> std::optional<double> {
           proto::StatusRequest req;
           req.set_brief(true);
-          auto st = progress_clients.Scheduler(scheduler_address_)
+          if (progress_clients == nullptr) {
+            progress_clients = std::make_unique<GrpcClientFactory>(
+                GrpcClientFactory::Options(security, 1));
+          }
+          auto st = progress_clients->Scheduler(scheduler_address_)
                         ->Status(req, absl::Now() + absl::Milliseconds(200));
-          if (!st.ok()) return std::nullopt;
+          if (!st.ok()) {
+            progress_clients.reset();
+            return std::nullopt;
+          }
           return st->epochs_done();
         });
     ProcessGroup group(
