@@ -253,7 +253,11 @@ void SchedulerCore::Probe(int id, std::string address) {
                 id, std::string(probe.message()),
                 absl::FormatDuration(silent));
   } else {
-    FailoverServers({id}, absl::StrCat("probe: ", probe.message()));
+    // UNAVAILABLE: the connection was refused or reset (the process is
+    // gone); a timeout may be a stopped or cut-off one.
+    FailoverServers({id}, absl::StrCat("probe: ", probe.message()),
+                    /*definitive=*/probe.code() ==
+                        absl::StatusCode::kUnavailable);
   }
   absl::MutexLock l(&mu_);
   probing_.erase(id);
@@ -369,25 +373,83 @@ SchedulerCore::Unreachable SchedulerCore::UnreachableFrom(
 }
 
 void SchedulerCore::FailoverServers(const std::vector<int>& ids,
-                                    const std::string& why) {
+                                    const std::string& why, bool definitive) {
   absl::MutexLock change(&view_change_mu_);
   absl::Status failure;
   proto::ClusterView view;
   std::vector<int> failed;
   const absl::Time t0 = options_.clock->Now();
+  auto reassign = [&](const std::vector<bool>& live)
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return Reassign(
+        ring_, view_.routing(), live, replicas_, view_.epoch() + 1,
+        [&](int r, int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return copying_.contains({r, s});
+        },
+        [&](int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return draining_.contains(s);
+        });
+  };
   {
     absl::MutexLock l(&mu_);
     if (concluding_ || !ready_) return;
+    std::vector<int> suspects;
+    for (int id : ids) {
+      if (id >= 0 && id < static_cast<int>(servers_.size()) &&
+          servers_[id].info.state() == proto::NODE_ALIVE) {
+        suspects.push_back(id);
+      }
+    }
+    if (suspects.empty()) return;
+    if (!definitive && !finalizing_) {
+      bool loses = replicas_ == 0;
+      if (!loses) {
+        std::vector<bool> live(servers_.size());
+        for (size_t i = 0; i < servers_.size(); ++i) {
+          live[i] = servers_[i].info.state() == proto::NODE_ALIVE &&
+                    std::find(suspects.begin(), suspects.end(),
+                              static_cast<int>(i)) == suspects.end();
+        }
+        loses = !reassign(live).ok();
+      }
+      const absl::Duration grace = options_.config.cluster.SchedulerTimeout();
+      bool past = false;
+      for (int id : suspects) past |= t0 - servers_[id].last_seen > grace;
+      if (loses && !past) {
+        for (int id : suspects) {
+          if (irreplaceable_.emplace(id, t0).second) {
+            PS_LOG_WARN(
+                "S[{}] looks dead ({}), but failing it over would lose key "
+                "ranges (it holds their only complete copy): waiting for it "
+                "up to {} after its last heartbeat "
+                "(cluster.scheduler_timeout_ms), probing it meanwhile; it "
+                "fails at once if it refuses connections",
+                id, why, absl::FormatDuration(grace));
+          }
+          if (!closing_ && probing_.insert(id).second) {
+            probes_.emplace_back(&SchedulerCore::Probe, this, id,
+                                 servers_[id].info.address());
+          }
+        }
+        return;
+      }
+    }
     for (int id : ids) {
       if (id < 0 || id >= static_cast<int>(servers_.size())) continue;
       Node& n = servers_[id];
       if (n.info.state() != proto::NODE_ALIVE) continue;
       n.info.set_state(proto::NODE_DEAD);
       failed.push_back(id);
+      std::string waited;
+      if (auto it = irreplaceable_.find(id); it != irreplaceable_.end()) {
+        waited = absl::StrCat("; waited for it ",
+                              absl::FormatDuration(t0 - it->second));
+        irreplaceable_.erase(it);
+      }
       const std::string what = absl::StrCat(
           "server S[", id, "]", n.info.address().empty() ? "" : " at ",
           n.info.address(), " died (", why, "; last heartbeat ",
-          absl::FormatDuration(t0 - n.last_seen), " ago)");
+          absl::FormatDuration(t0 - n.last_seen), " ago", waited, ")");
       if (replicas_ == 0) {
         failure = absl::UnavailableError(absl::StrCat(
             what, "; its key ranges have no replica "
@@ -404,14 +466,7 @@ void SchedulerCore::FailoverServers(const std::vector<int>& ids,
       for (size_t i = 0; i < servers_.size(); ++i) {
         live[i] = servers_[i].info.state() == proto::NODE_ALIVE;
       }
-      absl::StatusOr<proto::RoutingTable> t = Reassign(
-          ring_, view_.routing(), live, replicas_, view_.epoch() + 1,
-          [&](int r, int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return copying_.contains({r, s});
-          },
-          [&](int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return draining_.contains(s);
-          });
+      absl::StatusOr<proto::RoutingTable> t = reassign(live);
       if (!t.ok()) {
         failure = Annotate(t.status(), absl::StrCat("server S[", failed[0],
                                                     "] died"));
@@ -710,6 +765,13 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   }
   n.last_seen = std::max(n.last_seen, options_.clock->Now());
   n.info.set_last_heartbeat_ms(absl::ToUnixMillis(n.last_seen));
+  if (req.role() == proto::ROLE_SERVER) {
+    if (auto it = irreplaceable_.find(req.id()); it != irreplaceable_.end()) {
+      PS_LOG_WARN("S[{}] heard from again after {}: it stays", req.id(),
+                  absl::FormatDuration(n.last_seen - it->second));
+      irreplaceable_.erase(it);
+    }
+  }
   if (req.role() == proto::ROLE_SERVER && req.view_epoch() > 0 &&
       !copying_.empty()) {
     // Issue 9: chain members of this server that now hold their copy (it
@@ -1359,38 +1421,22 @@ void SchedulerCore::CheckHeartbeats() {
     }
     if (ready_ && failure.ok()) {
       // A dead worker is dropped (DropDeadWorkers: its work units go to the
-      // others); a dead server fails over (FailoverServers), or, without
-      // replication, ends the job.
+      // others); a dead server fails over (FailoverServers), or, when that
+      // would lose data (without replication, say), ends the job once it
+      // is certainly gone.
+      for (const Node& n : workers_) {
+        if (n.info.state() == proto::NODE_ALIVE &&
+            now - n.last_seen > timeout) {
+          dead_workers.push_back(n.info.id());
+        }
+      }
       for (const Node& n : servers_) {
-        if (replicas_ > 0 || n.info.state() != proto::NODE_ALIVE ||
-            now - n.last_seen <= timeout) {
-          continue;
+        if (n.info.state() == proto::NODE_ALIVE &&
+            now - n.last_seen > timeout) {
+          dead_servers.push_back(n.info.id());
         }
-        failure = absl::UnavailableError(absl::StrCat(
-            "server S[", n.info.id(), "]",
-            n.info.address().empty() ? "" : " at ", n.info.address(),
-            " died (no heartbeat for ",
-            absl::FormatDuration(now - n.last_seen),
-            "); its key ranges have no replica"));
-        break;
       }
-      if (failure.ok()) {
-        for (const Node& n : workers_) {
-          if (n.info.state() == proto::NODE_ALIVE &&
-              now - n.last_seen > timeout) {
-            dead_workers.push_back(n.info.id());
-          }
-        }
-        if (replicas_ > 0) {
-          for (const Node& n : servers_) {
-            if (n.info.state() == proto::NODE_ALIVE &&
-                now - n.last_seen > timeout) {
-              dead_servers.push_back(n.info.id());
-            }
-          }
-        }
-        if (dead_workers.empty() && dead_servers.empty()) return;
-      }
+      if (dead_workers.empty() && dead_servers.empty()) return;
       for (std::vector<Node>* group : {&workers_}) {
         for (Node& n : *group) {
           if (n.info.state() == proto::NODE_ALIVE && now - n.last_seen > timeout) {
@@ -1445,7 +1491,11 @@ absl::Status SchedulerCore::BroadcastView(
         absl::MutexLock l(&mu_);
         dead = replicas_ > 0 && !closing_;
       }
-      if (dead) dead = !ProbeServer(s.address()).ok();
+      absl::Status probe;
+      if (dead) {
+        probe = ProbeServer(s.address());
+        dead = !probe.ok();
+      }
       if (dead) {
         PS_LOG_WARN("S[{}] at {} could not be told view epoch {} and does not "
                     "answer its probe: failing it over",
@@ -1457,8 +1507,9 @@ absl::Status SchedulerCore::BroadcastView(
         if (!probing_.contains(s.id())) {
           probing_.insert(s.id());
           const int id = s.id();
-          probes_.emplace_back([this, id, why] {
-            FailoverServers({id}, why);
+          const bool refused = probe.code() == absl::StatusCode::kUnavailable;
+          probes_.emplace_back([this, id, why, refused] {
+            FailoverServers({id}, why, /*definitive=*/refused);
             absl::MutexLock l2(&mu_);
             probing_.erase(id);
           });

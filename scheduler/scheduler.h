@@ -151,7 +151,16 @@ class SchedulerCore {
   // The job fails (UNAVAILABLE naming the server) without replication, and
   // with DATA_LOSS naming a range when no live server holds it.
   // `why`: how it was found ("probe", "heartbeat"). Without mu_.
-  void FailoverServers(const std::vector<int>& ids, const std::string& why);
+  //
+  // A server whose failover would lose data (the only complete copy of a
+  // range, or any server without replication) is not given up on a
+  // silence alone: a stopped or overloaded process may come back, and
+  // failing it ends the job. It is probed until it answers (nothing
+  // happens), refuses the connection (its process is gone: `definitive`,
+  // it fails at once) or has been silent for cluster.scheduler_timeout_ms
+  // (SchedulerTimeout) since its last heartbeat.
+  void FailoverServers(const std::vector<int>& ids, const std::string& why,
+                       bool definitive = false);
 
   // Enforces the deadlines. Registering: the job fails with
   // DEADLINE_EXCEEDED naming who is missing once register_timeout_ms passed
@@ -451,6 +460,9 @@ class SchedulerCore {
   };
   std::vector<Failover> failovers_ ABSL_GUARDED_BY(mu_);
   std::set<int> probing_ ABSL_GUARDED_BY(mu_);
+  // Servers that look dead but whose failover would lose data, and since
+  // when they are waited for (FailoverServers).
+  std::map<int, absl::Time> irreplaceable_ ABSL_GUARDED_BY(mu_);
   // Who named a server as a suspect and reported it silent (a partial
   // network partition: the scheduler reaches it, they do not): by node
   // ("W[0]"), when it last named it and how long it had then heard nothing

@@ -267,6 +267,15 @@ class SchedulerCoreTest : public ::testing::Test {
     return core_->WorkerDone(d);
   }
   absl::Status End() { return core_->WaitForEnd(absl::Now()); }
+  // The end, waiting for it (a probe on a thread of its own decides it).
+  absl::Status EndWithin(absl::Duration d) {
+    return core_->WaitForEnd(absl::Now() + d);
+  }
+  // Server `id`'s process gone: its probes find the connection refused.
+  void Gone(int id) {
+    clients_.server(Addr(id))->FailStatus(
+        absl::UnavailableError("failed to connect: Connection refused"));
+  }
   // Scheduler restart (issue 9): the schedulers Start() makes from now on
   // keep their state in a fresh file named after `name`.
   void UseStateFile(const std::string& name) {
@@ -592,12 +601,14 @@ TEST_F(SchedulerCoreTest, OwnStallDeclaresNoNodeDead) {
   clock_.Advance(absl::Milliseconds(4900));
   core_->CheckHeartbeats();
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
-  // S[0] stays silent a full timeout after the stall: dead.
+  // S[0] stays silent a full timeout after the stall, and its process is
+  // gone: dead.
+  Gone(0);
   ASSERT_TRUE(Beat(proto::ROLE_SERVER, 1).ok());
   for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
   clock_.Advance(absl::Milliseconds(200));
   core_->CheckHeartbeats();
-  absl::Status s = End();
+  absl::Status s = EndWithin(absl::Seconds(10));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("server S[0]"), std::string::npos) << s;
 }
@@ -682,15 +693,108 @@ TEST_F(SchedulerCoreTest, DeadServerFailsTheJob) {
   config_.fault_tolerance.replicas = 0;  // nothing to fail over to
   Start();
   RegisterAll();
+  Gone(0);
   clock_.Advance(absl::Milliseconds(3000));
   ASSERT_TRUE(Beat(proto::ROLE_SERVER, 1).ok());  // S[0] is silent
   for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
   clock_.Advance(absl::Milliseconds(2001));
   core_->CheckHeartbeats();
-  absl::Status s = End();
+  absl::Status s = EndWithin(absl::Seconds(10));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("server S[0]"), std::string::npos) << s;
   EXPECT_NE(s.message().find("no replica"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("Connection refused"), std::string::npos) << s;
+}
+
+// A server that cannot be failed over (here: no replication) and is
+// silent but not certainly gone (its probes time out: stopped, swapping,
+// cut off) is waited for instead of ending the job: heard from again, it
+// stays; silent for cluster.scheduler_timeout_ms after its last
+// heartbeat, the job fails, saying how long it waited.
+TEST_F(SchedulerCoreTest, IrreplaceableServerIsWaitedForUntilTheSchedulerTimeout) {
+  config_.fault_tolerance.replicas = 0;
+  config_.cluster.scheduler_timeout_ms = 20000;
+  Start();
+  RegisterAll();
+  clients_.server(Addr(0))->FailStatus(
+      absl::DeadlineExceededError("Deadline Exceeded"));
+  auto beat_others = [&] {
+    ASSERT_TRUE(Beat(proto::ROLE_SERVER, 1).ok());
+    for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
+  };
+  // 12 s of silence from S[0] (timeout 5 s): probed, not failed.
+  for (int i = 0; i < 12; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    beat_others();
+    core_->CheckHeartbeats();
+  }
+  EXPECT_EQ(End().code(), StatusCode::kDeadlineExceeded) << End();
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  EXPECT_GT(clients_.server(Addr(0))->status_calls(), 0);
+  // It comes back: nothing happened to it.
+  ASSERT_TRUE(Beat(proto::ROLE_SERVER, 0).ok());
+  clock_.Advance(absl::Seconds(1));
+  beat_others();
+  core_->CheckHeartbeats();
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  EXPECT_EQ(core_->Status()->view().routing().servers(0).state(),
+            proto::NODE_ALIVE);
+  // Silent again, now for good: the job fails 20 s after its last
+  // heartbeat, not 5.
+  for (int i = 0; i < 19; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    beat_others();
+    core_->CheckHeartbeats();
+    absl::SleepFor(absl::Milliseconds(2));  // let a probe thread finish
+  }
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  clock_.Advance(absl::Milliseconds(1500));
+  beat_others();
+  core_->CheckHeartbeats();
+  absl::Status s = EndWithin(absl::Seconds(10));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("server S[0]"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("waited for it"), std::string::npos) << s;
+}
+
+// With replication the same holds for the last complete copy of a range:
+// both servers of 2 (1 replica) silent, S[1] gone for good (refused) is
+// failed over to S[0], which then holds every range alone; S[0] silent
+// with probes timing out is waited for, and refused connections end the
+// job at once with DATA_LOSS naming the range.
+TEST_F(SchedulerCoreTest, LastCopyIsWaitedForUntilItsProcessIsGone) {
+  Start();  // 2 servers, 1 replica
+  RegisterAll();
+  Gone(1);
+  clients_.server(Addr(0))->FailStatus(
+      absl::DeadlineExceededError("Deadline Exceeded"));
+  clock_.Advance(absl::Milliseconds(3000));
+  ASSERT_TRUE(Beat(proto::ROLE_SERVER, 0).ok());
+  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
+  clock_.Advance(absl::Milliseconds(2001));
+  core_->CheckHeartbeats();  // S[1] silent past 5 s: failed over
+  auto st = core_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->view().routing().servers(1).state(), proto::NODE_DEAD);
+  for (int i = 0; i < 8; ++i) {  // S[0] silent too, probes time out
+    clock_.Advance(absl::Seconds(1));
+    for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
+    core_->CheckHeartbeats();
+  }
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  Gone(0);
+  // The next probe (after the one under way) finds it gone.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (core_->phase() == JobPhase::kRunning && absl::Now() < until) {
+    for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
+    core_->CheckHeartbeats();
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  absl::Status s = EndWithin(absl::Seconds(10));
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("every backup with a complete copy are dead"),
+            std::string::npos)
+      << s;
 }
 
 // Issue 9 (failover): a server silent past its deadline is replaced by the
@@ -804,6 +908,7 @@ TEST_P(SchedulerCopyTest, OnlyAWholeCopyIsPromoted) {
   ASSERT_TRUE(core_->Heartbeat(h).ok());
   for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
   // S[1] dies (its last heartbeat was at 3 s).
+  Gone(1);
   clock_.Advance(absl::Milliseconds(2001));
   core_->CheckHeartbeats();
   st = core_->Status();
@@ -817,7 +922,7 @@ TEST_P(SchedulerCopyTest, OnlyAWholeCopyIsPromoted) {
     }
     return;
   }
-  absl::Status s = End();
+  absl::Status s = EndWithin(absl::Seconds(10));
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("had not received a copy yet"),
             std::string::npos)
@@ -833,11 +938,12 @@ INSTANTIATE_TEST_SUITE_P(Copy, SchedulerCopyTest, ::testing::Bool(),
 TEST_F(SchedulerCoreTest, EveryHolderOfARangeDeadIsDataLoss) {
   Start();  // 2 servers, 1 replica: both hold every range
   RegisterAll();
+  for (int sv : {0, 1}) Gone(sv);
   clock_.Advance(absl::Milliseconds(3000));
   for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
   clock_.Advance(absl::Milliseconds(2001));
   core_->CheckHeartbeats();
-  absl::Status s = End();
+  absl::Status s = EndWithin(absl::Seconds(10));
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("every backup with a complete copy are dead"),
             std::string::npos)

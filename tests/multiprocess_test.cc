@@ -1877,6 +1877,43 @@ TEST_F(MultiProcessTest, StoppedSchedulerDeclaresNoNodeDead) {
   EXPECT_TRUE(A9aEpochs(r.report, 8)) << r.report;
 }
 
+// Issue 9: a server that cannot be failed over (no replication here; with
+// it, the last complete copy of a range) stopped for 5 s, 2.5x the
+// heartbeat timeout. Failing it would end the job, so the scheduler waits
+// for it (probing: a stopped process's connection is not refused) instead
+// of declaring it dead; it comes back and the job ends ok, exact, with no
+// failover. Killed instead, it is found gone at its first probe and the
+// job fails at once, naming it.
+TEST_F(MultiProcessTest, IrreplaceableServerIsWaitedForNotFailed) {
+  const std::string yaml = A9aYaml("asp", 2);
+  const std::vector<std::string> sets = {
+      "cluster.num_servers=3", "training.epochs=8",
+      "fault_tolerance.replicas=0", "cluster.heartbeat_ms=300",
+      "cluster.heartbeat_timeout_ms=2000"};
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_waitS1_", ::getpid()));
+  LaunchResult r = RunLaunch(dirs_.back(), yaml, sets, "--pause S1@e2:5");
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.log.find("S[1] looks dead"), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.log.find("S[1] heard from again after"), std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_EQ(ParseReportOrEmpty(r.report).failovers_size(), 0) << r.report;
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report;
+  EXPECT_TRUE(A9aEpochs(r.report, 8)) << r.report;
+
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_goneS1_", ::getpid()));
+  const absl::Time start = absl::Now();
+  LaunchResult k = RunLaunch(dirs_.back(), yaml, sets, "--kill S1@e2");
+  EXPECT_NE(k.exit_code, 0) << Tail(k.log, 4000);
+  EXPECT_NE(k.report.find("server S[1]"), std::string::npos) << k.report;
+  EXPECT_NE(k.report.find("Connection refused"), std::string::npos)
+      << k.report;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << Tail(k.log, 4000);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, SchedulerRestartTest,
                          ::testing::Values("bsp", "asp"),
                          [](const auto& info) {
