@@ -1711,12 +1711,14 @@ class ElasticityTest : public MultiProcessTest,
   // clean run, then one with `chaos` (ps_launch flags) in directory
   // ps_mp_<name>_<mode>.
   std::pair<LaunchResult, LaunchResult> CleanAndChaos(
-      const std::string& name, int epochs, const std::string& chaos) {
+      const std::string& name, int epochs, const std::string& chaos,
+      const std::vector<std::string>& more_sets = {}) {
     const std::string mode = GetParam();
     const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
-    const std::vector<std::string> sets = {
+    std::vector<std::string> sets = {
         "cluster.num_servers=3", absl::StrCat("training.epochs=", epochs),
         "fault_tolerance.replicas=1"};
+    sets.insert(sets.end(), more_sets.begin(), more_sets.end());
     LaunchResult clean = Launch(absl::StrCat("clean_", name, "_", mode), yaml,
                                 sets);
     dirs_.push_back(fs::path(::testing::TempDir()) /
@@ -1767,6 +1769,35 @@ TEST_P(ElasticityTest, ServersJoinLeaveAndDieAtOnce) {
   EXPECT_EQ(drained->error(), "") << r.report;
   EXPECT_TRUE(HasFailover(r.report, "S[0]")) << r.report;
   ExpectLikeClean(r, clean, 8);
+}
+
+// Every kind of change in one run (stop 54; ps_launch runs of random
+// mixes found the bugs of that stop): a server and a worker join, a worker
+// is SIGKILLed, the scheduler is SIGKILLed twice (the second --kill waits
+// for the first's replacement), a server is SIGKILLed and another drained;
+// killed processes are replaced. The job ends ok with exact epochs and the
+// AUC of a run without any of it.
+TEST_P(ElasticityTest, EveryKindOfChangeInOneRun) {
+  auto [clean, r] = CleanAndChaos(
+      "everything", 12,
+      "--add-server e1 --add-worker e1.5 --kill W0@e2 --kill H@e3 "
+      "--kill H@e3 --kill S1@e4 --drain S2@e6 --restart=0.2",
+      {"cluster.heartbeat_ms=300", "cluster.heartbeat_timeout_ms=2000"});
+  ASSERT_LAUNCHED(clean);
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.report.find("\"scheduler_restarts\": 2"), std::string::npos)
+      << r.report;
+  EXPECT_TRUE(FindMembership(r.report, "joined", "S[3]").has_value())
+      << r.report;
+  EXPECT_TRUE(FindMembership(r.report, "joined", "W[2]").has_value())
+      << r.report;
+  EXPECT_TRUE(HasFailover(r.report, "S[1]")) << r.report;
+  const auto drained = FindMembership(r.report, "drained", "S[2]");
+  ASSERT_TRUE(drained.has_value()) << r.report << Tail(r.log, 4000);
+  EXPECT_EQ(drained->error(), "") << r.report;
+  EXPECT_THAT(ParseReportOrEmpty(r.report).dead_workers(), ElementsAre(0))
+      << r.report;
+  ExpectLikeClean(r, clean, 12);
 }
 
 // Worker join (issue 9), real processes: a third worker started mid-run
