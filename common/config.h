@@ -87,6 +87,17 @@ struct ClusterConfig {
     return std::max(absl::Milliseconds(4 * int64_t{heartbeat_ms}),
                     absl::Seconds(2));
   }
+  // Worker failure (issue 9): a worker whose data-plane connection a
+  // server saw closed after its last heartbeat is dead once it has been
+  // silent this long (six heartbeats, at least 3 s; never more than the
+  // heartbeat timeout): its process is gone, and BSP and SSP stop waiting
+  // for it seconds sooner than heartbeat_timeout_ms.
+  absl::Duration WorkerGoneAfter() const {
+    return std::min(
+        std::max(absl::Milliseconds(6 * int64_t{heartbeat_ms}),
+                 absl::Seconds(3)),
+        absl::Milliseconds(heartbeat_timeout_ms));
+  }
 };
 
 enum class Mode { kBsp, kSsp, kAsp };

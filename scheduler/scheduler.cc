@@ -766,6 +766,14 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   n.last_seen = std::max(n.last_seen, options_.clock->Now());
   n.info.set_last_heartbeat_ms(absl::ToUnixMillis(n.last_seen));
   if (req.role() == proto::ROLE_SERVER) {
+    for (int32_t w : req.workers_gone()) {
+      if (w < 0 || w >= static_cast<int>(workers_.size()) ||
+          workers_[w].info.state() != proto::NODE_ALIVE) {
+        continue;
+      }
+      workers_[w].gone_at = options_.clock->Now();
+      workers_[w].gone_server = req.id();
+    }
     if (auto it = irreplaceable_.find(req.id()); it != irreplaceable_.end()) {
       PS_LOG_WARN("S[{}] heard from again after {}: it stays", req.id(),
                   absl::FormatDuration(n.last_seen - it->second));
@@ -1333,6 +1341,8 @@ void SchedulerCore::CheckHeartbeats() {
       absl::Milliseconds(options_.config.cluster.heartbeat_timeout_ms);
   absl::Status failure;
   std::vector<int> dead_workers;
+  std::vector<int> gone_workers;
+  std::vector<std::string> gone_why;
   std::vector<int> dead_servers;
   {
     absl::MutexLock l(&mu_);
@@ -1424,10 +1434,18 @@ void SchedulerCore::CheckHeartbeats() {
       // others); a dead server fails over (FailoverServers), or, when that
       // would lose data (without replication, say), ends the job once it
       // is certainly gone.
+      // A worker whose connection a server saw closed after its last
+      // heartbeat, and silent since for WorkerGoneAfter(): its process is
+      // gone (a live one whose connection closed for another reason goes
+      // on heartbeating).
+      const absl::Duration gone_after =
+          options_.config.cluster.WorkerGoneAfter();
       for (const Node& n : workers_) {
-        if (n.info.state() == proto::NODE_ALIVE &&
-            now - n.last_seen > timeout) {
+        if (n.info.state() != proto::NODE_ALIVE) continue;
+        if (now - n.last_seen > timeout) {
           dead_workers.push_back(n.info.id());
+        } else if (n.gone_at > n.last_seen && now - n.last_seen > gone_after) {
+          gone_workers.push_back(n.info.id());
         }
       }
       for (const Node& n : servers_) {
@@ -1436,7 +1454,16 @@ void SchedulerCore::CheckHeartbeats() {
           dead_servers.push_back(n.info.id());
         }
       }
-      if (dead_workers.empty() && dead_servers.empty()) return;
+      if (dead_workers.empty() && gone_workers.empty() &&
+          dead_servers.empty()) {
+        return;
+      }
+      for (int w : gone_workers) {
+        const Node& n = workers_[w];
+        gone_why.push_back(absl::StrCat(
+            "its connection to S[", n.gone_server, "] closed and no heartbeat "
+            "for ", absl::FormatDuration(now - n.last_seen)));
+      }
       for (std::vector<Node>* group : {&workers_}) {
         for (Node& n : *group) {
           if (n.info.state() == proto::NODE_ALIVE && now - n.last_seen > timeout) {
@@ -1444,6 +1471,7 @@ void SchedulerCore::CheckHeartbeats() {
           }
         }
       }
+      for (int w : gone_workers) workers_[w].info.set_state(proto::NODE_DEAD);
     }
   }
   if (!failure.ok()) {
@@ -1458,6 +1486,9 @@ void SchedulerCore::CheckHeartbeats() {
                   absl::StrCat("no heartbeat for ",
                                options_.config.cluster.heartbeat_timeout_ms,
                                " ms"));
+  for (size_t i = 0; i < gone_workers.size(); ++i) {
+    DropDeadWorkers({gone_workers[i]}, gone_why[i]);
+  }
 }
 
 absl::Status SchedulerCore::BroadcastView(

@@ -284,6 +284,10 @@ class SchedulerCore {
     proto::NodeInfo info;
     absl::Time last_seen;  // last heartbeat, or when it was told the view
     std::string dead_why;  // a worker declared dead: why (its heartbeats')
+    // A worker: when a server last reported it closed a data-plane
+    // connection (HeartbeatRequest.workers_gone), and which server.
+    absl::Time gone_at = absl::InfinitePast();
+    int gone_server = -1;
   };
   struct WorkerResult {
     proto::WorkerDoneRequest done;

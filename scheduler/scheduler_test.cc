@@ -664,6 +664,45 @@ TEST_F(SchedulerCoreTest, AllNodesSilentPastTheSchedulerTimeoutFailsTheJob) {
       << s;
 }
 
+// Worker failure (issue 9): a server reports that W[1] closed its
+// data-plane connection (its process gone), and W[1] stays silent: it is
+// declared dead WorkerGoneAfter() (3 s here) after its last heartbeat,
+// not at the 5 s heartbeat timeout. W[0], reported too but heartbeating
+// on (a connection closed for another reason), stays.
+TEST_F(SchedulerCoreTest, WorkerWhoseConnectionClosedIsDroppedSooner) {
+  Start();
+  RegisterAll();
+  ASSERT_EQ(config_.cluster.WorkerGoneAfter(), absl::Seconds(3));
+  clock_.Advance(absl::Milliseconds(500));
+  for (int sv : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, sv).ok());
+  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
+  clock_.Advance(absl::Milliseconds(100));
+  proto::HeartbeatRequest h;
+  h.set_role(proto::ROLE_SERVER);
+  h.set_id(0);
+  h.add_workers_gone(0);
+  h.add_workers_gone(1);
+  h.add_workers_gone(7);  // no such worker: ignored
+  ASSERT_TRUE(core_->Heartbeat(h).ok());
+  auto state = [&](int w) {
+    return core_->Status()->view().workers(w).state();
+  };
+  for (int i = 0; i < 5; ++i) {  // 2.6 s after W[1]'s last heartbeat
+    clock_.Advance(absl::Milliseconds(500));
+    for (int sv : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, sv).ok());
+    ASSERT_TRUE(Beat(proto::ROLE_WORKER, 0).ok());
+    core_->CheckHeartbeats();
+  }
+  EXPECT_EQ(state(1), proto::NODE_ALIVE);
+  clock_.Advance(absl::Milliseconds(500));  // 3.1 s
+  ASSERT_TRUE(Beat(proto::ROLE_WORKER, 0).ok());
+  core_->CheckHeartbeats();
+  EXPECT_EQ(state(1), proto::NODE_DEAD);
+  EXPECT_EQ(state(0), proto::NODE_ALIVE);
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  EXPECT_THAT(core_->Report().dead_workers(), ElementsAre(1));
+}
+
 // The mlp model reads work units too (issue 9): a dead mlp worker is
 // dropped and its units go to the others, as for LR.
 TEST_F(SchedulerCoreTest, DeadMlpWorkerIsDroppedAndTheJobGoesOn) {

@@ -208,6 +208,11 @@ class ServerNode {
   // epoch and the ranges this server backs up in it without a complete copy
   // (the scheduler promotes none of those).
   void FillHeartbeat(proto::HeartbeatRequest* req) const;
+  // Worker failure (issue 9): `worker` closed a data-plane connection to
+  // this server (DataHandler::PeerClosed). TakeWorkersGone moves the
+  // workers noted since its last call into a heartbeat's workers_gone.
+  void NoteWorkerGone(int32_t worker);
+  void TakeWorkersGone(proto::HeartbeatRequest* req);
 
   // Control plane. INVALID_ARGUMENT for a mode that is unset or not one of
   // the ConsistencyMode values.
@@ -747,6 +752,11 @@ class ServerNode {
   int64_t first_ack_ms_ ABSL_GUARDED_BY(ack_mu_) = 0;
   std::atomic<int64_t> first_ack_seen_{0};  // first_ack_epoch_, lock-free
   const std::shared_ptr<Life> life_ = std::make_shared<Life>();
+
+  // Workers that closed a data-plane connection since the last heartbeat
+  // (NoteWorkerGone).
+  absl::Mutex gone_mu_;
+  std::vector<int32_t> workers_gone_ ABSL_GUARDED_BY(gone_mu_);
 };
 
 }  // namespace ps

@@ -294,6 +294,21 @@ std::pair<int64_t, int64_t> ServerNode::FirstAck() const {
   return {first_ack_epoch_, first_ack_ms_};
 }
 
+void ServerNode::NoteWorkerGone(int32_t worker) {
+  absl::MutexLock l(&gone_mu_);
+  if (workers_gone_.size() < 1024 &&
+      std::find(workers_gone_.begin(), workers_gone_.end(), worker) ==
+          workers_gone_.end()) {
+    workers_gone_.push_back(worker);
+  }
+}
+
+void ServerNode::TakeWorkersGone(proto::HeartbeatRequest* req) {
+  absl::MutexLock l(&gone_mu_);
+  for (int32_t w : workers_gone_) req->add_workers_gone(w);
+  workers_gone_.clear();
+}
+
 void ServerNode::FillHeartbeat(proto::HeartbeatRequest* req) const {
   req->set_role(proto::ROLE_SERVER);
   const auto [ack_epoch, ack_ms] = FirstAck();

@@ -266,6 +266,7 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
     }
     proto::HeartbeatRequest req;
     node.FillHeartbeat(&req);
+    node.TakeWorkersGone(&req);
     req.set_id(id);
     auto resp = scheduler->Heartbeat(req, absl::Now() + hb_timeout / 2);
     if (resp.ok()) {

@@ -101,6 +101,9 @@ class DataService final : public DataHandler {
             absl::Duration wait, DataReplyTo reply) override;
   void Clock(const proto::ClockRequest& req, DataReplyTo reply) override;
   void Replicate(const proto::ReplicateRequest& req, DataReplyTo reply) override;
+  void PeerClosed(int32_t worker_id) override {
+    node_->NoteWorkerGone(worker_id);
+  }
 
  private:
   ServerNode* const node_;

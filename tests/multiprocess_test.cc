@@ -1036,6 +1036,34 @@ TEST_F(MultiProcessTest, LauncherKillsAWorker) {
       << r.report;
 }
 
+// Issue 9: a SIGKILLed worker's sockets close with its process; the
+// servers report the closed data-plane connections in their heartbeats,
+// and the scheduler drops the worker once it has also missed six
+// heartbeats (3 s), not at the heartbeat timeout (60 s here, which BSP
+// would wait out). The job ends ok with exact epochs, long before 60 s.
+TEST_F(MultiProcessTest, DeadWorkerIsFoundByItsClosedConnections) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("ps_mp_wgone_", ::getpid());
+  dirs_.push_back(dir);
+  const absl::Time start = absl::Now();
+  LaunchResult r = RunLaunch(
+      dir, A9aYaml("bsp", 0),
+      {"training.epochs=8", "cluster.heartbeat_timeout_ms=60000",
+       "cluster.scheduler_timeout_ms=60000"},
+      "--kill W1@e2");
+  ASSERT_LAUNCHED(r);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_NE(r.log.find("W[1] declared dead (its connection to S["),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_THAT(ParseReportOrEmpty(r.report).dead_workers(), ElementsAre(1))
+      << r.report;
+  EXPECT_TRUE(A9aEpochs(r.report, 8)) << r.report;
+  EXPECT_LT(took, absl::Seconds(40)) << Tail(r.log, 4000);
+  std::printf("BSP job with W[1] killed at epoch 2: %s\n",
+              absl::FormatDuration(took).c_str());
+}
+
 // Issue 9: a worker that hangs (SIGSTOP) past the heartbeat timeout is
 // declared dead and its work units go to the other; the job ends ok with
 // exact epochs while it is still stopped, and the launcher kills it then

@@ -313,9 +313,10 @@ struct DataPlaneServer::State {
   void Accept(int fd, bool tcp);
   void Serve(const std::shared_ptr<DataConnection>& conn);
   bool Hello(const std::shared_ptr<DataConnection>& conn);
-  // False: close the connection.
+  // False: close the connection. `*worker`: the worker_id of the request,
+  // when it has one.
   bool Dispatch(const std::shared_ptr<DataConnection>& conn, const Header& h,
-                const char* frame);
+                const char* frame, int32_t* worker);
   void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (auto it = conns.begin(); it != conns.end();) {
       if (it->done.load()) {
@@ -529,6 +530,7 @@ void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) 
   }
   int64_t grown_here = 0;
   size_t begin = 0, end = 0;
+  int32_t worker = -1;  // who the requests came from, once one said
   for (;;) {
     // Every whole frame in [begin, end).
     size_t need = kHeaderBytes;
@@ -547,7 +549,7 @@ void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) 
       }
       need = FrameBytes(h);
       if (end - begin < need) break;
-      if (!Dispatch(conn, h, buf.data + begin)) {
+      if (!Dispatch(conn, h, buf.data + begin, &worker)) {
         conn->Shutdown();
         grown.fetch_sub(grown_here);
         return;
@@ -593,6 +595,16 @@ void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) 
     ssize_t n = ::recv(conn->fd(), buf.data + end, buf.cap - end, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
+      bool stopping;
+      {
+        absl::MutexLock l(&mu);
+        stopping = stopped;
+      }
+      // The peer's side closed (its process gone, or done with this
+      // server); not this server stopping, which shuts its sockets down.
+      if (worker >= 0 && !stopping) {
+        handler->PeerClosed(worker);
+      }
       conn->Shutdown();
       grown.fetch_sub(grown_here);
       return;
@@ -660,7 +672,7 @@ thread_local bool RequestArena::in_use_ = false;
 
 bool DataPlaneServer::State::Dispatch(
     const std::shared_ptr<DataConnection>& conn, const Header& h,
-    const char* frame) {
+    const char* frame, int32_t* worker) {
   const char* meta = frame + kHeaderBytes;
   absl::Span<const char> keys(frame + KeysOffset(h), h.keys_len);
   absl::Span<const char> vals(keys.data() + h.keys_len, h.vals_len);
@@ -673,6 +685,7 @@ bool DataPlaneServer::State::Dispatch(
       if (ParseRequest(h, meta, reply, req, [](const proto::PushRequest& r) {
             return r.keys().empty() && r.vals().empty();
           })) {
+        *worker = req->worker_id();
         handler->Push(*req, keys, vals, std::move(reply));
       }
       return true;
@@ -687,6 +700,7 @@ bool DataPlaneServer::State::Dispatch(
                 ? absl::InfiniteDuration()
                 : absl::Microseconds(static_cast<int64_t>(
                       std::min<uint64_t>(h.timeout_us, uint64_t{1} << 40)));
+        *worker = req.worker_id();
         handler->Pull(req, keys, wait, std::move(reply));
       }
       return true;
@@ -695,6 +709,7 @@ bool DataPlaneServer::State::Dispatch(
       proto::ClockRequest req;
       if (ParseRequest(h, meta, reply, &req,
                        [&](const proto::ClockRequest&) { return sections; })) {
+        *worker = req.worker_id();
         handler->Clock(req, std::move(reply));
       }
       return true;

@@ -146,6 +146,10 @@ class DataHandler {
     reply.Send(absl::UnimplementedError("replicate: not on this data plane"),
                nullptr);
   }
+  // The peer closed (or reset) a connection on which it had sent requests
+  // as worker `worker_id` (the last push, pull or clock's): not called for
+  // connections the server closes itself, nor when it stops.
+  virtual void PeerClosed(int32_t worker_id) { (void)worker_id; }
 };
 
 struct DataPlaneServerOptions {

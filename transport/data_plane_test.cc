@@ -92,9 +92,15 @@ class TestHandler : public DataHandler {
     reply.Send(s, nullptr);
   }
 
+  void PeerClosed(int32_t worker_id) override {
+    absl::MutexLock l(&mu);
+    closed_by.push_back(worker_id);
+  }
+
   absl::Mutex mu;
   bool hold = false;
   std::vector<DataReplyTo> held;
+  std::vector<int32_t> closed_by;  // PeerClosed's workers
   int pushes = 0;
   proto::PushRequest last_push;
   std::string last_keys, last_vals;
@@ -245,6 +251,44 @@ TEST_F(DataPlaneTest, PushArrivesWholeAlignedWithEveryOtherField) {
   EXPECT_EQ(k, 1000u);
   EXPECT_EQ(v, 500.0f);
   EXPECT_TRUE(handler_.aligned);
+}
+
+// Worker failure (issue 9): a peer that closes a connection it pushed on
+// (its process gone) is reported with the push's worker_id; one that never
+// sent a request is not, nor are the connections the server closes when it
+// stops.
+TEST_F(DataPlaneTest, PeerThatClosesIsReportedByItsWorkerId) {
+  Serve();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(PushOnce(c.get(), 10).ok());  // as worker 3
+  auto idle = Connect();
+  ASSERT_NE(idle, nullptr);
+  c.reset();
+  idle.reset();
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  for (;;) {
+    {
+      absl::MutexLock l(&handler_.mu);
+      if (!handler_.closed_by.empty()) break;
+    }
+    ASSERT_LT(absl::Now(), until) << "the close was not reported";
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  while (server_->connections() > 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  {
+    absl::MutexLock l(&handler_.mu);
+    EXPECT_EQ(handler_.closed_by, std::vector<int32_t>{3});
+    handler_.closed_by.clear();
+  }
+  auto open = Connect();
+  ASSERT_NE(open, nullptr);
+  ASSERT_TRUE(PushOnce(open.get(), 10).ok());
+  server_->Stop();
+  absl::MutexLock l(&handler_.mu);
+  EXPECT_TRUE(handler_.closed_by.empty());
 }
 
 TEST_F(DataPlaneTest, BorrowedPiecesArriveAsOneValsField) {
