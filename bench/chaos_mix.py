@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Random mixes of every kind of membership change, on real processes
+(issue 9; docs/fault_tolerance.md, "Stop 54").
+
+  python3 bench/chaos_mix.py --seeds 1-40 [--modes bsp,asp,ssp]
+
+For each seed, draws 3 to 6 `ps_launch` chaos events at random points of
+the job (eEPOCHS, between 0.5 and 7 epochs of work done): add a server or a
+worker, SIGKILL a worker, a server or the scheduler, drain a server, stop
+(SIGSTOP) a server for 2 s or a worker for 1 s; each server is the target of
+at most one kill, drain or stop; killed processes are replaced 0.2 s later
+(`--restart=0.2`). Then it runs the a9a job (3 servers, 2 workers, 1
+replica, --epochs, 2 s heartbeat timeout) once per mode with those events,
+and prints one line per launch: the events, the exit status, and the
+report's status, test AUC and error. The same seed draws the same events
+(Python's random.Random(seed)).
+
+A launch passes when it ends ok with 32561 examples in every epoch and a
+test AUC within 0.002 of a run without events (--clean-auc, measured first
+when not given), or fails with the error one replica cannot avoid: two
+server kills within one copy's time ("two failures within one copy's
+time"). Exit status 1 when any launch does neither.
+
+Options: --data DIR (default ../shared/data/a9a), --bin DIR (build/bin),
+--out DIR (runs/chaos_mix: each launch's job.yaml, launch.log and
+report.json), --epochs N (10), --set FIELD=VALUE (every launch; repeatable).
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+YAML = """cluster:
+  num_servers: 3
+  num_workers: 2
+  virtual_nodes: 64
+  heartbeat_ms: 500
+  heartbeat_timeout_ms: 2000
+consistency:
+  mode: {mode}
+  tau: {tau}
+optimizer:
+  name: ftrl
+  alpha: 0.5
+  beta: 100
+  l1: 0.1
+  l2: 0.1
+data:
+  format: libsvm
+  train: {data}/a9a.train
+  test: {data}/a9a.test
+training:
+  minibatch: 100
+  epochs: {epochs}
+fault_tolerance:
+  replicas: 1
+output:
+  log_level: warn
+"""
+
+EXCUSED = "two failures within one copy's time"
+
+
+def draw(seed):
+    """The chaos flags of `seed`."""
+    rng = random.Random(seed)
+    events = []
+    used = set()  # servers already killed, drained or stopped
+    for _ in range(rng.randint(3, 6)):
+        kind = rng.choice(["S+", "W+", "kW", "kS", "kH", "dS", "pW", "pS"])
+        at = round(rng.uniform(0.5, 7), 1)
+        if kind == "S+":
+            events.append("--add-server e%s" % at)
+        elif kind == "W+":
+            events.append("--add-worker e%s" % at)
+        elif kind == "kW":
+            events.append("--kill W%d@e%s" % (rng.randint(0, 1), at))
+        elif kind == "kH":
+            events.append("--kill H@e%s" % at)
+        elif kind == "pW":
+            events.append("--pause W%d@e%s:1" % (rng.randint(0, 1), at))
+        else:
+            free = [s for s in range(3) if s not in used]
+            if not free:
+                continue
+            s = rng.choice(free)
+            used.add(s)
+            if kind == "kS":
+                events.append("--kill S%d@e%s" % (s, at))
+            elif kind == "dS":
+                events.append("--drain S%d@e%s" % (s, at))
+            else:
+                events.append("--pause S%d@e%s:2" % (s, at))
+    return events + ["--restart=0.2"]
+
+
+def launch(args, name, mode, flags):
+    """Runs one job; returns (exit status, report dict or None)."""
+    d = os.path.join(args.out, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    with open(os.path.join(d, "job.yaml"), "w") as f:
+        f.write(YAML.format(mode=mode, tau=0 if mode == "bsp" else 2,
+                            data=args.data, epochs=args.epochs))
+    cmd = [os.path.join(args.bin, "ps_launch"), "--config",
+           os.path.join(d, "job.yaml"), "--run-dir", os.path.join(d, "run"),
+           "--report", os.path.join(d, "report.json"), "--set",
+           "output.model_dir=" + os.path.join(d, "model"), "--timeout_s",
+           "300"]
+    for s in args.set:
+        cmd += ["--set", s]
+    cmd += " ".join(flags).split()
+    with open(os.path.join(d, "launch.log"), "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with open(os.path.join(d, "report.json")) as f:
+            return rc, json.load(f)
+    except (OSError, ValueError):
+        return rc, None
+
+
+def verdict(rc, report, clean_auc, epochs):
+    """'ok', 'excused' or 'FAILED: why'."""
+    if report is None:
+        return "FAILED: no report (exit %d)" % rc
+    if rc == 0 and report.get("status") == "ok":
+        counts = report.get("epoch_examples", [])
+        if len(counts) != epochs or any(n != 32561 for n in counts):
+            return "FAILED: epoch counts %s" % counts
+        auc = report.get("test_auc", 0)
+        if clean_auc is not None and abs(auc - clean_auc) > 0.002:
+            return "FAILED: AUC %.4f against %.4f" % (auc, clean_auc)
+        return "ok"
+    if EXCUSED in report.get("error", ""):
+        return "excused"
+    return "FAILED: exit %d, %s" % (rc, report.get("error", ""))
+
+
+def main():
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", required=True, help="FIRST-LAST")
+    p.add_argument("--modes", default="bsp,asp,ssp")
+    p.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "a9a"))
+    p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    p.add_argument("--out", default=os.path.join(ROOT, "runs", "chaos_mix"))
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--clean-auc", type=float, default=None)
+    p.add_argument("--set", action="append", default=[])
+    args = p.parse_args()
+    first, _, last = args.seeds.partition("-")
+    seeds = range(int(first), int(last or first) + 1)
+    modes = [m for m in args.modes.split(",") if m]
+    if not os.path.exists(os.path.join(args.data, "a9a.train")):
+        print("missing %s/a9a.train" % args.data, file=sys.stderr)
+        return 2
+    clean = {}
+    for mode in modes:
+        if args.clean_auc is not None:
+            clean[mode] = args.clean_auc
+            continue
+        rc, report = launch(args, "clean_" + mode, mode, [])
+        if rc != 0 or report is None:
+            print("the clean %s run failed (exit %d)" % (mode, rc))
+            return 1
+        clean[mode] = report["test_auc"]
+        print("clean %s: AUC %.4f" % (mode, clean[mode]), flush=True)
+    tally = {}
+    for seed in seeds:
+        flags = draw(seed)
+        for mode in modes:
+            rc, report = launch(args, "s%d_%s" % (seed, mode), mode, flags)
+            v = verdict(rc, report, clean[mode], args.epochs)
+            key = v.split(":")[0]
+            tally[key] = tally.get(key, 0) + 1
+            auc = report.get("test_auc") if report else None
+            print("seed %d %s: %s | %s%s" % (
+                seed, mode, " ".join(flags), v,
+                "" if auc is None or v != "ok" else " (AUC %.4f)" % auc),
+                flush=True)
+    print("launches: %s" % ", ".join("%d %s" % (n, k) for k, n in sorted(tally.items())))
+    return 1 if any(k.startswith("FAILED") for k in tally) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
