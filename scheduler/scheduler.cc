@@ -372,23 +372,74 @@ SchedulerCore::Unreachable SchedulerCore::UnreachableFrom(
   return out;
 }
 
+absl::StatusOr<proto::RoutingTable> SchedulerCore::ReassignLocked(
+    const std::vector<bool>& live) {
+  return Reassign(
+      ring_, view_.routing(), live, replicas_, view_.epoch() + 1,
+      [&](int r, int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return copying_.contains({r, s});
+      },
+      [&](int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return draining_.contains(s);
+      });
+}
+
+void SchedulerCore::RefreshCopies(const std::vector<int>& ids) {
+  std::vector<std::pair<int, std::string>> ask;  // members still copying
+  {
+    absl::MutexLock l(&mu_);
+    if (concluding_ || !ready_ || replicas_ == 0 || copying_.empty()) return;
+    std::vector<bool> live(servers_.size());
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      live[i] = servers_[i].info.state() == proto::NODE_ALIVE &&
+                std::find(ids.begin(), ids.end(), static_cast<int>(i)) ==
+                    ids.end();
+    }
+    if (ReassignLocked(live).ok()) return;
+    std::set<int> members;
+    for (const auto& [rs, epoch] : copying_) {
+      if (rs.second >= 0 && rs.second < static_cast<int>(live.size()) &&
+          live[rs.second]) {
+        members.insert(rs.second);
+      }
+    }
+    for (int m : members) ask.emplace_back(m, servers_[m].info.address());
+  }
+  const absl::Duration timeout = absl::Milliseconds(
+      options_.config.fault_tolerance.probe_timeout_ms);
+  for (const auto& [m, address] : ask) {
+    auto st = options_.clients->Server(address)->GetStatus(
+        options_.clock->Now() + timeout);
+    if (!st.ok()) continue;
+    const auto& incomplete = st->incomplete_ranges();
+    absl::MutexLock l(&mu_);
+    for (auto it = copying_.begin(); it != copying_.end();) {
+      const auto [r, s] = it->first;
+      if (s == m && st->view_epoch() >= it->second &&
+          std::find(incomplete.begin(), incomplete.end(), r) ==
+              incomplete.end()) {
+        PS_LOG_INFO("S[{}] holds its copy of range {} (asked before a "
+                    "failover)",
+                    s, r);
+        it = copying_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
 void SchedulerCore::FailoverServers(const std::vector<int>& ids,
                                     const std::string& why, bool definitive) {
   absl::MutexLock change(&view_change_mu_);
+  RefreshCopies(ids);
   absl::Status failure;
   proto::ClusterView view;
   std::vector<int> failed;
   const absl::Time t0 = options_.clock->Now();
   auto reassign = [&](const std::vector<bool>& live)
                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return Reassign(
-        ring_, view_.routing(), live, replicas_, view_.epoch() + 1,
-        [&](int r, int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return copying_.contains({r, s});
-        },
-        [&](int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return draining_.contains(s);
-        });
+    return ReassignLocked(live);
   };
   {
     absl::MutexLock l(&mu_);

@@ -161,6 +161,10 @@ class SchedulerCore {
   // (SchedulerTimeout) since its last heartbeat.
   void FailoverServers(const std::vector<int>& ids, const std::string& why,
                        bool definitive = false);
+  // Before failing `ids` over loses a range whose other members are still
+  // copying it (as far as their heartbeats said): asks those members for
+  // their status, and forgets the copies they now hold. Without mu_.
+  void RefreshCopies(const std::vector<int>& ids);
 
   // Enforces the deadlines. Registering: the job fails with
   // DEADLINE_EXCEEDED naming who is missing once register_timeout_ms passed
@@ -294,6 +298,10 @@ class SchedulerCore {
   };
 
   void BuildViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reassign of the current view over the servers `live` at epoch + 1,
+  // with the members still copying and the servers being drained.
+  absl::StatusOr<proto::RoutingTable> ReassignLocked(
+      const std::vector<bool>& live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Probes server `id` (a thread of its own); fails it over when it does
   // not answer.
   void Probe(int id, std::string address);

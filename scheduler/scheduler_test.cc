@@ -769,6 +769,11 @@ TEST_F(SchedulerCoreTest, IrreplaceableServerIsWaitedForUntilTheSchedulerTimeout
   }
   EXPECT_EQ(End().code(), StatusCode::kDeadlineExceeded) << End();
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  // Probed (on a thread of its own).
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (clients_.server(Addr(0))->status_calls() == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   EXPECT_GT(clients_.server(Addr(0))->status_calls(), 0);
   // It comes back: nothing happened to it.
   ASSERT_TRUE(Beat(proto::ROLE_SERVER, 0).ok());
@@ -907,11 +912,15 @@ TEST_F(SchedulerCoreTest, DeadServerFailsOverToItsBackups) {
 // it holds the copy, it is never promoted: the owner dying first is data
 // loss (two failures within one copy's time), named, not a silently
 // emptied range. Once it holds the copy, it is promoted like any backup.
+// 0: the copy has not arrived; 1: the new member's heartbeat says it
+// holds it; 2: it arrived after that member's last heartbeat, which still
+// said incomplete: the scheduler asks it (RefreshCopies) before failing
+// the owner over, instead of declaring the range lost.
 class SchedulerCopyTest : public SchedulerCoreTest,
-                          public ::testing::WithParamInterface<bool> {};
+                          public ::testing::WithParamInterface<int> {};
 
 TEST_P(SchedulerCopyTest, OnlyAWholeCopyIsPromoted) {
-  const bool copied = GetParam();
+  const bool copied = GetParam() != 0;
   config_.cluster.num_servers = 3;
   Start();
   RegisterAll();
@@ -941,10 +950,15 @@ TEST_P(SchedulerCopyTest, OnlyAWholeCopyIsPromoted) {
   h.set_role(proto::ROLE_SERVER);
   h.set_id(2);
   h.set_view_epoch(2);
-  if (!copied) {
+  if (GetParam() != 1) {
     for (int r : refilled) h.add_incomplete_ranges(r);
   }
   ASSERT_TRUE(core_->Heartbeat(h).ok());
+  if (GetParam() == 2) {
+    proto::ServerStatus now;
+    now.set_view_epoch(2);
+    clients_.server(Addr(2))->SetStatus(now);
+  }
   for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
   // S[1] dies (its last heartbeat was at 3 s).
   Gone(1);
@@ -969,9 +983,11 @@ TEST_P(SchedulerCopyTest, OnlyAWholeCopyIsPromoted) {
   EXPECT_NE(s.message().find("S[2]"), std::string::npos) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(Copy, SchedulerCopyTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& i) {
-                           return i.param ? "Copied" : "NotCopiedYet";
+INSTANTIATE_TEST_SUITE_P(Copy, SchedulerCopyTest, ::testing::Values(0, 1, 2),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return i.param == 0   ? "NotCopiedYet"
+                                  : i.param == 1 ? "Copied"
+                                                 : "CopiedSinceItsHeartbeat";
                          });
 
 TEST_F(SchedulerCoreTest, EveryHolderOfARangeDeadIsDataLoss) {

@@ -1634,6 +1634,12 @@ absl::Status ServerNode::SaveModel(const std::string& dir_arg,
 
 proto::ServerStatus ServerNode::Status() const {
   proto::ServerStatus s;
+  {
+    proto::HeartbeatRequest hb;
+    FillHeartbeat(&hb);
+    s.set_view_epoch(hb.view_epoch());
+    *s.mutable_incomplete_ranges() = hb.incomplete_ranges();
+  }
   absl::MutexLock l(&mu_);
   s.set_id(id_);
   int64_t keys = 0;
