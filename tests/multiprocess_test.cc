@@ -1813,8 +1813,11 @@ TEST_P(ElasticityTest, EveryKindOfChangeInOneRun) {
       {"cluster.heartbeat_ms=300", "cluster.heartbeat_timeout_ms=2000"});
   ASSERT_LAUNCHED(clean);
   ASSERT_LAUNCHED(r);
-  EXPECT_NE(r.report.find("\"scheduler_restarts\": 2"), std::string::npos)
-      << r.report;
+  // Two or three takeovers: the second replacement is killed at once, and
+  // may die before or after it takes over.
+  absl::StatusOr<double> restarts = JsonNumber(r.report, "scheduler_restarts");
+  ASSERT_TRUE(restarts.ok()) << restarts.status() << r.report;
+  EXPECT_GE(*restarts, 2) << r.report;
   EXPECT_TRUE(FindMembership(r.report, "joined", "S[3]").has_value())
       << r.report;
   EXPECT_TRUE(FindMembership(r.report, "joined", "W[2]").has_value())
