@@ -263,6 +263,28 @@ void SchedulerCore::Probe(int id, std::string address) {
   probing_.erase(id);
 }
 
+void SchedulerCore::WatchIrreplaceable(int id, std::string address) {
+  const absl::Duration every =
+      absl::Milliseconds(options_.config.cluster.heartbeat_ms);
+  for (;;) {
+    {
+      absl::MutexLock l(&mu_);
+      if (closing_ || concluding_ || !irreplaceable_.contains(id) ||
+          servers_[id].info.state() != proto::NODE_ALIVE) {
+        probing_.erase(id);
+        return;
+      }
+    }
+    const absl::Status probe = ProbeServer(address);
+    if (probe.code() == absl::StatusCode::kUnavailable) {
+      // Refused or reset: the process is gone.
+      FailoverServers({id}, absl::StrCat("probe: ", probe.message()),
+                      /*definitive=*/true);
+    }
+    absl::SleepFor(every);
+  }
+}
+
 void SchedulerCore::NoteViewForSilenceLocked() {
   if (view_.epoch() == silence_epoch_) return;
   silence_epoch_since_ =
@@ -478,7 +500,7 @@ void SchedulerCore::FailoverServers(const std::vector<int>& ids,
                 id, why, absl::FormatDuration(grace));
           }
           if (!closing_ && probing_.insert(id).second) {
-            probes_.emplace_back(&SchedulerCore::Probe, this, id,
+            probes_.emplace_back(&SchedulerCore::WatchIrreplaceable, this, id,
                                  servers_[id].info.address());
           }
         }

@@ -305,6 +305,11 @@ class SchedulerCore {
   // Probes server `id` (a thread of its own); fails it over when it does
   // not answer.
   void Probe(int id, std::string address);
+  // Probes server `id`, which FailoverServers waits for (irreplaceable_),
+  // every heartbeat period until it is heard from again, fails, or is
+  // found gone (a refused connection: failed over at once). One thread per
+  // such server (probing_), however long the wait.
+  void WatchIrreplaceable(int id, std::string address);
   // For a server that answered its probe: what its accusers' reports mean.
   // `server_why` non-empty: it is to be failed over all the same (reported
   // silent for heartbeat_timeout_ms, within the last 3 x SuspectAfter(), by
