@@ -459,10 +459,6 @@ void SchedulerCore::FailoverServers(const std::vector<int>& ids,
   proto::ClusterView view;
   std::vector<int> failed;
   const absl::Time t0 = options_.clock->Now();
-  auto reassign = [&](const std::vector<bool>& live)
-                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ReassignLocked(live);
-  };
   {
     absl::MutexLock l(&mu_);
     if (concluding_ || !ready_) return;
@@ -483,7 +479,7 @@ void SchedulerCore::FailoverServers(const std::vector<int>& ids,
                     std::find(suspects.begin(), suspects.end(),
                               static_cast<int>(i)) == suspects.end();
         }
-        loses = !reassign(live).ok();
+        loses = !ReassignLocked(live).ok();
       }
       const absl::Duration grace = options_.config.cluster.SchedulerTimeout();
       bool past = false;
@@ -539,7 +535,7 @@ void SchedulerCore::FailoverServers(const std::vector<int>& ids,
       for (size_t i = 0; i < servers_.size(); ++i) {
         live[i] = servers_[i].info.state() == proto::NODE_ALIVE;
       }
-      absl::StatusOr<proto::RoutingTable> t = reassign(live);
+      absl::StatusOr<proto::RoutingTable> t = ReassignLocked(live);
       if (!t.ok()) {
         failure = Annotate(t.status(), absl::StrCat("server S[", failed[0],
                                                     "] died"));
