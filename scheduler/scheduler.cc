@@ -810,6 +810,48 @@ absl::StatusOr<proto::GetViewResponse> SchedulerCore::GetView(
   return resp;
 }
 
+absl::Status SchedulerCore::OpenSession(proto::Role role, int id) {
+  absl::MutexLock l(&mu_);
+  Node* n = FindLocked(role, id);
+  if (n == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session: unknown node ", RoleLetter(role), "[", id, "]"));
+  }
+  if (n->info.state() != proto::NODE_ALIVE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session: ", RoleLetter(role), "[", id, "] is ",
+        n->info.state() == proto::NODE_UNKNOWN
+            ? "not registered"
+            : proto::NodeState_Name(n->info.state())));
+  }
+  ++n->sessions;
+  return absl::OkStatus();
+}
+
+void SchedulerCore::CloseSession(proto::Role role, int id) {
+  absl::MutexLock l(&mu_);
+  Node* n = FindLocked(role, id);
+  if (n == nullptr || n->sessions == 0) return;
+  if (--n->sessions > 0 || n->info.state() != proto::NODE_ALIVE || !ready_ ||
+      concluding_ || closing_) {
+    return;
+  }
+  n->session_closed_at = options_.clock->Now();
+  if (role == proto::ROLE_WORKER) {
+    PS_LOG_INFO("W[{}]'s session with the scheduler closed: dropped if it "
+                "stays silent for {} after its last heartbeat",
+                id, absl::FormatDuration(
+                        options_.config.cluster.WorkerGoneAfter()));
+    return;
+  }
+  // A server's process that is gone refuses the probe: failed over now,
+  // not at its heartbeat deadline (without replicas that deadline decides,
+  // as for the suspects named in GetView).
+  if (replicas_ == 0 || !probing_.insert(id).second) return;
+  PS_LOG_WARN("S[{}]'s session with the scheduler closed: probing it", id);
+  probes_.emplace_back(&SchedulerCore::Probe, this, id, n->info.address());
+}
+
 absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
     const proto::HeartbeatRequest& req) {
   absl::MutexLock l(&mu_);
@@ -1513,7 +1555,8 @@ void SchedulerCore::CheckHeartbeats() {
         if (n.info.state() != proto::NODE_ALIVE) continue;
         if (now - n.last_seen > timeout) {
           dead_workers.push_back(n.info.id());
-        } else if (n.gone_at > n.last_seen && now - n.last_seen > gone_after) {
+        } else if (std::max(n.gone_at, n.session_closed_at) > n.last_seen &&
+                   now - n.last_seen > gone_after) {
           gone_workers.push_back(n.info.id());
         }
       }
@@ -1529,9 +1572,17 @@ void SchedulerCore::CheckHeartbeats() {
       }
       for (int w : gone_workers) {
         const Node& n = workers_[w];
+        std::vector<std::string> closed;
+        if (n.gone_at > n.last_seen) {
+          closed.push_back(
+              absl::StrCat("its connection to S[", n.gone_server, "]"));
+        }
+        if (n.session_closed_at > n.last_seen) {
+          closed.push_back("its session with the scheduler");
+        }
         gone_why.push_back(absl::StrCat(
-            "its connection to S[", n.gone_server, "] closed and no heartbeat "
-            "for ", absl::FormatDuration(now - n.last_seen)));
+            absl::StrJoin(closed, " and "), " closed, and no heartbeat for ",
+            absl::FormatDuration(now - n.last_seen)));
       }
       for (std::vector<Node>* group : {&workers_}) {
         for (Node& n : *group) {

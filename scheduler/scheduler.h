@@ -108,6 +108,16 @@ class SchedulerCore {
   // worker declared dead (work units on: its work went to the others).
   absl::StatusOr<proto::HeartbeatResponse> Heartbeat(
       const proto::HeartbeatRequest& req);
+  // A node's session with the scheduler (issue 9, SessionRequest in
+  // ps.proto). OpenSession: INVALID_ARGUMENT for an unknown node,
+  // FAILED_PRECONDITION before it registered or once it is no longer alive
+  // (a worker declared dead). CloseSession, for each session opened: when
+  // the node's last open session closes while it is alive and the job runs,
+  // a worker silent since its last heartbeat is dropped WorkerGoneAfter()
+  // after it (CheckHeartbeats), and a server is probed at once (Probe: a
+  // refused connection fails it over).
+  absl::Status OpenSession(proto::Role role, int id);
+  void CloseSession(proto::Role role, int id);
   // Dynamic work (issue 9, scheduler/work_units.h). Records req.finished
   // (units whose pushes were all acknowledged), then answers: a unit lost
   // in an earlier reply (assigned to the worker, neither finished nor in
@@ -292,6 +302,10 @@ class SchedulerCore {
     // connection (HeartbeatRequest.workers_gone), and which server.
     absl::Time gone_at = absl::InfinitePast();
     int gone_server = -1;
+    // Its sessions with the scheduler now open, and when the last one
+    // closed (OpenSession / CloseSession).
+    int sessions = 0;
+    absl::Time session_closed_at = absl::InfinitePast();
   };
   struct WorkerResult {
     proto::WorkerDoneRequest done;

@@ -123,4 +123,78 @@ grpc::Status SchedulerService::Drain(grpc::ServerContext* ctx,
 
 #undef PS_AUTH
 
+namespace {
+
+// One node's session: nothing is written; it ends when the call is
+// cancelled (the node's connection closed, or the scheduler shuts down).
+class SessionReactor final
+    : public grpc::ServerWriteReactor<proto::SessionEvent> {
+ public:
+  SessionReactor(SchedulerCore* core, proto::Role role, int id)
+      : core_(core), role_(role), id_(id) {}
+
+  // Finishes at once with the refusal, or stays open.
+  void Start(absl::Status refused) {
+    if (!refused.ok()) {
+      FinishOnce(ToGrpcStatus(refused));
+      return;
+    }
+    absl::MutexLock l(&mu_);
+    open_ = true;
+    if (cancelled_) CloseLocked();  // cancelled before it opened
+  }
+
+  void OnCancel() override {
+    {
+      absl::MutexLock l(&mu_);
+      cancelled_ = true;
+      if (open_) CloseLocked();
+    }
+    FinishOnce(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    open_ = false;
+    core_->CloseSession(role_, id_);
+  }
+  void FinishOnce(const grpc::Status& s) {
+    {
+      absl::MutexLock l(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(s);
+  }
+
+  SchedulerCore* const core_;
+  const proto::Role role_;
+  const int id_;
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<proto::SessionEvent>* SchedulerService::Session(
+    grpc::CallbackServerContext* ctx, const proto::SessionRequest* req) {
+  auto* reactor = new SessionReactor(core_, req->role(), req->id());
+  absl::Status refused = CheckToken(*ctx, token_);
+  if (refused.ok() &&
+      (!proto::Role_IsValid(req->role()) ||
+       (req->role() != proto::ROLE_SERVER &&
+        req->role() != proto::ROLE_WORKER))) {
+    refused = absl::InvalidArgumentError(
+        absl::StrCat("session: a node is a server or a worker, not role ",
+                     req->role()));
+  }
+  if (refused.ok()) refused = core_->OpenSession(req->role(), req->id());
+  reactor->Start(refused);
+  return reactor;
+}
+
 }  // namespace ps

@@ -10,7 +10,10 @@
 
 namespace ps {
 
-class SchedulerService final : public proto::Scheduler::Service {
+// Session (issue 9) is a callback method: an open session holds no thread.
+class SchedulerService final
+    : public proto::Scheduler::WithCallbackMethod_Session<
+          proto::Scheduler::Service> {
  public:
   // `core` must outlive the service.
   SchedulerService(SchedulerCore* core, std::string token)
@@ -50,6 +53,11 @@ class SchedulerService final : public proto::Scheduler::Service {
   // Elasticity (issue 9).
   grpc::Status Drain(grpc::ServerContext* ctx, const proto::DrainRequest* req,
                      proto::DrainResponse* resp) override;
+  // Failure detection (issue 9): open until the node's connection closes
+  // or the scheduler stops; SchedulerCore::OpenSession / CloseSession.
+  grpc::ServerWriteReactor<proto::SessionEvent>* Session(
+      grpc::CallbackServerContext* ctx,
+      const proto::SessionRequest* req) override;
 
  private:
   SchedulerCore* const core_;

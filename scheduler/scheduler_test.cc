@@ -703,6 +703,96 @@ TEST_F(SchedulerCoreTest, WorkerWhoseConnectionClosedIsDroppedSooner) {
   EXPECT_THAT(core_->Report().dead_workers(), ElementsAre(1));
 }
 
+// Worker failure over any transport (issue 9): W[1]'s session with the
+// scheduler closes (its process gone) and it stays silent: declared dead
+// WorkerGoneAfter() (3 s) after its last heartbeat, saying why. W[0] had two
+// sessions and lost one (a reconnect): nothing is noted. A session is only
+// for a registered, live node.
+TEST_F(SchedulerCoreTest, WorkerWhoseSessionClosedIsDroppedSooner) {
+  Start();
+  EXPECT_EQ(core_->OpenSession(proto::ROLE_WORKER, 0).code(),
+            StatusCode::kFailedPrecondition);  // not registered yet
+  EXPECT_EQ(core_->OpenSession(proto::ROLE_WORKER, 9).code(),
+            StatusCode::kInvalidArgument);
+  RegisterAll();
+  ASSERT_TRUE(core_->OpenSession(proto::ROLE_WORKER, 0).ok());
+  ASSERT_TRUE(core_->OpenSession(proto::ROLE_WORKER, 0).ok());
+  ASSERT_TRUE(core_->OpenSession(proto::ROLE_WORKER, 1).ok());
+  clock_.Advance(absl::Milliseconds(500));
+  for (int sv : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, sv).ok());
+  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
+  clock_.Advance(absl::Milliseconds(100));
+  core_->CloseSession(proto::ROLE_WORKER, 1);
+  core_->CloseSession(proto::ROLE_WORKER, 0);  // one of two: still open
+  core_->CloseSession(proto::ROLE_WORKER, 7);  // no such worker: ignored
+  auto state = [&](int w) {
+    return core_->Status()->view().workers(w).state();
+  };
+  for (int i = 0; i < 5; ++i) {  // 2.6 s after W[1]'s last heartbeat
+    clock_.Advance(absl::Milliseconds(500));
+    for (int sv : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, sv).ok());
+    core_->CheckHeartbeats();  // W[0] silent too, but its session is open
+  }
+  EXPECT_EQ(state(1), proto::NODE_ALIVE);
+  ASSERT_TRUE(Beat(proto::ROLE_WORKER, 0).ok());
+  clock_.Advance(absl::Milliseconds(500));  // 3.1 s
+  core_->CheckHeartbeats();
+  EXPECT_EQ(state(1), proto::NODE_DEAD);
+  EXPECT_EQ(state(0), proto::NODE_ALIVE);
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+  EXPECT_THAT(core_->Report().dead_workers(), ElementsAre(1));
+  absl::Status late = Beat(proto::ROLE_WORKER, 1).status();
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(late.message().find(
+                "(its session with the scheduler closed, and no heartbeat "
+                "for 3.1s)"),
+            std::string::npos)
+      << late;
+  // Dead: no new session.
+  EXPECT_EQ(core_->OpenSession(proto::ROLE_WORKER, 1).code(),
+            StatusCode::kFailedPrecondition);
+}
+
+// A worker whose session closed but which heartbeats on (a network blip, a
+// restarted scheduler) stays.
+TEST_F(SchedulerCoreTest, WorkerThatHeartbeatsAfterItsSessionClosedStays) {
+  Start();
+  RegisterAll();
+  ASSERT_TRUE(core_->OpenSession(proto::ROLE_WORKER, 1).ok());
+  core_->CloseSession(proto::ROLE_WORKER, 1);
+  for (int i = 0; i < 8; ++i) {
+    clock_.Advance(absl::Milliseconds(500));
+    for (int sv : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, sv).ok());
+    for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
+    core_->CheckHeartbeats();
+  }
+  EXPECT_EQ(core_->Status()->view().workers(1).state(), proto::NODE_ALIVE);
+  EXPECT_THAT(core_->Report().dead_workers(), ElementsAre());
+}
+
+// A server's closed session has it probed at once: a refused probe (the
+// process is gone) fails it over without waiting for its heartbeats; one
+// that answers stays.
+TEST_F(SchedulerCoreTest, ServerWhoseSessionClosedIsProbed) {
+  Start();
+  RegisterAll();
+  for (int sv : {0, 1}) {
+    ASSERT_TRUE(core_->OpenSession(proto::ROLE_SERVER, sv).ok());
+  }
+  core_->CloseSession(proto::ROLE_SERVER, 0);  // answers its probe
+  clients_.server(Addr(1))->FailStatus(absl::UnavailableError("refused"));
+  core_->CloseSession(proto::ROLE_SERVER, 1);
+  proto::GetViewRequest gv;
+  gv.set_known_epoch(1);
+  gv.set_wait_ms(20000);
+  auto v = core_->GetView(gv, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->view().epoch(), 2);
+  EXPECT_EQ(v->view().routing().servers(0).state(), proto::NODE_ALIVE);
+  EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_DEAD);
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+}
+
 // The mlp model reads work units too (issue 9): a dead mlp worker is
 // dropped and its units go to the others, as for LR.
 TEST_F(SchedulerCoreTest, DeadMlpWorkerIsDroppedAndTheJobGoesOn) {

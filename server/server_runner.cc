@@ -290,6 +290,9 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
       }
       // A newer view (a missed broadcast): the watch thread fetches it.
       scheduler_epoch.store(resp->epoch());
+      // Its session tells the scheduler the moment this process is gone
+      // (issue 9); opened again here after the scheduler restarted.
+      scheduler->KeepSession(proto::ROLE_SERVER, id);
     } else if (absl::Now() - last_ok > hb_timeout) {
       if (exit_requested.HasBeenNotified()) {
         PS_LOG_WARN("scheduler gone after the model was saved: {}",

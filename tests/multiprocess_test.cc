@@ -1064,6 +1064,33 @@ TEST_F(MultiProcessTest, DeadWorkerIsFoundByItsClosedConnections) {
               absl::FormatDuration(took).c_str());
 }
 
+// Issue 9: the same over gRPC (no data plane, as with TLS): W[1]'s session
+// with the scheduler closes when it is killed, and it is dropped seconds
+// after its last heartbeat instead of at the 60 s heartbeat timeout.
+TEST_F(MultiProcessTest, DeadWorkerIsFoundByItsClosedSessionOverGrpc) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("ps_mp_wsession_", ::getpid());
+  dirs_.push_back(dir);
+  const absl::Time start = absl::Now();
+  LaunchResult r = RunLaunch(
+      dir, A9aYaml("bsp", 0),
+      {"training.epochs=8", "cluster.heartbeat_timeout_ms=60000",
+       "cluster.scheduler_timeout_ms=60000", "cluster.data_plane=false"},
+      "--kill W1@e2");
+  ASSERT_LAUNCHED(r);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_NE(r.log.find("W[1] declared dead (its session with the scheduler "
+                       "closed, and no heartbeat for "),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_THAT(ParseReportOrEmpty(r.report).dead_workers(), ElementsAre(1))
+      << r.report;
+  EXPECT_TRUE(A9aEpochs(r.report, 8)) << r.report;
+  EXPECT_LT(took, absl::Seconds(40)) << Tail(r.log, 4000);
+  std::printf("BSP job over gRPC with W[1] killed at epoch 2: %s\n",
+              absl::FormatDuration(took).c_str());
+}
+
 // Issue 9: a worker that hangs (SIGSTOP) past the heartbeat timeout is
 // declared dead and its work units go to the other; the job ends ok with
 // exact epochs while it is still stopped, and the launcher kills it then

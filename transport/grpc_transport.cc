@@ -987,6 +987,27 @@ class GrpcSchedulerClient : public SchedulerClient {
         grpc::CreateCustomChannel(address, creds, args));
   }
 
+  // Cancels the open session and waits for its end (its reactor refers to
+  // this client).
+  ~GrpcSchedulerClient() override {
+    absl::MutexLock l(&session_mu_);
+    if (session_ != nullptr) session_->ctx.TryCancel();
+    session_mu_.Await(absl::Condition(
+        +[](Session** s) { return *s == nullptr; }, &session_));
+  }
+
+  void KeepSession(proto::Role role, int id) override {
+    absl::MutexLock l(&session_mu_);
+    if (session_ != nullptr) return;
+    session_ = new Session(this);
+    session_->req.set_role(role);
+    session_->req.set_id(id);
+    if (!token_.empty()) session_->ctx.AddMetadata(kTokenHeader, token_);
+    stub_->async()->Session(&session_->ctx, &session_->req, session_);
+    session_->StartRead(&session_->event);
+    session_->StartCall();
+  }
+
 #define PS_SYNC_CALL(Method, Req, Resp)                                   \
   absl::StatusOr<Resp> Method(const Req& req, absl::Time deadline)        \
       override {                                                          \
@@ -1024,8 +1045,31 @@ class GrpcSchedulerClient : public SchedulerClient {
 #undef PS_SYNC_VOID_CALL
 
  private:
+  // The open session's call; deletes itself when done.
+  struct Session final : grpc::ClientReadReactor<proto::SessionEvent> {
+    explicit Session(GrpcSchedulerClient* owner) : owner(owner) {}
+    void OnReadDone(bool ok) override {
+      if (ok) StartRead(&event);  // nothing is sent today
+    }
+    void OnDone(const grpc::Status& s) override {
+      PS_LOG_DEBUG("session with the scheduler ended: {}",
+                   FromGrpcStatus(s).ToString());
+      {
+        absl::MutexLock l(&owner->session_mu_);
+        owner->session_ = nullptr;
+      }
+      delete this;
+    }
+    GrpcSchedulerClient* const owner;
+    grpc::ClientContext ctx;
+    proto::SessionRequest req;
+    proto::SessionEvent event;
+  };
+
   const std::string token_;
   std::unique_ptr<proto::Scheduler::Stub> stub_;
+  absl::Mutex session_mu_;
+  Session* session_ ABSL_GUARDED_BY(session_mu_) = nullptr;
 };
 
 }  // namespace

@@ -153,6 +153,12 @@ class SchedulerClient {
       const proto::DrainRequest&, absl::Time) {
     return absl::UnimplementedError("drain: not in this transport");
   }
+  // Failure detection (issue 9, SessionRequest in ps.proto): opens this
+  // node's session with the scheduler unless one is open or opening; a
+  // broken one (a restarted scheduler) is opened again by the next call.
+  // Never blocks. Nodes call it after each heartbeat the scheduler took.
+  // Transports without a connection to close (in-process) do nothing.
+  virtual void KeepSession(proto::Role, int) {}
 };
 
 // Makes clients for addresses found in the cluster view. Thread-safe; the

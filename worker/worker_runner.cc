@@ -172,6 +172,9 @@ absl::Status TrainAndReport(
         continue;
       }
       last_ok_ns.store(absl::ToUnixNanos(absl::Now()));
+      // Its session tells the scheduler the moment this process is gone
+      // (issue 9); opened again here after the scheduler restarted.
+      scheduler->KeepSession(proto::ROLE_WORKER, worker_id);
       // A newer view (a failover): fetched now, not when a call to the
       // failed server gives up, which for a hung server is its deadline.
       kv->OnSchedulerEpoch(r->epoch());
