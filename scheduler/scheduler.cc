@@ -828,6 +828,12 @@ absl::Status SchedulerCore::OpenSession(proto::Role role, int id) {
   return absl::OkStatus();
 }
 
+int SchedulerCore::OpenSessions(proto::Role role, int id) {
+  absl::MutexLock l(&mu_);
+  const Node* n = FindLocked(role, id);
+  return n == nullptr ? 0 : n->sessions;
+}
+
 void SchedulerCore::CloseSession(proto::Role role, int id) {
   absl::MutexLock l(&mu_);
   Node* n = FindLocked(role, id);

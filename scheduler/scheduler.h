@@ -118,6 +118,8 @@ class SchedulerCore {
   // refused connection fails it over).
   absl::Status OpenSession(proto::Role role, int id);
   void CloseSession(proto::Role role, int id);
+  // How many sessions of node (role, id) are open (0 for an unknown node).
+  int OpenSessions(proto::Role role, int id);
   // Dynamic work (issue 9, scheduler/work_units.h). Records req.finished
   // (units whose pushes were all acknowledged), then answers: a unit lost
   // in an earlier reply (assigned to the worker, neither finished nor in

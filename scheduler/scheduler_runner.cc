@@ -184,6 +184,7 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   // Let workers and servers see the end through their heartbeats.
   absl::SleepFor(absl::Milliseconds(
       std::min(2000, 2 * config.cluster.heartbeat_ms)));
+  service.EndSessions();  // nodes still running: not waited for
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(500));
   return result;

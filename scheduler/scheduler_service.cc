@@ -123,15 +123,14 @@ grpc::Status SchedulerService::Drain(grpc::ServerContext* ctx,
 
 #undef PS_AUTH
 
-namespace {
-
 // One node's session: nothing is written; it ends when the call is
-// cancelled (the node's connection closed, or the scheduler shuts down).
+// cancelled (the node's connection closed, or the scheduler shuts down) or
+// the job is over (SchedulerService::EndSessions).
 class SessionReactor final
     : public grpc::ServerWriteReactor<proto::SessionEvent> {
  public:
-  SessionReactor(SchedulerCore* core, proto::Role role, int id)
-      : core_(core), role_(role), id_(id) {}
+  SessionReactor(SchedulerService* service, proto::Role role, int id)
+      : service_(service), role_(role), id_(id) {}
 
   // Finishes at once with the refusal, or stays open.
   void Start(absl::Status refused) {
@@ -153,13 +152,11 @@ class SessionReactor final
     FinishOnce(grpc::Status::CANCELLED);
   }
 
-  void OnDone() override { delete this; }
-
- private:
-  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    open_ = false;
-    core_->CloseSession(role_, id_);
+  void OnDone() override {
+    service_->Forget(this);
+    delete this;
   }
+
   void FinishOnce(const grpc::Status& s) {
     {
       absl::MutexLock l(&mu_);
@@ -169,7 +166,13 @@ class SessionReactor final
     Finish(s);
   }
 
-  SchedulerCore* const core_;
+ private:
+  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    open_ = false;
+    service_->core_->CloseSession(role_, id_);
+  }
+
+  SchedulerService* const service_;
   const proto::Role role_;
   const int id_;
   absl::Mutex mu_;
@@ -178,11 +181,9 @@ class SessionReactor final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace
-
 grpc::ServerWriteReactor<proto::SessionEvent>* SchedulerService::Session(
     grpc::CallbackServerContext* ctx, const proto::SessionRequest* req) {
-  auto* reactor = new SessionReactor(core_, req->role(), req->id());
+  auto* reactor = new SessionReactor(this, req->role(), req->id());
   absl::Status refused = CheckToken(*ctx, token_);
   if (refused.ok() &&
       (!proto::Role_IsValid(req->role()) ||
@@ -192,9 +193,28 @@ grpc::ServerWriteReactor<proto::SessionEvent>* SchedulerService::Session(
         absl::StrCat("session: a node is a server or a worker, not role ",
                      req->role()));
   }
+  {
+    absl::MutexLock l(&sessions_mu_);
+    sessions_.insert(reactor);
+    if (refused.ok() && sessions_ended_) {
+      refused = absl::FailedPreconditionError("session: the job is over");
+    }
+  }
   if (refused.ok()) refused = core_->OpenSession(req->role(), req->id());
   reactor->Start(refused);
   return reactor;
+}
+
+void SchedulerService::EndSessions() {
+  absl::MutexLock l(&sessions_mu_);
+  sessions_ended_ = true;
+  // Finish never runs OnDone (and so Forget) on this thread.
+  for (SessionReactor* r : sessions_) r->FinishOnce(grpc::Status::OK);
+}
+
+void SchedulerService::Forget(SessionReactor* r) {
+  absl::MutexLock l(&sessions_mu_);
+  sessions_.erase(r);
 }
 
 }  // namespace ps

@@ -3,12 +3,17 @@
 // not know) with INVALID_ARGUMENT.
 #pragma once
 
+#include <set>
 #include <string>
+
+#include "absl/synchronization/mutex.h"
 
 #include "proto/ps.grpc.pb.h"
 #include "scheduler/scheduler.h"
 
 namespace ps {
+
+class SessionReactor;
 
 // Session (issue 9) is a callback method: an open session holds no thread.
 class SchedulerService final
@@ -58,10 +63,20 @@ class SchedulerService final
   grpc::ServerWriteReactor<proto::SessionEvent>* Session(
       grpc::CallbackServerContext* ctx,
       const proto::SessionRequest* req) override;
+  // Ends every open session (OK) and refuses new ones: the job is over.
+  // Without it a shutdown waits out its deadline for nodes still running.
+  void EndSessions();
 
  private:
+  friend class SessionReactor;
+  // A session's reactor ends (OnDone).
+  void Forget(SessionReactor* r);
+
   SchedulerCore* const core_;
   const std::string token_;
+  absl::Mutex sessions_mu_;
+  std::set<SessionReactor*> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+  bool sessions_ended_ ABSL_GUARDED_BY(sessions_mu_) = false;
 };
 
 }  // namespace ps

@@ -24,9 +24,12 @@
 #include "common/job_report.h"
 #include "common/membership.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "scheduler/scheduler_service.h"
 #include "server/checkpoint.h"
 #include "transport/errors.h"
+#include "transport/grpc_transport.h"
 
 namespace ps {
 namespace {
@@ -791,6 +794,86 @@ TEST_F(SchedulerCoreTest, ServerWhoseSessionClosedIsProbed) {
   EXPECT_EQ(v->view().routing().servers(0).state(), proto::NODE_ALIVE);
   EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_DEAD);
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+}
+
+// The session over real gRPC on loopback: opened by KeepSession (once, while
+// it is open), closed when the client goes (its call cancelled, as when the
+// process dies), refused without the token or for a node that is not one;
+// the scheduler's shutdown ends a session still open.
+TEST_F(SchedulerCoreTest, SessionOverGrpcOpensAndCloses) {
+  Start();
+  RegisterAll();
+  SchedulerService service(core_.get(), "tok");
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto sessions = [&](proto::Role role, int id, int want) {
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (core_->OpenSessions(role, id) != want && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return core_->OpenSessions(role, id);
+  };
+  GrpcSecurity security;
+  security.token = "tok";
+  clock_.Advance(absl::Milliseconds(100));  // after W[1]'s last word
+  {
+    GrpcClientFactory clients(GrpcClientFactory::Options(security, 1));
+    std::shared_ptr<SchedulerClient> w1 = clients.Scheduler(address);
+    w1->KeepSession(proto::ROLE_WORKER, 1);
+    w1->KeepSession(proto::ROLE_WORKER, 1);  // open or opening: nothing
+    EXPECT_EQ(sessions(proto::ROLE_WORKER, 1, 1), 1);
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_EQ(core_->OpenSessions(proto::ROLE_WORKER, 1), 1);
+  }  // the client's end cancels its session
+  EXPECT_EQ(sessions(proto::ROLE_WORKER, 1, 0), 0);
+  // Refusals end the call with a status.
+  auto refused = [&](const std::string& token, proto::Role role, int id) {
+    auto stub = proto::Scheduler::NewStub(grpc::CreateChannel(
+        address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata(kTokenHeader, token);
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(20));
+    proto::SessionRequest req;
+    req.set_role(role);
+    req.set_id(id);
+    auto reader = stub->Session(&ctx, req);
+    proto::SessionEvent event;
+    while (reader->Read(&event)) {
+    }
+    return reader->Finish().error_code();
+  };
+  EXPECT_EQ(refused("", proto::ROLE_WORKER, 0), grpc::UNAUTHENTICATED);
+  EXPECT_EQ(refused("tok", proto::ROLE_WORKER, 9),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(refused("tok", proto::ROLE_SCHEDULER, 0),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(core_->OpenSessions(proto::ROLE_WORKER, 0), 0);
+  // The closed session of W[1], silent since: dropped WorkerGoneAfter()
+  // after its last word (the view's start here).
+  for (int i = 0; i < 7; ++i) {
+    clock_.Advance(absl::Milliseconds(500));
+    for (int sv : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, sv).ok());
+    ASSERT_TRUE(Beat(proto::ROLE_WORKER, 0).ok());
+    core_->CheckHeartbeats();
+  }
+  EXPECT_EQ(core_->Status()->view().workers(1).state(), proto::NODE_DEAD);
+  // A session still open when the job is over: ended by the scheduler, so
+  // that its shutdown does not wait out the deadline; new ones are refused.
+  GrpcClientFactory clients(GrpcClientFactory::Options(security, 1));
+  clients.Scheduler(address)->KeepSession(proto::ROLE_WORKER, 0);
+  EXPECT_EQ(sessions(proto::ROLE_WORKER, 0, 1), 1);
+  const absl::Time end = absl::Now();
+  service.EndSessions();
+  EXPECT_EQ(refused("tok", proto::ROLE_WORKER, 0), grpc::FAILED_PRECONDITION);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  EXPECT_LT(absl::Now() - end, absl::Seconds(30));
 }
 
 // The mlp model reads work units too (issue 9): a dead mlp worker is
