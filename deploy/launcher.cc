@@ -33,6 +33,8 @@
 #include "transport/grpc_transport.h"
 #include "common/security.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "transport/errors.h"
 #include "common/status_macros.h"
 
 extern char** environ;
@@ -1026,6 +1028,7 @@ class Chaos {
   // Whatever never came due (the job ended first) is said, not dropped
   // silently: a chaos run whose fault never happened tested nothing.
   ~Chaos() {
+    ending_.Notify();  // refused drains stop waiting for a join
     for (std::thread& t : drains_) t.join();
     for (const ChaosKill& k : pending_) {
       say_(absl::StrCat("chaos: ", Flag(k), " never came due (the job ended "
@@ -1302,6 +1305,23 @@ class Chaos {
         k.id, absl::ToUnixMillis(now), at));
     drains_.emplace_back([this, id = k.id] {
       absl::StatusOr<proto::DrainResponse> r = drain_(id);
+      // Refused because too few servers would be left (another was killed
+      // or drained at the same moment): tried again for a while, as a
+      // server this launcher added or restarted may be about to join.
+      const absl::Time until = absl::Now() + kDrainRetryFor;
+      bool said = false;
+      while (!r.ok() && ReasonOf(r.status()) == proto::REASON_TOO_FEW_SERVERS &&
+             absl::Now() < until &&
+             !ending_.WaitForNotificationWithTimeout(kDrainRetryEvery)) {
+        if (!said) {
+          say_(absl::StrFormat(
+              "drain S[%d] refused for now (%s); trying again for up to %s",
+              id, r.status().message(),
+              absl::FormatDuration(kDrainRetryFor)));
+          said = true;
+        }
+        r = drain_(id);
+      }
       if (r.ok()) {
         say_(absl::StrFormat(
             "S[%d] drained: %d key range(s) moved off it in %.3f s (view "
@@ -1362,6 +1382,10 @@ class Chaos {
   std::map<std::string, std::string> latest_;  // target -> newest name
   absl::Mutex mu_;
   absl::Time ready_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // Refused drains (REASON_TOO_FEW_SERVERS) are tried again this long.
+  static constexpr absl::Duration kDrainRetryFor = absl::Seconds(10);
+  static constexpr absl::Duration kDrainRetryEvery = absl::Milliseconds(200);
+  absl::Notification ending_;  // the destructor began
 };
 
 }  // namespace

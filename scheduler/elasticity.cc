@@ -11,6 +11,7 @@
 #include "common/routing.h"
 #include "common/status_macros.h"
 #include "scheduler/scheduler.h"
+#include "transport/errors.h"
 
 namespace ps {
 namespace {
@@ -453,7 +454,10 @@ absl::StatusOr<proto::DrainResponse> SchedulerCore::Drain(
       }
     }
     if (replicas_ > 0 && staying < 1 + replicas_ && !req.force()) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      return ErrorWithReason(
+          absl::StatusCode::kFailedPrecondition,
+          proto::REASON_TOO_FEW_SERVERS,
+          absl::StrCat(
           "drain: S[", x, "] would leave ", staying,
           " live server(s) not being drained, fewer than the ", 1 + replicas_,
           " that hold every key range's 1 + fault_tolerance.replicas copies; "

@@ -1201,7 +1201,7 @@ absl::Status SchedulerCore::WorkerDone(const proto::WorkerDoneRequest& req) {
 
 absl::StatusOr<proto::ServerControlResponse> SchedulerCore::ControlWithRetry(
     const std::string& address, const proto::ServerControlRequest& req,
-    absl::Time deadline) {
+    absl::Time deadline, int gone_server) {
   Clock* clock = options_.clock;
   absl::Duration backoff = options_.retry_initial;
   for (int attempt = 1;; ++attempt) {
@@ -1224,6 +1224,16 @@ absl::StatusOr<proto::ServerControlResponse> SchedulerCore::ControlWithRetry(
     {
       absl::MutexLock l(&mu_);
       if (phase_ == JobPhase::kFailed) return JobFailed(end_status_);
+      if (gone_server >= 0 && code == absl::StatusCode::kUnavailable &&
+          gone_server < static_cast<int>(servers_.size())) {
+        const Node& n = servers_[gone_server];
+        if (n.sessions == 0 && n.session_closed_at > n.last_seen) {
+          return Annotate(
+              resp.status(),
+              absl::StrCat("after ", attempt, " attempt(s), not retried: its "
+                           "session with the scheduler closed"));
+        }
+      }
     }
     PS_LOG_WARN("control call to {} failed (attempt {}), retrying in {}: {}",
                 address, attempt, absl::FormatDuration(backoff),
@@ -1636,7 +1646,7 @@ absl::Status SchedulerCore::BroadcastView(
     // the deadline.
     const absl::Time first = std::min(
         deadline, options_.clock->Now() + kBroadcastFirstTry);
-    auto resp = ControlWithRetry(s.address(), r, first);
+    auto resp = ControlWithRetry(s.address(), r, first, s.id());
     const auto retryable = [](const absl::Status& st) {
       return (st.code() == absl::StatusCode::kUnavailable ||
               st.code() == absl::StatusCode::kDeadlineExceeded) &&

@@ -415,9 +415,12 @@ class SchedulerCore {
       std::vector<proto::ServerControlResponse>* replies = nullptr);
   // Calls `call(attempt_deadline)` until it succeeds, fails with a code
   // that a retry cannot fix, or `deadline` passes (backoff on the clock).
+  // `gone_server` >= 0: that server's; an UNAVAILABLE is not retried once
+  // its session with the scheduler closed after its last heartbeat and
+  // none is open (its process is likely gone: the caller probes it).
   absl::StatusOr<proto::ServerControlResponse> ControlWithRetry(
       const std::string& address, const proto::ServerControlRequest& req,
-      absl::Time deadline);
+      absl::Time deadline, int gone_server = -1);
   // Saves the model on every server and ends the job (without mu_).
   void Finalize();
   // ---- work units and worker failure (issue 9)

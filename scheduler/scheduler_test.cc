@@ -1498,6 +1498,43 @@ TEST_F(SchedulerCoreTest, ViewBroadcastIsRetried) {
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
 }
 
+// A view broadcast does not retry a server whose session with the
+// scheduler closed after its last heartbeat (its process likely gone): the
+// first refused call has it probed, and a refused probe fails it over, at
+// once instead of after a second of retries (a kill during a join or a
+// drain held the failover back that long).
+TEST_F(SchedulerCoreTest, ViewBroadcastDoesNotRetryAServerWhoseSessionClosed) {
+  Start();
+  RegisterAll();
+  ASSERT_TRUE(core_->OpenSession(proto::ROLE_SERVER, 1).ok());
+  clock_.Advance(absl::Milliseconds(100));
+  auto s1 = clients_.server(Addr(1));
+  core_->CloseSession(proto::ROLE_SERVER, 1);  // its probe answers: stays
+  for (int i = 0; i < 2000 && s1->status_calls() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(s1->status_calls(), 1);
+  absl::SleepFor(absl::Milliseconds(100));  // the probe's thread ends
+  s1->FailForever(absl::UnavailableError("connection refused"));
+  s1->FailStatus(absl::UnavailableError("connection refused"));
+  proto::SetConsistencyRequest req;
+  req.mutable_consistency()->set_mode(proto::MODE_SSP);
+  req.mutable_consistency()->set_tau(5);
+  const absl::Time before = clock_.Now();
+  auto r = core_->SetConsistency(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->epoch(), 2);
+  EXPECT_LT(clock_.Now() - before, absl::Milliseconds(50));  // no backoff
+  EXPECT_EQ(s1->calls().size(), 1u);
+  proto::GetViewRequest gv;
+  gv.set_known_epoch(2);
+  gv.set_wait_ms(20000);
+  auto v = core_->GetView(gv, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_DEAD);
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+}
+
 TEST_F(SchedulerCoreTest, ServerThatCannotBeToldTheViewFailsTheJob) {
   Start();
   RegisterAll();
@@ -2385,6 +2422,7 @@ TEST_F(SchedulerCoreTest, DrainKeepsTheReplicationFactorUnlessForced) {
   absl::StatusOr<proto::DrainResponse> r = core_->Drain(d);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
       << r.status();
+  EXPECT_EQ(ReasonOf(r.status()), proto::REASON_TOO_FEW_SERVERS);
   EXPECT_NE(r.status().message().find("would leave 1 live server(s)"),
             absl::string_view::npos)
       << r.status();
