@@ -997,15 +997,21 @@ class GrpcSchedulerClient : public SchedulerClient {
   }
 
   void KeepSession(proto::Role role, int id) override {
-    absl::MutexLock l(&session_mu_);
-    if (session_ != nullptr) return;
-    session_ = new Session(this);
-    session_->req.set_role(role);
-    session_->req.set_id(id);
-    if (!token_.empty()) session_->ctx.AddMetadata(kTokenHeader, token_);
-    stub_->async()->Session(&session_->ctx, &session_->req, session_);
-    session_->StartRead(&session_->event);
-    session_->StartCall();
+    Session* s = nullptr;
+    {
+      absl::MutexLock l(&session_mu_);
+      if (session_ != nullptr) return;
+      s = session_ = new Session(this);
+    }
+    // Started without the lock, which its OnDone takes. Nothing can end it
+    // before StartCall, and the destructor cannot run meanwhile (the
+    // caller holds the client).
+    s->req.set_role(role);
+    s->req.set_id(id);
+    if (!token_.empty()) s->ctx.AddMetadata(kTokenHeader, token_);
+    stub_->async()->Session(&s->ctx, &s->req, s);
+    s->StartRead(&s->event);
+    s->StartCall();
   }
 
 #define PS_SYNC_CALL(Method, Req, Resp)                                   \
