@@ -104,7 +104,7 @@ ServerInput ServerJob(proto::ConsistencyMode mode, int clocks,
 }
 
 // One server and two workers register, heartbeat, get shards, meet at a
-// barrier and report done.
+// barrier, open sessions (one closes) and report done.
 SchedulerInput SchedulerJob(bool switch_mode) {
   SchedulerInput in;
   in.set_servers(0);
@@ -130,6 +130,15 @@ SchedulerInput SchedulerJob(bool switch_mode) {
     b->set_role(proto::ROLE_WORKER);
     b->set_id(w);
   }
+  // Sessions (issue 9): both workers open one; W[1]'s closes.
+  for (int w = 0; w < 2; ++w) {
+    proto::SessionRequest* o = in.add_calls()->mutable_open_session();
+    o->set_role(proto::ROLE_WORKER);
+    o->set_id(w);
+  }
+  proto::SessionRequest* c = in.add_calls()->mutable_close_session();
+  c->set_role(proto::ROLE_WORKER);
+  c->set_id(1);
   in.add_calls()->set_advance_ms(600);
   if (switch_mode) {
     proto::SetConsistencyRequest* s =

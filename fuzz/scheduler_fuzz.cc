@@ -107,6 +107,14 @@ int Scheduler(const uint8_t* data, size_t size) {
         CheckCode(core.GetView(req, absl::Now()).status());
         break;
       }
+      case SchedulerCall::kOpenSession:
+        CheckCode(core.OpenSession(call.open_session().role(),
+                                   call.open_session().id()));
+        break;
+      case SchedulerCall::kCloseSession:
+        core.CloseSession(call.close_session().role(),
+                          call.close_session().id());
+        break;
       case SchedulerCall::kAdvanceMs:
         clock.Advance(absl::Milliseconds(call.advance_ms() % 100000));
         core.CheckHeartbeats();
