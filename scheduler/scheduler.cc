@@ -785,12 +785,9 @@ absl::StatusOr<proto::GetViewResponse> SchedulerCore::GetView(
            absl::Milliseconds(std::max<int64_t>(0, req.suspect_silent_ms(i))),
            req.role(), req.id()};
     }
-    if (probing_.contains(s)) continue;
-    probing_.insert(s);
-    PS_LOG_WARN("S[{}] suspected by {}[{}]: probing it", s,
-                RoleLetter(req.role()), req.id());
-    probes_.emplace_back(&SchedulerCore::Probe, this, s,
-                         servers_[s].info.address());
+    StartProbeLocked(s, absl::StrCat("S[", s, "] suspected by ",
+                                     RoleLetter(req.role()), "[", req.id(),
+                                     "]"));
   }
   auto newer = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return (ready_ && view_.epoch() > req.known_epoch()) || concluding_;
@@ -853,9 +850,16 @@ void SchedulerCore::CloseSession(proto::Role role, int id) {
   // A server's process that is gone refuses the probe: failed over now,
   // not at its heartbeat deadline (without replicas that deadline decides,
   // as for the suspects named in GetView).
-  if (replicas_ == 0 || !probing_.insert(id).second) return;
-  PS_LOG_WARN("S[{}]'s session with the scheduler closed: probing it", id);
-  probes_.emplace_back(&SchedulerCore::Probe, this, id, n->info.address());
+  if (replicas_ == 0) return;
+  StartProbeLocked(id, absl::StrCat("S[", id, "]'s session with the "
+                                    "scheduler closed"));
+}
+
+void SchedulerCore::StartProbeLocked(int id, const std::string& what) {
+  if (!probing_.insert(id).second) return;
+  PS_LOG_WARN("{}: probing it", what);
+  probes_.emplace_back(&SchedulerCore::Probe, this, id,
+                       servers_[id].info.address());
 }
 
 absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
@@ -1226,8 +1230,7 @@ absl::StatusOr<proto::ServerControlResponse> SchedulerCore::ControlWithRetry(
       if (phase_ == JobPhase::kFailed) return JobFailed(end_status_);
       if (gone_server >= 0 && code == absl::StatusCode::kUnavailable &&
           gone_server < static_cast<int>(servers_.size())) {
-        const Node& n = servers_[gone_server];
-        if (n.sessions == 0 && n.session_closed_at > n.last_seen) {
+        if (servers_[gone_server].SessionLost()) {
           return Annotate(
               resp.status(),
               absl::StrCat("after ", attempt, " attempt(s), not retried: its "
@@ -1571,7 +1574,7 @@ void SchedulerCore::CheckHeartbeats() {
         if (n.info.state() != proto::NODE_ALIVE) continue;
         if (now - n.last_seen > timeout) {
           dead_workers.push_back(n.info.id());
-        } else if (std::max(n.gone_at, n.session_closed_at) > n.last_seen &&
+        } else if ((n.gone_at > n.last_seen || n.SessionLost()) &&
                    now - n.last_seen > gone_after) {
           gone_workers.push_back(n.info.id());
         }
@@ -1593,9 +1596,7 @@ void SchedulerCore::CheckHeartbeats() {
           closed.push_back(
               absl::StrCat("its connection to S[", n.gone_server, "]"));
         }
-        if (n.session_closed_at > n.last_seen) {
-          closed.push_back("its session with the scheduler");
-        }
+        if (n.SessionLost()) closed.push_back("its session with the scheduler");
         gone_why.push_back(absl::StrCat(
             absl::StrJoin(closed, " and "), " closed, and no heartbeat for ",
             absl::FormatDuration(now - n.last_seen)));

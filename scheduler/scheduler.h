@@ -308,6 +308,11 @@ class SchedulerCore {
     // closed (OpenSession / CloseSession).
     int sessions = 0;
     absl::Time session_closed_at = absl::InfinitePast();
+    // Its last session closed since it was last heard from, and none is
+    // open: its process is likely gone.
+    bool SessionLost() const {
+      return sessions == 0 && session_closed_at > last_seen;
+    }
   };
   struct WorkerResult {
     proto::WorkerDoneRequest done;
@@ -321,6 +326,10 @@ class SchedulerCore {
   // Probes server `id` (a thread of its own); fails it over when it does
   // not answer.
   void Probe(int id, std::string address);
+  // Starts Probe(id) on a thread of its own, logging "`what`: probing it",
+  // unless `id` is being probed already.
+  void StartProbeLocked(int id, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Probes server `id`, which FailoverServers waits for (irreplaceable_),
   // every heartbeat period until it is heard from again, fails, or is
   // found gone (a refused connection: failed over at once). One thread per

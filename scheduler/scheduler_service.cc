@@ -132,7 +132,8 @@ class SessionReactor final
   SessionReactor(SchedulerService* service, proto::Role role, int id)
       : service_(service), role_(role), id_(id) {}
 
-  // Finishes at once with the refusal, or stays open.
+  // Finishes at once with the refusal, or stays open. Runs before Session
+  // returns the reactor, so before any OnCancel.
   void Start(absl::Status refused) {
     if (!refused.ok()) {
       FinishOnce(ToGrpcStatus(refused));
@@ -140,14 +141,15 @@ class SessionReactor final
     }
     absl::MutexLock l(&mu_);
     open_ = true;
-    if (cancelled_) CloseLocked();  // cancelled before it opened
   }
 
   void OnCancel() override {
     {
       absl::MutexLock l(&mu_);
-      cancelled_ = true;
-      if (open_) CloseLocked();
+      if (open_) {
+        open_ = false;
+        service_->core_->CloseSession(role_, id_);
+      }
     }
     FinishOnce(grpc::Status::CANCELLED);
   }
@@ -167,17 +169,11 @@ class SessionReactor final
   }
 
  private:
-  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    open_ = false;
-    service_->core_->CloseSession(role_, id_);
-  }
-
   SchedulerService* const service_;
   const proto::Role role_;
   const int id_;
   absl::Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
