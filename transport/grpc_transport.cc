@@ -987,21 +987,24 @@ class GrpcSchedulerClient : public SchedulerClient {
         grpc::CreateCustomChannel(address, creds, args));
   }
 
-  // Cancels the open session and waits for its end (its reactor refers to
-  // this client).
+  // Cancels the open session and waits until its reactor is gone: its
+  // ClientContext holds a reference to the channel, and the last reference
+  // must not drop on gRPC's callback thread (~Channel there releases gRPC's
+  // shared callback queue, and when that was its last user, deletes the
+  // queue the thread is still polling: a double free at exit).
   ~GrpcSchedulerClient() override {
-    absl::MutexLock l(&session_mu_);
-    if (session_ != nullptr) session_->ctx.TryCancel();
-    session_mu_.Await(absl::Condition(
-        +[](Session** s) { return *s == nullptr; }, &session_));
+    absl::MutexLock l(&session_->mu);
+    if (session_->open != nullptr) session_->open->ctx.TryCancel();
+    session_->mu.Await(absl::Condition(
+        +[](Session** s) { return *s == nullptr; }, &session_->open));
   }
 
   void KeepSession(proto::Role role, int id) override {
     Session* s = nullptr;
     {
-      absl::MutexLock l(&session_mu_);
-      if (session_ != nullptr) return;
-      s = session_ = new Session(this);
+      absl::MutexLock l(&session_->mu);
+      if (session_->open != nullptr) return;
+      s = session_->open = new Session(session_);
     }
     // Started without the lock, which its OnDone takes. Nothing can end it
     // before StartCall, and the destructor cannot run meanwhile (the
@@ -1051,22 +1054,32 @@ class GrpcSchedulerClient : public SchedulerClient {
 #undef PS_SYNC_VOID_CALL
 
  private:
+  struct Session;
+  // Shared by the client and its open session's reactor, so that the
+  // reactor can say it is gone after the client stopped waiting for it.
+  struct SessionSlot {
+    absl::Mutex mu;
+    Session* open ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
   // The open session's call; deletes itself when done.
   struct Session final : grpc::ClientReadReactor<proto::SessionEvent> {
-    explicit Session(GrpcSchedulerClient* owner) : owner(owner) {}
+    explicit Session(std::shared_ptr<SessionSlot> slot)
+        : slot(std::move(slot)) {}
     void OnReadDone(bool ok) override {
       if (ok) StartRead(&event);  // nothing is sent today
     }
     void OnDone(const grpc::Status& s) override {
       PS_LOG_DEBUG("session with the scheduler ended: {}",
                    FromGrpcStatus(s).ToString());
-      {
-        absl::MutexLock l(&owner->session_mu_);
-        owner->session_ = nullptr;
-      }
+      // Deleted first, then the slot cleared: the client (and its channel)
+      // outlives the context.
+      std::shared_ptr<SessionSlot> keep = std::move(slot);
       delete this;
+      absl::MutexLock l(&keep->mu);
+      keep->open = nullptr;
     }
-    GrpcSchedulerClient* const owner;
+    std::shared_ptr<SessionSlot> slot;
     grpc::ClientContext ctx;
     proto::SessionRequest req;
     proto::SessionEvent event;
@@ -1074,8 +1087,8 @@ class GrpcSchedulerClient : public SchedulerClient {
 
   const std::string token_;
   std::unique_ptr<proto::Scheduler::Stub> stub_;
-  absl::Mutex session_mu_;
-  Session* session_ ABSL_GUARDED_BY(session_mu_) = nullptr;
+  const std::shared_ptr<SessionSlot> session_ =
+      std::make_shared<SessionSlot>();
 };
 
 }  // namespace
