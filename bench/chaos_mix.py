@@ -35,35 +35,10 @@ import shutil
 import subprocess
 import sys
 
+import a9a_job
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-YAML = """cluster:
-  num_servers: 3
-  num_workers: 2
-  virtual_nodes: 64
-  heartbeat_ms: 500
-  heartbeat_timeout_ms: 2000
-consistency:
-  mode: {mode}
-  tau: {tau}
-optimizer:
-  name: ftrl
-  alpha: 0.5
-  beta: 100
-  l1: 0.1
-  l2: 0.1
-data:
-  format: libsvm
-  train: {data}/a9a.train
-  test: {data}/a9a.test
-training:
-  minibatch: 100
-  epochs: {epochs}
-fault_tolerance:
-  replicas: 1
-output:
-  log_level: warn
-"""
 
 # Data loss one replica cannot avoid: every holder of a range killed before
 # the refill's copy (the events kill two or more servers).
@@ -108,21 +83,17 @@ def launch(args, name, mode, flags):
     d = os.path.join(args.out, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
-    with open(os.path.join(d, "job.yaml"), "w") as f:
-        f.write(YAML.format(mode=mode, tau=0 if mode == "bsp" else 2,
-                            data=args.data, epochs=args.epochs))
-    cmd = [os.path.join(args.bin, "ps_launch"), "--config",
-           os.path.join(d, "job.yaml"), "--run-dir", os.path.join(d, "run"),
-           "--report", os.path.join(d, "report.json"), "--set",
-           "output.model_dir=" + os.path.join(d, "model"), "--timeout_s",
-           "300"]
-    for s in args.set:
-        cmd += ["--set", s]
+    # Heartbeats faster than the default, so that a pause is noticed.
+    sets = ["cluster.heartbeat_ms=500", "cluster.heartbeat_timeout_ms=2000",
+            "fault_tolerance.replicas=1"] + list(args.set)
+    cmd, report = a9a_job.prepare(d, args.bin, 3, 2, mode,
+                                  0 if mode == "bsp" else 2, args.data,
+                                  args.epochs, sets)
     cmd += " ".join(flags).split()
     with open(os.path.join(d, "launch.log"), "w") as log:
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        with open(os.path.join(d, "report.json")) as f:
+        with open(report) as f:
             return rc, json.load(f)
     except (OSError, ValueError):
         return rc, None

@@ -40,31 +40,10 @@ import subprocess
 import sys
 import time
 
+import a9a_job
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-YAML = """cluster:
-  num_servers: {servers}
-  num_workers: {workers}
-  virtual_nodes: 64
-consistency:
-  mode: {mode}
-  tau: {tau}
-optimizer:
-  name: ftrl
-  alpha: 0.5
-  beta: 100
-  l1: 0.1
-  l2: 0.1
-data:
-  format: libsvm
-  train: {data}/a9a.train
-  test: {data}/a9a.test
-training:
-  minibatch: 100
-  epochs: {epochs}
-output:
-  log_level: warn
-"""
 
 
 def load():
@@ -117,18 +96,9 @@ def launch(args, name, sets, extra):
     d = os.path.join(args.out, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
-    cfg = os.path.join(d, "job.yaml")
-    with open(cfg, "w") as f:
-        f.write(YAML.format(servers=args.servers, workers=args.workers,
-                            mode=args.mode, tau=args.tau, data=args.data,
-                            epochs=args.epochs))
-    report = os.path.join(d, "report.json")
-    cmd = [os.path.join(args.bin, "ps_launch"), "--config", cfg,
-           "--run-dir", os.path.join(d, "run"), "--report", report,
-           "--set", "output.model_dir=" + os.path.join(d, "model"),
-           "--timeout_s", "300"]
-    for s in list(args.set) + list(sets):
-        cmd += ["--set", s]
+    cmd, report = a9a_job.prepare(d, args.bin, args.servers, args.workers,
+                                  args.mode, args.tau, args.data, args.epochs,
+                                  list(args.set) + list(sets))
     cmd += extra
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
