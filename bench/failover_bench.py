@@ -45,7 +45,6 @@ import a9a_job
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-
 def load():
     return "load %.2f" % os.getloadavg()[0]
 
