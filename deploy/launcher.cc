@@ -21,6 +21,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -566,7 +567,25 @@ absl::flat_hash_set<std::string> DeclaredDeadInReport(
   absl::flat_hash_set<std::string> dead;
   absl::StatusOr<proto::JobReport> report = ReadJobReport(report_path);
   if (!report.ok()) return dead;
-  for (const auto& f : report->failovers()) dead.insert(f.node());
+  // A server that joined again after its failover (the same process under
+  // a new id: rejoined_as) is dead only if its last id was failed over too.
+  absl::flat_hash_map<std::string, std::string> rejoined;
+  absl::flat_hash_set<std::string> failed;
+  for (const auto& f : report->failovers()) {
+    failed.insert(f.node());
+    if (!f.rejoined_as().empty()) rejoined[f.node()] = f.rejoined_as();
+  }
+  for (const auto& f : report->failovers()) {
+    std::string last = f.node();
+    for (size_t hops = 0; hops <= rejoined.size(); ++hops) {
+      auto it = rejoined.find(last);
+      if (it == rejoined.end()) break;
+      last = it->second;
+    }
+    if (failed.contains(last) && !rejoined.contains(last)) {
+      dead.insert(f.node());
+    }
+  }
   for (int w : report->dead_workers()) dead.insert(absl::StrCat("W[", w, "]"));
   return dead;
 }

@@ -633,6 +633,7 @@ absl::StatusOr<proto::RegisterResponse> SchedulerCore::Register(
     *view_.mutable_routing()->add_servers() = node.info;
     PS_LOG_INFO("S[{}] joined the running job ({}): view epoch {}", n,
                 req.address(), view_.epoch());
+    if (req.has_rejoin_of()) NoteRejoinLocked(req.rejoin_of(), n);
     rebalancing_.insert(n);
     probes_.emplace_back(&SchedulerCore::Rebalance, this, n);
     SaveStateLocked();
@@ -938,6 +939,19 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
   if (req.role() == proto::ROLE_SERVER && n.info.state() == proto::NODE_LEFT) {
     resp.set_shutdown(true);  // drained (issue 9): it holds nothing now
     resp.set_left(true);
+  }
+  if (req.role() == proto::ROLE_SERVER && n.info.state() == proto::NODE_DEAD &&
+      !ended_) {
+    // Failed over, yet it runs (it hung past the timeout): it holds nothing
+    // of the job now, and rejoins as a new server, restoring the capacity
+    // and the replication factor the job had.
+    resp.set_declared_dead(true);
+    std::string why = "no heartbeat for longer than the timeout";
+    for (const Failover& f : failovers_) {
+      if (f.server == req.id()) why = f.why;
+    }
+    resp.set_error(absl::StrCat("S[", req.id(), "] was declared dead (", why,
+                                ") and its key ranges went to their backups"));
   }
   if (ended_ && phase_ == JobPhase::kFailed) {
     resp.set_failed(true);
@@ -1309,6 +1323,19 @@ void SchedulerCore::Finalize() {
                 options_.config.output.model_dir);
   }
   Conclude(absl::OkStatus());
+}
+
+void SchedulerCore::NoteRejoinLocked(int old, int now) {
+  if (old < 0 || old >= static_cast<int>(servers_.size()) ||
+      servers_[old].info.state() != proto::NODE_DEAD) {
+    return;
+  }
+  for (Failover& f : failovers_) {
+    if (f.server == old && f.rejoined_as < 0) {
+      f.rejoined_as = now;
+      PS_LOG_INFO("S[{}] is S[{}] back after its failover", now, old);
+    }
+  }
 }
 
 void SchedulerCore::NoteFirstAckLocked(int64_t epoch, int64_t unix_ms) {
@@ -1731,6 +1758,9 @@ void SchedulerCore::FailoverReportLocked(proto::JobReport* report) const {
     r->set_node(absl::StrCat("S[", f.server, "]"));
     r->set_epoch(static_cast<int32_t>(f.epoch));
     r->set_why(f.why);
+    if (f.rejoined_as >= 0) {
+      r->set_rejoined_as(absl::StrCat("S[", f.rejoined_as, "]"));
+    }
     r->set_detect_ms(static_cast<double>(f.detected_ms - f.last_seen_ms));
     r->set_last_heartbeat_unix_ms(static_cast<double>(f.last_seen_ms));
     r->set_first_ack_unix_ms(static_cast<double>(f.first_ack_ms));

@@ -453,6 +453,9 @@ class SchedulerCore {
   // Ends the job with `status` (done when OK, failed otherwise), writes the
   // report; the first call wins. Called without mu_.
   void Conclude(absl::Status status);
+  // Server `old` (declared dead) joined again as S[`now`]: its failover
+  // record says so (the job report's `rejoined_as`).
+  void NoteRejoinLocked(int old, int now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A server's first push acknowledged under `epoch` at `unix_ms` (from a
   // heartbeat or its save_and_exit answer): the recovery time of the
   // failovers up to that epoch that have none yet, or an earlier one.
@@ -502,6 +505,7 @@ class SchedulerCore {
     int64_t detected_ms = 0;     // declared dead
     int64_t first_ack_ms = 0;    // first push acked under `epoch`; 0: none yet
     std::string why;
+    int rejoined_as = -1;  // the same process joined again as this server
   };
   std::vector<Failover> failovers_ ABSL_GUARDED_BY(mu_);
   std::set<int> probing_ ABSL_GUARDED_BY(mu_);

@@ -39,6 +39,7 @@ void SchedulerCore::SaveStateLocked() {
     o->set_detected_ms(f.detected_ms);
     o->set_first_ack_ms(f.first_ack_ms);
     o->set_why(f.why);
+    if (f.rejoined_as >= 0) o->set_rejoined_as(f.rejoined_as);
   }
   for (const MembershipChange& m : membership_) {
     proto::SchedulerState::MembershipRecord* o = st.add_membership();
@@ -143,6 +144,7 @@ absl::StatusOr<bool> SchedulerCore::RestoreState() {
     f.detected_ms = o.detected_ms();
     f.first_ack_ms = o.first_ack_ms();
     f.why = o.why();
+    if (o.has_rejoined_as()) f.rejoined_as = o.rejoined_as();
     failovers_.push_back(std::move(f));
   }
   draining_ = std::set<int>(st.draining().begin(), st.draining().end());

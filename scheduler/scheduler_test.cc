@@ -1080,6 +1080,61 @@ TEST_F(SchedulerCoreTest, DeadServerFailsOverToItsBackups) {
   EXPECT_NE(r.find("\"recovery_ms\": 4301"), std::string::npos) << r;
 }
 
+// Issue 9: a server failed over that runs on (it hung past the timeout,
+// then woke) is told so by its next heartbeat, with why; it joins again as
+// a new server, and the report's failover names its new id. The job then
+// has its three servers again.
+TEST_F(SchedulerCoreTest, ServerDeclaredDeadIsToldAndJoinsAgainAsANewServer) {
+  config_.cluster.num_servers = 3;
+  Start();
+  RegisterAll();
+  clock_.Advance(absl::Milliseconds(3000));
+  for (int s : {1, 2}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, s).ok());
+  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
+  clock_.Advance(absl::Milliseconds(2001));
+  core_->CheckHeartbeats();
+  ASSERT_EQ(core_->Status()->view().routing().servers(0).state(),
+            proto::NODE_DEAD);
+  // The live ones are not told anything of the kind.
+  auto live = Beat(proto::ROLE_SERVER, 1);
+  ASSERT_TRUE(live.ok());
+  EXPECT_FALSE(live->declared_dead());
+  // S[0] wakes.
+  proto::HeartbeatRequest h;
+  h.set_role(proto::ROLE_SERVER);
+  h.set_id(0);
+  auto woke = core_->Heartbeat(h);
+  ASSERT_TRUE(woke.ok()) << woke.status();
+  EXPECT_TRUE(woke->declared_dead());
+  EXPECT_FALSE(woke->shutdown());
+  EXPECT_NE(woke->error().find("S[0] was declared dead (no heartbeat for"),
+            std::string::npos)
+      << woke->error();
+  // Its process joins again: a new id, in the view, owning nothing yet.
+  proto::RegisterRequest again;
+  again.set_role(proto::ROLE_SERVER);
+  again.set_address("127.0.0.1:1");
+  again.set_requested_id(-1);
+  again.set_rejoin_of(0);
+  auto joined = core_->Register(again);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->id(), 3);
+  const proto::ClusterView view = core_->Status()->view();
+  ASSERT_EQ(view.routing().servers_size(), 4);
+  EXPECT_EQ(view.routing().servers(3).state(), proto::NODE_ALIVE);
+  EXPECT_EQ(view.routing().servers(0).state(), proto::NODE_DEAD);
+  const proto::JobReport report = core_->Report();
+  ASSERT_EQ(report.failovers_size(), 1);
+  EXPECT_EQ(report.failovers(0).node(), "S[0]");
+  EXPECT_EQ(report.failovers(0).rejoined_as(), "S[3]");
+  // A rejoin naming a server that was not failed over changes no record.
+  again.set_address("127.0.0.1:2");
+  again.set_rejoin_of(1);
+  auto other = core_->Register(again);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(core_->Report().failovers(0).rejoined_as(), "S[3]");
+}
+
 // Issue 9: a failover refills each range's chain with a new backup, which
 // holds nothing until its primary's copy arrives. Until its heartbeat says
 // it holds the copy, it is never promoted: the owner dying first is data

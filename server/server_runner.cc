@@ -79,7 +79,12 @@ void WriteServerMetrics(const ServerNode& node, ExpositionWriter* w) {
   }
 }
 
-absl::Status RunServer(const ServerRunOptions& options_in) {
+namespace {
+
+// One membership of the job: registers, serves until the job is over (or
+// this server was declared dead: REASON_DECLARED_DEAD), and shuts down.
+// *id: the id it had (-1 until registered).
+absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
   UseFastGrpcBackupPolling();  // before any gRPC object
   ServerRunOptions options = options_in;
   if (options.bind_host.empty()) {
@@ -189,12 +194,14 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   reg.set_role(proto::ROLE_SERVER);
   reg.set_address(address);
   reg.set_requested_id(options.requested_id);
+  if (options.rejoin_of >= 0) reg.set_rejoin_of(options.rejoin_of);
   PS_ASSIGN_OR_RETURN(
       Membership m,
       JoinCluster(scheduler.get(), options.scheduler, reg,
                   absl::Now() +
                       absl::Milliseconds(options.register_timeout_ms)));
   const int id = m.id;
+  *id_out = id;
   const proto::ClusterView& view = m.view;
   InitLogging(absl::StrCat("S[", id, "]"));
   PS_LOG_INFO("serving on {}", address);
@@ -288,6 +295,11 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
         }
         break;
       }
+      if (resp->declared_dead()) {
+        result = ErrorWithReason(absl::StatusCode::kAborted,
+                                 proto::REASON_DECLARED_DEAD, resp->error());
+        break;
+      }
       // A newer view (a missed broadcast): the watch thread fetches it.
       scheduler_epoch.store(resp->epoch());
       // Its session tells the scheduler the moment this process is gone
@@ -345,6 +357,24 @@ absl::Status RunServer(const ServerRunOptions& options_in) {
   }
   PS_LOG_INFO("exiting");
   return result;
+}
+
+}  // namespace
+
+absl::Status RunServer(const ServerRunOptions& options) {
+  ServerRunOptions o = options;
+  for (;;) {
+    int id = -1;
+    absl::Status s = RunServerOnce(o, &id);
+    if (ReasonOf(s) != proto::REASON_DECLARED_DEAD) return s;
+    // Issue 9: its ranges are its backups' now, and what it held is
+    // stale; as a new, empty server it restores the capacity and the
+    // replication factor the job had before it hung.
+    PS_LOG_WARN("{}; joining the job again as a new server",
+                std::string(s.message()));
+    o.requested_id = -1;
+    o.rejoin_of = id;
+  }
 }
 
 }  // namespace ps

@@ -29,11 +29,17 @@ struct ServerRunOptions {
   // Threads that apply one large push or pull (ServerNode's
   // apply_parallelism); 0: ParallelRunner::DefaultParallelism().
   int apply_threads = 0;
+  // The id this process had when it was declared dead (issue 9): it joins
+  // again as a new server (RegisterRequest.rejoin_of). -1: a first join.
+  int rejoin_of = -1;
 };
 
 // OK once the job ended well; ABORTED (reason JOB_FAILED) with the
 // scheduler's error when it failed; UNAVAILABLE when the scheduler stayed
 // unreachable for the heartbeat timeout before the model was saved.
+// A server told it was declared dead while the job runs (it hung past the
+// heartbeat timeout and its ranges failed over) leaves and joins the job
+// again as a new server, empty, as often as that happens.
 absl::Status RunServer(const ServerRunOptions& options);
 
 // The server's own metrics at scrape time (issue 11): ps_server_keys{table},

@@ -1244,9 +1244,12 @@ std::vector<std::string> ModelLines(const std::string& dir) {
 // not yet replicated, waiting pulls, batches for its backups) must not
 // reach the job: its backups, promoted, refuse its replication as of a
 // stale epoch, so none of those pushes is acknowledged, and the workers
-// have resent them to the new owners. It catches up with the view, owns no
-// range, and exits 0 with the job. The run ends like the clean one; in BSP
-// with the same model, key for key.
+// have resent them to the new owners. Its next heartbeat tells it that it
+// was declared dead (before: it caught up with the view and stayed, empty,
+// for the rest of the job), and it joins the job again as a new server
+// (S[3]), empty: the job has its three servers again, and it exits 0 with
+// the job. The run ends like the clean one; in BSP with the same model,
+// key for key.
 TEST_P(ServerPauseTest, HungServerThatComesBackChangesNothing) {
   const std::string mode = GetParam();
   const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
@@ -1271,8 +1274,14 @@ TEST_P(ServerPauseTest, HungServerThatComesBackChangesNothing) {
   EXPECT_EQ(r.log.find("S[1] had been declared dead and still runs"),
             std::string::npos)
       << Tail(r.log, 4000);
-  EXPECT_NE(r.log.find("caught up from view epoch"), std::string::npos)
+  EXPECT_NE(r.log.find("S[1] was declared dead (no heartbeat for"),
+            std::string::npos)
       << Tail(r.log, 4000);
+  EXPECT_NE(r.log.find("joining the job again as a new server"),
+            std::string::npos)
+      << Tail(r.log, 4000);
+  EXPECT_NE(r.report.find("\"rejoined_as\": \"S[3]\""), std::string::npos)
+      << r.report;
   ExpectLikeClean(r, clean, epochs);
   if (mode == "bsp") {
     const std::vector<std::string> want = ModelLines(clean.model_dir);
@@ -1280,6 +1289,37 @@ TEST_P(ServerPauseTest, HungServerThatComesBackChangesNothing) {
     EXPECT_TRUE(ModelLines(r.model_dir) == want)
         << "the model differs from the clean run's";
   }
+}
+
+// Issue 9: the server that came back after its failover is a full member
+// again. S[1] hangs past the timeout and is failed over; woken, it joins
+// again as S[3]; then S[0] and S[2] are killed one after the other. Before,
+// S[1] stayed an empty bystander, so the second kill lost ranges (DATA_LOSS:
+// "every backup with a complete copy are dead"); now the job ends ok with
+// every example trained on once per epoch, and the launcher does not take
+// S[3] (its own S[1]) for a dead node at the end.
+TEST_P(ServerPauseTest, ServerBackAfterItsFailoverOutlivesTheOthers) {
+  const std::string mode = GetParam();
+  const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
+  const int epochs = 10;
+  const std::vector<std::string> sets = {
+      "cluster.num_servers=3", absl::StrCat("training.epochs=", epochs),
+      "fault_tolerance.replicas=1", "cluster.heartbeat_ms=300",
+      "cluster.heartbeat_timeout_ms=2000"};
+  dirs_.push_back(fs::path(::testing::TempDir()) /
+                  absl::StrCat("ps_mp_rejoinS1_", mode, "_", ::getpid()));
+  LaunchResult r = RunLaunch(dirs_.back(), yaml, sets,
+                             "--pause S1@e2:4 --kill S0@e6 --kill S2@e8");
+  ASSERT_LAUNCHED(r);
+  EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
+      << r.report << Tail(r.log, 4000);
+  EXPECT_TRUE(A9aEpochs(r.report, epochs)) << r.report;
+  EXPECT_GT(Auc(r), 0.89) << r.report;
+  EXPECT_NE(r.report.find("\"rejoined_as\": \"S[3]\""), std::string::npos)
+      << r.report;
+  for (const char* s : {"S[0]", "S[2]"}) EXPECT_TRUE(HasFailover(r.report, s));
+  EXPECT_EQ(r.log.find("still runs after the job"), std::string::npos)
+      << Tail(r.log, 4000);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ServerPauseTest,
@@ -1414,7 +1454,7 @@ class NetnsLab {
 //     heartbeats into the void; reconnected, what it sent arrives late: its
 //     batches are refused as of a stale epoch, its suspicions of its
 //     backups are not believed (it is no longer a live node), and it
-//     catches up with the view, owning no range.
+//     learns that it was failed over (then joins again as a new server).
 //   * kServerFromWorkers: S[1] cut off from the workers only, until it is
 //     failed over. The scheduler still reaches it (heartbeats, probes): the
 //     workers name it for a heartbeat timeout, and it is failed over
@@ -1643,9 +1683,13 @@ TEST_P(NetworkPartitionTest, JobEndsLikeOneWithoutTheCut) {
         << Tail(h, 4000);
   }
   if (kind == Cut::kServerFromAll) {
-    EXPECT_NE(ReadFile(cut.s1_log).find("caught up from view epoch"),
-              std::string::npos)
-        << Tail(ReadFile(cut.s1_log), 4000);
+    // Healed, S[1] learns it was failed over: from a view it fetches, or
+    // from its heartbeat's answer, which has it join again as a new server.
+    const std::string s1 = ReadFile(cut.s1_log);
+    EXPECT_TRUE(s1.find("caught up from view epoch") != std::string::npos ||
+                s1.find("joining the job again as a new server") !=
+                    std::string::npos)
+        << Tail(s1, 4000);
   }
   EXPECT_TRUE(A9aEpochs(cut.report, epochs)) << cut.report;
   absl::StatusOr<double> auc = JsonNumber(cut.report, "test_auc");
