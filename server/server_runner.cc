@@ -366,6 +366,14 @@ absl::Status RunServer(const ServerRunOptions& options) {
   for (;;) {
     int id = -1;
     absl::Status s = RunServerOnce(o, &id);
+    if (o.rejoin_of >= 0 && id < 0) {
+      // Not let in again (the job is ending, or the scheduler is gone):
+      // nothing of the job depends on this server since its failover, so
+      // its leaving is no failure.
+      PS_LOG_WARN("S[{}] could not join the job again ({}); it leaves",
+                  o.rejoin_of, s.ToString());
+      return absl::OkStatus();
+    }
     if (ReasonOf(s) != proto::REASON_DECLARED_DEAD) return s;
     // Issue 9: its ranges are its backups' now, and what it held is
     // stale; as a new, empty server it restores the capacity and the

@@ -39,7 +39,8 @@ struct ServerRunOptions {
 // unreachable for the heartbeat timeout before the model was saved.
 // A server told it was declared dead while the job runs (it hung past the
 // heartbeat timeout and its ranges failed over) leaves and joins the job
-// again as a new server, empty, as often as that happens.
+// again as a new server, empty, as often as that happens; OK if it cannot
+// register again (the job is ending): it had no part in the job any more.
 absl::Status RunServer(const ServerRunOptions& options);
 
 // The server's own metrics at scrape time (issue 11): ps_server_keys{table},

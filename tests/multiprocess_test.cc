@@ -1293,7 +1293,10 @@ TEST_P(ServerPauseTest, HungServerThatComesBackChangesNothing) {
 
 // Issue 9: the server that came back after its failover is a full member
 // again. S[1] hangs past the timeout and is failed over; woken, it joins
-// again as S[3]; then S[0] and S[2] are killed one after the other. Before,
+// again as S[3]; then S[0] and S[2] are killed one after the other, late
+// enough that S[3] holds its copies (the pause is 3 s of wall time, the
+// kills come at epochs 24 and 28 of 30: 2.4 s after its return or more
+// on a machine three times this one's speed). Before,
 // S[1] stayed an empty bystander, so the second kill lost ranges (DATA_LOSS:
 // "every backup with a complete copy are dead"); now the job ends ok with
 // every example trained on once per epoch, and the launcher does not take
@@ -1301,7 +1304,7 @@ TEST_P(ServerPauseTest, HungServerThatComesBackChangesNothing) {
 TEST_P(ServerPauseTest, ServerBackAfterItsFailoverOutlivesTheOthers) {
   const std::string mode = GetParam();
   const std::string yaml = A9aYaml(mode, mode == "bsp" ? 0 : 2);
-  const int epochs = 10;
+  const int epochs = 30;
   const std::vector<std::string> sets = {
       "cluster.num_servers=3", absl::StrCat("training.epochs=", epochs),
       "fault_tolerance.replicas=1", "cluster.heartbeat_ms=300",
@@ -1309,7 +1312,7 @@ TEST_P(ServerPauseTest, ServerBackAfterItsFailoverOutlivesTheOthers) {
   dirs_.push_back(fs::path(::testing::TempDir()) /
                   absl::StrCat("ps_mp_rejoinS1_", mode, "_", ::getpid()));
   LaunchResult r = RunLaunch(dirs_.back(), yaml, sets,
-                             "--pause S1@e2:4 --kill S0@e6 --kill S2@e8");
+                             "--pause S1@e2:3 --kill S0@e24 --kill S2@e28");
   ASSERT_LAUNCHED(r);
   EXPECT_NE(r.report.find("\"status\": \"ok\""), std::string::npos)
       << r.report << Tail(r.log, 4000);
