@@ -333,7 +333,17 @@ absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
   stop.Notify();
   ticker.join();
   watch.join();
-  node.CancelAll(absl::CancelledError("server shutting down"));
+  if (ReasonOf(result) == proto::REASON_DECLARED_DEAD) {
+    // Failed over: what waits here (a push's replication, a pull) goes to
+    // the ranges' new owners, as for any stale epoch; CANCELLED would end
+    // the worker.
+    node.CancelAll(ErrorWithReason(
+        absl::StatusCode::kFailedPrecondition, proto::REASON_STALE_EPOCH,
+        absl::StrCat("stale-epoch: S[", id,
+                     "] was failed over; its ranges have new owners")));
+  } else {
+    node.CancelAll(absl::CancelledError("server shutting down"));
+  }
   service.EndStreams();
   if (data_plane != nullptr) {
     data_plane->Stop();
