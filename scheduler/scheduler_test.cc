@@ -8,6 +8,7 @@
 #include <limits>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <memory>
@@ -262,6 +263,21 @@ class SchedulerCoreTest : public ::testing::Test {
     for (int i = 0; i < config_.cluster.num_workers; ++i) {
       ASSERT_TRUE(Beat(proto::ROLE_WORKER, i).ok());
     }
+  }
+  // Servers in `silent` send no heartbeat for 5 s while every other node
+  // does, past the 5 s timeout (3 s + 2.001 s); then the deadlines are
+  // checked: what a dead or hung server looks like to the scheduler.
+  void LetLapse(std::initializer_list<int> silent) {
+    clock_.Advance(absl::Milliseconds(3000));
+    for (int i = 0; i < config_.cluster.num_servers; ++i) {
+      if (std::find(silent.begin(), silent.end(), i) != silent.end()) continue;
+      ASSERT_TRUE(Beat(proto::ROLE_SERVER, i).ok());
+    }
+    for (int i = 0; i < config_.cluster.num_workers; ++i) {
+      ASSERT_TRUE(Beat(proto::ROLE_WORKER, i).ok());
+    }
+    clock_.Advance(absl::Milliseconds(2001));
+    core_->CheckHeartbeats();
   }
   absl::Status Done(int worker) {
     proto::WorkerDoneRequest d;
@@ -906,11 +922,7 @@ TEST_F(SchedulerCoreTest, DeadServerFailsTheJob) {
   Start();
   RegisterAll();
   Gone(0);
-  clock_.Advance(absl::Milliseconds(3000));
-  ASSERT_TRUE(Beat(proto::ROLE_SERVER, 1).ok());  // S[0] is silent
-  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
-  clock_.Advance(absl::Milliseconds(2001));
-  core_->CheckHeartbeats();
+  ASSERT_NO_FATAL_FAILURE(LetLapse({0}));
   absl::Status s = EndWithin(absl::Seconds(10));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("server S[0]"), std::string::npos) << s;
@@ -985,11 +997,8 @@ TEST_F(SchedulerCoreTest, LastCopyIsWaitedForUntilItsProcessIsGone) {
   Gone(1);
   clients_.server(Addr(0))->FailStatus(
       absl::DeadlineExceededError("Deadline Exceeded"));
-  clock_.Advance(absl::Milliseconds(3000));
-  ASSERT_TRUE(Beat(proto::ROLE_SERVER, 0).ok());
-  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
-  clock_.Advance(absl::Milliseconds(2001));
-  core_->CheckHeartbeats();  // S[1] silent past 5 s: failed over
+  // S[1] silent past 5 s: failed over.
+  ASSERT_NO_FATAL_FAILURE(LetLapse({1}));
   auto st = core_->Status();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->view().routing().servers(1).state(), proto::NODE_DEAD);
@@ -1025,11 +1034,7 @@ TEST_F(SchedulerCoreTest, DeadServerFailsOverToItsBackups) {
   ASSERT_TRUE(first.ok());
   const proto::RoutingTable before = first->view().routing();
   ASSERT_EQ(before.replicas(), 1);  // the default with >= 2 servers
-  clock_.Advance(absl::Milliseconds(3000));
-  for (int s : {1, 2}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, s).ok());
-  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
-  clock_.Advance(absl::Milliseconds(2001));
-  core_->CheckHeartbeats();
+  ASSERT_NO_FATAL_FAILURE(LetLapse({0}));
   EXPECT_EQ(core_->phase(), JobPhase::kRunning);
   auto st = core_->Status();
   ASSERT_TRUE(st.ok());
@@ -1088,11 +1093,7 @@ TEST_F(SchedulerCoreTest, ServerDeclaredDeadIsToldAndJoinsAgainAsANewServer) {
   config_.cluster.num_servers = 3;
   Start();
   RegisterAll();
-  clock_.Advance(absl::Milliseconds(3000));
-  for (int s : {1, 2}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, s).ok());
-  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
-  clock_.Advance(absl::Milliseconds(2001));
-  core_->CheckHeartbeats();
+  ASSERT_NO_FATAL_FAILURE(LetLapse({0}));
   ASSERT_EQ(core_->Status()->view().routing().servers(0).state(),
             proto::NODE_DEAD);
   // The live ones are not told anything of the kind.
@@ -1154,11 +1155,7 @@ TEST_P(SchedulerCopyTest, OnlyAWholeCopyIsPromoted) {
   RegisterAll();
   // S[0] dies: epoch 2 promotes its backups and refills every chain with
   // the remaining server, which then awaits its copy of those ranges.
-  clock_.Advance(absl::Milliseconds(3000));
-  for (int s : {1, 2}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, s).ok());
-  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
-  clock_.Advance(absl::Milliseconds(2001));
-  core_->CheckHeartbeats();
+  ASSERT_NO_FATAL_FAILURE(LetLapse({0}));
   ASSERT_EQ(core_->phase(), JobPhase::kRunning);
   auto st = core_->Status();
   ASSERT_TRUE(st.ok());
@@ -1222,10 +1219,7 @@ TEST_F(SchedulerCoreTest, EveryHolderOfARangeDeadIsDataLoss) {
   Start();  // 2 servers, 1 replica: both hold every range
   RegisterAll();
   for (int sv : {0, 1}) Gone(sv);
-  clock_.Advance(absl::Milliseconds(3000));
-  for (int w : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_WORKER, w).ok());
-  clock_.Advance(absl::Milliseconds(2001));
-  core_->CheckHeartbeats();
+  ASSERT_NO_FATAL_FAILURE(LetLapse({0, 1}));
   absl::Status s = EndWithin(absl::Seconds(10));
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("every backup with a complete copy are dead"),
