@@ -1312,9 +1312,10 @@ void ServerNode::AnnounceLegacy(int worker, RangeActionList* out,
 void ServerNode::ApplyBsp(int range, RangeActions* actions) {
   if (actions->apply.empty()) return;
   // Where the applied clocks go for the backups, when there are any.
+  const bool owner = routing_->OwnerOfRange(range) == id_;
   proto::ReplicaBspClocks* const out =
-      routing_->OwnerOfRange(range) == id_ && HasBackups(range) ? &bsp_out_
-                                                                 : nullptr;
+      owner && HasBackups(range) ? &bsp_out_ : nullptr;
+  if (owner && out == nullptr) bsp_applied_unreplicated_ = true;
   for (RangeActions::Apply& apply : actions->apply) {
     if (out != nullptr) {
       out->add_ranges(range);

@@ -356,8 +356,12 @@ class ServerNode {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs the clocks ApplyBsp queued: one log index per (range, clock), one
   // entry per backup with every block it follows; waits for those clocks
-  // now wait for those indexes.
+  // now wait for those indexes. Answers that waited for a clock applied on
+  // an owned range that has no backup any more (they were made while it
+  // had one) are answered now: no acknowledgement is coming for them.
   void FlushBspClocksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FlushBspClocksLocked's logging, with bsp_out_ not empty.
+  void LogBspClocksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A need for the replicated apply of BSP clock `clock` of a range: it is
   // resolved to the log index that sent the clock's sum to the backups
   // when that is logged (FlushBspClocksLocked; ResolveClockNeedsLocked).
@@ -725,6 +729,10 @@ class ServerNode {
   // indexes are set by FlushBspClocksLocked). Cleared, not freed: its
   // arrays keep their capacity from step to step.
   proto::ReplicaBspClocks bsp_out_ ABSL_GUARDED_BY(mu_);
+  // A BSP clock was applied on an owned range without backups since the
+  // last FlushBspClocksLocked: answers waiting for it (made while the
+  // range still had a backup, which failed since) may be due.
+  bool bsp_applied_unreplicated_ ABSL_GUARDED_BY(mu_) = false;
   // A push's and a clock's replica entries are built on the request's
   // thread and were freed on the thread of their batch's answer: every one
   // went through the allocator's central cache both ways (tcmalloc 3-4x its

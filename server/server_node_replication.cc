@@ -821,7 +821,32 @@ void ServerNode::NeedCurrent(int range, Needs* needs) {
 
 void ServerNode::FlushBspClocksLocked() {
   const int n = bsp_out_.ranges_size();
-  if (n == 0) return;
+  if (n > 0) LogBspClocksLocked();
+  if (bsp_applied_unreplicated_) {
+    bsp_applied_unreplicated_ = false;
+    // An answer made while the range had a backup waits for its clock's
+    // acknowledgement by that backup. Once the backup failed over, the
+    // clock is applied here alone: nothing acknowledges it, so the answer
+    // is due as soon as it is applied (before: it waited for the next
+    // view, and a BSP job stalled until a pull's wait expired). Checked
+    // after the logging above, so a clock of a replicated range is waited
+    // for at its own index.
+    if (!ack_waits_.empty()) {
+      auto ready =
+          std::make_shared<std::vector<std::pair<AckWait, absl::Status>>>(
+              TakeReadyLocked());
+      if (!ready->empty()) {
+        // Run outside mu_, which every caller holds.
+        Later(absl::ZeroDuration(), [this, ready] {
+          for (auto& [w, st] : *ready) RunWait(w, st);
+        });
+      }
+    }
+  }
+}
+
+void ServerNode::LogBspClocksLocked() {
+  const int n = bsp_out_.ranges_size();
   // Built by ApplyBsp: laid out without error.
   const std::vector<BspClockAt> at = LayOutBspClocks(bsp_out_, tables_).value();
   std::map<int, proto::ReplicaEntry> per_backup;

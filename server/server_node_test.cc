@@ -886,6 +886,48 @@ TEST_F(ServerNodeTest, PushCarryingItsClockEndsTheClock) {
   EXPECT_EQ(node_.Status().worker_clocks(1), 1);
 }
 
+// Issue 9: in BSP a replicated push is answered once its clock is applied
+// and on the range's backups. A push made while the range had a backup,
+// whose clock completes only after that backup failed over (no backup
+// left), is answered when the clock applies: nothing will acknowledge it.
+// Before, it waited for the next view, and a BSP job stalled until a
+// pull's wait expired (2 minutes) after its last backup's failover.
+TEST_F(ServerNodeTest, BspPushAnsweredWhenItsClockAppliesWithoutBackups) {
+  // S[1] (this node) owns every range; S[0] is the backup.
+  proto::ClusterView v = MakeView(2, 2, proto::MODE_BSP);
+  SetEveryChain(&v, 1, 1, 0);
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  proto::PushRequest b = MakePush(1, 1, 0, {2}, {3}, 2);
+  *b.mutable_end_clock() = MakeClock(1, 0, /*pushes=*/1, 2);
+  proto::PushResponse br;
+  int answers = 0;
+  absl::Status answer = absl::UnknownError("not answered");
+  node_.Push(b, &br, [&](const absl::Status& s) {
+    ++answers;
+    answer = s;
+  });
+  clock_.RunDue();
+  EXPECT_EQ(answers, 0) << "W[0] has not completed clock 0";
+  // S[0] fails over: S[1] keeps every range, with no backup.
+  SetEveryChain(&v, 2, 1, -1);
+  v.mutable_routing()->mutable_servers(0)->set_state(proto::NODE_DEAD);
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  clock_.RunDue();
+  EXPECT_EQ(answers, 0) << "clock 0 is not applied yet";
+  proto::PushRequest a = MakePush(0, 1, 0, {2}, {1}, 2, /*epoch=*/2);
+  *a.mutable_end_clock() = MakeClock(0, 0, /*pushes=*/1, 2);
+  a.mutable_end_clock()->set_epoch(2);
+  ASSERT_TRUE(PushNow(&node_, a).ok());
+  clock_.RunDue();
+  EXPECT_EQ(answers, 1);
+  EXPECT_TRUE(answer.ok()) << answer;
+  // The clock was applied once: (1 + 3) / 4.
+  auto p = StartPull(&node_, 0, 1, {2}, 60000, /*epoch=*/2);
+  ASSERT_TRUE(p->done());
+  ASSERT_TRUE(p->status.ok()) << p->status;
+  EXPECT_EQ(p->values(), std::vector<float>{-1.0f});
+}
+
 // A worker that names at most key_lists lists at a time gets no more of
 // them kept: older lists go, least recently used first, and the newest
 // still serve by name.

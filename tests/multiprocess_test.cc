@@ -1323,6 +1323,12 @@ TEST_P(ServerPauseTest, ServerBackAfterItsFailoverOutlivesTheOthers) {
   for (const char* s : {"S[0]", "S[2]"}) EXPECT_TRUE(HasFailover(r.report, s));
   EXPECT_EQ(r.log.find("still runs after the job"), std::string::npos)
       << Tail(r.log, 4000);
+  // No worker gave up: in BSP, a push made while its range still had a
+  // backup waited, once the last backup was gone, for a view that never
+  // came, until a pull's consistency wait expired (2 minutes) and ended
+  // its worker.
+  EXPECT_EQ(r.log.find("worker failed"), std::string::npos)
+      << Tail(r.log, 4000);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ServerPauseTest,
