@@ -1681,8 +1681,53 @@ void ServerNode::Tick() {
   {
     absl::MutexLock l(&mu_);
     c = consistency_.get();
+    WarnOfStuckAnswerLocked();
   }
   if (c != nullptr) c->ExpireWaits();
+}
+
+void ServerNode::WarnOfStuckAnswerLocked() {
+  // The oldest answer still waiting for its replication. Only a backup
+  // that stays silent without being failed over, or a bug, keeps one this
+  // long: a worker then sees a server that answers its status but not its
+  // push, and in BSP the job stalls; this says what the answer waits for.
+  if (ack_waits_.empty()) return;
+  const absl::Time now = clock_->Now();
+  const AckWait& w = ack_waits_.front();
+  if (now - w.since < kStuckAnswerWarning ||
+      now - stuck_warned_ < kStuckAnswerWarning) {
+    return;
+  }
+  stuck_warned_ = now;
+  std::string what;
+  for (const auto& [r, index] : w.needs) {
+    if (what.size() > 400) {
+      absl::StrAppend(&what, " ...");
+      break;
+    }
+    absl::StrAppend(&what, what.empty() ? "" : "; ", "range ", r);
+    if (index < 0) {
+      absl::StrAppend(&what, ": BSP clock ", -(index + 1),
+                      " not applied (applied: ", ranges_[r].BspApplied(),
+                      ")");
+      continue;
+    }
+    absl::StrAppend(&what, ": index ", index, ", acked by {");
+    if (routing_ != nullptr) {
+      for (int i = 0; i < routing_->replicas(); ++i) {
+        const int b = routing_->BackupOfRange(r, i);
+        if (b < 0 || b == id_) continue;
+        auto it = logs_[r].acked.find(b);
+        absl::StrAppend(&what, " S[", b, "]: ",
+                        it == logs_[r].acked.end() ? -1 : it->second);
+      }
+    }
+    absl::StrAppend(&what, " }");
+  }
+  PS_LOG_WARN("S[{}] epoch {}: an answer has waited {} for its replication "
+              "({} waiting): {}",
+              id_, epoch_, absl::FormatDuration(now - w.since),
+              ack_waits_.size(), what);
 }
 
 void ServerNode::CancelAll(const absl::Status& status) {

@@ -246,8 +246,11 @@ class ServerNode {
   // its role, replication log position and consistency state.
   std::string DebugRanges() const;
 
-  // Expires consistency waits past their deadline; call periodically.
+  // Expires consistency waits past their deadline, and warns (at most
+  // every kStuckAnswerWarning) of an answer that has waited for its
+  // replication that long, with what it waits for; call periodically.
   void Tick();
+  static constexpr absl::Duration kStuckAnswerWarning = absl::Seconds(30);
   // Fails every waiting pull, and every answer waiting for replication,
   // with `status` (shutdown; a test's "kill").
   void CancelAll(const absl::Status& status);
@@ -366,6 +369,8 @@ class ServerNode {
   // resolved to the log index that sent the clock's sum to the backups
   // when that is logged (FlushBspClocksLocked; ResolveClockNeedsLocked).
   static int64_t ClockNeed(int64_t clock) { return -(clock + 1); }
+  // Tick's warning of the oldest answer waiting for its replication.
+  void WarnOfStuckAnswerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Turns the clock needs of clocks applied (and flushed) by now into the
   // range's current index, which covers them. Call after the flush.
   void ResolveClockNeedsLocked(Needs* needs) const
@@ -469,6 +474,7 @@ class ServerNode {
     // batch answer's.
     absl::Status answer;
     int64_t ack_epoch = -1;
+    absl::Time since;  // when it started waiting
   };
   // Lets transport and timer callbacks reach the node only while it lives.
   struct Life {
@@ -724,7 +730,8 @@ class ServerNode {
   int64_t replica_rows_by_key_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t replica_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
-  std::list<AckWait> ack_waits_ ABSL_GUARDED_BY(mu_);
+  std::list<AckWait> ack_waits_ ABSL_GUARDED_BY(mu_);  // oldest first
+  absl::Time stuck_warned_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // BSP clocks applied on owned replicated ranges, not logged yet (their
   // indexes are set by FlushBspClocksLocked). Cleared, not freed: its
   // arrays keep their capacity from step to step.

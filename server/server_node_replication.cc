@@ -917,7 +917,8 @@ absl::Status ServerNode::MovedAwayLocked() const {
 
 void ServerNode::WhenCommitted(Needs needs, Fire fire, absl::Status answer,
                                int64_t ack_epoch) {
-  AckWait w{std::move(needs), std::move(fire), std::move(answer), ack_epoch};
+  AckWait w{std::move(needs), std::move(fire), std::move(answer), ack_epoch,
+            clock_->Now()};
   absl::Status closed;
   {
     absl::MutexLock l(&mu_);

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@
 #include "transport/transport.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 
 namespace ps {
 namespace {
@@ -926,6 +929,49 @@ TEST_F(ServerNodeTest, BspPushAnsweredWhenItsClockAppliesWithoutBackups) {
   ASSERT_TRUE(p->done());
   ASSERT_TRUE(p->status.ok()) << p->status;
   EXPECT_EQ(p->values(), std::vector<float>{-1.0f});
+}
+
+// An answer that waits for its replication for 30 s (a backup that stays
+// silent without being failed over, or a bug such as the BSP one above)
+// is logged with what it waits for, at most once per 30 s: a worker sees
+// only a server that answers its status but not its push.
+TEST_F(ServerNodeTest, AnswerStuckWaitingForItsReplicationIsLogged) {
+  std::ostringstream logged;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(logged)));
+  // S[1] (this node) owns every range; S[0], the backup, never answers
+  // (this node has no peers).
+  proto::ClusterView v = MakeView(2, 1, proto::MODE_ASP);
+  SetEveryChain(&v, 1, 1, 0);
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  proto::PushRequest a = MakePush(0, 1, 0, {42}, {1}, 1);
+  proto::PushResponse ar;
+  int answers = 0;
+  node_.Push(a, &ar, [&](const absl::Status&) { ++answers; });
+  clock_.Advance(absl::Seconds(29));
+  node_.Tick();
+  EXPECT_EQ(logged.str(), "");
+  clock_.Advance(absl::Seconds(2));
+  node_.Tick();
+  const std::string first = logged.str();
+  EXPECT_NE(first.find("S[1] epoch 1: an answer has waited 31s for its "
+                       "replication (1 waiting): range "),
+            std::string::npos)
+      << first;
+  EXPECT_NE(first.find("index 1, acked by { S[0]: 0 }"), std::string::npos)
+      << first;
+  clock_.Advance(absl::Seconds(10));
+  node_.Tick();
+  EXPECT_EQ(logged.str(), first) << "warned again within 30 s";
+  clock_.Advance(absl::Seconds(21));
+  node_.Tick();
+  EXPECT_NE(logged.str().find("waited 1m2s"), std::string::npos)
+      << logged.str();
+  EXPECT_EQ(answers, 0);
+  node_.CancelAll(absl::CancelledError("the test is over"));
+  EXPECT_EQ(answers, 1);
+  spdlog::set_default_logger(previous);
 }
 
 // A worker that names at most key_lists lists at a time gets no more of
