@@ -248,6 +248,9 @@ absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
       absl::Milliseconds(config->cluster.heartbeat_timeout_ms);
   const absl::Duration scheduler_timeout = config->cluster.SchedulerTimeout();
   bool told_unreachable = false;
+  // The session from the start, not from the first heartbeat a period
+  // later: a server killed before it is found by its closed session too.
+  scheduler->KeepSession(proto::ROLE_SERVER, id);
   // Suspicions of silent backups and catching up with a newer view go on a
   // thread of their own: both call the scheduler (up to a second each), and
   // on the heartbeat thread they delayed the next heartbeat, so that a

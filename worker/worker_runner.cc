@@ -144,6 +144,12 @@ absl::Status TrainAndReport(
   absl::Status outcome;  // guarded by outcome_mu; the job's failure
   const absl::Duration every = absl::Milliseconds(config.cluster.heartbeat_ms);
   std::atomic<int64_t> last_ok_ns{absl::ToUnixNanos(absl::Now())};
+  // The session from the start, not from the first heartbeat a period
+  // later: a worker killed before it (MultiProcessTest
+  // DeadWorkerIsFoundByItsClosedSessionOverGrpc once killed it 0.45 s after
+  // the cluster was ready) is found by its closed session too, not at the
+  // heartbeat timeout.
+  scheduler->KeepSession(proto::ROLE_WORKER, worker_id);
   std::thread heartbeat([&] {
     while (!stop.WaitForNotificationWithTimeout(every)) {
       proto::HeartbeatRequest hb;
