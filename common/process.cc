@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <ctime>
 
 #include "absl/synchronization/mutex.h"
@@ -38,6 +40,14 @@ int WaitForSignal(const std::vector<int>& signals, absl::Duration timeout) {
     if (sig > 0) return sig;
     if (errno != EINTR) return 0;  // EAGAIN: the timeout
   }
+}
+
+void DieBySignal(int sig) {
+  std::signal(sig, SIG_DFL);
+  const sigset_t set = SignalSet({sig});
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  std::raise(sig);  // to this thread, which no longer blocks it
+  std::abort();  // not reached: the default action of the signals used
 }
 
 }  // namespace ps

@@ -26,4 +26,8 @@ void BlockSignals(const std::vector<int>& signals);
 // returns it; 0 when none arrived in time. Any thread may call.
 int WaitForSignal(const std::vector<int>& signals, absl::Duration timeout);
 
+// Ends the process by `sig` with its default action (as if it had never
+// been blocked): the exit status says "killed by sig". Does not return.
+[[noreturn]] void DieBySignal(int sig);
+
 }  // namespace ps

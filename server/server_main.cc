@@ -1,9 +1,15 @@
 // ps_server: one parameter server.
 //   ps_server --scheduler host:port [--id N] [--bind 0.0.0.0 --advertise h]
+#include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "server/server_runner.h"
@@ -21,12 +27,19 @@ ABSL_FLAG(int, metrics_port, -1,
           "serve Prometheus metrics and /healthz over HTTP on this port, on "
           "the --bind host (0: none; default: $PS_METRICS_PORT, else the "
           "config's observability.metrics_port)");
+ABSL_FLAG(int, term_grace_ms, 1000,
+          "on SIGTERM or SIGINT, go on serving this long before dying of it, "
+          "unless the job ends first: a scheduler stopped by the same signal "
+          "(scancel, Ctrl-C) cancels the job meanwhile, so it is reported "
+          "as cancelled rather than as lost servers");
 ABSL_FLAG(int, apply_threads, 0,
           "threads that apply one large push or answer one large pull "
           "together, split by key range (0: the machine's cores, at most 4; "
           "1: the handler's thread only)");
 
 int main(int argc, char** argv) {
+  // Before any thread exists: SIGTERM and SIGINT wait for `term` below.
+  ps::BlockSignals({SIGTERM, SIGINT});
   ps::UseReleaseMutexes();
   absl::ParseCommandLine(argc, argv);
   ps::InitLogging("S[?]");
@@ -45,7 +58,32 @@ int main(int argc, char** argv) {
                  o.apply_threads);
     return 2;
   }
+  // Slurm's scancel signals every process of the job at once. A server
+  // that died at once was found dead by the scheduler (its session closed)
+  // before the scheduler's own SIGTERM cancelled the job, and the job was
+  // reported as failed with DATA_LOSS instead of cancelled. It now dies of
+  // the signal only after --term_grace_ms, unless the job ended first.
+  const absl::Duration grace =
+      absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_term_grace_ms)));
+  std::atomic<bool> done{false};
+  std::thread term([&done, grace] {
+    while (!done.load()) {
+      const int sig =
+          ps::WaitForSignal({SIGTERM, SIGINT}, absl::Milliseconds(100));
+      if (sig <= 0) continue;
+      PS_LOG_WARN("received signal {}: leaving in {} unless the job ends "
+                  "first",
+                  sig, absl::FormatDuration(grace));
+      const absl::Time until = absl::Now() + grace;
+      while (!done.load() && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      if (!done.load()) ps::DieBySignal(sig);
+    }
+  });
   absl::Status s = ps::RunServer(o);
+  done.store(true);
+  term.join();
   if (!s.ok()) {
     PS_LOG_ERROR("server failed: {}", s.ToString());
     return 1;
