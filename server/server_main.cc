@@ -1,14 +1,13 @@
 // ps_server: one parameter server.
 //   ps_server --scheduler host:port [--id N] [--bind 0.0.0.0 --advertise h]
 #include <algorithm>
-#include <atomic>
 #include <csignal>
 #include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/time/clock.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/process.h"
@@ -65,24 +64,20 @@ int main(int argc, char** argv) {
   // the signal only after --term_grace_ms, unless the job ended first.
   const absl::Duration grace =
       absl::Milliseconds(std::max(0, absl::GetFlag(FLAGS_term_grace_ms)));
-  std::atomic<bool> done{false};
+  absl::Notification done;
   std::thread term([&done, grace] {
-    while (!done.load()) {
+    while (!done.HasBeenNotified()) {
       const int sig =
           ps::WaitForSignal({SIGTERM, SIGINT}, absl::Milliseconds(100));
       if (sig <= 0) continue;
       PS_LOG_WARN("received signal {}: leaving in {} unless the job ends "
                   "first",
                   sig, absl::FormatDuration(grace));
-      const absl::Time until = absl::Now() + grace;
-      while (!done.load() && absl::Now() < until) {
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-      if (!done.load()) ps::DieBySignal(sig);
+      if (!done.WaitForNotificationWithTimeout(grace)) ps::DieBySignal(sig);
     }
   });
   absl::Status s = ps::RunServer(o);
-  done.store(true);
+  done.Notify();
   term.join();
   if (!s.ok()) {
     PS_LOG_ERROR("server failed: {}", s.ToString());

@@ -619,6 +619,9 @@ class ServerNode {
   // ack_waits_, with the status to fire each with.
   std::vector<std::pair<AckWait, absl::Status>> TakeReadyLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TakeReadyLocked, the waits then answered by a timer, outside mu_ (for
+  // callers that hold it).
+  void AnswerReadyLaterLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers that joined the running job (issue 9), from Configure: adds
   // them to the owned ranges (logged for the backups) and to the
   // consistency controller; raises them to their start clock.

@@ -831,17 +831,7 @@ void ServerNode::FlushBspClocksLocked() {
     // view, and a BSP job stalled until a pull's wait expired). Checked
     // after the logging above, so a clock of a replicated range is waited
     // for at its own index.
-    if (!ack_waits_.empty()) {
-      auto ready =
-          std::make_shared<std::vector<std::pair<AckWait, absl::Status>>>(
-              TakeReadyLocked());
-      if (!ready->empty()) {
-        // Run outside mu_, which every caller holds.
-        Later(absl::ZeroDuration(), [this, ready] {
-          for (auto& [w, st] : *ready) RunWait(w, st);
-        });
-      }
-    }
+    if (!ack_waits_.empty()) AnswerReadyLaterLocked();
   }
 }
 
@@ -1092,17 +1082,18 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
     }
   }
   // Answers waiting only on backups that are gone, or on ranges that moved
-  // away.
+  // away (Configure holds mu_ here).
+  AnswerReadyLaterLocked();
+}
+
+void ServerNode::AnswerReadyLaterLocked() {
   auto ready = TakeReadyLocked();
-  if (!ready.empty()) {
-    // Run outside mu_: by a timer (Configure holds mu_ here).
-    auto fires =
-        std::make_shared<std::vector<std::pair<AckWait, absl::Status>>>(
-            std::move(ready));
-    Later(absl::ZeroDuration(), [this, fires] {
-      for (auto& [w, st] : *fires) RunWait(w, st);
-    });
-  }
+  if (ready.empty()) return;
+  auto fires = std::make_shared<std::vector<std::pair<AckWait, absl::Status>>>(
+      std::move(ready));
+  Later(absl::ZeroDuration(), [this, fires] {
+    for (auto& [w, st] : *fires) RunWait(w, st);
+  });
 }
 
 void ServerNode::TakeCopies() {
