@@ -510,6 +510,7 @@ const std::vector<Field>& Fields() {
       DoubleField(PS_CFG(training, progress_interval_s), kPositive),
       Uint64Field(PS_CFG(training, seed)),
       DoubleField(PS_CFG(training, straggler_factor), {1, /*lo_open=*/false}),
+      IntField<int>(PS_CFG(training, straggler_delay_ms), 0, 600000),
       DoubleField(PS_CFG(training, eval_interval_s), kNonNegative),
       IntField<int>(PS_CFG(training, early_stopping), 0, 1000),
       AutoIntField<int64_t>(PS_CFG(training, dense_features),

@@ -226,6 +226,9 @@ struct TrainingConfig {
   // model's dropout masks; any value, 0 included.
   uint64_t seed = 1;
   double straggler_factor = 1.0;  // worker 0 is made this many times slower
+  // Worker 0 also sleeps this long after each minibatch: a straggler whose
+  // lag does not depend on how fast the machine computes (0: none).
+  int straggler_delay_ms = 0;
   double eval_interval_s = 0;     // 0: evaluate only at the end
   // Early stopping (needs data.validation_fraction > 0): the validation set
   // is evaluated at the end of every epoch (as one worker sees it) and

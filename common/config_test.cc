@@ -90,6 +90,7 @@ training:
   progress_interval_s: 0.5
   seed: 7
   straggler_factor: 2.5
+  straggler_delay_ms: 40
   eval_interval_s: 10
 output:
   model_dir: /tmp/m
@@ -140,6 +141,7 @@ output:
   EXPECT_DOUBLE_EQ(c.training.progress_interval_s, 0.5);
   EXPECT_EQ(c.training.seed, 7u);
   EXPECT_DOUBLE_EQ(c.training.straggler_factor, 2.5);
+  EXPECT_EQ(c.training.straggler_delay_ms, 40);
   EXPECT_DOUBLE_EQ(c.training.eval_interval_s, 10);
   EXPECT_EQ(c.output.model_dir, "/tmp/m");
   EXPECT_EQ(c.output.log_level, "debug");
@@ -466,6 +468,8 @@ TEST(ConfigTest, OutOfRangeNamesTheField) {
        "config field training.progress_interval_s: must be > 0, got 0"},
       {"training: {straggler_factor: 0.5}",
        "config field training.straggler_factor: must be >= 1, got 0.5"},
+      {"training: {straggler_delay_ms: -1}",
+       "config field training.straggler_delay_ms: must be >= 0, got -1"},
       {"training: {eval_interval_s: -1}",
        "config field training.eval_interval_s: must be >= 0, got -1"},
       {"output: {log_level: trace}",
@@ -609,6 +613,7 @@ TEST(ConfigTest, ToYamlRoundTrips) {
   c.data.synthetic.seed = std::numeric_limits<uint64_t>::max();
   c.training.seed = 0;
   c.training.straggler_factor = 12345.678;
+  c.training.straggler_delay_ms = 600000;
   c.fault_tolerance.work_unit_rows = 77;
   c.output.model_dir = "~";
   c.output.log_level = "error";

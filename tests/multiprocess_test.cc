@@ -1737,10 +1737,12 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Issue 9: in BSP with a replica a worker's pushes are answered once its
 // clock's sum is complete, so while a straggler computes, the workers ahead
-// of it hear nothing from any server. Here W[0] is 300 times slower: its
-// minibatches take seconds (at 150 times, about 1 s under a loaded suite:
-// too short for the status asks this test looks for), past the suspicion threshold (2 s) and the
-// heartbeat timeout (1 s). The others named every server, with a second
+// of it hear nothing from any server. Here W[0] sleeps 3 s after each
+// minibatch, past the suspicion threshold (2 s) and the heartbeat timeout
+// (1 s). (It was made 300 times slower before, straggler_factor: the
+// others' silence then followed the machine's speed, and on a quiet machine
+// it stayed under the 2 s after which a status ask is logged, which this
+// test looks for: it failed 2 runs in 4.) The others named every server, with a second
 // and more of silence, and the scheduler took that for a partition: it
 // failed all three servers over, one after the other, and the job failed
 // ("range 0: its owner S[2] and every backup with a complete copy are
@@ -1752,7 +1754,7 @@ TEST_F(MultiProcessTest, BspStragglerGetsNoServerFailedOver) {
       "cluster.num_servers=3",         "cluster.num_workers=3",
       "fault_tolerance.replicas=1",    "cluster.heartbeat_ms=100",
       "cluster.heartbeat_timeout_ms=1000", "training.minibatch=4000",
-      "training.epochs=1",             "training.straggler_factor=300",
+      "training.epochs=1",             "training.straggler_delay_ms=3000",
       "output.log_level=info"};
   dirs_.push_back(fs::path(::testing::TempDir()) /
                   absl::StrCat("ps_mp_straggler_", ::getpid()));

@@ -342,9 +342,12 @@ absl::Status Trainer::Train(BatchSource* work, EvalFn curve_fn) {
       pull(n, -1);
       t3 = absl::Now();
     }
-    if (worker_id_ == 0 && tc.straggler_factor > 1.0) {
-      // A straggler is slower at all of its local work (data and gradient).
-      absl::SleepFor((t3 - t1) * (tc.straggler_factor - 1.0));
+    if (worker_id_ == 0 &&
+        (tc.straggler_factor > 1.0 || tc.straggler_delay_ms > 0)) {
+      // A straggler is slower at all of its local work (data and gradient),
+      // by a factor and by a fixed delay per minibatch.
+      absl::SleepFor((t3 - t1) * (tc.straggler_factor - 1.0) +
+                     absl::Milliseconds(tc.straggler_delay_ms));
       t3 = absl::Now();
     }
 
