@@ -268,17 +268,41 @@ absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
       }
     }
   });
+  // A heartbeat late by more than this is logged with its cause: a live
+  // server whose heartbeats stop is failed over (issue 9), and without the
+  // cause an operator cannot tell a stalled process from a false alarm.
+  const absl::Duration late_after = std::max(hb, absl::Seconds(1));
   for (;;) {
+    const absl::Time wait_from = absl::Now();
     if (exit_requested.HasBeenNotified()) {
       absl::SleepFor(hb);  // saved: only waiting for the end of the job
     } else {
       exit_requested.WaitForNotificationWithTimeout(hb);
     }
+    const absl::Time woke = absl::Now();
     proto::HeartbeatRequest req;
     node.FillHeartbeat(&req);
     node.TakeWorkersGone(&req);
     req.set_id(id);
+    const absl::Time filled = absl::Now();
+    const bool ended_early = exit_requested.HasBeenNotified() &&
+                             woke - wait_from < hb;
+    if (!ended_early && woke - wait_from - hb > late_after) {
+      PS_LOG_WARN("the heartbeat thread woke {} late: this process was not "
+                  "run meanwhile (an overloaded machine, or a stopped "
+                  "process)",
+                  absl::FormatDuration(woke - wait_from - hb));
+    }
+    if (filled - woke > late_after) {
+      PS_LOG_WARN("filling a heartbeat took {}: the node's state was locked "
+                  "that long",
+                  absl::FormatDuration(filled - woke));
+    }
     auto resp = scheduler->Heartbeat(req, absl::Now() + hb_timeout / 2);
+    if (resp.ok() && absl::Now() - filled > late_after) {
+      PS_LOG_WARN("the scheduler took {} to answer a heartbeat",
+                  absl::FormatDuration(absl::Now() - filled));
+    }
     if (resp.ok()) {
       last_ok = absl::Now();
       if (told_unreachable) {

@@ -1277,6 +1277,9 @@ TEST_P(ServerPauseTest, HungServerThatComesBackChangesNothing) {
   EXPECT_NE(r.log.find("S[1] was declared dead (no heartbeat for"),
             std::string::npos)
       << Tail(r.log, 4000);
+  // Woken, it says why its heartbeats stopped.
+  EXPECT_NE(r.log.find("the heartbeat thread woke"), std::string::npos)
+      << Tail(r.log, 4000);
   EXPECT_NE(r.log.find("joining the job again as a new server"),
             std::string::npos)
       << Tail(r.log, 4000);
