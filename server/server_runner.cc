@@ -285,9 +285,8 @@ absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
     node.TakeWorkersGone(&req);
     req.set_id(id);
     const absl::Time filled = absl::Now();
-    const bool ended_early = exit_requested.HasBeenNotified() &&
-                             woke - wait_from < hb;
-    if (!ended_early && woke - wait_from - hb > late_after) {
+    // (A wait ended early by exit_requested is never late.)
+    if (woke - wait_from - hb > late_after) {
       PS_LOG_WARN("the heartbeat thread woke {} late: this process was not "
                   "run meanwhile (an overloaded machine, or a stopped "
                   "process)",
@@ -298,10 +297,11 @@ absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
                   "that long",
                   absl::FormatDuration(filled - woke));
     }
-    auto resp = scheduler->Heartbeat(req, absl::Now() + hb_timeout / 2);
-    if (resp.ok() && absl::Now() - filled > late_after) {
+    auto resp = scheduler->Heartbeat(req, filled + hb_timeout / 2);
+    if (const absl::Duration took = absl::Now() - filled;
+        resp.ok() && took > late_after) {
       PS_LOG_WARN("the scheduler took {} to answer a heartbeat",
-                  absl::FormatDuration(absl::Now() - filled));
+                  absl::FormatDuration(took));
     }
     if (resp.ok()) {
       last_ok = absl::Now();

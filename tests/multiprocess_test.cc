@@ -1745,11 +1745,11 @@ INSTANTIATE_TEST_SUITE_P(
 // (1 s). (It was made 300 times slower before, straggler_factor: the
 // others' silence then followed the machine's speed, and on a quiet machine
 // it stayed under the 2 s after which a status ask is logged, which this
-// test looks for: it failed 2 runs in 4.) The others named every server, with a second
-// and more of silence, and the scheduler took that for a partition: it
-// failed all three servers over, one after the other, and the job failed
-// ("range 0: its owner S[2] and every backup with a complete copy are
-// dead"). Now a worker asks a server silent for half the threshold for
+// test looks for: it failed 2 runs in 4.) The others named every server,
+// with a second and more of silence, and the scheduler took that for a
+// partition: it failed all three servers over, one after the other, and
+// the job failed ("range 0: its owner S[2] and every backup with a
+// complete copy are dead"). Now a worker asks a server silent for half the threshold for
 // its status (KVWorker::PingSilentServers); answering, it is not named: no
 // server is failed over and the job ends ok.
 TEST_F(MultiProcessTest, BspStragglerGetsNoServerFailedOver) {
