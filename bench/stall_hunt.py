@@ -18,14 +18,17 @@ MODE = sys.argv[2] if len(sys.argv) > 2 else 'ssp'
 out = os.path.join(ROOT, 'runs', 'stall_hunt')
 os.makedirs(out, exist_ok=True)
 
-def server_pids():
+def server_pids(launcher):
+    # Only this launch's servers (children of its ps_launch): tests running
+    # beside the hunt start ps_server processes with the same ids.
     pids = {}
     for p in glob.glob('/proc/[0-9]*'):
         try:
             cmd = open(p + '/cmdline', 'rb').read().split(b'\0')
-        except OSError:
+            ppid = int(open(p + '/stat').read().rsplit(')', 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if cmd and cmd[0].endswith(b'ps_server'):
+        if ppid == launcher and cmd and cmd[0].endswith(b'ps_server'):
             sid = None
             for j, a in enumerate(cmd):
                 if a == b'--id' and j + 1 < len(cmd): sid = int(cmd[j + 1])
@@ -75,12 +78,12 @@ for i in range(N):
         psi.append((time.time(), open('/proc/pressure/io').read().split('\n')[1]))
         txt = open(d + '/output.log').read()
         if first_pids is None and 'configured: epoch 1' in txt:
-            first_pids = server_pids()
+            first_pids = server_pids(p.pid)
         m = re.search(r'S\[(\d+)\] has answered nothing for', txt)
         if m and not caught:
             caught = True
             sid = int(m.group(1))
-            pids = server_pids()
+            pids = server_pids(p.pid)
             print('first pids', first_pids, 'now', pids, flush=True)
             with open(d + '/dump.txt', 'w') as f:
                 f.write(f'suspect S[{sid}] pids {pids}\n')
