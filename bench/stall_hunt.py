@@ -7,8 +7,8 @@ Runs the a9a job (deploy/configs/a9a.yaml, ../shared/data/a9a) RUNS times in
 MODE. While a launch runs, as soon as a worker names a silent server ("S[i]
 has answered nothing for"), it writes that server's threads (state, wchan,
 kernel stack from /proc; `gdb` backtraces) and the machine's pressure stall
-figures to runs/stall_hunt/runN/dump.txt, and /proc/pressure/io every 50 ms
-to psi.txt. It stops at the first launch that names a server or is not ok;
+figures to runs/stall_hunt/runN/dump.txt, and /proc/pressure/io and the vCPUs' steal
+(/proc/stat) every 50 ms to psi.txt. It stops at the first launch that names a server or is not ok;
 passing launches are removed. Run it beside a load (a build) to provoke it.
 """
 import os, re, subprocess, sys, time, glob
@@ -75,7 +75,12 @@ for i in range(N):
     first_pids = None
     while p.poll() is None:
         time.sleep(0.05)
-        psi.append((time.time(), open('/proc/pressure/io').read().split('\n')[1]))
+        # io pressure, and each vCPU's steal (jiffies the hypervisor ran
+        # something else): a vCPU stolen for seconds freezes what runs on it.
+        steal = ' '.join(l.split()[8] for l in open('/proc/stat')
+                         if l.startswith('cpu'))
+        psi.append((time.time(), open('/proc/pressure/io').read().split('\n')[1]
+                    + ' steal ' + steal))
         txt = open(d + '/output.log').read()
         if first_pids is None and 'configured: epoch 1' in txt:
             first_pids = server_pids(p.pid)

@@ -975,15 +975,18 @@ void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
         // change may be released here after a range moved away (before
         // CancelRanges, or by a copy's clocks), and a backup's values lag
         // its primary's applies. The worker asks the new owner.
+        // (`done` writes the answer to the worker's socket, which may
+        // block: never under mu_, which heartbeats and every push need.)
         std::shared_ptr<const Routing> reading;
+        absl::Status owned;
         {
           absl::ReaderMutexLock l(&mu_);
-          absl::Status owned = StillOwnedLocked(*rk, admitted);
-          if (!owned.ok()) {
-            done(owned);
-            return;
-          }
+          owned = StillOwnedLocked(*rk, admitted);
           reading = routing_;
+        }
+        if (!owned.ok()) {
+          done(owned);
+          return;
         }
         resp->set_held_us(absl::ToInt64Microseconds(clock->Now() - asked));
         absl::Span<const uint64_t> keys = rk->keys;
@@ -1024,16 +1027,20 @@ void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
               return (rk->runs[i].last - rk->runs[i].first) * dim;
             },
             copy);
+        absl::Status changed;
         {
           absl::ReaderMutexLock l(&mu_);
           if (routing_ != reading) {  // the view changed while reading
-            done(ErrorWithReason(
+            changed = ErrorWithReason(
                 absl::StatusCode::kFailedPrecondition,
                 proto::REASON_STALE_EPOCH,
                 absl::StrCat("stale-epoch: the view changed to epoch ", epoch_,
-                             " while a pull was read on S[", id_, "]")));
-            return;
+                             " while a pull was read on S[", id_, "]"));
           }
+        }
+        if (!changed.ok()) {
+          done(changed);
+          return;
         }
         KeepResolved(worker, rk.get());
         done(absl::OkStatus());

@@ -12,9 +12,11 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/bytes.h"
 #include "common/clock.h"
@@ -448,8 +450,22 @@ TEST_F(ServerNodeTest, PullWhoseViewChangesWhileReadIsStaleEpoch) {
     req.set_keys(Keys({42}));
     proto::PullResponse resp;
     absl::Status out = absl::UnknownError("not answered");
+    bool lock_free = false;
+    absl::Notification filled;
+    std::thread heartbeat;
     node_.Pull(
-        req, &resp, [&](const absl::Status& s) { out = s; },
+        req, &resp,
+        [&](const absl::Status& s) {
+          out = s;
+          // The answer goes out (a socket write, which may block) with the
+          // node's lock free: a heartbeat can be filled meanwhile.
+          heartbeat = std::thread([&] {
+            proto::HeartbeatRequest r;
+            node_.FillHeartbeat(&r);
+            filled.Notify();
+          });
+          lock_free = filled.WaitForNotificationWithTimeout(absl::Seconds(10));
+        },
         absl::Seconds(60), [&](size_t floats) {
           if (move) {
             SetEveryChain(&v, 2, 0, 1);  // the ranges move to S[0]
@@ -458,6 +474,8 @@ TEST_F(ServerNodeTest, PullWhoseViewChangesWhileReadIsStaleEpoch) {
           buffer.resize(floats);
           return buffer.data();
         });
+    if (heartbeat.joinable()) heartbeat.join();
+    EXPECT_TRUE(lock_free) << "answered under the node's lock";
     return out;
   };
   EXPECT_TRUE(pull(false).ok());
