@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/process.h"
+#include "common/thread_dump.h"
 #include "server/server_runner.h"
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
@@ -40,6 +41,9 @@ int main(int argc, char** argv) {
   // Before any thread exists: SIGTERM and SIGINT wait for `term` below.
   ps::BlockSignals({SIGTERM, SIGINT});
   ps::UseReleaseMutexes();
+  // The heartbeat loop's stall watch dumps every thread's stack
+  // (common/thread_dump.h).
+  ps::InstallThreadDump(argv[0]);
   absl::ParseCommandLine(argc, argv);
   ps::InitLogging("S[?]");
   ps::ServerRunOptions o;

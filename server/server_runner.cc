@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/membership.h"
 #include "common/status_macros.h"
+#include "common/thread_dump.h"
 #include "server/server_node.h"
 #include "server/server_service.h"
 #include "transport/errors.h"
@@ -272,19 +273,44 @@ absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
   // server whose heartbeats stop is failed over (issue 9), and without the
   // cause an operator cannot tell a stalled process from a false alarm.
   const absl::Duration late_after = std::max(hb, absl::Seconds(1));
+  // The stall watch: while the loop below is stuck in one step for longer
+  // than it may take (three heartbeats and a check, at least 1.5 s: a
+  // worker names a silent server after four; a call to the scheduler has
+  // its own deadline, hb_timeout / 2), the stacks of every thread go to the
+  // log, once per stall and at most once a minute, so that what held it is
+  // known while it holds (issue 9: a live server silent for 4 s under load
+  // was failed over, and nothing in its log said why).
+  const absl::Duration step_limit =
+      std::max(3 * hb + absl::Milliseconds(250), absl::Milliseconds(1500));
+  const StallWatch::Step waiting{"the heartbeat loop has been waiting to be "
+                                 "woken",
+                                 step_limit};
+  const StallWatch::Step filling{"the heartbeat loop has been filling a "
+                                 "heartbeat (the node's state locked)",
+                                 step_limit};
+  const StallWatch::Step calling{
+      "the heartbeat loop has been waiting on its call to the scheduler",
+      std::max(step_limit, hb_timeout / 2)};
+  StallWatch stall_watch(absl::Milliseconds(250), absl::Minutes(1),
+                         [](const std::string& what) {
+                           PS_LOG_WARN("{}", what);
+                         });
   for (;;) {
     const absl::Time wait_from = absl::Now();
+    stall_watch.Enter(&waiting);
     if (exit_requested.HasBeenNotified()) {
       absl::SleepFor(hb);  // saved: only waiting for the end of the job
     } else {
       exit_requested.WaitForNotificationWithTimeout(hb);
     }
     const absl::Time woke = absl::Now();
+    stall_watch.Enter(&filling);
     proto::HeartbeatRequest req;
     node.FillHeartbeat(&req);
     node.TakeWorkersGone(&req);
     req.set_id(id);
     const absl::Time filled = absl::Now();
+    stall_watch.Enter(&calling);
     // (A wait ended early by exit_requested is never late.)
     if (woke - wait_from - hb > late_after) {
       PS_LOG_WARN("the heartbeat thread woke {} late: this process was not "
@@ -355,6 +381,7 @@ absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
       }
     }
   }
+  stall_watch.Enter(nullptr);  // the loop is over: nothing more to watch
   health.Set(Serving::kStopping,
              result.ok() ? "the job is over" : std::string(result.message()));
   stop.Notify();
