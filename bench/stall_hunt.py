@@ -15,6 +15,8 @@ import os, re, subprocess, sys, time, glob
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 100
 MODE = sys.argv[2] if len(sys.argv) > 2 else 'ssp'
+# PS_BIN_DIR: the binaries (default build/bin); a copy lets a build go on.
+BIN = os.environ.get('PS_BIN_DIR', os.path.join(ROOT, 'build', 'bin'))
 out = os.path.join(ROOT, 'runs', 'stall_hunt')
 os.makedirs(out, exist_ok=True)
 
@@ -65,7 +67,7 @@ for i in range(N):
     subprocess.run(['rm', '-rf', d]); os.makedirs(d)
     log = open(d + '/output.log', 'w')
     t0 = time.time()
-    p = subprocess.Popen([ROOT + '/build/bin/ps_launch', '--config',
+    p = subprocess.Popen([BIN + '/ps_launch', '--config',
                           ROOT + '/deploy/configs/a9a.yaml', '--mode', MODE,
                           '--run-dir', d + '/run', '--report', d + '/report.json',
                           '--set', 'output.model_dir=' + d + '/model'],
