@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hunts a server that stalls (issue 9, stop 58: a false failover in the soak).
 
-    python3 bench/stall_hunt.py [RUNS] [MODE]      (defaults: 100 ssp)
+    python3 bench/stall_hunt.py [RUNS] [MODE] [KEY=VALUE...]  (defaults: 100 ssp)
 
 Runs the a9a job (deploy/configs/a9a.yaml, ../shared/data/a9a) RUNS times in
 MODE. While a launch runs, as soon as a worker names a silent server ("S[i]
@@ -70,7 +70,8 @@ for i in range(N):
     p = subprocess.Popen([BIN + '/ps_launch', '--config',
                           ROOT + '/deploy/configs/a9a.yaml', '--mode', MODE,
                           '--run-dir', d + '/run', '--report', d + '/report.json',
-                          '--set', 'output.model_dir=' + d + '/model'],
+                          '--set', 'output.model_dir=' + d + '/model']
+                         + [a for kv in sys.argv[3:] for a in ('--set', kv)],
                          stdout=log, stderr=subprocess.STDOUT)
     caught = False
     psi = []

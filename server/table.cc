@@ -40,6 +40,8 @@ constexpr size_t kChunkTargetFloats = 16384;
 constexpr size_t kPrefetchDistance = 16;
 // A transparent huge page on x86-64 (the dense-id index's alignment).
 constexpr size_t kHugePage = size_t{2} << 20;
+// Dense-id indices larger than this ask for huge pages (Table::Create).
+constexpr size_t kHugeIndexAbove = size_t{8} << 20;
 
 absl::Status ErrnoError(int err, const std::string& what,
                         const std::string& path) {
@@ -162,13 +164,24 @@ absl::StatusOr<std::unique_ptr<Table>> Table::Create(const TableSpec& spec,
   if (spec.dense_ids != 0) {
     // Anonymous pages are zero and cost nothing until an id on them is
     // used (an allocator's calloc may zero them by hand instead).
-    // An index past a huge page asks for huge pages (where transparent
-    // huge pages are `madvise`, as Debian sets them): random ids in a
-    // table of 4 KiB pages missed the TLB on nearly every lookup, and its
-    // page walk stalled the prefetch (35 % of a 100k-key push's samples).
+    // An index past the L2 TLB's reach asks for huge pages (where
+    // transparent huge pages are `madvise`, as Debian sets them): random
+    // ids in a table of 4 KiB pages missed the TLB on nearly every lookup,
+    // and its page walk stalled the prefetch (35 % of a 100k-key push's
+    // samples). Not a smaller one: the advice enrolls the process with
+    // khugepaged, which runs at nice 19 and takes the process's memory-map
+    // lock to scan and collapse its pages; on a machine busy with other
+    // work it can be preempted holding that lock for seconds, and every
+    // thread that maps or unmaps memory waits, so the whole server stops
+    // answering and is failed over though alive (issue 9: servers with
+    // this index stalled in 1 launch of 3 with khugepaged scanning
+    // continuously beside CPU burners, none in 35 without it;
+    // docs/fault_tolerance.md "Stop 59"). An 8 MiB index (the libsvm
+    // default of 2^20 ids) is within the reach of 4 KiB pages
+    // (2048 entries).
     // The mapping is over-sized by one huge page to align the index.
     const size_t bytes = spec.dense_ids * sizeof(uint64_t);
-    const bool huge = bytes >= kHugePage;
+    const bool huge = bytes > kHugeIndexAbove;
     const size_t mapped = huge ? bytes + kHugePage : bytes;
     void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
