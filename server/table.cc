@@ -40,9 +40,11 @@ constexpr size_t kChunkTargetFloats = 16384;
 constexpr size_t kPrefetchDistance = 16;
 // A transparent huge page on x86-64 (the dense-id index's alignment).
 constexpr size_t kHugePage = size_t{2} << 20;
-// Dense-id indices up to this size are faulted in on huge pages at
-// creation instead of left to khugepaged (Table::Create).
-constexpr size_t kPopulateIndexUpTo = size_t{64} << 20;
+// Dense-id indices up to this size are collapsed into huge pages at
+// creation (Table::Create).
+constexpr size_t kCollapseIndexUpTo = size_t{256} << 20;
+// <sys/mman.h> of glibc 2.36 lacks it (Linux 6.1's uapi value).
+constexpr int kMadvCollapse = 25;
 
 absl::Status ErrnoError(int err, const std::string& what,
                         const std::string& path) {
@@ -165,23 +167,23 @@ absl::StatusOr<std::unique_ptr<Table>> Table::Create(const TableSpec& spec,
   if (spec.dense_ids != 0) {
     // Anonymous pages are zero and cost nothing until an id on them is
     // used (an allocator's calloc may zero them by hand instead).
-    // An index past a huge page is on huge pages (where transparent huge
-    // pages are `madvise`, as Debian sets them): random ids in a table of
-    // 4 KiB pages missed the TLB on nearly every lookup, and its page walk
-    // stalled the prefetch (35 % of a 100k-key push's samples).
-    // But the advice enrolls the process with khugepaged, which runs at
-    // nice 19 and scans and collapses the advised memory under the
-    // process's memory-map lock; on a machine busy with other work it was
+    // An index past a huge page is put on huge pages: random ids in a
+    // table of 4 KiB pages missed the TLB on nearly every lookup, and its
+    // page walk stalled the prefetch (35 % of a 100k-key push's samples).
+    // Not by MADV_HUGEPAGE: that advice enrolls the process with
+    // khugepaged, which runs at nice 19 and scans the process's memory
+    // under its memory-map lock; on a machine busy with other work it was
     // preempted holding that lock for seconds, every thread that mapped or
     // unmapped memory waited, and a live server stopped answering and was
-    // failed over (issue 9, docs/fault_tolerance.md "Stop 59"). So an
-    // index of up to kPopulateIndexUpTo gets its huge pages at once (one
-    // write per huge page faults each in) and the advice is taken back:
-    // the huge pages stay, and khugepaged has nothing of it to scan. A
-    // larger one keeps the advice and is faulted in as ids are used.
+    // failed over (issue 9, docs/fault_tolerance.md "Stop 59"). An index
+    // of up to kCollapseIndexUpTo is collapsed into huge pages here, by
+    // this thread (MADV_COLLAPSE, Linux 6.1: it needs a page in each huge
+    // page's range, hence one write per huge page): all of it resident at
+    // once, no khugepaged. A larger one, or a kernel without
+    // MADV_COLLAPSE, stays on 4 KiB pages faulted in as ids are used.
     // The mapping is over-sized by one huge page to align the index.
     const size_t bytes = spec.dense_ids * sizeof(uint64_t);
-    const bool huge = bytes >= kHugePage;
+    const bool huge = bytes >= kHugePage && bytes <= kCollapseIndexUpTo;
     const size_t mapped = huge ? bytes + kHugePage : bytes;
     void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -193,15 +195,12 @@ absl::StatusOr<std::unique_ptr<Table>> Table::Create(const TableSpec& spec,
     uintptr_t start = reinterpret_cast<uintptr_t>(p);
     if (huge) {
       start = (start + kHugePage - 1) & ~uintptr_t{kHugePage - 1};
-      void* index = reinterpret_cast<void*>(start);
-      // Advice only: without it (or without THP) the index still works.
-      madvise(index, bytes, MADV_HUGEPAGE);
-      if (bytes <= kPopulateIndexUpTo) {
-        for (size_t off = 0; off < bytes; off += kHugePage) {
-          reinterpret_cast<volatile uint64_t*>(start + off)[0] = 0;
-        }
-        madvise(index, bytes, MADV_NOHUGEPAGE);
+      for (size_t off = 0; off < bytes; off += kHugePage) {
+        reinterpret_cast<volatile uint64_t*>(start + off)[0] = 0;
       }
+      // Best effort: without it (an older kernel, no free huge page) the
+      // index works on 4 KiB pages.
+      madvise(reinterpret_cast<void*>(start), bytes, kMadvCollapse);
     }
     dense_index = DenseIndex(reinterpret_cast<uint64_t*>(start),
                              Unmapper(p, mapped));
