@@ -4,7 +4,6 @@
 #include <execinfo.h>
 #include <signal.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,10 +11,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <limits>
-#include <utility>
 #include <iterator>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/call_once.h"
@@ -23,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
 
 namespace ps {
 namespace {
@@ -114,14 +114,6 @@ void InstallThreadDump(const char* argv0) {
   });
 }
 
-namespace {
-int64_t NowNanos() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
-}  // namespace
-
 StallWatch::StallWatch(absl::Duration check_every, absl::Duration min_interval,
                        std::function<void(const std::string&)> report)
     : every_(check_every),
@@ -135,18 +127,18 @@ StallWatch::~StallWatch() {
 }
 
 void StallWatch::Enter(const Step* step) {
-  since_ns_.store(NowNanos(), std::memory_order_relaxed);
+  since_ns_.store(MonotonicNanos(), std::memory_order_relaxed);
   step_.store(step, std::memory_order_release);
 }
 
 void StallWatch::Run() {
   int64_t reported = -1;  // the since_ns_ of the stall reported
   int64_t last_report = std::numeric_limits<int64_t>::min() / 2;
-  int64_t last = NowNanos();
+  int64_t last = MonotonicNanos();
   while (!stop_.WaitForNotificationWithTimeout(every_)) {
     const Step* step = step_.load(std::memory_order_acquire);
     const int64_t since = since_ns_.load(std::memory_order_relaxed);
-    const int64_t now = NowNanos();
+    const int64_t now = MonotonicNanos();
     const absl::Duration slept = absl::Nanoseconds(now - last);
     last = now;
     if (step == nullptr || slept > step->limit) continue;
