@@ -76,6 +76,21 @@ in_image() {
       exec chroot --userspec=65532:65532 "$root" "$@"' _ "$root" "$@"
 }
 
+# A sanitizer build's options (deploy/check.sh asan) are inherited by the
+# job in the image, and a suppressions= file there names a path of this
+# checkout, which the image does not have: the instrumented binaries then
+# refuse to start. Each such file is copied into the unpacked root and the
+# option pointed at the copy.
+for var in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS; do
+  opts=${!var:-}
+  [[ $opts =~ (^|:)suppressions=([^:]+) ]] || continue
+  src=${BASH_REMATCH[2]}
+  [[ -r $src ]] || fail "$var names suppressions=$src, which cannot be read"
+  dst=/etc/paramserver-sanitizer/${var%_OPTIONS}.supp
+  install -D -m 0644 "$src" "$root$dst" || fail "copying $src into the image root"
+  export "$var=${opts/suppressions=$src/suppressions=$dst}"
+done
+
 step "every library the binaries need is in the image"
 for b in "$root"/usr/local/bin/ps_*; do
   out=$(in_image /usr/bin/ldd "/usr/local/bin/$(basename "$b")" 2>&1) ||
