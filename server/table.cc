@@ -501,19 +501,13 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
                     bool journal) {
   const size_t n = keys.size();
   const size_t dim = static_cast<size_t>(spec_.dim);
-  // The journal's entries: each slot's after its update, while the row is
-  // at hand.
-  const size_t row_bytes = stride_ * sizeof(float);
-  char* journal_slots = nullptr;
-  char* journal_entries = nullptr;
+  // The journal marks each slot updated; a delta reads their rows then.
   if (journal) {
-    p.journal.Reserve(n, row_bytes, &journal_slots, &journal_entries);
+    uint64_t* const dirty = p.journal.dirty.data();
+    for (size_t k = 0; k < n; ++k) {
+      dirty[slots[k] / 64] |= uint64_t{1} << (slots[k] % 64);
+    }
   }
-  auto record = [&](size_t i, const float* entry) {
-    std::memcpy(journal_slots + i * sizeof(uint32_t), &slots[i],
-                sizeof(uint32_t));
-    CopyRow(journal_entries + i * row_bytes, entry, stride_);
-  };
   for (size_t k = 0; k < std::min(n, kPrefetchDistance); ++k) {
     __builtin_prefetch(SlotData(p, slots[k]));
   }
@@ -540,9 +534,6 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
         } else {
           FtrlLanes(rule, e, grads + i, scale);
         }
-        if (journal_slots != nullptr) {
-          for (size_t k = 0; k < kFtrlLanes; ++k) record(i + k, e[k]);
-        }
       }
     }
   }
@@ -551,7 +542,6 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
       for (; i < n; ++i) {
         float* data = SlotData(p, slots[i]);
         SgdRow(rule, data, grads + i * dim, scale, dim);
-        if (journal_slots != nullptr) record(i, data);
       }
       return;
     }
@@ -562,7 +552,6 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
     }
     float* data = SlotData(p, slots[i]);
     rule.Apply(data, data + dim, grads + i * dim, scale, dim);
-    if (journal_slots != nullptr) record(i, data);
   }
 }
 
@@ -939,35 +928,23 @@ Table::PartitionLayout Table::Layout(int range) const {
   return PartitionLayout{p.num_slots, p.generation, p.layout_digest};
 }
 
-void Table::Journal::Reserve(size_t n, size_t row_bytes, char** slot_at,
-                             char** entry_at) {
-  const size_t want = rows + n;
-  if (slots.size() < want * sizeof(uint32_t)) {
-    // Grown by doubling, from the last take's size (growth zero-fills).
-    const size_t cap = std::max({want, last_rows, 2 * rows});
-    slots.resize(cap * sizeof(uint32_t));
-    entries.resize(cap * row_bytes);
-  }
-  *slot_at = slots.data() + rows * sizeof(uint32_t);
-  *entry_at = entries.data() + rows * row_bytes;
-  rows = want;
-}
-
 bool Table::JournalTakes(Partition& p, size_t n, bool* journal) {
   Journal& j = p.journal;
   if (journal != nullptr) *journal = j.on;
   if (!j.on) return false;
-  const size_t row_bytes = stride_ * sizeof(float);
-  const size_t bytes = (j.rows + n) * (row_bytes + sizeof(uint32_t)) +
-                       j.new_keys.size() + n * sizeof(uint64_t);
-  const size_t bound =
-      std::max(kJournalMinBytes, 4 * (size_t{p.num_slots} + n) * row_bytes);
-  if (journal != nullptr && bytes <= bound) return true;
-  // A push it would not record (not asked to), or past its bound (a backup
-  // slow to take deltas, rows of a dense table pushed again and again): it
-  // stops, and the range's backups get a copy, no larger than the range.
-  j = Journal{};
-  return false;
+  if (journal == nullptr) {
+    // A push it would not record: it stops, and the range's backups get a
+    // copy.
+    j = Journal{};
+    return false;
+  }
+  // A bit for every slot the push may update, made ones included. Slots
+  // only grow while it is on, and the bitmap with them (by doubling).
+  const size_t words = (size_t{p.num_slots} + n + 63) / 64;
+  if (j.dirty.size() < words) {
+    j.dirty.resize(std::max(words, 2 * j.dirty.size()));
+  }
+  return true;
 }
 
 void Table::StartJournal(int range) {
@@ -988,76 +965,56 @@ bool Table::TakeJournal(int range, uint64_t generation, uint32_t base_slots,
                         DeltaRows* out) {
   Partition& p = partition(range);
   const size_t row_bytes = stride_ * sizeof(float);
-  size_t n = 0;
-  uint32_t num_slots = 0;
-  {
-    absl::MutexLock l(&p.mu);
-    Journal& j = p.journal;
-    if (!j.on || p.generation != generation || j.base != base_slots) {
-      return false;
-    }
-    n = j.rows;
-    out->slots.swap(j.slots);
-    out->entries.swap(j.entries);
-    out->new_keys.swap(j.new_keys);
-    j.slots.clear();
-    j.entries.clear();
-    j.new_keys.clear();
-    j.rows = 0;
-    j.last_rows = n;
-    j.base = p.num_slots;
-    num_slots = p.num_slots;
-    out->digest = p.layout_digest;
+  absl::MutexLock l(&p.mu);
+  Journal& j = p.journal;
+  if (!j.on || p.generation != generation || j.base != base_slots) {
+    return false;
   }
-  out->base_slots = base_slots;
-  out->num_slots = num_slots;
+  const uint32_t num_slots = p.num_slots;
   const size_t fresh = num_slots - base_slots;
-  if (out->new_keys.size() != fresh * sizeof(uint64_t)) return false;
-  // Newest first: each slot's last entry is the one kept. A row below
-  // base_slots stays among the entries, moved towards their end (kept ones
-  // end up at [w, n), in their order); a new slot's goes to its place
-  // among the new rows.
-  thread_local std::string fresh_rows;
-  fresh_rows.resize(fresh * row_bytes);
-  std::vector<uint64_t>& seen = SeenSlots(num_slots);
-  char* const slots = out->slots.data();
-  char* const entries = out->entries.data();
-  size_t w = n;
-  size_t filled = 0;
-  for (size_t i = n; i-- > 0;) {
-    uint32_t slot;
-    std::memcpy(&slot, slots + i * sizeof(uint32_t), sizeof(slot));
-    uint64_t& word = seen[slot / 64];
-    const uint64_t bit = uint64_t{1} << (slot % 64);
-    if ((word & bit) != 0) continue;  // an earlier entry of the slot
-    word |= bit;
-    if (slot >= base_slots) {
-      CopyRow(fresh_rows.data() + (slot - base_slots) * row_bytes,
-              entries + i * row_bytes, stride_);
-      ++filled;
-      continue;
-    }
-    if (--w != i) {
-      std::memcpy(slots + w * sizeof(uint32_t), &slot, sizeof(slot));
-      CopyRow(entries + w * row_bytes, entries + i * row_bytes, stride_);
-    }
+  // Every slot made since base_slots was made by a recorded push.
+  if (j.new_keys.size() != fresh * sizeof(uint64_t)) return false;
+  // The marked slots below base_slots, ascending (so the reads, and the
+  // backup's writes, go forwards through the chunks), then the new ones.
+  const size_t full_words = base_slots / 64;
+  const uint64_t tail_mask =
+      base_slots % 64 == 0 ? 0 : (uint64_t{1} << (base_slots % 64)) - 1;
+  const size_t marked_words = std::min(full_words + 1, j.dirty.size());
+  auto word_at = [&](size_t w) {
+    return w < full_words ? j.dirty[w] : j.dirty[w] & tail_mask;
+  };
+  size_t kept = 0;
+  for (size_t w = 0; w < marked_words; ++w) {
+    kept += static_cast<size_t>(__builtin_popcountll(word_at(w)));
   }
-  const size_t kept = n - w;
-  for (size_t i = w; i < n; ++i) {
-    uint32_t slot;
-    std::memcpy(&slot, slots + i * sizeof(uint32_t), sizeof(slot));
-    seen[slot / 64] = 0;
+  out->slots.resize(kept * sizeof(uint32_t));
+  out->entries.resize((kept + fresh) * row_bytes);
+  char* slot_out = out->slots.data();
+  char* entry_out = out->entries.data();
+  for (size_t w = 0; w < marked_words; ++w) {
+    for (uint64_t bits = word_at(w); bits != 0; bits &= bits - 1) {
+      const uint32_t slot =
+          static_cast<uint32_t>(w * 64 + __builtin_ctzll(bits));
+      std::memcpy(slot_out, &slot, sizeof(slot));
+      slot_out += sizeof(slot);
+      CopyRow(entry_out, SlotData(p, slot), stride_);
+      entry_out += row_bytes;
+    }
   }
   for (uint32_t slot = base_slots; slot < num_slots; ++slot) {
-    seen[slot / 64] = 0;
+    CopyRow(entry_out, SlotData(p, slot), stride_);
+    entry_out += row_bytes;
   }
-  // Every slot made since base_slots was made by a recorded push.
-  if (filled != fresh) return false;
-  std::memmove(slots, slots + w * sizeof(uint32_t), kept * sizeof(uint32_t));
-  out->slots.resize(kept * sizeof(uint32_t));
-  std::memmove(entries, entries + w * row_bytes, kept * row_bytes);
-  out->entries.resize(kept * row_bytes);
-  out->entries.append(fresh_rows.data(), fresh * row_bytes);
+  std::fill(j.dirty.begin(),
+            j.dirty.begin() + std::min(j.dirty.size(),
+                                       (size_t{num_slots} + 63) / 64),
+            0);
+  out->new_keys.swap(j.new_keys);
+  j.new_keys.clear();
+  j.base = num_slots;
+  out->base_slots = base_slots;
+  out->num_slots = num_slots;
+  out->digest = p.layout_digest;
   return true;
 }
 

@@ -117,10 +117,10 @@ class Table {
   // With `slots`, also writes each key's slot (all set: the push stores
   // every key) and the range's generation, as Pull does.
   // `order`: what the caller knows of the keys (KeyOrder).
-  // `journal`: records the rows in the range's delta journal if it is on
+  // `journal`: marks the rows in the range's delta journal if it is on
   // (StartJournal); *journal is set to whether it was (the push is then
-  // covered: recorded, or the journal stopped past its bound, which the
-  // next TakeJournal reports). Null: a journal that is on stops.
+  // recorded). Null: a journal that is on stops (which the next
+  // TakeJournal reports).
   void Push(int range, absl::Span<const uint64_t> keys, const float* grads,
             float scale, uint32_t* slots = nullptr,
             uint64_t* generation = nullptr, KeyOrder order = KeyOrder::kAny,
@@ -264,24 +264,24 @@ class Table {
   }
   // ---- The primary's delta journal (by slot) ----
   // While a range's journal is on, each Push or PushSlots asked to (their
-  // `journal`) records, in the order applied, every row it updates (its
-  // slot and its entry after the update) and every key it creates. A delta
-  // is then taken from the journal: no second look at the rows (reading
-  // them back at the delta, cold and at random, cost as much as the
-  // backup's writes), and no list of pushed keys kept meanwhile.
+  // `journal`) marks every slot it updates in a bitmap and records every
+  // key it creates. A delta then reads the marked rows, in slot order: a
+  // bit per update (a row pushed again and again costs one row per delta),
+  // and the rows read forwards. (Recording each update's slot and row as
+  // it applied, and keeping each slot's last one at the delta, cost a copy
+  // per update and a second pass over them all.) The journal's size
+  // is the partition's (a bit a slot, and the keys made since), however
+  // slow a backup is to take deltas.
   // Starts (or restarts, empty) the journal at the range's current slots.
   void StartJournal(int range);
   // Stops it and frees what it held. ClearRange, ImportRange and
   // ImportDelta stop it too (slots made otherwise than by a push), and so
-  // does a push not asked to record, or one that would take the journal
-  // past kJournalMinBytes and 4 times the partition's rows (a backup slow
-  // to take its deltas: a copy of the range is then the smaller).
+  // does a push not asked to record.
   void StopJournal(int range);
-  static constexpr size_t kJournalMinBytes = size_t{16} << 20;
   // Takes what the journal recorded since `base_slots` as rows by slot:
-  // the rows of slots below `base_slots` once each (the last entry
-  // recorded), then the slots made since in slot order with their keys and
-  // last entries. The journal goes on, empty, at the range's slots now.
+  // the rows of the marked slots below `base_slots`, ascending, then the
+  // slots made since in slot order with their keys; each row as it is now.
+  // The journal goes on, empty, at the range's slots now.
   // False, taking nothing, when it is off, the range is not at
   // `generation`, or the journal did not start at `base_slots`.
   bool TakeJournal(int range, uint64_t generation, uint32_t base_slots,
@@ -307,14 +307,9 @@ class Table {
   // A partition's delta journal (StartJournal).
   struct Journal {
     bool on = false;
-    uint32_t base = 0;    // the partition's slots when it (re)started
-    size_t rows = 0;      // entries recorded
-    size_t last_rows = 0; // recorded by the last take (sizes the next)
-    std::string slots;    // uint32 per entry; sized beyond `rows`
-    std::string entries;  // stride_ floats per entry; sized beyond `rows`
-    std::string new_keys; // uint64: the keys of slots base, base + 1, ...
-    // Room for n more entries of `row_bytes`; the first free ones.
-    void Reserve(size_t n, size_t row_bytes, char** slot_at, char** entry_at);
+    uint32_t base = 0;            // the partition's slots when it (re)started
+    std::vector<uint64_t> dirty;  // a bit per slot updated since
+    std::string new_keys;  // uint64: the keys of slots base, base + 1, ...
   };
 
   // One range's storage. Slot s lives in chunks[s >> chunk_shift_] at float
@@ -403,13 +398,13 @@ class Table {
                      bool journal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Applies scale * grads[i*dim ...) to slots[i] (the slot of keys[i]),
   // i < keys.size(), in order.
-  // Whether a push of n keys records in p's journal: on, asked to (journal
-  // not null) and within its bound; stops it where it is on but not. Sets
-  // *journal (when given) to whether the journal was on: the push is then
-  // covered (recorded, or the journal stopped and a copy follows).
+  // Whether a push of n keys records in p's journal: on and asked to
+  // (journal not null); stops it where it is on but not asked. Sets
+  // *journal (when given) to whether the journal was on. Sizes the bitmap
+  // for the slots the push may make.
   bool JournalTakes(Partition& p, size_t n, bool* journal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
-  // With `journal`, records each slot's entry after its update there.
+  // With `journal`, marks each slot in the journal (JournalTakes sized it).
   template <typename Rule>
   void ApplyAt(Partition& p, const Rule& rule, absl::Span<const uint64_t> keys,
                const uint32_t* slots, const float* grads, float scale,

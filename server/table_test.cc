@@ -851,36 +851,84 @@ TEST(TableTest, JournalIsTakenOnlyWhereItCoversThePushes) {
   EXPECT_FALSE(table->TakeJournal(1, gen1, 0, &delta));
 }
 
-// A journal stops once it would hold more than its bound (4 times the
-// partition's rows, at least Table::kJournalMinBytes): one row of a dense
-// table pushed again and again while no delta is taken.
-TEST(TableTest, JournalStopsPastItsBound) {
+// A journal's size is its partition's however long no delta is taken: one
+// row of a dense table pushed again and again stays one row of the delta,
+// as it is after the last push, and the journal stays on.
+TEST(TableTest, JournalOfOneRowPushedAgainAndAgainIsOneRow) {
   constexpr int kDim = 1000;
+  constexpr int kPushes = 5000;  // 20 MB of rows, had each been recorded
   auto table = MakeTable(PlainSgd(kDim), 1);
   const std::vector<float> grads(kDim, 1.0f);
   const uint64_t gen = table->Layout(0).generation;
   table->StartJournal(0);
-  const size_t entry_bytes = kDim * sizeof(float) + sizeof(uint32_t);
-  const size_t fits = Table::kJournalMinBytes / entry_bytes;
   bool journaled = false;
-  for (size_t i = 0; i < fits - 1; ++i) {
+  table->Push(0, {42}, grads.data(), 1.0f, nullptr, nullptr, KeyOrder::kAny,
+              &journaled);
+  ASSERT_TRUE(journaled);
+  Table::DeltaRows delta;
+  ASSERT_TRUE(table->TakeJournal(0, gen, 0, &delta));
+  EXPECT_EQ(delta.rows(), 1u) << "the new key's row";
+  EXPECT_EQ(delta.slots.size(), 0u);
+  EXPECT_EQ(delta.new_keys.size(), sizeof(uint64_t));
+  for (int i = 0; i < kPushes; ++i) {
     table->Push(0, {42}, grads.data(), 1.0f, nullptr, nullptr, KeyOrder::kAny,
+                &journaled);
+    ASSERT_TRUE(journaled) << i;
+  }
+  ASSERT_TRUE(table->TakeJournal(0, gen, 1, &delta));
+  EXPECT_EQ(delta.rows(), 1u) << "one row, as it is now";
+  ASSERT_EQ(delta.slots.size(), sizeof(uint32_t));
+  EXPECT_EQ(ViewAs<uint32_t>(delta.slots)[0], 0u);
+  EXPECT_EQ(delta.new_keys.size(), 0u);
+  ASSERT_EQ(delta.entries.size(), kDim * sizeof(float));
+  std::vector<float> value(kDim);
+  table->Pull(0, {42}, value.data());
+  EXPECT_EQ(value[0], -static_cast<float>(kPushes + 1)) << "every push applied";
+  EXPECT_EQ(std::memcmp(delta.entries.data(), value.data(),
+                        kDim * sizeof(float)),
+            0);
+  // Nothing pushed since: an empty delta.
+  ASSERT_TRUE(table->TakeJournal(0, gen, 1, &delta));
+  EXPECT_EQ(delta.rows(), 0u);
+}
+
+// The marked rows come in slot order whatever the pushes' order, and a
+// bit marked at slot 64 * k + 63 (a word's last) or past the base is
+// neither lost nor sent twice.
+TEST(TableTest, JournalTakesMarkedRowsInSlotOrder) {
+  auto table = MakeTable(PlainSgd(), 1);
+  std::vector<uint64_t> keys(200);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = 1000 + i;
+  std::vector<float> grads(keys.size(), 1.0f);
+  table->Push(0, keys, grads.data(), 1.0f);  // slots 0 .. 199
+  const uint64_t gen = table->Layout(0).generation;
+  table->StartJournal(0);
+  const std::vector<uint64_t> touched = {1190, 1063, 1000, 1127, 1064, 1128};
+  const std::vector<uint64_t> made = {7, 5};  // slots 200, 201
+  bool journaled = false;
+  for (uint64_t k : touched) {
+    table->Push(0, {k}, grads.data(), 1.0f, nullptr, nullptr, KeyOrder::kAny,
                 &journaled);
     ASSERT_TRUE(journaled);
   }
+  table->Push(0, made, grads.data(), 1.0f, nullptr, nullptr, KeyOrder::kAny,
+              &journaled);
+  table->Push(0, {1063}, grads.data(), 1.0f, nullptr, nullptr, KeyOrder::kAny,
+              &journaled);
   Table::DeltaRows delta;
-  ASSERT_TRUE(table->TakeJournal(0, gen, 0, &delta));
-  EXPECT_EQ(delta.rows(), 1u) << "one row, its last entry";
-  for (size_t i = 0; i < fits + 1; ++i) {
-    table->Push(0, {42}, grads.data(), 1.0f, nullptr, nullptr, KeyOrder::kAny,
-                &journaled);
-    // Covered until it stopped: recorded, then the push that stops it.
-    EXPECT_EQ(journaled, i <= fits) << i;
-  }
-  EXPECT_FALSE(table->TakeJournal(0, gen, 1, &delta));
-  std::vector<float> value(kDim);
-  table->Pull(0, {42}, value.data());
-  EXPECT_EQ(value[0], -static_cast<float>(2 * fits)) << "every push applied";
+  ASSERT_TRUE(table->TakeJournal(0, gen, 200, &delta));
+  const auto slots = ViewAs<uint32_t>(delta.slots);
+  EXPECT_EQ(std::vector<uint32_t>(slots.begin(), slots.end()),
+            (std::vector<uint32_t>{0, 63, 64, 127, 128, 190}));
+  EXPECT_EQ(delta.num_slots, 202u);
+  const auto new_keys = ViewAs<uint64_t>(delta.new_keys);
+  EXPECT_EQ(std::vector<uint64_t>(new_keys.begin(), new_keys.end()),
+            (std::vector<uint64_t>{7, 5}))
+      << "in the order they were made";
+  const auto entries = ViewAs<float>(delta.entries);
+  ASSERT_EQ(entries.size(), 8u);
+  EXPECT_EQ(entries[1], -3.0f) << "slot 63 (key 1063): pushed thrice";
+  EXPECT_EQ(entries[0], -2.0f);
 }
 
 }  // namespace
