@@ -8,7 +8,11 @@
 // layout (TableSpec::dense_ids = num_keys) instead of the hash maps.
 //
 // Prints the rates of: pushes creating the keys, pushes to existing keys,
-// key-cached pushes (by slots, no hash lookup) and pulls.
+// key-cached pushes (by slots, no hash lookup), pulls, and pushes to
+// existing keys with the ranges' delta journals on and, after each batch,
+// every range's delta taken and written to a backup table (replication by
+// slot as a primary and its backup do it, without the network: the table
+// side of a replica's cost; one thread).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/bytes.h"
 #include "common/hash.h"
 #include "common/process.h"
 #include "server/table.h"
@@ -83,13 +88,16 @@ int main(int argc, char** argv) {
   spec.optimizer.l1 = 0.01;  // small enough that most weights are non-zero
   if (dense) spec.dense_ids = num_keys;
   std::unique_ptr<ps::Table> table_ptr;
+  std::unique_ptr<ps::Table> backup_ptr;
   auto new_table = [&]() -> bool {
     auto table_or = ps::Table::Create(spec, kRanges);
-    if (!table_or.ok()) {
+    auto backup_or = ps::Table::Create(spec, kRanges);
+    if (!table_or.ok() || !backup_or.ok()) {
       std::fprintf(stderr, "%s\n", table_or.status().ToString().c_str());
       return false;
     }
     table_ptr = std::move(table_or).value();
+    backup_ptr = std::move(backup_or).value();
     return true;
   };
 
@@ -160,6 +168,60 @@ int main(int argc, char** argv) {
     }
   };
 
+  // Replication by slot: the primary's journals start on the empty table,
+  // so the first deltas give the backup the primary's layout.
+  std::vector<uint64_t> gens(kRanges);
+  std::vector<uint32_t> synced(kRanges, 0);
+  size_t delta_rows = 0;
+  bool delta_failed = false;
+  auto start_journals = [&] {
+    for (int r = 0; r < kRanges; ++r) {
+      table_ptr->StartJournal(r);
+      gens[r] = table_ptr->Layout(r).generation;
+      synced[r] = 0;
+    }
+  };
+  auto ship = [&] {
+    ps::Table::DeltaRows delta;
+    for (int r = 0; r < kRanges; ++r) {
+      if (!table_ptr->TakeJournal(r, gens[r], synced[r], &delta) ||
+          !backup_ptr
+               ->CheckDelta(r, ps::ViewAs<uint32_t>(delta.slots),
+                            delta.base_slots, backup_ptr->Layout(r).digest)
+               .ok()) {
+        delta_failed = true;
+        return;
+      }
+      backup_ptr->ImportDelta(
+          r, ps::ViewAs<uint32_t>(delta.slots),
+          ps::ViewAs<uint64_t>(delta.new_keys),
+          reinterpret_cast<const float*>(delta.entries.data()));
+      synced[r] = delta.num_slots;
+      delta_rows += delta.rows();
+    }
+  };
+  auto replicated = [&](int) {
+    bool journaled = false;
+    for (int i = 0; i < passes; ++i) {
+      for (size_t b = 0; b < batches.size(); ++b) {
+        const std::vector<uint64_t>& keys = batches[b];
+        for (size_t at = 0; at < keys.size();) {
+          const int r = static_cast<int>(keys[at] >> (64 - kRangeBits));
+          size_t end = at + 1;
+          while (end < keys.size() &&
+                 static_cast<int>(keys[end] >> (64 - kRangeBits)) == r) {
+            ++end;
+          }
+          table_ptr->Push(r, absl::MakeConstSpan(keys.data() + at, end - at),
+                          grads.data() + at, 0.5f, nullptr, nullptr,
+                          ps::KeyOrder::kAscending, &journaled);
+          at = end;
+        }
+        ship();
+      }
+    }
+  };
+
   const double n = static_cast<double>(num_keys);
   std::printf("store_bench: ftrl dim 1, %zu feature keys%s, batches of %zu, "
               "%d ranges, %d thread(s)\n",
@@ -168,6 +230,7 @@ int main(int argc, char** argv) {
   // Best of kReps runs (the machine is shared), a fresh table each time.
   constexpr int kReps = 3;
   double t_insert = 1e30, t_update = 1e30, t_cached = 1e30, t_pull = 1e30;
+  double t_replicated = 1e30;
   for (int rep = 0; rep < kReps; ++rep) {
     if (!new_table()) return 1;
     t_insert = std::min(t_insert, Timed(threads, push));
@@ -175,6 +238,17 @@ int main(int argc, char** argv) {
     Timed(threads, record);
     t_cached = std::min(t_cached, Timed(threads, cached) / passes);
     t_pull = std::min(t_pull, Timed(threads, pull) / passes);
+    if (threads == 1) {  // journals on the empty table, then the keys made
+      if (!new_table()) return 1;
+      start_journals();
+      bool journaled = false;
+      ForEachRun(batches, 0, 1, [&](size_t, int r, Keys keys, size_t offset) {
+        table_ptr->Push(r, keys, grads.data() + offset, 0.5f, nullptr,
+                        nullptr, ps::KeyOrder::kAscending, &journaled);
+      });
+      ship();
+      t_replicated = std::min(t_replicated, Timed(1, replicated) / passes);
+    }
   }
   std::printf("  push (creating keys): %8.2f Mkeys/s  (%.3f s)\n",
               n / t_insert / 1e6, t_insert);
@@ -184,6 +258,16 @@ int main(int argc, char** argv) {
               n / t_cached / 1e6, t_cached);
   std::printf("  pull:                 %8.2f Mkeys/s  (%.4f s a pass)\n",
               n / t_pull / 1e6, t_pull);
+  if (threads == 1) {
+    if (delta_failed) {
+      std::fprintf(stderr, "store_bench: a delta was refused\n");
+      return 1;
+    }
+    std::printf("  push + delta to a backup: %8.2f Mkeys/s  (%.4f s a pass, "
+                "%.2fx the push; %zu rows sent)\n",
+                n / t_replicated / 1e6, t_replicated, t_replicated / t_update,
+                delta_rows);
+  }
   std::printf("  table: %zu keys, %zu non-zero (best of %d runs)\n",
               table_ptr->size(), table_ptr->nonzeros(), kReps);
   return 0;

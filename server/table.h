@@ -398,17 +398,21 @@ class Table {
                      bool journal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Applies scale * grads[i*dim ...) to slots[i] (the slot of keys[i]),
   // i < keys.size(), in order.
+  // The end of the run of slots from slots[i] (i < n): slots[i],
+  // slots[i] + 1, ... in one chunk, so their rows lie side by side.
+  size_t RunEnd(const uint32_t* slots, size_t i, size_t n) const;
   // Whether a push of n keys records in p's journal: on and asked to
   // (journal not null); stops it where it is on but not asked. Sets
   // *journal (when given) to whether the journal was on. Sizes the bitmap
   // for the slots the push may make.
   bool JournalTakes(Partition& p, size_t n, bool* journal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
-  // With `journal`, marks each slot in the journal (JournalTakes sized it).
   template <typename Rule>
   void ApplyAt(Partition& p, const Rule& rule, absl::Span<const uint64_t> keys,
                const uint32_t* slots, const float* grads, float scale,
-               KeyOrder order, bool journal)
+               KeyOrder order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Marks slots[0 .. n) in p's journal (JournalTakes sized it).
+  void MarkJournal(Partition& p, const uint32_t* slots, size_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Writes the initial value of `key` (dim floats) to `w`.
   void InitialValue(uint64_t key, float* w) const;

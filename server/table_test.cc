@@ -931,5 +931,58 @@ TEST(TableTest, JournalTakesMarkedRowsInSlotOrder) {
   EXPECT_EQ(entries[0], -2.0f);
 }
 
+// Rows by slot go in runs of consecutive slots within a chunk; a delta in
+// any order is written row by row as given (a repeated slot: its last row),
+// and runs stop at a chunk's end (rows of dim 300: 32 slots a chunk).
+TEST(TableTest, DeltaRowsGoInRunsWithinChunks) {
+  constexpr int kDim = 300;
+  auto primary = MakeTable(PlainSgd(kDim), 1);
+  auto backup = MakeTable(PlainSgd(kDim), 1);
+  std::vector<uint64_t> keys(100);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = 500 + i;
+  std::vector<float> grads(keys.size() * kDim);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i);
+  primary->Push(0, keys, grads.data(), 1.0f);
+  std::vector<float> zeros(keys.size() * kDim, 0.0f);
+  backup->ImportRange(0, keys, zeros.data());
+  const uint64_t gen = primary->Layout(0).generation;
+  primary->StartJournal(0);
+  // Slots 10 .. 80 (across the chunks at 32 and 64), and 95.
+  std::vector<uint64_t> some(keys.begin() + 10, keys.begin() + 81);
+  some.push_back(keys[95]);
+  bool journaled = false;
+  primary->Push(0, some, grads.data(), 0.5f, nullptr, nullptr,
+                KeyOrder::kAscending, &journaled);
+  ASSERT_TRUE(journaled);
+  Table::DeltaRows delta;
+  ASSERT_TRUE(primary->TakeJournal(0, gen, 100, &delta));
+  ASSERT_EQ(delta.rows(), some.size());
+  backup->ImportDelta(0, ViewAs<uint32_t>(delta.slots), {},
+                      reinterpret_cast<const float*>(delta.entries.data()));
+  std::vector<float> want(keys.size() * kDim), got(keys.size() * kDim);
+  primary->Pull(0, some, want.data());
+  backup->Pull(0, some, got.data());
+  EXPECT_EQ(want, got);
+  backup->Pull(0, {keys[9], keys[81]}, got.data());
+  EXPECT_EQ(got[0], 0.0f) << "untouched rows stay";
+  EXPECT_EQ(got[kDim], 0.0f);
+  // Out of order, a slot twice: as given, row after row.
+  const std::vector<uint32_t> slots = {2, 3, 4, 7, 6, 7, 31, 32};
+  std::vector<float> rows(slots.size() * kDim);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    std::fill(rows.begin() + i * kDim, rows.begin() + (i + 1) * kDim,
+              static_cast<float>(i + 1));
+  }
+  backup->ImportDelta(0, slots, {}, rows.data());
+  const std::vector<float> expect = {1, 2, 3, 5, 6, 7, 8};  // slots 2 3 4 6 7 31 32
+  std::vector<uint64_t> at = {keys[2], keys[3], keys[4], keys[6],
+                              keys[7], keys[31], keys[32]};
+  backup->Pull(0, at, got.data());
+  for (size_t i = 0; i < at.size(); ++i) {
+    EXPECT_EQ(got[i * kDim], expect[i]) << "slot of key " << at[i];
+    EXPECT_EQ(got[i * kDim + kDim - 1], expect[i]);
+  }
+}
+
 }  // namespace
 }  // namespace ps
