@@ -994,19 +994,20 @@ bool Table::TakeJournal(int range, uint64_t generation, uint32_t base_slots,
   const uint64_t tail_mask =
       base_slots % 64 == 0 ? 0 : (uint64_t{1} << (base_slots % 64)) - 1;
   const size_t marked_words = std::min(full_words + 1, j.dirty.size());
-  auto word_at = [&](size_t w) {
-    return w < full_words ? j.dirty[w] : j.dirty[w] & tail_mask;
-  };
+  // Marks of new slots (all sent below, all cleared at the end) out of
+  // the word base_slots falls in.
+  if (full_words < j.dirty.size()) j.dirty[full_words] &= tail_mask;
+  const uint64_t* const dirty = j.dirty.data();
   size_t kept = 0;
   for (size_t w = 0; w < marked_words; ++w) {
-    kept += static_cast<size_t>(__builtin_popcountll(word_at(w)));
+    kept += static_cast<size_t>(__builtin_popcountll(dirty[w]));
   }
   out->slots.resize(kept * sizeof(uint32_t));
   out->entries.resize((kept + fresh) * row_bytes);
   uint32_t* const slots = Scratch(kept);
   size_t k = 0;
   for (size_t w = 0; w < marked_words; ++w) {
-    for (uint64_t bits = word_at(w); bits != 0; bits &= bits - 1) {
+    for (uint64_t bits = dirty[w]; bits != 0; bits &= bits - 1) {
       slots[k++] = static_cast<uint32_t>(w * 64 + __builtin_ctzll(bits));
     }
   }

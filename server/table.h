@@ -265,13 +265,13 @@ class Table {
   // ---- The primary's delta journal (by slot) ----
   // While a range's journal is on, each Push or PushSlots asked to (their
   // `journal`) marks every slot it updates in a bitmap and records every
-  // key it creates. A delta then reads the marked rows, in slot order: a
-  // bit per update (a row pushed again and again costs one row per delta),
-  // and the rows read forwards. (Recording each update's slot and row as
-  // it applied, and keeping each slot's last one at the delta, cost a copy
-  // per update and a second pass over them all.) The journal's size
-  // is the partition's (a bit a slot, and the keys made since), however
-  // slow a backup is to take deltas.
+  // key it creates. A delta then reads the marked rows, in slot order (runs
+  // of consecutive slots copied in one go). The journal's size is the
+  // partition's (a bit a slot, and the keys made since), however many
+  // pushes a delta covers: no bound to stop at, no copy of the range
+  // forced by a backup slow to take deltas. (A journal of each update's
+  // slot and row, kept before, grew with the pushes and had such a bound;
+  // it cost about the same CPU: docs/fault_tolerance.md, "Stop 61".)
   // Starts (or restarts, empty) the journal at the range's current slots.
   void StartJournal(int range);
   // Stops it and frees what it held. ClearRange, ImportRange and
