@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/bytes.h"
@@ -851,24 +852,34 @@ std::shared_ptr<const std::string> KVWorker::SliceKeys(
     absl::Span<const std::pair<size_t, size_t>> spans, size_t count) {
   const size_t bytes = count * sizeof(uint64_t);
   if (options_.key_lists_per_server > 0 && count > 0) {
-    absl::MutexLock l(&mu_);
-    auto found = lists_.find(server);
-    if (found != lists_.end()) {
-      for (const SentList& e : found->second) {
-        if (e.table != table || e.keys->size() != bytes) continue;
-        size_t at = 0;
-        bool equal = true;
-        for (const auto& [first, last] : spans) {
-          const size_t len = (last - first) * sizeof(uint64_t);
-          if (std::memcmp(e.keys->data() + at, keys.data() + first, len) !=
-              0) {
-            equal = false;
-            break;
+    // The lists of this size, taken under the lock; compared outside it (a
+    // list of 100k keys is 800 KB to read, and mu_ is every op's lock). One
+    // evicted meanwhile is still a correct match: AttachKeys then sends it
+    // under a new name.
+    absl::InlinedVector<std::shared_ptr<const std::string>, 8> candidates;
+    {
+      absl::MutexLock l(&mu_);
+      auto found = lists_.find(server);
+      if (found != lists_.end()) {
+        for (const SentList& e : found->second) {
+          if (e.table == table && e.keys->size() == bytes) {
+            candidates.push_back(e.keys);
           }
-          at += len;
         }
-        if (equal) return e.keys;
       }
+    }
+    for (const std::shared_ptr<const std::string>& list : candidates) {
+      size_t at = 0;
+      bool equal = true;
+      for (const auto& [first, last] : spans) {
+        const size_t len = (last - first) * sizeof(uint64_t);
+        if (std::memcmp(list->data() + at, keys.data() + first, len) != 0) {
+          equal = false;
+          break;
+        }
+        at += len;
+      }
+      if (equal) return list;
     }
   }
   auto k = std::make_shared<std::string>();
