@@ -2117,14 +2117,30 @@ TEST_F(WorkUnitTest, WorkerJoinsTheRunningJobAtTheServersClock) {
   EXPECT_EQ(r->id(), 2);
   ASSERT_EQ(r->view().workers_size(), 3);
   const int64_t join_epoch = r->view().epoch();
-  // The join completes on a thread of the scheduler's.
+  // The join completes on a thread of the scheduler's, which publishes the
+  // started view and then tells the servers (under TSan the test read the
+  // servers' calls in between): until both are seen.
+  auto servers_told = [&] {
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<proto::ServerControlRequest> calls =
+          clients_.server(Addr(i))->calls();
+      if (calls.size() < 2 || calls.back().new_view().workers_size() < 3 ||
+          calls.back().new_view().workers(2).joining()) {
+        return false;
+      }
+    }
+    return true;
+  };
   proto::ClusterView view;
   for (int i = 0; i < 500; ++i) {
     proto::GetViewRequest gv;
     auto v = core_->GetView(gv, absl::Now());
     ASSERT_TRUE(v.ok());
     view = v->view();
-    if (view.workers_size() == 3 && !view.workers(2).joining()) break;
+    if (view.workers_size() == 3 && !view.workers(2).joining() &&
+        servers_told()) {
+      break;
+    }
     absl::SleepFor(absl::Milliseconds(10));
   }
   ASSERT_FALSE(view.workers(2).joining());
