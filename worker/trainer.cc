@@ -214,13 +214,17 @@ absl::Status Trainer::Train(BatchSource* work, EvalFn curve_fn) {
     stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
     return absl::OkStatus();
   };
-  // SSP: skip ahead of a far-behind clock (see the header). A quarter of
-  // tau: with half (as until 2026-11-25) a 4x straggler let the others get
-  // slack + its own step ahead, past tau at 8, and they were held 5-7 % of
-  // the time once GetWork stopped waiting for acknowledgements; a quarter
-  // holds them 2-4 % (docs/benchmarks.md).
+  // SSP: skip ahead of a far-behind clock (see the header). An eighth of
+  // tau (at least 1): with half (as until 2026-11-25) a 4x straggler let
+  // the others get slack + its own step ahead, past tau at 8, and they were
+  // held 5-7 % of the time once GetWork stopped waiting for
+  // acknowledgements; a quarter held them 2-4 % on the AMD machines but
+  // 3.5-10.7 % (median 5.95) on a machine training at half their speed,
+  // where the clock the catch-up reads is staler; an eighth 4.4-5.8 % but
+  // for one run of 16.3 (median 4.75), same AUC (docs/benchmarks.md,
+  // "Where the goals stand"). Only tau >= 8 differs from a quarter.
   const bool catch_up = config_.consistency.mode == Mode::kSsp;
-  const int64_t slack = std::max<int64_t>(1, config_.EffectiveTau() / 4);
+  const int64_t slack = std::max<int64_t>(1, config_.EffectiveTau() / 8);
   // To the reported clock, never beyond: an extrapolated estimate (as
   // 7b820f6 had) overshot, the other workers saw the skipped clocks as
   // progress and skipped further, and the clocks ran away (a9a SSP: 4456

@@ -123,7 +123,7 @@ class Trainer {
   // (others are finishing theirs, one may come back from a dead worker) the
   // worker keeps step: an empty clock and a pull of the model's idle key,
   // so BSP/SSP never wait for an idle worker. In SSP a worker more than
-  // tau/4 clocks behind the other workers' lowest clock (the freshest of
+  // max(1, tau/8) clocks behind the other workers' lowest clock (the freshest of
   // what the scheduler and the servers' pull answers last said) skips
   // ahead to it with empty clocks, so a straggler
   // that takes fewer units holds the others back less. With a staleness
