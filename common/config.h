@@ -338,10 +338,12 @@ struct FaultToleranceConfig {
   // to a replicated push's acknowledgement; 0 sends each batch as soon as
   // the stream to the backup is idle.
   double replication_linger_ms = kDefaultReplicationLingerMs;
-  // ASP/SSP (ServerNode::SetReplicationDeltas): a primary sends a backup
-  // the result of a linger's inputs (each changed row and the range's
-  // consistency state) instead of every push and clock for the backup to
-  // replay. false: the per-input log.
+  // Every mode (ServerNode::SetReplicationDeltas; BSP since stop 63): a
+  // primary sends a backup the result of a linger's inputs (each changed
+  // row and the range's consistency state, in BSP with its buffered
+  // clocks) instead of every push and clock for the backup to replay.
+  // false: the per-input log in ASP/SSP, one entry per applied clock in
+  // BSP (replication after aggregation).
   bool replicate_deltas = true;
   // Backups per range after the -1 default is resolved, capped at
   // num_servers - 1.

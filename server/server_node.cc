@@ -721,17 +721,22 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
       }
       if (dup) {
         // Answered only once the original is on every backup.
-        if (replicated && adm.bsp) {
+        if (replicated && adm.bsp && !DeltasLocked()) {
           needs.emplace_back(run.range, ClockNeed(req.clock()));
         } else if (replicated) {
           NeedCurrent(run.range, &needs);
         }
         continue;
       }
-      if (replicated && adm.bsp) {
+      if (replicated && adm.bsp && !DeltasLocked()) {
         // Replication after aggregation: the segment goes to the backups
         // within its clock's sum, and is acknowledged once that is there.
         needs.emplace_back(run.range, ClockNeed(req.clock()));
+      } else if (replicated && adm.bsp) {
+        // By deltas: the segment is in the range's state (buffered until
+        // its clock applies; ApplyBsp then notes the rows it changes).
+        AssignIndexLocked(run.range, &needs);
+        MarkDirtyLocked(run.range);
       } else if (replicated && DeltasLocked()) {
         // In the range's next delta: the rows the apply records in the
         // range's journal, or else the rows of its keys as they are then
@@ -1177,7 +1182,7 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
         ApplyBsp(range, &ra);
         AddActions(&actions, range, &ra);
         if (!HasBackups(range)) continue;
-        if (mode_ == proto::MODE_BSP) {
+        if (mode_ == proto::MODE_BSP && !DeltasLocked()) {
           // Sent to the backups with the clock's sum; answered after it.
           needs->emplace_back(range, ClockNeed(req.clock()));
           continue;
@@ -1299,7 +1304,7 @@ void ServerNode::AnnounceLegacy(int worker, RangeActionList* out,
           .IgnoreError();
       ApplyBsp(r, &ra);
       AddActions(out, r, &ra);
-      if (HasBackups(r) && mode_ == proto::MODE_BSP) {
+      if (HasBackups(r) && mode_ == proto::MODE_BSP && !DeltasLocked()) {
         // With the clock's sum (FlushBspClocksLocked, by the caller).
         needs->emplace_back(r, ClockNeed(it->first));
       } else if (HasBackups(r)) {
@@ -1320,9 +1325,15 @@ void ServerNode::ApplyBsp(int range, RangeActions* actions) {
   if (actions->apply.empty()) return;
   // Where the applied clocks go for the backups, when there are any.
   const bool owner = routing_->OwnerOfRange(range) == id_;
+  const bool replicated = owner && HasBackups(range);
+  // Replication after aggregation: where the applied clocks go for the
+  // backups. By deltas: the rows the sums change are noted for the
+  // range's next delta (recorded in its journal, or else by key).
+  const bool deltas = replicated && DeltasLocked();
   proto::ReplicaBspClocks* const out =
-      owner && HasBackups(range) ? &bsp_out_ : nullptr;
-  if (owner && out == nullptr) bsp_applied_unreplicated_ = true;
+      replicated && !deltas ? &bsp_out_ : nullptr;
+  if (owner && !replicated) bsp_applied_unreplicated_ = true;
+  if (deltas) MarkDirtyLocked(range);
   for (RangeActions::Apply& apply : actions->apply) {
     if (out != nullptr) {
       out->add_ranges(range);
@@ -1362,7 +1373,21 @@ void ServerNode::ApplyBsp(int range, RangeActions* actions) {
         touched = true;
       }
       if (!touched) continue;
-      if (out == nullptr) {
+      if (deltas) {
+        bool journaled = false;
+        delta_sum_keys_.clear();
+        acc->ApplyTo(t, scale, &delta_sum_keys_, nullptr,
+                     logs_[range].by_slot ? &journaled : nullptr);
+        const auto keys = ViewAs<uint64_t>(delta_sum_keys_);
+        if (journaled) {
+          CountDirtyRowsLocked(static_cast<int>(ti), keys.size());
+        } else {
+          // By keys (looked up again when the delta is made); with a
+          // journal expected but off, ShipRangeLocked then sends the
+          // backups a copy of the range instead.
+          AddDirtyKeysLocked(range, static_cast<int>(ti), keys, nullptr, 0);
+        }
+      } else if (out == nullptr) {
         acc->ApplyTo(t, scale);
       } else {
         const size_t before = out->sum_keys().size();

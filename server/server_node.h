@@ -185,11 +185,12 @@ class ServerNode {
   // replicates one aggregated entry per clock.
   void SetReplicationLinger(absl::Duration linger);
   static constexpr size_t kLingerFlushBytes = 1 << 20;
-  // ASP/SSP (fault_tolerance.replicate_deltas, the default here): the
-  // backups get deltas, the result of a linger's inputs (each row they
-  // changed, read from the table, and the range's consistency state)
-  // instead of each push and clock to replay; a push is acknowledged once
-  // a delta covering it is on every backup. false: the per-input log. Set
+  // Every mode (fault_tolerance.replicate_deltas, the default here; BSP
+  // since stop 63): the backups get deltas, the result of a linger's
+  // inputs (each row they changed, read from the table, and the range's
+  // consistency state) instead of each push and clock to replay; a push is
+  // acknowledged once a delta covering it is on every backup. false: the
+  // per-input log (BSP: replication after aggregation). Set
   // before the first Configure (changing it later leaves inputs logged one
   // way and not sent the other).
   void SetReplicationDeltas(bool deltas);
@@ -351,7 +352,9 @@ class ServerNode {
   // Applies the BSP clocks in `actions` to the tables (mu_ held: BSP
   // applies are rare and must not interleave with a view change). On the
   // owner of a replicated range, each applied clock is also queued for the
-  // backups (bsp_out_; replication after aggregation): every locked step
+  // backups (bsp_out_; replication after aggregation), or with deltas the
+  // rows the sums change are noted for the range's next delta: every
+  // locked step
   // that may apply clocks ends with FlushBspClocksLocked, after logging
   // its own entries, so a backup gets the input that completed a clock
   // before the clock.
@@ -503,14 +506,18 @@ class ServerNode {
   absl::Duration LingerLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Sets st->queued_bytes from its queue (after entries were pruned).
   void RecountLocked(Stream* st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ASP/SSP replicate by deltas (issue 9): an input of a replicated range
-  // gets its log index as before, but travels to the backups as its
-  // effect, in the range's next RangeDelta, made when the linger is over
-  // (ShipDirtyLocked) from the range's state and the rows its pushes
-  // changed, instead of as an entry the backup replays. BSP keeps entries
-  // (replication after aggregation).
+  // Replication by deltas (issue 9): an input of a replicated range gets
+  // its log index as before, but travels to the backups as its effect, in
+  // the range's next RangeDelta, made when the linger is over
+  // (ShipDirtyLocked) from the range's state and the rows its pushes (in
+  // BSP: its applied clocks' sums) changed, instead of as an entry the
+  // backup replays. In BSP the state carries the buffered clocks, so a
+  // pushed segment is acknowledged once a delta holding it (buffered or
+  // applied) is on every backup. Every mode since stop 63; before, BSP
+  // sent one entry per applied clock (replication after aggregation),
+  // which replicate_deltas = false still does.
   bool DeltasLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return replicate_deltas_ && mode_ != proto::MODE_BSP;
+    return replicate_deltas_;
   }
   // Marks owned range `range` as having inputs no delta carries yet.
   void MarkDirtyLocked(int range) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -739,6 +746,8 @@ class ServerNode {
   // indexes are set by FlushBspClocksLocked). Cleared, not freed: its
   // arrays keep their capacity from step to step.
   proto::ReplicaBspClocks bsp_out_ ABSL_GUARDED_BY(mu_);
+  // ApplyBsp by deltas: the keys of a clock's sums (scratch, kept).
+  std::string delta_sum_keys_ ABSL_GUARDED_BY(mu_);
   // A BSP clock was applied on an owned range without backups since the
   // last FlushBspClocksLocked: answers waiting for it (made while the
   // range still had a backup, which failed since) may be due.

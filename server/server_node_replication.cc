@@ -1025,7 +1025,8 @@ void ServerNode::ReconfigureReplicationLocked(const Routing* old) {
           if (layout.slots != 0) lg.by_slot = false;
           lg.synced_generations[t] = layout.generation;
         }
-        // Only deltas take the journals (BSP replicates its sums).
+        // Only deltas take the journals (the per-input log replays the
+        // pushes, and BSP's after aggregation its sums).
         if (!DeltasLocked()) lg.by_slot = false;
         if (lg.by_slot) {
           for (const auto& t : tables_) t->StartJournal(r);

@@ -913,7 +913,11 @@ TEST_F(ServerNodeTest, PushCarryingItsClockEndsTheClock) {
 // left), is answered when the clock applies: nothing will acknowledge it.
 // Before, it waited for the next view, and a BSP job stalled until a
 // pull's wait expired (2 minutes) after its last backup's failover.
+// With replication after aggregation (fault_tolerance.replicate_deltas
+// false; by deltas, the next test, the push is on the backup before its
+// clock applies).
 TEST_F(ServerNodeTest, BspPushAnsweredWhenItsClockAppliesWithoutBackups) {
+  node_.SetReplicationDeltas(false);
   // S[1] (this node) owns every range; S[0] is the backup.
   proto::ClusterView v = MakeView(2, 2, proto::MODE_BSP);
   SetEveryChain(&v, 1, 1, 0);
@@ -947,6 +951,46 @@ TEST_F(ServerNodeTest, BspPushAnsweredWhenItsClockAppliesWithoutBackups) {
   ASSERT_TRUE(p->done());
   ASSERT_TRUE(p->status.ok()) << p->status;
   EXPECT_EQ(p->values(), std::vector<float>{-1.0f});
+}
+
+// By deltas (the default), a BSP push waits for the delta that holds it
+// buffered, not for its clock. Its range's last backup failing over leaves
+// nothing to acknowledge it: it is answered then, and its clock still
+// applies once, when the other worker completes it.
+TEST_F(ServerNodeTest, BspPushAnsweredWhenItsRangesLastBackupFailsOver) {
+  // S[1] (this node) owns every range; S[0], the backup, never answers
+  // (this node has no peers).
+  proto::ClusterView v = MakeView(2, 2, proto::MODE_BSP);
+  SetEveryChain(&v, 1, 1, 0);
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  proto::PushRequest b = MakePush(1, 1, 0, {2}, {3}, 2);
+  *b.mutable_end_clock() = MakeClock(1, 0, /*pushes=*/1, 2);
+  proto::PushResponse br;
+  int answers = 0;
+  absl::Status answer = absl::UnknownError("not answered");
+  node_.Push(b, &br, [&](const absl::Status& s) {
+    ++answers;
+    answer = s;
+  });
+  clock_.RunDue();
+  EXPECT_EQ(answers, 0) << "answered before any backup holds it";
+  // S[0] fails over: S[1] keeps every range, with no backup.
+  SetEveryChain(&v, 2, 1, -1);
+  v.mutable_routing()->mutable_servers(0)->set_state(proto::NODE_DEAD);
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  clock_.RunDue();
+  EXPECT_EQ(answers, 1);
+  EXPECT_TRUE(answer.ok()) << answer;
+  proto::PushRequest a = MakePush(0, 1, 0, {2}, {1}, 2, /*epoch=*/2);
+  *a.mutable_end_clock() = MakeClock(0, 0, /*pushes=*/1, 2);
+  a.mutable_end_clock()->set_epoch(2);
+  ASSERT_TRUE(PushNow(&node_, a).ok());
+  // The clock was applied once: (1 + 3) / 4.
+  auto p = StartPull(&node_, 0, 1, {2}, 60000, /*epoch=*/2);
+  ASSERT_TRUE(p->done());
+  ASSERT_TRUE(p->status.ok()) << p->status;
+  EXPECT_EQ(p->values(), std::vector<float>{-1.0f});
+  EXPECT_EQ(answers, 1);
 }
 
 // An answer that waits for its replication for 30 s (a backup that stays

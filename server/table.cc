@@ -1306,7 +1306,8 @@ void GradAccumulator::Add(int range, absl::Span<const uint64_t> keys,
 }
 
 void GradAccumulator::ApplyTo(Table* table, float scale,
-                              std::string* keys_out, std::string* sums_out) {
+                              std::string* keys_out, std::string* sums_out,
+                              bool* journal) {
   ABSL_RAW_CHECK(table->dim() == dim_ && table->num_ranges() == num_ranges_,
                  "GradAccumulator: table dim or num_ranges differ");
   const size_t dim = static_cast<size_t>(dim_);
@@ -1314,6 +1315,7 @@ void GradAccumulator::ApplyTo(Table* table, float scale,
   // Only the ranges summed into, ascending (a BSP clock sums one range of
   // many: scanning them all cost as much as the sums).
   std::sort(touched_.begin(), touched_.end());
+  if (journal != nullptr) *journal = true;
   for (int r : touched_) {
     RangeSums& rs = ranges_[r];
     order_.resize(rs.keys.size());
@@ -1330,11 +1332,15 @@ void GradAccumulator::ApplyTo(Table* table, float scale,
                   dim * sizeof(float));
     }
     // Summed per key: unique, and sorted.
+    bool recorded = false;
     table->Push(r, sorted_keys_, sorted_sums_.data(), scale, nullptr, nullptr,
-                KeyOrder::kAscending);
-    if (keys_out != nullptr && sums_out != nullptr) {
+                KeyOrder::kAscending, journal != nullptr ? &recorded : nullptr);
+    if (journal != nullptr && !recorded) *journal = false;
+    if (keys_out != nullptr) {
       keys_out->append(reinterpret_cast<const char*>(sorted_keys_.data()),
                        sorted_keys_.size() * sizeof(uint64_t));
+    }
+    if (sums_out != nullptr) {
       sums_out->append(reinterpret_cast<const char*>(sorted_sums_.data()),
                        sorted_sums_.size() * sizeof(float));
     }

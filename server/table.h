@@ -463,11 +463,13 @@ class GradAccumulator {
   // Pushes every range's summed gradients to `table` with `scale` (e.g.
   // 1 / number of workers), keys ascending, one Push per range, then
   // clears the sums. Precondition (checked, abort): table->dim() == dim()
-  // and table->num_ranges() == num_ranges(). When `keys_out` and
-  // `sums_out` are given, the keys and sums pushed are appended to them
-  // (uint64 and float bytes; the ranges one after another, ascending).
+  // and table->num_ranges() == num_ranges(). When `keys_out` (`sums_out`)
+  // is given, the keys (sums) pushed are appended to it (uint64 and float
+  // bytes; the ranges one after another, ascending). `journal`: as for
+  // Table::Push, for every range's push; *journal is set to whether every
+  // one was recorded.
   void ApplyTo(Table* table, float scale, std::string* keys_out = nullptr,
-               std::string* sums_out = nullptr);
+               std::string* sums_out = nullptr, bool* journal = nullptr);
 
   // Distinct (range, key) pairs summed since the last ApplyTo.
   size_t pending_keys() const;

@@ -194,7 +194,12 @@ class ReplicationFixture : public ::testing::Test {
   InProcClientFactory peers_;
 };
 
-using BspReplicationTest = ReplicationFixture<false>;
+// Replication after aggregation (fault_tolerance.replicate_deltas = false;
+// the BSP default until stop 63): one entry per applied clock.
+class BspReplicationTest : public ReplicationFixture<false> {
+ protected:
+  bool Deltas() const override { return false; }
+};
 
 // Keys spread over the ranges (the hash ring cuts the 64-bit space).
 const std::vector<uint64_t> kKeys = {7, 1ULL << 62, 3ULL << 62, ~0ULL - 5};
@@ -787,6 +792,70 @@ TEST_F(JoinerDeltaTest, BackupKeepsTheJournaledRowsOfACopiedRange) {
   for (int r = 0; r < t->range_server_size(); ++r) t->set_range_server(r, 1);
   ASSERT_TRUE(backup_.Configure(1, promoted).ok());
   EXPECT_EQ(PullAt(&backup_, 0, kKeys), (std::vector<float>{1, 10, 3, 4}));
+}
+
+// BSP by deltas (the default since stop 63): a delta carries the range's
+// state with its buffered clocks, so a push is acknowledged once a delta
+// holding it is on the backup, before its clock is complete; the backup's
+// rows are the primary's, bit for bit, after each applied clock; and a
+// promoted backup completes the clock with the pushes it holds buffered,
+// each once (their resends are duplicates).
+class BspDeltaTest : public DeltaTest {
+ protected:
+  proto::ConsistencyMode Mode() const override { return proto::MODE_BSP; }
+};
+
+TEST_F(BspDeltaTest, BufferedPushesAreAcknowledgedAndSurviveThePrimary) {
+  primary_.SetReplicationLinger(absl::Milliseconds(5));
+  const int ranges = View(1, 0, 1).routing().range_begin_size();
+  auto a = Push(&primary_, 0, 1, 0, kKeys, {-1, -1, -1, -1});
+  auto b = Push(&primary_, 1, 1, 0, kKeys, {-3, -3, -3, -3});
+  Answer* w0 = Clock(&primary_, 0, 0, 1);
+  Answer* w1 = Clock(&primary_, 1, 0, 1);
+  ExpectAcknowledged(a);
+  ExpectAcknowledged(b);
+  for (int i = 0; i < 20 && !(w0->IsDone() && w1->IsDone()); ++i) {
+    fake_clock_.Advance(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(w0->IsDone() && w1->IsDone());
+  EXPECT_TRUE(w0->Await().ok()) << w0->Await();
+  EXPECT_TRUE(w1->Await().ok()) << w1->Await();
+  // Clock 0 applied: the backup holds the same rows (values and optimizer
+  // state), sent by slot, and no entry per clock was made.
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
+  EXPECT_GT(primary_.Status().replica_rows_by_slot(), 0);
+  EXPECT_EQ(primary_.Status().replica_rows_by_key(), 0);
+
+  // Clock 1: worker 0's push and clock arrive; worker 1's never do. The
+  // push is buffered, and acknowledged once its delta is on the backup.
+  auto c = Push(&primary_, 0, 2, 1, kKeys, {-10, -10, -10, -10});
+  Answer* w0c1 = Clock(&primary_, 0, 1, 1);
+  ExpectAcknowledged(c);
+  for (int i = 0; i < 20 && !w0c1->IsDone(); ++i) {
+    fake_clock_.Advance(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(w0c1->IsDone());
+  EXPECT_TRUE(w0c1->Await().ok()) << w0c1->Await();
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges))
+      << "a buffered push changed no row";
+  EXPECT_TRUE(backup_.CheckInvariants().ok()) << backup_.CheckInvariants();
+
+  // S[0] dies; S[1] is promoted. Worker 0's resends of its acknowledged
+  // push and clock are duplicates there; worker 1's clock 1 completes it.
+  h0_.Kill();
+  ASSERT_TRUE(backup_.Configure(1, View(2, 1, -1)).ok());
+  auto c2 = Push(&backup_, 0, 2, 1, kKeys, {-10, -10, -10, -10}, 2);
+  ASSERT_TRUE(c2->answer.Await().ok()) << c2->answer.Await();
+  EXPECT_TRUE(c2->resp.duplicate());
+  auto d2 = Push(&backup_, 1, 2, 1, kKeys, {-20, -20, -20, -20}, 2);
+  Answer* x0 = Clock(&backup_, 0, 1, 1);
+  Answer* x1 = Clock(&backup_, 1, 1, 1);
+  for (Answer* x : {&d2->answer, x0, x1}) {
+    EXPECT_TRUE(x->Await().ok()) << x->Await();
+  }
+  EXPECT_FALSE(d2->resp.duplicate());
+  // Clock 0: (1 + 3) / 2; clock 1: (10 + 20) / 2, each once.
+  EXPECT_EQ(PullAt(&backup_, 2, kKeys), std::vector<float>(4, 2.0f + 15.0f));
 }
 
 }  // namespace
