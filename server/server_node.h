@@ -181,8 +181,7 @@ class ServerNode {
   // push of the LR job, 12k keys a server, went alone, so the linger never
   // gathered anything). A replicated push's answer waits for its batch, so this
   // is what it may add to a push's latency. 0 (the default here): each
-  // batch goes as soon as the stream is idle. Not applied in BSP, which
-  // replicates one aggregated entry per clock.
+  // batch goes as soon as the stream is idle. Applied in every mode.
   void SetReplicationLinger(absl::Duration linger);
   static constexpr size_t kLingerFlushBytes = 1 << 20;
   // Every mode (fault_tolerance.replicate_deltas, the default here; BSP

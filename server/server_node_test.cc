@@ -907,57 +907,21 @@ TEST_F(ServerNodeTest, PushCarryingItsClockEndsTheClock) {
   EXPECT_EQ(node_.Status().worker_clocks(1), 1);
 }
 
-// Issue 9: in BSP a replicated push is answered once its clock is applied
-// and on the range's backups. A push made while the range had a backup,
-// whose clock completes only after that backup failed over (no backup
-// left), is answered when the clock applies: nothing will acknowledge it.
-// Before, it waited for the next view, and a BSP job stalled until a
-// pull's wait expired (2 minutes) after its last backup's failover.
-// With replication after aggregation (fault_tolerance.replicate_deltas
-// false; by deltas, the next test, the push is on the backup before its
-// clock applies).
-TEST_F(ServerNodeTest, BspPushAnsweredWhenItsClockAppliesWithoutBackups) {
-  node_.SetReplicationDeltas(false);
-  // S[1] (this node) owns every range; S[0] is the backup.
-  proto::ClusterView v = MakeView(2, 2, proto::MODE_BSP);
-  SetEveryChain(&v, 1, 1, 0);
-  ASSERT_TRUE(node_.Configure(1, v).ok());
-  proto::PushRequest b = MakePush(1, 1, 0, {2}, {3}, 2);
-  *b.mutable_end_clock() = MakeClock(1, 0, /*pushes=*/1, 2);
-  proto::PushResponse br;
-  int answers = 0;
-  absl::Status answer = absl::UnknownError("not answered");
-  node_.Push(b, &br, [&](const absl::Status& s) {
-    ++answers;
-    answer = s;
-  });
-  clock_.RunDue();
-  EXPECT_EQ(answers, 0) << "W[0] has not completed clock 0";
-  // S[0] fails over: S[1] keeps every range, with no backup.
-  SetEveryChain(&v, 2, 1, -1);
-  v.mutable_routing()->mutable_servers(0)->set_state(proto::NODE_DEAD);
-  ASSERT_TRUE(node_.Configure(1, v).ok());
-  clock_.RunDue();
-  EXPECT_EQ(answers, 0) << "clock 0 is not applied yet";
-  proto::PushRequest a = MakePush(0, 1, 0, {2}, {1}, 2, /*epoch=*/2);
-  *a.mutable_end_clock() = MakeClock(0, 0, /*pushes=*/1, 2);
-  a.mutable_end_clock()->set_epoch(2);
-  ASSERT_TRUE(PushNow(&node_, a).ok());
-  clock_.RunDue();
-  EXPECT_EQ(answers, 1);
-  EXPECT_TRUE(answer.ok()) << answer;
-  // The clock was applied once: (1 + 3) / 4.
-  auto p = StartPull(&node_, 0, 1, {2}, 60000, /*epoch=*/2);
-  ASSERT_TRUE(p->done());
-  ASSERT_TRUE(p->status.ok()) << p->status;
-  EXPECT_EQ(p->values(), std::vector<float>{-1.0f});
-}
+// Issue 9: a BSP push made while its range had a backup, whose last backup
+// then fails over (no backup left), is answered once nothing is left to
+// acknowledge it. With replication after aggregation (replicate_deltas
+// false) it waits for its clock's sum, so it is answered when the clock
+// applies; before, it waited for the next view, and a BSP job stalled until
+// a pull's wait expired (2 minutes) after its last backup's failover. By
+// deltas (the default) it waits for the delta holding it buffered, so it is
+// answered at the failover. Either way its clock applies once, when the
+// other worker completes it.
+class BspPushWithoutBackupsTest : public ServerNodeTest,
+                                  public ::testing::WithParamInterface<bool> {};
 
-// By deltas (the default), a BSP push waits for the delta that holds it
-// buffered, not for its clock. Its range's last backup failing over leaves
-// nothing to acknowledge it: it is answered then, and its clock still
-// applies once, when the other worker completes it.
-TEST_F(ServerNodeTest, BspPushAnsweredWhenItsRangesLastBackupFailsOver) {
+TEST_P(BspPushWithoutBackupsTest, AnsweredOnceNothingIsLeftToAcknowledgeIt) {
+  const bool deltas = GetParam();
+  node_.SetReplicationDeltas(deltas);
   // S[1] (this node) owns every range; S[0], the backup, never answers
   // (this node has no peers).
   proto::ClusterView v = MakeView(2, 2, proto::MODE_BSP);
@@ -973,25 +937,35 @@ TEST_F(ServerNodeTest, BspPushAnsweredWhenItsRangesLastBackupFailsOver) {
     answer = s;
   });
   clock_.RunDue();
-  EXPECT_EQ(answers, 0) << "answered before any backup holds it";
+  EXPECT_EQ(answers, 0) << (deltas ? "answered before any backup holds it"
+                                   : "W[0] has not completed clock 0");
   // S[0] fails over: S[1] keeps every range, with no backup.
   SetEveryChain(&v, 2, 1, -1);
   v.mutable_routing()->mutable_servers(0)->set_state(proto::NODE_DEAD);
   ASSERT_TRUE(node_.Configure(1, v).ok());
   clock_.RunDue();
-  EXPECT_EQ(answers, 1);
-  EXPECT_TRUE(answer.ok()) << answer;
+  EXPECT_EQ(answers, deltas ? 1 : 0)
+      << (deltas ? "nothing left to acknowledge it"
+                 : "clock 0 is not applied yet");
   proto::PushRequest a = MakePush(0, 1, 0, {2}, {1}, 2, /*epoch=*/2);
   *a.mutable_end_clock() = MakeClock(0, 0, /*pushes=*/1, 2);
   a.mutable_end_clock()->set_epoch(2);
   ASSERT_TRUE(PushNow(&node_, a).ok());
+  clock_.RunDue();
+  EXPECT_EQ(answers, 1);
+  EXPECT_TRUE(answer.ok()) << answer;
   // The clock was applied once: (1 + 3) / 4.
   auto p = StartPull(&node_, 0, 1, {2}, 60000, /*epoch=*/2);
   ASSERT_TRUE(p->done());
   ASSERT_TRUE(p->status.ok()) << p->status;
   EXPECT_EQ(p->values(), std::vector<float>{-1.0f});
-  EXPECT_EQ(answers, 1);
 }
+
+INSTANTIATE_TEST_SUITE_P(Replication, BspPushWithoutBackupsTest,
+                         ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "ByDeltas" : "AfterAggregation";
+                         });
 
 // An answer that waits for its replication for 30 s (a backup that stays
 // silent without being failed over, or a bug such as the BSP one above)
