@@ -82,7 +82,10 @@ class ServerClient {
   // instead of in resp->vals(), so that a transport that received them in
   // its own buffer hands them over without copying them into the response
   // first (the data plane: a 4 MiB pull's values were copied twice on the
-  // worker). This default calls Pull and passes resp->vals().
+  // worker). This default calls Pull and passes resp->vals() of an answer
+  // that is OK; a failed one gets no values, and its response is not read
+  // (the in-process cluster fails a killed server's pulls while the server
+  // may still be writing their responses; ThreadSanitizer saw the read).
   using ValuesCallback = std::function<void(
       const absl::Status&, proto::PullResponse*, absl::Span<const char> vals)>;
   virtual void PullValues(std::shared_ptr<const proto::PullRequest> req,
@@ -91,7 +94,7 @@ class ServerClient {
          [done = std::move(done)](const absl::Status& s,
                                   proto::PullResponse* resp) {
            done(s, resp,
-                resp == nullptr
+                resp == nullptr || !s.ok()
                     ? absl::Span<const char>()
                     : absl::Span<const char>(resp->vals().data(),
                                              resp->vals().size()));
