@@ -83,9 +83,10 @@ class ServerClient {
   // its own buffer hands them over without copying them into the response
   // first (the data plane: a 4 MiB pull's values were copied twice on the
   // worker). This default calls Pull and passes resp->vals() of an answer
-  // that is OK; a failed one gets no values, and its response is not read
-  // (the in-process cluster fails a killed server's pulls while the server
-  // may still be writing their responses; ThreadSanitizer saw the read).
+  // that is OK; a failed one gets no values, and this adapter does not read
+  // its response (the in-process cluster fails a killed server's pulls while
+  // the server may still be writing their responses; ThreadSanitizer saw
+  // the read). A caller must not read a failed pull's response either.
   using ValuesCallback = std::function<void(
       const absl::Status&, proto::PullResponse*, absl::Span<const char> vals)>;
   virtual void PullValues(std::shared_ptr<const proto::PullRequest> req,
