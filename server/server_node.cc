@@ -546,6 +546,7 @@ absl::Status ServerNode::ResolveKeys(int worker, int table, uint64_t key_list,
                                      uint32_t num_keys, absl::string_view keys,
                                      const Admitted& a,
                                      RequestKeys* out) {
+  out->table = table;
   if (key_list == 0 || !keys.empty() || num_keys == 0) {
     PS_RETURN_IF_ERROR(CheckKeys(keys, a, &out->runs));
     out->keys = ViewAs<uint64_t>(keys);
@@ -607,6 +608,7 @@ void ServerNode::KeepResolved(int worker, RequestKeys* rk) {
   } else if (rk->cached == nullptr) {
     // Kept unresolved (nothing was looked up: e.g. every run a duplicate).
     auto l = std::make_shared<KeyList>();
+    l->table = rk->table;
     l->keys.assign(rk->keys.begin(), rk->keys.end());
     l->runs = rk->runs;
     key_cache_.Put(worker, rk->keep, std::move(l), rk->window);

@@ -314,6 +314,7 @@ class ServerNode {
   // The keys of a push or pull: its own (checked as CheckKeys does) or the
   // cached list it names (server/key_cache.h; only ownership is checked).
   struct RequestKeys {
+    int table = 0;  // the request's table, which a kept list records
     absl::Span<const uint64_t> keys;
     std::vector<RangeRun> runs;
     std::shared_ptr<const KeyList> cached;  // the list named, if cached

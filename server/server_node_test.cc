@@ -1036,6 +1036,44 @@ TEST_F(ServerNodeTest, KeepsNoMoreListsThanTheWorkerNames) {
   EXPECT_EQ(ReasonOf(gone), proto::REASON_KEYS_NOT_CACHED) << gone;
 }
 
+// A list kept for a table other than 0 by a push that resolved no slots (in
+// BSP a push is only buffered until its clock completes) keeps its table: a
+// later push or pull naming it was refused as another table's list (the
+// server fuzz target found this, 2026-12-03).
+TEST_F(ServerNodeTest, ListKeptUnresolvedKeepsItsTable) {
+  proto::ClusterView v = MakeView(1, 1, proto::MODE_BSP);
+  proto::TableConfig* t = v.add_tables();
+  t->set_id(1);
+  t->set_name("second");
+  t->set_dim(1);
+  t->mutable_optimizer()->set_name("sgd");
+  t->mutable_optimizer()->set_learning_rate(1.0f);
+  ASSERT_TRUE(node_.Configure(0, v).ok());
+  proto::PushRequest a = MakePush(0, 1, 0, {2, 7}, {1, 2}, 1);
+  a.set_table(1);
+  a.set_key_list(5);
+  ASSERT_TRUE(PushNow(&node_, a).ok());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 1, 1, 1)).ok());
+  proto::PushRequest b = MakePush(0, 2, 1, {}, {1, 2}, 1);
+  b.set_table(1);
+  b.set_key_list(5);
+  b.set_num_keys(2);
+  ASSERT_TRUE(PushNow(&node_, b).ok()) << "by the list kept for table 1";
+  ASSERT_TRUE(node_.ClockTick(MakeClock(0, 1, 1, 1, 2)).ok());
+  auto p = StartPull(&node_, 0, 2, {});
+  ASSERT_TRUE(p->done());
+  p->req.set_table(1);
+  p->req.set_key_list(5);
+  p->req.set_num_keys(2);
+  proto::PullResponse r;
+  absl::Status st = absl::InternalError("not called");
+  node_.Pull(p->req, &r, [&](const absl::Status& s) { st = s; });
+  ASSERT_TRUE(st.ok()) << st;
+  absl::Span<const float> got = ViewAs<float>(r.vals());
+  EXPECT_EQ(std::vector<float>(got.begin(), got.end()),
+            (std::vector<float>{-2.0f, -4.0f}));
+}
+
 // Key caching: a list kept under a name serves later pushes and pulls that
 // name it, exactly as their keys would.
 TEST_F(ServerNodeTest, NamedKeyListWorksAsItsKeys) {
