@@ -245,6 +245,77 @@ ServerInput BackupBspJob() {
   return BackupJobSending(std::move(req));
 }
 
+// ServerJob's job on the tables of fuzz_server's variant `tables`
+// (server_fuzz.cc, VariantOf), with table 1's keys pushed and pulled too,
+// the second time by a key list the server caches (key_list, num_keys).
+ServerInput TablesJob(proto::ConsistencyMode mode, uint32_t tables) {
+  ServerInput in = ServerJob(mode, 2);
+  in.set_tables(tables);
+  // ServerJob's last calls are the workers' finishes: clock 2 first.
+  in.mutable_calls()->RemoveLast();
+  in.mutable_calls()->RemoveLast();
+  const int dim1 = (tables & 4) != 0 ? 300 : 3;
+  // Keys in the dense-id layout when it has one (below 4096), and above it.
+  const std::string keys = Keys({3, 9, 4000, 5000, 123456789});
+  for (int w = 0; w < 2; ++w) {
+    for (int round = 0; round < 2; ++round) {
+      proto::PushRequest* push = in.add_calls()->mutable_push();
+      push->set_worker_id(w);
+      push->set_seq(10 + round);
+      push->set_clock(2);
+      push->set_epoch(1);
+      push->set_table(1);
+      push->set_key_list(77 + w);
+      push->set_key_lists(2);
+      if (round == 0) {
+        push->set_keys(keys);
+      } else {
+        push->set_num_keys(5);
+      }
+      std::vector<float> g(5 * dim1);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = 0.25f * (i % 7) - 0.5f;
+      push->set_vals(Vals(g));
+      proto::PullRequest* pull = in.add_calls()->mutable_pull();
+      pull->set_worker_id(w);
+      pull->set_clock(2);
+      pull->set_epoch(1);
+      pull->set_table(1);
+      pull->set_key_list(77 + w);
+      pull->set_num_keys(5);
+      pull->set_wait_ms(1000);
+    }
+    // Table 0 (dim 1) with 20 keys: FTRL's vector lanes take 16 at a time.
+    proto::PushRequest* push = in.add_calls()->mutable_push();
+    push->set_worker_id(w);
+    push->set_seq(12);
+    push->set_clock(2);
+    push->set_epoch(1);
+    push->set_table(0);
+    std::vector<uint64_t> many;
+    std::vector<float> g;
+    for (int k = 0; k < 20; ++k) {
+      many.push_back(100 + 37 * k);
+      g.push_back(0.125f * (k % 5) - 0.25f);
+    }
+    push->set_keys(Keys(many));
+    push->set_vals(Vals(g));
+    proto::ClockRequest* clock = in.add_calls()->mutable_clock();
+    clock->set_worker_id(w);
+    clock->set_clock(2);
+    clock->set_epoch(1);
+    clock->set_pushes(3);
+    clock->set_num_examples(4);
+    clock->set_settled_seq(2);
+  }
+  in.add_calls()->set_advance_ms(20);
+  for (int w = 0; w < 2; ++w) {
+    proto::FinishRequest* f = in.add_calls()->mutable_finish();
+    f->set_worker_id(w);
+    f->set_final_clock(3);
+  }
+  return in;
+}
+
 }  // namespace
 }  // namespace ps::fuzz
 
@@ -264,6 +335,13 @@ int main(int argc, char** argv) {
   ps::fuzz::Write(dir + "/server/bsp_f16_lz4",
                   ServerJob(ps::proto::MODE_BSP, 2, ps::proto::VALUES_F16,
                             ps::proto::CODEC_LZ4));
+  using ps::fuzz::TablesJob;
+  ps::fuzz::Write(dir + "/server/ftrl_adam_cached",
+                  TablesJob(ps::proto::MODE_ASP, 1));
+  ps::fuzz::Write(dir + "/server/adagrad_ftrl_dense_ids",
+                  TablesJob(ps::proto::MODE_SSP, 2 | 8));
+  ps::fuzz::Write(dir + "/server/adam_sgd_long_rows",
+                  TablesJob(ps::proto::MODE_BSP, 3 | 4));
   ps::fuzz::Write(dir + "/server/backup_replicate", ps::fuzz::BackupJob());
   ps::fuzz::Write(dir + "/server/backup_bsp_clock", ps::fuzz::BackupBspJob());
   ps::fuzz::Write(dir + "/scheduler/job", ps::fuzz::SchedulerJob(false));

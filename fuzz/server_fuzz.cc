@@ -2,6 +2,8 @@
 // a configured ServerNode on a fake clock gets the Push/Pull/ClockTick/
 // Finish/SetConsistency/Replicate calls of a ps.fuzz.ServerInput (fuzz_input.proto)
 // parsed from the input, with fake-clock advances and Tick()s in between.
+// Its two tables' optimizers, dims and layout come from the input too
+// (VariantOf), so that every optimizer's apply loop is fuzzed.
 // Checks, besides "no crash": every `done` runs exactly once (at the latest
 // at CancelAll), an OK pull answers n * dim values, an error never has
 // code OK/UNKNOWN/INTERNAL (Replicate: UNKNOWN).
@@ -20,9 +22,35 @@
 namespace ps::fuzz {
 namespace {
 
-constexpr int kDims[] = {1, 3};
+// The two tables' shapes, by ServerInput.tables: each optimizer's apply
+// loop (FTRL's vector lanes, SGD's long rows) and both table layouts get
+// pushes and pulls. Variant 0 is the first one the corpus was written for.
+struct TableShape {
+  const char* optimizer;
+  int dim;
+};
+struct TableVariant {
+  TableShape tables[2];
+  uint64_t dense_ids;  // the dense-id layout below this id (0: maps only)
+};
 
-proto::ClusterView MakeView(const ServerInput& in) {
+TableVariant VariantOf(const ServerInput& in) {
+  static constexpr const char* kOptimizers[4][2] = {
+      {"sgd", "adagrad"}, {"ftrl", "adam"}, {"adagrad", "ftrl"}, {"adam", "sgd"}};
+  const uint32_t v = in.tables();
+  TableVariant t;
+  for (int i = 0; i < 2; ++i) {
+    t.tables[i].optimizer = kOptimizers[v % 4][i];
+    t.tables[i].dim = i == 0 ? 1 : 3;
+  }
+  // At least kLongRow (table.cc) floats a key: SGD's long-row loop.
+  if ((v & 4) != 0) t.tables[1].dim = 300;
+  t.dense_ids = (v & 8) != 0 ? 4096 : 0;
+  return t;
+}
+
+proto::ClusterView MakeView(const ServerInput& in,
+                            const TableVariant& variant) {
   const int servers = 1 + static_cast<int>(in.servers() % 3);
   const int workers = 1 + static_cast<int>(in.workers() % 4);
   proto::ClusterView v;
@@ -51,9 +79,16 @@ proto::ClusterView MakeView(const ServerInput& in) {
     proto::TableConfig* tc = v.add_tables();
     tc->set_id(t);
     tc->set_name(t == 0 ? "weights" : "embeddings");
-    tc->set_dim(kDims[t]);
-    tc->mutable_optimizer()->set_name(t == 0 ? "sgd" : "adagrad");
-    tc->mutable_optimizer()->set_learning_rate(0.5f);
+    tc->set_dim(variant.tables[t].dim);
+    tc->set_dense_ids(variant.dense_ids);
+    proto::OptimizerConfig* o = tc->mutable_optimizer();
+    o->set_name(variant.tables[t].optimizer);
+    o->set_learning_rate(0.5f);
+    o->set_initial_accumulator(0.1f);  // adagrad: must be > 0
+    o->set_alpha(0.1f);                // ftrl
+    o->set_beta(1.0f);
+    o->set_l1(0.01f);
+    o->set_l2(0.01f);
   }
   return v;
 }
@@ -85,7 +120,14 @@ int Server(const uint8_t* data, size_t size) {
   auto tracker = std::make_shared<Tracker>();
   {
     ServerNode node(&clock);
-    if (!node.Configure(0, MakeView(in)).ok()) return 0;
+    const TableVariant variant = VariantOf(in);
+    const absl::Status configured = node.Configure(0, MakeView(in, variant));
+    // The view is valid by construction but for the input's mode: a target
+    // whose every input stopped here would fuzz nothing (as this one did
+    // until 2026-12-03: adagrad's initial accumulator was left at 0).
+    PS_FUZZ_CHECK(configured.ok() ||
+                  !proto::ConsistencyMode_IsValid(in.mode()));
+    if (!configured.ok()) return 0;
     for (const ServerCall& call : in.calls()) {
       switch (call.call_case()) {
         case ServerCall::kPush: {
@@ -108,17 +150,25 @@ int Server(const uint8_t* data, size_t size) {
           auto ran = std::make_shared<bool>(false);
           ++tracker->outstanding;
           node.Pull(*req, resp.get(),
-                    [tracker, req, resp, ran](const absl::Status& s) {
+                    [tracker, req, resp, ran,
+                     variant](const absl::Status& s) {
                       PS_FUZZ_CHECK(!*ran);
                       *ran = true;
                       --tracker->outstanding;
                       PS_FUZZ_CHECK(s.ok() || GoodErrorCode(s));
                       if (s.ok()) {
-                        const size_t n = req->keys().size() / 8;
+                        // Keys sent, or a cached list of num_keys keys
+                        // (as ServerNode::ResolveKeys tells them apart).
+                        const bool cached = req->key_list() != 0 &&
+                                            req->keys().empty() &&
+                                            req->num_keys() != 0;
+                        const size_t n = cached ? req->num_keys()
+                                                : req->keys().size() / 8;
                         const int t = req->table();
                         PS_FUZZ_CHECK(t == 0 || t == 1);
                         PS_FUZZ_CHECK(resp->vals().size() ==
-                                      n * kDims[t] * sizeof(float));
+                                      n * variant.tables[t].dim *
+                                          sizeof(float));
                       }
                     });
           break;
