@@ -152,12 +152,25 @@ absl::Status RangeState::Settle(int worker, uint64_t settled) {
   return absl::OkStatus();
 }
 
-absl::Status RangeState::Finish(int worker, int64_t final_clock,
-                                RangeActions* actions) {
+absl::Status RangeState::CanFinish(int worker, int64_t final_clock) const {
   if (absl::Status s = CheckWorker(worker); !s.ok()) return s;
   if (final_clock < 0) {
     return absl::InvalidArgumentError("negative final clock");
   }
+  const int64_t before = workers_[worker].final_clock;
+  if (before >= 0 && before != final_clock) {
+    // A resent finish names the same clock. Another one would leave a
+    // worker finished short of its final clock, or unfinish it.
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker, " already finishes after clock ",
+                     before, ", not ", final_clock));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RangeState::Finish(int worker, int64_t final_clock,
+                                RangeActions* actions) {
+  PS_RETURN_IF_ERROR(CanFinish(worker, final_clock));
   workers_[worker].final_clock = final_clock;
   Advance(worker, actions);
   return absl::OkStatus();

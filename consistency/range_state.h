@@ -220,8 +220,12 @@ class RangeState {
   // (clamped as for Announce): the window below it is forgotten.
   // INVALID_ARGUMENT for a bad id.
   absl::Status Settle(int worker, uint64_t settled);
-  // The worker has finished after `final_clock` clocks.
+  // The worker has finished after `final_clock` clocks. Idempotent with
+  // the same final clock; FAILED_PRECONDITION (CanFinish) with another one
+  // than the worker named before, which changes nothing.
   absl::Status Finish(int worker, int64_t final_clock, RangeActions* actions);
+  // Whether Finish(worker, final_clock) would succeed.
+  absl::Status CanFinish(int worker, int64_t final_clock) const;
   // The worker is gone: it no longer holds back BSP clocks. Idempotent.
   absl::Status SetDead(int worker, RangeActions* actions);
   // A worker joined the running job (issue 9). With worker ==

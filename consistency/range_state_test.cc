@@ -247,6 +247,30 @@ TEST(RangeStateTest, BspDeadOrFinishedWorkerNoLongerHoldsClocksBack) {
   EXPECT_EQ(st.Entry(0), 2);
 }
 
+// A finish is resent with its final clock (a lost answer): idempotent.
+// Another final clock is refused and changes nothing: it left a worker
+// finished at clock 0 of 48 (the server fuzz target, 2026-12-03).
+TEST(RangeStateTest, FinishAgainOnlyWithTheSameFinalClock) {
+  for (const bool bsp : {false, true}) {
+    SCOPED_TRACE(bsp ? "bsp" : "asp");
+    RangeState st = Make(2, bsp);
+    RangeActions a;
+    ASSERT_TRUE(st.Finish(1, 0, &a).ok());
+    EXPECT_TRUE(st.Finished(1));
+    EXPECT_TRUE(st.Finish(1, 0, &a).ok());
+    const absl::Status later = st.Finish(1, 48, &a);
+    EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+    EXPECT_TRUE(st.Finished(1));
+    EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+    // Announced and not reached yet: lowered is refused too.
+    ASSERT_TRUE(st.Finish(0, 5, &a).ok());
+    EXPECT_FALSE(st.Finished(0));
+    EXPECT_EQ(st.Finish(0, 1, &a).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_FALSE(st.Finished(0));
+    EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+  }
+}
+
 // Issue 9: a worker declared dead had its work handed to the others; if it
 // was only hung or cut off, what it sends afterwards (a zombie) must not
 // count twice. Its new segments and announcements are refused; a replay of

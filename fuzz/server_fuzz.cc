@@ -7,6 +7,7 @@
 // Checks, besides "no crash": every `done` runs exactly once (at the latest
 // at CancelAll), an OK pull answers n * dim values, an error never has
 // code OK/UNKNOWN/INTERNAL (Replicate: UNKNOWN).
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -202,6 +203,10 @@ int Server(const uint8_t* data, size_t size) {
         case ServerCall::CALL_NOT_SET:
           break;
       }
+      // Whatever a peer sent, every range's consistency state is whole.
+      const absl::Status inv = node.CheckInvariants();
+      if (!inv.ok()) std::fprintf(stderr, "%s\n", inv.ToString().c_str());
+      PS_FUZZ_CHECK(inv.ok());
     }
     (void)node.Status();
     node.CancelAll(absl::CancelledError("fuzz: shutdown"));

@@ -1262,6 +1262,10 @@ absl::Status ServerNode::FinishImpl(const proto::FinishRequest& req,
       return absl::InvalidArgumentError("negative final clock");
     }
     const int w = req.worker_id();
+    // All or nothing: a finish refused by one range changes none.
+    for (int r : owned_) {
+      PS_RETURN_IF_ERROR(ranges_[r].CanFinish(w, req.final_clock()));
+    }
     for (int r : owned_) {
       RangeActions ra;
       ranges_[r].Finish(w, req.final_clock(), &ra).IgnoreError();  // checked
