@@ -10,7 +10,7 @@
 # placeholders gtest_discover_tests leaves for targets not built). Each build
 # directory is configured once and then rebuilt incrementally (ccache when
 # installed). Environment: PS_BUILD_JOBS (default nproc), PS_FUZZ_SECONDS
-# (default 60 per target), PS_FUZZ_TARGETS (default: all seven).
+# (default 60 per target), PS_FUZZ_TARGETS (default: all eight).
 # Exit status: non-zero on the first failing step.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -104,7 +104,7 @@ step_tsan() {
 step_fuzz() {
   need_clang
   configure_asan
-  local targets="${PS_FUZZ_TARGETS:-libsvm criteo config server scheduler wire dataplane}"
+  local targets="${PS_FUZZ_TARGETS:-libsvm criteo config server scheduler wire dataplane files}"
   local secs="${PS_FUZZ_SECONDS:-60}"
   local t
   # shellcheck disable=SC2086

@@ -7,7 +7,19 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include <zlib.h>
+
 #include "common/bytes.h"
+#include "common/config.h"
+#include "server/checkpoint.h"
+#include "scheduler/state_file.h"
+#include "server/table.h"
 #include "common/routing.h"
 #include "common/value_codec.h"
 #include "fuzz/fuzz_input.pb.h"
@@ -30,6 +42,14 @@ void Write(const std::string& path, const google::protobuf::Message& m) {
   std::ofstream f(path, std::ios::binary);
   f << m.SerializeAsString();
   std::printf("%s (%zu bytes)\n", path.c_str(), m.ByteSizeLong());
+}
+
+void WriteRaw(const std::string& path, const std::string& bytes) {
+  std::filesystem::create_directories(
+      std::filesystem::path(path).parent_path());
+  std::ofstream f(path, std::ios::binary);
+  f << bytes;
+  std::printf("%s (%zu bytes)\n", path.c_str(), bytes.size());
 }
 
 // Two workers push, clock and pull for `clocks` clocks, then finish.
@@ -323,6 +343,72 @@ ServerInput TablesJob(proto::ConsistencyMode mode, uint32_t tables) {
   return in;
 }
 
+// fuzz_files seeds: byte 0 (the reader, with the CRC fix-up bit 0x10
+// where set), then the file.
+std::string ReadBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void WriteFileSeeds(const std::string& dir) {
+  char tmp[] = "/tmp/ps_make_seeds_XXXXXX";
+  if (::mkdtemp(tmp) == nullptr) return;
+  TableSpec spec;
+  spec.dim = 1;
+  spec.optimizer.name = "ftrl";
+  spec.optimizer.alpha = 0.1;
+  spec.optimizer.beta = 1;
+  const int ranges = Routing::FromProto(BuildHashRing({0}, 4, 1))->num_ranges();
+  auto table = Table::Create(spec, ranges);
+  if (!table.ok()) return;
+  auto routing = Routing::FromProto(BuildHashRing({0}, 4, 1));
+  std::vector<uint64_t> keys = {3, 9, 4000, 5000, 123456789,
+                                uint64_t{1} << 63, ~uint64_t{0}};
+  for (uint64_t k : keys) {
+    const float g = 0.5f;
+    (*table)->Push(routing->RangeOf(k), absl::MakeConstSpan(&k, 1), &g, 1.0f);
+  }
+  std::vector<int> all;
+  for (int r = 0; r < ranges; ++r) all.push_back(r);
+  proto::CheckpointHeader h;
+  h.set_checkpoint_id(1);
+  h.set_server_id(0);
+  h.set_num_ranges(ranges);
+  proto::CheckpointFileInfo info;
+  if (WriteCheckpointFile(tmp, **table, all, h, &info).ok()) {
+    const std::string ckpt =
+        ReadBytes(std::string(tmp) + "/" + CheckpointFileName(0, 0));
+    WriteRaw(dir + "/files/checkpoint", std::string(1, '\0') + ckpt);
+    WriteRaw(dir + "/files/checkpoint_dense_fixcrc",
+             std::string(1, '\x30') + ckpt);
+  }
+  size_t written = 0;
+  const std::string bin = std::string(tmp) + "/table.bin";
+  if ((*table)->SaveBinary(bin, &written).ok()) {
+    WriteRaw(dir + "/files/table_bin", std::string(1, '\2') + ReadBytes(bin));
+  }
+  // A state file with 64-byte slots: slot 0 holds "state", slot 1 nothing.
+  std::string state(StateFile::kHeaderBytes, '\0');
+  std::memcpy(state.data(), "PSSCHST2", 8);
+  const uint64_t capacity = 64;
+  std::memcpy(state.data() + 8, &capacity, 8);
+  std::string slot(StateFile::kSlotHeaderBytes, '\0');
+  const uint64_t seq = 1, len = 5;
+  std::memcpy(slot.data(), &seq, 8);
+  std::memcpy(slot.data() + 8, &len, 8);
+  slot += "state";
+  uLong crc = ::crc32(0L, reinterpret_cast<const Bytef*>(slot.data()), 16);
+  crc = ::crc32(crc, reinterpret_cast<const Bytef*>(slot.data() + 20), 5);
+  const uint32_t c = static_cast<uint32_t>(crc);
+  std::memcpy(slot.data() + 16, &c, 4);
+  state += slot;
+  WriteRaw(dir + "/files/state", std::string(1, '\1') + state);
+  WriteRaw(dir + "/files/state_fixcrc", std::string(1, '\x11') + state);
+  std::filesystem::remove_all(tmp);
+}
+
 }  // namespace
 }  // namespace ps::fuzz
 
@@ -352,6 +438,7 @@ int main(int argc, char** argv) {
   ps::fuzz::Write(dir + "/server/backup_replicate", ps::fuzz::BackupJob());
   ps::fuzz::Write(dir + "/server/backup_bsp_clock", ps::fuzz::BackupBspJob());
   ps::fuzz::Write(dir + "/scheduler/job", ps::fuzz::SchedulerJob(false));
+  ps::fuzz::WriteFileSeeds(dir);
   ps::fuzz::Write(dir + "/scheduler/job_set_ssp", ps::fuzz::SchedulerJob(true));
   return 0;
 }
