@@ -6,7 +6,9 @@
 // (VariantOf), so that every optimizer's apply loop is fuzzed.
 // Checks, besides "no crash": every `done` runs exactly once (at the latest
 // at CancelAll), an OK pull answers n * dim values, an error never has
-// code OK/UNKNOWN/INTERNAL (Replicate: UNKNOWN).
+// code OK/UNKNOWN/INTERNAL (Replicate: UNKNOWN), and at the end no table
+// holds a NaN or infinite weight or optimizer state.
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -223,6 +225,18 @@ int Server(const uint8_t* data, size_t size) {
       PS_FUZZ_CHECK(inv.ok());
     }
     (void)node.Status();
+    // Whatever the pushes held (finite, as the server checks, but of any
+    // size), no weight or optimizer state is NaN or infinite.
+    for (int t = 0; t < 2; ++t) {
+      const Table* table = node.table(t);
+      PS_FUZZ_CHECK(table != nullptr);
+      std::vector<uint64_t> keys;
+      std::vector<float> entries;
+      for (int r = 0; r < table->num_ranges(); ++r) {
+        table->ExportRange(r, &keys, &entries);
+        for (float x : entries) PS_FUZZ_CHECK(std::isfinite(x));
+      }
+    }
     node.CancelAll(absl::CancelledError("fuzz: shutdown"));
   }
   // Every request got its answer by the time the node is gone.

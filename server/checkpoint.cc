@@ -328,14 +328,18 @@ absl::StatusOr<CheckpointFileContents> ReadCheckpointFile(
   const size_t n = static_cast<size_t>(h.keys());
   const char* p = data.data() + kPrefixBytes + header_len;
   out.keys.resize(n);
-  std::memcpy(out.keys.data(), p, n * 8);
+  // Not with 0 keys: memcpy's pointers must not be null even then (the
+  // empty vectors' data() are), and UBSan said so (fuzz_files).
+  if (n > 0) std::memcpy(out.keys.data(), p, n * 8);
   for (size_t i = 1; i < n; ++i) {
     if (out.keys[i] <= out.keys[i - 1]) {
       return Corrupt(path, absl::StrCat("keys not ascending at ", i));
     }
   }
   out.entries.resize(n * entry);
-  std::memcpy(out.entries.data(), p + n * 8, n * entry * sizeof(float));
+  if (n > 0) {
+    std::memcpy(out.entries.data(), p + n * 8, n * entry * sizeof(float));
+  }
   out.crc32 = stored;
   out.bytes = static_cast<int64_t>(size);
   return out;

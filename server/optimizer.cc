@@ -91,9 +91,11 @@ void Optimizer::Init(float* w, float* state, size_t n) const {
   Visit([&](const auto& rule) { rule.Init(w, state, n); });
 }
 
-void Optimizer::Apply(float* w, float* state, const float* g, float scale,
-                      size_t n) const {
-  Visit([&](const auto& rule) { rule.Apply(w, state, g, scale, n); });
+size_t Optimizer::Apply(float* w, float* state, const float* g, float scale,
+                        size_t n) const {
+  size_t kept = 0;
+  Visit([&](const auto& rule) { kept = rule.Apply(w, state, g, scale, n); });
+  return kept;
 }
 
 }  // namespace ps

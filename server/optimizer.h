@@ -13,11 +13,20 @@
 // Arithmetic is done per element in double and stored as float; results are
 // a pure function of (config, stored value, stored state, gradient), so two
 // servers applying the same gradients in the same order hold identical bits.
+//
+// Never a non-finite value or state: a push's gradients are finite (the
+// server refuses others), but one large enough (|g| above about 1.8e19, or
+// a run of them) still overflows an accumulator or a weight as stored in
+// single precision, and an FTRL key then holds NaN for good (inf * 0), which
+// every pull would hand the workers. An element whose update would store a
+// value or state that is not finite keeps what it had, and Apply returns
+// how many elements it left so (Table counts them, the server reports them).
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -39,6 +48,28 @@ inline double SoftThreshold(double w, double t) {
   return 0.0;
 }
 
+// 1 when x is finite, 0 for infinities and NaN (exponent bits all ones).
+// An integer test, not std::isfinite or a float comparison, and an integer
+// (a bool summed into a count kept GCC from vectorising the FTRL lanes), so
+// that the rules' loops still run in vector registers.
+inline uint32_t Finite(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return static_cast<uint32_t>((bits & 0x7f800000u) != 0x7f800000u);
+}
+// ok (0 or 1) ? a : b, as a blend of the bits: a select GCC keeps in
+// vector registers (`x = ok ? a : x` it may turn into a conditional store).
+inline float Pick(uint32_t ok, float a, float b) {
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, sizeof(ua));
+  std::memcpy(&ub, &b, sizeof(ub));
+  const uint32_t mask = 0u - ok;
+  const uint32_t out = (ua & mask) | (ub & ~mask);
+  float f;
+  std::memcpy(&f, &out, sizeof(f));
+  return f;
+}
+
 // w -= lr * (g + l2 * w); then, when l1 > 0, w = sign(w) * max(|w| - lr*l1, 0).
 // No state. In single precision, as w is stored (the difference to doubles
 // is below w's own rounding), so that a vector register holds twice the
@@ -52,19 +83,30 @@ struct SgdRule {
   }
   // The l1 test is out of the loops, and w and g never overlap, so the
   // common case (no l1) vectorises; each element's arithmetic is the same.
-  void Apply(float* __restrict w, float* /*state*/, const float* __restrict g,
-             float scale, size_t n) const {
+  // Returns the elements left as they were (their update not finite).
+  size_t Apply(float* __restrict w, float* /*state*/,
+               const float* __restrict g, float scale, size_t n) const {
+    // 32 bits, as the lanes' masks: a 64-bit count cost the vector loop
+    // half again its instructions (rows are far shorter than 2^32).
+    uint32_t kept = 0;
     if (l1 > 0) {
       const float t = lr * l1;
       for (size_t i = 0; i < n; ++i) {
         const float wi = w[i] - lr * (scale * g[i] + l2 * w[i]);
-        w[i] = wi > t ? wi - t : (wi < -t ? wi + t : 0.0f);
+        const float out = wi > t ? wi - t : (wi < -t ? wi + t : 0.0f);
+        const uint32_t ok = Finite(wi);
+        w[i] = Pick(ok, out, w[i]);
+        kept += 1u - ok;
       }
-      return;
+      return kept;
     }
     for (size_t i = 0; i < n; ++i) {
-      w[i] -= lr * (scale * g[i] + l2 * w[i]);
+      const float out = w[i] - lr * (scale * g[i] + l2 * w[i]);
+      const uint32_t ok = Finite(out);
+      w[i] = Pick(ok, out, w[i]);
+      kept += 1u - ok;
     }
+    return kept;
   }
 };
 
@@ -81,8 +123,9 @@ struct AdagradRule {
       state[i] = static_cast<float>(initial_accumulator);
     }
   }
-  void Apply(float* w, float* state, const float* g, float scale,
-             size_t n) const {
+  size_t Apply(float* w, float* state, const float* g, float scale,
+               size_t n) const {
+    size_t kept = 0;
     for (size_t i = 0; i < n; ++i) {
       double wi = w[i];
       double gi = static_cast<double>(scale) * g[i] + l2 * wi;
@@ -90,9 +133,16 @@ struct AdagradRule {
       double eta = lr / std::sqrt(acc);
       wi -= eta * gi;
       if (l1 > 0) wi = SoftThreshold(wi, eta * l1);
-      state[i] = static_cast<float>(acc);
-      w[i] = static_cast<float>(wi);
+      const float acc_out = static_cast<float>(acc);
+      const float w_out = static_cast<float>(wi);
+      if (Finite(acc_out) && Finite(w_out)) {
+        state[i] = acc_out;
+        w[i] = w_out;
+      } else {
+        ++kept;
+      }
     }
+    return kept;
   }
 };
 
@@ -135,6 +185,11 @@ struct FtrlRule {
   // call). Both sides are computed and one is selected. The divisions by
   // alpha are multiplications by inv_alpha: the square roots and the one
   // division left share a divider that bounds a cached push.
+  //
+  // Unconditional: z and acc are updated and the new weight returned even
+  // when not finite. Apply, and the table's lanes, keep such an element as
+  // it was (see the top of this file), checking the results apart, which
+  // keeps this in vector registers as it was.
   float Step(float gi, float w, float& z, float& acc) const {
     const float acc_new = acc + gi * gi;
     const float sqrt_new = std::sqrt(acc_new);
@@ -146,11 +201,21 @@ struct FtrlRule {
         -(z - signed_l1) / ((beta + sqrt_new) * inv_alpha + l2);
     return std::abs(z) > l1 ? w_out : 0.0f;
   }
-  void Apply(float* w, float* state, const float* g, float scale,
-             size_t n) const {
+  size_t Apply(float* w, float* state, const float* g, float scale,
+               size_t n) const {
+    size_t kept = 0;
     for (size_t i = 0; i < n; ++i) {
-      w[i] = Step(scale * g[i], w[i], state[2 * i], state[2 * i + 1]);
+      float z = state[2 * i], acc = state[2 * i + 1];
+      const float w_out = Step(scale * g[i], w[i], z, acc);
+      if (Finite(w_out) & Finite(z) & Finite(acc)) {
+        w[i] = w_out;
+        state[2 * i] = z;
+        state[2 * i + 1] = acc;
+      } else {
+        ++kept;
+      }
     }
+    return kept;
   }
 };
 
@@ -170,10 +235,11 @@ struct AdamRule {
     for (size_t i = 0; i < n * kStateFloats; ++i) state[i] = 0.0f;
     for (size_t i = 0; i < n; ++i) w[i] = 0.0f;
   }
-  void Apply(float* w, float* state, const float* g, float scale,
-             size_t n) const {
+  size_t Apply(float* w, float* state, const float* g, float scale,
+               size_t n) const {
     // The elements of one key share their step count, so the two pow()
     // calls run once per key rather than once per element.
+    size_t kept = 0;
     float cached_t = -1.0f;
     double corr1 = 1.0, corr2 = 1.0;
     for (size_t i = 0; i < n; ++i) {
@@ -189,11 +255,19 @@ struct AdamRule {
         corr2 = 1.0 - std::pow(kBeta2, static_cast<double>(t));
       }
       wi -= lr * (m / corr1) / (std::sqrt(v / corr2) + kEps);
-      s[0] = static_cast<float>(m);
-      s[1] = static_cast<float>(v);
-      s[2] = t;
-      w[i] = static_cast<float>(wi);
+      const float m_out = static_cast<float>(m);
+      const float v_out = static_cast<float>(v);
+      const float w_out = static_cast<float>(wi);
+      if (Finite(m_out) && Finite(v_out) && Finite(w_out)) {
+        s[0] = m_out;
+        s[1] = v_out;
+        s[2] = t;
+        w[i] = w_out;
+      } else {
+        ++kept;
+      }
     }
+    return kept;
   }
 };
 
@@ -236,13 +310,14 @@ class Optimizer {
 
   // Applies the averaged gradient g to n elements: w and state are updated
   // in place. Same as Apply(w, state, g, 1.0f, n).
-  void Apply(float* w, float* state, const float* g, size_t n) const {
-    Apply(w, state, g, 1.0f, n);
+  size_t Apply(float* w, float* state, const float* g, size_t n) const {
+    return Apply(w, state, g, 1.0f, n);
   }
   // Applies the gradient scale * g (the caller's averaging factor folded in,
-  // so no scaled copy of g is needed).
-  void Apply(float* w, float* state, const float* g, float scale,
-             size_t n) const;
+  // so no scaled copy of g is needed). Returns the elements left as they
+  // were because their update was not finite.
+  size_t Apply(float* w, float* state, const float* g, float scale,
+               size_t n) const;
 
   // Calls fn(rule) once with the configured rule struct (one of the
   // optimizer_internal::*Rule types, by const reference). Callers that update

@@ -257,5 +257,56 @@ TEST(OptimizerTest, RunOfElementsMatchesOneByOne) {
   }
 }
 
+// A finite gradient too large for single precision would overflow an
+// accumulator or a weight (FTRL then held NaN for good: inf * 0). Such an
+// element keeps its value and state, and Apply counts it; the next
+// ordinary gradient updates it as if the large one never came.
+TEST(OptimizerTest, UpdateThatWouldNotBeFiniteLeavesTheElementAsItWas) {
+  for (const char* name : {"sgd", "adagrad", "ftrl", "adam"}) {
+    SCOPED_TRACE(name);
+    OptimizerConfig cfg;
+    cfg.name = name;
+    cfg.learning_rate = 0.5;
+    cfg.alpha = 0.1;
+    cfg.beta = 1.0;
+    cfg.l1 = 0.01;
+    cfg.l2 = 0.01;
+    cfg.initial_accumulator = 0.1;
+    auto opt = Make(cfg);
+    Elem a(*opt), b(*opt);
+    Step(*opt, &a, 1.0f);
+    Step(*opt, &b, 1.0f);
+    const std::vector<float> before_state = a.state;
+    const float before_w = a.w;
+    // sgd: w - 0.5 * 3e38 * 2 overflows; the others square the gradient.
+    const float huge[2] = {3e38f, -3e38f};
+    float w2[2] = {a.w, a.w};
+    std::vector<float> s2(2 * opt->state_floats() + 1);
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < opt->state_floats(); ++j) {
+        s2[i * opt->state_floats() + j] = a.state[j];
+      }
+    }
+    EXPECT_EQ(opt->Apply(w2, s2.data(), huge, 2.0f, 2), 2u);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(w2[i], before_w);
+      for (int j = 0; j < opt->state_floats(); ++j) {
+        EXPECT_EQ(s2[i * opt->state_floats() + j], before_state[j]);
+      }
+    }
+    float g = 3e38f;
+    EXPECT_EQ(opt->Apply(&a.w, a.state.data(), &g, 2.0f, 1), 1u);
+    EXPECT_EQ(a.w, before_w);
+    EXPECT_EQ(a.state, before_state);
+    // Then as b, which never saw it.
+    EXPECT_EQ(Step(*opt, &a, -0.5f), Step(*opt, &b, -0.5f));
+    EXPECT_EQ(a.state, b.state);
+    EXPECT_TRUE(std::isfinite(a.w));
+    // An ordinary gradient counts nothing.
+    g = 2.0f;
+    EXPECT_EQ(opt->Apply(&a.w, a.state.data(), &g, 1.0f, 1), 0u);
+  }
+}
+
 }  // namespace
 }  // namespace ps

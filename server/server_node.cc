@@ -1687,6 +1687,11 @@ proto::ServerStatus ServerNode::Status() const {
   s.set_pushes(pushes_);
   s.set_pulls(pulls_);
   s.set_non_finite_pushes(non_finite_pushes_);
+  int64_t non_finite_updates = 0;
+  for (const auto& t : tables_) {
+    non_finite_updates += static_cast<int64_t>(t->non_finite_updates());
+  }
+  s.set_non_finite_updates(non_finite_updates);
   s.set_replica_entries(replica_entries_);
   s.set_replica_batches(replica_batches_);
   s.set_replica_rows_by_slot(replica_rows_by_slot_);
@@ -1720,8 +1725,35 @@ void ServerNode::Tick() {
     absl::MutexLock l(&mu_);
     c = consistency_.get();
     WarnOfStuckAnswerLocked();
+    WarnOfNonFiniteUpdatesLocked();
   }
   if (c != nullptr) c->ExpireWaits();
+}
+
+void ServerNode::WarnOfNonFiniteUpdatesLocked() {
+  // Pushes that left some elements as they were are answered OK (the rest
+  // of each push applied), so this is where it shows: at once, then at
+  // most every kStuckAnswerWarning while the count grows.
+  const absl::Time now = clock_->Now();
+  if (now - non_finite_warned_ < kStuckAnswerWarning ||
+      now - non_finite_checked_ < absl::Seconds(1)) {
+    return;
+  }
+  non_finite_checked_ = now;  // a look reads every partition's count
+  for (const auto& t : tables_) {
+    const uint64_t n = t->non_finite_updates();
+    const int id = t->spec().id;
+    uint64_t& seen = non_finite_seen_[id];
+    if (n <= seen) continue;
+    PS_LOG_WARN("S[{}] table {}: {} value elements were not updated (now {} "
+                "in all): their update would have stored a weight or "
+                "optimizer state that is not finite, from gradients too "
+                "large for single precision (a diverging worker: lower the "
+                "learning rate, scale the features or clip the gradients)",
+                id_, id, n - seen, n);
+    seen = n;
+    non_finite_warned_ = now;
+  }
 }
 
 void ServerNode::WarnOfStuckAnswerLocked() {

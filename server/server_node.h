@@ -374,6 +374,9 @@ class ServerNode {
   static int64_t ClockNeed(int64_t clock) { return -(clock + 1); }
   // Tick's warning of the oldest answer waiting for its replication.
   void WarnOfStuckAnswerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs (rate-limited) value elements the tables left unchanged because
+  // their update was not finite (Table::non_finite_updates).
+  void WarnOfNonFiniteUpdatesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Turns the clock needs of clocks applied (and flushed) by now into the
   // range's current index, which covers them. Call after the flush.
   void ResolveClockNeedsLocked(Needs* needs) const
@@ -742,6 +745,11 @@ class ServerNode {
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<AckWait> ack_waits_ ABSL_GUARDED_BY(mu_);  // oldest first
   absl::Time stuck_warned_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // WarnOfNonFiniteUpdatesLocked: when it last looked and warned, and per
+  // table the count it warned of.
+  absl::Time non_finite_checked_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time non_finite_warned_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::map<int, uint64_t> non_finite_seen_ ABSL_GUARDED_BY(mu_);
   // BSP clocks applied on owned replicated ranges, not logged yet (their
   // indexes are set by FlushBspClocksLocked). Cleared, not freed: its
   // arrays keep their capacity from step to step.

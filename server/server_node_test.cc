@@ -967,6 +967,38 @@ INSTANTIATE_TEST_SUITE_P(Replication, BspPushWithoutBackupsTest,
                            return info.param ? "ByDeltas" : "AfterAggregation";
                          });
 
+// A push whose update would overflow a weight is answered OK with those
+// elements left as they were (optimizer.h); the server counts them and
+// warns, once per 30 s at most while the count grows.
+TEST_F(ServerNodeTest, UpdatesThatWouldNotBeFiniteAreCountedAndLogged) {
+  std::ostringstream logged;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(logged)));
+  Configure(1, 1, proto::MODE_ASP);
+  // sgd, lr 1, one example: w = -3e38, then -6e38 would be -inf.
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {1, 2}, {3e38f, 1}, 1)).ok());
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 2, 0, {1, 2}, {3e38f, 1}, 1)).ok());
+  EXPECT_EQ(PullNow(&node_, 0, 0, {1, 2}),
+            (std::vector<float>{-3e38f, -2.0f}));
+  EXPECT_EQ(node_.Status().non_finite_updates(), 1);
+  node_.Tick();
+  const std::string first = logged.str();
+  EXPECT_NE(first.find("table 0: 1 value elements were not updated"),
+            std::string::npos)
+      << first;
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 3, 0, {1}, {3e38f}, 1)).ok());
+  clock_.Advance(absl::Seconds(5));
+  node_.Tick();
+  EXPECT_EQ(logged.str(), first) << "warned again within 30 s";
+  clock_.Advance(absl::Seconds(26));
+  node_.Tick();
+  EXPECT_NE(logged.str().find("1 value elements were not updated (now 2 "),
+            std::string::npos)
+      << logged.str();
+  spdlog::set_default_logger(previous);
+}
+
 // An answer that waits for its replication for 30 s (a backup that stays
 // silent without being failed over, or a bug such as the BSP one above)
 // is logged with what it waits for, at most once per 30 s: a worker sees

@@ -71,6 +71,10 @@ void WriteServerMetrics(const ServerNode& node, ExpositionWriter* w) {
   w->AddCounter("ps_server_non_finite_pushes_total",
                 "pushes refused for NaN or infinite values", {},
                 static_cast<double>(st.non_finite_pushes()));
+  w->AddCounter("ps_server_non_finite_updates_total",
+                "value elements not updated because their update would not "
+                "be finite",
+                {}, static_cast<double>(st.non_finite_updates()));
   for (int i = 0; i < st.worker_clocks_size(); ++i) {
     w->AddGauge("ps_server_worker_clock",
                 "per worker, the lowest clock it completed on this server's "

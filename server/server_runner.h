@@ -45,6 +45,7 @@ absl::Status RunServer(const ServerRunOptions& options);
 
 // The server's own metrics at scrape time (issue 11): ps_server_keys{table},
 // ps_server_ranges, ps_server_view_epoch, ps_server_non_finite_pushes_total,
+// ps_server_non_finite_updates_total,
 // ps_server_worker_clock{worker}. The data path's are PushPullMetrics'.
 void WriteServerMetrics(const ServerNode& node, ExpositionWriter* w);
 

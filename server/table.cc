@@ -444,33 +444,56 @@ constexpr size_t kFtrlLanes = 16;
 #define PS_CLONES \
   __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-PS_CLONES void FtrlLanes(
+PS_CLONES size_t FtrlLanes(
     const optimizer_internal::FtrlRule& rule, float* const* e,
     const float* g, float scale) {
   float w[kFtrlLanes], z[kFtrlLanes], acc[kFtrlLanes], gi[kFtrlLanes];
+  float w0[kFtrlLanes], z0[kFtrlLanes], acc0[kFtrlLanes];
   for (size_t k = 0; k < kFtrlLanes; ++k) {
-    w[k] = e[k][0];
-    z[k] = e[k][1];
-    acc[k] = e[k][2];
+    w0[k] = w[k] = e[k][0];
+    z0[k] = z[k] = e[k][1];
+    acc0[k] = acc[k] = e[k][2];
     gi[k] = scale * g[k];
   }
   for (size_t k = 0; k < kFtrlLanes; ++k) {
     w[k] = rule.Step(gi[k], w[k], z[k], acc[k]);
+  }
+  // An element whose new weight or state is not finite keeps what it had
+  // (optimizer.h). Rare: one test of all the lanes, then lane by lane.
+  uint32_t finite = 1;
+  for (size_t k = 0; k < kFtrlLanes; ++k) {
+    finite &= optimizer_internal::Finite(w[k]) &
+              optimizer_internal::Finite(z[k]) &
+              optimizer_internal::Finite(acc[k]);
+  }
+  size_t kept = 0;
+  if (__builtin_expect(finite == 0, 0)) {
+    for (size_t k = 0; k < kFtrlLanes; ++k) {
+      if (optimizer_internal::Finite(w[k]) & optimizer_internal::Finite(z[k]) &
+          optimizer_internal::Finite(acc[k])) {
+        continue;
+      }
+      w[k] = w0[k];
+      z[k] = z0[k];
+      acc[k] = acc0[k];
+      ++kept;
+    }
   }
   for (size_t k = 0; k < kFtrlLanes; ++k) {
     e[k][0] = w[k];
     e[k][1] = z[k];
     e[k][2] = acc[k];
   }
+  return kept;
 }
 
 // SGD over one long row (a dense table's key: a row of dim floats), in the
 // widest vector registers the CPU has, as FtrlLanes; the same bits as
 // SgdRule::Apply inlined.
 constexpr size_t kLongRow = 256;
-PS_CLONES void SgdRow(const optimizer_internal::SgdRule& rule, float* w,
-                      const float* g, float scale, size_t n) {
-  rule.Apply(w, nullptr, g, scale, n);
+PS_CLONES size_t SgdRow(const optimizer_internal::SgdRule& rule, float* w,
+                        const float* g, float scale, size_t n) {
+  return rule.Apply(w, nullptr, g, scale, n);
 }
 
 // Whether keys are strictly ascending (so none repeats), as routing sends
@@ -515,6 +538,7 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
     __builtin_prefetch(SlotData(p, slots[k]));
   }
   size_t i = 0;
+  size_t kept = 0;  // elements left as they were (optimizer.h)
   if constexpr (std::is_same_v<Rule, optimizer_internal::FtrlRule>) {
     // A dim-1 table (sparse LR, the common FTRL case): kFtrlLanes keys at a
     // time, unless a key repeats among them (then one by one below, in
@@ -532,10 +556,10 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
         }
         if (!distinct && AnyRepeated(slots + i)) {
           for (size_t k = 0; k < kFtrlLanes; ++k) {
-            rule.Apply(e[k], e[k] + 1, grads + i + k, scale, 1);
+            kept += rule.Apply(e[k], e[k] + 1, grads + i + k, scale, 1);
           }
         } else {
-          FtrlLanes(rule, e, grads + i, scale);
+          kept += FtrlLanes(rule, e, grads + i, scale);
         }
       }
     }
@@ -544,8 +568,9 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
     if (dim >= kLongRow) {
       for (; i < n; ++i) {
         float* data = SlotData(p, slots[i]);
-        SgdRow(rule, data, grads + i * dim, scale, dim);
+        kept += SgdRow(rule, data, grads + i * dim, scale, dim);
       }
+      p.non_finite_updates += kept;
       return;
     }
   }
@@ -554,8 +579,9 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
       __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
     }
     float* data = SlotData(p, slots[i]);
-    rule.Apply(data, data + dim, grads + i * dim, scale, dim);
+    kept += rule.Apply(data, data + dim, grads + i * dim, scale, dim);
   }
+  p.non_finite_updates += kept;
 }
 
 // Pull and Push make two passes: every key's slot first (the hash map
@@ -709,6 +735,15 @@ bool Table::PushSlots(int range, uint64_t generation,
     if (record) MarkJournal(p, s, keys.size());
   });
   return true;
+}
+
+uint64_t Table::non_finite_updates() const {
+  uint64_t n = 0;
+  for (int r = 0; r < num_ranges_; ++r) {
+    absl::ReaderMutexLock l(&partitions_[r].mu);
+    n += partitions_[r].non_finite_updates;
+  }
+  return n;
 }
 
 size_t Table::size() const {

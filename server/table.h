@@ -151,6 +151,10 @@ class Table {
 
   // Number of keys stored (created by a push).
   size_t size() const;
+  // Value elements whose update was left out, over every push so far,
+  // because it would have stored a value or optimizer state that is not
+  // finite (a gradient too large for single precision; optimizer.h).
+  uint64_t non_finite_updates() const;
   // Number of keys with at least one non-zero value element. O(size * dim).
   size_t nonzeros() const;
 
@@ -330,6 +334,9 @@ class Table {
     // Unique in the process; replaced by ClearRange: slots handed out
     // before are void.
     uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+    // Value elements whose update was not applied because it would have
+    // stored a value or state that is not finite (optimizer.h).
+    uint64_t non_finite_updates ABSL_GUARDED_BY(mu) = 0;
     Journal journal ABSL_GUARDED_BY(mu);
   };
 

@@ -984,5 +984,65 @@ TEST(TableTest, DeltaRowsGoInRunsWithinChunks) {
   }
 }
 
+// Elements whose update would not be finite keep what they had, in the
+// FTRL lanes (16 keys at a time) as in the rule one key at a time, and in
+// SGD's long rows; the table counts them (optimizer.h).
+TEST(TableTest, UpdatesThatWouldNotBeFiniteAreLeftOutAndCounted) {
+  TableSpec spec;
+  spec.dim = 1;
+  spec.optimizer.name = "ftrl";
+  spec.optimizer.alpha = 0.1;
+  spec.optimizer.beta = 1.0;
+  spec.optimizer.l1 = 0.01;
+  auto table = MakeTable(spec, 1);
+  auto rule_or = Optimizer::Create(spec.optimizer);
+  ASSERT_TRUE(rule_or.ok());
+  const Optimizer& rule = **rule_or;
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 1; k <= 40; ++k) keys.push_back(k);  // lanes and a tail
+  std::vector<float> ones(keys.size(), 1.0f);
+  table->Push(0, keys, ones.data(), 1.0f, nullptr, nullptr,
+              KeyOrder::kAscending);
+  std::vector<std::array<float, 3>> expected(keys.size());
+  for (auto& e : expected) rule.Apply(&e[0], &e[1], &ones[0], 1.0f, 1);
+  std::vector<float> grads(keys.size(), -0.25f);
+  for (size_t i : {0, 7, 15, 16, 33, 39}) grads[i] = 1e20f;  // g^2 = inf
+  table->Push(0, keys, grads.data(), 1.0f, nullptr, nullptr,
+              KeyOrder::kAscending);
+  size_t left = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    left += rule.Apply(&expected[i][0], &expected[i][1], &grads[i], 1.0f, 1);
+  }
+  EXPECT_EQ(left, 6u);
+  EXPECT_EQ(table->non_finite_updates(), 6u);
+  std::vector<uint64_t> got_keys;
+  std::vector<float> got;
+  table->ExportRange(0, &got_keys, &got);
+  ASSERT_EQ(got_keys, keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_EQ(std::memcmp(&got[3 * i + j], &expected[i][j], sizeof(float)),
+                0)
+          << "key " << keys[i] << " float " << j;
+      EXPECT_TRUE(std::isfinite(got[3 * i + j]));
+    }
+  }
+
+  // SGD over a long row (lr 1): two elements of the row overflow.
+  auto rows = MakeTable(PlainSgd(300), 1);
+  const uint64_t key = 5;
+  std::vector<float> g(300, 1.0f);
+  rows->Push(0, absl::MakeConstSpan(&key, 1), g.data(), 1.0f);  // w = -1
+  g[123] = -3e38f;
+  g[200] = 3e38f;
+  rows->Push(0, absl::MakeConstSpan(&key, 1), g.data(), 2.0f);
+  EXPECT_EQ(rows->non_finite_updates(), 2u);
+  std::vector<float> w(300);
+  rows->Pull(0, absl::MakeConstSpan(&key, 1), w.data());
+  for (size_t j = 0; j < w.size(); ++j) {
+    EXPECT_EQ(w[j], j == 123 || j == 200 ? -1.0f : -3.0f) << j;
+  }
+}
+
 }  // namespace
 }  // namespace ps
