@@ -108,6 +108,16 @@ step backend_test "$bundle/bin/backend_test"
 step mlp_trainer_cuda "$bundle/bin/mlp_trainer_test" --gtest_filter='*Cuda*'
 step local_cluster_cuda "$bundle/bin/local_cluster_test" --gtest_filter='*Cuda*'
 step kernel_bench "$bundle/bin/kernel_bench"
+# The LR gradient at a training job's minibatch sizes (rows x about 20
+# non-zeros; the columns are the batch's distinct keys): where the GPU's
+# fixed costs (launches, copies, a stream sync) stop outweighing the CPU's
+# work. training.backend=auto's choice for LR rests on these figures.
+for shape in "100 2000 2000" "1000 10000 1000" "10000 50000 200" \
+    "100000 200000 40"; do
+  read -r rows cols reps <<<"$shape"
+  step "kernel_bench_lr_$rows" "$bundle/bin/kernel_bench" --rows "$rows" \
+    --cols "$cols" --nnz 20 --reps "$reps" --mlp_batch 0
+done
 for backend in cpu cuda; do
   step "quickstart_$backend" /usr/bin/time -v "$bundle/bin/ps_launch" \
     --config "$bundle/quickstart.yaml" --bin-dir "$bundle/bin" \
@@ -140,6 +150,13 @@ if [[ -n $sanitizer ]]; then
     --leak-check full --error-exitcode 3 "$bundle/bin/cuda_backend_test"
   step racecheck_cuda_backend_test "$sanitizer" --tool racecheck \
     --error-exitcode 3 "$bundle/bin/cuda_backend_test"
+  # Reads of device memory never written, and the trainer's own CUDA path
+  # (the MLP end to end) under memcheck.
+  step initcheck_cuda_backend_test "$sanitizer" --tool initcheck \
+    --error-exitcode 3 "$bundle/bin/cuda_backend_test"
+  step memcheck_mlp_trainer_cuda timeout 240 "$sanitizer" --tool memcheck \
+    --leak-check full --error-exitcode 3 "$bundle/bin/mlp_trainer_test" \
+    --gtest_filter='*Cuda*'
 fi
 
 if ((${#failed[@]})); then

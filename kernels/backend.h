@@ -123,6 +123,19 @@ class ComputeBackend {
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(
     const std::string& name, int threads);
 
+// The smallest minibatch, in rows, for which training.backend "auto" puts
+// logistic regression's gradient on a GPU. Measured on an H200 host
+// (docs/benchmarks.md, "Third GPU run"): at 100 rows the CPU backend took
+// a third of the GPU's time, at 1000 rows about as long (and the quick-start
+// job, 1000-row minibatches, ran 5 % slower on 19 % more CPU on the GPU), at
+// 10,000 rows four times as long. A GPU also costs each worker a CUDA
+// context (about 0.3 GB of host memory).
+inline constexpr int kAutoCudaMinLrRows = 4000;
+// The backend name "auto" stands for when training logistic regression on
+// minibatches of `minibatch_rows`: "cpu" below kAutoCudaMinLrRows, else
+// "auto" (the GPU where one is usable). Any other name is returned as is.
+std::string AutoLrBackend(const std::string& name, int minibatch_rows);
+
 // The CPU backend with an explicit parallelism threshold: a call whose batch
 // has fewer than `min_parallel_nnz` non-zeros runs on the caller's thread
 // only (starting threads costs more than it saves on tiny batches). Results

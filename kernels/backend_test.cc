@@ -98,6 +98,19 @@ TEST(BackendFactory, Names) {
   EXPECT_NE(bad.status().message().find("tpu"), std::string::npos);
 }
 
+TEST(BackendFactory, AutoIsTheCpuForSmallLrMinibatches) {
+  // The GPU's fixed costs outweigh a small minibatch's gradient.
+  EXPECT_EQ(AutoLrBackend("auto", 0), "cpu");
+  EXPECT_EQ(AutoLrBackend("auto", 1000), "cpu");
+  EXPECT_EQ(AutoLrBackend("auto", kAutoCudaMinLrRows - 1), "cpu");
+  EXPECT_EQ(AutoLrBackend("auto", kAutoCudaMinLrRows), "auto");
+  EXPECT_EQ(AutoLrBackend("auto", 100000), "auto");
+  // Named backends are the user's choice, whatever the minibatch.
+  EXPECT_EQ(AutoLrBackend("cuda", 10), "cuda");
+  EXPECT_EQ(AutoLrBackend("cpu", 100000), "cpu");
+  EXPECT_EQ(AutoLrBackend("tpu", 10), "tpu");
+}
+
 TEST(CpuBackend, GradientMatchesNaiveAndLossMatches) {
   CsrBatch b = RandomBatch(200, 50, 8, 1);
   std::vector<float> w = RandomWeights(50, 2);

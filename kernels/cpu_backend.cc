@@ -320,6 +320,11 @@ std::unique_ptr<ComputeBackend> CreateCpuBackend(int threads,
   return std::make_unique<CpuBackend>(threads, min_parallel_nnz);
 }
 
+std::string AutoLrBackend(const std::string& name, int minibatch_rows) {
+  if (name == "auto" && minibatch_rows < kAutoCudaMinLrRows) return "cpu";
+  return name;
+}
+
 absl::StatusOr<std::unique_ptr<ComputeBackend>> CreateBackend(
     const std::string& name, int threads) {
   if (name == "cpu") return CreateCpuBackend(threads, kDefaultMinParallelNnz);

@@ -529,9 +529,16 @@ absl::Status RunWorkerWith(int worker_id, const proto::ClusterView& view,
                   [&config](const proto::WorkUnit& unit) {
                     return OpenTrainShard(config, unit.data(), unit.epoch());
                   });
+  const std::string backend_name =
+      AutoLrBackend(config.training.backend, config.training.minibatch);
+  if (backend_name != config.training.backend) {
+    PS_LOG_INFO("training.backend auto: the CPU for minibatches of {} rows "
+                "(logistic regression uses a GPU from {} rows)",
+                config.training.minibatch, kAutoCudaMinLrRows);
+  }
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<ComputeBackend> backend,
-      CreateBackend(config.training.backend, config.training.threads));
+      CreateBackend(backend_name, config.training.threads));
   LogisticModel model(&kv, backend.get(), KktFilter::FromConfig(config));
   Trainer trainer(worker_id, config, &kv, &model);
   // Worker 0 draws the test curve during training (when configured); the
