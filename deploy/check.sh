@@ -104,7 +104,7 @@ step_tsan() {
 step_fuzz() {
   need_clang
   configure_asan
-  local targets="${PS_FUZZ_TARGETS:-libsvm criteo config server scheduler wire dataplane files}"
+  local targets="${PS_FUZZ_TARGETS:-libsvm criteo config server scheduler wire dataplane files replica}"
   local secs="${PS_FUZZ_SECONDS:-60}"
   local t
   # shellcheck disable=SC2086

@@ -53,6 +53,7 @@ TEST(FuzzReplay, Scheduler) { Replay("scheduler", &Scheduler); }
 TEST(FuzzReplay, Wire) { Replay("wire", &Wire); }
 TEST(FuzzReplay, DataPlane) { Replay("dataplane", &DataPlane); }
 TEST(FuzzReplay, Files) { Replay("files", &Files); }
+TEST(FuzzReplay, Replica) { Replay("replica", &Replica); }
 
 // Found by fuzz_config: a path with a byte that is not UTF-8 was accepted,
 // and ToYaml (the config sent to every worker) replaced it with U+FFFD, so

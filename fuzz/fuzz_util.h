@@ -36,4 +36,5 @@ int Scheduler(const uint8_t* data, size_t size);
 int Wire(const uint8_t* data, size_t size);
 int DataPlane(const uint8_t* data, size_t size);
 int Files(const uint8_t* data, size_t size);
+int Replica(const uint8_t* data, size_t size);
 }  // namespace ps::fuzz
