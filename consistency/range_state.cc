@@ -36,6 +36,16 @@ absl::Status RangeState::DeadWorker(int worker) {
       "and this range takes nothing new from it"));
 }
 
+absl::Status RangeState::AppliedWithout(int worker, int64_t clock) const {
+  // Only a finished worker falls behind the clocks applied (a live one
+  // holds them back, a joiner starts at them, a dead one is refused): its
+  // data for such a clock would be buffered and never applied.
+  return absl::FailedPreconditionError(absl::StrCat(
+      "clock ", clock, " of worker ", worker, " was applied on this range "
+      "without it (", bsp_applied_, " clocks applied; the worker finished "
+      "after clock ", workers_[worker].final_clock, ")"));
+}
+
 absl::Status RangeState::CheckAhead(int worker, int64_t clock) const {
   const int64_t completed = workers_[worker].completed;
   if (clock > completed && clock - completed > limits_.max_clock_ahead) {
@@ -66,6 +76,7 @@ absl::Status RangeState::Accept(int worker, uint64_t seq, int64_t clock,
         absl::StrCat("push for clock ", clock, " after worker ", worker,
                      " completed it"));
   }
+  if (bsp_ && clock < bsp_applied_) return AppliedWithout(worker, clock);
   if (absl::Status s = CheckAhead(worker, clock); !s.ok()) return s;
   if (w.above.size() >= limits_.max_unsettled_seqs &&
       seq != w.watermark + 1) {
@@ -130,6 +141,7 @@ absl::Status RangeState::Announce(int worker, int64_t clock, int64_t segments,
   Worker& w = workers_[worker];
   if (clock < w.completed) return absl::OkStatus();  // a replay
   if (w.dead && !follower_) return DeadWorker(worker);
+  if (bsp_ && clock < bsp_applied_) return AppliedWithout(worker, clock);
   w.announced[clock] = BspAnnouncement{worker, segments, examples, settled};
   Advance(worker, actions);
   return absl::OkStatus();

@@ -196,8 +196,10 @@ class RangeState {
   // Errors, state unchanged: INVALID_ARGUMENT (worker id, negative clock,
   // seq 0), FAILED_PRECONDITION (the clock was already completed here, or
   // the worker was declared dead and this range is no follower: a zombie's
-  // work went to the others; a follower takes what its primary admitted),
-  // OUT_OF_RANGE + CLOCK_TOO_FAR, RESOURCE_EXHAUSTED + TOO_MANY_PENDING.
+  // work went to the others; a follower takes what its primary admitted;
+  // BSP: the range applied the clock already, without the worker, which
+  // had finished), OUT_OF_RANGE + CLOCK_TOO_FAR, RESOURCE_EXHAUSTED +
+  // TOO_MANY_PENDING.
   absl::Status Accept(int worker, uint64_t seq, int64_t clock,
                       BufferedSegment* segment, bool* duplicate,
                       RangeActions* actions);
@@ -211,8 +213,9 @@ class RangeState {
   // received, so it can never make a later segment look like a replay).
   // An announcement for a completed clock is a replay (OK, no change).
   // INVALID_ARGUMENT for a bad id or negative numbers; OUT_OF_RANGE +
-  // CLOCK_TOO_FAR; FAILED_PRECONDITION for a new one from a dead worker
-  // (as for Accept).
+  // CLOCK_TOO_FAR; FAILED_PRECONDITION for a new one from a dead worker,
+  // or in BSP for a clock the range applied without the worker (as for
+  // Accept).
   absl::Status Announce(int worker, int64_t clock, int64_t segments,
                         int64_t examples, uint64_t settled,
                         RangeActions* actions);
@@ -293,6 +296,9 @@ class RangeState {
   absl::Status CheckWorker(int worker) const;
   absl::Status CheckAhead(int worker, int64_t clock) const;
   static absl::Status DeadWorker(int worker);
+  // BSP: FAILED_PRECONDITION for data or an announcement of `worker` for a
+  // clock this range applied already (without it: it had finished).
+  absl::Status AppliedWithout(int worker, int64_t clock) const;
   // Completes every clock of `worker` that has all its segments; then, in
   // BSP, applies every clock all live workers completed.
   void Advance(int worker, RangeActions* actions);

@@ -271,6 +271,42 @@ TEST(RangeStateTest, FinishAgainOnlyWithTheSameFinalClock) {
   }
 }
 
+// Found by fuzz_server (stop 66): in BSP a finished worker no longer holds
+// the range's clocks back, so the others can apply clocks it has not
+// completed. Data or an announcement it sent for such a clock afterwards
+// was buffered under the clocks applied, never to be applied (a push
+// acknowledged and lost, and a broken invariant); it is refused.
+TEST(RangeStateTest, BspClockAppliedWithoutAFinishedWorkerRefusesItsData) {
+  RangeState st = Make(2, /*bsp=*/true);
+  RangeActions a;
+  EXPECT_TRUE(Push(&st, 0, 1, 0, &a));
+  Announce(&st, 0, 0, 1, 4, &a);
+  EXPECT_TRUE(Push(&st, 1, 1, 0, &a));
+  Announce(&st, 1, 0, 1, 4, &a);
+  ASSERT_TRUE(st.Finish(1, 1, &a).ok());  // done after clock 0
+  EXPECT_TRUE(Push(&st, 0, 2, 1, &a));
+  Announce(&st, 0, 1, 1, 4, &a);  // clock 1 applies without worker 1
+  ASSERT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+  BufferedSegment seg = Seg("late");
+  bool dup = true;
+  const absl::Status push = st.Accept(1, 2, 1, &seg, &dup, &a);
+  EXPECT_EQ(push.code(), StatusCode::kFailedPrecondition) << push;
+  EXPECT_NE(push.message().find("applied on this range without it"),
+            std::string::npos)
+      << push;
+  EXPECT_EQ(st.Announce(1, 1, 0, 0, 0, &a).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+  // A replay of what it sent before is still answered as one.
+  seg = Seg("k");
+  ASSERT_TRUE(st.Accept(1, 1, 0, &seg, &dup, &a).ok());
+  EXPECT_TRUE(dup);
+  // The live worker goes on.
+  EXPECT_TRUE(Push(&st, 0, 3, 2, &a));
+  Announce(&st, 0, 2, 1, 4, &a);
+  EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+}
+
 // Issue 9: a worker declared dead had its work handed to the others; if it
 // was only hung or cut off, what it sends afterwards (a zombie) must not
 // count twice. Its new segments and announcements are refused; a replay of

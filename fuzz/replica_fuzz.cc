@@ -8,9 +8,9 @@
 // -> ImportRange), which also follows a delta the backup refused.
 //
 // Byte 0 picks the tables: optimizer (sgd, adagrad, ftrl, adam), dim (1, 3,
-// 64 or 200: rows wide enough that a range's 512 keys fill several of the
-// table's chunks, so that runs of slots cross chunks), and whether feature
-// ids below 512 use the dense-id layout. Then one operation per group of
+// 64 or 200: rows wide enough that a range's keys fill several of the
+// table's chunks, so that runs of slots cross chunks), and whether the
+// lower half of the feature ids use the dense-id layout. Then one operation per group of
 // bytes (op byte % 16; bits 4-7 pick the range), until the input ends.
 //
 // Checks, besides "no crash, no sanitizer report":
@@ -39,8 +39,10 @@ namespace ps::fuzz {
 namespace {
 
 constexpr int kRanges = 2;
-constexpr uint64_t kFeatures = 1024;  // the key universe: FeatureKey(0..1023)
-constexpr uint64_t kDenseIds = 512;
+// The key universe: FeatureKey(0 .. features - 1), 1024 features for rows
+// of 1 or 3 floats, 256 for wider ones (whose ranges still fill several
+// chunks); the dense-id layout, when on, takes the lower half of the ids.
+uint64_t Features(int dim) { return dim <= 3 ? 1024 : 256; }
 
 class Reader {
  public:
@@ -167,7 +169,8 @@ int Replica(const uint8_t* data, size_t size) {
   spec.id = 0;
   spec.optimizer.name = kOptimizers[shape % 4];
   spec.dim = kDims[(shape >> 2) % 4];
-  spec.dense_ids = (shape & 0x10) != 0 ? kDenseIds : 0;
+  const uint64_t features = Features(spec.dim);
+  spec.dense_ids = (shape & 0x10) != 0 ? features / 2 : 0;
   absl::StatusOr<std::unique_ptr<Table>> p = Table::Create(spec, kRanges);
   absl::StatusOr<std::unique_ptr<Table>> b = Table::Create(spec, kRanges);
   PS_FUZZ_CHECK(p.ok() && b.ok());
@@ -181,7 +184,7 @@ int Replica(const uint8_t* data, size_t size) {
   Cached cached;
   std::vector<uint64_t> keys;
   std::vector<float> grads;
-  for (int ops = 0; !in.done() && ops < 2000; ++ops) {
+  for (int ops = 0; !in.done() && ops < 500; ++ops) {
     const uint8_t op = in.Byte();
     const int r = (op >> 4) % kRanges;
     RangeSync& s = sync[r];
@@ -201,7 +204,7 @@ int Replica(const uint8_t* data, size_t size) {
         const uint8_t start = in.Byte(), step = 1 + in.Byte() % 8;
         for (size_t i = 0; i < n; ++i) {
           const uint64_t f =
-              ((start + i * step) % (kFeatures / kRanges)) * kRanges + r;
+              ((start + i * step) % (features / kRanges)) * kRanges + r;
           keys.push_back(FeatureKey(f));
         }
         if (in.Byte() % 2 == 0) std::sort(keys.begin(), keys.end());
