@@ -73,25 +73,37 @@ struct Cached {
   uint64_t generation = 0;
 };
 
+// A range's keys and entries, as ExportRange gives them.
+struct RangeContents {
+  std::vector<uint64_t> keys;
+  std::vector<float> entries;
+};
+
+RangeContents Contents(const Table& table, int r) {
+  RangeContents c;
+  table.ExportRange(r, &c.keys, &c.entries);
+  return c;
+}
+
+// The same keys, and every entry bit for bit.
+void CheckSame(const RangeContents& a, const RangeContents& b) {
+  PS_FUZZ_CHECK(a.keys == b.keys);
+  PS_FUZZ_CHECK(a.entries.size() == b.entries.size());
+  PS_FUZZ_CHECK(a.entries.empty() ||
+                std::memcmp(a.entries.data(), b.entries.data(),
+                            a.entries.size() * sizeof(float)) == 0);
+}
+
 void ExpectSameRange(const Table& primary, const Table& backup, int r) {
-  std::vector<uint64_t> pk, bk;
-  std::vector<float> pe, be;
-  primary.ExportRange(r, &pk, &pe);
-  backup.ExportRange(r, &bk, &be);
-  PS_FUZZ_CHECK(pk == bk);
-  PS_FUZZ_CHECK(pe.size() == be.size());
-  PS_FUZZ_CHECK(pe.empty() ||
-                std::memcmp(pe.data(), be.data(), pe.size() * sizeof(float)) == 0);
+  CheckSame(Contents(primary, r), Contents(backup, r));
 }
 
 // A whole copy of range r (TakeCopies, or a refused delta's repair); the
 // range goes by keys from then on, as the server's does.
 void Copy(Table& primary, Table& backup, int r, RangeSync& s) {
-  std::vector<uint64_t> keys;
-  std::vector<float> entries;
-  primary.ExportRange(r, &keys, &entries);
+  const RangeContents c = Contents(primary, r);
   backup.ClearRange(r);
-  backup.ImportRange(r, keys, entries.data());
+  backup.ImportRange(r, c.keys, c.entries.data());
   primary.StopJournal(r);
   s.by_slot = false;
   s.pushed.clear();
@@ -126,6 +138,20 @@ absl::Status CheckAndImport(Table& backup, int r, const Table::DeltaRows& d,
   return absl::OkStatus();
 }
 
+// Takes range r's delta since the last one into *d. False, after a whole
+// copy instead, when the journal had stopped (only a push not recorded
+// stops it, and the harness tracks those).
+bool TakeDelta(Table& primary, Table& backup, int r, RangeSync& s,
+               Table::DeltaRows* d) {
+  if (!primary.TakeJournal(r, s.synced_generation, s.synced_slots, d)) {
+    PS_FUZZ_CHECK(!s.journal_on);
+    Copy(primary, backup, r, s);
+    return false;
+  }
+  PS_FUZZ_CHECK(s.journal_on);
+  return true;
+}
+
 // Ships what the primary's range r did since the last time.
 void Ship(Table& primary, Table& backup, int r, RangeSync& s) {
   if (!s.by_slot) {
@@ -138,13 +164,7 @@ void Ship(Table& primary, Table& backup, int r, RangeSync& s) {
     return;
   }
   Table::DeltaRows d;
-  if (!primary.TakeJournal(r, s.synced_generation, s.synced_slots, &d)) {
-    // Only a push not recorded stops the journal (the harness made one).
-    PS_FUZZ_CHECK(!s.journal_on);
-    Copy(primary, backup, r, s);
-    return;
-  }
-  PS_FUZZ_CHECK(s.journal_on);
+  if (!TakeDelta(primary, backup, r, s, &d)) return;
   PS_FUZZ_CHECK(d.base_slots == s.synced_slots);
   PS_FUZZ_CHECK(d.entries.size() == d.rows() * primary.entry_floats() * 4);
   absl::Status st = CheckAndImport(backup, r, d, s.synced_digest);
@@ -252,15 +272,8 @@ int Replica(const uint8_t* data, size_t size) {
       case 15: {  // a delta altered in flight, then the repair
         if (!s.by_slot) break;
         Table::DeltaRows d;
-        if (!primary.TakeJournal(r, s.synced_generation, s.synced_slots, &d)) {
-          PS_FUZZ_CHECK(!s.journal_on);
-          Copy(primary, backup, r, s);
-          break;
-        }
-        PS_FUZZ_CHECK(s.journal_on);
-        std::vector<uint64_t> before_keys;
-        std::vector<float> before;
-        backup.ExportRange(r, &before_keys, &before);
+        if (!TakeDelta(primary, backup, r, s, &d)) break;
+        const RangeContents before = Contents(backup, r);
         uint64_t digest = s.synced_digest;
         const uint8_t how = in.Byte();
         switch (how % 3) {
@@ -284,14 +297,7 @@ int Replica(const uint8_t* data, size_t size) {
         }
         const absl::Status st = CheckAndImport(backup, r, d, digest);
         PS_FUZZ_CHECK(st.code() == absl::StatusCode::kDataLoss);
-        std::vector<uint64_t> after_keys;
-        std::vector<float> after;
-        backup.ExportRange(r, &after_keys, &after);
-        PS_FUZZ_CHECK(after_keys == before_keys);
-        PS_FUZZ_CHECK(after.size() == before.size() &&
-                      (after.empty() ||
-                       std::memcmp(after.data(), before.data(),
-                                   after.size() * sizeof(float)) == 0));
+        CheckSame(Contents(backup, r), before);
         Copy(primary, backup, r, s);  // the primary sends a copy instead
         break;
       }
