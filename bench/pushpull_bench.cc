@@ -180,6 +180,11 @@ ABSL_FLAG(bool, local_socket, true,
           "with --data_plane: workers and servers reach the servers over "
           "their same-host Unix-domain sockets (cluster.local_socket); "
           "false: loopback TCP");
+ABSL_FLAG(int, shared_memory_mb, 128,
+          "with --local_socket: the shared memory each worker connection "
+          "offers its server for values of 64 KiB or more "
+          "(cluster.shared_memory_mb); 0: none, every value through the "
+          "socket");
 ABSL_FLAG(bool, iperf, true, "measure one iperf3 loopback stream first");
 ABSL_FLAG(int, iperf_seconds, 3, "iperf3 -t");
 ABSL_FLAG(std::string, csv, "", "also write the results as CSV here");
@@ -626,7 +631,12 @@ class Cluster {
       GrpcTransportOptions to{"", channels, extra};
       to.data_plane = absl::GetFlag(FLAGS_data_plane);
       to.local_socket = absl::GetFlag(FLAGS_local_socket);
-      c->factories_.push_back(std::make_unique<GrpcClientFactory>(to));
+      auto factory = std::make_unique<GrpcClientFactory>(to);
+      factory->SetSharedMemory(
+          size_t{static_cast<unsigned>(
+              std::max(0, absl::GetFlag(FLAGS_shared_memory_mb)))}
+          << 20);
+      c->factories_.push_back(std::move(factory));
       KVWorkerOptions o;
       o.worker_id = i;
       o.request_timeout = absl::Seconds(60);

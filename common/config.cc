@@ -467,6 +467,7 @@ const std::vector<Field>& Fields() {
       BoolField(PS_CFG(cluster, key_caching)),
       BoolField(PS_CFG(cluster, data_plane)),
       BoolField(PS_CFG(cluster, local_socket)),
+      IntField<int>(PS_CFG(cluster, shared_memory_mb), 0, 4096),
       StringField(PS_CFG(cluster.tls, cert_file)),
       StringField(PS_CFG(cluster.tls, key_file)),
       StringField(PS_CFG(cluster.tls, ca_file)),

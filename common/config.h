@@ -54,6 +54,11 @@ struct ClusterConfig {
   // half the CPU per byte. A server elsewhere is reached over TCP as
   // before. false: always TCP.
   bool local_socket = true;
+  // With a same-host socket: the shared memory (a sealed memfd) a worker
+  // offers each server for values of 64 KiB or more, written once there
+  // instead of copied through the kernel twice (transport/shared_arena.h).
+  // Touched only as far as requests in flight need it. 0: none.
+  int shared_memory_mb = 128;
   // gRPC TLS when cert_file or ca_file is set (PEM files; relative paths as
   // given). Servers and the scheduler present cert_file/key_file; clients
   // verify them against ca_file; with require_client_cert every process

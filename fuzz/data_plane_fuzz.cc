@@ -2,8 +2,11 @@
 // what a peer sends on one connection to a real DataPlaneServer in front of
 // a configured ServerNode (DataService, as in a server process). Its first
 // byte says whether a valid hello goes first (bit 0: the fuzzer then reaches
-// the request frames without finding the hello), the rest is sent as is,
-// then the peer stops writing. Checks, besides "no crash": the server ends
+// the request frames without finding the hello) and whether the connection
+// is the same-host socket with a shared-memory arena of 16 pages offered by
+// that hello (bit 1, with bit 0; the arena holds the input's bytes over and
+// over, so kShared frames read fuzzed values from it), the rest is sent as
+// is, then the peer stops writing. Checks, besides "no crash": the server ends
 // the connection within 10 s of the peer's end (no hang, nothing read
 // beyond what was sent) and finishes with it (Serve returns) within 10 s
 // more, and everything it sends back is a sequence of
@@ -12,6 +15,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,6 +33,7 @@
 #include "server/server_node.h"
 #include "server/server_service.h"
 #include "transport/data_plane.h"
+#include "transport/shared_arena.h"
 
 namespace ps::fuzz {
 namespace {
@@ -85,9 +90,10 @@ struct Fixture {
   }
 };
 
-std::string Hello() {
+std::string Hello(bool shared) {
   data_plane::Header h;
   h.type = data_plane::kHello;
+  h.flags = shared ? data_plane::kShared : 0;
   std::string f(data_plane::FrameBytes(h), '\0');
   data_plane::EncodeHeader(h, f.data());
   return f;
@@ -127,25 +133,63 @@ int DataPlane(const uint8_t* data, size_t size) {
     return f;
   }();
   if (size == 0) return 0;
+  const bool shared = (data[0] & 3) == 3;
   std::string bytes;
-  if (data[0] & 1) bytes = Hello();
+  if (data[0] & 1) bytes = Hello(shared);
   bytes.append(reinterpret_cast<const char*>(data + 1), size - 1);
 
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  PS_FUZZ_CHECK(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(fixture->server->port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  int c;
-  do {
-    c = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  } while (c != 0 && errno == EINTR);
-  PS_FUZZ_CHECK(c == 0);
-  // Closed with a reset, not into TIME_WAIT: a fuzzing run makes tens of
-  // thousands of connections a minute, more than the ephemeral ports.
-  linger lg{1, 0};
-  setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+  int fd;
+  std::unique_ptr<SharedArena> arena;
+  if (shared) {
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    PS_FUZZ_CHECK(fd >= 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    const std::string& name = fixture->server->local_name();
+    std::memcpy(a.sun_path + 1, name.data(), name.size());
+    PS_FUZZ_CHECK(connect(fd, reinterpret_cast<sockaddr*>(&a),
+                          offsetof(sockaddr_un, sun_path) + 1 + name.size()) ==
+                  0);
+    auto made = SharedArena::Create(16 * kArenaPage);
+    PS_FUZZ_CHECK(made.ok());
+    arena = std::move(*made);
+    for (size_t i = 0; i < arena->size(); ++i) {
+      arena->base()[i] = static_cast<char>(data[i % size]);
+    }
+    // The hello's header with the arena beside it; the rest below.
+    iovec v{bytes.data(), data_plane::kHeaderBytes};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    cmsghdr* cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    const int afd = arena->fd();
+    std::memcpy(CMSG_DATA(cm), &afd, sizeof(int));
+    PS_FUZZ_CHECK(sendmsg(fd, &m, MSG_NOSIGNAL) ==
+                  static_cast<ssize_t>(data_plane::kHeaderBytes));
+    bytes.erase(0, data_plane::kHeaderBytes);
+  } else {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    PS_FUZZ_CHECK(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(fixture->server->port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int c;
+    do {
+      c = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    } while (c != 0 && errno == EINTR);
+    PS_FUZZ_CHECK(c == 0);
+    // Closed with a reset, not into TIME_WAIT: a fuzzing run makes tens of
+    // thousands of connections a minute, more than the ephemeral ports.
+    linger lg{1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+  }
   timeval tv{10, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   for (size_t at = 0; at < bytes.size();) {

@@ -222,6 +222,8 @@ absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
       absl::Milliseconds(config->fault_tolerance.replication_linger_ms));
   node.SetReplicationDeltas(config->fault_tolerance.replicate_deltas);
   clients.SetLocalSocket(config->cluster.local_socket);
+  clients.SetSharedMemory(
+      size_t{static_cast<unsigned>(config->cluster.shared_memory_mb)} << 20);
   metrics.SetName(absl::StrCat("S[", id, "]"));
   if (metrics_port < 0) {
     PS_RETURN_IF_ERROR(metrics.Serve(options.bind_host,

@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -33,6 +34,7 @@
 #include "google/protobuf/arena.h"
 #include "transport/errors.h"
 #include "transport/grpc_transport.h"
+#include "transport/shared_arena.h"
 
 namespace ps {
 
@@ -64,7 +66,9 @@ void EncodeHeader(const Header& h, char out[kHeaderBytes]) {
   std::memset(out, 0, kHeaderBytes);
   Store<uint32_t>(out, kMagic);
   out[4] = static_cast<char>(h.type);
+  out[5] = static_cast<char>(h.flags);
   Store<uint32_t>(out + 8, h.meta_len);
+  Store<uint32_t>(out + 12, h.shared_page);
   Store<uint64_t>(out + 16, h.id);
   Store<uint64_t>(out + 24, h.keys_len);
   Store<uint64_t>(out + 32, h.vals_len);
@@ -77,8 +81,13 @@ absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
     return absl::InvalidArgumentError("data plane: not a frame (bad magic)");
   }
   h->type = static_cast<uint8_t>(in[4]);
-  if (in[5] != 0 || in[6] != 0 || in[7] != 0 ||
-      Load<uint32_t>(in + 12) != 0) {
+  h->flags = static_cast<uint8_t>(in[5]);
+  h->shared_page = Load<uint32_t>(in + 12);
+  const bool may_share = h->type == kHello || h->type == kPush ||
+                         h->type == kPull || h->type == kReply;
+  if ((h->flags & ~kShared) != 0 || in[6] != 0 || in[7] != 0 ||
+      (h->flags != 0 && !may_share) ||
+      (h->shared_page != 0 && (h->flags & kShared) == 0)) {
     return absl::InvalidArgumentError("data plane: reserved header bytes set");
   }
   switch (h->type) {
@@ -228,6 +237,33 @@ void AddValsPad(const Header& h, std::vector<iovec>* iov) {
   if (pad > 0) iov->push_back({const_cast<char*>(kZeros), pad});
 }
 
+// Writes a hello (WriteAll), its first bytes with `arena_fd` beside them
+// when it is >= 0.
+bool WriteHello(int fd, int arena_fd, std::vector<iovec>* iovs) {
+  if (arena_fd < 0) return WriteAll(fd, iovs);
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = iovs->data();
+  m.msg_iovlen = 1;  // the header: the descriptor goes with it
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &arena_fd, sizeof(int));
+  ssize_t n;
+  do {
+    n = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) return false;
+  // The rest of the hello (and of the header, should it have gone in part).
+  (*iovs)[0].iov_base = static_cast<char*>((*iovs)[0].iov_base) + n;
+  (*iovs)[0].iov_len -= static_cast<size_t>(n);
+  if ((*iovs)[0].iov_len == 0) iovs->erase(iovs->begin());
+  return WriteAll(fd, iovs);
+}
+
 // Reads exactly n bytes (blocking, the socket's receive timeout applies).
 bool ReadExactly(int fd, char* p, size_t n) {
   while (n > 0) {
@@ -247,8 +283,22 @@ bool ReadExactly(int fd, char* p, size_t n) {
 class DataConnection {
  public:
   explicit DataConnection(int fd) : fd_(fd) {}
-  ~DataConnection() { ::close(fd_); }
+  ~DataConnection() {
+    ::close(fd_);
+    if (arena_ != nullptr) arena_budget_->fetch_sub(arena_->size());
+  }
   int fd() const { return fd_; }
+
+  // The peer's arena, set by the hello before any request is read (and so
+  // before any answer can be sent); null when there is none. `budget` is
+  // the server's count of mapped bytes, given back when the connection
+  // goes.
+  void SetArena(std::unique_ptr<SharedMapping> arena,
+                std::shared_ptr<std::atomic<int64_t>> budget) {
+    arena_ = std::move(arena);
+    arena_budget_ = std::move(budget);
+  }
+  const SharedMapping* arena() const { return arena_.get(); }
 
   // Writes one frame; on failure the connection is shut down.
   void Write(std::vector<iovec>* iov) {
@@ -265,6 +315,8 @@ class DataConnection {
 
  private:
   const int fd_;
+  std::unique_ptr<SharedMapping> arena_;
+  std::shared_ptr<std::atomic<int64_t>> arena_budget_;
   absl::Mutex mu_;  // one frame at a time
   std::atomic<bool> broken_{false};
 };
@@ -282,12 +334,23 @@ void DataReplyTo::Send(const absl::Status& s,
   h.meta_len = static_cast<uint32_t>(meta.size());
   h.id = id_;
   h.vals_len = vals.size();
+  // Into the slot the request offered, when the values fit it (checked
+  // against the arena when the request was read).
+  if (slot_ && !vals.empty() && vals.size() <= slot_bytes_ &&
+      conn_->arena() != nullptr) {
+    if (char* at = conn_->arena()->At(slot_page_, vals.size())) {
+      std::memcpy(at, vals.data(), vals.size());
+      h.flags = data_plane::kShared;
+      h.shared_page = slot_page_;
+      vals = {};
+    }
+  }
   char hdr[kHeaderBytes];
   std::vector<iovec> iov;
   iov.reserve(5);
   FrameHead(h, meta, hdr, &iov);
   AddBytes(vals, &iov);
-  AddValsPad(h, &iov);
+  if (data_plane::ValsInFrame(h)) AddValsPad(h, &iov);
   conn_->Write(&iov);
 }
 
@@ -303,6 +366,10 @@ struct DataPlaneServer::State {
   std::atomic<int64_t> grown{0};
   // Connections served, by listener.
   std::atomic<int64_t> served_tcp{0}, served_local{0};
+  // Bytes of peers' arenas mapped now, and arenas mapped so far.
+  std::shared_ptr<std::atomic<int64_t>> arena_bytes =
+      std::make_shared<std::atomic<int64_t>>(0);
+  std::atomic<int64_t> arenas{0};
 
   absl::Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
@@ -446,6 +513,8 @@ int64_t DataPlaneServer::served(bool local) const {
   return (local ? state_->served_local : state_->served_tcp).load();
 }
 
+int64_t DataPlaneServer::arenas() const { return state_->arenas.load(); }
+
 int DataPlaneServer::connections() const {
   absl::MutexLock l(&state_->mu);
   int n = 0;
@@ -497,7 +566,46 @@ void DataPlaneServer::State::Accept(int listener, bool tcp) {
 bool DataPlaneServer::State::Hello(const std::shared_ptr<DataConnection>& conn) {
   SetTimeout(conn->fd(), SO_RCVTIMEO, options.hello_timeout);
   char hdr[kHeaderBytes];
-  if (!ReadExactly(conn->fd(), hdr, kHeaderBytes)) return false;
+  // The first bytes with any descriptors sent beside them (an arena);
+  // descriptors sent with later frames are dropped by the kernel, which
+  // closes them, since no later read asks for them.
+  int arena_fd = -1;
+  size_t got = 0;
+  {
+    iovec v{hdr, kHeaderBytes};
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    ssize_t n;
+    do {
+      n = ::recvmsg(conn->fd(), &m, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return false;
+    got = static_cast<size_t>(n);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t fds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < fds; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (arena_fd < 0) {
+          arena_fd = fd;
+        } else {
+          ::close(fd);
+        }
+      }
+    }
+  }
+  struct Closer {
+    int* fd;
+    ~Closer() {
+      if (*fd >= 0) ::close(*fd);
+    }
+  } closer{&arena_fd};
+  if (!ReadExactly(conn->fd(), hdr + got, kHeaderBytes - got)) return false;
   Header h;
   absl::Status s =
       data_plane::DecodeHeader(hdr, data_plane::kMaxHelloBytes, &h);
@@ -518,7 +626,50 @@ bool DataPlaneServer::State::Hello(const std::shared_ptr<DataConnection>& conn) 
               nullptr);
     return false;
   }
-  DataReplyTo(conn, h.id).Send(absl::OkStatus(), nullptr);
+  // The arena, when the peer offered one and it is acceptable.
+  bool shared = false;
+  if ((h.flags & data_plane::kShared) != 0 && arena_fd >= 0) {
+    const int64_t size = [&] {
+      struct stat st;
+      return ::fstat(arena_fd, &st) == 0 ? static_cast<int64_t>(st.st_size)
+                                         : int64_t{-1};
+    }();
+    const int64_t budget = static_cast<int64_t>(options.arena_budget_bytes);
+    if (size > 0 && static_cast<uint64_t>(size) <= options.max_arena_bytes &&
+        arena_bytes->fetch_add(size) + size <= budget) {
+      const int fd = arena_fd;
+      arena_fd = -1;  // Map closes it
+      absl::StatusOr<std::unique_ptr<SharedMapping>> m =
+          SharedMapping::Map(fd, options.max_arena_bytes);
+      if (m.ok()) {
+        conn->SetArena(std::move(*m), arena_bytes);
+        arenas.fetch_add(1);
+        shared = true;
+      } else {
+        arena_bytes->fetch_sub(size);
+        PS_LOG_WARN("data plane: a peer's arena declined: {}",
+                    m.status().ToString());
+      }
+    } else if (size > 0 &&
+               static_cast<uint64_t>(size) <= options.max_arena_bytes) {
+      arena_bytes->fetch_sub(size);
+    }
+  }
+  {
+    // The answer, with kShared when the arena was taken.
+    proto::DataReply r;
+    StatusToReply(absl::OkStatus(), &r);
+    const std::string meta = r.SerializeAsString();
+    Header a;
+    a.type = data_plane::kReply;
+    a.flags = shared ? data_plane::kShared : 0;
+    a.meta_len = static_cast<uint32_t>(meta.size());
+    a.id = h.id;
+    char ahdr[kHeaderBytes];
+    std::vector<iovec> iov;
+    FrameHead(a, meta, ahdr, &iov);
+    conn->Write(&iov);
+  }
   SetTimeout(conn->fd(), SO_RCVTIMEO, absl::InfiniteDuration());
   return true;
 }
@@ -677,6 +828,25 @@ bool DataPlaneServer::State::Dispatch(
   absl::Span<const char> vals(keys.data() + h.keys_len, h.vals_len);
   DataReplyTo reply(conn, h.id);
   const bool sections = h.keys_len == 0 && h.vals_len == 0;
+  if (!data_plane::ValsInFrame(h)) {
+    // The values (a push's) or the answer's slot (a pull's) in the arena.
+    const char* at = conn->arena() == nullptr
+                         ? nullptr
+                         : conn->arena()->At(h.shared_page, h.vals_len);
+    if (at == nullptr) {
+      reply.Send(absl::InvalidArgumentError(
+                     "data plane: a shared-memory frame outside the "
+                     "connection's arena"),
+                 nullptr);
+      return false;
+    }
+    if (h.type == data_plane::kPush) {
+      vals = absl::Span<const char>(at, h.vals_len);
+    } else {
+      reply = DataReplyTo(conn, h.id, h.shared_page, h.vals_len);
+      vals = {};
+    }
+  }
   switch (h.type) {
     case data_plane::kPush: {
       RequestArena arena(arena_block);
@@ -692,7 +862,8 @@ bool DataPlaneServer::State::Dispatch(
     case data_plane::kPull: {
       proto::PullRequest req;
       if (ParseRequest(h, meta, reply, &req, [&](const proto::PullRequest& r) {
-            return r.keys().empty() && h.vals_len == 0;
+            return r.keys().empty() &&
+                   (h.vals_len == 0 || !data_plane::ValsInFrame(h));
           })) {
         const absl::Duration wait =
             h.timeout_us == 0
@@ -740,31 +911,59 @@ struct DataPlaneClient::State {
 
   using Done = std::function<void(const absl::Status&, const proto::DataReply*,
                                   absl::Span<const char> vals)>;
+  // A request's slot in the arena (bytes 0: none).
+  struct Slot {
+    uint32_t page = 0;
+    size_t bytes = 0;
+  };
   struct Pending {
     absl::Time deadline;
     Done done;
+    Slot slot;
+    // A pull's table and key count (table -1: not a pull).
+    int32_t table = -1;
+    uint64_t keys = 0;
   };
+  // The arena the server took (constant once the connection is open; null
+  // when there is none).
+  std::unique_ptr<SharedArena> arena;
+  std::atomic<int64_t> shared_calls{0};
+
   absl::Mutex mu;
   bool closing ABSL_GUARDED_BY(mu) = false;
   absl::flat_hash_map<uint64_t, Pending> pending ABSL_GUARDED_BY(mu);
+  // Slots of calls that ended (their deadline) before their answer: the
+  // server may still read or write them, so they are freed only when the
+  // answer comes. A connection that breaks takes its arena with it.
+  absl::flat_hash_map<uint64_t, Slot> orphans ABSL_GUARDED_BY(mu);
+  // The largest answer per key seen for each table's pulls: the size of
+  // the slot a pull offers (none before the table's first answer).
+  absl::flat_hash_map<int32_t, uint64_t> pull_bytes_per_key ABSL_GUARDED_BY(mu);
 
   ~State() {
     if (fd >= 0) ::close(fd);
   }
 
   // Registers `done`, writes the frame; a failed write fails the call.
+  // `pull_table` >= 0: a pull of `pull_keys` keys of that table (its answer
+  // may come through the arena).
   void Call(Header h, absl::string_view meta, absl::Span<const char> keys,
             const BorrowedValues* borrowed, absl::Span<const char> vals,
-            absl::Time deadline, Done done);
+            absl::Time deadline, Done done, int32_t pull_table = -1,
+            uint64_t pull_keys = 0);
   void Read();
   void FailAll(const absl::Status& s);
+  void FreeSlot(const Slot& slot) {
+    if (slot.bytes > 0) arena->Free(slot.page, slot.bytes);
+  }
 };
 
 void DataPlaneClient::State::Call(Header h, absl::string_view meta,
                                   absl::Span<const char> keys,
                                   const BorrowedValues* borrowed,
                                   absl::Span<const char> vals,
-                                  absl::Time deadline, Done done) {
+                                  absl::Time deadline, Done done,
+                                  int32_t pull_table, uint64_t pull_keys) {
   h.id = next_id.fetch_add(1, std::memory_order_relaxed);
   h.meta_len = static_cast<uint32_t>(meta.size());
   h.keys_len = keys.size();
@@ -776,16 +975,56 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
          nullptr, {});
     return;
   }
+  // A slot for large values (a push's), or for a pull's answer of the size
+  // its table's last answers had; none when the arena is full.
+  Slot slot;
+  if (arena != nullptr) {
+    size_t want = h.vals_len;
+    if (pull_table >= 0) {
+      absl::MutexLock l(&mu);
+      auto it = pull_bytes_per_key.find(pull_table);
+      want = it == pull_bytes_per_key.end() ||
+                     pull_keys > max_frame_bytes / it->second
+                 ? 0
+                 : static_cast<size_t>(pull_keys * it->second);
+      want = std::min(want, max_frame_bytes);
+    }
+    if (want >= data_plane::kArenaMinBytes) {
+      if (std::optional<uint32_t> page = arena->Allocate(want)) {
+        slot = Slot{*page, want};
+      }
+    }
+  }
+  if (slot.bytes > 0) {
+    char* at = arena->base() + size_t{slot.page} * kArenaPage;
+    if (pull_table < 0) {
+      if (borrowed != nullptr) {
+        for (const absl::Span<const char>& p : borrowed->pieces) {
+          std::memcpy(at, p.data(), p.size());
+          at += p.size();
+        }
+      } else {
+        std::memcpy(at, vals.data(), vals.size());
+      }
+    } else {
+      h.vals_len = slot.bytes;  // the answer's room
+    }
+    h.flags = data_plane::kShared;
+    h.shared_page = slot.page;
+    shared_calls.fetch_add(1, std::memory_order_relaxed);
+  }
   bool refused = false;
   {
     absl::MutexLock l(&mu);
     if (closing || !open.load()) {
       refused = true;
     } else {
-      pending.emplace(h.id, Pending{deadline, std::move(done)});
+      pending.emplace(h.id, Pending{deadline, std::move(done), slot,
+                                    pull_table, pull_keys});
     }
   }
   if (refused) {
+    FreeSlot(slot);
     done(absl::UnavailableError("data plane: connection closed"), nullptr, {});
     return;
   }
@@ -794,12 +1033,14 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
   iov.reserve(6 + (borrowed != nullptr ? borrowed->pieces.size() : 0));
   FrameHead(h, meta, hdr, &iov);
   AddBytes(keys, &iov);
-  if (borrowed != nullptr) {
-    for (const absl::Span<const char>& p : borrowed->pieces) AddBytes(p, &iov);
-  } else {
-    AddBytes(vals, &iov);
+  if (slot.bytes == 0) {
+    if (borrowed != nullptr) {
+      for (const absl::Span<const char>& p : borrowed->pieces) AddBytes(p, &iov);
+    } else {
+      AddBytes(vals, &iov);
+    }
+    AddValsPad(h, &iov);
   }
-  AddValsPad(h, &iov);
   bool written;
   {
     absl::MutexLock l(&write_mu);
@@ -854,19 +1095,38 @@ void DataPlaneClient::State::Read() {
           p = std::move(it->second);
           pending.erase(it);
           found = true;
+        } else if (auto o = orphans.find(h.id); o != orphans.end()) {
+          FreeSlot(o->second);  // answered after its deadline
+          orphans.erase(o);
         }
       }
       if (found) {  // else: answered after its deadline
         const char* frame = buf.data + begin;
         proto::DataReply reply;
-        if (!reply.ParseFromArray(frame + kHeaderBytes,
-                                  static_cast<int>(h.meta_len))) {
+        // The values: in the frame, or in the slot this call offered.
+        const char* vals = frame + KeysOffset(h);
+        const bool in_slot = !data_plane::ValsInFrame(h);
+        const bool slot_ok = !in_slot || (p.slot.bytes > 0 && p.table >= 0 &&
+                                          h.shared_page == p.slot.page &&
+                                          h.vals_len <= p.slot.bytes);
+        if (in_slot && slot_ok) {
+          vals = arena->base() + size_t{p.slot.page} * kArenaPage;
+        }
+        if (!slot_ok || !reply.ParseFromArray(frame + kHeaderBytes,
+                                               static_cast<int>(h.meta_len))) {
           p.done(absl::InternalError("data plane: malformed answer"), nullptr,
                  {});
         } else {
+          if (p.table >= 0 && p.keys > 0 && h.vals_len > 0 &&
+              h.vals_len % p.keys == 0) {
+            absl::MutexLock l(&mu);
+            uint64_t& per_key = pull_bytes_per_key[p.table];
+            per_key = std::max<uint64_t>(per_key, h.vals_len / p.keys);
+          }
           p.done(StatusFromReply(reply), &reply,
-                 absl::Span<const char>(frame + KeysOffset(h), h.vals_len));
+                 absl::Span<const char>(vals, h.vals_len));
         }
+        FreeSlot(p.slot);
       }
       begin += need;
       need = kHeaderBytes;
@@ -913,6 +1173,9 @@ void DataPlaneClient::State::Read() {
         const absl::Time t = absl::Now();
         for (auto it = pending.begin(); it != pending.end();) {
           if (it->second.deadline <= t) {
+            if (it->second.slot.bytes > 0) {
+              orphans.emplace(it->first, it->second.slot);
+            }
             expired.push_back(std::move(it->second.done));
             pending.erase(it++);
           } else {
@@ -997,7 +1260,7 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Connect(
 
 absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::ConnectLocal(
     const std::string& name, const std::string& token, size_t max_frame_bytes,
-    absl::Time deadline, absl::Duration send_stall) {
+    absl::Time deadline, absl::Duration send_stall, size_t arena_bytes) {
   if (name.empty() || name.size() > sizeof(sockaddr_un::sun_path) - 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("data plane: bad same-host socket name '", name, "'"));
@@ -1014,20 +1277,36 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::ConnectLocal(
         "data plane: no same-host socket ", name, ": ", why));
   }
   TuneLocal(fd);
-  return Open(fd, name, token, max_frame_bytes, deadline, send_stall);
+  return Open(fd, name, token, max_frame_bytes, deadline, send_stall,
+              arena_bytes);
 }
 
 absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Open(
     int fd, const std::string& peer, const std::string& token,
-    size_t max_frame_bytes, absl::Time deadline, absl::Duration send_stall) {
+    size_t max_frame_bytes, absl::Time deadline, absl::Duration send_stall,
+    size_t arena_bytes) {
   // Blocking from here on; the hello is bounded by the deadline.
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   const absl::Duration left =
       std::max(deadline - absl::Now(), absl::Milliseconds(1));
   SetTimeout(fd, SO_SNDTIMEO, left);
   SetTimeout(fd, SO_RCVTIMEO, left);
+  // An arena for large values, offered with the hello (a same-host socket
+  // only); in-band values when it cannot be made.
+  std::unique_ptr<SharedArena> arena;
+  if (arena_bytes > 0) {
+    absl::StatusOr<std::unique_ptr<SharedArena>> a =
+        SharedArena::Create(arena_bytes);
+    if (a.ok()) {
+      arena = std::move(*a);
+    } else {
+      PS_LOG_WARN("data plane to {}: no shared memory: {}", peer,
+                  a.status().ToString());
+    }
+  }
   Header h;
   h.type = data_plane::kHello;
+  h.flags = arena != nullptr ? data_plane::kShared : 0;
   h.meta_len = static_cast<uint32_t>(token.size());
   char hdr[kHeaderBytes];
   std::vector<iovec> iov;
@@ -1039,7 +1318,8 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Open(
   absl::Status s;
   if (token.size() > data_plane::kMaxHelloBytes - kHeaderBytes - 8) {
     s = absl::InvalidArgumentError("data plane: cluster token too long");
-  } else if (!WriteAll(fd, &iov) || !ReadExactly(fd, answer, kHeaderBytes)) {
+  } else if (!WriteHello(fd, arena != nullptr ? arena->fd() : -1, &iov) ||
+             !ReadExactly(fd, answer, kHeaderBytes)) {
     s = absl::UnavailableError(
         absl::StrCat("data plane: no answer to the hello from ", peer));
   } else if (s = data_plane::DecodeHeader(answer, data_plane::kMaxHelloBytes, &ah);
@@ -1068,6 +1348,10 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Open(
   SetTimeout(fd, SO_SNDTIMEO, send_stall);
   auto st = std::make_shared<State>();
   st->fd = fd;
+  // The server took the arena (kShared in its answer), or it goes.
+  if (arena != nullptr && (ah.flags & data_plane::kShared) != 0) {
+    st->arena = std::move(arena);
+  }
   st->max_frame_bytes = max_frame_bytes;
   st->reader = std::thread([st] { st->Read(); });
   return std::shared_ptr<DataPlaneClient>(new DataPlaneClient(std::move(st)));
@@ -1090,6 +1374,12 @@ DataPlaneClient::~DataPlaneClient() {
 }
 
 bool DataPlaneClient::ok() const { return state_->open.load(); }
+
+bool DataPlaneClient::shared() const { return state_->arena != nullptr; }
+
+int64_t DataPlaneClient::shared_calls() const {
+  return state_->shared_calls.load();
+}
 
 bool DataPlaneClient::OnReaderThread() const {
   return std::this_thread::get_id() == state_->reader.get_id();
@@ -1183,8 +1473,11 @@ void DataPlaneClient::PullValues(const proto::PullRequest& req,
                      ? 0
                      : static_cast<uint64_t>(std::max<int64_t>(
                            1, absl::ToInt64Microseconds(left)));
+  const uint64_t keys =
+      req.keys().empty() ? req.num_keys() : req.keys().size() / 8;
   state_->Call(h, meta, req.keys(), nullptr, {}, deadline,
-               Parsed<proto::PullResponse>(std::move(done)));
+               Parsed<proto::PullResponse>(std::move(done)), req.table(),
+               keys);
 }
 
 void DataPlaneClient::Clock(const proto::ClockRequest& req, absl::Time deadline,

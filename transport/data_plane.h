@@ -20,6 +20,8 @@
 //  32  u64 vals_len           40  u64 timeout_us (0: none)
 //  48  meta (meta_len bytes), zero padding to a multiple of 8,
 //      keys (keys_len bytes), vals (vals_len bytes), padding to 8.
+// Byte 5 holds flags; only kShared is defined. Bytes 12-15: the arena page
+// of a kShared frame (0 otherwise).
 // Types: HELLO (meta: the cluster token; the first frame of a connection,
 // answered before anything else is read), PUSH (meta: the PushRequest
 // without keys and vals), PULL (the PullRequest without keys; timeout_us:
@@ -37,6 +39,16 @@
 // network namespace, so a client on another host or in another container
 // is refused at once and takes the port. Anyone in the namespace can
 // connect to it, as to the port: the token is what admits a peer.
+//
+// Shared memory (transport/shared_arena.h): on a same-host socket the
+// HELLO may carry a sealed memfd (SCM_RIGHTS) and the flag kShared; the
+// server's answer has kShared when it mapped it. On such a connection a
+// PUSH with kShared has its vals_len bytes of values at page shared_page of
+// the arena instead of in the frame; a PULL with kShared offers the slot at
+// shared_page, of vals_len bytes, for its answer, and a REPLY with kShared
+// says the values were written there. A kShared frame has no values
+// section. A kShared frame on a connection without an arena, or with a
+// slot outside it, is answered INVALID_ARGUMENT and the connection closed.
 //
 // Safety: a connection may send one HELLO of at most 4 KiB within
 // `hello_timeout` or it is closed; a wrong token is answered UNAUTHENTICATED
@@ -66,6 +78,12 @@ namespace ps {
 
 namespace data_plane {
 
+// Values of at least this many bytes go through a connection's arena; the
+// kernel's copies of fewer cost less than a slot's bookkeeping.
+inline constexpr size_t kArenaMinBytes = 64 << 10;
+// A client's arena unless told otherwise (cluster.shared_memory_mb).
+inline constexpr size_t kDefaultArenaBytes = size_t{128} << 20;
+
 inline constexpr uint32_t kMagic = 0x31445350;  // "PSD1"
 inline constexpr size_t kHeaderBytes = 48;
 inline constexpr size_t kMaxHelloBytes = 4096;
@@ -79,8 +97,13 @@ enum FrameType : uint8_t {
   kReply = 16,
 };
 
+// Header flags.
+inline constexpr uint8_t kShared = 1;
+
 struct Header {
   uint8_t type = 0;
+  uint8_t flags = 0;
+  uint32_t shared_page = 0;  // with kShared
   uint32_t meta_len = 0;
   uint64_t id = 0;
   uint64_t keys_len = 0;
@@ -93,13 +116,16 @@ constexpr size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
 inline size_t KeysOffset(const Header& h) {
   return Align8(kHeaderBytes + h.meta_len);
 }
+// Whether the frame carries its values (none with kShared).
+inline bool ValsInFrame(const Header& h) { return (h.flags & kShared) == 0; }
 // Bytes of the whole frame, padding included.
 inline size_t FrameBytes(const Header& h) {
-  return KeysOffset(h) + h.keys_len + Align8(h.vals_len);
+  return KeysOffset(h) + h.keys_len + (ValsInFrame(h) ? Align8(h.vals_len) : 0);
 }
 
 void EncodeHeader(const Header& h, char out[kHeaderBytes]);
-// Reads and checks a header: the magic, a known type, zero reserved bytes,
+// Reads and checks a header: the magic, a known type, zero reserved bytes
+// (kShared only on HELLO, PUSH, PULL and REPLY; a page only with it),
 // keys_len a multiple of 8, vals_len of 4, and the whole frame at most
 // `max_frame_bytes` (RESOURCE_EXHAUSTED; INVALID_ARGUMENT for the rest).
 absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
@@ -115,15 +141,28 @@ class DataReplyTo {
  public:
   DataReplyTo(std::shared_ptr<DataConnection> conn, uint64_t id)
       : conn_(std::move(conn)), id_(id) {}
+  // An answer whose values may go to the arena slot `slot_bytes` long at
+  // `slot_page` (checked to lie in the connection's arena).
+  DataReplyTo(std::shared_ptr<DataConnection> conn, uint64_t id,
+              uint32_t slot_page, uint64_t slot_bytes)
+      : conn_(std::move(conn)),
+        id_(id),
+        slot_page_(slot_page),
+        slot_bytes_(slot_bytes),
+        slot_(true) {}
   // Writes the answer: `s`, and when it is OK `resp` (may be null) and
-  // `vals` (a pull's values, sent as they lie). Returns once the bytes are
-  // in the socket (or the connection is found broken, which closes it).
+  // `vals` (a pull's values, sent as they lie, or written into the
+  // request's arena slot when they fit it). Returns once the bytes are in
+  // the socket (or the connection is found broken, which closes it).
   void Send(const absl::Status& s, const google::protobuf::MessageLite* resp,
             absl::Span<const char> vals = {}) const;
 
  private:
   std::shared_ptr<DataConnection> conn_;
   uint64_t id_;
+  uint32_t slot_page_ = 0;
+  uint64_t slot_bytes_ = 0;
+  bool slot_ = false;
 };
 
 // What a server does with the data plane's requests
@@ -165,6 +204,11 @@ struct DataPlaneServerOptions {
   // (local_name()), for clients in this network namespace: the same
   // protocol at about half the CPU per byte of loopback TCP.
   bool local_socket = true;
+  // The largest arena (transport/shared_arena.h) a same-host peer may hand
+  // over, and all connections' arenas together; one over either is
+  // declined (the peer then sends its values in the frames). 0: none.
+  size_t max_arena_bytes = size_t{512} << 20;
+  size_t arena_budget_bytes = size_t{4} << 30;
 };
 
 class DataPlaneServer {
@@ -186,6 +230,8 @@ class DataPlaneServer {
   // Connections accepted so far over the same-host socket (`local`) or
   // TCP, hello or not.
   int64_t served(bool local) const;
+  // Arenas mapped so far (connections that share memory).
+  int64_t arenas() const;
 
  private:
   struct State;
@@ -217,14 +263,23 @@ class DataPlaneClient {
   // local_name()). UNAVAILABLE at once when no such socket is in this
   // network namespace (the server is on another host, or in another
   // container): the caller then connects to the port.
+  // `arena_bytes` > 0 (a multiple of kArenaPage): offer the server an arena
+  // of that size for values of kArenaMinBytes or more
+  // (transport/shared_arena.h); without one, as when the server declines
+  // it, every value goes in the frames.
   static absl::StatusOr<std::shared_ptr<DataPlaneClient>> ConnectLocal(
       const std::string& name, const std::string& token,
       size_t max_frame_bytes, absl::Time deadline,
-      absl::Duration send_stall = absl::Seconds(5));
+      absl::Duration send_stall = absl::Seconds(5), size_t arena_bytes = 0);
   ~DataPlaneClient();  // fails what is in flight (UNAVAILABLE), joins
 
   // Open, as far as this side knows.
   bool ok() const;
+  // Whether the server took this connection's arena.
+  bool shared() const;
+  // Requests whose values went through the arena (a push's, or a pull's
+  // answer), so far.
+  int64_t shared_calls() const;
   // Whether the calling thread is this connection's reader (a callback):
   // it must not send (a blocking write there could wait for the server,
   // which waits for this reader).
@@ -252,7 +307,8 @@ class DataPlaneClient {
   // (for messages) and starts the reader.
   static absl::StatusOr<std::shared_ptr<DataPlaneClient>> Open(
       int fd, const std::string& peer, const std::string& token,
-      size_t max_frame_bytes, absl::Time deadline, absl::Duration send_stall);
+      size_t max_frame_bytes, absl::Time deadline, absl::Duration send_stall,
+      size_t arena_bytes = 0);
   std::shared_ptr<State> state_;
 };
 

@@ -8,7 +8,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -23,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "transport/errors.h"
+#include "transport/shared_arena.h"
 
 namespace ps {
 namespace {
@@ -874,6 +877,389 @@ TEST_F(DataPlaneTest, ConnectionsOverTheCapAreClosed) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_NE(Connect(), nullptr);
+}
+
+// Shared memory (issue 10, transport/shared_arena.h): over the same-host
+// socket a client that offers an arena sends values of 64 KiB or more
+// through it, and a pull's answer comes back through it once the client
+// knows the table's answer size.
+class SharedMemoryTest : public DataPlaneTest {
+ protected:
+  std::shared_ptr<DataPlaneClient> ConnectShared(size_t arena_bytes) {
+    auto c = DataPlaneClient::ConnectLocal(
+        server_->local_name(), "", kLimit, absl::Now() + absl::Seconds(5),
+        absl::Seconds(5), arena_bytes);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *c : nullptr;
+  }
+  // Pushes `n` values 0.5 * (i + 1) without waiting; `*out` gets the status.
+  void PushAsync(DataPlaneClient* c, int n, absl::Time deadline,
+                 absl::Notification* done, absl::Status* out) {
+    proto::PushRequest req;
+    req.set_worker_id(3);
+    std::vector<uint64_t> keys(n);
+    std::vector<float> vals(n);
+    for (int i = 0; i < n; ++i) {
+      keys[i] = i + 1;
+      vals[i] = 0.5f * (i + 1);
+    }
+    req.set_keys(reinterpret_cast<const char*>(keys.data()), n * 8);
+    req.set_vals(reinterpret_cast<const char*>(vals.data()), n * 4);
+    c->Push(req, nullptr, deadline,
+            [done, out](const absl::Status& s, proto::PushResponse*) {
+              *out = s;
+              done->Notify();
+            });
+  }
+  // Pulls keys 1..n of table 2 and checks the values (TestHandler: each
+  // key's value is the key).
+  void PullAndCheck(DataPlaneClient* c, int n) {
+    proto::PullRequest req;
+    req.set_table(2);
+    std::vector<uint64_t> keys(n);
+    for (int i = 0; i < n; ++i) keys[i] = i + 1;
+    req.set_keys(reinterpret_cast<const char*>(keys.data()), n * 8);
+    absl::Notification done;
+    c->PullValues(req, absl::Now() + absl::Seconds(30),
+                  [&](const absl::Status& s, proto::PullResponse*,
+                      absl::Span<const char> vals) {
+                    EXPECT_TRUE(s.ok()) << s;
+                    EXPECT_EQ(vals.size(), size_t(n) * 4);
+                    for (int i = 0; s.ok() && i < n; ++i) {
+                      float v;
+                      std::memcpy(&v, vals.data() + 4 * i, 4);
+                      if (v != static_cast<float>(i + 1)) {
+                        ADD_FAILURE() << "value " << i << ": " << v;
+                        break;
+                      }
+                    }
+                    done.Notify();
+                  });
+    done.WaitForNotification();
+  }
+  void ExpectLastVals(int n) {
+    absl::MutexLock l(&handler_.mu);
+    ASSERT_EQ(handler_.last_vals.size(), size_t(n) * 4);
+    for (int i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, handler_.last_vals.data() + 4 * i, 4);
+      ASSERT_EQ(v, 0.5f * (i + 1)) << i;
+    }
+    EXPECT_TRUE(handler_.aligned);
+  }
+  // A raw same-host connection.
+  int RawLocal() {
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    const std::string& name = server_->local_name();
+    std::memcpy(a.sun_path + 1, name.data(), name.size());
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a),
+                      offsetof(sockaddr_un, sun_path) + 1 + name.size()),
+              0);
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+  }
+  // Sends a hello with kShared and `arena_fd` beside it; returns whether
+  // the answer took the arena (false also when the answer is not OK).
+  static bool SharedHello(int fd, int arena_fd) {
+    Header h;
+    h.type = data_plane::kHello;
+    h.flags = data_plane::kShared;
+    h.id = 1;
+    char hdr[kHeaderBytes];
+    data_plane::EncodeHeader(h, hdr);
+    iovec v{hdr, kHeaderBytes};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    if (arena_fd >= 0) {
+      m.msg_control = control;
+      m.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&m);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &arena_fd, sizeof(int));
+    }
+    EXPECT_EQ(sendmsg(fd, &m, MSG_NOSIGNAL), ssize_t(kHeaderBytes));
+    char a[kHeaderBytes];
+    size_t got = 0;
+    while (got < kHeaderBytes) {
+      ssize_t n = recv(fd, a + got, kHeaderBytes - got, 0);
+      if (n <= 0) return false;
+      got += n;
+    }
+    Header ah;
+    if (!data_plane::DecodeHeader(a, kLimit, &ah).ok()) return false;
+    std::string rest(data_plane::FrameBytes(ah) - kHeaderBytes, '\0');
+    if (!rest.empty() && recv(fd, rest.data(), rest.size(), MSG_WAITALL) !=
+                             ssize_t(rest.size())) {
+      return false;
+    }
+    proto::DataReply r;
+    return r.ParseFromArray(rest.data(), ah.meta_len) && r.code() == 0 &&
+           (ah.flags & data_plane::kShared) != 0;
+  }
+  // A PUSH frame whose vals_len values are at arena page `page`.
+  static std::string SharedPush(uint32_t page, uint64_t vals_len) {
+    proto::PushRequest req;
+    req.set_worker_id(1);
+    const std::string meta = req.SerializeAsString();
+    Header h;
+    h.type = data_plane::kPush;
+    h.flags = data_plane::kShared;
+    h.shared_page = page;
+    h.meta_len = static_cast<uint32_t>(meta.size());
+    h.id = 9;
+    h.keys_len = 8;
+    h.vals_len = vals_len;
+    std::string f(data_plane::FrameBytes(h), '\0');
+    data_plane::EncodeHeader(h, f.data());
+    std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
+    return f;
+  }
+};
+
+TEST_F(SharedMemoryTest, LargeValuesGoThroughTheArenaBothWays) {
+  Serve();
+  auto c = ConnectShared(size_t{4} << 20);
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->shared());
+  EXPECT_EQ(server_->arenas(), 1);
+  // 80k values (320 KB): through the arena, whole and aligned.
+  ASSERT_TRUE(PushOnce(c.get(), 80000).ok());
+  EXPECT_EQ(c->shared_calls(), 1);
+  ExpectLastVals(80000);
+  // 1000 values (4 KB): in the frame.
+  ASSERT_TRUE(PushOnce(c.get(), 1000).ok());
+  EXPECT_EQ(c->shared_calls(), 1);
+  ExpectLastVals(1000);
+  // A pull of a table not yet answered comes in the frame; the next one,
+  // sized by it, through the arena; one too small for a slot in the frame.
+  PullAndCheck(c.get(), 20000);
+  EXPECT_EQ(c->shared_calls(), 1);
+  PullAndCheck(c.get(), 20000);
+  EXPECT_EQ(c->shared_calls(), 2);
+  PullAndCheck(c.get(), 30000);
+  EXPECT_EQ(c->shared_calls(), 3);
+  PullAndCheck(c.get(), 100);
+  EXPECT_EQ(c->shared_calls(), 3);
+  // Many in turn reuse the same slots.
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(PushOnce(c.get(), 80000).ok());
+  EXPECT_EQ(c->shared_calls(), 53);
+  ExpectLastVals(80000);
+}
+
+TEST_F(SharedMemoryTest, FullArenaSendsInTheFrame) {
+  Serve();
+  auto c = ConnectShared(32 * kArenaPage);  // two slots of 64 KiB
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->shared());
+  handler_.hold = true;
+  constexpr int kN = 16384;  // 64 KiB of values
+  absl::Notification done[3];
+  absl::Status out[3];
+  for (int i = 0; i < 3; ++i) {
+    PushAsync(c.get(), kN, absl::Now() + absl::Seconds(30), &done[i], &out[i]);
+  }
+  EXPECT_EQ(c->shared_calls(), 2);  // the third went in its frame
+  for (int tries = 0; tries < 500; ++tries) {
+    absl::MutexLock l(&handler_.mu);
+    if (handler_.held.size() == 3) break;
+    handler_.mu.Unlock();
+    absl::SleepFor(absl::Milliseconds(10));
+    handler_.mu.Lock();
+  }
+  {
+    absl::MutexLock l(&handler_.mu);
+    ASSERT_EQ(handler_.held.size(), 3u);
+    handler_.hold = false;
+    proto::PushResponse resp;
+    for (const DataReplyTo& r : handler_.held) r.Send(absl::OkStatus(), &resp);
+    handler_.held.clear();
+  }
+  for (int i = 0; i < 3; ++i) {
+    done[i].WaitForNotification();
+    EXPECT_TRUE(out[i].ok()) << out[i];
+  }
+  ExpectLastVals(kN);
+  // Answered, the slots are free again.
+  ASSERT_TRUE(PushOnce(c.get(), kN).ok());
+  EXPECT_EQ(c->shared_calls(), 3);
+}
+
+// A call whose deadline passes keeps its slot until its answer comes: the
+// server may still be reading it.
+TEST_F(SharedMemoryTest, ExpiredCallKeepsItsSlotUntilAnswered) {
+  Serve();
+  auto c = ConnectShared(16 * kArenaPage);  // one slot of 64 KiB
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->shared());
+  constexpr int kN = 16384;
+  handler_.hold = true;
+  EXPECT_EQ(PushOnce(c.get(), kN, absl::Now() + absl::Milliseconds(100)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(c->shared_calls(), 1);
+  // The slot is still lent: the next push goes in its frame.
+  absl::Notification done;
+  absl::Status out;
+  PushAsync(c.get(), kN, absl::Now() + absl::Seconds(30), &done, &out);
+  EXPECT_EQ(c->shared_calls(), 1);
+  for (int tries = 0; tries < 500; ++tries) {
+    absl::MutexLock l(&handler_.mu);
+    if (handler_.held.size() == 2) break;
+    handler_.mu.Unlock();
+    absl::SleepFor(absl::Milliseconds(10));
+    handler_.mu.Lock();
+  }
+  {
+    absl::MutexLock l(&handler_.mu);
+    ASSERT_EQ(handler_.held.size(), 2u);
+    handler_.hold = false;
+    proto::PushResponse resp;
+    for (const DataReplyTo& r : handler_.held) r.Send(absl::OkStatus(), &resp);
+    handler_.held.clear();
+  }
+  done.WaitForNotification();
+  EXPECT_TRUE(out.ok()) << out;
+  // The late answer gave the slot back.
+  ASSERT_TRUE(PushOnce(c.get(), kN).ok());
+  EXPECT_EQ(c->shared_calls(), 2);
+  ExpectLastVals(kN);
+}
+
+TEST_F(SharedMemoryTest, ArenaOverTheServersLimitIsDeclined) {
+  DataPlaneServerOptions o;
+  o.max_frame_bytes = kLimit;
+  o.max_arena_bytes = size_t{1} << 20;
+  auto s = DataPlaneServer::Start(o, &handler_);
+  ASSERT_TRUE(s.ok()) << s.status();
+  server_ = std::move(*s);
+  auto c = ConnectShared(size_t{2} << 20);
+  ASSERT_NE(c, nullptr);
+  EXPECT_FALSE(c->shared());
+  EXPECT_EQ(server_->arenas(), 0);
+  ASSERT_TRUE(PushOnce(c.get(), 80000).ok());
+  EXPECT_EQ(c->shared_calls(), 0);
+  ExpectLastVals(80000);
+  PullAndCheck(c.get(), 20000);
+  PullAndCheck(c.get(), 20000);
+  EXPECT_EQ(c->shared_calls(), 0);
+  // Within the limit: taken.
+  auto d = ConnectShared(size_t{1} << 20);
+  ASSERT_NE(d, nullptr);
+  EXPECT_TRUE(d->shared());
+}
+
+TEST_F(SharedMemoryTest, HostileSharedFramesCloseOnlyTheirConnection) {
+  Serve();
+  // No arena offered: a shared frame is refused and the connection closed.
+  {
+    int fd = RawLocal();
+    SendAll(fd, Hello());
+    ASSERT_TRUE(ReadAnswer(fd).ok());
+    SendAll(fd, SharedPush(0, 64));
+    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Closed(fd));
+    close(fd);
+  }
+  // An arena that could shrink is declined; shared frames then refused.
+  {
+    int mfd = memfd_create("unsealed", MFD_CLOEXEC);
+    ASSERT_GE(mfd, 0);
+    ASSERT_EQ(ftruncate(mfd, 16 * kArenaPage), 0);
+    int fd = RawLocal();
+    EXPECT_FALSE(SharedHello(fd, mfd));
+    close(mfd);
+    SendAll(fd, SharedPush(0, 64));
+    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Closed(fd));
+    close(fd);
+  }
+  // A kShared hello without a descriptor: no arena.
+  {
+    int fd = RawLocal();
+    EXPECT_FALSE(SharedHello(fd, -1));
+    close(fd);
+  }
+  // A good arena, then slots outside it: refused, connection closed.
+  for (auto [page, len] : {std::pair<uint32_t, uint64_t>{16, 4},
+                           {15, kArenaPage + 4},
+                           {0xffffffffu, 4}}) {
+    auto a = SharedArena::Create(16 * kArenaPage);
+    ASSERT_TRUE(a.ok());
+    int fd = RawLocal();
+    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+    SendAll(fd, SharedPush(page, len));
+    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
+        << page << " " << len;
+    EXPECT_TRUE(Closed(fd));
+    close(fd);
+  }
+  // Inside it: the push is read from there.
+  {
+    auto a = SharedArena::Create(16 * kArenaPage);
+    ASSERT_TRUE(a.ok());
+    const float v = 2.5f;
+    std::memcpy((*a)->base() + 15 * kArenaPage, &v, 4);
+    int fd = RawLocal();
+    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+    SendAll(fd, SharedPush(15, 4));
+    EXPECT_TRUE(ReadAnswer(fd).ok());
+    close(fd);
+    absl::MutexLock l(&handler_.mu);
+    ASSERT_EQ(handler_.last_vals.size(), 4u);
+    float got;
+    std::memcpy(&got, handler_.last_vals.data(), 4);
+    EXPECT_EQ(got, 2.5f);
+  }
+  // Over TCP a kShared hello carries nothing, and the server still serves.
+  {
+    int fd = RawSocket();
+    EXPECT_FALSE(SharedHello(fd, -1));
+    close(fd);
+  }
+  auto c = ConnectShared(size_t{1} << 20);
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->shared());
+  ASSERT_TRUE(PushOnce(c.get(), 80000).ok());
+  ExpectLastVals(80000);
+}
+
+// Flags the protocol does not define, or on frames that cannot share, are
+// malformed headers.
+TEST(DataPlaneHeader, SharedFlagOnlyWhereDefined) {
+  char b[kHeaderBytes];
+  Header h;
+  Header out;
+  h.type = data_plane::kClock;
+  h.flags = data_plane::kShared;
+  data_plane::EncodeHeader(h, b);
+  EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  h.type = data_plane::kPush;
+  h.flags = 2;
+  data_plane::EncodeHeader(h, b);
+  EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  h.flags = 0;
+  h.shared_page = 3;  // a page without the flag
+  data_plane::EncodeHeader(h, b);
+  EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  h.flags = data_plane::kShared;
+  h.vals_len = 400;
+  data_plane::EncodeHeader(h, b);
+  ASSERT_TRUE(data_plane::DecodeHeader(b, kLimit, &out).ok());
+  EXPECT_EQ(out.shared_page, 3u);
+  EXPECT_EQ(data_plane::FrameBytes(out), kHeaderBytes);  // no values section
+  h.vals_len = kLimit + 4;  // the message limit still holds
+  data_plane::EncodeHeader(h, b);
+  EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

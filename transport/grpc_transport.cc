@@ -889,8 +889,10 @@ class GrpcServerClient : public ServerClient {
     bool local = false;
     if (s.ok() && !st.data_socket().empty() &&
         data_plane_->local.load(std::memory_order_relaxed)) {
-      c = DataPlaneClient::ConnectLocal(st.data_socket(), token_,
-                                        max_frame_bytes_, deadline);
+      c = DataPlaneClient::ConnectLocal(
+          st.data_socket(), token_, max_frame_bytes_, deadline,
+          absl::Seconds(5),
+          data_plane_->arena_bytes.load(std::memory_order_relaxed));
       local = c.ok();
       if (!c.ok()) {
         PS_LOG_DEBUG("data plane to {}: {}; trying its port", address_,
@@ -1136,6 +1138,10 @@ void GrpcClientFactory::SetDataPlane(bool on) {
 
 void GrpcClientFactory::SetLocalSocket(bool on) {
   data_plane_->local.store(on);
+}
+
+void GrpcClientFactory::SetSharedMemory(size_t bytes) {
+  data_plane_->arena_bytes.store(bytes);
 }
 
 std::shared_ptr<SchedulerClient> GrpcClientFactory::Scheduler(

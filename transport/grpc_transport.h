@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/container/flat_hash_map.h"
+#include "transport/data_plane.h"
 #include "transport/transport.h"
 #include "grpcpp/grpcpp.h"
 
@@ -166,6 +167,9 @@ struct GrpcTransportOptions {
 struct DataPlaneSwitches {
   std::atomic<bool> on{true};
   std::atomic<bool> local{true};
+  // The arena each same-host connection offers (transport/shared_arena.h);
+  // 0: none.
+  std::atomic<size_t> arena_bytes{data_plane::kDefaultArenaBytes};
 };
 
 class GrpcClientFactory : public ClientFactory {
@@ -186,6 +190,9 @@ class GrpcClientFactory : public ClientFactory {
   // Same-host sockets on or off (cluster.local_socket) for connections made
   // from now on (one already open stays as it is).
   void SetLocalSocket(bool on);
+  // The shared memory each same-host connection made from now on offers
+  // its server for large values (cluster.shared_memory_mb; 0: none).
+  void SetSharedMemory(size_t bytes);
 
  private:
   const GrpcTransportOptions options_;

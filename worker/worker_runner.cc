@@ -652,6 +652,9 @@ absl::Status RunWorker(const WorkerRunOptions& options) {
     InitLogging(absl::StrCat("W[", id, "]"), config->output.log_level);
     clients.SetDataPlane(config->cluster.data_plane);
     clients.SetLocalSocket(config->cluster.local_socket);
+    clients.SetSharedMemory(size_t{static_cast<unsigned>(
+                                config->cluster.shared_memory_mb)}
+                            << 20);
   }
   node_metrics.SetName(absl::StrCat("W[", id, "]"));
   if (metrics_port < 0 && config.ok()) {
