@@ -405,8 +405,10 @@ void DataService::Pull(const proto::PullRequest& req,
                         keys.size()),
       &call->resp,
       [this, call](const absl::Status& s) {
+        char* slot = call->reply.Slot(call->floats * sizeof(float));
         const absl::Span<const char> vals(
-            reinterpret_cast<const char*>(call->vals.get()),
+            call->vals != nullptr ? reinterpret_cast<const char*>(call->vals.get())
+                                  : slot,
             call->floats * sizeof(float));
         if (metrics_ != nullptr) {
           metrics_->Record(PushPullMetrics::kPull, call->req.table(),
@@ -417,9 +419,14 @@ void DataService::Pull(const proto::PullRequest& req,
       },
       wait,
       [call](size_t floats) {
+        call->floats = floats;
+        // Straight into the worker's shared memory when it offered room
+        // (transport/shared_arena.h): Send then copies nothing.
+        if (char* slot = call->reply.Slot(floats * sizeof(float))) {
+          return reinterpret_cast<float*>(slot);
+        }
         // Uninitialised: the node writes every float.
         call->vals.reset(new float[floats]);
-        call->floats = floats;
         return call->vals.get();
       });
 }

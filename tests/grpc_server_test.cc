@@ -1,6 +1,8 @@
 // A ServerNode behind the real gRPC service on 127.0.0.1, reached with the
 // real client (GrpcClientFactory): exactly-once pushes, authentication and
 // validation as a remote client sees them.
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/bytes.h"
+#include "transport/data_plane.h"
 #include "transport/grpc_transport.h"
 #include "common/logging.h"
 #include "common/routing.h"
@@ -213,6 +216,67 @@ TEST_F(GrpcServerTest, BorrowedValuesArriveWhole) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_TRUE(alive.expired());
+}
+
+// Issue 10: over the same-host socket with shared memory, a worker's large
+// push is read by the real server from the arena, and a pull's answer is
+// written by the node straight into the slot the worker offered; the values
+// are those of the in-band path to the bit.
+TEST_F(GrpcServerTest, SharedMemoryCarriesPushAndPullThroughTheRealServer) {
+  DataService data(&node_);
+  DataPlaneServerOptions o;
+  o.token = kToken;
+  auto dp = DataPlaneServer::Start(o, &data);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  auto c = DataPlaneClient::ConnectLocal((*dp)->local_name(), kToken,
+                                         size_t{64} << 20,
+                                         absl::Now() + absl::Seconds(5),
+                                         absl::Seconds(5), size_t{8} << 20);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->shared());
+  std::vector<uint64_t> keys(40000);  // 160 KB of values
+  std::vector<float> vals(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = FeatureKey(i * 7 + 1);
+    vals[i] = 0.25f * static_cast<float>(i % 101);
+  }
+  std::sort(keys.begin(), keys.end());
+  auto push = MakePush(1, keys, vals);
+  absl::Notification pushed;
+  (*c)->Push(*push, nullptr, absl::Now() + absl::Seconds(10),
+             [&](const absl::Status& s, proto::PushResponse*) {
+               EXPECT_TRUE(s.ok()) << s;
+               pushed.Notify();
+             });
+  ASSERT_TRUE(pushed.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ((*c)->shared_calls(), 1);
+  // What the gRPC path pulls is the reference.
+  auto want = Pull(Client(kToken).get(), keys);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (size_t i = 0; i < vals.size(); ++i) ASSERT_EQ((*want)[i], -vals[i]) << i;
+  auto pull = std::make_shared<proto::PullRequest>();
+  pull->set_worker_id(0);
+  pull->set_epoch(1);
+  pull->set_table(0);
+  pull->set_wait_ms(5000);
+  PackTo<uint64_t>(pull->mutable_keys(), keys);
+  for (int round = 0; round < 3; ++round) {  // in the frame, then shared
+    absl::Notification pulled;
+    (*c)->PullValues(*pull, absl::Now() + absl::Seconds(10),
+                     [&](const absl::Status& s, proto::PullResponse*,
+                         absl::Span<const char> got) {
+                       EXPECT_TRUE(s.ok()) << s;
+                       ASSERT_EQ(got.size(), want->size() * sizeof(float));
+                       EXPECT_EQ(std::memcmp(got.data(), want->data(),
+                                             got.size()),
+                                 0);
+                       pulled.Notify();
+                     });
+    ASSERT_TRUE(pulled.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  }
+  EXPECT_EQ((*c)->shared_calls(), 3);
+  c->reset();
+  (*dp)->Stop();
 }
 
 TEST_F(GrpcServerTest, MissingOrWrongTokenIsUnauthenticated) {

@@ -336,10 +336,9 @@ void DataReplyTo::Send(const absl::Status& s,
   h.vals_len = vals.size();
   // Into the slot the request offered, when the values fit it (checked
   // against the arena when the request was read).
-  if (slot_ && !vals.empty() && vals.size() <= slot_bytes_ &&
-      conn_->arena() != nullptr) {
-    if (char* at = conn_->arena()->At(slot_page_, vals.size())) {
-      std::memcpy(at, vals.data(), vals.size());
+  if (!vals.empty()) {
+    if (char* at = Slot(vals.size())) {
+      if (at != vals.data()) std::memcpy(at, vals.data(), vals.size());
       h.flags = data_plane::kShared;
       h.shared_page = slot_page_;
       vals = {};
@@ -352,6 +351,13 @@ void DataReplyTo::Send(const absl::Status& s,
   AddBytes(vals, &iov);
   if (data_plane::ValsInFrame(h)) AddValsPad(h, &iov);
   conn_->Write(&iov);
+}
+
+char* DataReplyTo::Slot(size_t bytes) const {
+  if (!slot_ || bytes > slot_bytes_ || conn_->arena() == nullptr) {
+    return nullptr;
+  }
+  return conn_->arena()->At(slot_page_, bytes);
 }
 
 struct DataPlaneServer::State {

@@ -156,6 +156,11 @@ class DataReplyTo {
   // the socket (or the connection is found broken, which closes it).
   void Send(const absl::Status& s, const google::protobuf::MessageLite* resp,
             absl::Span<const char> vals = {}) const;
+  // Where a pull's `bytes` of values may be written so that Send passes
+  // them on without a copy: the request's arena slot (page-aligned), or
+  // null when it has none or it is too small. Written there, they are sent
+  // by Send(s, resp, {that pointer, bytes}).
+  char* Slot(size_t bytes) const;
 
  private:
   std::shared_ptr<DataConnection> conn_;
