@@ -408,8 +408,9 @@ absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
   if (data_plane != nullptr) {
     data_plane->Stop();
     PS_LOG_INFO("data plane: {} connections over the same-host socket, {} "
-                "over TCP",
-                data_plane->served(true), data_plane->served(false));
+                "over TCP; {} shared memory",
+                data_plane->served(true), data_plane->served(false),
+                data_plane->arenas());
   }
   // Give the save_and_exit reply time to leave before tearing down.
   server->Shutdown(std::chrono::system_clock::now() +

@@ -274,10 +274,11 @@ TEST_F(MultiProcessTest, BspReachesAucAndIsReproducible) {
   ASSERT_LAUNCHED(a);
   EXPECT_GE(Auc(a), 0.90) << a.report;
   ExpectPredictReproducesReport(a);
-  // Each server: its workers' and its peer's connections, none over TCP.
+  // Each server: its workers' and its peer's connections, none over TCP,
+  // every one with a shared-memory arena (cluster.shared_memory_mb).
   EXPECT_EQ(CountMatches(a.log,
-                         "data plane: [1-9][0-9]* connections over the "
-                         "same-host socket, 0 over TCP"),
+                         "data plane: ([1-9][0-9]*) connections over the "
+                         "same-host socket, 0 over TCP; \\1 shared memory"),
             2)
       << Tail(a.log, 4000);
 
@@ -288,7 +289,7 @@ TEST_F(MultiProcessTest, BspReachesAucAndIsReproducible) {
   ASSERT_LAUNCHED(b);
   EXPECT_EQ(CountMatches(b.log,
                          "data plane: 0 connections over the same-host "
-                         "socket, [1-9][0-9]* over TCP"),
+                         "socket, [1-9][0-9]* over TCP; 0 shared memory"),
             2)
       << Tail(b.log, 4000);
   const auto fa = ModelFiles(a.model_dir);
