@@ -861,6 +861,14 @@ bool DataPlaneServer::State::Dispatch(
             return r.keys().empty() && r.vals().empty();
           })) {
         *worker = req->worker_id();
+        if (!data_plane::ValsInFrame(h) && req->vals_codec() != 0) {
+          // A compressed payload is read by a decompressor that may look
+          // at a byte more than once: from private memory, never from the
+          // arena the peer can still write (plain values are read once).
+          const std::string copy(vals.data(), vals.size());
+          handler->Push(*req, keys, copy, std::move(reply));
+          return true;
+        }
         handler->Push(*req, keys, vals, std::move(reply));
       }
       return true;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -42,6 +43,7 @@ class TestHandler : public DataHandler {
  public:
   void Push(const proto::PushRequest& req, absl::Span<const char> keys,
             absl::Span<const char> vals, DataReplyTo reply) override {
+    if (on_push) on_push();
     {
       absl::MutexLock l(&mu);
       last_push = req;
@@ -100,6 +102,8 @@ class TestHandler : public DataHandler {
     closed_by.push_back(worker_id);
   }
 
+  // Runs first in each Push (a test's hook; set before any push).
+  std::function<void()> on_push;
   absl::Mutex mu;
   bool hold = false;
   std::vector<DataReplyTo> held;
@@ -1004,9 +1008,11 @@ class SharedMemoryTest : public DataPlaneTest {
            (ah.flags & data_plane::kShared) != 0;
   }
   // A PUSH frame whose vals_len values are at arena page `page`.
-  static std::string SharedPush(uint32_t page, uint64_t vals_len) {
+  static std::string SharedPush(uint32_t page, uint64_t vals_len,
+                                bool compressed = false) {
     proto::PushRequest req;
     req.set_worker_id(1);
+    if (compressed) req.set_vals_codec(proto::CODEC_ZSTD);
     const std::string meta = req.SerializeAsString();
     Header h;
     h.type = data_plane::kPush;
@@ -1226,6 +1232,89 @@ TEST_F(SharedMemoryTest, HostileSharedFramesCloseOnlyTheirConnection) {
   ASSERT_NE(c, nullptr);
   EXPECT_TRUE(c->shared());
   ASSERT_TRUE(PushOnce(c.get(), 80000).ok());
+  ExpectLastVals(80000);
+}
+
+// Plain values are read where they lie; compressed ones are copied out
+// first, so a peer writing the slot while the server decompresses it
+// cannot change what the decompressor already checked.
+TEST_F(SharedMemoryTest, CompressedValuesAreCopiedOutOfTheArenaFirst) {
+  Serve();
+  auto a = SharedArena::Create(16 * kArenaPage);
+  ASSERT_TRUE(a.ok());
+  char* slot = (*a)->base() + 2 * kArenaPage;
+  handler_.on_push = [slot] { std::memset(slot, 'x', 8); };
+  for (bool compressed : {false, true}) {
+    std::memcpy(slot, "abcdefgh", 8);
+    int fd = RawLocal();
+    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+    SendAll(fd, SharedPush(2, 8, compressed));
+    EXPECT_TRUE(ReadAnswer(fd).ok());
+    close(fd);
+    absl::MutexLock l(&handler_.mu);
+    EXPECT_EQ(handler_.last_vals, compressed ? "abcdefgh" : "xxxxxxxx");
+  }
+}
+
+// A server that goes away with shared calls in flight fails them
+// (UNAVAILABLE) like any other, and an answer it sends afterwards into a
+// slot reaches no one; a new connection gets a new arena.
+TEST_F(SharedMemoryTest, StoppedServerFailsSharedCallsInFlight) {
+  Serve();
+  auto c = ConnectShared(size_t{1} << 20);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->shared());
+  PullAndCheck(c.get(), 20000);  // the table's answer size, learnt
+  handler_.hold = true;
+  absl::Notification pushed, pulled;
+  absl::Status push_out, pull_out;
+  PushAsync(c.get(), 20000, absl::Now() + absl::Seconds(30), &pushed,
+            &push_out);
+  proto::PullRequest req;
+  req.set_table(2);
+  std::vector<uint64_t> keys(20000, 7);
+  req.set_keys(reinterpret_cast<const char*>(keys.data()), keys.size() * 8);
+  c->PullValues(req, absl::Now() + absl::Seconds(30),
+                [&](const absl::Status& s, proto::PullResponse*,
+                    absl::Span<const char> vals) {
+                  pull_out = s;
+                  EXPECT_TRUE(vals.empty());
+                  pulled.Notify();
+                });
+  EXPECT_EQ(c->shared_calls(), 2);  // the push and the second pull
+  for (;;) {
+    absl::MutexLock l(&handler_.mu);
+    if (handler_.held.size() == 2) break;
+    handler_.mu.AwaitWithTimeout(
+        absl::Condition(+[](TestHandler* h) { return h->held.size() == 2; },
+                        &handler_),
+        absl::Seconds(5));
+  }
+  server_->Stop();
+  ASSERT_TRUE(pushed.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(pulled.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(push_out.code(), absl::StatusCode::kUnavailable) << push_out;
+  EXPECT_EQ(pull_out.code(), absl::StatusCode::kUnavailable) << pull_out;
+  EXPECT_FALSE(c->ok());
+  {
+    // Answers after the stop, one into the pull's slot: dropped.
+    absl::MutexLock l(&handler_.mu);
+    std::vector<float> vals(20000, 1.0f);
+    proto::PullResponse resp;
+    handler_.held[1].Send(
+        absl::OkStatus(), &resp,
+        absl::Span<const char>(reinterpret_cast<const char*>(vals.data()),
+                               vals.size() * 4));
+    handler_.held[0].Send(absl::OkStatus(), &resp);
+    handler_.held.clear();
+    handler_.hold = false;
+  }
+  c.reset();  // the arena goes with the connection
+  Serve();
+  auto d = ConnectShared(size_t{1} << 20);
+  ASSERT_NE(d, nullptr);
+  EXPECT_TRUE(d->shared());
+  ASSERT_TRUE(PushOnce(d.get(), 80000).ok());
   ExpectLastVals(80000);
 }
 

@@ -18,8 +18,10 @@
 // push's values once, in place, and writes a pull's answer only into the
 // slot it was given, bounds-checked. A worker that scribbles over a slot
 // while the server reads it changes only its own gradient, as it could by
-// sending other values; keys and metadata never travel through the arena
-// (they are checked, then used again), so nothing the server validates can
+// sending other values (and the update rules keep a weight whose new value
+// would not be finite); keys and metadata never travel through the arena
+// (they are checked, then used again), and compressed values are copied
+// out before they are decompressed, so nothing the server validates can
 // change under it.
 #pragma once
 
