@@ -282,8 +282,8 @@ class DataPlaneClient {
   bool ok() const;
   // Whether the server took this connection's arena.
   bool shared() const;
-  // Requests whose values went through the arena (a push's, or a pull's
-  // answer), so far.
+  // Requests sent with an arena slot so far: a push's values, or room
+  // offered for a pull's answer (which the server fills when it fits).
   int64_t shared_calls() const;
   // Whether the calling thread is this connection's reader (a callback):
   // it must not send (a blocking write there could wait for the server,
