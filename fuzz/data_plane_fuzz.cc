@@ -157,20 +157,9 @@ int DataPlane(const uint8_t* data, size_t size) {
       arena->base()[i] = static_cast<char>(data[i % size]);
     }
     // The hello's header with the arena beside it; the rest below.
-    iovec v{bytes.data(), data_plane::kHeaderBytes};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &v;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
-    cmsghdr* cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    const int afd = arena->fd();
-    std::memcpy(CMSG_DATA(cm), &afd, sizeof(int));
-    PS_FUZZ_CHECK(sendmsg(fd, &m, MSG_NOSIGNAL) ==
+    PS_FUZZ_CHECK(data_plane::SendWithDescriptor(fd, bytes.data(),
+                                                 data_plane::kHeaderBytes,
+                                                 arena->fd()) ==
                   static_cast<ssize_t>(data_plane::kHeaderBytes));
     bytes.erase(0, data_plane::kHeaderBytes);
   } else {

@@ -121,6 +121,26 @@ absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
   return absl::OkStatus();
 }
 
+ssize_t SendWithDescriptor(int sock, const char* p, size_t n, int pass_fd) {
+  iovec v{const_cast<char*>(p), n};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+  ssize_t r;
+  do {
+    r = ::sendmsg(sock, &m, MSG_NOSIGNAL);
+  } while (r < 0 && errno == EINTR);
+  return r;
+}
+
 }  // namespace data_plane
 
 namespace {
@@ -241,21 +261,10 @@ void AddValsPad(const Header& h, std::vector<iovec>* iov) {
 // when it is >= 0.
 bool WriteHello(int fd, int arena_fd, std::vector<iovec>* iovs) {
   if (arena_fd < 0) return WriteAll(fd, iovs);
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = iovs->data();
-  m.msg_iovlen = 1;  // the header: the descriptor goes with it
-  m.msg_control = control;
-  m.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &arena_fd, sizeof(int));
-  ssize_t n;
-  do {
-    n = ::sendmsg(fd, &m, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
+  // The header: the descriptor goes with it.
+  const ssize_t n = data_plane::SendWithDescriptor(
+      fd, static_cast<const char*>((*iovs)[0].iov_base), (*iovs)[0].iov_len,
+      arena_fd);
   if (n <= 0) return false;
   // The rest of the hello (and of the header, should it have gone in part).
   (*iovs)[0].iov_base = static_cast<char*>((*iovs)[0].iov_base) + n;

@@ -61,6 +61,8 @@
 // stay on gRPC.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -124,6 +126,10 @@ inline size_t FrameBytes(const Header& h) {
 }
 
 void EncodeHeader(const Header& h, char out[kHeaderBytes]);
+// One sendmsg of `n` bytes at `p` on the Unix-domain socket `sock` with the
+// descriptor `pass_fd` beside them (SCM_RIGHTS; how a hello hands over an
+// arena). Returns what sendmsg returned (retried on EINTR).
+ssize_t SendWithDescriptor(int sock, const char* p, size_t n, int pass_fd);
 // Reads and checks a header: the magic, a known type, zero reserved bytes
 // (kShared only on HELLO, PUSH, PULL and REPLY; a page only with it),
 // keys_len a multiple of 8, vals_len of 4, and the whole frame at most

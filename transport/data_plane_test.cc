@@ -951,6 +951,27 @@ class SharedMemoryTest : public DataPlaneTest {
     }
     EXPECT_TRUE(handler_.aligned);
   }
+  // Waits (at most 5 s) until the handler holds `n` answers.
+  void WaitHeld(size_t n) {
+    struct Want {
+      TestHandler* h;
+      size_t n;
+    } want{&handler_, n};
+    absl::MutexLock l(&handler_.mu);
+    handler_.mu.AwaitWithTimeout(
+        absl::Condition(+[](Want* w) { return w->h->held.size() == w->n; },
+                        &want),
+        absl::Seconds(5));
+    ASSERT_EQ(handler_.held.size(), n);
+  }
+  // Answers every held push OK and holds no more.
+  void AnswerHeld() {
+    absl::MutexLock l(&handler_.mu);
+    handler_.hold = false;
+    proto::PushResponse resp;
+    for (const DataReplyTo& r : handler_.held) r.Send(absl::OkStatus(), &resp);
+    handler_.held.clear();
+  }
   // A raw same-host connection.
   int RawLocal() {
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -974,21 +995,11 @@ class SharedMemoryTest : public DataPlaneTest {
     h.id = 1;
     char hdr[kHeaderBytes];
     data_plane::EncodeHeader(h, hdr);
-    iovec v{hdr, kHeaderBytes};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &v;
-    m.msg_iovlen = 1;
-    if (arena_fd >= 0) {
-      m.msg_control = control;
-      m.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&m);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &arena_fd, sizeof(int));
-    }
-    EXPECT_EQ(sendmsg(fd, &m, MSG_NOSIGNAL), ssize_t(kHeaderBytes));
+    EXPECT_EQ(arena_fd >= 0
+                  ? data_plane::SendWithDescriptor(fd, hdr, kHeaderBytes,
+                                                   arena_fd)
+                  : send(fd, hdr, kHeaderBytes, MSG_NOSIGNAL),
+              ssize_t(kHeaderBytes));
     char a[kHeaderBytes];
     size_t got = 0;
     while (got < kHeaderBytes) {
@@ -1072,21 +1083,8 @@ TEST_F(SharedMemoryTest, FullArenaSendsInTheFrame) {
     PushAsync(c.get(), kN, absl::Now() + absl::Seconds(30), &done[i], &out[i]);
   }
   EXPECT_EQ(c->shared_calls(), 2);  // the third went in its frame
-  for (int tries = 0; tries < 500; ++tries) {
-    absl::MutexLock l(&handler_.mu);
-    if (handler_.held.size() == 3) break;
-    handler_.mu.Unlock();
-    absl::SleepFor(absl::Milliseconds(10));
-    handler_.mu.Lock();
-  }
-  {
-    absl::MutexLock l(&handler_.mu);
-    ASSERT_EQ(handler_.held.size(), 3u);
-    handler_.hold = false;
-    proto::PushResponse resp;
-    for (const DataReplyTo& r : handler_.held) r.Send(absl::OkStatus(), &resp);
-    handler_.held.clear();
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitHeld(3));
+  AnswerHeld();
   for (int i = 0; i < 3; ++i) {
     done[i].WaitForNotification();
     EXPECT_TRUE(out[i].ok()) << out[i];
@@ -1114,21 +1112,8 @@ TEST_F(SharedMemoryTest, ExpiredCallKeepsItsSlotUntilAnswered) {
   absl::Status out;
   PushAsync(c.get(), kN, absl::Now() + absl::Seconds(30), &done, &out);
   EXPECT_EQ(c->shared_calls(), 1);
-  for (int tries = 0; tries < 500; ++tries) {
-    absl::MutexLock l(&handler_.mu);
-    if (handler_.held.size() == 2) break;
-    handler_.mu.Unlock();
-    absl::SleepFor(absl::Milliseconds(10));
-    handler_.mu.Lock();
-  }
-  {
-    absl::MutexLock l(&handler_.mu);
-    ASSERT_EQ(handler_.held.size(), 2u);
-    handler_.hold = false;
-    proto::PushResponse resp;
-    for (const DataReplyTo& r : handler_.held) r.Send(absl::OkStatus(), &resp);
-    handler_.held.clear();
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitHeld(2));
+  AnswerHeld();
   done.WaitForNotification();
   EXPECT_TRUE(out.ok()) << out;
   // The late answer gave the slot back.
@@ -1282,14 +1267,7 @@ TEST_F(SharedMemoryTest, StoppedServerFailsSharedCallsInFlight) {
                   pulled.Notify();
                 });
   EXPECT_EQ(c->shared_calls(), 2);  // the push and the second pull
-  for (;;) {
-    absl::MutexLock l(&handler_.mu);
-    if (handler_.held.size() == 2) break;
-    handler_.mu.AwaitWithTimeout(
-        absl::Condition(+[](TestHandler* h) { return h->held.size() == 2; },
-                        &handler_),
-        absl::Seconds(5));
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitHeld(2));
   server_->Stop();
   ASSERT_TRUE(pushed.WaitForNotificationWithTimeout(absl::Seconds(5)));
   ASSERT_TRUE(pulled.WaitForNotificationWithTimeout(absl::Seconds(5)));
