@@ -14,26 +14,28 @@ uint64_t KeySlotMap::Seed() {
 
 size_t KeySlotMap::LongestProbe() const {
   size_t longest = 0;
-  for (size_t i = 0; i < capacity(); ++i) {
-    if (entries_[i].used == 0) continue;
-    const size_t probes = ((i - Home(entries_[i].key)) & mask_) + 1;
-    if (probes > longest) longest = probes;
+  for (size_t b = 0; b < lines(); ++b) {
+    for (size_t j = 0; j < kPerLine; ++j) {
+      const Entry& e = lines_[b].e[j];
+      if (e.used == 0) continue;
+      const size_t probes =
+          ((b - HomeLine(e.key)) & line_mask_) * kPerLine + j + 1;
+      if (probes > longest) longest = probes;
+    }
   }
   return longest;
 }
 
 void KeySlotMap::Grow() {
-  const size_t old_capacity = capacity();
-  const size_t capacity = old_capacity == 0 ? kMinCapacity : old_capacity * 2;
-  std::unique_ptr<Entry[]> old = std::move(entries_);
-  entries_ = std::make_unique<Entry[]>(capacity);  // zeroed: all empty
-  mask_ = capacity - 1;
-  for (size_t j = 0; j < old_capacity; ++j) {
-    const Entry& e = old[j];
-    if (e.used == 0) continue;
-    size_t i = Home(e.key);
-    while (entries_[i].used != 0) i = (i + 1) & mask_;
-    entries_[i] = e;
+  const size_t old_lines = lines();
+  const size_t n = old_lines == 0 ? kMinLines : old_lines * 2;
+  std::unique_ptr<Line[]> old = std::move(lines_);
+  lines_ = std::make_unique<Line[]>(n);  // zeroed: all empty
+  line_mask_ = n - 1;
+  for (size_t b = 0; b < old_lines; ++b) {
+    for (const Entry& e : old[b].e) {
+      if (e.used != 0) FreeEntry(e.key) = e;
+    }
   }
 }
 

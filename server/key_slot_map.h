@@ -6,9 +6,20 @@
 // 16-byte slots), while the key sits anywhere in the group, so 3 lookups in 4
 // still waited on memory: the load of the slot's key was 71 % of
 // Table::FindOrNewSlot's samples, and that function 45 % of a 100k
-// random-key push's (perf, 2026-11-28). Here a key is at its home entry or a
-// few after it (linear probing, load at most 5/8), and Prefetch loads the
-// line of the home entry and the next one.
+// random-key push's (perf, 2026-11-28). Here a key is in its home line or
+// one after it (linear probing, load at most 5/8), and Prefetch loads the
+// home line.
+//
+// Entries lie in 64-byte lines of four, and a key's home is a line: a
+// lookup compares the key with the line's four entries at once (no branch
+// per entry) and reads on only when the line is full. Linear probing over
+// whole lines: a key sits in its home line or a later one, and since
+// entries are only ever added at the first empty one from a line's start,
+// every line's used entries are a prefix of it (the last used means full).
+// One prefetched line answers nearly every lookup: at a load of 5/8 most
+// keys are in their home line, where probing by entry (a home entry
+// anywhere in a line) read past it for about half of them, a mispredicted
+// branch each, and prefetched a second line for every key.
 //
 // Keys are any uint64_t. Hashing mixes a per-process random seed into the
 // key (splitmix64), so keys chosen by a client cannot be made to collide.
@@ -47,17 +58,9 @@ class KeySlotMap {
   // key was added (its slot then 0). Invalidates earlier references.
   // Grows only to add a key: a key already stored never reallocates.
   std::pair<uint32_t*, bool> TryEmplace(uint64_t key) {
-    if (entries_ != nullptr) {
-      for (size_t i = Home(key);; i = (i + 1) & mask_) {
-        Entry& e = entries_[i];
-        if (e.used == 0) break;
-        if (e.key == key) return {&e.slot, false};
-      }
-    }
+    if (Entry* e = FindEntry(key); e != nullptr) return {&e->slot, false};
     if ((size_ + 1) * 8 > capacity() * 5) Grow();
-    size_t i = Home(key);
-    while (entries_[i].used != 0) i = (i + 1) & mask_;
-    Entry& e = entries_[i];
+    Entry& e = FreeEntry(key);
     e = {key, 0, 1};
     ++size_;
     return {&e.slot, true};
@@ -67,19 +70,17 @@ class KeySlotMap {
   // Always inlined: GCC 12 judges an out-of-line function that only
   // prefetches pure, and drops its calls, prefetches and all.
   [[gnu::always_inline]] void Prefetch(uint64_t key) const {
-    if (entries_ == nullptr) return;
-    const size_t i = Home(key);
-    const Entry* e = entries_.get();
-    __builtin_prefetch(e + i);
-    // A probe that runs past the home line reads the next one.
-    __builtin_prefetch(e + ((i + kPerLine - 1) & mask_));
+    if (lines_ == nullptr) return;
+    __builtin_prefetch(&lines_[HomeLine(key)]);
   }
 
   // Calls fn(key, slot) for every key, in no particular order.
   template <typename Fn>
   void ForEach(Fn&& fn) const {
-    for (size_t i = 0; i < capacity(); ++i) {
-      if (entries_[i].used != 0) fn(entries_[i].key, entries_[i].slot);
+    for (size_t b = 0; b < lines(); ++b) {
+      for (const Entry& e : lines_[b].e) {
+        if (e.used != 0) fn(e.key, e.slot);
+      }
     }
   }
 
@@ -88,8 +89,8 @@ class KeySlotMap {
   size_t LongestProbe() const;
 
   void Clear() {
-    entries_.reset();
-    mask_ = 0;
+    lines_.reset();
+    line_mask_ = 0;
     size_ = 0;
   }
 
@@ -100,30 +101,59 @@ class KeySlotMap {
     uint32_t used;  // 0: empty
   };
   static_assert(sizeof(Entry) == 16);
-  static constexpr size_t kPerLine = 64 / sizeof(Entry);
-  static constexpr size_t kMinCapacity = 16;
+  static constexpr size_t kPerLine = 4;
+  struct alignas(64) Line {
+    Entry e[kPerLine];
+  };
+  static_assert(sizeof(Line) == 64);
+  static constexpr size_t kMinLines = 4;
 
   // A process-wide random seed (hardware entropy, drawn once).
   static uint64_t Seed();
 
-  size_t capacity() const { return entries_ == nullptr ? 0 : mask_ + 1; }
-  size_t Home(uint64_t key) const {
-    return static_cast<size_t>(Mix64(key ^ seed_)) & mask_;
+  size_t lines() const { return lines_ == nullptr ? 0 : line_mask_ + 1; }
+  size_t capacity() const { return lines() * kPerLine; }
+  size_t HomeLine(uint64_t key) const {
+    return static_cast<size_t>(Mix64(key ^ seed_)) & line_mask_;
   }
-  const Entry* FindEntry(uint64_t key) const {
+  // Bit j set where the line's entry j holds `key` (at most one: keys are
+  // unique). Branch-free; an empty entry (key 0) never matches.
+  static uint32_t Matches(const Line& l, uint64_t key) {
+    uint32_t m = 0;
+    for (size_t j = 0; j < kPerLine; ++j) {
+      m |= static_cast<uint32_t>((l.e[j].key == key) & (l.e[j].used != 0))
+           << j;
+    }
+    return m;
+  }
+  static bool Full(const Line& l) { return l.e[kPerLine - 1].used != 0; }
+
+  Entry* FindEntry(uint64_t key) const {
     if (size_ == 0) return nullptr;
-    for (size_t i = Home(key);; i = (i + 1) & mask_) {
-      const Entry& e = entries_[i];
-      if (e.used == 0) return nullptr;
-      if (e.key == key) return &e;
+    for (size_t b = HomeLine(key);; b = (b + 1) & line_mask_) {
+      Line& l = lines_[b];
+      if (const uint32_t m = Matches(l, key); m != 0) {
+        return &l.e[__builtin_ctz(m)];
+      }
+      if (!Full(l)) return nullptr;
     }
   }
-  // Doubles the capacity (kMinCapacity at first) and re-inserts every key.
+  // Where `key` goes: the first empty entry from its home line on. The map
+  // must have room (load below 1).
+  Entry& FreeEntry(uint64_t key) {
+    for (size_t b = HomeLine(key);; b = (b + 1) & line_mask_) {
+      for (Entry& e : lines_[b].e) {
+        if (e.used == 0) return e;
+      }
+    }
+  }
+  // Doubles the capacity (kMinLines lines at first) and re-inserts every
+  // key.
   void Grow();
 
   const uint64_t seed_ = Seed();
-  std::unique_ptr<Entry[]> entries_;
-  size_t mask_ = 0;  // capacity - 1
+  std::unique_ptr<Line[]> lines_;
+  size_t line_mask_ = 0;  // lines - 1
   size_t size_ = 0;
 };
 
