@@ -83,6 +83,10 @@ void ParallelRunner::Run(int parts, absl::FunctionRef<void(int)> fn) {
   call.pending.Wait();
 }
 
+namespace {
+constexpr int kPartsPerThread = 4;
+}  // namespace
+
 void ParallelRunner::ForEachBalanced(size_t n, size_t min_part_size,
                                      absl::FunctionRef<size_t(size_t)> size,
                                      absl::FunctionRef<void(size_t)> fn) {
@@ -95,7 +99,7 @@ void ParallelRunner::ForEachBalanced(size_t n, size_t min_part_size,
   std::vector<size_t> sizes(n);
   for (size_t i = 0; i < n; ++i) sizes[i] = size(i);
   const std::vector<size_t> parts =
-      BalancedParts(sizes, parallelism(), min_part_size);
+      BalancedParts(sizes, parallelism() * kPartsPerThread, min_part_size);
   Run(static_cast<int>(parts.size()) - 1, [&](int part) {
     for (size_t i = parts[part]; i < parts[part + 1]; ++i) fn(i);
   });
