@@ -1171,7 +1171,9 @@ TEST(ServerNodeParallelTest, SplitApplyEqualsOneThread) {
   }
   std::vector<std::vector<float>> pulled;
   for (ServerNode* node : {&serial, &parallel}) {
-    // Eight ranges, 12k keys each: 3 parts of a push, 3 of a pull.
+    // Eight ranges, 12k keys each: 6 parts of a push, 3 of a pull (each at
+    // least kMinParallelApplyValues or kMinParallelPullValues), for 3
+    // threads.
     ASSERT_TRUE(node->Configure(0, MakeView(1, 1, proto::MODE_ASP)).ok());
     proto::PushRequest a = MakePush(0, 1, 0, keys, grads, 1);
     a.set_key_list(9);
