@@ -6,9 +6,9 @@
 // 16-byte slots), while the key sits anywhere in the group, so 3 lookups in 4
 // still waited on memory: the load of the slot's key was 71 % of
 // Table::FindOrNewSlot's samples, and that function 45 % of a 100k
-// random-key push's (perf, 2026-11-28). Here a key is in its home line or
-// one after it (linear probing, load at most 5/8), and Prefetch loads the
-// home line.
+// random-key push's (perf, 2026-11-28). Here a key is in its home line or,
+// when that is full, a later one (linear probing, load at most 5/8), and
+// Prefetch loads the home line.
 //
 // Entries lie in 64-byte lines of four, and a key's home is a line: a
 // lookup compares the key with the line's four entries at once (no branch
@@ -128,15 +128,18 @@ class KeySlotMap {
   }
   static bool Full(const Line& l) { return l.e[kPerLine - 1].used != 0; }
 
-  Entry* FindEntry(uint64_t key) const {
+  const Entry* FindEntry(uint64_t key) const {
     if (size_ == 0) return nullptr;
     for (size_t b = HomeLine(key);; b = (b + 1) & line_mask_) {
-      Line& l = lines_[b];
+      const Line& l = lines_[b];
       if (const uint32_t m = Matches(l, key); m != 0) {
         return &l.e[__builtin_ctz(m)];
       }
       if (!Full(l)) return nullptr;
     }
+  }
+  Entry* FindEntry(uint64_t key) {
+    return const_cast<Entry*>(std::as_const(*this).FindEntry(key));
   }
   // Where `key` goes: the first empty entry from its home line on. The map
   // must have room (load below 1).
