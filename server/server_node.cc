@@ -48,6 +48,13 @@ int64_t TauOf(const proto::ConsistencyConfig& c) {
 
 }  // namespace
 
+absl::Status ServerNode::NotConfigured() {
+  return ErrorWithReason(absl::StatusCode::kUnavailable,
+                         proto::REASON_VIEW_BEHIND,
+                         "server not configured yet (it has installed no "
+                         "view): resend");
+}
+
 ServerNode::ServerNode(Clock* clock, ServerLimits limits,
                        int apply_parallelism)
     : clock_(clock),
@@ -465,7 +472,7 @@ void ServerNode::JoinWorkersLocked(
 absl::Status ServerNode::Admit(int worker_id, int64_t epoch, int table,
                               Admitted* a) const {
   if (consistency_ == nullptr) {
-    return absl::UnavailableError("server not configured yet");
+    return NotConfigured();
   }
   // Closed (CancelAll: the server is going away): a pull admitted now would
   // wait with nothing left to end its wait (the ticker that expires waits
@@ -1105,7 +1112,7 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
   {
     absl::MutexLock l(&mu_);
     if (consistency_ == nullptr) {
-      return absl::UnavailableError("server not configured yet");
+      return NotConfigured();
     }
     if (req.worker_id() < 0 ||
         req.worker_id() >= static_cast<int>(workers_.size())) {
@@ -1251,7 +1258,7 @@ absl::Status ServerNode::FinishImpl(const proto::FinishRequest& req,
   {
     absl::MutexLock l(&mu_);
     if (consistency_ == nullptr) {
-      return absl::UnavailableError("server not configured yet");
+      return NotConfigured();
     }
     if (req.worker_id() < 0 ||
         req.worker_id() >= static_cast<int>(workers_.size())) {
@@ -1534,7 +1541,7 @@ absl::Status ServerNode::SetConsistency(const proto::ConsistencyConfig& c) {
   {
     absl::MutexLock l(&mu_);
     if (consistency_ == nullptr) {
-      return absl::UnavailableError("server not configured yet");
+      return NotConfigured();
     }
     if ((mode_ == proto::MODE_BSP) != (c.mode() == proto::MODE_BSP)) {
       return absl::FailedPreconditionError(

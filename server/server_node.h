@@ -303,6 +303,13 @@ class ServerNode {
     int id = -1;
     bool bsp = false;
   };
+  // What a request gets before Configure: UNAVAILABLE, reason VIEW_BEHIND
+  // (it has installed no view yet), so that the sender resends it after a
+  // backoff and does not take the server for unreachable. A server
+  // registers, and may be sent requests, a little before it configured
+  // itself with the scheduler's answer; a worker that named it a suspect
+  // for that had the scheduler probe a live server at every start-up.
+  static absl::Status NotConfigured();
   // The cheap checks every data-plane request needs, under mu_.
   absl::Status Admit(int worker_id, int64_t epoch, int table,
                      Admitted* a) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -1415,7 +1415,7 @@ absl::Status ServerNode::Replicate(const proto::ReplicateRequest& req) {
   {
     absl::MutexLock l(&mu_);
     if (consistency_ == nullptr) {
-      return absl::UnavailableError("server not configured yet");
+      return NotConfigured();
     }
     for (const proto::ReplicaEntry& e : req.entries()) {
       ForEachRange(e, [&](int r, int64_t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

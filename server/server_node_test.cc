@@ -196,15 +196,23 @@ class ServerNodeTest : public ::testing::Test {
   ServerNode node_{&clock_};
 };
 
+// UNAVAILABLE with reason VIEW_BEHIND: a worker resends and does not name
+// the server a suspect (it answered). A server is sent requests from the
+// moment the cluster is ready, which may be a little before it configured
+// itself; plain UNAVAILABLE had a worker name a live server to the
+// scheduler at start-up (MultiProcessTest.BspStragglerGetsNoServerFailedOver
+// on a loaded machine).
 TEST_F(ServerNodeTest, NotConfiguredIsUnavailable) {
-  EXPECT_EQ(PushNow(&node_, MakePush(0, 1, 0, {1}, {1}, 1)).code(),
-            StatusCode::kUnavailable);
+  auto behind = [](const absl::Status& s) {
+    return s.code() == StatusCode::kUnavailable &&
+           ReasonOf(s) == proto::REASON_VIEW_BEHIND;
+  };
+  EXPECT_TRUE(behind(PushNow(&node_, MakePush(0, 1, 0, {1}, {1}, 1))));
   auto p = StartPull(&node_, 0, 0, {1});
   ASSERT_TRUE(p->done());
-  EXPECT_EQ(p->status.code(), StatusCode::kUnavailable);
-  EXPECT_EQ(node_.ClockTick(MakeClock(0, 0, 0, 1)).code(),
-            StatusCode::kUnavailable);
-  EXPECT_EQ(node_.Finish(MakeFinish(0, 1)).code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(behind(p->status)) << p->status;
+  EXPECT_TRUE(behind(node_.ClockTick(MakeClock(0, 0, 0, 1))));
+  EXPECT_TRUE(behind(node_.Finish(MakeFinish(0, 1))));
   proto::ConsistencyConfig c;
   c.set_mode(proto::MODE_ASP);
   EXPECT_EQ(node_.SetConsistency(c).code(), StatusCode::kUnavailable);

@@ -210,20 +210,27 @@ absl::Status RunServerOnce(const ServerRunOptions& options_in, int* id_out) {
   const proto::ClusterView& view = m.view;
   InitLogging(absl::StrCat("S[", id, "]"));
   PS_LOG_INFO("serving on {}", address);
+  auto config = ParseJobConfig(view.job_config_yaml());
+  if (!config.ok()) return config.status();
+  InitLogging(absl::StrCat("S[", id, "]"), config->output.log_level);
+  // The job's settings for reaching the other servers before Configure,
+  // which starts replicating to the backups: set after it, a first
+  // connection could go over the same-host socket of a job that turned it
+  // off (cluster.local_socket: false), and with the default linger.
+  node.SetReplicationLinger(
+      absl::Milliseconds(config->fault_tolerance.replication_linger_ms));
+  node.SetReplicationDeltas(config->fault_tolerance.replicate_deltas);
+  // Replication goes over the backups' data planes as workers' pushes do,
+  // or over gRPC where the job turned the data plane off.
+  clients.SetDataPlane(config->cluster.data_plane);
+  clients.SetLocalSocket(config->cluster.local_socket);
+  clients.SetSharedMemory(
+      size_t{static_cast<unsigned>(config->cluster.shared_memory_mb)} << 20);
   if (absl::Status s = node.Configure(id, view); !s.ok()) {
     // A server joining a running job (issue 9) may have been told a newer
     // view by the scheduler's broadcast already.
     if (node.epoch() < view.epoch()) return s;
   }
-  auto config = ParseJobConfig(view.job_config_yaml());
-  if (!config.ok()) return config.status();
-  InitLogging(absl::StrCat("S[", id, "]"), config->output.log_level);
-  node.SetReplicationLinger(
-      absl::Milliseconds(config->fault_tolerance.replication_linger_ms));
-  node.SetReplicationDeltas(config->fault_tolerance.replicate_deltas);
-  clients.SetLocalSocket(config->cluster.local_socket);
-  clients.SetSharedMemory(
-      size_t{static_cast<unsigned>(config->cluster.shared_memory_mb)} << 20);
   metrics.SetName(absl::StrCat("S[", id, "]"));
   if (metrics_port < 0) {
     PS_RETURN_IF_ERROR(metrics.Serve(options.bind_host,
