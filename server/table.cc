@@ -444,15 +444,18 @@ constexpr size_t kFtrlLanes = 16;
 #define PS_CLONES \
   __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-PS_CLONES size_t FtrlLanes(
-    const optimizer_internal::FtrlRule& rule, float* const* e,
-    const float* g, float scale) {
+// The body of FtrlLanes; entry(k) is the address of lane k's entry.
+template <typename Entry>
+__attribute__((always_inline)) inline size_t FtrlLanesOf(
+    const optimizer_internal::FtrlRule& rule, Entry entry, const float* g,
+    float scale) {
   float w[kFtrlLanes], z[kFtrlLanes], acc[kFtrlLanes], gi[kFtrlLanes];
   float w0[kFtrlLanes], z0[kFtrlLanes], acc0[kFtrlLanes];
   for (size_t k = 0; k < kFtrlLanes; ++k) {
-    w0[k] = w[k] = e[k][0];
-    z0[k] = z[k] = e[k][1];
-    acc0[k] = acc[k] = e[k][2];
+    const float* e = entry(k);
+    w0[k] = w[k] = e[0];
+    z0[k] = z[k] = e[1];
+    acc0[k] = acc[k] = e[2];
     gi[k] = scale * g[k];
   }
   for (size_t k = 0; k < kFtrlLanes; ++k) {
@@ -480,11 +483,36 @@ PS_CLONES size_t FtrlLanes(
     }
   }
   for (size_t k = 0; k < kFtrlLanes; ++k) {
-    e[k][0] = w[k];
-    e[k][1] = z[k];
-    e[k][2] = acc[k];
+    float* e = entry(k);
+    e[0] = w[k];
+    e[1] = z[k];
+    e[2] = acc[k];
   }
   return kept;
+}
+
+PS_CLONES size_t FtrlLanes(
+    const optimizer_internal::FtrlRule& rule, float* const* e,
+    const float* g, float scale) {
+  return FtrlLanesOf(
+      rule, [e](size_t k) { return e[k]; }, g, scale);
+}
+
+// A dim-1 FTRL entry's floats: w, z, n.
+constexpr size_t kFtrlEntryFloats =
+    1 + optimizer_internal::FtrlRule::kStateFloats;
+
+// FtrlLanes on kFtrlLanes consecutive slots, whose entries are one array
+// from `first` on: loaded and stored as whole vectors, shuffled in
+// registers, instead of a load and a store per float (a key list pushed
+// again, as a key-cached push is, has the slots its first push made: in
+// key order, so consecutive).
+PS_CLONES size_t FtrlLanesConsecutive(
+    const optimizer_internal::FtrlRule& rule, float* first, const float* g,
+    float scale) {
+  return FtrlLanesOf(
+      rule, [first](size_t k) { return first + kFtrlEntryFloats * k; }, g,
+      scale);
 }
 
 // SGD over one long row (a dense table's key: a row of dim floats), in the
@@ -549,21 +577,61 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
       // Each entry's address is computed once, a group ahead: prefetched
       // then, used now. Computed twice (for the prefetch, then for the
       // update), the addresses took a fifth of a key-cached push's table
-      // time (a 20000-key run: 3.45 -> 2.57 ns a key once).
+      // time (a 20000-key run: 3.45 -> 2.57 ns a key once). A group of
+      // consecutive slots in one chunk needs no addresses but its first.
+      static_assert(kFtrlEntryFloats * kFtrlLanes <= 64);
+      auto consecutive = [&](size_t at) {
+        const uint32_t first = slots[at];
+        // Rejects a group of random slots at once.
+        if (slots[at + kFtrlLanes - 1] != first + (kFtrlLanes - 1)) {
+          return false;
+        }
+        if (uint64_t{first & chunk_mask_} + (kFtrlLanes - 1) >
+            uint64_t{chunk_mask_}) {
+          return false;
+        }
+        uint32_t off = 0;
+        for (size_t k = 1; k < kFtrlLanes - 1; ++k) {
+          off |= slots[at + k] ^ (first + static_cast<uint32_t>(k));
+        }
+        return off == 0;
+      };
       float* ring[2][kFtrlLanes];
       float** e = ring[0];
       float** ahead = ring[1];
-      for (size_t k = 0; k < std::min(n, kFtrlLanes); ++k) {
-        ahead[k] = SlotData(p, slots[k]);
-      }
-      for (; i + kFtrlLanes <= n; i += kFtrlLanes) {
-        std::swap(e, ahead);
-        const size_t next = std::min(n - i - kFtrlLanes, kFtrlLanes);
-        for (size_t k = 0; k < next; ++k) {
-          ahead[k] = SlotData(p, slots[i + kFtrlLanes + k]);
+      bool run_ahead = false;  // the next group's slots are consecutive
+      // SlotData, on the chunks read here under the lock (a call in the
+      // lambda would need the lock asserted there, at a cost per group).
+      const std::unique_ptr<float[]>* const chunks = p.chunks.data();
+      auto address = [&](uint32_t slot) {
+        return chunks[slot >> chunk_shift_].get() +
+               static_cast<size_t>(slot & chunk_mask_) * stride_;
+      };
+      auto look_ahead = [&](size_t at) {
+        const size_t m = std::min(n - at, kFtrlLanes);
+        run_ahead = m == kFtrlLanes && consecutive(at);
+        if (run_ahead) {
+          const float* first = address(slots[at]);
+          for (size_t f = 0; f < kFtrlEntryFloats * kFtrlLanes; f += 16) {
+            __builtin_prefetch(first + f);
+          }
+          __builtin_prefetch(first + kFtrlEntryFloats * kFtrlLanes - 1);
+          return;
+        }
+        for (size_t k = 0; k < m; ++k) {
+          ahead[k] = address(slots[at + k]);
           __builtin_prefetch(ahead[k]);
         }
-        if (!distinct && AnyRepeated(slots + i)) {
+      };
+      if (n >= kFtrlLanes) look_ahead(0);
+      for (; i + kFtrlLanes <= n; i += kFtrlLanes) {
+        std::swap(e, ahead);
+        const bool run = run_ahead;
+        if (i + kFtrlLanes < n) look_ahead(i + kFtrlLanes);
+        if (run) {
+          kept += FtrlLanesConsecutive(rule, SlotData(p, slots[i]),
+                                       grads + i, scale);
+        } else if (!distinct && AnyRepeated(slots + i)) {
           for (size_t k = 0; k < kFtrlLanes; ++k) {
             kept += rule.Apply(e[k], e[k] + 1, grads + i + k, scale, 1);
           }

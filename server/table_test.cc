@@ -984,6 +984,93 @@ TEST(TableTest, DeltaRowsGoInRunsWithinChunks) {
   }
 }
 
+// A key list pushed again finds the slots its first push made, in key
+// order: consecutive, so the lanes load and store whole vectors
+// (FtrlLanesConsecutive). Groups that cross a chunk's end, and groups of
+// slots out of order, take the general lanes. All bit for bit the scalar
+// rule's, a non-finite update left out as everywhere.
+TEST(TableTest, DimOneFtrlOnConsecutiveSlotsEqualsTheScalarRule) {
+  TableSpec spec;
+  spec.dim = 1;
+  spec.optimizer.name = "ftrl";
+  spec.optimizer.alpha = 0.1;
+  spec.optimizer.beta = 1.0;
+  spec.optimizer.l1 = 0.5;
+  spec.optimizer.l2 = 0.01;
+  auto table = MakeTable(spec, 1);
+  auto rule_or = Optimizer::Create(spec.optimizer);
+  ASSERT_TRUE(rule_or.ok()) << rule_or.status();
+  const Optimizer& rule = **rule_or;
+  std::map<uint64_t, std::array<float, 3>> expected;  // [w, z, n]
+  auto push = [&](const std::vector<uint64_t>& keys,
+                  const std::vector<float>& grads, uint32_t* slots,
+                  uint64_t* generation, bool by_slots) {
+    if (by_slots) {
+      ASSERT_TRUE(table->PushSlots(0, *generation, keys, slots, grads.data(),
+                                   0.5f, KeyOrder::kAscending));
+    } else {
+      table->Push(0, keys, grads.data(), 0.5f, slots, generation,
+                  KeyOrder::kAscending);
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto& e = expected[keys[i]];
+      rule.Apply(&e[0], &e[1], &grads[i], 0.5f, 1);
+    }
+  };
+  uint64_t x = 777;
+  auto grads_for = [&x](size_t n) {
+    std::vector<float> g(n);
+    for (float& v : g) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      v = static_cast<float>(static_cast<int64_t>((x >> 33) % 2001) - 1000) /
+          250.0f;
+    }
+    return g;
+  };
+  // Slot 0 first, so that the list's groups of 16 (slots 1-16, 17-32, ...)
+  // do not start at a chunk's start: 4096 slots a chunk at dim 1 (16384
+  // floats), so one group holds slots 4081-4096 and crosses the end.
+  const std::vector<uint64_t> first = {1};
+  std::vector<uint32_t> first_slot(1);
+  uint64_t gen = 0;
+  push(first, grads_for(1), first_slot.data(), &gen, false);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 10; k < 10 + 3 * 4200; k += 3) keys.push_back(k);
+  std::vector<uint32_t> slots(keys.size());
+  push(keys, grads_for(keys.size()), slots.data(), &gen, false);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    ASSERT_EQ(slots[i], i + 1) << "the list's slots are not consecutive";
+  }
+  for (int round = 0; round < 4; ++round) {
+    std::vector<float> g = grads_for(keys.size());
+    if (round == 2) g[40] = g[4090] = 1e20f;  // g^2 = inf: left out
+    push(keys, g, slots.data(), &gen, round % 2 == 1);
+  }
+  // Every other key of the list: slots 1, 3, 5, ... (not consecutive), and
+  // the list with new keys among it (new slots at the end).
+  std::vector<uint64_t> odd;
+  for (size_t i = 0; i < keys.size(); i += 2) odd.push_back(keys[i]);
+  push(odd, grads_for(odd.size()), nullptr, nullptr, false);
+  std::vector<uint64_t> mixed = keys;
+  for (uint64_t k = 11; k < 11 + 3 * 100; k += 3) mixed.push_back(k);
+  std::sort(mixed.begin(), mixed.end());
+  push(mixed, grads_for(mixed.size()), nullptr, nullptr, false);
+  EXPECT_EQ(table->non_finite_updates(), 2u);
+
+  std::vector<uint64_t> got_keys;
+  std::vector<float> got;
+  table->ExportRange(0, &got_keys, &got);
+  ASSERT_EQ(got_keys.size(), expected.size());
+  for (size_t i = 0; i < got_keys.size(); ++i) {
+    const auto& e = expected.at(got_keys[i]);
+    for (int j = 0; j < 3; ++j) {
+      ASSERT_EQ(std::memcmp(&got[3 * i + j], &e[j], sizeof(float)), 0)
+          << "key " << got_keys[i] << " float " << j << ": " << got[3 * i + j]
+          << " vs " << e[j];
+    }
+  }
+}
+
 // Elements whose update would not be finite keep what they had, in the
 // FTRL lanes (16 keys at a time) as in the rule one key at a time, and in
 // SGD's long rows; the table counts them (optimizer.h).
