@@ -54,6 +54,14 @@ class KeySlotMap {
   }
   bool Contains(uint64_t key) const { return FindEntry(key) != nullptr; }
 
+  // slots[i] = Find(keys[i], none) for i < n, faster than a Find per key:
+  // each key hashed once (a Prefetch then a Find hash it twice), the home
+  // lines of the next block of keys loaded while this block's are read,
+  // and no call per key. A key found in its home line (nearly all) costs no
+  // mispredicted branch. Table::Push and Pull of keys sent.
+  void FindMany(const uint64_t* keys, size_t n, uint32_t* slots,
+                uint32_t none) const;
+
   // The slot of `key` (a reference the caller may set), and whether the
   // key was added (its slot then 0). Invalidates earlier references.
   // Grows only to add a key: a key already stored never reallocates.
@@ -120,9 +128,22 @@ class KeySlotMap {
   // unique). Branch-free; an empty entry (key 0) never matches.
   static uint32_t Matches(const Line& l, uint64_t key) {
     uint32_t m = 0;
+    // Unrolled: GCC at -O2 kept the loop, its counter's compare and branch
+    // a fifth of FindMany's samples.
+#pragma GCC unroll 4
     for (size_t j = 0; j < kPerLine; ++j) {
       m |= static_cast<uint32_t>((l.e[j].key == key) & (l.e[j].used != 0))
            << j;
+    }
+    return m;
+  }
+  // Matches(l, key) for a key other than 0, which no empty entry (key 0)
+  // matches: half the work.
+  static uint32_t MatchesNonZero(const Line& l, uint64_t key) {
+    uint32_t m = 0;
+#pragma GCC unroll 4
+    for (size_t j = 0; j < kPerLine; ++j) {
+      m |= static_cast<uint32_t>(l.e[j].key == key) << j;
     }
     return m;
   }
@@ -130,7 +151,12 @@ class KeySlotMap {
 
   const Entry* FindEntry(uint64_t key) const {
     if (size_ == 0) return nullptr;
-    for (size_t b = HomeLine(key);; b = (b + 1) & line_mask_) {
+    return FindEntryFrom(HomeLine(key), key);
+  }
+  // FindEntry's probe from line b on (b, the key's home line or one after
+  // it, with every line before it full).
+  const Entry* FindEntryFrom(size_t b, uint64_t key) const {
+    for (;; b = (b + 1) & line_mask_) {
       const Line& l = lines_[b];
       if (const uint32_t m = Matches(l, key); m != 0) {
         return &l.e[__builtin_ctz(m)];

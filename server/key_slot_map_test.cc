@@ -95,6 +95,45 @@ TEST(KeySlotMapTest, ChosenKeysDoNotPileUp) {
   }
 }
 
+TEST(KeySlotMapTest, FindManyAgreesWithFindKeyByKey) {
+  // Batches of every length around FindMany's block of 32 keys, of stored
+  // keys (many displaced from their home line at a 5/8 load), absent keys
+  // and repeats, with key 0 stored and not (an empty entry's key is 0).
+  std::mt19937_64 rng(11);
+  for (int with_zero = 0; with_zero < 2; ++with_zero) {
+    KeySlotMap m;
+    std::vector<uint64_t> stored;
+    if (with_zero != 0) stored.push_back(0);
+    for (int i = 0; i < 3000; ++i) stored.push_back(rng());
+    for (uint32_t i = 0; i < stored.size(); ++i) {
+      *m.TryEmplace(stored[i]).first = i;
+    }
+    ASSERT_GT(m.LongestProbe(), 4u);  // some keys live past their home line
+    for (size_t n : {0, 1, 31, 32, 33, 64, 65, 1000, 5000}) {
+      std::vector<uint64_t> keys(n);
+      for (uint64_t& k : keys) {
+        switch (rng() % 4) {
+          case 0: k = rng(); break;     // absent (nearly surely)
+          case 1: k = 0; break;         // stored or not
+          default: k = stored[rng() % stored.size()];
+        }
+      }
+      std::vector<uint32_t> got(n + 1, 12345);
+      m.FindMany(keys.data(), n, got.data(), kNone);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[i], m.Find(keys[i], kNone)) << n << " " << i;
+      }
+      EXPECT_EQ(got[n], 12345u) << "wrote past the end";
+    }
+  }
+  KeySlotMap empty;
+  const uint64_t keys[2] = {0, 9};
+  uint32_t got[2] = {1, 2};
+  empty.FindMany(keys, 2, got, kNone);
+  EXPECT_EQ(got[0], kNone);
+  EXPECT_EQ(got[1], kNone);
+}
+
 TEST(KeySlotMapTest, AStoredKeyNeverGrowsTheMap) {
   KeySlotMap m;
   // 10 keys fill 16 entries to the 5/8 limit: the 11th key grows it.

@@ -420,6 +420,31 @@ uint32_t Table::SlotOrNew(int range, Partition& p, const Rule& rule,
   return slot;
 }
 
+template <typename Rule>
+void Table::SlotsOrNew(int range, Partition& p, const Rule& rule,
+                       absl::Span<const uint64_t> keys, const uint32_t* slots,
+                       uint32_t* out, bool journal) {
+  const size_t n = keys.size();
+  thread_local std::vector<uint32_t> absent;
+  absent.clear();
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = slots[i];
+    if (slots[i] == kNoSlot) absent.push_back(static_cast<uint32_t>(i));
+  }
+  // A new key's index entry is a miss (7 % of a replicated LR job's server
+  // samples when not loaded ahead).
+  const size_t m = absent.size();
+  for (size_t j = 0; j < std::min(m, kPrefetchDistance); ++j) {
+    PrefetchKey(p, keys[absent[j]]);
+  }
+  for (size_t j = 0; j < m; ++j) {
+    if (j + kPrefetchDistance < m) {
+      PrefetchKey(p, keys[absent[j + kPrefetchDistance]]);
+    }
+    out[absent[j]] = SlotOrNew(range, p, rule, keys[absent[j]], journal);
+  }
+}
+
 namespace {
 
 // Keys of a dim-1 FTRL table updated side by side (FtrlLanes).
@@ -810,13 +835,7 @@ void Table::Pull(int range, absl::Span<const uint64_t> keys, float* out,
   uint32_t* s = slots != nullptr ? slots : Scratch(n);
   absl::ReaderMutexLock l(&p.mu);
   if (generation != nullptr) *generation = p.generation;
-  for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
-    PrefetchKey(p, keys[i]);
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchDistance < n) PrefetchKey(p, keys[i + kPrefetchDistance]);
-    s[i] = FindSlot(range, p, keys[i]);
-  }
+  LookUpSlots(range, p, keys, nullptr, s);
   for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
     if (s[i] != kNoSlot) __builtin_prefetch(SlotData(p, s[i]));
   }
@@ -845,15 +864,9 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
   // One switch on the rule for the whole batch; Rule::Apply inlines here.
   optimizer_->Visit([&](const auto& rule) {
     p.mu.AssertHeld();  // tells the analysis the lambda runs under the lock
-    for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
-      PrefetchKey(p, keys[i]);
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetchDistance < n) {
-        PrefetchKey(p, keys[i + kPrefetchDistance]);
-      }
-      s[i] = SlotOrNew(range, p, rule, keys[i], record);
-    }
+    // The stored keys' slots in one pass, then the others made.
+    LookUpSlots(range, p, keys, nullptr, s);
+    SlotsOrNew(range, p, rule, keys, s, s, record);
     // A key repeated in the call is updated once per occurrence, in order.
     ApplyAt(p, rule, keys, s, grads, scale, order);
     if (record) MarkJournal(p, s, keys.size());
@@ -921,26 +934,9 @@ bool Table::PushSlots(int range, uint64_t generation,
     const uint32_t* s = slots;
     if (missing) {
       // The keys the pull did not find, by key (created here, or stored
-      // since), in key order as Push creates them; each looked up ahead
-      // (a new key's index entry is a miss, 7 % of a replicated LR job's
-      // server samples without).
+      // since).
       uint32_t* out = resolved != nullptr ? resolved : Scratch(n);
-      thread_local std::vector<uint32_t> absent;
-      absent.clear();
-      for (size_t i = 0; i < n; ++i) {
-        out[i] = slots[i];
-        if (slots[i] == kNoSlot) absent.push_back(static_cast<uint32_t>(i));
-      }
-      const size_t m = absent.size();
-      for (size_t j = 0; j < std::min(m, kPrefetchDistance); ++j) {
-        PrefetchKey(p, keys[absent[j]]);
-      }
-      for (size_t j = 0; j < m; ++j) {
-        if (j + kPrefetchDistance < m) {
-          PrefetchKey(p, keys[absent[j + kPrefetchDistance]]);
-        }
-        out[absent[j]] = SlotOrNew(range, p, rule, keys[absent[j]], record);
-      }
+      SlotsOrNew(range, p, rule, keys, slots, out, record);
       s = out;
     } else if (resolved != nullptr) {
       std::memcpy(resolved, slots, n * sizeof(uint32_t));
@@ -1071,6 +1067,10 @@ void Table::LookUpSlots(int range, const Partition& p,
                      ? known[i]
                      : FindSlot(range, p, keys[i]);
     }
+    return;
+  }
+  if (dense_index_ == nullptr) {
+    p.slots.FindMany(keys.data(), n, slots, kNoSlot);
     return;
   }
   for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {

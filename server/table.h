@@ -403,6 +403,14 @@ class Table {
   template <typename Rule>
   uint32_t SlotOrNew(int range, Partition& p, const Rule& rule, uint64_t key,
                      bool journal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // out[i] = slots[i], or, where that is kNoSlot, SlotOrNew(keys[i]): the
+  // absent keys' slots made in key order (as a Push makes them), each
+  // looked up ahead. `out` may be `slots`.
+  template <typename Rule>
+  void SlotsOrNew(int range, Partition& p, const Rule& rule,
+                  absl::Span<const uint64_t> keys, const uint32_t* slots,
+                  uint32_t* out, bool journal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Applies scale * grads[i*dim ...) to slots[i] (the slot of keys[i]),
   // i < keys.size(), in order.
   // The end of the run of slots from slots[i] (i < n): slots[i],
