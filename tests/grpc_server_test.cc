@@ -181,7 +181,7 @@ TEST_F(GrpcServerTest, ReplayedPushChangesNothing) {
 // request's values, and the client lets go of them once the call is done.
 TEST_F(GrpcServerTest, BorrowedValuesArriveWhole) {
   auto c = Client(kToken);
-  std::vector<uint64_t> keys(40000);  // 160 KB of values: sent in place
+  std::vector<uint64_t> keys(40000);  // 320 KB of keys, 160 KB of values: sent in place
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = i + 1;
   auto vals = std::make_shared<std::vector<float>>(keys.size());
   for (size_t i = 0; i < vals->size(); ++i) (*vals)[i] = 0.5f * (i % 97);
@@ -234,7 +234,7 @@ TEST_F(GrpcServerTest, SharedMemoryCarriesPushAndPullThroughTheRealServer) {
                                          absl::Seconds(5), size_t{8} << 20);
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE((*c)->shared());
-  std::vector<uint64_t> keys(40000);  // 160 KB of values
+  std::vector<uint64_t> keys(40000);  // 320 KB of keys, 160 KB of values
   std::vector<float> vals(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     keys[i] = FeatureKey(i * 7 + 1);
@@ -260,7 +260,9 @@ TEST_F(GrpcServerTest, SharedMemoryCarriesPushAndPullThroughTheRealServer) {
   pull->set_table(0);
   pull->set_wait_ms(5000);
   PackTo<uint64_t>(pull->mutable_keys(), keys);
-  for (int round = 0; round < 3; ++round) {  // in the frame, then shared
+  // Each pull's keys (320 KB) in the arena; its answer in the frame, then,
+  // the table's answer size known, in the arena after the keys.
+  for (int round = 0; round < 3; ++round) {
     absl::Notification pulled;
     (*c)->PullValues(*pull, absl::Now() + absl::Seconds(10),
                      [&](const absl::Status& s, proto::PullResponse*,
@@ -274,7 +276,7 @@ TEST_F(GrpcServerTest, SharedMemoryCarriesPushAndPullThroughTheRealServer) {
                      });
     ASSERT_TRUE(pulled.WaitForNotificationWithTimeout(absl::Seconds(20)));
   }
-  EXPECT_EQ((*c)->shared_calls(), 3);
+  EXPECT_EQ((*c)->shared_calls(), 4);
   c->reset();
   (*dp)->Stop();
 }

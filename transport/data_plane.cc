@@ -85,9 +85,12 @@ absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
   h->shared_page = Load<uint32_t>(in + 12);
   const bool may_share = h->type == kHello || h->type == kPush ||
                          h->type == kPull || h->type == kReply;
-  if ((h->flags & ~kShared) != 0 || in[6] != 0 || in[7] != 0 ||
-      (h->flags != 0 && !may_share) ||
-      (h->shared_page != 0 && (h->flags & kShared) == 0)) {
+  const bool may_share_keys = h->type == kPush || h->type == kPull;
+  if ((h->flags & ~(kShared | kSharedKeys)) != 0 || in[6] != 0 ||
+      in[7] != 0 || (h->flags != 0 && !may_share) ||
+      (h->shared_page != 0 && (h->flags & kShared) == 0) ||
+      ((h->flags & kSharedKeys) != 0 &&
+       (!may_share_keys || (h->flags & kShared) == 0))) {
     return absl::InvalidArgumentError("data plane: reserved header bytes set");
   }
   switch (h->type) {
@@ -164,6 +167,11 @@ struct Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() { std::free(data); }
+  void Reset() {
+    std::free(data);
+    data = nullptr;
+    cap = 0;
+  }
   bool Resize(size_t n, size_t keep) {
     n = (n + 63) & ~size_t{63};
     char* p = static_cast<char*>(std::aligned_alloc(64, n));
@@ -366,7 +374,8 @@ char* DataReplyTo::Slot(size_t bytes) const {
   if (!slot_ || bytes > slot_bytes_ || conn_->arena() == nullptr) {
     return nullptr;
   }
-  return conn_->arena()->At(slot_page_, bytes);
+  char* at = conn_->arena()->At(slot_page_, slot_offset_ + bytes);
+  return at == nullptr ? nullptr : at + slot_offset_;
 }
 
 struct DataPlaneServer::State {
@@ -402,8 +411,11 @@ struct DataPlaneServer::State {
   // False: close the connection. `*worker`: the worker_id of the request,
   // when it has one. `*arena_block`: the connection's block for the
   // requests parsed into an arena (allocated at the first).
+  // `keys_buf`: the connection's private copy of keys sent in its arena
+  // (kSharedKeys), at least SlotKeysBytes(h) long.
   bool Dispatch(const std::shared_ptr<DataConnection>& conn, const Header& h,
-                const char* frame, int32_t* worker, ArenaBlock* arena_block);
+                const char* frame, int32_t* worker, ArenaBlock* arena_block,
+                Buffer* keys_buf);
   void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (auto it = conns.begin(); it != conns.end();) {
       if (it->done.load()) {
@@ -703,6 +715,27 @@ void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) 
   size_t begin = 0, end = 0;
   int32_t worker = -1;  // who the requests came from, once one said
   ArenaBlock arena_block;  // the first block of each request's arena
+  Buffer keys_buf;  // keys copied out of the arena (kSharedKeys)
+  // Grows `b` to `need` bytes within the receive buffers' budget (`keep`
+  // bytes kept), or answers RESOURCE_EXHAUSTED to request `id`, closes the
+  // connection and returns false.
+  auto grow = [&](Buffer& b, size_t need, size_t keep, uint64_t id) {
+    need = (need + 63) & ~size_t{63};  // as Resize rounds
+    const int64_t more = static_cast<int64_t>(need - b.cap);
+    const int64_t budget = 4 * static_cast<int64_t>(options.max_frame_bytes);
+    if (grown.fetch_add(more) + more > budget || !b.Resize(need, keep)) {
+      grown.fetch_sub(more);
+      DataReplyTo(conn, id).Send(
+          absl::ResourceExhaustedError(
+              "data plane: the server's receive buffers are full; retry"),
+          nullptr);
+      conn->Shutdown();
+      grown.fetch_sub(grown_here);
+      return false;
+    }
+    grown_here += more;
+    return true;
+  };
   for (;;) {
     // Every whole frame in [begin, end).
     size_t need = kHeaderBytes;
@@ -721,7 +754,12 @@ void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) 
       }
       need = FrameBytes(h);
       if (end - begin < need) break;
-      if (!Dispatch(conn, h, buf.data + begin, &worker, &arena_block)) {
+      if (data_plane::SlotKeysBytes(h) > keys_buf.cap &&
+          !grow(keys_buf, data_plane::SlotKeysBytes(h), 0, h.id)) {
+        return;
+      }
+      if (!Dispatch(conn, h, buf.data + begin, &worker, &arena_block,
+                    &keys_buf)) {
         conn->Shutdown();
         grown.fetch_sub(grown_here);
         return;
@@ -734,6 +772,12 @@ void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) 
       if (buf.cap > kKeepBuffer && buf.Resize(kInitialBuffer, 0)) {
         grown.fetch_sub(grown_here);
         grown_here = 0;
+        keys_buf.Reset();  // its growth was counted in grown_here
+      }
+      if (keys_buf.cap > kKeepBuffer) {
+        grown.fetch_sub(static_cast<int64_t>(keys_buf.cap));
+        grown_here -= static_cast<int64_t>(keys_buf.cap);
+        keys_buf.Reset();
       }
     }
     // Room for the frame being read, within the budget.
@@ -744,24 +788,9 @@ void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) 
         begin = 0;
       }
       if (buf.cap < need) {
-        const int64_t more = static_cast<int64_t>(need - buf.cap);
-        const int64_t budget =
-            4 * static_cast<int64_t>(options.max_frame_bytes);
         Header h;
         (void)data_plane::DecodeHeader(buf.data, options.max_frame_bytes, &h);
-        if (grown.fetch_add(more) + more > budget ||
-            !buf.Resize(need, end)) {
-          grown.fetch_sub(more);
-          DataReplyTo(conn, h.id)
-              .Send(absl::ResourceExhaustedError(
-                        "data plane: the server's receive buffers are full; "
-                        "retry"),
-                    nullptr);
-          conn->Shutdown();
-          grown.fetch_sub(grown_here);
-          return;
-        }
-        grown_here += more;
+        if (!grow(buf, need, end, h.id)) return;
       }
     }
     ssize_t n = ::recv(conn->fd(), buf.data + end, buf.cap - end, 0);
@@ -837,17 +866,22 @@ class RequestArena {
 
 bool DataPlaneServer::State::Dispatch(
     const std::shared_ptr<DataConnection>& conn, const Header& h,
-    const char* frame, int32_t* worker, ArenaBlock* arena_block) {
+    const char* frame, int32_t* worker, ArenaBlock* arena_block,
+    Buffer* keys_buf) {
   const char* meta = frame + kHeaderBytes;
   absl::Span<const char> keys(frame + KeysOffset(h), h.keys_len);
   absl::Span<const char> vals(keys.data() + h.keys_len, h.vals_len);
   DataReplyTo reply(conn, h.id);
   const bool sections = h.keys_len == 0 && h.vals_len == 0;
   if (!data_plane::ValsInFrame(h)) {
-    // The values (a push's) or the answer's slot (a pull's) in the arena.
-    const char* at = conn->arena() == nullptr
-                         ? nullptr
-                         : conn->arena()->At(h.shared_page, h.vals_len);
+    // The keys (kSharedKeys), then the values (a push's) or the answer's
+    // room (a pull's), in the arena. Each length is at most the frame
+    // limit (DecodeHeader): the sum does not overflow.
+    const uint64_t in_slot_keys = data_plane::SlotKeysBytes(h);
+    const char* at =
+        conn->arena() == nullptr
+            ? nullptr
+            : conn->arena()->At(h.shared_page, in_slot_keys + h.vals_len);
     if (at == nullptr) {
       reply.Send(absl::InvalidArgumentError(
                      "data plane: a shared-memory frame outside the "
@@ -855,10 +889,16 @@ bool DataPlaneServer::State::Dispatch(
                  nullptr);
       return false;
     }
+    if (in_slot_keys > 0) {
+      // Copied once into memory the peer cannot write: keys are checked,
+      // then read again (split by range, looked up, journaled).
+      std::memcpy(keys_buf->data, at, in_slot_keys);
+      keys = absl::Span<const char>(keys_buf->data, in_slot_keys);
+    }
     if (h.type == data_plane::kPush) {
-      vals = absl::Span<const char>(at, h.vals_len);
+      vals = absl::Span<const char>(at + in_slot_keys, h.vals_len);
     } else {
-      reply = DataReplyTo(conn, h.id, h.shared_page, h.vals_len);
+      reply = DataReplyTo(conn, h.id, h.shared_page, in_slot_keys, h.vals_len);
       vals = {};
     }
   }
@@ -938,6 +978,7 @@ struct DataPlaneClient::State {
   struct Slot {
     uint32_t page = 0;
     size_t bytes = 0;
+    size_t keys = 0;  // bytes of keys at its start; the values follow
   };
   struct Pending {
     absl::Time deadline;
@@ -998,8 +1039,9 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
          nullptr, {});
     return;
   }
-  // A slot for large values (a push's), or for a pull's answer of the size
-  // its table's last answers had; none when the arena is full.
+  // A slot for the keys and large values (a push's), or the keys and room
+  // for a pull's answer of the size its table's last answers had; none when
+  // the arena is full.
   Slot slot;
   if (arena != nullptr) {
     size_t want = h.vals_len;
@@ -1012,14 +1054,21 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
                  : static_cast<size_t>(pull_keys * it->second);
       want = std::min(want, max_frame_bytes);
     }
-    if (want >= data_plane::kArenaMinBytes) {
-      if (std::optional<uint32_t> page = arena->Allocate(want)) {
-        slot = Slot{*page, want};
+    // Both at most max_frame_bytes (checked above): no overflow.
+    const size_t with_keys = keys.size() + want;
+    if (with_keys >= data_plane::kArenaMinBytes) {
+      if (std::optional<uint32_t> page = arena->Allocate(with_keys)) {
+        slot = Slot{*page, with_keys, keys.size()};
       }
     }
   }
   if (slot.bytes > 0) {
     char* at = arena->base() + size_t{slot.page} * kArenaPage;
+    if (!keys.empty()) {
+      std::memcpy(at, keys.data(), keys.size());
+      at += keys.size();
+      keys = {};  // not in the frame
+    }
     if (pull_table < 0) {
       if (borrowed != nullptr) {
         for (const absl::Span<const char>& p : borrowed->pieces) {
@@ -1030,9 +1079,10 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
         std::memcpy(at, vals.data(), vals.size());
       }
     } else {
-      h.vals_len = slot.bytes;  // the answer's room
+      h.vals_len = slot.bytes - slot.keys;  // the answer's room
     }
-    h.flags = data_plane::kShared;
+    h.flags = data_plane::kShared |
+              (slot.keys > 0 ? data_plane::kSharedKeys : uint8_t{0});
     h.shared_page = slot.page;
     shared_calls.fetch_add(1, std::memory_order_relaxed);
   }
@@ -1129,11 +1179,13 @@ void DataPlaneClient::State::Read() {
         // The values: in the frame, or in the slot this call offered.
         const char* vals = frame + KeysOffset(h);
         const bool in_slot = !data_plane::ValsInFrame(h);
-        const bool slot_ok = !in_slot || (p.slot.bytes > 0 && p.table >= 0 &&
-                                          h.shared_page == p.slot.page &&
-                                          h.vals_len <= p.slot.bytes);
+        const bool slot_ok =
+            !in_slot || (p.slot.bytes > 0 && p.table >= 0 &&
+                         h.shared_page == p.slot.page &&
+                         h.vals_len <= p.slot.bytes - p.slot.keys);
         if (in_slot && slot_ok) {
-          vals = arena->base() + size_t{p.slot.page} * kArenaPage;
+          vals = arena->base() + size_t{p.slot.page} * kArenaPage +
+                 p.slot.keys;
         }
         if (!slot_ok || !reply.ParseFromArray(frame + kHeaderBytes,
                                                static_cast<int>(h.meta_len))) {

@@ -884,9 +884,10 @@ TEST_F(DataPlaneTest, ConnectionsOverTheCapAreClosed) {
 }
 
 // Shared memory (issue 10, transport/shared_arena.h): over the same-host
-// socket a client that offers an arena sends values of 64 KiB or more
-// through it, and a pull's answer comes back through it once the client
-// knows the table's answer size.
+// socket a client that offers an arena sends a request's keys and values
+// through it when together they are 64 KiB or more, and a pull's answer
+// comes back through it (after its keys) once the client knows the table's
+// answer size.
 class SharedMemoryTest : public DataPlaneTest {
  protected:
   std::shared_ptr<DataPlaneClient> ConnectShared(size_t arena_bytes) {
@@ -940,6 +941,15 @@ class SharedMemoryTest : public DataPlaneTest {
                     done.Notify();
                   });
     done.WaitForNotification();
+  }
+  void ExpectLastKeys(int n) {
+    absl::MutexLock l(&handler_.mu);
+    ASSERT_EQ(handler_.last_keys.size(), size_t(n) * 8);
+    for (int i = 0; i < n; ++i) {
+      uint64_t k;
+      std::memcpy(&k, handler_.last_keys.data() + 8 * i, 8);
+      ASSERT_EQ(k, uint64_t(i + 1)) << i;
+    }
   }
   void ExpectLastVals(int n) {
     absl::MutexLock l(&handler_.mu);
@@ -1018,20 +1028,25 @@ class SharedMemoryTest : public DataPlaneTest {
     return r.ParseFromArray(rest.data(), ah.meta_len) && r.code() == 0 &&
            (ah.flags & data_plane::kShared) != 0;
   }
-  // A PUSH frame whose vals_len values are at arena page `page`.
+  // A PUSH frame whose vals_len values are at arena page `page`, after
+  // its `keys_len` bytes of keys there when `shared_keys` (else one key,
+  // 0, in the frame).
   static std::string SharedPush(uint32_t page, uint64_t vals_len,
-                                bool compressed = false) {
+                                bool compressed = false,
+                                bool shared_keys = false,
+                                uint64_t keys_len = 8) {
     proto::PushRequest req;
     req.set_worker_id(1);
     if (compressed) req.set_vals_codec(proto::CODEC_ZSTD);
     const std::string meta = req.SerializeAsString();
     Header h;
     h.type = data_plane::kPush;
-    h.flags = data_plane::kShared;
+    h.flags = data_plane::kShared |
+              (shared_keys ? data_plane::kSharedKeys : uint8_t{0});
     h.shared_page = page;
     h.meta_len = static_cast<uint32_t>(meta.size());
     h.id = 9;
-    h.keys_len = 8;
+    h.keys_len = shared_keys ? keys_len : 8;
     h.vals_len = vals_len;
     std::string f(data_plane::FrameBytes(h), '\0');
     data_plane::EncodeHeader(h, f.data());
@@ -1046,37 +1061,43 @@ TEST_F(SharedMemoryTest, LargeValuesGoThroughTheArenaBothWays) {
   ASSERT_NE(c, nullptr);
   EXPECT_TRUE(c->shared());
   EXPECT_EQ(server_->arenas(), 1);
-  // 80k values (320 KB): through the arena, whole and aligned.
+  // 80k keys and values (640 + 320 KB): through the arena, whole and
+  // aligned.
   ASSERT_TRUE(PushOnce(c.get(), 80000).ok());
   EXPECT_EQ(c->shared_calls(), 1);
   ExpectLastVals(80000);
-  // 1000 values (4 KB): in the frame.
+  ExpectLastKeys(80000);
+  // 1000 (8 + 4 KB): in the frame.
   ASSERT_TRUE(PushOnce(c.get(), 1000).ok());
   EXPECT_EQ(c->shared_calls(), 1);
   ExpectLastVals(1000);
-  // A pull of a table not yet answered comes in the frame; the next one,
-  // sized by it, through the arena; one too small for a slot in the frame.
-  PullAndCheck(c.get(), 20000);
-  EXPECT_EQ(c->shared_calls(), 1);
+  ExpectLastKeys(1000);
+  // A pull of a table not yet answered sends its keys (160 KB) through the
+  // arena and has its answer in the frame; the next one, sized by it, has
+  // its answer through the arena too, after its keys (the server writes
+  // it there, not over them); one too small for a slot all in the frame.
   PullAndCheck(c.get(), 20000);
   EXPECT_EQ(c->shared_calls(), 2);
+  PullAndCheck(c.get(), 20000);
+  EXPECT_EQ(c->shared_calls(), 3);
   PullAndCheck(c.get(), 30000);
-  EXPECT_EQ(c->shared_calls(), 3);
+  EXPECT_EQ(c->shared_calls(), 4);
   PullAndCheck(c.get(), 100);
-  EXPECT_EQ(c->shared_calls(), 3);
+  EXPECT_EQ(c->shared_calls(), 4);
   // Many in turn reuse the same slots.
   for (int i = 0; i < 50; ++i) ASSERT_TRUE(PushOnce(c.get(), 80000).ok());
-  EXPECT_EQ(c->shared_calls(), 53);
+  EXPECT_EQ(c->shared_calls(), 54);
   ExpectLastVals(80000);
+  ExpectLastKeys(80000);
 }
 
 TEST_F(SharedMemoryTest, FullArenaSendsInTheFrame) {
   Serve();
-  auto c = ConnectShared(32 * kArenaPage);  // two slots of 64 KiB
+  auto c = ConnectShared(96 * kArenaPage);  // two slots of 192 KiB
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->shared());
   handler_.hold = true;
-  constexpr int kN = 16384;  // 64 KiB of values
+  constexpr int kN = 16384;  // 128 KiB of keys, 64 KiB of values
   absl::Notification done[3];
   absl::Status out[3];
   for (int i = 0; i < 3; ++i) {
@@ -1099,7 +1120,7 @@ TEST_F(SharedMemoryTest, FullArenaSendsInTheFrame) {
 // server may still be reading it.
 TEST_F(SharedMemoryTest, ExpiredCallKeepsItsSlotUntilAnswered) {
   Serve();
-  auto c = ConnectShared(16 * kArenaPage);  // one slot of 64 KiB
+  auto c = ConnectShared(48 * kArenaPage);  // one slot of 192 KiB
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->shared());
   constexpr int kN = 16384;
@@ -1190,6 +1211,67 @@ TEST_F(SharedMemoryTest, HostileSharedFramesCloseOnlyTheirConnection) {
     EXPECT_TRUE(Closed(fd));
     close(fd);
   }
+  // Keys in the slot (kSharedKeys) that, with the values after them, end
+  // past the arena: refused, connection closed.
+  for (auto [page, keys_len] : {std::pair<uint32_t, uint64_t>{15, 4096},
+                                {16, 8},
+                                {0, 16 * kArenaPage}}) {
+    auto a = SharedArena::Create(16 * kArenaPage);
+    ASSERT_TRUE(a.ok());
+    int fd = RawLocal();
+    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+    SendAll(fd, SharedPush(page, 4, false, true, keys_len));
+    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
+        << page << " " << keys_len;
+    EXPECT_TRUE(Closed(fd));
+    close(fd);
+  }
+  // kSharedKeys without kShared, or on a frame other than a push or pull:
+  // a malformed header, the connection closed.
+  for (auto [type, flags] :
+       {std::pair<uint8_t, uint8_t>{data_plane::kPush, data_plane::kSharedKeys},
+        {data_plane::kClock, data_plane::kShared | data_plane::kSharedKeys}}) {
+    auto a = SharedArena::Create(16 * kArenaPage);
+    ASSERT_TRUE(a.ok());
+    int fd = RawLocal();
+    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+    Header h;
+    h.type = type;
+    h.flags = flags;
+    h.id = 5;
+    h.keys_len = 8;
+    char hdr[kHeaderBytes];
+    data_plane::EncodeHeader(h, hdr);
+    SendAll(fd, std::string(hdr, kHeaderBytes));
+    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
+        << int(type);
+    EXPECT_TRUE(Closed(fd));
+    close(fd);
+  }
+  // Keys and values inside it: both read from there.
+  {
+    auto a = SharedArena::Create(16 * kArenaPage);
+    ASSERT_TRUE(a.ok());
+    const uint64_t k = 77;
+    const float v = 2.5f;
+    std::memcpy((*a)->base() + 14 * kArenaPage, &k, 8);
+    std::memcpy((*a)->base() + 14 * kArenaPage + 8, &v, 4);
+    int fd = RawLocal();
+    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+    SendAll(fd, SharedPush(14, 4, false, true, 8));
+    EXPECT_TRUE(ReadAnswer(fd).ok());
+    close(fd);
+    absl::MutexLock l(&handler_.mu);
+    ASSERT_EQ(handler_.last_keys.size(), 8u);
+    ASSERT_EQ(handler_.last_vals.size(), 4u);
+    uint64_t got_k;
+    float got_v;
+    std::memcpy(&got_k, handler_.last_keys.data(), 8);
+    std::memcpy(&got_v, handler_.last_vals.data(), 4);
+    EXPECT_EQ(got_k, 77u);
+    EXPECT_EQ(got_v, 2.5f);
+    EXPECT_TRUE(handler_.aligned);
+  }
   // Inside it: the push is read from there.
   {
     auto a = SharedArena::Create(16 * kArenaPage);
@@ -1241,6 +1323,26 @@ TEST_F(SharedMemoryTest, CompressedValuesAreCopiedOutOfTheArenaFirst) {
   }
 }
 
+// Keys sent in the arena are copied out before the handler sees them (it
+// checks them, then reads them again): a peer writing the slot meanwhile
+// changes the values read in place, never the keys.
+TEST_F(SharedMemoryTest, SharedKeysAreCopiedOutOfTheArenaFirst) {
+  Serve();
+  auto a = SharedArena::Create(16 * kArenaPage);
+  ASSERT_TRUE(a.ok());
+  char* slot = (*a)->base() + 3 * kArenaPage;
+  handler_.on_push = [slot] { std::memset(slot, 'x', 16); };
+  std::memcpy(slot, "abcdefghijklmnop", 16);
+  int fd = RawLocal();
+  ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+  SendAll(fd, SharedPush(3, 8, false, true, 8));
+  EXPECT_TRUE(ReadAnswer(fd).ok());
+  close(fd);
+  absl::MutexLock l(&handler_.mu);
+  EXPECT_EQ(handler_.last_keys, "abcdefgh");
+  EXPECT_EQ(handler_.last_vals, "xxxxxxxx");
+}
+
 // A server that goes away with shared calls in flight fails them
 // (UNAVAILABLE) like any other, and an answer it sends afterwards into a
 // slot reaches no one; a new connection gets a new arena.
@@ -1266,7 +1368,7 @@ TEST_F(SharedMemoryTest, StoppedServerFailsSharedCallsInFlight) {
                   EXPECT_TRUE(vals.empty());
                   pulled.Notify();
                 });
-  EXPECT_EQ(c->shared_calls(), 2);  // the push and the second pull
+  EXPECT_EQ(c->shared_calls(), 3);  // the pulls and the push
   ASSERT_NO_FATAL_FAILURE(WaitHeld(2));
   server_->Stop();
   ASSERT_TRUE(pushed.WaitForNotificationWithTimeout(absl::Seconds(5)));
