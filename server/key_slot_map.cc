@@ -33,35 +33,33 @@ void KeySlotMap::FindMany(const uint64_t* keys, size_t n, uint32_t* slots,
     std::fill(slots, slots + n, none);
     return;
   }
-  // home[b][j]: the home line of key start + j of the block in buffer b.
-  // A block ahead is 32 to 64 keys ahead: as far as a lookup's miss needs
-  // (Table's kPrefetchDistance is 16 keys of a slower loop).
-  constexpr size_t kBlock = 32;
-  size_t home[2][kBlock];
-  auto hash_block = [&](size_t start, size_t* out) {
-    const size_t end = std::min(n, start + kBlock);
-    for (size_t i = start; i < end; ++i) {
-      out[i - start] = HomeLine(keys[i]);
-      __builtin_prefetch(&lines_[out[i - start]]);
+  // home[i % kAhead]: the home line of key i, hashed and loaded kAhead
+  // keys before it is read (one prefetch per lookup: a burst of them
+  // waited on the load queue).
+  constexpr size_t kAhead = 16;
+  static_assert((kAhead & (kAhead - 1)) == 0);
+  size_t home[kAhead];
+  for (size_t i = 0; i < std::min(n, kAhead); ++i) {
+    home[i] = HomeLine(keys[i]);
+    __builtin_prefetch(&lines_[home[i]]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = home[i % kAhead];
+    if (i + kAhead < n) {
+      const size_t later = HomeLine(keys[i + kAhead]);
+      home[i % kAhead] = later;
+      __builtin_prefetch(&lines_[later]);
     }
-  };
-  hash_block(0, home[0]);
-  for (size_t start = 0, buf = 0; start < n; start += kBlock, buf ^= 1) {
-    if (start + kBlock < n) hash_block(start + kBlock, home[buf ^ 1]);
-    const size_t end = std::min(n, start + kBlock);
-    for (size_t i = start; i < end; ++i) {
-      const size_t b = home[buf][i - start];
-      const Line& l = lines_[b];
-      const uint32_t m = keys[i] != 0 ? MatchesNonZero(l, keys[i])
-                                      : Matches(l, keys[i]);
-      if (m != 0) {
-        slots[i] = l.e[__builtin_ctz(m)].slot;
-      } else if (!Full(l)) {
-        slots[i] = none;
-      } else {
-        const Entry* e = FindEntryFrom((b + 1) & line_mask_, keys[i]);
-        slots[i] = e == nullptr ? none : e->slot;
-      }
+    const Line& l = lines_[b];
+    const uint32_t m = keys[i] != 0 ? MatchesNonZero(l, keys[i])
+                                    : Matches(l, keys[i]);
+    if (m != 0) {
+      slots[i] = l.e[__builtin_ctz(m)].slot;
+    } else if (!Full(l)) {
+      slots[i] = none;
+    } else {
+      const Entry* e = FindEntryFrom((b + 1) & line_mask_, keys[i]);
+      slots[i] = e == nullptr ? none : e->slot;
     }
   }
 }

@@ -55,10 +55,10 @@ class KeySlotMap {
   bool Contains(uint64_t key) const { return FindEntry(key) != nullptr; }
 
   // slots[i] = Find(keys[i], none) for i < n, faster than a Find per key:
-  // each key hashed once (a Prefetch then a Find hash it twice), the home
-  // lines of the next block of keys loaded while this block's are read,
-  // and no call per key. A key found in its home line (nearly all) costs no
-  // mispredicted branch. Table::Push and Pull of keys sent.
+  // each key hashed once (a Prefetch then a Find hash it twice), its home
+  // line loaded 16 keys ahead, and no call per key. A key found in its
+  // home line (nearly all) costs no mispredicted branch. Table::Push and
+  // Pull of keys sent.
   void FindMany(const uint64_t* keys, size_t n, uint32_t* slots,
                 uint32_t none) const;
 
