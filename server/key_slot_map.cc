@@ -51,9 +51,7 @@ void KeySlotMap::FindMany(const uint64_t* keys, size_t n, uint32_t* slots,
       __builtin_prefetch(&lines_[later]);
     }
     const Line& l = lines_[b];
-    const uint32_t m = keys[i] != 0 ? MatchesNonZero(l, keys[i])
-                                    : Matches(l, keys[i]);
-    if (m != 0) {
+    if (const uint32_t m = Matches(l, keys[i]); m != 0) {
       slots[i] = l.e[__builtin_ctz(m)].slot;
     } else if (!Full(l)) {
       slots[i] = none;

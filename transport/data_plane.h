@@ -52,7 +52,7 @@
 // follow them at that offset, and the frame has no keys section either;
 // the server copies the keys out of the arena, once, before it looks at
 // them (a sparse push's keys are twice its values: through the socket they
-// were two kernel copies and a fifth of its CPU). A kShared frame on a
+// were two kernel copies, 10-15 % of its CPU). A kShared frame on a
 // connection without an arena, or with a slot outside it, is answered
 // INVALID_ARGUMENT and the connection closed.
 //
