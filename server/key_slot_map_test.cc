@@ -123,12 +123,20 @@ TEST(KeySlotMapTest, FindManyAgreesWithFindKeyByKey) {
           default: k = stored[rng() % stored.size()];
         }
       }
-      std::vector<uint32_t> got(n + 1, 12345);
-      m.FindMany(keys.data(), n, got.data(), kNone);
-      for (size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(got[i], m.Find(keys[i], kNone)) << n << " " << i;
+      // FindMany (AVX-512 where the CPU has it) and the portable loop.
+      for (int portable = 0; portable < 2; ++portable) {
+        std::vector<uint32_t> got(n + 1, 12345);
+        if (portable != 0) {
+          m.FindManyPortable(keys.data(), n, got.data(), kNone);
+        } else {
+          m.FindMany(keys.data(), n, got.data(), kNone);
+        }
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(got[i], m.Find(keys[i], kNone))
+              << n << " " << i << " portable " << portable;
+        }
+        EXPECT_EQ(got[n], 12345u) << "wrote past the end";
       }
-      EXPECT_EQ(got[n], 12345u) << "wrote past the end";
     }
   }
   KeySlotMap empty;
@@ -137,6 +145,13 @@ TEST(KeySlotMapTest, FindManyAgreesWithFindKeyByKey) {
   empty.FindMany(keys, 2, got, kNone);
   EXPECT_EQ(got[0], kNone);
   EXPECT_EQ(got[1], kNone);
+  got[0] = got[1] = 1;
+  empty.FindManyPortable(keys, 2, got, kNone);
+  EXPECT_EQ(got[0], kNone);
+  EXPECT_EQ(got[1], kNone);
+  if (!KeySlotMap::VectorFindMany()) {
+    GTEST_LOG_(INFO) << "no AVX-512 here: FindMany ran the portable loop";
+  }
 }
 
 TEST(KeySlotMapTest, AStoredKeyNeverGrowsTheMap) {
