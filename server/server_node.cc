@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "common/bytes.h"
 #include "common/config.h"
+#include "common/key_order.h"
 #include "common/logging.h"
 #include "common/proto_span.h"
 #include "common/status_macros.h"
@@ -516,11 +517,9 @@ absl::Status ServerNode::CheckKeys(absl::string_view keys, const Admitted& a,
     return absl::InvalidArgumentError("keys: byte count not a multiple of 8");
   }
   absl::Span<const uint64_t> k = ViewAs<uint64_t>(keys);
-  for (size_t i = 1; i < k.size(); ++i) {
-    if (k[i] <= k[i - 1]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("keys not ascending and unique at index ", i));
-    }
+  if (const size_t i = FirstNotAscending(k.data(), k.size()); i < k.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keys not ascending and unique at index ", i));
   }
   bool owned = true;
   a.routing->ForEachRangeRun(k, [&](int range, size_t first, size_t last) {
