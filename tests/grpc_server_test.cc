@@ -178,21 +178,28 @@ TEST_F(GrpcServerTest, ReplayedPushChangesNothing) {
 }
 
 // ZPush over gRPC (issue 10): values borrowed in pieces arrive as the
-// request's values, and the client lets go of them once the call is done.
-TEST_F(GrpcServerTest, BorrowedValuesArriveWhole) {
+// request's values, keys borrowed as its keys, and the client lets go of
+// both once the call is done.
+TEST_F(GrpcServerTest, BorrowedKeysAndValuesArriveWhole) {
   auto c = Client(kToken);
   std::vector<uint64_t> keys(40000);  // 320 KB of keys, 160 KB of values: sent in place
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = i + 1;
   auto vals = std::make_shared<std::vector<float>>(keys.size());
   for (size_t i = 0; i < vals->size(); ++i) (*vals)[i] = 0.5f * (i % 97);
-  auto req = MakePush(1, keys, {});
+  auto req = MakePush(1, {}, {});
+  auto packed_keys = std::make_shared<std::string>();
+  PackTo<uint64_t>(packed_keys.get(), keys);
   const absl::Span<const char> all(reinterpret_cast<const char*>(vals->data()),
                                    vals->size() * sizeof(float));
   // Cut inside a float, as a worker's pieces never are: the wire does not
   // care where pieces end.
-  BorrowedValues b{vals, {all.subspan(0, 70001), all.subspan(70001, 3),
-                          all.subspan(70004)}};
+  BorrowedValues b{vals,
+                   {all.subspan(0, 70001), all.subspan(70001, 3),
+                    all.subspan(70004)},
+                   absl::Span<const char>(*packed_keys), packed_keys};
   std::weak_ptr<std::vector<float>> alive = vals;
+  std::weak_ptr<std::string> keys_alive = packed_keys;
+  packed_keys.reset();
   const std::vector<float> want_neg = [&] {
     std::vector<float> w(*vals);
     for (float& x : w) x = -x;
@@ -212,10 +219,11 @@ TEST_F(GrpcServerTest, BorrowedValuesArriveWhole) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, want_neg);
   // gRPC frees the request's slices once it has sent them.
-  for (int i = 0; i < 500 && !alive.expired(); ++i) {
+  for (int i = 0; i < 500 && !(alive.expired() && keys_alive.expired()); ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_TRUE(alive.expired());
+  EXPECT_TRUE(keys_alive.expired());
 }
 
 // Issue 10: over the same-host socket with shared memory, a worker's large
@@ -241,9 +249,14 @@ TEST_F(GrpcServerTest, SharedMemoryCarriesPushAndPullThroughTheRealServer) {
     vals[i] = 0.25f * static_cast<float>(i % 101);
   }
   std::sort(keys.begin(), keys.end());
-  auto push = MakePush(1, keys, vals);
+  // The keys borrowed (as a worker sends them), the values in the request.
+  auto push = MakePush(1, {}, vals);
+  std::string packed_keys;
+  PackTo<uint64_t>(&packed_keys, keys);
+  BorrowedValues borrowed_keys;
+  borrowed_keys.keys = absl::Span<const char>(packed_keys);
   absl::Notification pushed;
-  (*c)->Push(*push, nullptr, absl::Now() + absl::Seconds(10),
+  (*c)->Push(*push, &borrowed_keys, absl::Now() + absl::Seconds(10),
              [&](const absl::Status& s, proto::PushResponse*) {
                EXPECT_TRUE(s.ok()) << s;
                pushed.Notify();

@@ -1030,6 +1030,9 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
                                   int32_t pull_table, uint64_t pull_keys) {
   h.id = next_id.fetch_add(1, std::memory_order_relaxed);
   h.meta_len = static_cast<uint32_t>(meta.size());
+  if (borrowed != nullptr && borrowed->pieces.empty()) {
+    borrowed = nullptr;  // the values are in `vals`
+  }
   h.keys_len = keys.size();
   h.vals_len = borrowed != nullptr ? borrowed->size() : vals.size();
   if (FrameBytes(h) > max_frame_bytes || meta.size() > max_frame_bytes) {
@@ -1520,7 +1523,11 @@ void DataPlaneClient::Push(const proto::PushRequest& req,
   const absl::string_view meta = SerializeHead(PushHead(req));
   Header h;
   h.type = data_plane::kPush;
-  state_->Call(h, meta, req.keys(), borrowed, req.vals(), deadline,
+  const absl::Span<const char> keys =
+      borrowed != nullptr && !borrowed->keys.empty()
+          ? borrowed->keys
+          : absl::Span<const char>(req.keys());
+  state_->Call(h, meta, keys, borrowed, req.vals(), deadline,
                Typed<proto::PushResponse>(std::move(done)));
 }
 

@@ -28,7 +28,7 @@ void FakeServerClient::PushBorrowed(
     absl::Time deadline, Callback<proto::PushResponse> done) {
   {
     absl::MutexLock l(&mu_);
-    ++borrowed_received_;
+    if (!vals.pieces.empty()) ++borrowed_received_;
   }
   ServerClient::PushBorrowed(std::move(req), std::move(vals), deadline,
                              std::move(done));

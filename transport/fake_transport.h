@@ -87,7 +87,8 @@ class FakeServerClient : public ServerClient {
   int64_t pushes_received() const;
   int64_t pulls_received() const;
   int64_t clocks_received() const;
-  // Pushes received through PushBorrowed (also in pushes_received).
+  // Pushes received through PushBorrowed with borrowed values (also in
+  // pushes_received).
   int64_t borrowed_pushes_received() const;
 
   // Answers Finish (default OK); every request is also recorded.

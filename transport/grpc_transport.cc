@@ -394,16 +394,25 @@ grpc::Slice Referencing(absl::Span<const char> bytes,
 grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
                           const BorrowedValues* borrowed,
                           size_t min_zero_copy_bytes) {
-  ABSL_RAW_CHECK(borrowed == nullptr || req->vals().empty(),
+  ABSL_RAW_CHECK(borrowed == nullptr || borrowed->pieces.empty() ||
+                     req->vals().empty(),
                  "PushWire: values both in the request and borrowed");
+  const absl::Span<const char> borrowed_keys =
+      borrowed == nullptr ? absl::Span<const char>() : borrowed->keys;
+  ABSL_RAW_CHECK(borrowed_keys.empty() || req->keys().empty(),
+                 "PushWire: keys both in the request and borrowed");
   const size_t borrowed_bytes = borrowed == nullptr ? 0 : borrowed->size();
   grpc::ByteBuffer out;
-  if (req->keys().size() + req->vals().size() + borrowed_bytes <
+  if (req->keys().size() + borrowed_keys.size() + req->vals().size() +
+          borrowed_bytes <
       min_zero_copy_bytes) {
     proto::PushRequest whole;
     const proto::PushRequest* r = req.get();
-    if (borrowed_bytes > 0) {
+    if (borrowed_bytes > 0 || !borrowed_keys.empty()) {
       whole = *req;
+      if (!borrowed_keys.empty()) {
+        whole.set_keys(borrowed_keys.data(), borrowed_keys.size());
+      }
       borrowed->AppendTo(whole.mutable_vals());
       r = &whole;
     }
@@ -417,7 +426,14 @@ grpc::ByteBuffer PushWire(std::shared_ptr<const proto::PushRequest> req,
   const proto::PushRequest head = PushHead(*req);
   std::string prefix = head.SerializeAsString();
   std::vector<grpc::Slice> slices;
-  slices.reserve(4 + (borrowed == nullptr ? 0 : borrowed->pieces.size()));
+  slices.reserve(6 + (borrowed == nullptr ? 0 : borrowed->pieces.size()));
+  if (!borrowed_keys.empty()) {
+    AppendLengthDelimited(proto::PushRequest::kKeysFieldNumber,
+                          borrowed_keys.size(), &prefix);
+    slices.emplace_back(prefix);
+    slices.push_back(Referencing(borrowed_keys, borrowed->keys_owner));
+    prefix.clear();
+  }
   // Each non-empty field: its tag and length (copied), then its bytes.
   for (const auto& [field, bytes] :
        {std::pair<int, const std::string*>{proto::PushRequest::kKeysFieldNumber,

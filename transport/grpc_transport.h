@@ -121,9 +121,10 @@ absl::Status CheckBindAllowed(const std::string& host, const GrpcSecurity& s,
 
 // A push as gRPC sends it: the bytes of req's serialization (its keys and
 // vals fields last), with keys and vals not copied but referenced as slices
-// that keep `req` alive until gRPC is done with them. With `borrowed`
-// (req->vals() empty), the vals field is its pieces, referenced the same
-// way, each slice holding a copy of its owner. The server parses it as any
+// that keep `req` alive until gRPC is done with them. With `borrowed`,
+// the vals field is its pieces when it has some (req->vals() then empty)
+// and the keys field its keys when it has some (req->keys() then empty),
+// referenced the same way, each slice holding a copy of its owner. The server parses it as any
 // PushRequest. Requests under `min_zero_copy_bytes` of keys and values are
 // serialized as usual (a copy is cheaper than three slices).
 inline constexpr size_t kMinZeroCopyBytes = 64 * 1024;

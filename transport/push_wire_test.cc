@@ -143,6 +143,54 @@ TEST(PushWireTest, BorrowedValuesAreTheValsFieldAndKeepTheirOwner) {
   EXPECT_EQ(Flatten(PushWire(small, &few)), small_want.SerializeAsString());
 }
 
+// A worker's push (issue 10): its keys borrowed from the worker's own
+// string, the values in the request or borrowed too.
+TEST(PushWireTest, BorrowedKeysAreTheKeysFieldAndKeepTheirOwner) {
+  auto keys = std::make_shared<std::string>(8 * 10000, '\0');
+  for (size_t i = 0; i < keys->size(); ++i) (*keys)[i] = static_cast<char>(i * 5);
+  for (bool borrow_vals : {false, true}) {
+    auto req = std::make_shared<proto::PushRequest>();
+    FillEveryField(req.get());
+    req->clear_keys();
+    auto vals = std::make_shared<std::string>(4 * 10000, '\x04');
+    BorrowedValues b;
+    b.keys = absl::Span<const char>(*keys);
+    b.keys_owner = keys;
+    if (borrow_vals) {
+      req->clear_vals();
+      b.owner = vals;
+      b.pieces = {absl::Span<const char>(*vals)};
+    } else {
+      req->set_vals(*vals);
+    }
+    proto::PushRequest want = *req;
+    want.set_keys(*keys);
+    want.set_vals(*vals);
+    std::weak_ptr<std::string> keys_alive = keys;
+    grpc::ByteBuffer bb = PushWire(req, &b);
+    keys.reset();
+    b = BorrowedValues();
+    EXPECT_FALSE(keys_alive.expired()) << "the slices keep the keys alive";
+    proto::PushRequest got;
+    ASSERT_TRUE(got.ParseFromString(Flatten(bb)));
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got, want))
+        << borrow_vals;
+    bb.Clear();
+    EXPECT_TRUE(keys_alive.expired()) << "released with the last slice";
+    keys = std::make_shared<std::string>(want.keys());
+  }
+  // Small: serialized as one copy, the same bytes.
+  auto small = std::make_shared<proto::PushRequest>();
+  small->set_worker_id(3);
+  small->set_vals(std::string(12, '\x07'));
+  const std::string k(16, '\x01');
+  BorrowedValues few;
+  few.keys = absl::Span<const char>(k);
+  proto::PushRequest small_want = *small;
+  small_want.set_keys(k);
+  EXPECT_EQ(Flatten(PushWire(small, &few)), small_want.SerializeAsString());
+}
+
 // The data plane's metas (transport/data_plane.h): every field but the
 // ones that travel apart, so a field added to the request and forgotten
 // there shows up here.

@@ -33,14 +33,21 @@
 
 namespace ps {
 
-// Values a push borrows instead of holding them in its vals field (issue
-// 10: a push that does not copy the caller's array). The pieces, in order,
-// are the field's bytes; `owner` keeps their memory alive and unchanged.
-// Whoever reads the pieces holds a copy of `owner` while it does.
+// What a push borrows instead of holding it in its fields (issue 10: a
+// push that does not copy the caller's array, nor the worker's keys).
+// Values: when `pieces` is not empty, they (in order) are the vals field's
+// bytes (req.vals() then empty), `owner` keeping their memory alive and
+// unchanged. Keys: when `keys` is not empty, it is the keys field
+// (req.keys() then empty), kept alive and unchanged by `keys_owner`.
+// Whoever reads the borrowed bytes holds a copy of their owner while it
+// does.
 struct BorrowedValues {
   std::shared_ptr<const void> owner;
   std::vector<absl::Span<const char>> pieces;
+  absl::Span<const char> keys;
+  std::shared_ptr<const void> keys_owner;
 
+  // The borrowed values' bytes.
   size_t size() const {
     size_t n = 0;
     for (const absl::Span<const char>& p : pieces) n += p.size();
@@ -66,13 +73,18 @@ class ServerClient {
   virtual ~ServerClient() = default;
   virtual void Push(std::shared_ptr<const proto::PushRequest> req, absl::Time deadline,
                     Callback<proto::PushResponse> done) = 0;
-  // Push whose vals field is `vals` (req->vals() must be empty), as if
-  // they were in it. This default copies them into a request and calls
-  // Push; the gRPC client sends them where they lie.
+  // Push whose vals field is `vals`' pieces (req->vals() then empty) and
+  // whose keys field is `vals.keys` (req->keys() then empty), when they
+  // are not empty, as if they were in those fields. This default copies
+  // them into a request and calls Push; the gRPC client sends them where
+  // they lie.
   virtual void PushBorrowed(std::shared_ptr<const proto::PushRequest> req,
                             BorrowedValues vals, absl::Time deadline,
                             Callback<proto::PushResponse> done) {
     auto whole = std::make_shared<proto::PushRequest>(*req);
+    if (!vals.keys.empty()) {
+      whole->set_keys(vals.keys.data(), vals.keys.size());
+    }
     vals.AppendTo(whole->mutable_vals());
     Push(std::move(whole), deadline, std::move(done));
   }

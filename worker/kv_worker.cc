@@ -892,15 +892,16 @@ std::shared_ptr<const std::string> KVWorker::SliceKeys(
 }
 
 template <typename Req>
-void KVWorker::AttachKeys(int server,
+bool KVWorker::AttachKeys(int server,
                           const std::shared_ptr<const std::string>& keys,
-                          Req* req) {
+                          Req* req, bool borrow) {
   req->clear_key_list();
   req->clear_num_keys();
   req->clear_key_lists();
+  req->clear_keys();
   if (options_.key_lists_per_server <= 0 || keys->empty()) {
-    req->set_keys(*keys);
-    return;
+    if (!borrow) req->set_keys(*keys);
+    return !keys->empty();
   }
   absl::MutexLock l(&mu_);
   std::list<SentList>& sent = lists_[server];
@@ -922,11 +923,11 @@ void KVWorker::AttachKeys(int server,
   req->set_key_list(it->id);
   req->set_key_lists(static_cast<uint32_t>(options_.key_lists_per_server));
   if (it->kept) {
-    req->clear_keys();
     req->set_num_keys(static_cast<uint32_t>(keys->size() / sizeof(uint64_t)));
-  } else {
-    req->set_keys(*keys);  // the server keeps it under the name
+    return false;
   }
+  if (!borrow) req->set_keys(*keys);  // the server keeps it under the name
+  return true;
 }
 
 void KVWorker::ListKept(int server, uint64_t id) {
@@ -963,10 +964,12 @@ void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
                 absl::InternalError("server not in the current view"));
     return;
   }
-  AttachKeys(slice->server, slice->keys, &slice->req);
-  push_bytes_.fetch_add(static_cast<int64_t>(slice->req.keys().size() +
-                                             slice->req.vals().size() +
-                                             slice->borrowed.size()));
+  // The keys go borrowed from slice->keys, which no send changes.
+  slice->keys_sent =
+      AttachKeys(slice->server, slice->keys, &slice->req, /*borrow=*/true);
+  push_bytes_.fetch_add(static_cast<int64_t>(
+      (slice->keys_sent ? slice->keys->size() : 0) + slice->req.vals().size() +
+      slice->borrowed.size()));
   // The request is shared with the transport; `slice` keeps it alive.
   std::shared_ptr<const proto::PushRequest> req(slice, &slice->req);
   auto done = Tracked<proto::PushResponse>(
@@ -976,10 +979,15 @@ void KVWorker::SendPush(std::shared_ptr<PushSlice> slice, int attempt) {
       },
       /*watched=*/true);
   const absl::Time deadline = clock_->Now() + options_.request_timeout;
-  if (slice->borrowed.pieces.empty()) {
+  if (slice->borrowed.pieces.empty() && !slice->keys_sent) {
     client->Push(std::move(req), deadline, std::move(done));
   } else {
-    client->PushBorrowed(std::move(req), slice->borrowed, deadline,
+    BorrowedValues borrowed = slice->borrowed;
+    if (slice->keys_sent) {
+      borrowed.keys = absl::Span<const char>(*slice->keys);
+      borrowed.keys_owner = slice->keys;
+    }
+    client->PushBorrowed(std::move(req), std::move(borrowed), deadline,
                          std::move(done));
   }
 }
@@ -993,7 +1001,7 @@ void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
     }
   };
   if (s.ok()) {
-    if (!slice->req.keys().empty()) {
+    if (slice->keys_sent) {
       ListKept(slice->server, slice->req.key_list());
     }
     settle();

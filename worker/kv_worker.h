@@ -305,9 +305,12 @@ class KVWorker final : public ParamClient {
     int64_t ts;
     int server;
     int64_t clock_ts = -1;  // the op of req.end_clock, when it has one
-    // uint64[]; req.keys is set from it when sent. Shared with the sent
-    // list it equals, if any (SliceKeys).
+    // uint64[]; sent borrowed (req.keys stays empty) unless the server
+    // keeps the list. Shared with the sent list it equals, if any
+    // (SliceKeys).
     std::shared_ptr<const std::string> keys;
+    // Whether the last send carried the keys (SendPush).
+    bool keys_sent = false;
     proto::PushRequest req;
     // The values, when borrowed from the caller (ZPush): req.vals is empty.
     BorrowedValues borrowed;
@@ -414,10 +417,13 @@ class KVWorker final : public ParamClient {
   absl::Status GaveUp(const absl::Status& s, const char* what, int server,
                       int attempt) const;
   // Key caching: sets req's keys from `keys`, or only its key_list and
-  // num_keys when `server` keeps that list; names new lists.
+  // num_keys when `server` keeps that list; names new lists. Returns
+  // whether the keys go with the request. With `borrow`, req's keys stay
+  // empty: the caller sends `keys` borrowed (a push: no copy of its keys
+  // into the request).
   template <typename Req>
-  void AttachKeys(int server, const std::shared_ptr<const std::string>& keys,
-                  Req* req);
+  bool AttachKeys(int server, const std::shared_ptr<const std::string>& keys,
+                  Req* req, bool borrow = false);
   // The keys of a request to `server`: keys[first, last) for each of
   // `spans`, in order (`count` in all). With key caching, the string of a
   // list sent to `server` for `table` before, when equal (the spans are
