@@ -425,10 +425,18 @@ void Table::SlotsOrNew(int range, Partition& p, const Rule& rule,
                        absl::Span<const uint64_t> keys, const uint32_t* slots,
                        uint32_t* out, bool journal) {
   const size_t n = keys.size();
+  if (out != slots) std::memcpy(out, slots, n * sizeof(uint32_t));
+  // Branch-free first (it runs in vector registers): a push to stored keys,
+  // the common one, has no absent key, and a branch per key was 3 % of a
+  // 100k-key push's samples.
+  uint32_t any_absent = 0;
+  for (size_t i = 0; i < n; ++i) {
+    any_absent |= static_cast<uint32_t>(slots[i] == kNoSlot);
+  }
+  if (any_absent == 0) return;
   thread_local std::vector<uint32_t> absent;
   absent.clear();
   for (size_t i = 0; i < n; ++i) {
-    out[i] = slots[i];
     if (slots[i] == kNoSlot) absent.push_back(static_cast<uint32_t>(i));
   }
   // A new key's index entry is a miss (7 % of a replicated LR job's server
