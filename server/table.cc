@@ -662,6 +662,80 @@ bool HaveAvx512() {
   return __builtin_cpu_supports("avx512f");
 }
 const bool kHaveAvx512 = HaveAvx512();
+const bool kHaveAvx512Dq = kHaveAvx512 && __builtin_cpu_supports("avx512dq");
+
+// The dense-id lookup of 8 keys ahead: ids[i % kDenseRing ...] =
+// FeatureOf(keys[i + j]) for j < 8 (lanes past n hold garbage, never read).
+constexpr size_t kDenseRing = 64;
+__attribute__((target("avx512f,avx512dq"), always_inline)) inline void
+DenseIds8(const uint64_t* keys, size_t i, size_t n, __m512i field,
+          uint64_t* ids) {
+  const size_t left = n - i;
+  const __mmask8 valid =
+      left >= 8 ? __mmask8{0xff} : static_cast<__mmask8>((1u << left) - 1);
+  __m512i x = _mm512_maskz_loadu_epi64(valid, keys + i);
+  // UnMix64 (common/hash.h), lane by lane.
+  x = _mm512_ternarylogic_epi64(x, _mm512_srli_epi64(x, 31),
+                                _mm512_srli_epi64(x, 62), 0x96);  // a^b^c
+  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(0x319642b2d24d8ec3LL));
+  x = _mm512_ternarylogic_epi64(x, _mm512_srli_epi64(x, 27),
+                                _mm512_srli_epi64(x, 54), 0x96);
+  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(
+                                static_cast<int64_t>(0x96de1b173f119089ULL)));
+  x = _mm512_ternarylogic_epi64(x, _mm512_srli_epi64(x, 30),
+                                _mm512_srli_epi64(x, 60), 0x96);
+  x = _mm512_sub_epi64(x, _mm512_set1_epi64(0x9e3779b97f4a7c15LL));
+  _mm512_store_si512(ids + i % kDenseRing, _mm512_xor_si512(x, field));
+}
+
+// slots[i] = the slot the dense-id index gives keys[i] in `range`, or
+// kNoSlot where the key is no dense id or its entry does not name the
+// range (the caller then asks the range's map), i < n: 8 keys a step (ids
+// computed and entries loaded 32 keys ahead, the entries gathered). The
+// scalar loop (FindSlot per key) was 44 % of a dense-id push's samples.
+__attribute__((target("avx512f,avx512dq"))) void DenseSlotsAvx512(
+    const uint64_t* index, uint64_t limit, int range, const uint64_t* keys,
+    size_t n, uint32_t* slots) {
+  constexpr size_t kAhead = 32;
+  static_assert(kAhead % 8 == 0 && kAhead + 8 <= kDenseRing);
+  alignas(64) uint64_t ids[kDenseRing];
+  const __m512i field =
+      _mm512_set1_epi64(static_cast<int64_t>(Mix64(0x51ed27a3ULL)));
+  const __m512i vlimit = _mm512_set1_epi64(static_cast<int64_t>(limit));
+  const __m512i vrange = _mm512_set1_epi64(range);
+  const __m512i none = _mm512_set1_epi64(Table::kNoSlot);
+  const __m512i one = _mm512_set1_epi64(1);
+  auto prefetch = [&](size_t from) {  // ids[from, min(from + 8, n))
+    for (size_t j = from; j < std::min(from + 8, n); ++j) {
+      const uint64_t id = ids[j % kDenseRing];
+      if (id < limit) __builtin_prefetch(index + id);
+    }
+  };
+  for (size_t i = 0; i < std::min(n, kAhead); i += 8) {
+    DenseIds8(keys, i, n, field, ids);
+    prefetch(i);
+  }
+  for (size_t i = 0; i < n; i += 8) {
+    if (i + kAhead < n) {
+      DenseIds8(keys, i + kAhead, n, field, ids);
+      prefetch(i + kAhead);
+    }
+    const size_t left = n - i;
+    const __mmask8 valid =
+        left >= 8 ? __mmask8{0xff} : static_cast<__mmask8>((1u << left) - 1);
+    const __m512i id = _mm512_load_si512(ids + i % kDenseRing);
+    const __mmask8 dense = _mm512_mask_cmplt_epu64_mask(valid, id, vlimit);
+    const __m512i v = _mm512_mask_i64gather_epi64(_mm512_setzero_si512(),
+                                                  dense, id, index, 8);
+    // Entry (range << 32) | (slot + 1): 0 names no range.
+    const __mmask8 hit = _mm512_mask_cmpeq_epi64_mask(
+        _mm512_mask_cmpneq_epi64_mask(dense, v, _mm512_setzero_si512()),
+        _mm512_srli_epi64(v, 32), vrange);
+    const __m512i slot =
+        _mm512_mask_sub_epi64(none, hit, v, one);  // low 32 bits: the slot
+    _mm512_mask_cvtepi64_storeu_epi32(slots + i, valid, slot);
+  }
+}
 #endif
 
 // FtrlLanesConsecutive, in AVX-512 where the CPU has it.
@@ -1081,6 +1155,17 @@ void Table::LookUpSlots(int range, const Partition& p,
     p.slots.FindMany(keys.data(), n, slots, kNoSlot);
     return;
   }
+#if defined(__x86_64__)
+  if (kHaveAvx512Dq) {
+    DenseSlotsAvx512(dense_index_.get(), spec_.dense_ids, range, keys.data(),
+                     n, slots);
+    if (p.slots.empty()) return;
+    for (size_t i = 0; i < n; ++i) {  // not through the index: the map
+      if (slots[i] == kNoSlot) slots[i] = p.slots.Find(keys[i], kNoSlot);
+    }
+    return;
+  }
+#endif
   for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
     PrefetchKey(p, keys[i]);
   }
