@@ -786,8 +786,19 @@ __attribute__((noinline)) void Table::MarkJournal(Partition& p,
                                                   const uint32_t* slots,
                                                   size_t n) {
   uint64_t* const dirty = p.journal.dirty.data();
-  for (size_t k = 0; k < n; ++k) {
-    dirty[slots[k] / 64] |= uint64_t{1} << (slots[k] % 64);
+  // A word's bits gathered in a register while the slots stay in it, then
+  // or-ed in once: consecutive slots (a request's, made in its order) or-ed
+  // one by one into memory each waited on the store before (65 % of this
+  // function's samples sat on that).
+  size_t k = 0;
+  while (k < n) {
+    const uint32_t word = slots[k] / 64;
+    uint64_t bits = 0;
+    do {
+      bits |= uint64_t{1} << (slots[k] % 64);
+      ++k;
+    } while (k < n && slots[k] / 64 == word);
+    dirty[word] |= bits;
   }
 }
 
