@@ -896,6 +896,22 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
       p.non_finite_updates += kept;
       return;
     }
+    // Rows without state lie end to end: a run of consecutive slots is one
+    // array of floats, updated by one Apply (which vectorises; the same
+    // arithmetic per element as row by row). Key by key, a dim-1 SGD push
+    // was 28 % of a 2S2W sparse push's samples.
+    static_assert(optimizer_internal::SgdRule::kStateFloats == 0);
+    while (i < n) {
+      const size_t end = RunEnd(slots, i, n);
+      if (end == i + 1 && i + kPrefetchDistance < n) {
+        __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
+      }
+      kept += rule.Apply(SlotData(p, slots[i]), nullptr, grads + i * dim,
+                         scale, (end - i) * dim);
+      i = end;
+    }
+    p.non_finite_updates += kept;
+    return;
   }
   // at[j % kPrefetchDistance]: the address of slot j, for the keys j in
   // [i, i + kPrefetchDistance), each computed once (as the lanes' ring).

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <fstream>
 #include <sstream>
@@ -1067,6 +1068,76 @@ TEST(TableTest, DimOneFtrlOnConsecutiveSlotsEqualsTheScalarRule) {
       ASSERT_EQ(std::memcmp(&got[3 * i + j], &e[j], sizeof(float)), 0)
           << "key " << got_keys[i] << " float " << j << ": " << got[3 * i + j]
           << " vs " << e[j];
+    }
+  }
+}
+
+// SGD rows lie end to end (no state): ApplyAt updates a run of consecutive
+// slots with one Apply over its floats. The same bits as the rule key by key,
+// for runs that cross a chunk's end, keys that are not consecutive, a key
+// repeated in a push, l1 on and off, and updates left out as not finite.
+TEST(TableTest, SgdOnConsecutiveSlotsEqualsTheRuleKeyByKey) {
+  for (int dim : {1, 3}) {
+    for (float l1 : {0.0f, 0.05f}) {
+      SCOPED_TRACE(absl::StrCat("dim ", dim, " l1 ", l1));
+      TableSpec spec = PlainSgd(dim);
+      spec.optimizer.l1 = l1;
+      spec.optimizer.l2 = 0.01;
+      auto table = MakeTable(spec, 1);
+      auto rule_or = Optimizer::Create(spec.optimizer);
+      ASSERT_TRUE(rule_or.ok()) << rule_or.status();
+      const Optimizer& rule = **rule_or;
+      std::map<uint64_t, std::vector<float>> expected;
+      const size_t d = static_cast<size_t>(dim);
+      auto push = [&](const std::vector<uint64_t>& keys,
+                      const std::vector<float>& grads, KeyOrder order) {
+        table->Push(0, keys, grads.data(), 0.5f, nullptr, nullptr, order);
+        for (size_t i = 0; i < keys.size(); ++i) {
+          auto& e = expected[keys[i]];
+          e.resize(d, 0.0f);
+          rule.Apply(e.data(), nullptr, &grads[i * d], 0.5f, d);
+        }
+      };
+      uint64_t x = 99;
+      auto grads_for = [&x, d](size_t n) {
+        std::vector<float> g(n * d);
+        for (float& v : g) {
+          x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+          v = static_cast<float>(static_cast<int64_t>((x >> 33) % 2001) -
+                                 1000) /
+              250.0f;
+        }
+        return g;
+      };
+      // Slot 0 first, then a list made in order (slots 1, 2, ...) long
+      // enough to cross a chunk's end.
+      push({1}, grads_for(1), KeyOrder::kAscending);
+      std::vector<uint64_t> keys;
+      for (uint64_t k = 10; k < 10 + 3 * 20000; k += 3) keys.push_back(k);
+      push(keys, grads_for(keys.size()), KeyOrder::kAscending);
+      for (int round = 0; round < 3; ++round) {
+        std::vector<float> g = grads_for(keys.size());
+        if (round == 1) {  // not finite: left out
+          g[40 * d] = g[4090 * d] = std::numeric_limits<float>::infinity();
+        }
+        push(keys, g, KeyOrder::kAscending);
+      }
+      std::vector<uint64_t> odd;
+      for (size_t i = 0; i < keys.size(); i += 2) odd.push_back(keys[i]);
+      push(odd, grads_for(odd.size()), KeyOrder::kAscending);
+      // A key twice (not ascending): updated twice, in order.
+      std::vector<uint64_t> again = {keys[5], keys[6], keys[6], keys[7]};
+      push(again, grads_for(again.size()), KeyOrder::kAny);
+      EXPECT_EQ(table->non_finite_updates(), 2u);
+      std::vector<uint64_t> got_keys;
+      std::vector<float> got;
+      table->ExportRange(0, &got_keys, &got);
+      ASSERT_EQ(got_keys.size(), expected.size());
+      for (size_t i = 0; i < got_keys.size(); ++i) {
+        const std::vector<float>& e = expected.at(got_keys[i]);
+        ASSERT_EQ(std::memcmp(&got[i * d], e.data(), d * sizeof(float)), 0)
+            << "key " << got_keys[i] << ": " << got[i * d] << " vs " << e[0];
+      }
     }
   }
 }
