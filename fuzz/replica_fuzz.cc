@@ -127,13 +127,16 @@ absl::Status CheckAndImport(Table& backup, int r, const Table::DeltaRows& d,
                             uint64_t base_digest) {
   const auto* slots = reinterpret_cast<const uint32_t*>(d.slots.data());
   const size_t n = d.slots.size() / sizeof(uint32_t);
-  absl::Status st = backup.CheckDelta(r, absl::MakeConstSpan(slots, n),
+  const size_t words = d.slot_bits.size() / sizeof(uint64_t);
+  std::vector<uint64_t> bits(words);
+  if (words > 0) std::memcpy(bits.data(), d.slot_bits.data(), words * 8);
+  absl::Status st = backup.CheckDelta(r, absl::MakeConstSpan(slots, n), bits,
                                       d.base_slots, base_digest);
   if (!st.ok()) return st;
   const size_t m = d.new_keys.size() / sizeof(uint64_t);
   std::vector<uint64_t> new_keys(m);
   if (m > 0) std::memcpy(new_keys.data(), d.new_keys.data(), m * 8);
-  backup.ImportDelta(r, absl::MakeConstSpan(slots, n), new_keys,
+  backup.ImportDelta(r, absl::MakeConstSpan(slots, n), bits, new_keys,
                      reinterpret_cast<const float*>(d.entries.data()));
   return absl::OkStatus();
 }

@@ -546,6 +546,7 @@ ServerNode::Shipped ServerNode::ShipRangeLocked(int r, const Targets& to,
       rows->set_by_slot(true);
       // Moved, not copied (the journal starts new strings).
       rows->set_slots(std::move(by_slot.slots));
+      rows->set_slot_bits(std::move(by_slot.slot_bits));
       rows->set_keys(std::move(by_slot.new_keys));
       rows->set_entries(std::move(by_slot.entries));
       rows->set_base_slots(by_slot.base_slots);
@@ -1656,13 +1657,19 @@ absl::Status CheckRows(
     PS_RETURN_IF_ERROR(CheckRangeKeys(rows.keys(), routing, range, ascending));
     size_t n = rows.keys().size() / sizeof(uint64_t);
     if (rows.by_slot()) {
-      // A delta's rows by slot (a copy's go by key, ascending).
-      if (ascending || rows.slots().size() % sizeof(uint32_t) != 0) {
+      // A delta's rows by slot (a copy's go by key, ascending): a list of
+      // slots or a bitmap of them, not both.
+      if (ascending || rows.slots().size() % sizeof(uint32_t) != 0 ||
+          rows.slot_bits().size() % sizeof(uint64_t) != 0 ||
+          (!rows.slots().empty() && !rows.slot_bits().empty())) {
         return absl::InvalidArgumentError(absl::StrCat(
             what, " of range ", range, ": malformed rows by slot"));
       }
       n += rows.slots().size() / sizeof(uint32_t);
-    } else if (!rows.slots().empty()) {
+      for (uint64_t word : ViewAs<uint64_t>(rows.slot_bits())) {
+        n += static_cast<size_t>(__builtin_popcountll(word));
+      }
+    } else if (!rows.slots().empty() || !rows.slot_bits().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, " of range ", range, ": slots in rows by key"));
     }
@@ -1733,7 +1740,8 @@ absl::Status ServerNode::ApplyDeltaLocked(int from,
     // Before anything changes: rows by slot that do not fit this replica's
     // layout leave it as it was, and the primary sends a copy.
     PS_RETURN_IF_ERROR(tables_[rows.table()]->CheckDelta(
-        r, ViewAs<uint32_t>(rows.slots()), rows.base_slots(),
+        r, ViewAs<uint32_t>(rows.slots()), ViewAs<uint64_t>(rows.slot_bits()),
+        rows.base_slots(),
         rows.base_digest()));
   }
   RangeState& range = ranges_[r];
@@ -1747,6 +1755,7 @@ absl::Status ServerNode::ApplyDeltaLocked(int from,
         reinterpret_cast<const float*>(rows.entries().data());
     if (rows.by_slot()) {
       tables_[rows.table()]->ImportDelta(r, ViewAs<uint32_t>(rows.slots()),
+                                         ViewAs<uint64_t>(rows.slot_bits()),
                                          ViewAs<uint64_t>(rows.keys()),
                                          entries);
     } else {

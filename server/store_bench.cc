@@ -187,6 +187,7 @@ int main(int argc, char** argv) {
       if (!table_ptr->TakeJournal(r, gens[r], synced[r], &delta) ||
           !backup_ptr
                ->CheckDelta(r, ps::ViewAs<uint32_t>(delta.slots),
+                            ps::ViewAs<uint64_t>(delta.slot_bits),
                             delta.base_slots, backup_ptr->Layout(r).digest)
                .ok()) {
         delta_failed = true;
@@ -194,6 +195,7 @@ int main(int argc, char** argv) {
       }
       backup_ptr->ImportDelta(
           r, ps::ViewAs<uint32_t>(delta.slots),
+          ps::ViewAs<uint64_t>(delta.slot_bits),
           ps::ViewAs<uint64_t>(delta.new_keys),
           reinterpret_cast<const float*>(delta.entries.data()));
       synced[r] = delta.num_slots;

@@ -1302,6 +1302,32 @@ Table::PartitionLayout Table::Layout(int range) const {
   return PartitionLayout{p.num_slots, p.generation, p.layout_digest};
 }
 
+char* Table::CopyRun(const Partition& p, uint32_t first, uint32_t end,
+                     char* out) const {
+  const size_t row_bytes = stride_ * sizeof(float);
+  while (first < end) {
+    const uint32_t stop = static_cast<uint32_t>(
+        std::min<uint64_t>(end, uint64_t{first | chunk_mask_} + 1));
+    std::memcpy(out, SlotData(p, first), (stop - first) * row_bytes);
+    out += (stop - first) * row_bytes;
+    first = stop;
+  }
+  return out;
+}
+
+const float* Table::WriteRun(Partition& p, uint32_t first, uint32_t end,
+                             const float* entries) {
+  while (first < end) {
+    const uint32_t stop = static_cast<uint32_t>(
+        std::min<uint64_t>(end, uint64_t{first | chunk_mask_} + 1));
+    std::memcpy(SlotData(p, first), entries,
+                (stop - first) * stride_ * sizeof(float));
+    entries += (stop - first) * stride_;
+    first = stop;
+  }
+  return entries;
+}
+
 size_t Table::RunEnd(const uint32_t* slots, size_t i, size_t n) const {
   size_t j = i + 1;
   while (j < n && slots[j] == slots[j - 1] + 1 &&
@@ -1371,11 +1397,30 @@ bool Table::TakeJournal(int range, uint64_t generation, uint32_t base_slots,
   for (size_t w = 0; w < marked_words; ++w) {
     kept += static_cast<size_t>(__builtin_popcountll(dirty[w]));
   }
-  out->slots.resize(kept * sizeof(uint32_t));
   out->entries.resize((kept + fresh) * row_bytes);
+  char* entry_out = out->entries.data();
+  // The marked slots as a bitmap when it is the smaller (DeltaRows), its
+  // rows copied by runs of set bits; else as a list.
+  size_t words = marked_words;
+  while (words > 0 && dirty[words - 1] == 0) --words;
+  out->slots.clear();
+  out->slot_bits.clear();
+  out->bit_rows = 0;
+  if (kept > 0 && words * sizeof(uint64_t) < kept * sizeof(uint32_t)) {
+    out->slot_bits.assign(reinterpret_cast<const char*>(dirty),
+                          words * sizeof(uint64_t));
+    out->bit_rows = kept;
+    ForEachBitRun(dirty, words, [&](uint64_t first, uint64_t end) {
+      p.mu.AssertHeld();
+      entry_out = CopyRun(p, static_cast<uint32_t>(first),
+                          static_cast<uint32_t>(end), entry_out);
+    });
+    kept = 0;  // no list below
+  }
+  out->slots.resize(kept * sizeof(uint32_t));
   uint32_t* const slots = Scratch(kept);
   size_t k = 0;
-  for (size_t w = 0; w < marked_words; ++w) {
+  for (size_t w = 0; w < marked_words && kept > 0; ++w) {
     for (uint64_t bits = dirty[w]; bits != 0; bits &= bits - 1) {
       slots[k++] = static_cast<uint32_t>(w * 64 + __builtin_ctzll(bits));
     }
@@ -1383,7 +1428,6 @@ bool Table::TakeJournal(int range, uint64_t generation, uint32_t base_slots,
   if (kept > 0) std::memcpy(out->slots.data(), slots, kept * sizeof(uint32_t));
   // Rows of consecutive slots lie side by side in a chunk: one copy each
   // such run (a delta of a busy range is mostly runs).
-  char* entry_out = out->entries.data();
   for (size_t i = 0; i < kept;) {
     const size_t end = RunEnd(slots, i, kept);
     if (end == i + 1 && i + kPrefetchDistance < kept) {
@@ -1418,6 +1462,7 @@ bool Table::TakeJournal(int range, uint64_t generation, uint32_t base_slots,
 }
 
 absl::Status Table::CheckDelta(int range, absl::Span<const uint32_t> slots,
+                               absl::Span<const uint64_t> slot_bits,
                                uint32_t base_slots,
                                uint64_t base_digest) const {
   const Partition& p = partition(range);
@@ -1430,6 +1475,14 @@ absl::Status Table::CheckDelta(int range, absl::Span<const uint32_t> slots,
   }
   uint32_t past = 0;
   for (uint32_t slot : slots) past |= static_cast<uint32_t>(slot >= base_slots);
+  // No bit at base_slots or past it: the bitmap's words past the one
+  // base_slots falls in are zero, and that one's bits from it on.
+  const size_t full_words = base_slots / 64;
+  for (size_t w = full_words; w < slot_bits.size(); ++w) {
+    const uint64_t below =
+        w == full_words ? (uint64_t{1} << (base_slots % 64)) - 1 : 0;
+    past |= static_cast<uint32_t>((slot_bits[w] & ~below) != 0);
+  }
   if (past != 0) {
     return absl::DataLossError(absl::StrCat(
         "table ", spec_.id, " range ", range, ": a row's slot is past ",
@@ -1439,6 +1492,7 @@ absl::Status Table::CheckDelta(int range, absl::Span<const uint32_t> slots,
 }
 
 void Table::ImportDelta(int range, absl::Span<const uint32_t> slots,
+                        absl::Span<const uint64_t> slot_bits,
                         absl::Span<const uint64_t> new_keys,
                         const float* entries) {
   Partition& p = partition(range);
@@ -1446,6 +1500,12 @@ void Table::ImportDelta(int range, absl::Span<const uint32_t> slots,
   if (!new_keys.empty()) p.journal = Journal{};  // slots not made by a push
   const size_t n = slots.size();
   const size_t row_bytes = stride_ * sizeof(float);
+  ForEachBitRun(slot_bits.data(), slot_bits.size(),
+                [&](uint64_t first, uint64_t end) {
+                  p.mu.AssertHeld();
+                  entries = WriteRun(p, static_cast<uint32_t>(first),
+                                     static_cast<uint32_t>(end), entries);
+                });
   for (size_t i = 0; i < std::min(n, kPrefetchDistance); ++i) {
     __builtin_prefetch(SlotData(p, slots[i]));
   }

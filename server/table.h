@@ -69,6 +69,37 @@ struct TableFile {
 // reads for nothing else: 6 % of its samples). kAny: they are looked at.
 enum class KeyOrder { kAny, kAscending };
 
+// Calls fn(first, end) for each maximal run [first, end) of set bits of
+// the bitmap words[0, n) (bit b % 64 of word b / 64), ascending: a run
+// through whole words costs a test a word.
+template <typename Fn>
+void ForEachBitRun(const uint64_t* words, size_t n, Fn&& fn) {
+  bool in_run = false;
+  uint64_t start = 0;
+  for (size_t w = 0; w < n; ++w) {
+    const uint64_t b = words[w];
+    if (in_run ? b == ~uint64_t{0} : b == 0) continue;
+    const uint64_t base = uint64_t{w} * 64;
+    unsigned at = 0;  // the word's bits below `at` are done
+    while (at < 64) {
+      if (in_run) {
+        const uint64_t clear = ~b >> at;  // the run ends at its lowest bit
+        if (clear == 0) break;            // on into the next word
+        at += static_cast<unsigned>(__builtin_ctzll(clear));
+        fn(start, base + at);
+        in_run = false;
+      } else {
+        const uint64_t set = b >> at;
+        if (set == 0) break;
+        at += static_cast<unsigned>(__builtin_ctzll(set));
+        start = base + at;
+        in_run = true;
+      }
+    }
+  }
+  if (in_run) fn(start, uint64_t{n} * 64);
+}
+
 // Thread-safe: every method may be called concurrently from any thread.
 // Calls on different ranges do not contend; pulls of one range share its
 // lock, pushes to one range are serialised.
@@ -244,12 +275,20 @@ class Table {
   // has the primary's layout, and takes rows by slot: no key lookup.
   // The arrays are in the bytes of the strings that proto RangeCopy.Rows
   // carries them in (moved there: no copy).
+  // The rows below `base_slots` are named by `slots` or, when that would
+  // be the larger (more than one row in 32 of the range's slots marked),
+  // by `slot_bits`: bit s % 64 of word s / 64 set for slot s (1 bit a slot
+  // of the range instead of 32 a row: a busy range's delta is mostly its
+  // rows).
   struct DeltaRows {
-    std::string slots;     // uint32: rows below `base_slots`, by slot
+    std::string slots;      // uint32: rows below `base_slots`, by slot
+    std::string slot_bits;  // uint64 words, when not empty: instead of slots
+    size_t bit_rows = 0;    // the bits set in slot_bits
     std::string new_keys;  // uint64: slots base_slots, base_slots + 1, ...
     std::string entries;   // float: slots' rows, then new_keys' rows
     size_t rows() const {
-      return slots.size() / sizeof(uint32_t) + new_keys.size() / sizeof(uint64_t);
+      return slots.size() / sizeof(uint32_t) + bit_rows +
+             new_keys.size() / sizeof(uint64_t);
     }
     uint32_t base_slots = 0;
     uint32_t num_slots = 0;  // base_slots + new_keys.size()
@@ -292,13 +331,17 @@ class Table {
                    DeltaRows* out);
   // Checks that rows by slot fit this partition of `range`: exactly
   // `base_slots` slots with layout digest `base_digest` (the primary's
-  // keys at the primary's slots), and each of `slots` below them.
+  // keys at the primary's slots), and each of `slots` (or each slot set in
+  // `slot_bits`, DeltaRows) below them.
   // DATA_LOSS naming what differs (the primary then sends a copy).
   absl::Status CheckDelta(int range, absl::Span<const uint32_t> slots,
+                          absl::Span<const uint64_t> slot_bits,
                           uint32_t base_slots, uint64_t base_digest) const;
-  // Writes rows that CheckDelta accepted: `entries` (slots' rows, then
-  // new_keys'), creating new_keys at slots base_slots, base_slots + 1, ...
+  // Writes rows that CheckDelta accepted: `entries` (the rows of `slots`,
+  // or of the slots set in `slot_bits` ascending, then new_keys'), creating
+  // new_keys at slots base_slots, base_slots + 1, ...
   void ImportDelta(int range, absl::Span<const uint32_t> slots,
+                   absl::Span<const uint64_t> slot_bits,
                    absl::Span<const uint64_t> new_keys, const float* entries);
 
   // All (key, value) pairs, ascending by key. Allocates per key: for tests
@@ -416,6 +459,14 @@ class Table {
   // The end of the run of slots from slots[i] (i < n): slots[i],
   // slots[i] + 1, ... in one chunk, so their rows lie side by side.
   size_t RunEnd(const uint32_t* slots, size_t i, size_t n) const;
+  // The rows of slots [first, end) of `p` copied to `out` (to the rows from
+  // `entries`), a copy per chunk they span; returns the end of what was
+  // written (read).
+  char* CopyRun(const Partition& p, uint32_t first, uint32_t end,
+                char* out) const ABSL_SHARED_LOCKS_REQUIRED(p.mu);
+  const float* WriteRun(Partition& p, uint32_t first, uint32_t end,
+                        const float* entries)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Whether a push of n keys records in p's journal: on and asked to
   // (journal not null); stops it where it is on but not asked. Sets
   // *journal (when given) to whether the journal was on. Sizes the bitmap

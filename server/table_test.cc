@@ -727,11 +727,14 @@ TEST_P(JournalTest, DeltasFromTheJournalRebuildThePrimaryByteForByte) {
   };
   const size_t dim = static_cast<size_t>(c.dim);
   size_t rows_sent = 0;
+  int by_bits = 0, by_list = 0;  // deltas naming their rows each way
   for (int round = 0; round < 40; ++round) {
     const int r = static_cast<int>(next() % kRanges);
     // Keys from a pool of 400 (new ones early, repeats later), ascending
-    // but for every fifth push, which repeats keys within itself.
-    const size_t n = 1 + next() % 120;
+    // but for every fifth push, which repeats keys within itself. The last
+    // pushes have one key each: deltas of a few rows among many name them
+    // by a list, the others mostly by a bitmap.
+    const size_t n = round >= 32 ? 1 : 1 + next() % 120;
     std::vector<uint64_t> keys(n);
     for (auto& k : keys) k = FeatureKey(next() % (40 + 10 * round));
     if (round % 5 != 0) {
@@ -764,6 +767,9 @@ TEST_P(JournalTest, DeltasFromTheJournalRebuildThePrimaryByteForByte) {
       EXPECT_EQ(delta.num_slots, primary->Layout(d).slots);
       const auto slots = ViewAs<uint32_t>(delta.slots);
       const auto new_keys = ViewAs<uint64_t>(delta.new_keys);
+      EXPECT_TRUE(slots.empty() || delta.slot_bits.empty());
+      by_bits += delta.slot_bits.empty() ? 0 : 1;
+      by_list += slots.empty() ? 0 : 1;
       EXPECT_EQ(new_keys.size(), delta.num_slots - delta.base_slots);
       EXPECT_EQ(delta.entries.size(),
                 delta.rows() * backup->entry_floats() * sizeof(float));
@@ -773,10 +779,10 @@ TEST_P(JournalTest, DeltasFromTheJournalRebuildThePrimaryByteForByte) {
       EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()),
                 sorted.end());
       ASSERT_TRUE(backup
-                      ->CheckDelta(d, slots, delta.base_slots,
-                                   backup->Layout(d).digest)
+                      ->CheckDelta(d, slots, ViewAs<uint64_t>(delta.slot_bits),
+                                   delta.base_slots, backup->Layout(d).digest)
                       .ok());
-      backup->ImportDelta(d, slots, new_keys,
+      backup->ImportDelta(d, slots, ViewAs<uint64_t>(delta.slot_bits), new_keys,
                           reinterpret_cast<const float*>(delta.entries.data()));
       EXPECT_EQ(backup->Layout(d).digest, delta.digest);
       synced[d] = delta.num_slots;
@@ -784,12 +790,15 @@ TEST_P(JournalTest, DeltasFromTheJournalRebuildThePrimaryByteForByte) {
     }
   }
   EXPECT_GT(rows_sent, 0u);
+  EXPECT_GT(by_bits, 0);
+  EXPECT_GT(by_list, 0);
   for (int r = 0; r < kRanges; ++r) {
     std::vector<uint64_t> pk, bk;
     std::vector<float> pe, be;
     Table::DeltaRows rest;
     ASSERT_TRUE(primary->TakeJournal(r, generation[r], synced[r], &rest));
     backup->ImportDelta(r, ViewAs<uint32_t>(rest.slots),
+                        ViewAs<uint64_t>(rest.slot_bits),
                         ViewAs<uint64_t>(rest.new_keys),
                         reinterpret_cast<const float*>(rest.entries.data()));
     primary->ExportRange(r, &pk, &pe);
@@ -958,7 +967,11 @@ TEST(TableTest, DeltaRowsGoInRunsWithinChunks) {
   Table::DeltaRows delta;
   ASSERT_TRUE(primary->TakeJournal(0, gen, 100, &delta));
   ASSERT_EQ(delta.rows(), some.size());
-  backup->ImportDelta(0, ViewAs<uint32_t>(delta.slots), {},
+  // 72 rows of 100 slots: named by a bitmap.
+  EXPECT_TRUE(delta.slots.empty());
+  EXPECT_EQ(delta.slot_bits.size(), 2 * sizeof(uint64_t));
+  backup->ImportDelta(0, ViewAs<uint32_t>(delta.slots),
+                      ViewAs<uint64_t>(delta.slot_bits), {},
                       reinterpret_cast<const float*>(delta.entries.data()));
   std::vector<float> want(keys.size() * kDim), got(keys.size() * kDim);
   primary->Pull(0, some, want.data());
@@ -974,7 +987,7 @@ TEST(TableTest, DeltaRowsGoInRunsWithinChunks) {
     std::fill(rows.begin() + i * kDim, rows.begin() + (i + 1) * kDim,
               static_cast<float>(i + 1));
   }
-  backup->ImportDelta(0, slots, {}, rows.data());
+  backup->ImportDelta(0, slots, {}, {}, rows.data());
   const std::vector<float> expect = {1, 2, 3, 5, 6, 7, 8};  // slots 2 3 4 6 7 31 32
   std::vector<uint64_t> at = {keys[2], keys[3], keys[4], keys[6],
                               keys[7], keys[31], keys[32]};
@@ -1070,6 +1083,61 @@ TEST(TableTest, DimOneFtrlOnConsecutiveSlotsEqualsTheScalarRule) {
           << " vs " << e[j];
     }
   }
+}
+
+// ForEachBitRun against the bits one by one: runs within a word, across
+// words, through whole words, at both ends, none at all.
+TEST(TableTest, ForEachBitRunGivesEveryMaximalRun) {
+  uint64_t x = 5;
+  auto next = [&x] {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return x;
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t n = trial % 7;
+    std::vector<uint64_t> words(n);
+    for (uint64_t& w : words) {
+      switch (next() % 5) {
+        case 0: w = 0; break;
+        case 1: w = ~uint64_t{0}; break;
+        case 2: w = next() & next(); break;  // sparse
+        case 3: w = next() | next(); break;  // dense
+        default: w = ~uint64_t{0} << (next() % 64); break;  // a top run
+      }
+    }
+    std::vector<std::pair<uint64_t, uint64_t>> want;
+    for (uint64_t b = 0; b < n * 64; ++b) {
+      if (((words[b / 64] >> (b % 64)) & 1) == 0) continue;
+      if (!want.empty() && want.back().second == b) {
+        ++want.back().second;
+      } else {
+        want.emplace_back(b, b + 1);
+      }
+    }
+    std::vector<std::pair<uint64_t, uint64_t>> got;
+    ForEachBitRun(words.data(), n, [&](uint64_t first, uint64_t end) {
+      got.emplace_back(first, end);
+    });
+    ASSERT_EQ(got, want) << "trial " << trial;
+  }
+}
+
+// A delta whose bitmap names a slot at or past base_slots is refused.
+TEST(TableTest, CheckDeltaRefusesBitsPastBaseSlots) {
+  auto table = MakeTable(PlainSgd(), 1);
+  std::vector<uint64_t> keys(70);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = 100 + i;
+  std::vector<float> g(keys.size(), 1.0f);
+  table->Push(0, keys, g.data(), 1.0f);
+  const uint64_t digest = table->Layout(0).digest;
+  const std::vector<uint64_t> ok = {~uint64_t{0}, (uint64_t{1} << 6) - 1};
+  EXPECT_TRUE(table->CheckDelta(0, {}, ok, 70, digest).ok());
+  const std::vector<uint64_t> at_base = {0, uint64_t{1} << 6};
+  EXPECT_EQ(table->CheckDelta(0, {}, at_base, 70, digest).code(),
+            absl::StatusCode::kDataLoss);
+  const std::vector<uint64_t> word_past = {0, 0, 1};
+  EXPECT_EQ(table->CheckDelta(0, {}, word_past, 70, digest).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 // SGD rows lie end to end (no state): ApplyAt updates a run of consecutive
