@@ -786,19 +786,30 @@ __attribute__((noinline)) void Table::MarkJournal(Partition& p,
                                                   const uint32_t* slots,
                                                   size_t n) {
   uint64_t* const dirty = p.journal.dirty.data();
-  // A word's bits gathered in a register while the slots stay in it, then
-  // or-ed in once: consecutive slots (a request's, made in its order) or-ed
-  // one by one into memory each waited on the store before (65 % of this
-  // function's samples sat on that).
+  // By runs of consecutive slots (a request's, made in its order, mostly
+  // are): a run's bits set a word at a time. Slot by slot, each or into
+  // memory waited on the one before (65 % of this function's samples sat
+  // on it), and with the bits gathered per word, the per-slot work still
+  // made it 5 to 6 % of a replicated push's samples.
   size_t k = 0;
   while (k < n) {
-    const uint32_t word = slots[k] / 64;
-    uint64_t bits = 0;
-    do {
-      bits |= uint64_t{1} << (slots[k] % 64);
-      ++k;
-    } while (k < n && slots[k] / 64 == word);
-    dirty[word] |= bits;
+    const uint64_t first = slots[k];
+    size_t e = k + 1;
+    while (e < n && slots[e] == slots[e - 1] + 1) ++e;
+    const uint64_t end = first + (e - k);
+    k = e;
+    if (end == first + 1) {
+      dirty[first / 64] |= uint64_t{1} << (first % 64);
+      continue;
+    }
+    for (uint64_t b = first; b < end;) {
+      const uint64_t word_end = std::min(end, (b | 63) + 1);
+      const uint64_t len = word_end - b;
+      const uint64_t bits =
+          (len == 64 ? ~uint64_t{0} : (uint64_t{1} << len) - 1) << (b % 64);
+      dirty[b / 64] |= bits;
+      b = word_end;
+    }
   }
 }
 
