@@ -135,6 +135,14 @@ TEST(TableSlotsTest, SlotsGiveTheSameResultsAsKeys) {
   for (uint32_t s : slots) EXPECT_NE(s, Table::kNoSlot);
   ASSERT_TRUE(t->PushSlots(0, gen, keys, slots.data(), g.data(), 0.5f));
   by_keys->Push(0, keys, g.data(), 0.5f);
+  // Every slot known (a complete cached list): the same, without the
+  // bounds check.
+  std::vector<uint32_t> copied(3, 12345);
+  ASSERT_TRUE(t->PushSlots(0, gen, keys, slots.data(), g.data(), 0.25f,
+                           KeyOrder::kAscending, copied.data(), nullptr,
+                           /*complete=*/true));
+  by_keys->Push(0, keys, g.data(), 0.25f);
+  EXPECT_EQ(copied, slots);
   ASSERT_TRUE(t->PullSlots(0, gen, keys, slots.data(), out.data()));
   by_keys->Pull(0, keys, want.data());
   EXPECT_EQ(out, want);
@@ -213,6 +221,9 @@ TEST(TableSlotsTest, ClearedRangeRefusesOldSlots) {
       << "another table's slots";
   t->ClearRange(0);
   EXPECT_FALSE(t->PushSlots(0, gen, keys, slots.data(), g.data(), 1.0f));
+  EXPECT_FALSE(t->PushSlots(0, gen, keys, slots.data(), g.data(), 1.0f,
+                            KeyOrder::kAny, nullptr, nullptr,
+                            /*complete=*/true));
   EXPECT_FALSE(t->PullSlots(0, gen, keys, slots.data(), out.data()));
   EXPECT_EQ(t->size(), 0u) << "nothing applied through stale slots";
 }

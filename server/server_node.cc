@@ -610,6 +610,14 @@ std::pair<uint32_t*, uint64_t*> ServerNode::Resolving(RequestKeys* rk,
 void ServerNode::KeepResolved(int worker, RequestKeys* rk) {
   if (rk->keep == 0) return;
   if (rk->resolved != nullptr) {
+    // Every run resolved (a generation is never 0) and every key found or
+    // made: its cached pushes skip PushSlots' bounds check.
+    KeyList& l = *rk->resolved;
+    l.complete =
+        std::find(l.slots.begin(), l.slots.end(), Table::kNoSlot) ==
+            l.slots.end() &&
+        std::find(l.generations.begin(), l.generations.end(), uint64_t{0}) ==
+            l.generations.end();
     key_cache_.Put(worker, rk->keep, std::move(rk->resolved), rk->window);
   } else if (rk->cached == nullptr) {
     // Kept unresolved (nothing was looked up: e.g. every run a duplicate).
@@ -820,7 +828,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
                        rk.cached->slots.data() + run.first, grads, scale,
                        KeyOrder::kAscending,
                        delta ? delta_slots.data() + run.first : nullptr,
-                       journal)) {
+                       journal, rk.cached->complete)) {
         if (delta) {
           run_slots[i] = delta_slots.data() + run.first;
           run_generations[i] = rk.cached->generations[i];

@@ -1162,6 +1162,33 @@ TEST_F(ServerNodeTest, NamedKeyListWorksAsItsKeys) {
   EXPECT_NE(text.find("\nps_server_key_cache_lists 1\n"), std::string::npos);
 }
 
+// A list first named by a pull that did not find all its keys is kept with
+// those keys unresolved: its pushes create them (only a list every key of
+// which has a slot skips PushSlots' bounds check).
+TEST_F(ServerNodeTest, ListNamedByAPullOfNewKeysCreatesThemOnPush) {
+  Configure(1, 1, proto::MODE_ASP);
+  ASSERT_TRUE(PushNow(&node_, MakePush(0, 1, 0, {2}, {1}, 1)).ok());
+  auto p = StartPull(&node_, 0, 0, {});
+  ASSERT_TRUE(p->done());
+  PackTo<uint64_t>(p->req.mutable_keys(), std::vector<uint64_t>{2, 7});
+  p->req.set_key_list(5);
+  proto::PullResponse r;
+  absl::Status st = absl::InternalError("not called");
+  node_.Pull(p->req, &r, [&](const absl::Status& s) { st = s; });
+  ASSERT_TRUE(st.ok()) << st;
+  absl::Span<const float> v = ViewAs<float>(r.vals());
+  EXPECT_EQ(std::vector<float>(v.begin(), v.end()),
+            (std::vector<float>{-1.0f, 0.0f}));
+  proto::PushRequest b = MakePush(0, 2, 0, {}, {1, 2}, 1);
+  b.set_key_list(5);
+  b.set_num_keys(2);
+  ASSERT_TRUE(PushNow(&node_, b).ok());  // creates 7
+  EXPECT_EQ(PullNow(&node_, 0, 0, {2, 7}), (std::vector<float>{-2.0f, -2.0f}));
+  b.set_seq(3);
+  ASSERT_TRUE(PushNow(&node_, b).ok());  // finds it
+  EXPECT_EQ(PullNow(&node_, 0, 0, {2, 7}), (std::vector<float>{-3.0f, -4.0f}));
+}
+
 // A push or pull large enough to be split across threads (by range) gives
 // exactly what one thread gives, by keys and by a named (cached) list.
 TEST(ServerNodeParallelTest, SplitApplyEqualsOneThread) {

@@ -170,7 +170,11 @@ class Table {
   // nothing, for a slot out of the range's bounds. `resolved`, when given,
   // receives every key's slot (the given ones, and those it found or made
   // for kNoSlot entries), for a caller that goes on to name the rows again
-  // without looking them up. `journal` as for Push.
+  // without looking them up. `journal` as for Push. `complete`: the caller
+  // vouches that every slot is one this partition handed out at
+  // `generation` (none kNoSlot): a list the server resolved itself and found
+  // every key of (KeyList::complete), which the bounds check then skips
+  // (slots only grow within a generation).
   bool PullSlots(int range, uint64_t generation,
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  float* out) const;
@@ -178,7 +182,8 @@ class Table {
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  const float* grads, float scale,
                  KeyOrder order = KeyOrder::kAny,
-                 uint32_t* resolved = nullptr, bool* journal = nullptr);
+                 uint32_t* resolved = nullptr, bool* journal = nullptr,
+                 bool complete = false);
 
   // Number of keys stored (created by a push).
   size_t size() const;
