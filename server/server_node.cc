@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -629,6 +630,30 @@ void ServerNode::KeepResolved(int worker, RequestKeys* rk) {
   }
 }
 
+bool ServerNode::ValuesFinite(absl::string_view vals) {
+  constexpr size_t kPartBytes = 256 * 1024;
+  const size_t n = vals.size() / sizeof(float);
+  if (vals.size() < 2 * kPartBytes || apply_runner_.parallelism() < 2) {
+    return AllFinite(vals);
+  }
+  const int parts = static_cast<int>(std::min<size_t>(
+      vals.size() / kPartBytes, 4 * size_t{static_cast<size_t>(
+                                        apply_runner_.parallelism())}));
+  std::atomic<bool> finite{true};
+  apply_runner_.Run(parts, [&](int i) {
+    const size_t first = n * static_cast<size_t>(i) / static_cast<size_t>(parts);
+    const size_t last =
+        n * static_cast<size_t>(i + 1) / static_cast<size_t>(parts);
+    if (!AllFinite(vals.substr(first * sizeof(float),
+                               (last - first) * sizeof(float)))) {
+      finite.store(false, std::memory_order_relaxed);
+    }
+  });
+  // A trailing partial float (a malformed count, refused elsewhere) is not
+  // a value.
+  return finite.load(std::memory_order_relaxed);
+}
+
 void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
                       absl::string_view vals_in, proto::PushResponse* resp,
                       Done done) {
@@ -655,7 +680,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
   if (s.ok()) {
     if (req.clock() < 0) {
       s = absl::InvalidArgumentError("negative clock");
-    } else if (!AllFinite(vals)) {
+    } else if (!ValuesFinite(vals)) {
       s = ErrorWithReason(absl::StatusCode::kInvalidArgument,
                           proto::REASON_NON_FINITE,
                           absl::StrCat("push of worker ", req.worker_id(),

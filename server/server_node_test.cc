@@ -1474,6 +1474,28 @@ TEST_F(ServerNodeTest, NonFiniteGradientIsRejectedAndCounted) {
   EXPECT_TRUE(PushNow(&node_, MakePush(0, 2, 0, keys, fine, 1)).ok());
 }
 
+// A large push's values are checked in parts on the apply threads: a NaN
+// in any part, at its ends included, is refused with nothing applied.
+TEST(ServerNodeParallelTest, NonFiniteValueInAnyPartIsRejected) {
+  FakeClock clock;
+  ServerNode node(&clock, ServerLimits(), 3);
+  ASSERT_TRUE(node.Configure(0, MakeView(1, 1, proto::MODE_ASP)).ok());
+  std::vector<uint64_t> keys(300000);  // 1.2 MB of values: 4 parts
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = 1000 + i;
+  const size_t n = keys.size();
+  for (size_t at : {size_t{0}, n / 4 - 1, n / 4, n / 2, n - 1}) {
+    std::vector<float> g(n, 1.0f);
+    g[at] = std::numeric_limits<float>::infinity();
+    absl::Status s = PushNow(&node, MakePush(0, 1, 0, keys, g, 1));
+    EXPECT_EQ(ReasonOf(s), proto::REASON_NON_FINITE) << "inf at " << at;
+  }
+  EXPECT_EQ(node.Status().pushes(), 0);
+  std::vector<float> fine(n, 1.0f);
+  EXPECT_TRUE(PushNow(&node, MakePush(0, 1, 0, keys, fine, 1)).ok());
+  EXPECT_EQ(PullNow(&node, 0, 0, {keys[0], keys[n - 1]}),
+            (std::vector<float>{-1.0f, -1.0f}));
+}
+
 TEST_F(ServerNodeTest, BspNonFiniteGradientIsRejectedBeforeBuffering) {
   Configure(1, 1, proto::MODE_BSP);
   absl::Status s = PushNow(
