@@ -4,15 +4,13 @@
 #include <immintrin.h>
 #endif
 
+#include "common/cpu_features.h"
+
 namespace ps {
 namespace {
 
 #if defined(__x86_64__)
-bool CpuHasAvx512() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f");
-}
-const bool kHaveAvx512 = CpuHasAvx512();
+const bool kHaveAvx512 = CpuHasAvx512F();
 
 __attribute__((target("avx512f"))) size_t FirstNotAscendingAvx512(
     const uint64_t* keys, size_t n) {

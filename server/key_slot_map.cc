@@ -8,17 +8,12 @@
 #include <immintrin.h>
 #endif
 
-
+#include "common/cpu_features.h"
 
 namespace ps {
 namespace {
 
 #if defined(__x86_64__)
-bool CpuHasAvx512Dq() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512dq");
-}
 const bool kVectorFindMany = CpuHasAvx512Dq();
 
 // home[i % kRing ...] = the home lines (Mix64(key ^ seed) & mask) of

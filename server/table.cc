@@ -19,6 +19,7 @@
 
 #include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
+#include "common/cpu_features.h"
 #include "common/hash.h"
 #include "common/status_macros.h"
 
@@ -657,12 +658,8 @@ __attribute__((target("avx512f"))) size_t FtrlLanesConsecutiveAvx512(
   return kFtrlLanes - static_cast<size_t>(__builtin_popcount(ok));
 }
 
-bool HaveAvx512() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f");
-}
-const bool kHaveAvx512 = HaveAvx512();
-const bool kHaveAvx512Dq = kHaveAvx512 && __builtin_cpu_supports("avx512dq");
+const bool kHaveAvx512 = CpuHasAvx512F();
+const bool kHaveAvx512Dq = CpuHasAvx512Dq();
 
 // The dense-id lookup of 8 keys ahead: ids[i % kDenseRing ...] =
 // FeatureOf(keys[i + j]) for j < 8 (lanes past n hold garbage, never read).
