@@ -4,6 +4,16 @@
 
 namespace ps {
 
+// AVX2 (256-bit integer vectors, vpermps, the 8-lane blends).
+inline bool CpuHasAvx2() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") != 0;
+#else
+  return false;
+#endif
+}
+
 // AVX-512 Foundation.
 inline bool CpuHasAvx512F() {
 #if defined(__x86_64__)
