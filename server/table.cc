@@ -915,6 +915,41 @@ bool AnyRepeated(const uint32_t* slots) {
 
 }  // namespace
 
+namespace table_internal {
+
+bool CpuRunsFtrl(FtrlIsa isa) {
+  switch (isa) {
+    case FtrlIsa::kPortable:
+      return true;
+#if defined(__x86_64__)
+    case FtrlIsa::kAvx2:
+      return kHaveAvx2;
+    case FtrlIsa::kAvx512:
+      return kHaveAvx512;
+#endif
+    default:
+      return false;
+  }
+}
+
+size_t FtrlConsecutiveWith(FtrlIsa isa,
+                           const optimizer_internal::FtrlRule& rule,
+                           float* first, const float* g, float scale) {
+  static_assert(kFtrlGroup == kFtrlLanes);
+  ABSL_RAW_CHECK(CpuRunsFtrl(isa), "FtrlConsecutiveWith: not on this CPU");
+#if defined(__x86_64__)
+  if (isa == FtrlIsa::kAvx512) {
+    return FtrlLanesConsecutiveAvx512(rule, first, g, scale);
+  }
+  if (isa == FtrlIsa::kAvx2) {
+    return FtrlLanesConsecutiveAvx2(rule, first, g, scale);
+  }
+#endif
+  return FtrlLanesConsecutive(rule, first, g, scale);
+}
+
+}  // namespace table_internal
+
 // Out of line: the apply loops compile as they did before the journal
 // (inlined here, the marks cost the plain push about 5 % in store_bench).
 __attribute__((noinline)) void Table::MarkJournal(Partition& p,

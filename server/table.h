@@ -563,4 +563,20 @@ class GradAccumulator {
   std::vector<float> sorted_sums_ ABSL_GUARDED_BY(mu_);
 };
 
+namespace table_internal {
+
+// The implementations of the dim-1 FTRL update of kFtrlGroup consecutive
+// entries (Table::ApplyAt's lanes), so that tests hold each one this CPU
+// can run to FtrlRule::Step bit for bit, whichever ApplyAt picks here.
+enum class FtrlIsa { kPortable, kAvx2, kAvx512 };
+inline constexpr size_t kFtrlGroup = 16;
+bool CpuRunsFtrl(FtrlIsa isa);
+// Updates the kFtrlGroup entries [w, z, n] from `first` on with gradients
+// scale * g[k] and returns how many it left as they were (a non-finite
+// result). CpuRunsFtrl(isa) must hold.
+size_t FtrlConsecutiveWith(FtrlIsa isa,
+                           const optimizer_internal::FtrlRule& rule,
+                           float* first, const float* g, float scale);
+
+}  // namespace table_internal
 }  // namespace ps

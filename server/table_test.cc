@@ -1085,6 +1085,71 @@ TEST(TableTest, DimOneFtrlOnConsecutiveSlotsEqualsTheScalarRule) {
   }
 }
 
+// Every implementation of the 16-lane FTRL update this CPU runs (the
+// portable loop, AVX2, AVX-512), bit for bit FtrlRule::Apply entry by
+// entry: both signs of z about l1, z of 0, new entries, and lanes whose
+// result is not finite (a gradient of 1e20 squares to infinity, a NaN
+// gradient, an infinite accumulator), which stay as they were.
+TEST(TableTest, FtrlKernelsEqualTheRuleBitForBit) {
+  using table_internal::FtrlIsa;
+  optimizer_internal::FtrlRule rule;
+  rule.alpha = 0.1f;
+  rule.beta = 1.0f;
+  rule.l1 = 0.5f;
+  rule.l2 = 0.01f;
+  rule.inv_alpha = 1.0f / rule.alpha;
+  constexpr size_t kLanes = table_internal::kFtrlGroup;
+  uint64_t x = 99;
+  auto uniform = [&x](float lo, float hi) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + (hi - lo) * static_cast<float>(x >> 40) /
+                    static_cast<float>(uint64_t{1} << 24);
+  };
+  int ran = 0;
+  for (FtrlIsa isa : {FtrlIsa::kPortable, FtrlIsa::kAvx2, FtrlIsa::kAvx512}) {
+    if (!table_internal::CpuRunsFtrl(isa)) continue;
+    ++ran;
+    size_t kept_total = 0;
+    for (int trial = 0; trial < 500; ++trial) {
+      std::array<float, 3 * kLanes> entries;
+      std::array<float, kLanes> g;
+      for (size_t k = 0; k < kLanes; ++k) {
+        const bool fresh = trial % 5 == 0 && k % 3 == 0;
+        entries[3 * k] = fresh ? 0.0f : uniform(-2, 2);
+        entries[3 * k + 1] = fresh ? 0.0f : uniform(-1.5f, 1.5f);
+        entries[3 * k + 2] = fresh ? 0.0f : uniform(0, 4);
+        g[k] = uniform(-4, 4);
+      }
+      if (trial % 7 == 1) g[trial % kLanes] = 1e20f;
+      if (trial % 11 == 2) {
+        g[(trial + 5) % kLanes] = std::numeric_limits<float>::quiet_NaN();
+      }
+      if (trial % 13 == 3) {
+        entries[3 * ((trial + 9) % kLanes) + 2] =
+            std::numeric_limits<float>::infinity();
+      }
+      const float scale = trial % 2 == 0 ? 0.5f : 1.0f;
+      std::array<float, 3 * kLanes> want = entries;
+      size_t want_kept = 0;
+      for (size_t k = 0; k < kLanes; ++k) {
+        want_kept += rule.Apply(&want[3 * k], &want[3 * k + 1], &g[k], scale, 1);
+      }
+      const size_t kept = table_internal::FtrlConsecutiveWith(
+          isa, rule, entries.data(), g.data(), scale);
+      ASSERT_EQ(kept, want_kept) << "isa " << static_cast<int>(isa)
+                                 << " trial " << trial;
+      kept_total += kept;
+      for (size_t i = 0; i < entries.size(); ++i) {
+        ASSERT_EQ(std::memcmp(&entries[i], &want[i], sizeof(float)), 0)
+            << "isa " << static_cast<int>(isa) << " trial " << trial
+            << " float " << i << ": " << entries[i] << " vs " << want[i];
+      }
+    }
+    EXPECT_GT(kept_total, 100u);  // the non-finite lanes were tested
+  }
+  EXPECT_GE(ran, 1);
+}
+
 // ForEachBitRun against the bits one by one: runs within a word, across
 // words, through whole words, at both ends, none at all.
 TEST(TableTest, ForEachBitRunGivesEveryMaximalRun) {
