@@ -313,14 +313,14 @@ class ServerNode {
   // The cheap checks every data-plane request needs, under mu_.
   absl::Status Admit(int worker_id, int64_t epoch, int table,
                      Admitted* a) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The O(keys) checks, without mu_: ascending, unique, owned by this
-  // server. Appends the runs of keys per range, in key order, when `runs`
-  // is not null.
   // Whether every float of `vals` is finite (no NaN, no infinity). A large
   // push's are checked in parts on the apply threads: the check is the
   // values' first read, memory-bound (a dense 4 MiB push's one thread spent
   // a fifth of the samples there while the machine was 30 % idle).
   bool ValuesFinite(absl::string_view vals);
+  // The O(keys) checks, without mu_: ascending, unique, owned by this
+  // server. Appends the runs of keys per range, in key order, when `runs`
+  // is not null.
   static absl::Status CheckKeys(absl::string_view keys, const Admitted& a,
                                 std::vector<RangeRun>* runs);
   // The keys of a push or pull: its own (checked as CheckKeys does) or the

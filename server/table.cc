@@ -872,17 +872,37 @@ void DenseSlotsPortable(const uint64_t* index, uint64_t limit, int range,
   }
 }
 
-// FtrlLanesConsecutive, in AVX-512 where the CPU has it.
+// FtrlLanesConsecutive by `isa` (which the CPU must run).
+using table_internal::FtrlIsa;
+size_t FtrlLanesConsecutiveOn(FtrlIsa isa,
+                              const optimizer_internal::FtrlRule& rule,
+                              float* first, const float* g, float scale) {
+#if defined(__x86_64__)
+  if (isa == FtrlIsa::kAvx512) {
+    return FtrlLanesConsecutiveAvx512(rule, first, g, scale);
+  }
+  if (isa == FtrlIsa::kAvx2) {
+    return FtrlLanesConsecutiveAvx2(rule, first, g, scale);
+  }
+#endif
+  return FtrlLanesConsecutive(rule, first, g, scale);
+}
+
+// The widest FtrlLanesConsecutive the CPU runs.
+#if defined(__x86_64__)
+const FtrlIsa kBestFtrl = kHaveAvx512 ? FtrlIsa::kAvx512
+                          : kHaveAvx2 ? FtrlIsa::kAvx2
+                                      : FtrlIsa::kPortable;
+#else
+constexpr FtrlIsa kBestFtrl = FtrlIsa::kPortable;
+#endif
+
 // Out of line: inlined, the dispatch cost the random slots' loop in
 // ApplyAt 10 %.
 __attribute__((noinline)) size_t FtrlLanesConsecutiveBest(
     const optimizer_internal::FtrlRule& rule, float* first, const float* g,
     float scale) {
-#if defined(__x86_64__)
-  if (kHaveAvx512) return FtrlLanesConsecutiveAvx512(rule, first, g, scale);
-  if (kHaveAvx2) return FtrlLanesConsecutiveAvx2(rule, first, g, scale);
-#endif
-  return FtrlLanesConsecutive(rule, first, g, scale);
+  return FtrlLanesConsecutiveOn(kBestFtrl, rule, first, g, scale);
 }
 
 // SGD over one long row (a dense table's key: a row of dim floats), in the
@@ -937,15 +957,7 @@ size_t FtrlConsecutiveWith(FtrlIsa isa,
                            float* first, const float* g, float scale) {
   static_assert(kFtrlGroup == kFtrlLanes);
   ABSL_RAW_CHECK(CpuRunsFtrl(isa), "FtrlConsecutiveWith: not on this CPU");
-#if defined(__x86_64__)
-  if (isa == FtrlIsa::kAvx512) {
-    return FtrlLanesConsecutiveAvx512(rule, first, g, scale);
-  }
-  if (isa == FtrlIsa::kAvx2) {
-    return FtrlLanesConsecutiveAvx2(rule, first, g, scale);
-  }
-#endif
-  return FtrlLanesConsecutive(rule, first, g, scale);
+  return FtrlLanesConsecutiveOn(isa, rule, first, g, scale);
 }
 
 }  // namespace table_internal
