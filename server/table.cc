@@ -914,6 +914,49 @@ PS_CLONES size_t SgdRow(const optimizer_internal::SgdRule& rule, float* w,
   return rule.Apply(w, nullptr, g, scale, n);
 }
 
+// The update of columns [first, last) of one row of dim floats at `data`
+// (value, then the state's kStateFloats floats per element).
+template <typename Rule>
+size_t UpdateColumns(const Rule& rule, float* data, size_t dim,
+                     const float* g, float scale, size_t first, size_t last) {
+  if constexpr (std::is_same_v<Rule, optimizer_internal::SgdRule>) {
+    return SgdRow(rule, data + first, g + first, scale, last - first);
+  } else {
+    return rule.Apply(data + first, data + dim + Rule::kStateFloats * first,
+                      g + first, scale, last - first);
+  }
+}
+
+// Floats per part of a row split over a runner: at least 256 KiB of
+// gradient (a helper's wake-up, tens of microseconds on a VM, is then a
+// small share of its part), parts whole cache lines.
+constexpr size_t kRowPartFloats = size_t{1} << 16;
+
+// One row's update, in parts of its columns on `rows` when it is long and
+// the runner has helpers (the same bits: elements are independent).
+template <typename Rule>
+size_t UpdateRow(const Rule& rule, float* data, size_t dim, const float* g,
+                 float scale, ParallelRunner* rows) {
+  if (rows == nullptr || rows->parallelism() < 2 ||
+      dim < Table::kParallelRowFloats) {
+    return UpdateColumns(rule, data, dim, g, scale, 0, dim);
+  }
+  const size_t parts = std::min(
+      dim / kRowPartFloats, 4 * static_cast<size_t>(rows->parallelism()));
+  std::atomic<size_t> kept{0};
+  rows->Run(static_cast<int>(parts), [&](int j) {
+    // Boundaries on 16 floats: no cache line written by two parts.
+    const auto bound = [&](size_t k) {
+      return k == parts ? dim : (dim * k / parts) & ~size_t{15};
+    };
+    const size_t part = static_cast<size_t>(j);
+    kept.fetch_add(UpdateColumns(rule, data, dim, g, scale, bound(part),
+                                 bound(part + 1)),
+                   std::memory_order_relaxed);
+  });
+  return kept.load(std::memory_order_relaxed);
+}
+
 // Whether keys are strictly ascending (so none repeats), as routing sends
 // them.
 bool StrictlyAscending(absl::Span<const uint64_t> keys) {
@@ -998,7 +1041,8 @@ __attribute__((noinline)) void Table::MarkJournal(Partition& p,
 template <typename Rule>
 void Table::ApplyAt(Partition& p, const Rule& rule,
                     absl::Span<const uint64_t> keys, const uint32_t* slots,
-                    const float* grads, float scale, KeyOrder order) {
+                    const float* grads, float scale, KeyOrder order,
+                    ParallelRunner* rows) {
   const size_t n = keys.size();
   const size_t dim = static_cast<size_t>(spec_.dim);
   for (size_t k = 0; k < std::min(n, kPrefetchDistance); ++k) {
@@ -1084,7 +1128,7 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
     if (dim >= kLongRow) {
       for (; i < n; ++i) {
         float* data = SlotData(p, slots[i]);
-        kept += SgdRow(rule, data, grads + i * dim, scale, dim);
+        kept += UpdateRow(rule, data, dim, grads + i * dim, scale, rows);
       }
       p.non_finite_updates += kept;
       return;
@@ -1120,7 +1164,7 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
       __builtin_prefetch(later);
       at[i % kPrefetchDistance] = later;
     }
-    kept += rule.Apply(data, data + dim, grads + i * dim, scale, dim);
+    kept += UpdateRow(rule, data, dim, grads + i * dim, scale, rows);
   }
   p.non_finite_updates += kept;
 }
@@ -1156,7 +1200,8 @@ void Table::Pull(int range, absl::Span<const uint64_t> keys, float* out,
 
 void Table::Push(int range, absl::Span<const uint64_t> keys,
                  const float* grads, float scale, uint32_t* slots,
-                 uint64_t* generation, KeyOrder order, bool* journal) {
+                 uint64_t* generation, KeyOrder order, bool* journal,
+                 ParallelRunner* rows) {
   Partition& p = partition(range);
   const size_t n = keys.size();
   uint32_t* s = slots != nullptr ? slots : Scratch(n);
@@ -1170,7 +1215,7 @@ void Table::Push(int range, absl::Span<const uint64_t> keys,
     LookUpSlots(range, p, keys, nullptr, s);
     SlotsOrNew(range, p, rule, keys, s, s, record);
     // A key repeated in the call is updated once per occurrence, in order.
-    ApplyAt(p, rule, keys, s, grads, scale, order);
+    ApplyAt(p, rule, keys, s, grads, scale, order, rows);
     if (record) MarkJournal(p, s, keys.size());
   });
 }
@@ -1209,7 +1254,8 @@ bool Table::PullSlots(int range, uint64_t generation,
 bool Table::PushSlots(int range, uint64_t generation,
                       absl::Span<const uint64_t> keys, const uint32_t* slots,
                       const float* grads, float scale, KeyOrder order,
-                      uint32_t* resolved, bool* journal, bool complete) {
+                      uint32_t* resolved, bool* journal, bool complete,
+                      ParallelRunner* rows) {
   Partition& p = partition(range);
   const size_t n = keys.size();
   if (journal != nullptr) *journal = false;
@@ -1245,7 +1291,7 @@ bool Table::PushSlots(int range, uint64_t generation,
     } else if (resolved != nullptr) {
       std::memcpy(resolved, slots, n * sizeof(uint32_t));
     }
-    ApplyAt(p, rule, keys, s, grads, scale, order);
+    ApplyAt(p, rule, keys, s, grads, scale, order, rows);
     if (record) MarkJournal(p, s, keys.size());
   });
   return true;

@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "common/hash.h"
 #include "common/config.h"
+#include "common/parallel.h"
 #include "server/key_slot_map.h"
 #include "server/optimizer.h"
 
@@ -152,10 +153,18 @@ class Table {
   // (StartJournal); *journal is set to whether it was (the push is then
   // recorded). Null: a journal that is on stops (which the next
   // TakeJournal reports).
+  // `rows`: when given, each row of at least kParallelRowFloats floats (a
+  // dense table's key) is updated in parts of its columns on this runner's
+  // threads: every rule updates each element on its own, so the bits are
+  // those of one pass. The caller must not itself be a part of a Run on it.
   void Push(int range, absl::Span<const uint64_t> keys, const float* grads,
             float scale, uint32_t* slots = nullptr,
             uint64_t* generation = nullptr, KeyOrder order = KeyOrder::kAny,
-            bool* journal = nullptr);
+            bool* journal = nullptr, ParallelRunner* rows = nullptr);
+  // A row's length from which Push and PushSlots split its update over
+  // `rows` (512 KiB of gradient, as ServerNode checks a push's values in
+  // parts from that size).
+  static constexpr size_t kParallelRowFloats = size_t{1} << 17;
 
   // ---- Key caching: by slots, without hash lookups ----
   static constexpr uint32_t kNoSlot = 0xffffffffu;
@@ -174,7 +183,7 @@ class Table {
   // vouches that every slot is one this partition handed out at
   // `generation` (none kNoSlot): a list the server resolved itself and found
   // every key of (KeyList::complete), which the bounds check then skips
-  // (slots only grow within a generation).
+  // (slots only grow within a generation). `rows` as for Push.
   bool PullSlots(int range, uint64_t generation,
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  float* out) const;
@@ -183,7 +192,7 @@ class Table {
                  const float* grads, float scale,
                  KeyOrder order = KeyOrder::kAny,
                  uint32_t* resolved = nullptr, bool* journal = nullptr,
-                 bool complete = false);
+                 bool complete = false, ParallelRunner* rows = nullptr);
 
   // Number of keys stored (created by a push).
   size_t size() const;
@@ -481,7 +490,8 @@ class Table {
   template <typename Rule>
   void ApplyAt(Partition& p, const Rule& rule, absl::Span<const uint64_t> keys,
                const uint32_t* slots, const float* grads, float scale,
-               KeyOrder order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+               KeyOrder order, ParallelRunner* rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Marks slots[0 .. n) in p's journal (JournalTakes sized it).
   void MarkJournal(Partition& p, const uint32_t* slots, size_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/hash.h"
+#include "common/parallel.h"
 #include "gtest/gtest.h"
 
 namespace ps {
@@ -1082,6 +1083,69 @@ TEST(TableTest, DimOneFtrlOnConsecutiveSlotsEqualsTheScalarRule) {
           << "key " << got_keys[i] << " float " << j << ": " << got[3 * i + j]
           << " vs " << e[j];
     }
+  }
+}
+
+// A long row's update split over a runner's threads by columns (Push's and
+// PushSlots' `rows`) must store what one pass stores, value and state, bit
+// for bit, whatever the rule: a row whose length is no multiple of a part's,
+// a key repeated in the call, and elements whose update is not finite (left
+// as they were, and counted alike).
+TEST(TableTest, LongRowsSplitOverThreadsEqualOnePass) {
+  ParallelRunner runner(3);
+  const int dim = static_cast<int>(Table::kParallelRowFloats) * 2 + 37;
+  for (const char* name : {"sgd", "adagrad", "ftrl", "adam"}) {
+    SCOPED_TRACE(name);
+    TableSpec spec;
+    spec.dim = dim;
+    spec.optimizer.name = name;
+    spec.optimizer.learning_rate = 0.5;
+    spec.optimizer.alpha = 0.1;
+    spec.optimizer.beta = 1.0;
+    spec.optimizer.l1 = 0.001;
+    spec.optimizer.l2 = 0.01;
+    auto one = MakeTable(spec, 2);
+    auto split = MakeTable(spec, 2);
+    const std::vector<uint64_t> keys = {3, 9, 9};  // 9 twice, in order
+    uint64_t x = 99;
+    auto next = [&x] {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      return x >> 33;
+    };
+    uint32_t slots_one[3], slots_split[3];
+    uint64_t gen_one = 0, gen_split = 0;
+    const int range = 1;
+    for (int round = 0; round < 4; ++round) {
+      std::vector<float> grads(keys.size() * static_cast<size_t>(dim));
+      for (float& g : grads) {
+        g = static_cast<float>(static_cast<int64_t>(next() % 2001) - 1000) /
+            100.0f;
+      }
+      // Updates that are not finite, in different parts of the rows.
+      grads[5] = 3e38f;
+      grads[static_cast<size_t>(dim) + 70000] = -3e38f;
+      grads[grads.size() - 1] = 3e38f;
+      if (round < 2) {
+        one->Push(range, keys, grads.data(), 2.0f, slots_one, &gen_one);
+        split->Push(range, keys, grads.data(), 2.0f, slots_split, &gen_split,
+                    KeyOrder::kAny, nullptr, &runner);
+      } else {
+        ASSERT_TRUE(one->PushSlots(range, gen_one, keys, slots_one,
+                                   grads.data(), 2.0f));
+        ASSERT_TRUE(split->PushSlots(range, gen_split, keys, slots_split,
+                                     grads.data(), 2.0f, KeyOrder::kAny,
+                                     nullptr, nullptr, false, &runner));
+      }
+      // The values after each round (the state shows in the next round's).
+      std::vector<float> a(2 * static_cast<size_t>(dim));
+      std::vector<float> b(a.size());
+      one->Pull(range, {3, 9}, a.data());
+      split->Pull(range, {3, 9}, b.data());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << "round " << round;
+    }
+    EXPECT_GT(one->non_finite_updates(), 0u);
+    EXPECT_EQ(split->non_finite_updates(), one->non_finite_updates());
   }
 }
 
