@@ -160,6 +160,11 @@ ABSL_FLAG(bool, key_caching, false,
           "the sparse case, which alternates two fixed key lists per worker, "
           "is then reported as sparse_cached. Off: every request carries "
           "its keys. Never with --noop_server (it keeps nothing)");
+ABSL_FLAG(bool, key_sets, false,
+          "workers push and pull each fixed key list as a KeySet "
+          "(KVWorker::ZPush and Pull of a KeySet): its parts are cut and "
+          "compared with the lists sent before once, not per request. "
+          "Pushes with --zero_copy only");
 ABSL_FLAG(int, apply_threads, 0,
           "server threads that apply one large push or pull together, as "
           "ps_server --apply_threads (0: the cores, at most 4)");
@@ -785,21 +790,45 @@ absl::Status RunWindow(KVWorker* w,
   const size_t dim = load.dim;
   const bool zero_copy = absl::GetFlag(FLAGS_zero_copy);
   const int window = static_cast<int>(slots.size());
-  auto issue = [&](Slot& s, const std::vector<uint64_t>& keys) {
+  auto step_of = [&](const std::vector<uint64_t>& keys) {
+    return load.chunk_keys > 0 ? load.chunk_keys
+                               : std::max<size_t>(1, keys.size());
+  };
+  // key_sets[i][c]: chunk c of set i as a KeySet (--key_sets).
+  std::vector<std::vector<std::unique_ptr<KeySet>>> key_sets;
+  if (absl::GetFlag(FLAGS_key_sets)) {
+    for (const std::vector<uint64_t>& keys : sets) {
+      key_sets.emplace_back();
+      const size_t step = step_of(keys);
+      for (size_t f = 0; f < keys.size(); f += step) {
+        key_sets.back().push_back(std::make_unique<KeySet>(
+            absl::MakeConstSpan(keys).subspan(
+                f, std::min(step, keys.size() - f))));
+      }
+    }
+  }
+  auto issue = [&](Slot& s, size_t set) {
+    const std::vector<uint64_t>& keys = sets[set];
     s.ts.clear();
     s.keys = keys.size();
-    const size_t step = load.chunk_keys > 0 ? load.chunk_keys
-                                            : std::max<size_t>(1, keys.size());
+    const size_t step = step_of(keys);
     // Sized before any pull starts: KVWorker keeps pointers to these.
     if (!push) s.outs.resize((keys.size() + step - 1) / step);
     size_t c = 0;
     for (size_t f = 0; f < keys.size(); f += step, ++c) {
       const size_t n = std::min(step, keys.size() - f);
       auto k = absl::MakeConstSpan(keys).subspan(f, n);
+      const KeySet* ks = key_sets.empty() ? nullptr : key_sets[set][c].get();
       if (push) {
         const auto v = absl::MakeConstSpan(*vals).subspan(f * dim, n * dim);
-        s.ts.push_back(zero_copy ? w->ZPush(load.table, k, v, vals, 1)
-                                 : w->Push(load.table, k, v, 1));
+        if (ks != nullptr && zero_copy) {
+          s.ts.push_back(w->ZPush(load.table, *ks, v, vals, 1));
+        } else {
+          s.ts.push_back(zero_copy ? w->ZPush(load.table, k, v, vals, 1)
+                                   : w->Push(load.table, k, v, 1));
+        }
+      } else if (ks != nullptr) {
+        s.ts.push_back(w->Pull(load.table, *ks, &s.outs[c]));
       } else {
         s.ts.push_back(w->Pull(load.table, k, &s.outs[c]));
       }
@@ -821,7 +850,7 @@ absl::Status RunWindow(KVWorker* w,
       PS_RETURN_IF_ERROR(finish(s));
       --pending;
     }
-    issue(s, sets[k++ % sets.size()]);
+    issue(s, k++ % sets.size());
     ++pending;
     next = (next + 1) % window;
   }
@@ -1231,7 +1260,8 @@ absl::Status RunTopology(const Topology& t,
         rows->push_back(ThroughputRow(
             t,
             absl::StrCat(dense_ids != 0 ? "sparse_dense_ids" : "sparse",
-                         absl::GetFlag(FLAGS_key_caching) ? "_cached" : ""),
+                         absl::GetFlag(FLAGS_key_caching) ? "_cached" : "",
+                         absl::GetFlag(FLAGS_key_sets) ? "_sets" : ""),
             push, KeysLabel(n), 1, th));
         std::fprintf(stderr, "  %s sparse %s %s: %.2f M keys/s\n",
                      t.name().c_str(), KeysLabel(n).c_str(),

@@ -18,6 +18,8 @@
 # same-host mode) instead of tcp://.
 #
 # Per round: ours with the keys sent (FTRL), ours with key caching, ours with
+# key caching and each key list a KeySet (--key_sets: the worker cuts and
+# compares it once, not per request), ours with
 # the keys of random feature ids below --dense_ids in the dense-id layout
 # (the LR jobs' keys and default; 0 skips it), ps-lite push, ps-lite pull. Ours prints M keys/s and the CPU ns per key of all its
 # processes; ps-lite prints M keys/s.
@@ -59,6 +61,7 @@ for ((r = 1; r <= rounds; ++r)); do
   echo "round $r"
   run_ours
   run_ours --key_caching
+  run_ours --key_caching --key_sets
   if [[ "$dense_ids" != 0 ]]; then run_ours --sparse_dense_ids="$dense_ids"; fi
   for mode in 0 1; do
     echo "  load $(load)"

@@ -525,10 +525,24 @@ int64_t KVWorker::ZPushAndClock(int table, absl::Span<const uint64_t> keys,
   return PushImpl(table, keys, vals, owner, num_examples, true);
 }
 
+int64_t KVWorker::ZPush(int table, const KeySet& keys,
+                        absl::Span<const float> vals,
+                        std::shared_ptr<const void> owner, int num_examples) {
+  return PushImpl(table, keys.keys(), vals, owner, num_examples, false, &keys);
+}
+
+int64_t KVWorker::ZPushAndClock(int table, const KeySet& keys,
+                                absl::Span<const float> vals,
+                                std::shared_ptr<const void> owner,
+                                int num_examples) {
+  return PushImpl(table, keys.keys(), vals, owner, num_examples, true, &keys);
+}
+
 int64_t KVWorker::PushImpl(int table, absl::Span<const uint64_t> keys,
                            absl::Span<const float> vals,
                            const std::shared_ptr<const void>& owner,
-                           int num_examples, bool end_clock) {
+                           int num_examples, bool end_clock,
+                           const KeySet* set) {
   int64_t ts, clock, clock_ts = -1;
   absl::Status bad = BeginPush(table, keys, vals, end_clock,
                                end_clock ? num_examples : 0, &ts, &clock,
@@ -539,7 +553,8 @@ int64_t KVWorker::PushImpl(int table, absl::Span<const uint64_t> keys,
     SendClock(clock);  // no push to ride on: the clock travels alone
     return clock_ts;
   }
-  FilterAndStart(ts, table, clock, keys, vals, num_examples, clock_ts, owner);
+  FilterAndStart(ts, table, clock, keys, vals, num_examples, clock_ts, owner,
+                 set);
   PartDone(ts, absl::OkStatus());
   return end_clock ? clock_ts : ts;
 }
@@ -548,12 +563,13 @@ void KVWorker::FilterAndStart(int64_t ts, int table, int64_t clock,
                               absl::Span<const uint64_t> keys,
                               absl::Span<const float> vals, int num_examples,
                               int64_t clock_ts,
-                              const std::shared_ptr<const void>& owner) {
+                              const std::shared_ptr<const void>& owner,
+                              const KeySet* set) {
   push_raw_bytes_.fetch_add(static_cast<int64_t>(
       keys.size() * sizeof(uint64_t) + vals.size() * sizeof(float)));
   if (filter_ == nullptr || !filter_->options().keeps_residuals()) {
     StartPush(ts, table, clock, keys, vals.data(), num_examples, 0, clock_ts,
-              nullptr, owner);
+              nullptr, owner, set);
     return;
   }
   std::vector<uint64_t> k;
@@ -624,7 +640,8 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
                          absl::Span<const uint64_t> keys, const float* vals,
                          int num_examples, int attempt, int64_t clock_ts,
                          const uint32_t* slots,
-                         const std::shared_ptr<const void>& owner) {
+                         const std::shared_ptr<const void>& owner,
+                         const KeySet* set) {
   std::shared_ptr<const Routing> routing;
   int dim;
   int64_t epoch;
@@ -666,7 +683,7 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
       }
     }
     const size_t pieces = spans.size();
-    p->keys = SliceKeys(server, table, keys, spans, count);
+    p->keys = SliceSet(set, routing, server, table, keys, spans, count);
     std::string* v = r.mutable_vals();
     // Appended, not resized then overwritten: libstdc++ zero-fills on
     // resize (a memset as costly as the copy).
@@ -845,6 +862,31 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
                         count);
     SendPush(p, attempt);
   }
+}
+
+std::shared_ptr<const std::string> KVWorker::SliceSet(
+    const KeySet* set, const std::shared_ptr<const Routing>& routing,
+    int server, int table, absl::Span<const uint64_t> keys,
+    absl::Span<const std::pair<size_t, size_t>> spans, size_t count) {
+  if (set == nullptr) return SliceKeys(server, table, keys, spans, count);
+  {
+    absl::MutexLock l(&set->mu_);
+    if (set->cut_.routing == routing) {
+      for (const auto& [s, k] : set->cut_.by_server) {
+        if (s == server) return k;
+      }
+    }
+  }
+  // Cut outside the set's lock (SliceKeys takes mu_, and reads the keys).
+  std::shared_ptr<const std::string> k =
+      SliceKeys(server, table, keys, spans, count);
+  absl::MutexLock l(&set->mu_);
+  if (set->cut_.routing != routing) {
+    set->cut_.routing = routing;
+    set->cut_.by_server.clear();
+  }
+  set->cut_.by_server.emplace_back(server, k);
+  return k;
 }
 
 std::shared_ptr<const std::string> KVWorker::SliceKeys(
@@ -1048,6 +1090,17 @@ void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
 
 int64_t KVWorker::Pull(int table, absl::Span<const uint64_t> keys,
                        std::vector<float>* out, int64_t at_clock) {
+  return PullImpl(table, keys, out, at_clock, nullptr);
+}
+
+int64_t KVWorker::Pull(int table, const KeySet& keys, std::vector<float>* out,
+                       int64_t at_clock) {
+  return PullImpl(table, keys.keys(), out, at_clock, &keys);
+}
+
+int64_t KVWorker::PullImpl(int table, absl::Span<const uint64_t> keys,
+                           std::vector<float>* out, int64_t at_clock,
+                           const KeySet* set) {
   int64_t ts, clock;
   int dim = 0;
   std::shared_ptr<PullTarget> target;
@@ -1078,7 +1131,7 @@ int64_t KVWorker::Pull(int table, absl::Span<const uint64_t> keys,
     return ts;
   }
   out->resize(keys.size() * dim);
-  StartPull(ts, table, clock, keys, {}, std::move(target), 0);
+  StartPull(ts, table, clock, keys, {}, std::move(target), 0, set);
   PartDone(ts, absl::OkStatus());
   return ts;
 }
@@ -1086,7 +1139,8 @@ int64_t KVWorker::Pull(int table, absl::Span<const uint64_t> keys,
 void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
                          absl::Span<const uint64_t> keys,
                          const std::vector<size_t>& pos,
-                         std::shared_ptr<PullTarget> target, int attempt) {
+                         std::shared_ptr<PullTarget> target, int attempt,
+                         const KeySet* set) {
   std::shared_ptr<const Routing> routing;
   int dim;
   int64_t epoch;
@@ -1110,7 +1164,8 @@ void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
     r.set_epoch(epoch);
     r.set_table(table);
     r.set_wait_ms(absl::ToInt64Milliseconds(options_.pull_wait));
-    p->keys = SliceKeys(ks.server, table, keys, ks.spans, ks.count);
+    p->keys = SliceSet(set, routing, ks.server, table, keys, ks.spans,
+                       ks.count);
     for (const auto& [first, last] : ks.spans) {
       if (pos.empty()) {
         p->spans_first.push_back(first);

@@ -117,6 +117,36 @@ struct KVWorkerOptions {
   PushFilterOptions filters;
 };
 
+// A key list that pushes and pulls name again and again (the paper's key
+// caching, section 4.2, on the worker's side): each server's part of it is
+// cut and compared with the lists sent there once per routing, so a push or
+// pull by a KeySet neither copies its keys nor compares them with the lists
+// the servers keep (with 100k keys, that compare was a tenth of a
+// key-cached push's CPU). The keys are copied once, here; immutable after.
+// Thread-safe; usable with any worker (each routing's cut is kept).
+class KeySet {
+ public:
+  explicit KeySet(absl::Span<const uint64_t> keys)
+      : keys_(keys.begin(), keys.end()) {}
+  KeySet(const KeySet&) = delete;
+  KeySet& operator=(const KeySet&) = delete;
+
+  absl::Span<const uint64_t> keys() const { return keys_; }
+  size_t size() const { return keys_.size(); }
+
+ private:
+  friend class KVWorker;
+  // The keys each server gets under `routing` (held, so that a routing
+  // freed and another made at its address is never taken for it).
+  struct Cut {
+    std::shared_ptr<const Routing> routing;
+    std::vector<std::pair<int, std::shared_ptr<const std::string>>> by_server;
+  };
+  const std::vector<uint64_t> keys_;
+  mutable absl::Mutex mu_;
+  mutable Cut cut_ ABSL_GUARDED_BY(mu_);
+};
+
 class KVWorker final : public ParamClient {
  public:
   // `clients`, `scheduler` and `options.clock` must outlive the worker.
@@ -156,6 +186,14 @@ class KVWorker final : public ParamClient {
   int64_t ZPushAndClock(int table, absl::Span<const uint64_t> keys,
                         absl::Span<const float> vals,
                         std::shared_ptr<const void> owner, int num_examples);
+  // ZPush and ZPushAndClock of a KeySet's keys (vals: keys.size() * dim
+  // floats). `keys` need only live for the call. With filters that drop
+  // keys (the significantly-modified filter), as ZPush of keys.keys().
+  int64_t ZPush(int table, const KeySet& keys, absl::Span<const float> vals,
+                std::shared_ptr<const void> owner, int num_examples);
+  int64_t ZPushAndClock(int table, const KeySet& keys,
+                        absl::Span<const float> vals,
+                        std::shared_ptr<const void> owner, int num_examples);
 
   // Fetches the values of ascending, unique `keys` into *out (resized to
   // keys.size() * dim). *out must stay alive and untouched until Wait(ts)
@@ -164,6 +202,10 @@ class KVWorker final : public ParamClient {
   // next clock passes clock() + 1: it then waits as that clock's pull would.
   int64_t Pull(int table, absl::Span<const uint64_t> keys,
                std::vector<float>* out, int64_t at_clock = -1) override;
+  // Pull of a KeySet's keys (ascending and unique, as Pull's); `keys` need
+  // only live for the call.
+  int64_t Pull(int table, const KeySet& keys, std::vector<float>* out,
+               int64_t at_clock = -1);
 
   // Blocks until operation `ts` is done, at most until `deadline` (real
   // time). Returns OK when it succeeded; its own error; the sticky error
@@ -432,6 +474,13 @@ class KVWorker final : public ParamClient {
   std::shared_ptr<const std::string> SliceKeys(
       int server, int table, absl::Span<const uint64_t> keys,
       absl::Span<const std::pair<size_t, size_t>> spans, size_t count);
+  // SliceKeys of `set`'s keys (`keys` is set->keys()): the cut made for
+  // `routing` before, if any; else SliceKeys, kept in the set. Without a
+  // set, SliceKeys.
+  std::shared_ptr<const std::string> SliceSet(
+      const KeySet* set, const std::shared_ptr<const Routing>& routing,
+      int server, int table, absl::Span<const uint64_t> keys,
+      absl::Span<const std::pair<size_t, size_t>> spans, size_t count);
   // A request that carried its keys under key_list `id` succeeded: the
   // server keeps them. Or it answered KEYS_NOT_CACHED: it does not.
   void ListKept(int server, uint64_t id);
@@ -479,30 +528,39 @@ class KVWorker final : public ParamClient {
   // clock_ts >= 0: `clock` has ended (op clock_ts) with this push, whose
   // slices carry its announcement (PushAndClock). `slots`: the keys'
   // residual slots (PushFilter::Filter), null when none are kept.
-  // `owner`: non-null when `vals` are borrowed (ZPush).
+  // `owner`: non-null when `vals` are borrowed (ZPush). `set`: non-null
+  // when `keys` are its keys (SliceSet).
   void StartPush(int64_t ts, int table, int64_t clock,
                  absl::Span<const uint64_t> keys, const float* vals,
                  int num_examples, int attempt, int64_t clock_ts = -1,
                  const uint32_t* slots = nullptr,
-                 const std::shared_ptr<const void>& owner = nullptr);
-  // Push, PushAndClock and their ZPush forms (`owner` non-null).
+                 const std::shared_ptr<const void>& owner = nullptr,
+                 const KeySet* set = nullptr);
+  // Push, PushAndClock and their ZPush forms (`owner` non-null), of a
+  // KeySet's keys when `set` is not null (keys is then set->keys()).
   int64_t PushImpl(int table, absl::Span<const uint64_t> keys,
                    absl::Span<const float> vals,
                    const std::shared_ptr<const void>& owner, int num_examples,
-                   bool end_clock);
+                   bool end_clock, const KeySet* set = nullptr);
   // Push and PushAndClock after BeginPush: filters (when configured), then
   // StartPush.
   void FilterAndStart(int64_t ts, int table, int64_t clock,
                       absl::Span<const uint64_t> keys,
                       absl::Span<const float> vals, int num_examples,
                       int64_t clock_ts,
-                      const std::shared_ptr<const void>& owner);
+                      const std::shared_ptr<const void>& owner,
+                      const KeySet* set);
+  // Both Pulls (`set`: as PushImpl's).
+  int64_t PullImpl(int table, absl::Span<const uint64_t> keys,
+                   std::vector<float>* out, int64_t at_clock,
+                   const KeySet* set);
   // Slices and sends a pull for `ts`; `pos[i]` is where key i's values go
   // in the output (in units of keys); empty = identity.
   void StartPull(int64_t ts, int table, int64_t clock,
                  absl::Span<const uint64_t> keys,
                  const std::vector<size_t>& pos,
-                 std::shared_ptr<PullTarget> target, int attempt);
+                 std::shared_ptr<PullTarget> target, int attempt,
+                 const KeySet* set = nullptr);
   // Fetches a view newer than the current one, if the scheduler has it
   // (waiting up to 200 ms for one). `suspect` >= 0: a server this worker
   // could not reach, which the scheduler probes (failover, issue 9).

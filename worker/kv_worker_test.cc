@@ -935,6 +935,71 @@ TEST_F(KVWorkerTest, KeysNotCachedIsResentWithTheKeys) {
   ASSERT_TRUE(worker_->Wait(b, Soon()).ok());
 }
 
+// A KeySet's pushes and pulls: each server's part cut once per routing and
+// named once the server keeps it, like a repeated key list; cut again for a
+// new routing.
+TEST_F(KVWorkerTest, KeySetIsCutPerRoutingAndNamedLikeAKeyList) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(64);
+  const KeySet set(keys);
+  auto vals = std::make_shared<std::vector<float>>(keys.size() * kDim, 0.5f);
+  uint64_t ids[2] = {0, 0};
+  for (int round = 0; round < 2; ++round) {
+    const int64_t ts = worker_->ZPush(0, set, *vals, vals, 1);
+    for (int s = 0; s < 2; ++s) {
+      std::optional<HeldPush> p = S(s)->NextPush();
+      ASSERT_TRUE(p.has_value());
+      if (round == 0) {
+        EXPECT_EQ(ReqKeys(p->req->keys()), KeysOf(view_, s, keys));
+        ids[s] = p->req->key_list();
+        EXPECT_NE(ids[s], 0u);
+      } else {
+        EXPECT_TRUE(p->req->keys().empty()) << "named";
+        EXPECT_EQ(p->req->key_list(), ids[s]);
+        EXPECT_EQ(p->req->num_keys(), KeysOf(view_, s, keys).size());
+      }
+      p->Reply(absl::OkStatus());
+    }
+    ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+  }
+  // A pull of the same set names the same lists; the values land in order.
+  std::vector<float> out;
+  const int64_t pull = worker_->Pull(0, set, &out);
+  for (int s = 0; s < 2; ++s) {
+    std::optional<HeldPull> p = S(s)->NextPull();
+    ASSERT_TRUE(p.has_value());
+    EXPECT_TRUE(p->req->keys().empty());
+    EXPECT_EQ(p->req->key_list(), ids[s]);
+    proto::PullRequest named = *p->req;
+    const std::vector<uint64_t> mine = KeysOf(view_, s, keys);
+    named.set_keys(mine.data(), mine.size() * sizeof(uint64_t));
+    p->Reply(absl::OkStatus(), Answer(named));
+  }
+  ASSERT_TRUE(worker_->Wait(pull, Soon()).ok());
+  ASSERT_EQ(out.size(), keys.size() * kDim);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_FLOAT_EQ(out[i * kDim + 1], KeyValue(keys[i], 1)) << i;
+  }
+  // Every range moves to S[0] (epoch 2): the next push of the set is cut
+  // for the new routing, all its keys to S[0] under a new name.
+  factory_.scheduler()->set_view(MovedTo(view_, 0, 2));
+  const int64_t stale = worker_->ZPush(0, set, *vals, vals, 1);
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  S(1)->NextPush()->Reply(StaleEpoch());
+  clock_.Advance(absl::Milliseconds(20));
+  S(0)->NextPush()->Reply(absl::OkStatus());  // the resend
+  ASSERT_TRUE(worker_->Wait(stale, Soon()).ok());
+  ASSERT_EQ(worker_->epoch(), 2);
+  const int64_t moved = worker_->ZPush(0, set, *vals, vals, 1);
+  std::optional<HeldPush> p = S(0)->NextPush();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(ReqKeys(p->req->keys()), keys);
+  EXPECT_NE(p->req->key_list(), ids[0]);
+  EXPECT_EQ(S(1)->held_pushes(), 0u);
+  p->Reply(absl::OkStatus());
+  ASSERT_TRUE(worker_->Wait(moved, Soon()).ok());
+}
+
 TEST_F(KVWorkerTest, KeyCachingOffSendsKeysAlways) {
   KVWorkerOptions o;
   o.key_lists_per_server = 0;
