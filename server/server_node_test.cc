@@ -1496,6 +1496,35 @@ TEST(ServerNodeParallelTest, NonFiniteValueInAnyPartIsRejected) {
             (std::vector<float>{-1.0f, -1.0f}));
 }
 
+// A push of a dense table's long rows to one range has each row updated
+// in parts by the apply threads (Table::Push's `rows`): every element gets
+// its update once, whatever part it falls in; a push with a NaN in any
+// part changes nothing.
+TEST(ServerNodeParallelTest, LongRowOfOneRangeIsUpdatedWhole) {
+  FakeClock clock;
+  ServerNode node(&clock, ServerLimits(), 3);
+  proto::ClusterView v = MakeView(1, 1, proto::MODE_ASP);
+  const size_t dim = Table::kParallelRowFloats * 2 + 21;
+  v.mutable_tables(0)->set_dim(static_cast<int>(dim));
+  ASSERT_TRUE(node.Configure(0, v).ok());
+  const std::vector<uint64_t> keys = {7, 8};  // one range (ring of 1)
+  std::vector<float> g(2 * dim);
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = static_cast<float>(i % 1000) / 8.0f;  // exact in binary
+  }
+  ASSERT_TRUE(PushNow(&node, MakePush(0, 1, 0, keys, g, 1)).ok());
+  std::vector<float> bad = g;
+  bad[dim + dim / 2] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(ReasonOf(PushNow(&node, MakePush(0, 2, 0, keys, bad, 1))),
+            proto::REASON_NON_FINITE);
+  ASSERT_TRUE(PushNow(&node, MakePush(0, 2, 0, keys, g, 1)).ok());
+  const std::vector<float> got = PullNow(&node, 0, 0, keys);
+  ASSERT_EQ(got.size(), g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_EQ(got[i], -2.0f * g[i]) << "element " << i;
+  }
+}
+
 TEST_F(ServerNodeTest, BspNonFiniteGradientIsRejectedBeforeBuffering) {
   Configure(1, 1, proto::MODE_BSP);
   absl::Status s = PushNow(

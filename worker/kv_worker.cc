@@ -651,15 +651,20 @@ void KVWorker::StartPush(int64_t ts, int table, int64_t clock,
     dim = dims_[table];
     epoch = view_.epoch();
   }
-  struct Run {
-    int range;
-    size_t first, last;
-  };
-  // Runs of keys per range, grouped by owner; in key order per owner.
+  using Run = KeySet::Run;
+  // Runs of keys per range, grouped by owner; in key order per owner (a
+  // KeySet's found once per routing).
   std::map<int, std::vector<Run>> by_server;
-  routing->ForEachRangeRun(keys, [&](int range, size_t first, size_t last) {
-    by_server[routing->OwnerOfRange(range)].push_back(Run{range, first, last});
-  });
+  if (set != nullptr) {
+    for (const Run& run : *set->RunsFor(routing)) {
+      by_server[routing->OwnerOfRange(run.range)].push_back(run);
+    }
+  } else {
+    routing->ForEachRangeRun(keys, [&](int range, size_t first, size_t last) {
+      by_server[routing->OwnerOfRange(range)].push_back(
+          Run{range, first, last});
+    });
+  }
   std::vector<std::shared_ptr<PushSlice>> out;
   out.reserve(by_server.size());
   for (const auto& [server, runs] : by_server) {
@@ -864,6 +869,42 @@ void KVWorker::ResendSegments(const PushSlice& old, int attempt) {
   }
 }
 
+void KeySet::CutFor(const std::shared_ptr<const Routing>& routing) const {
+  if (cut_.routing == routing) return;
+  cut_ = Cut();
+  cut_.routing = routing;
+}
+
+std::shared_ptr<const std::vector<KeySet::Run>> KeySet::RunsFor(
+    const std::shared_ptr<const Routing>& routing) const {
+  {
+    absl::MutexLock l(&mu_);
+    if (cut_.routing == routing && cut_.runs != nullptr) return cut_.runs;
+  }
+  auto runs = std::make_shared<std::vector<Run>>();
+  routing->ForEachRangeRun(keys_, [&](int range, size_t first, size_t last) {
+    runs->push_back(Run{range, first, last});
+  });
+  absl::MutexLock l(&mu_);
+  CutFor(routing);
+  cut_.runs = runs;
+  return runs;
+}
+
+std::shared_ptr<const std::vector<KeySlice>> KeySet::SlicesFor(
+    const std::shared_ptr<const Routing>& routing) const {
+  {
+    absl::MutexLock l(&mu_);
+    if (cut_.routing == routing && cut_.slices != nullptr) return cut_.slices;
+  }
+  auto slices = std::make_shared<const std::vector<KeySlice>>(
+      routing->Slice(keys_));
+  absl::MutexLock l(&mu_);
+  CutFor(routing);
+  cut_.slices = slices;
+  return slices;
+}
+
 std::shared_ptr<const std::string> KVWorker::SliceSet(
     const KeySet* set, const std::shared_ptr<const Routing>& routing,
     int server, int table, absl::Span<const uint64_t> keys,
@@ -881,10 +922,7 @@ std::shared_ptr<const std::string> KVWorker::SliceSet(
   std::shared_ptr<const std::string> k =
       SliceKeys(server, table, keys, spans, count);
   absl::MutexLock l(&set->mu_);
-  if (set->cut_.routing != routing) {
-    set->cut_.routing = routing;
-    set->cut_.by_server.clear();
-  }
+  set->CutFor(routing);
   set->cut_.by_server.emplace_back(server, k);
   return k;
 }
@@ -1150,7 +1188,15 @@ void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
     dim = dims_[table];
     epoch = view_.epoch();
   }
-  std::vector<KeySlice> slices = routing->Slice(keys);
+  // A KeySet's slices are found once per routing.
+  std::shared_ptr<const std::vector<KeySlice>> set_slices;
+  std::vector<KeySlice> own;
+  if (set != nullptr) {
+    set_slices = set->SlicesFor(routing);
+  } else {
+    own = routing->Slice(keys);
+  }
+  const std::vector<KeySlice>& slices = set != nullptr ? *set_slices : own;
   std::vector<std::shared_ptr<PullSlice>> todo;
   for (const KeySlice& ks : slices) {
     auto p = std::make_shared<PullSlice>();

@@ -136,12 +136,28 @@ class KeySet {
 
  private:
   friend class KVWorker;
+  // A run of keys [first, last) in one range.
+  struct Run {
+    int range;
+    size_t first, last;
+  };
   // The keys each server gets under `routing` (held, so that a routing
-  // freed and another made at its address is never taken for it).
+  // freed and another made at its address is never taken for it), and the
+  // keys' runs by range and slices by server (each made on first use).
   struct Cut {
     std::shared_ptr<const Routing> routing;
     std::vector<std::pair<int, std::shared_ptr<const std::string>>> by_server;
+    std::shared_ptr<const std::vector<Run>> runs;
+    std::shared_ptr<const std::vector<KeySlice>> slices;
   };
+  // The runs (pushes) or slices (pulls) of the keys under `routing`.
+  std::shared_ptr<const std::vector<Run>> RunsFor(
+      const std::shared_ptr<const Routing>& routing) const;
+  std::shared_ptr<const std::vector<KeySlice>> SlicesFor(
+      const std::shared_ptr<const Routing>& routing) const;
+  // Resets cut_ to `routing` when it was made for another.
+  void CutFor(const std::shared_ptr<const Routing>& routing) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const std::vector<uint64_t> keys_;
   mutable absl::Mutex mu_;
   mutable Cut cut_ ABSL_GUARDED_BY(mu_);

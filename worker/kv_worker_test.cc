@@ -937,7 +937,7 @@ TEST_F(KVWorkerTest, KeysNotCachedIsResentWithTheKeys) {
 
 // A KeySet's pushes and pulls: each server's part cut once per routing and
 // named once the server keeps it, like a repeated key list; cut again for a
-// new routing.
+// new routing (a pull first, then a push).
 TEST_F(KVWorkerTest, KeySetIsCutPerRoutingAndNamedLikeAKeyList) {
   Make(2);
   const std::vector<uint64_t> keys = Iota(64);
@@ -990,11 +990,23 @@ TEST_F(KVWorkerTest, KeySetIsCutPerRoutingAndNamedLikeAKeyList) {
   S(0)->NextPush()->Reply(absl::OkStatus());  // the resend
   ASSERT_TRUE(worker_->Wait(stale, Soon()).ok());
   ASSERT_EQ(worker_->epoch(), 2);
+  // Its pull: one slice, all its keys to S[0] under a new name.
+  const int64_t moved_pull = worker_->Pull(0, set, &out);
+  std::optional<HeldPull> q = S(0)->NextPull();
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(ReqKeys(q->req->keys()), keys);
+  EXPECT_NE(q->req->key_list(), ids[0]);
+  EXPECT_EQ(S(1)->held_pulls(), 0u);
+  q->Reply(absl::OkStatus(), Answer(*q->req));
+  ASSERT_TRUE(worker_->Wait(moved_pull, Soon()).ok());
+  EXPECT_FLOAT_EQ(out[63 * kDim + 1], KeyValue(keys[63], 1));
+  // Then its push names that list there.
   const int64_t moved = worker_->ZPush(0, set, *vals, vals, 1);
   std::optional<HeldPush> p = S(0)->NextPush();
   ASSERT_TRUE(p.has_value());
-  EXPECT_EQ(ReqKeys(p->req->keys()), keys);
-  EXPECT_NE(p->req->key_list(), ids[0]);
+  EXPECT_TRUE(p->req->keys().empty());
+  EXPECT_EQ(p->req->key_list(), q->req->key_list());
+  EXPECT_EQ(p->req->num_keys(), keys.size());
   EXPECT_EQ(S(1)->held_pushes(), 0u);
   p->Reply(absl::OkStatus());
   ASSERT_TRUE(worker_->Wait(moved, Soon()).ok());
