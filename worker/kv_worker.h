@@ -123,7 +123,9 @@ struct KVWorkerOptions {
 // pull by a KeySet neither copies its keys nor compares them with the lists
 // the servers keep (with 100k keys, that compare was a tenth of a
 // key-cached push's CPU). The keys are copied once, here; immutable after.
-// Thread-safe; usable with any worker (each routing's cut is kept).
+// Thread-safe, and usable with any worker, though it keeps one routing's
+// cut: used by workers of different views in turn, it is cut anew each
+// time.
 class KeySet {
  public:
   explicit KeySet(absl::Span<const uint64_t> keys)
