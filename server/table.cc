@@ -932,19 +932,24 @@ size_t UpdateColumns(const Rule& rule, float* data, size_t dim,
 // small share of its part), parts whole cache lines.
 constexpr size_t kRowPartFloats = size_t{1} << 16;
 
-// One row's update, in parts of its columns on `rows` when it is long and
-// the runner has helpers (the same bits: elements are independent).
+// The runner to split each row of a push over: `rows` when the rows are
+// long and it has helpers; else none (decided once per push, not per key).
+ParallelRunner* RowRunner(ParallelRunner* rows, size_t dim) {
+  return rows != nullptr && rows->parallelism() >= 2 &&
+                 dim >= Table::kParallelRowFloats
+             ? rows
+             : nullptr;
+}
+
+// One long row's update in parts of its columns on `rows` (the same bits
+// as one pass: elements are independent).
 template <typename Rule>
-size_t UpdateRow(const Rule& rule, float* data, size_t dim, const float* g,
-                 float scale, ParallelRunner* rows) {
-  if (rows == nullptr || rows->parallelism() < 2 ||
-      dim < Table::kParallelRowFloats) {
-    return UpdateColumns(rule, data, dim, g, scale, 0, dim);
-  }
+size_t UpdateRowInParts(const Rule& rule, float* data, size_t dim,
+                        const float* g, float scale, ParallelRunner& rows) {
   const size_t parts = std::min(
-      dim / kRowPartFloats, 4 * static_cast<size_t>(rows->parallelism()));
+      dim / kRowPartFloats, 4 * static_cast<size_t>(rows.parallelism()));
   std::atomic<size_t> kept{0};
-  rows->Run(static_cast<int>(parts), [&](int j) {
+  rows.Run(static_cast<int>(parts), [&](int j) {
     // Boundaries on 16 floats: no cache line written by two parts.
     const auto bound = [&](size_t k) {
       return k == parts ? dim : (dim * k / parts) & ~size_t{15};
@@ -1045,6 +1050,7 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
                     ParallelRunner* rows) {
   const size_t n = keys.size();
   const size_t dim = static_cast<size_t>(spec_.dim);
+  ParallelRunner* const split = RowRunner(rows, dim);
   for (size_t k = 0; k < std::min(n, kPrefetchDistance); ++k) {
     __builtin_prefetch(SlotData(p, slots[k]));
   }
@@ -1128,7 +1134,10 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
     if (dim >= kLongRow) {
       for (; i < n; ++i) {
         float* data = SlotData(p, slots[i]);
-        kept += UpdateRow(rule, data, dim, grads + i * dim, scale, rows);
+        const float* g = grads + i * dim;
+        kept += split != nullptr
+                    ? UpdateRowInParts(rule, data, dim, g, scale, *split)
+                    : SgdRow(rule, data, g, scale, dim);
       }
       p.non_finite_updates += kept;
       return;
@@ -1164,7 +1173,10 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
       __builtin_prefetch(later);
       at[i % kPrefetchDistance] = later;
     }
-    kept += UpdateRow(rule, data, dim, grads + i * dim, scale, rows);
+    const float* g = grads + i * dim;
+    kept += split != nullptr
+                ? UpdateRowInParts(rule, data, dim, g, scale, *split)
+                : rule.Apply(data, data + dim, g, scale, dim);
   }
   p.non_finite_updates += kept;
 }

@@ -134,7 +134,6 @@ class KeySet {
   KeySet& operator=(const KeySet&) = delete;
 
   absl::Span<const uint64_t> keys() const { return keys_; }
-  size_t size() const { return keys_.size(); }
 
  private:
   friend class KVWorker;
