@@ -1502,9 +1502,27 @@ void SchedulerCore::CheckHeartbeats() {
   std::vector<std::string> gone_why;
   std::vector<int> dead_servers;
   {
+    const absl::Time asked = options_.clock->Now();
     absl::MutexLock l(&mu_);
     if (concluding_ || finalizing_) return;
     const absl::Time now = options_.clock->Now();
+    // Kept waiting for mu_ longer than a heartbeat period: heartbeats
+    // waited on it as well, and whichever took it first decided; a node
+    // whose heartbeat was still queued would be declared dead for the
+    // scheduler's own delay. Deadlines run from now.
+    if (ready_ && now - asked > absl::Milliseconds(std::max(
+                                    1, options_.config.cluster.heartbeat_ms))) {
+      deadline_floor_ = std::max(deadline_floor_, now);
+      PS_LOG_WARN("the heartbeat check waited {} for the scheduler's lock: "
+                  "heartbeat deadlines start again now",
+                  absl::FormatDuration(now - asked));
+      return;
+    }
+    // How long node `n` has been silent, as far as deadlines go.
+    const absl::Time floor = deadline_floor_;
+    auto silent = [now, floor](const Node& n) {
+      return now - std::max(n.last_seen, floor);
+    };
     if (!ready_) {
       const int64_t limit = options_.config.cluster.register_timeout_ms;
       if (now - start_ <= absl::Milliseconds(limit)) return;
@@ -1545,7 +1563,7 @@ void SchedulerCore::CheckHeartbeats() {
       for (const std::vector<Node>* group : {&servers_, &workers_}) {
         for (const Node& n : *group) {
           if (n.info.state() != proto::NODE_ALIVE) continue;
-          due |= now - n.last_seen > timeout;
+          due |= silent(n) > timeout;
           ++live;
         }
       }
@@ -1599,16 +1617,15 @@ void SchedulerCore::CheckHeartbeats() {
           options_.config.cluster.WorkerGoneAfter();
       for (const Node& n : workers_) {
         if (n.info.state() != proto::NODE_ALIVE) continue;
-        if (now - n.last_seen > timeout) {
+        if (silent(n) > timeout) {
           dead_workers.push_back(n.info.id());
         } else if ((n.gone_at > n.last_seen || n.SessionLost()) &&
-                   now - n.last_seen > gone_after) {
+                   silent(n) > gone_after) {
           gone_workers.push_back(n.info.id());
         }
       }
       for (const Node& n : servers_) {
-        if (n.info.state() == proto::NODE_ALIVE &&
-            now - n.last_seen > timeout) {
+        if (n.info.state() == proto::NODE_ALIVE && silent(n) > timeout) {
           dead_servers.push_back(n.info.id());
         }
       }
@@ -1630,7 +1647,7 @@ void SchedulerCore::CheckHeartbeats() {
       }
       for (std::vector<Node>* group : {&workers_}) {
         for (Node& n : *group) {
-          if (n.info.state() == proto::NODE_ALIVE && now - n.last_seen > timeout) {
+          if (n.info.state() == proto::NODE_ALIVE && silent(n) > timeout) {
             n.info.set_state(proto::NODE_DEAD);
           }
         }

@@ -228,6 +228,19 @@ class SchedulerCore {
   // for the state of a running job with another config, DATA_LOSS for an
   // unreadable or malformed file.
   absl::StatusOr<bool> RestoreState();
+  // After RestoreState returned true, once this scheduler listens: the
+  // nodes' heartbeat deadlines start again now, plus kReconnectGrace. A
+  // node's channel to the scheduler backed off between connection attempts
+  // while no scheduler listened (up to 1 s, and gRPC's 20 % jitter), so its
+  // first heartbeat may come that long after the scheduler is back; the
+  // deadlines RestoreState started ran while this one was not yet
+  // listening (under load, hundreds of ms).
+  void NoteListening();
+  static constexpr absl::Duration kReconnectGrace = absl::Milliseconds(1500);
+  // The state file's fsync, made outside mu_ when a save since the last
+  // one was not synced (SaveStateLocked); call every kStateSyncInterval.
+  void SyncState();
+  static constexpr absl::Duration kStateSyncInterval = absl::Seconds(1);
   // After RestoreState returned true: finishes what the previous scheduler
   // was doing when it died: a worker's join, a server's join (its share of
   // the ranges) or drain (on threads of their own), and saving the model
@@ -536,6 +549,11 @@ class SchedulerCore {
   bool isolated_ ABSL_GUARDED_BY(mu_) = false;
   // When a live node's heartbeat last arrived (any node's).
   absl::Time last_heartbeat_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // No node's heartbeat deadline runs from before this time: set when a
+  // restarted scheduler starts listening (NoteListening) and when
+  // CheckHeartbeats waited long for mu_ (heartbeats waited too). Nodes'
+  // last_seen stay what they were (failover records time from them).
+  absl::Time deadline_floor_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Probes and rebalances (joined by the destructor).
   std::vector<std::thread> probes_ ABSL_GUARDED_BY(mu_);
   // Elasticity (issue 9): joins and drains, for the report.
@@ -565,9 +583,8 @@ class SchedulerCore {
   bool state_error_logged_ ABSL_GUARDED_BY(mu_) = false;
   // The state file, opened by the first save (null without state_path).
   std::unique_ptr<StateFile> state_file_ ABSL_GUARDED_BY(mu_);
-  // SaveStateLocked's fsyncs (see there).
-  static constexpr absl::Duration kStateSyncInterval = absl::Seconds(1);
-  absl::Time last_state_sync_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // A save not fsynced yet (SaveStateLocked leaves it to SyncState).
+  bool state_unsynced_ ABSL_GUARDED_BY(mu_) = false;
 
   // Checkpoints (issue 9). checkpoint_mu_ is held across one checkpoint,
   // taken before mu_, never while holding it.

@@ -96,6 +96,9 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   health.Attach(server->GetHealthCheckService());
   absl::Cleanup detach_health = [&health] { health.Detach(); };
   health.Set(Serving::kServing, "listening");
+  // A restarted scheduler: the nodes' deadlines run from now (RestoreState
+  // started them before the port was open).
+  if (restored) core.NoteListening();
   // Metrics (issue 11, docs/observability.md), on the gRPC host.
   PS_ASSIGN_OR_RETURN(
       const int metrics_port,
@@ -149,6 +152,15 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
         absl::Seconds(config.fault_tolerance.checkpoint_interval_s));
     while (!stop.WaitForNotificationWithTimeout(poll)) core.MaybeCheckpoint();
   });
+  // The state file's fsyncs, off the lock heartbeats take (SyncState).
+  std::thread syncer([&] {
+    if (options.state_path.empty()) return;
+    while (!stop.WaitForNotificationWithTimeout(
+        SchedulerCore::kStateSyncInterval)) {
+      core.SyncState();
+    }
+    core.SyncState();
+  });
   // A restarted scheduler finishes what its predecessor was doing.
   std::thread resume([&] {
     if (restored) core.ResumeAfterRestore();
@@ -175,6 +187,7 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   stop.Notify();
   checker.join();
   checkpointer.join();
+  syncer.join();
   copier.join();
   resume.join();
   canceller.join();

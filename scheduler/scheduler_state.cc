@@ -4,6 +4,11 @@
 // and state file takes the job over, and the servers and workers (which
 // ride out a short outage: heartbeats and GetWork are retried) go on with
 // it.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -61,26 +66,49 @@ void SchedulerCore::SaveStateLocked() {
   st.mutable_draining()->Add(draining_.begin(), draining_.end());
   st.mutable_rebalancing()->Add(rebalancing_.begin(), rebalancing_.end());
   // Every change is saved (a pwrite into the file's older slot), so a
-  // scheduler that is killed and restarted finds the last state. It is
-  // fsynced at most once per kStateSyncInterval while the job runs (and
-  // on every other phase): a GetWork saves, and an fsync per unit cost more
-  // CPU (a VM's disk exits) than the rest of the scheduler. What this risks
-  // is only a crash of the machine's kernel, which can lose that interval's
-  // changes (units handed out again).
-  const absl::Time now = options_.clock->Now();
-  const bool sync = phase_ != JobPhase::kRunning ||
-                    now - last_state_sync_ >= kStateSyncInterval;
-  if (sync) last_state_sync_ = now;
+  // scheduler that is killed and restarted finds the last state. While the
+  // job runs, the fsync is left to SyncState (at most one per
+  // kStateSyncInterval, outside mu_): a GetWork saves, and an fsync per unit
+  // cost more CPU (a VM's disk exits) than the rest of the scheduler; and
+  // an fsync under mu_ made heartbeats wait on the disk, which on a busy
+  // one took seconds (a worker was declared dead by the check that got mu_
+  // first). What this risks is only a crash of the machine's kernel, which
+  // can lose that interval's changes (units handed out again). The other
+  // phases' few saves are synced here.
+  const bool sync = phase_ != JobPhase::kRunning;
   if (state_file_ == nullptr) {
     state_file_ = std::make_unique<StateFile>(options_.state_path);
   }
   absl::Status s = state_file_->Write(st.SerializeAsString(), sync);
+  state_unsynced_ = !sync;
   if (!s.ok() && !state_error_logged_) {
     state_error_logged_ = true;
     PS_LOG_ERROR("scheduler state file: {} (a restarted scheduler could not "
                  "take this job over)",
                  s.ToString());
   }
+}
+
+void SchedulerCore::NoteListening() {
+  absl::MutexLock l(&mu_);
+  deadline_floor_ = std::max(deadline_floor_,
+                             options_.clock->Now() + kReconnectGrace);
+}
+
+void SchedulerCore::SyncState() {
+  int fd = -1;
+  {
+    absl::MutexLock l(&mu_);
+    if (!state_unsynced_ || state_file_ == nullptr) return;
+    state_unsynced_ = false;
+    fd = state_file_->DupForSync();
+  }
+  if (fd < 0) return;
+  if (::fdatasync(fd) != 0) {
+    PS_LOG_WARN("scheduler state file {}: cannot fsync: {}",
+                options_.state_path, std::strerror(errno));
+  }
+  ::close(fd);
 }
 
 absl::StatusOr<bool> SchedulerCore::RestoreState() {

@@ -2410,6 +2410,80 @@ TEST_F(WorkUnitTest, RestartedSchedulerTakesTheJobOver) {
   EXPECT_EQ(core_->phase(), JobPhase::kRegistering);
 }
 
+// A restarted scheduler's heartbeat deadlines run from when it listens,
+// plus the time a node's channel takes to try again (it backed off while
+// no scheduler listened): a worker first heard from within that is not
+// declared dead (CI once saw one declared dead after two scheduler
+// restarts in a row, job ok); one never heard from is, a heartbeat
+// timeout after that.
+TEST_F(WorkUnitTest, RestartedSchedulerWaitsForNodesToReconnect) {
+  UseStateFile("scheduler_test_reconnect");
+  Start();
+  RegisterAll();
+  core_.reset();  // "SIGKILL"
+  Start();
+  absl::StatusOr<bool> restored = core_->RestoreState();
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(*restored);
+  clock_.Advance(absl::Milliseconds(700));  // starting to listen, loaded
+  core_->NoteListening();
+  const absl::Duration timeout =
+      absl::Milliseconds(config_.cluster.heartbeat_timeout_ms);
+  auto others_beat = [&] {
+    for (int sv : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, sv).ok());
+    ASSERT_TRUE(Beat(proto::ROLE_WORKER, 0).ok());
+  };
+  auto state = [&](int w) {
+    return core_->Status()->view().workers(w).state();
+  };
+  for (absl::Duration t = absl::ZeroDuration();
+       t + absl::Milliseconds(250) <
+       timeout + SchedulerCore::kReconnectGrace;
+       t += absl::Milliseconds(250)) {
+    clock_.Advance(absl::Milliseconds(250));
+    others_beat();
+    core_->CheckHeartbeats();
+  }
+  EXPECT_EQ(state(1), proto::NODE_ALIVE);
+  ASSERT_TRUE(Beat(proto::ROLE_WORKER, 1).ok());  // reconnected: stays
+  clock_.Advance(timeout - absl::Milliseconds(1));
+  others_beat();
+  core_->CheckHeartbeats();
+  EXPECT_EQ(state(1), proto::NODE_ALIVE);
+  clock_.Advance(absl::Milliseconds(2));  // silent a full timeout since
+  others_beat();
+  core_->CheckHeartbeats();
+  EXPECT_EQ(state(1), proto::NODE_DEAD);
+  EXPECT_THAT(core_->Report().dead_workers(), ElementsAre(1));
+}
+
+// One that never comes back after the takeover is declared dead a
+// heartbeat timeout after the grace.
+TEST_F(WorkUnitTest, RestartedSchedulerDropsANodeThatNeverReconnects) {
+  UseStateFile("scheduler_test_noreconnect");
+  Start();
+  RegisterAll();
+  core_.reset();
+  Start();
+  ASSERT_TRUE(core_->RestoreState().ok());
+  core_->NoteListening();
+  const absl::Duration timeout =
+      absl::Milliseconds(config_.cluster.heartbeat_timeout_ms);
+  absl::Duration t = absl::ZeroDuration();
+  for (; t < timeout + SchedulerCore::kReconnectGrace + absl::Seconds(1);
+       t += absl::Milliseconds(250)) {
+    clock_.Advance(absl::Milliseconds(250));
+    for (int sv : {0, 1}) ASSERT_TRUE(Beat(proto::ROLE_SERVER, sv).ok());
+    ASSERT_TRUE(Beat(proto::ROLE_WORKER, 0).ok());
+    core_->CheckHeartbeats();
+    if (core_->Status()->view().workers(1).state() == proto::NODE_DEAD) break;
+  }
+  EXPECT_EQ(core_->Status()->view().workers(1).state(), proto::NODE_DEAD);
+  EXPECT_GT(t, timeout + SchedulerCore::kReconnectGrace -
+                   absl::Milliseconds(250));
+  EXPECT_EQ(core_->phase(), JobPhase::kRunning);
+}
+
 // A server the drain was copying to dies during the copy (issue 9): the
 // ranges it left behind are planned again from the failover's view, and the
 // drain still ends with S[1] out of every chain.

@@ -52,6 +52,10 @@ StateFile::~StateFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+int StateFile::DupForSync() const {
+  return fd_ < 0 ? -1 : ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+}
+
 absl::Status StateFile::Create(const std::string& payload, bool sync) {
   if (fd_ >= 0) {
     ::close(fd_);

@@ -40,6 +40,12 @@ class StateFile {
   // not this object's to keep).
   absl::Status Write(const std::string& payload, bool sync);
 
+  // A descriptor of the file the writes go to (a dup: the caller closes
+  // it), for an fdatasync made without the lock that serialises the
+  // writes, which heartbeats wait on (a sync can take seconds on a busy
+  // disk); -1 before the first write, or when dup fails.
+  int DupForSync() const;
+
   // The newest slot's payload with a valid checksum. NOT_FOUND when there
   // is no file; DATA_LOSS, naming the file, when it is not a state file of
   // this format or neither slot is intact.

@@ -3,6 +3,7 @@
 // with no intact slot, or of another format, is DATA_LOSS naming it.
 #include "scheduler/state_file.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -104,6 +105,28 @@ TEST_F(StateFileTest, AStateThatOutgrowsTheSlotsMakesANewFile) {
   ASSERT_TRUE(f.Write(big + "c", false).ok());  // in place again
   EXPECT_EQ(*StateFile::Read(path_), big + "c");
   EXPECT_FALSE(std::filesystem::exists(path_ + ".tmp"));
+}
+
+// The descriptor the scheduler syncs outside its lock is of the file the
+// writes go to: the one at the path, also after the file was made anew.
+TEST_F(StateFileTest, DupForSyncIsOfTheFileWrittenTo) {
+  StateFile f(path_);
+  EXPECT_EQ(f.DupForSync(), -1);  // nothing written yet
+  auto same_file = [&](int fd) {
+    struct stat a, b;
+    const bool same = fd >= 0 && ::fstat(fd, &a) == 0 &&
+                      ::stat(path_.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
+                      a.st_dev == b.st_dev;
+    if (fd >= 0) ::close(fd);
+    return same;
+  };
+  ASSERT_TRUE(f.Write("small", false).ok());
+  EXPECT_TRUE(same_file(f.DupForSync()));
+  ASSERT_TRUE(f.Write(std::string(3 * StateFile::kMinCapacity, 'b'), false)
+                  .ok());  // a new file, renamed over the old one
+  const int fd = f.DupForSync();
+  EXPECT_EQ(::fdatasync(fd), 0);
+  EXPECT_TRUE(same_file(fd));
 }
 
 TEST_F(StateFileTest, AnUnreadableFileIsNotTakenForNoState) {
