@@ -15,10 +15,11 @@ and prints one line per launch: the events, the exit status, and the
 report's status, test AUC and error. The same seed draws the same events
 (Python's random.Random(seed)).
 
-A launch passes when it ends ok with 32561 examples in every epoch and a
+A launch passes when it ends ok with 32561 examples in every epoch, a
 test AUC within 0.002 of a run without events (--clean-auc, measured first
-when not given), or is excused: it killed two or more servers and failed
-with the data loss one replica cannot avoid (every holder of a range dead
+when not given) and no more workers declared dead than were killed (a
+paused worker must not be), or is excused: it killed two or more servers
+and failed with the data loss one replica cannot avoid (every holder of a range dead
 before the refill's copy: "every backup with a complete copy are dead").
 Exit status 1 when any launch does neither.
 
@@ -94,9 +95,15 @@ def launch(args, name, mode, flags):
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         with open(report) as f:
-            return rc, json.load(f)
+            got = json.load(f)
     except (OSError, ValueError):
         return rc, None
+    # The workers the launcher SIGKILLed (its log's "chaos: killed W[..."
+    # lines): a report naming more dead workers declared a live one dead.
+    with open(os.path.join(d, "launch.log"), errors="replace") as log:
+        got["_workers_killed"] = sum(
+            1 for line in log if "ps_launch: chaos: killed W[" in line)
+    return rc, got
 
 
 def verdict(rc, report, clean_auc, epochs, flags):
@@ -110,6 +117,10 @@ def verdict(rc, report, clean_auc, epochs, flags):
         auc = report.get("test_auc", 0)
         if clean_auc is not None and abs(auc - clean_auc) > 0.002:
             return "FAILED: AUC %.4f against %.4f" % (auc, clean_auc)
+        dead = report.get("dead_workers", [])
+        if len(dead) > report.get("_workers_killed", 0):
+            return "FAILED: workers declared dead %s, %d killed" % (
+                dead, report.get("_workers_killed", 0))
         return "ok"
     server_kills = sum(1 for f in flags if f.startswith("--kill S"))
     if EXCUSED in report.get("error", "") and server_kills >= 2:
@@ -120,7 +131,8 @@ def verdict(rc, report, clean_auc, epochs, flags):
 def main():
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", required=True, help="FIRST-LAST")
+    p.add_argument("--seeds", required=True,
+                   help="FIRST-LAST, or a comma list of seeds")
     p.add_argument("--modes", default="bsp,asp,ssp")
     p.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "a9a"))
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
@@ -129,8 +141,11 @@ def main():
     p.add_argument("--clean-auc", type=float, default=None)
     p.add_argument("--set", action="append", default=[])
     args = p.parse_args()
-    first, _, last = args.seeds.partition("-")
-    seeds = range(int(first), int(last or first) + 1)
+    if "," in args.seeds:
+        seeds = [int(x) for x in args.seeds.split(",") if x]
+    else:
+        first, _, last = args.seeds.partition("-")
+        seeds = range(int(first), int(last or first) + 1)
     modes = [m for m in args.modes.split(",") if m]
     if not os.path.exists(os.path.join(args.data, "a9a.train")):
         print("missing %s/a9a.train" % args.data, file=sys.stderr)
