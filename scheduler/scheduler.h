@@ -231,12 +231,13 @@ class SchedulerCore {
   // After RestoreState returned true, once this scheduler listens: the
   // nodes' heartbeat deadlines start again now, plus kReconnectGrace. A
   // node's channel to the scheduler backed off between connection attempts
-  // while no scheduler listened (up to 1 s, and gRPC's 20 % jitter), so its
-  // first heartbeat may come that long after the scheduler is back; the
-  // deadlines RestoreState started ran while this one was not yet
-  // listening (under load, hundreds of ms).
+  // while no scheduler listened (kMaxReconnectBackoffMs, and gRPC's 20 %
+  // jitter), so its first heartbeat may come that long after the scheduler
+  // is back, plus a heartbeat period; the deadlines RestoreState started
+  // ran while this one was not yet listening (under load, hundreds of ms).
   void NoteListening();
-  static constexpr absl::Duration kReconnectGrace = absl::Milliseconds(1500);
+  static constexpr absl::Duration kReconnectGrace =
+      absl::Milliseconds(kMaxReconnectBackoffMs * 6 / 5 + 300);
   // The state file's fsync, made outside mu_ when a save since the last
   // one was not synced (SaveStateLocked); call every kStateSyncInterval.
   void SyncState();

@@ -33,6 +33,12 @@
 
 namespace ps {
 
+// How long a client's channel waits at most between attempts to reach a
+// peer that went away (gRPC's maximum reconnect backoff, to which gRPC adds
+// up to 20 % jitter): a node's first call to a scheduler that restarted can
+// come this late after it listens (SchedulerCore::kReconnectGrace).
+inline constexpr int kMaxReconnectBackoffMs = 1000;
+
 // What a push borrows instead of holding it in its fields (issue 10: a
 // push that does not copy the caller's array, nor the worker's keys).
 // Values: when `pieces` is not empty, they (in order) are the vals field's
