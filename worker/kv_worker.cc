@@ -46,6 +46,15 @@ bool Unreachable(const absl::Status& s) {
          s.code() == absl::StatusCode::kDeadlineExceeded;
 }
 
+// The server stopped serving the call as it shut down: a drained server
+// leaving the job cancels its calls in flight (a worker paused through the
+// drain still had a pull there, and exited on its CANCELLED: chaos mix seed
+// 711). The op is regrouped by the newest view, as for a stale epoch,
+// without naming the server a suspect (it may have left on purpose).
+bool ServerStopped(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kCancelled;
+}
+
 // Appends announcement i of `all` (one per range) to `to`, the request of
 // the range's owner, whose header is set from `all` when it is still empty.
 void AppendAnnouncement(const proto::ClockRequest& all, int i, int64_t epoch,
@@ -1095,7 +1104,7 @@ void KVWorker::OnPushReply(std::shared_ptr<PushSlice> slice, int attempt,
     return;
   }
   const absl::Duration backoff = Backoff(attempt);
-  if ((IsStaleEpoch(s) || Unreachable(s)) &&
+  if ((IsStaleEpoch(s) || Unreachable(s) || ServerStopped(s)) &&
       MayRetry(slice->ts, attempt, backoff)) {
     // Regroup the same segments (same seqs) by their ranges' owners in a
     // newer view (after a failover: the promoted backups, which hold the
@@ -1314,7 +1323,7 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
     return;
   }
   const absl::Duration backoff = Backoff(attempt);
-  if ((IsStaleEpoch(s) || Unreachable(s)) &&
+  if ((IsStaleEpoch(s) || Unreachable(s) || ServerStopped(s)) &&
       MayRetry(slice->ts, attempt, backoff)) {
     const int suspect = Unreachable(s) ? slice->server : -1;
     const bool queued = Later(backoff, [this, slice, attempt, suspect] {
@@ -1477,7 +1486,7 @@ void KVWorker::SendClockTo(std::shared_ptr<const proto::ClockRequest> req,
           return;
         }
         const absl::Duration backoff = Backoff(attempt);
-        if ((IsStaleEpoch(st) || Unreachable(st)) &&
+        if ((IsStaleEpoch(st) || Unreachable(st) || ServerStopped(st)) &&
             MayRetry(ts, attempt, backoff) &&
             Later(backoff, [this, req, ts, attempt, server,
                             suspect = Unreachable(st)] {

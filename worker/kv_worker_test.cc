@@ -1069,6 +1069,56 @@ TEST_F(KVWorkerTest, PullStaleEpochReslicesIntoTheSameOutput) {
   }
 }
 
+// A drained server leaving the job cancels the calls it still has (chaos
+// mix seed 711: a worker paused through the drain exited on its pull's
+// CANCELLED): the pull and the push are regrouped by the newest view, as
+// for a stale epoch, and the server is not named a suspect.
+TEST_F(KVWorkerTest, CancelledByALeavingServerRegroupsByTheNewView) {
+  Make(2);
+  absl::Mutex mu;
+  std::vector<int> named;
+  const proto::ClusterView moved = MovedTo(view_, 0, 2);
+  factory_.scheduler()->set_get_view_handler(
+      [&](const proto::GetViewRequest& req)
+          -> absl::StatusOr<proto::GetViewResponse> {
+        absl::MutexLock l(&mu);
+        for (int s : req.suspect_servers()) named.push_back(s);
+        proto::GetViewResponse r;
+        r.set_ready(true);
+        *r.mutable_view() = moved;
+        return r;
+      });
+  const std::vector<uint64_t> keys = Iota(16);
+  std::vector<float> out;
+  const int64_t pull = worker_->Pull(0, keys, &out);
+  std::vector<float> vals(keys.size() * kDim, 0.25f);
+  const int64_t push = worker_->Push(0, keys, vals, 1);
+  std::optional<HeldPull> p0 = S(0)->NextPull();
+  ASSERT_TRUE(p0.has_value());
+  p0->Reply(absl::OkStatus(), Answer(*p0->req));
+  S(0)->NextPush()->Reply(absl::OkStatus());
+  S(1)->NextPull()->Reply(absl::CancelledError(""));
+  S(1)->NextPush()->Reply(absl::CancelledError(""));
+  clock_.Advance(absl::Milliseconds(20));
+  std::optional<HeldPull> again = S(0)->NextPull();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->req->epoch(), 2);
+  EXPECT_EQ(ReqKeys(again->req->keys()), KeysOf(view_, 1, keys));
+  again->Reply(absl::OkStatus(), Answer(*again->req));
+  std::optional<HeldPush> pushed = S(0)->NextPush();
+  ASSERT_TRUE(pushed.has_value());
+  EXPECT_EQ(pushed->req->epoch(), 2);
+  EXPECT_EQ(ReqKeys(pushed->req->keys()), KeysOf(view_, 1, keys));
+  pushed->Reply(absl::OkStatus());
+  ASSERT_TRUE(worker_->Wait(pull, Soon()).ok());
+  ASSERT_TRUE(worker_->Wait(push, Soon()).ok());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_FLOAT_EQ(out[i * kDim], KeyValue(keys[i], 0));
+  }
+  absl::MutexLock l(&mu);
+  EXPECT_TRUE(named.empty());
+}
+
 // ------------------------------------------------- sticky error, bug 1
 
 TEST_F(KVWorkerTest, StickyErrorFailsLaterWaitsAndFinish) {
