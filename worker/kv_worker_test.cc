@@ -188,9 +188,30 @@ class KVWorkerTest : public ::testing::Test {
     return h;
   }
 
+  // The scheduler answers GetView with `view` and records the suspects each
+  // call names (NamedSuspects).
+  void RecordSuspects(proto::ClusterView view) {
+    factory_.scheduler()->set_get_view_handler(
+        [this, view = std::move(view)](const proto::GetViewRequest& req)
+            -> absl::StatusOr<proto::GetViewResponse> {
+          absl::MutexLock l(&named_mu_);
+          for (int s : req.suspect_servers()) named_.push_back(s);
+          proto::GetViewResponse r;
+          r.set_ready(true);
+          *r.mutable_view() = view;
+          return r;
+        });
+  }
+  std::vector<int> NamedSuspects() {
+    absl::MutexLock l(&named_mu_);
+    return named_;
+  }
+
   FakeClock clock_;
   FakeClientFactory factory_;
   proto::ClusterView view_;
+  absl::Mutex named_mu_;
+  std::vector<int> named_ ABSL_GUARDED_BY(named_mu_);
   std::unique_ptr<KVWorker> worker_;  // last: destroyed first
 };
 
@@ -429,22 +450,7 @@ TEST_F(KVWorkerTest, AnUnansweredPushMakesItsServerASuspect) {
   KVWorkerOptions o;
   o.suspect_after = absl::Seconds(2);
   Make(2, o);
-  absl::Mutex mu;
-  std::vector<int> named;
-  factory_.scheduler()->set_get_view_handler(
-      [&](const proto::GetViewRequest& req)
-          -> absl::StatusOr<proto::GetViewResponse> {
-        absl::MutexLock l(&mu);
-        for (int s : req.suspect_servers()) named.push_back(s);
-        proto::GetViewResponse r;
-        r.set_ready(true);
-        *r.mutable_view() = view_;
-        return r;
-      });
-  auto named_so_far = [&] {
-    absl::MutexLock l(&mu);
-    return named;
-  };
+  RecordSuspects(view_);
   const std::vector<uint64_t> keys = Iota(64);
   std::vector<float> out;
   auto [pull, pull0, pull1] = PullHeldAtBoth(&out);
@@ -460,11 +466,11 @@ TEST_F(KVWorkerTest, AnUnansweredPushMakesItsServerASuspect) {
   EXPECT_TRUE(worker_->SuspectSilentServers().empty());
   clock_.Advance(absl::Seconds(1));
   EXPECT_EQ(worker_->SuspectSilentServers(), std::vector<int>{1});
-  EXPECT_EQ(named_so_far(), std::vector<int>{1});
+  EXPECT_EQ(NamedSuspects(), std::vector<int>{1});
   EXPECT_TRUE(worker_->SuspectSilentServers().empty());  // named just now
   clock_.Advance(absl::Seconds(2));
   EXPECT_EQ(worker_->SuspectSilentServers(), std::vector<int>{1});
-  EXPECT_EQ(named_so_far(), (std::vector<int>{1, 1}));
+  EXPECT_EQ(NamedSuspects(), (std::vector<int>{1, 1}));
 
   // Answered, it is no suspect any more.
   silent->Reply(absl::OkStatus());
@@ -1075,19 +1081,7 @@ TEST_F(KVWorkerTest, PullStaleEpochReslicesIntoTheSameOutput) {
 // for a stale epoch, and the server is not named a suspect.
 TEST_F(KVWorkerTest, CancelledByALeavingServerRegroupsByTheNewView) {
   Make(2);
-  absl::Mutex mu;
-  std::vector<int> named;
-  const proto::ClusterView moved = MovedTo(view_, 0, 2);
-  factory_.scheduler()->set_get_view_handler(
-      [&](const proto::GetViewRequest& req)
-          -> absl::StatusOr<proto::GetViewResponse> {
-        absl::MutexLock l(&mu);
-        for (int s : req.suspect_servers()) named.push_back(s);
-        proto::GetViewResponse r;
-        r.set_ready(true);
-        *r.mutable_view() = moved;
-        return r;
-      });
+  RecordSuspects(MovedTo(view_, 0, 2));
   const std::vector<uint64_t> keys = Iota(16);
   std::vector<float> out;
   const int64_t pull = worker_->Pull(0, keys, &out);
@@ -1115,8 +1109,7 @@ TEST_F(KVWorkerTest, CancelledByALeavingServerRegroupsByTheNewView) {
   for (size_t i = 0; i < keys.size(); ++i) {
     EXPECT_FLOAT_EQ(out[i * kDim], KeyValue(keys[i], 0));
   }
-  absl::MutexLock l(&mu);
-  EXPECT_TRUE(named.empty());
+  EXPECT_TRUE(NamedSuspects().empty());
 }
 
 // ------------------------------------------------- sticky error, bug 1
