@@ -581,12 +581,13 @@ namespace table_internal {
 enum class FtrlIsa { kPortable, kAvx2, kAvx512 };
 inline constexpr size_t kFtrlGroup = 16;
 bool CpuRunsFtrl(FtrlIsa isa);
-// Updates the kFtrlGroup entries [w, z, n] from `first` on with gradients
-// scale * g[k] and returns how many it left as they were (a non-finite
-// result). CpuRunsFtrl(isa) must hold.
+// Updates the groups * kFtrlGroup entries [w, z, n] from `first` on with
+// gradients scale * g[k] and returns how many it left as they were (a
+// non-finite result). CpuRunsFtrl(isa) must hold.
 size_t FtrlConsecutiveWith(FtrlIsa isa,
                            const optimizer_internal::FtrlRule& rule,
-                           float* first, const float* g, float scale);
+                           float* first, const float* g, float scale,
+                           size_t groups = 1);
 
 }  // namespace table_internal
 }  // namespace ps

@@ -1153,7 +1153,9 @@ TEST(TableTest, LongRowsSplitOverThreadsEqualOnePass) {
 // portable loop, AVX2, AVX-512), bit for bit FtrlRule::Apply entry by
 // entry: both signs of z about l1, z of 0, new entries, and lanes whose
 // result is not finite (a gradient of 1e20 squares to infinity, a NaN
-// gradient, an infinite accumulator), which stay as they were.
+// gradient, an infinite accumulator), which stay as they were; on one
+// group of 16 entries and on runs of up to 4 groups (ApplyAt's runs of
+// consecutive slots).
 TEST(TableTest, FtrlKernelsEqualTheRuleBitForBit) {
   using table_internal::FtrlIsa;
   optimizer_internal::FtrlRule rule;
@@ -1163,6 +1165,7 @@ TEST(TableTest, FtrlKernelsEqualTheRuleBitForBit) {
   rule.l2 = 0.01f;
   rule.inv_alpha = 1.0f / rule.alpha;
   constexpr size_t kLanes = table_internal::kFtrlGroup;
+  constexpr size_t kMaxGroups = 4;
   uint64_t x = 99;
   auto uniform = [&x](float lo, float hi) {
     x = x * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -1175,38 +1178,43 @@ TEST(TableTest, FtrlKernelsEqualTheRuleBitForBit) {
     ++ran;
     size_t kept_total = 0;
     for (int trial = 0; trial < 500; ++trial) {
-      std::array<float, 3 * kLanes> entries;
-      std::array<float, kLanes> g;
-      for (size_t k = 0; k < kLanes; ++k) {
+      const size_t groups = 1 + static_cast<size_t>(trial / 3) % kMaxGroups;
+      const size_t lanes = kLanes * groups;
+      std::array<float, 3 * kLanes * kMaxGroups> entries;
+      std::array<float, kLanes * kMaxGroups> g;
+      entries.fill(7.0f);  // past the run: must stay as it is
+      for (size_t k = 0; k < lanes; ++k) {
         const bool fresh = trial % 5 == 0 && k % 3 == 0;
         entries[3 * k] = fresh ? 0.0f : uniform(-2, 2);
         entries[3 * k + 1] = fresh ? 0.0f : uniform(-1.5f, 1.5f);
         entries[3 * k + 2] = fresh ? 0.0f : uniform(0, 4);
         g[k] = uniform(-4, 4);
       }
-      if (trial % 7 == 1) g[trial % kLanes] = 1e20f;
+      if (trial % 7 == 1) g[trial % lanes] = 1e20f;
       if (trial % 11 == 2) {
-        g[(trial + 5) % kLanes] = std::numeric_limits<float>::quiet_NaN();
+        g[(trial + 5) % lanes] = std::numeric_limits<float>::quiet_NaN();
       }
       if (trial % 13 == 3) {
-        entries[3 * ((trial + 9) % kLanes) + 2] =
+        entries[3 * ((trial + 9) % lanes) + 2] =
             std::numeric_limits<float>::infinity();
       }
       const float scale = trial % 2 == 0 ? 0.5f : 1.0f;
-      std::array<float, 3 * kLanes> want = entries;
+      std::array<float, 3 * kLanes* kMaxGroups> want = entries;
       size_t want_kept = 0;
-      for (size_t k = 0; k < kLanes; ++k) {
-        want_kept += rule.Apply(&want[3 * k], &want[3 * k + 1], &g[k], scale, 1);
+      for (size_t k = 0; k < lanes; ++k) {
+        want_kept +=
+            rule.Apply(&want[3 * k], &want[3 * k + 1], &g[k], scale, 1);
       }
       const size_t kept = table_internal::FtrlConsecutiveWith(
-          isa, rule, entries.data(), g.data(), scale);
+          isa, rule, entries.data(), g.data(), scale, groups);
       ASSERT_EQ(kept, want_kept) << "isa " << static_cast<int>(isa)
                                  << " trial " << trial;
       kept_total += kept;
       for (size_t i = 0; i < entries.size(); ++i) {
         ASSERT_EQ(std::memcmp(&entries[i], &want[i], sizeof(float)), 0)
             << "isa " << static_cast<int>(isa) << " trial " << trial
-            << " float " << i << ": " << entries[i] << " vs " << want[i];
+            << " groups " << groups << " float " << i << ": " << entries[i]
+            << " vs " << want[i];
       }
     }
     EXPECT_GT(kept_total, 100u);  // the non-finite lanes were tested
