@@ -44,11 +44,14 @@ struct KeyList {
   std::vector<uint32_t> slots;
   std::vector<uint64_t> generations;
   bool complete = false;  // resolved, and every key has a slot
+  // Per run, when complete: whether its slots are consecutive (slot k of
+  // the run is its first + k: the keys were made by one push, in order).
+  std::vector<uint8_t> consecutive;
 
   size_t bytes() const {
     return sizeof(KeyList) + keys.size() * sizeof(uint64_t) +
            runs.size() * sizeof(RangeRun) + slots.size() * sizeof(uint32_t) +
-           generations.size() * sizeof(uint64_t);
+           generations.size() * sizeof(uint64_t) + consecutive.size();
   }
 };
 

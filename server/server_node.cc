@@ -619,6 +619,16 @@ void ServerNode::KeepResolved(int worker, RequestKeys* rk) {
             l.slots.end() &&
         std::find(l.generations.begin(), l.generations.end(), uint64_t{0}) ==
             l.generations.end();
+    l.consecutive.assign(l.complete ? l.runs.size() : 0, 0);
+    for (size_t r = 0; r < l.consecutive.size(); ++r) {
+      const uint32_t* s = l.slots.data() + l.runs[r].first;
+      const size_t n = l.runs[r].last - l.runs[r].first;
+      bool ok = true;
+      for (size_t k = 1; k < n; ++k) {
+        ok &= s[k] == s[0] + static_cast<uint32_t>(k);
+      }
+      l.consecutive[r] = ok ? 1 : 0;
+    }
     key_cache_.Put(worker, rk->keep, std::move(rk->resolved), rk->window);
   } else if (rk->cached == nullptr) {
     // Kept unresolved (nothing was looked up: e.g. every run a duplicate).
@@ -855,7 +865,9 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
                        rk.cached->slots.data() + run.first, grads, scale,
                        KeyOrder::kAscending,
                        delta ? delta_slots.data() + run.first : nullptr,
-                       journal, rk.cached->complete, rows)) {
+                       journal, rk.cached->complete, rows,
+                       !rk.cached->consecutive.empty() &&
+                           rk.cached->consecutive[i] != 0)) {
         if (delta) {
           run_slots[i] = delta_slots.data() + run.first;
           run_generations[i] = rk.cached->generations[i];

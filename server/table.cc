@@ -1063,15 +1063,42 @@ template <typename Rule>
 void Table::ApplyAt(Partition& p, const Rule& rule,
                     absl::Span<const uint64_t> keys, const uint32_t* slots,
                     const float* grads, float scale, KeyOrder order,
-                    ParallelRunner* rows) {
+                    ParallelRunner* rows, bool consecutive) {
   const size_t n = keys.size();
   const size_t dim = static_cast<size_t>(spec_.dim);
   ParallelRunner* const split = RowRunner(rows, dim);
+  // With `consecutive`, the slots from keys[i] to the end of its chunk.
+  auto chunk_run = [&](size_t i) {
+    const uint32_t slot = slots[0] + static_cast<uint32_t>(i);
+    return std::min<size_t>(n - i, uint64_t{slot | chunk_mask_} + 1 - slot);
+  };
+  size_t i = 0;
+  size_t kept = 0;  // elements left as they were (optimizer.h)
+  if constexpr (std::is_same_v<Rule, optimizer_internal::FtrlRule>) {
+    // Consecutive slots of a dim-1 table: each chunk's run in one call (and
+    // the run's last keys, short of a group, by the rule).
+    if (dim == 1 && consecutive) {
+      while (i < n) {
+        const size_t len = chunk_run(i);
+        const size_t groups = len / kFtrlLanes;
+        float* const data = SlotData(p, slots[0] + static_cast<uint32_t>(i));
+        if (groups > 0) {
+          kept +=
+              FtrlLanesConsecutiveBest(rule, data, grads + i, scale, groups);
+        }
+        for (size_t k = kFtrlLanes * groups; k < len; ++k) {
+          float* const e = data + kFtrlEntryFloats * k;
+          kept += rule.Apply(e, e + 1, grads + i + k, scale, 1);
+        }
+        i += len;
+      }
+      p.non_finite_updates += kept;
+      return;
+    }
+  }
   for (size_t k = 0; k < std::min(n, kPrefetchDistance); ++k) {
     __builtin_prefetch(SlotData(p, slots[k]));
   }
-  size_t i = 0;
-  size_t kept = 0;  // elements left as they were (optimizer.h)
   if constexpr (std::is_same_v<Rule, optimizer_internal::FtrlRule>) {
     // A dim-1 table (sparse LR, the common FTRL case): kFtrlLanes keys at a
     // time, unless a key repeats among them (then one by one below, in
@@ -1103,8 +1130,8 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
       };
       // The whole groups of consecutive slots from `at` on, in the first
       // one's chunk (at least one: look_ahead found it). Tested a group at
-      // a time without branches (it vectorises); slot by slot, the test of
-      // each slot against the one before took as long as the update.
+      // a time in vector registers; slot by slot, the test of each slot
+      // against the one before took as long as the update.
       auto consecutive_groups = [&](size_t at) {
         const uint32_t first = slots[at];
         const size_t room = uint64_t{first | chunk_mask_} + 1 - first;
@@ -1214,6 +1241,13 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
     // was 28 % of a 2S2W sparse push's samples.
     static_assert(optimizer_internal::SgdRule::kStateFloats == 0);
     while (i < n) {
+      if (consecutive) {
+        const size_t len = chunk_run(i);
+        kept += rule.Apply(SlotData(p, slots[0] + static_cast<uint32_t>(i)),
+                           nullptr, grads + i * dim, scale, len * dim);
+        i += len;
+        continue;
+      }
       const size_t end = RunEnd(slots, i, n);
       if (end == i + 1 && i + kPrefetchDistance < n) {
         __builtin_prefetch(SlotData(p, slots[i + kPrefetchDistance]));
@@ -1333,7 +1367,7 @@ bool Table::PushSlots(int range, uint64_t generation,
                       absl::Span<const uint64_t> keys, const uint32_t* slots,
                       const float* grads, float scale, KeyOrder order,
                       uint32_t* resolved, bool* journal, bool complete,
-                      ParallelRunner* rows) {
+                      ParallelRunner* rows, bool consecutive) {
   Partition& p = partition(range);
   const size_t n = keys.size();
   if (journal != nullptr) *journal = false;
@@ -1356,6 +1390,9 @@ bool Table::PushSlots(int range, uint64_t generation,
   }
   if (out_of_bounds != 0) return false;
   const bool missing = missing_keys != 0;
+  // Vouched for (complete and consecutive), but never past the slots.
+  const bool run = complete && consecutive && n > 0 &&
+                   uint64_t{slots[0]} + n <= uint64_t{num_slots};
   const bool record = JournalTakes(p, n, journal);
   optimizer_->Visit([&](const auto& rule) {
     p.mu.AssertHeld();
@@ -1369,7 +1406,7 @@ bool Table::PushSlots(int range, uint64_t generation,
     } else if (resolved != nullptr) {
       std::memcpy(resolved, slots, n * sizeof(uint32_t));
     }
-    ApplyAt(p, rule, keys, s, grads, scale, order, rows);
+    ApplyAt(p, rule, keys, s, grads, scale, order, rows, run && !missing);
     if (record) MarkJournal(p, s, keys.size());
   });
   return true;

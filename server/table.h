@@ -184,15 +184,20 @@ class Table {
   // `generation` (none kNoSlot): a list the server resolved itself and found
   // every key of (KeyList::complete), which the bounds check then skips
   // (slots only grow within a generation). `rows` as for Push.
+  // `consecutive`, with `complete`: the caller also vouches that slots[k] is
+  // slots[0] + k for every k (a list whose keys one push made in order:
+  // KeyList::consecutive), so that the update reads no slot but the first
+  // (a key-cached push read 4 bytes of slot a key for nothing else). A list
+  // that would run past the partition's slots is taken slot by slot.
   bool PullSlots(int range, uint64_t generation,
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  float* out) const;
   bool PushSlots(int range, uint64_t generation,
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  const float* grads, float scale,
-                 KeyOrder order = KeyOrder::kAny,
-                 uint32_t* resolved = nullptr, bool* journal = nullptr,
-                 bool complete = false, ParallelRunner* rows = nullptr);
+                 KeyOrder order = KeyOrder::kAny, uint32_t* resolved = nullptr,
+                 bool* journal = nullptr, bool complete = false,
+                 ParallelRunner* rows = nullptr, bool consecutive = false);
 
   // Number of keys stored (created by a push).
   size_t size() const;
@@ -487,10 +492,12 @@ class Table {
   // for the slots the push may make.
   bool JournalTakes(Partition& p, size_t n, bool* journal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // The update of keys[i] at slots[i]; `consecutive`: slots[i] is
+  // slots[0] + i (PushSlots), and only slots[0] is read.
   template <typename Rule>
   void ApplyAt(Partition& p, const Rule& rule, absl::Span<const uint64_t> keys,
                const uint32_t* slots, const float* grads, float scale,
-               KeyOrder order, ParallelRunner* rows)
+               KeyOrder order, ParallelRunner* rows, bool consecutive = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Marks slots[0 .. n) in p's journal (JournalTakes sized it).
   void MarkJournal(Partition& p, const uint32_t* slots, size_t n)

@@ -1017,12 +1017,15 @@ TEST(TableTest, DimOneFtrlOnConsecutiveSlotsEqualsTheScalarRule) {
   ASSERT_TRUE(rule_or.ok()) << rule_or.status();
   const Optimizer& rule = **rule_or;
   std::map<uint64_t, std::array<float, 3>> expected;  // [w, z, n]
+  // by_slots 0: by keys; 1: by slots; 2: by slots vouched complete and
+  // consecutive.
   auto push = [&](const std::vector<uint64_t>& keys,
                   const std::vector<float>& grads, uint32_t* slots,
-                  uint64_t* generation, bool by_slots) {
-    if (by_slots) {
+                  uint64_t* generation, int by_slots) {
+    if (by_slots != 0) {
       ASSERT_TRUE(table->PushSlots(0, *generation, keys, slots, grads.data(),
-                                   0.5f, KeyOrder::kAscending));
+                                   0.5f, KeyOrder::kAscending, nullptr, nullptr,
+                                   by_slots == 2, nullptr, by_slots == 2));
     } else {
       table->Push(0, keys, grads.data(), 0.5f, slots, generation,
                   KeyOrder::kAscending);
@@ -1048,29 +1051,42 @@ TEST(TableTest, DimOneFtrlOnConsecutiveSlotsEqualsTheScalarRule) {
   const std::vector<uint64_t> first = {1};
   std::vector<uint32_t> first_slot(1);
   uint64_t gen = 0;
-  push(first, grads_for(1), first_slot.data(), &gen, false);
+  push(first, grads_for(1), first_slot.data(), &gen, 0);
   std::vector<uint64_t> keys;
   for (uint64_t k = 10; k < 10 + 3 * 4200; k += 3) keys.push_back(k);
   std::vector<uint32_t> slots(keys.size());
-  push(keys, grads_for(keys.size()), slots.data(), &gen, false);
+  push(keys, grads_for(keys.size()), slots.data(), &gen, 0);
   for (size_t i = 0; i < slots.size(); ++i) {
     ASSERT_EQ(slots[i], i + 1) << "the list's slots are not consecutive";
   }
-  for (int round = 0; round < 4; ++round) {
+  // Rounds by keys, by slots, and by slots vouched consecutive (each
+  // chunk's run in one call: slots 1-4095, a chunk's end short of a group,
+  // then 4096-4200).
+  for (int round = 0; round < 6; ++round) {
     std::vector<float> g = grads_for(keys.size());
     if (round == 2) g[40] = g[4090] = 1e20f;  // g^2 = inf: left out
-    push(keys, g, slots.data(), &gen, round % 2 == 1);
+    if (round == 5) g[4094] = 1e20f;          // in a run's last keys
+    push(keys, g, slots.data(), &gen, round % 3);
+  }
+  // Vouched consecutive but not (the list's last 300 keys, slots 3901-4200):
+  // would run past the slots, so taken slot by slot.
+  {
+    std::vector<uint64_t> tail(keys.end() - 300, keys.end());
+    std::vector<uint32_t> tail_slots(slots.end() - 300, slots.end());
+    std::reverse(tail.begin(), tail.end());
+    std::reverse(tail_slots.begin(), tail_slots.end());
+    push(tail, grads_for(tail.size()), tail_slots.data(), &gen, 2);
   }
   // Every other key of the list: slots 1, 3, 5, ... (not consecutive), and
   // the list with new keys among it (new slots at the end).
   std::vector<uint64_t> odd;
   for (size_t i = 0; i < keys.size(); i += 2) odd.push_back(keys[i]);
-  push(odd, grads_for(odd.size()), nullptr, nullptr, false);
+  push(odd, grads_for(odd.size()), nullptr, nullptr, 0);
   std::vector<uint64_t> mixed = keys;
   for (uint64_t k = 11; k < 11 + 3 * 100; k += 3) mixed.push_back(k);
   std::sort(mixed.begin(), mixed.end());
-  push(mixed, grads_for(mixed.size()), nullptr, nullptr, false);
-  EXPECT_EQ(table->non_finite_updates(), 2u);
+  push(mixed, grads_for(mixed.size()), nullptr, nullptr, 0);
+  EXPECT_EQ(table->non_finite_updates(), 3u);
 
   std::vector<uint64_t> got_keys;
   std::vector<float> got;
@@ -1326,6 +1342,24 @@ TEST(TableTest, SgdOnConsecutiveSlotsEqualsTheRuleKeyByKey) {
           g[40 * d] = g[4090 * d] = std::numeric_limits<float>::infinity();
         }
         push(keys, g, KeyOrder::kAscending);
+      }
+      // By the list's slots (1, 2, ...), vouched complete and consecutive:
+      // the runs by chunks, no slot read but the first.
+      {
+        std::vector<uint32_t> slots(keys.size());
+        uint64_t gen = 0;
+        table->Pull(0, keys, std::vector<float>(keys.size() * d).data(),
+                    slots.data(), &gen);
+        for (size_t i = 0; i < slots.size(); ++i) {
+          ASSERT_EQ(slots[i], i + 1) << "the list's slots are not consecutive";
+        }
+        const std::vector<float> g = grads_for(keys.size());
+        ASSERT_TRUE(table->PushSlots(0, gen, keys, slots.data(), g.data(), 0.5f,
+                                     KeyOrder::kAscending, nullptr, nullptr,
+                                     true, nullptr, true));
+        for (size_t i = 0; i < keys.size(); ++i) {
+          rule.Apply(expected[keys[i]].data(), nullptr, &g[i * d], 0.5f, d);
+        }
       }
       std::vector<uint64_t> odd;
       for (size_t i = 0; i < keys.size(); i += 2) odd.push_back(keys[i]);
