@@ -14,6 +14,12 @@ std::shared_ptr<const KeyList> KeyCache::Find(int worker, uint64_t id) {
   return it->second->list;
 }
 
+std::shared_ptr<const KeyList> KeyCache::Peek(int worker, uint64_t id) const {
+  absl::ReaderMutexLock l(&mu_);
+  auto it = index_.find(Name{worker, id});
+  return it == index_.end() ? nullptr : it->second->list;
+}
+
 void KeyCache::Put(int worker, uint64_t id, std::shared_ptr<const KeyList> list,
                    uint32_t window) {
   const size_t size = list->bytes();

@@ -63,6 +63,8 @@ class KeyCache {
 
   // The list `id` of `worker`, or null; marks it recently used.
   std::shared_ptr<const KeyList> Find(int worker, uint64_t id);
+  // Find without marking or counting (what is kept, for tests and status).
+  std::shared_ptr<const KeyList> Peek(int worker, uint64_t id) const;
   // Keeps (or replaces) list `id` of `worker`, evicting the least recently
   // used lists beyond the budget (a list larger than the budget is not
   // kept), and the worker's least recently used beyond `window` lists of

@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,13 +25,13 @@
 #include "common/metrics.h"
 #include "common/routing.h"
 #include "common/value_codec.h"
-#include "server/server_runner.h"
-#include "transport/errors.h"
-#include "transport/transport.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
+#include "server/server_runner.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
+#include "transport/errors.h"
+#include "transport/transport.h"
 
 namespace ps {
 namespace {
@@ -1187,6 +1189,58 @@ TEST_F(ServerNodeTest, ListNamedByAPullOfNewKeysCreatesThemOnPush) {
   b.set_seq(3);
   ASSERT_TRUE(PushNow(&node_, b).ok());  // finds it
   EXPECT_EQ(PullNow(&node_, 0, 0, {2, 7}), (std::vector<float>{-3.0f, -4.0f}));
+}
+
+// A kept list's runs are marked consecutive when their keys were made in
+// order by one push (a cached push then reads no slot but the first), and
+// not when its keys are another list's with new ones among them; both push
+// by name exactly as by keys.
+TEST_F(ServerNodeTest, KeptListsMarkConsecutiveSlotsOnlyWhereTheyAre) {
+  Configure(1, 1, proto::MODE_ASP);
+  std::vector<uint64_t> evens, all;
+  for (uint64_t k = 1; k <= 400; ++k) {
+    all.push_back(k);
+    if (k % 2 == 0) evens.push_back(k);
+  }
+  std::map<uint64_t, float> want;  // sgd, lr 1: minus the sum of gradients
+  uint64_t seq = 0;
+  auto push = [&](uint64_t list, const std::vector<uint64_t>& keys,
+                  bool by_name) {
+    std::vector<float> g(keys.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = static_cast<float>((keys[i] * 7 + seq) % 13) - 6.0f;
+      want[keys[i]] -= g[i];
+    }
+    proto::PushRequest r =
+        MakePush(0, static_cast<int64_t>(++seq), 0,
+                 by_name ? std::vector<uint64_t>{} : keys, g, 1);
+    r.set_key_list(list);
+    r.set_num_keys(static_cast<uint32_t>(keys.size()));
+    ASSERT_TRUE(PushNow(&node_, r).ok()) << "list " << list;
+  };
+  push(1, evens, false);  // makes the evens, in order
+  push(2, all, false);    // finds the evens, makes the odds after them
+  auto consecutive = [&](uint64_t list) {
+    std::shared_ptr<const KeyList> l = node_.key_cache().Peek(0, list);
+    EXPECT_NE(l, nullptr);
+    EXPECT_TRUE(l->complete);
+    size_t marked = 0;
+    for (uint8_t c : l->consecutive) marked += c;
+    return std::make_pair(marked, l->runs.size());
+  };
+  const auto [evens_marked, evens_runs] = consecutive(1);
+  EXPECT_EQ(evens_marked, evens_runs) << "made in order, one push";
+  EXPECT_EQ(consecutive(2).first, 0u) << "evens' slots with odds' between";
+  for (int round = 0; round < 3; ++round) {
+    push(1, evens, true);
+    push(2, all, true);
+  }
+  const std::vector<float> got = PullNow(&node_, 0, 0, all);
+  ASSERT_EQ(got.size(), all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(got[i], want[all[i]]) << "key " << all[i];
+  }
+  EXPECT_TRUE(node_.CheckInvariants().ok());
 }
 
 // A push or pull large enough to be split across threads (by range) gives
