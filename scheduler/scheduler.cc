@@ -222,12 +222,16 @@ void SchedulerCore::Probe(int id, std::string address) {
   // nothing: hung, or too busy) confirms a death only when the server's
   // heartbeats have stopped too: a busy server that still heartbeats is
   // not failed over on a slow answer. A refused connection needs no
-  // heartbeat age: the process is gone.
+  // heartbeat age: the process is gone. The age counts from the deadlines'
+  // floor as CheckHeartbeats' does: a restarted scheduler's nodes may still
+  // be reconnecting (NoteListening), and a heartbeat that waited for mu_
+  // behind the heartbeat check is not the server's silence.
   absl::Duration silent = absl::InfiniteDuration();
   if (probe.code() == absl::StatusCode::kDeadlineExceeded) {
     absl::MutexLock l(&mu_);
     if (id < static_cast<int>(servers_.size())) {
-      silent = options_.clock->Now() - servers_[id].last_seen;
+      silent = options_.clock->Now() -
+               std::max(servers_[id].last_seen, deadline_floor_);
     }
   }
   const absl::Duration fresh =

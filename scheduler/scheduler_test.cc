@@ -2458,6 +2458,58 @@ TEST_F(WorkUnitTest, RestartedSchedulerWaitsForNodesToReconnect) {
   EXPECT_THAT(core_->Report().dead_workers(), ElementsAre(1));
 }
 
+// A restarted scheduler's probe of a suspect server that times out (alive
+// but slow to answer) fails it over only once it has been silent for three
+// heartbeat periods after its reconnection grace, as the heartbeat
+// deadlines count: before, the age ran from the restore, so a server still
+// reconnecting looked silent.
+TEST_F(WorkUnitTest, RestartedSchedulerProbesBySilenceAfterTheGrace) {
+  UseStateFile("scheduler_test_probe_grace");
+  Start();
+  RegisterAll();
+  core_.reset();  // "SIGKILL"
+  Start();
+  absl::StatusOr<bool> restored = core_->RestoreState();
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(*restored);
+  clock_.Advance(absl::Milliseconds(700));  // starting to listen, loaded
+  core_->NoteListening();
+  const int64_t epoch = core_->Status()->view().epoch();
+  clients_.server(Addr(1))->FailStatus(absl::DeadlineExceededError("slow"));
+  auto suspect = [&] {
+    proto::GetViewRequest gv;
+    gv.set_known_epoch(epoch);
+    gv.set_wait_ms(100);
+    gv.set_role(proto::ROLE_WORKER);
+    gv.set_id(0);
+    gv.add_suspect_servers(1);
+    return core_->GetView(gv, absl::Now() + absl::Seconds(10));
+  };
+  // 1.7 s after the restore, more than 3 heartbeat periods (1.5 s), but
+  // within the grace: S[1] may not have reconnected yet.
+  clock_.Advance(absl::Milliseconds(1000));
+  ASSERT_TRUE(Beat(proto::ROLE_SERVER, 0).ok());
+  auto v = suspect();
+  ASSERT_TRUE(v.ok()) << v.status();
+  for (int i = 0; i < 20 && clients_.server(Addr(1))->status_calls() < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::SleepFor(absl::Milliseconds(50));  // that probe's verdict
+  EXPECT_GE(clients_.server(Addr(1))->status_calls(), 1);
+  EXPECT_EQ(core_->Status()->view().epoch(), epoch);
+  EXPECT_EQ(core_->Status()->view().routing().servers(1).state(),
+            proto::NODE_ALIVE);
+  // Silent for 3 heartbeat periods past the grace: a hung server.
+  clock_.Advance(SchedulerCore::kReconnectGrace + absl::Milliseconds(1600));
+  ASSERT_TRUE(Beat(proto::ROLE_SERVER, 0).ok());
+  for (int i = 0; i < 100 && v->view().epoch() == epoch; ++i) {
+    v = suspect();  // again until the first probe's thread has ended
+    ASSERT_TRUE(v.ok()) << v.status();
+  }
+  EXPECT_EQ(v->view().epoch(), epoch + 1);
+  EXPECT_EQ(v->view().routing().servers(1).state(), proto::NODE_DEAD);
+}
+
 // The state file's fsync runs off the scheduler's lock (SyncState, on a
 // thread of its own in the runner) while saves go on: what the last save
 // wrote is what a restarted scheduler takes over. (ThreadSanitizer checks
