@@ -1888,6 +1888,36 @@ TEST_F(ServerNodeLimitsTest, ClockTooFarAheadIsOutOfRange) {
   node_.CancelAll(absl::CancelledError("test over"));
 }
 
+// A server drained of every range (it owns none at the new view) answers a
+// worker's clock or pull with a stale epoch, which the worker regroups by
+// the newest view, however far the clock is past the "0" it completed on
+// no range: before, it answered CLOCK_TOO_FAR, which the worker took as
+// final and exited (chaos mix seed 908 SSP: clock 1021 to a drained S[1]).
+TEST(ServerNodeDrainedTest, OwningNoRangeIsAStaleEpochNotAClockTooFar) {
+  FakeClock clock;
+  ServerLimits limits;
+  limits.max_clock_ahead = 10;
+  ServerNode node(&clock, limits);
+  proto::ClusterView v = MakeView(2, 1, proto::MODE_ASP);
+  ASSERT_TRUE(node.Configure(0, v).ok());
+  // Epoch 2: every range on S[1], S[0] left owning nothing.
+  v.set_epoch(2);
+  v.mutable_routing()->set_epoch(2);
+  for (int& owner : *v.mutable_routing()->mutable_range_server()) owner = 1;
+  ASSERT_TRUE(node.Configure(0, v).ok());
+  proto::ClockRequest c = MakeClock(0, 1021, 0, 1);
+  c.set_epoch(1);
+  c.add_range_ids(0);
+  c.add_range_segments(0);
+  c.add_range_settled_seqs(0);
+  absl::Status s = node.ClockTick(c);
+  EXPECT_EQ(ReasonOf(s), proto::REASON_STALE_EPOCH) << s;
+  auto p = StartPull(&node, 0, 1021, {1});
+  ASSERT_TRUE(p->done());
+  EXPECT_NE(ReasonOf(p->status), proto::REASON_CLOCK_TOO_FAR) << p->status;
+  EXPECT_EQ(ReasonOf(p->status), proto::REASON_STALE_EPOCH) << p->status;
+}
+
 TEST_F(ServerNodeLimitsTest, UnsettledSeqsAreBounded) {
   // Seqs 2, 4, 6, 8 leave gaps: four remembered above the watermark.
   for (uint64_t seq : {2, 4, 6, 8}) {
