@@ -1200,6 +1200,7 @@ absl::Status ServerNode::ClockTickImpl(const proto::ClockRequest& req,
     // "0") is a stale epoch the worker regroups, not a clock too far (the
     // worker took that as final and exited; chaos mix seed 908 SSP).
     auto too_far = [&]() -> absl::Status {
+      mu_.AssertHeld();  // tells the analysis the lambda runs under mu_
       if (owned_.empty()) return absl::OkStatus();
       int64_t completed = 0;
       for (int r : owned_) {
