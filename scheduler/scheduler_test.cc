@@ -1887,6 +1887,21 @@ class WorkUnitTest : public SchedulerCoreTest {
       core_->CheckHeartbeats();
     }
   }
+  // A job with the state file `name`, every node registered; its scheduler
+  // killed and started again, the job taken over from the file, listening
+  // `load` after it read the file (NoteListening).
+  void RestartTakingOver(const std::string& name, absl::Duration load) {
+    UseStateFile(name);
+    Start();
+    RegisterAll();
+    core_.reset();  // "SIGKILL"
+    Start();
+    absl::StatusOr<bool> restored = core_->RestoreState();
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    ASSERT_TRUE(*restored);
+    clock_.Advance(load);
+    core_->NoteListening();
+  }
 };
 
 TEST_F(WorkUnitTest, UnitsCoverEveryEpochThenDone) {
@@ -2418,16 +2433,8 @@ TEST_F(WorkUnitTest, RestartedSchedulerTakesTheJobOver) {
 // restarts in a row, job ok); one never heard from is, a heartbeat
 // timeout after that.
 TEST_F(WorkUnitTest, RestartedSchedulerWaitsForNodesToReconnect) {
-  UseStateFile("scheduler_test_reconnect");
-  Start();
-  RegisterAll();
-  core_.reset();  // "SIGKILL"
-  Start();
-  absl::StatusOr<bool> restored = core_->RestoreState();
-  ASSERT_TRUE(restored.ok()) << restored.status();
-  ASSERT_TRUE(*restored);
-  clock_.Advance(absl::Milliseconds(700));  // starting to listen, loaded
-  core_->NoteListening();
+  ASSERT_NO_FATAL_FAILURE(
+      RestartTakingOver("scheduler_test_reconnect", absl::Milliseconds(700)));
   const absl::Duration timeout =
       absl::Milliseconds(config_.cluster.heartbeat_timeout_ms);
   auto others_beat = [&] {
@@ -2464,16 +2471,8 @@ TEST_F(WorkUnitTest, RestartedSchedulerWaitsForNodesToReconnect) {
 // deadlines count: before, the age ran from the restore, so a server still
 // reconnecting looked silent.
 TEST_F(WorkUnitTest, RestartedSchedulerProbesBySilenceAfterTheGrace) {
-  UseStateFile("scheduler_test_probe_grace");
-  Start();
-  RegisterAll();
-  core_.reset();  // "SIGKILL"
-  Start();
-  absl::StatusOr<bool> restored = core_->RestoreState();
-  ASSERT_TRUE(restored.ok()) << restored.status();
-  ASSERT_TRUE(*restored);
-  clock_.Advance(absl::Milliseconds(700));  // starting to listen, loaded
-  core_->NoteListening();
+  ASSERT_NO_FATAL_FAILURE(
+      RestartTakingOver("scheduler_test_probe_grace", absl::Milliseconds(700)));
   const int64_t epoch = core_->Status()->view().epoch();
   clients_.server(Addr(1))->FailStatus(absl::DeadlineExceededError("slow"));
   auto suspect = [&] {
@@ -2559,13 +2558,8 @@ TEST_F(WorkUnitTest, StateSyncedOffTheLockWhileSavesGoOn) {
 // One that never comes back after the takeover is declared dead a
 // heartbeat timeout after the grace.
 TEST_F(WorkUnitTest, RestartedSchedulerDropsANodeThatNeverReconnects) {
-  UseStateFile("scheduler_test_noreconnect");
-  Start();
-  RegisterAll();
-  core_.reset();
-  Start();
-  ASSERT_TRUE(core_->RestoreState().ok());
-  core_->NoteListening();
+  ASSERT_NO_FATAL_FAILURE(
+      RestartTakingOver("scheduler_test_noreconnect", absl::ZeroDuration()));
   const absl::Duration timeout =
       absl::Milliseconds(config_.cluster.heartbeat_timeout_ms);
   absl::Duration t = absl::ZeroDuration();

@@ -1069,8 +1069,8 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
   ParallelRunner* const split = RowRunner(rows, dim);
   // With `consecutive`, the slots from keys[i] to the end of its chunk.
   auto chunk_run = [&](size_t i) {
-    const uint32_t slot = slots[0] + static_cast<uint32_t>(i);
-    return std::min<size_t>(n - i, uint64_t{slot | chunk_mask_} + 1 - slot);
+    return std::min(n - i,
+                    SlotsToChunkEnd(slots[0] + static_cast<uint32_t>(i)));
   };
   size_t i = 0;
   size_t kept = 0;  // elements left as they were (optimizer.h)
@@ -1134,8 +1134,8 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
       // against the one before took as long as the update.
       auto consecutive_groups = [&](size_t at) {
         const uint32_t first = slots[at];
-        const size_t room = uint64_t{first | chunk_mask_} + 1 - first;
-        const size_t limit = std::min(n - at, room) / kFtrlLanes;
+        const size_t limit =
+            std::min(n - at, SlotsToChunkEnd(first)) / kFtrlLanes;
         size_t g = 1;
         for (; g < limit; ++g) {
           const uint32_t* group = slots + at + kFtrlLanes * g;

@@ -478,6 +478,10 @@ class Table {
   // The end of the run of slots from slots[i] (i < n): slots[i],
   // slots[i] + 1, ... in one chunk, so their rows lie side by side.
   size_t RunEnd(const uint32_t* slots, size_t i, size_t n) const;
+  // Slots from `slot` to the end of its chunk, `slot` included.
+  size_t SlotsToChunkEnd(uint32_t slot) const {
+    return size_t{chunk_mask_ - (slot & chunk_mask_)} + 1;
+  }
   // The rows of slots [first, end) of `p` copied to `out` (to the rows from
   // `entries`), a copy per chunk they span; returns the end of what was
   // written (read).

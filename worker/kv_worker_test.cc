@@ -206,6 +206,15 @@ class KVWorkerTest : public ::testing::Test {
     absl::MutexLock l(&named_mu_);
     return named_;
   }
+  // S[0]'s next pull is S[1]'s part of `keys` at epoch 2 (regrouped after
+  // the view MovedTo(view_, 0, 2)); answered.
+  void AnswerRegroupedPull(const std::vector<uint64_t>& keys) {
+    std::optional<HeldPull> again = S(0)->NextPull();
+    ASSERT_TRUE(again.has_value());
+    EXPECT_EQ(again->req->epoch(), 2);
+    EXPECT_EQ(ReqKeys(again->req->keys()), KeysOf(view_, 1, keys));
+    again->Reply(absl::OkStatus(), Answer(*again->req));
+  }
 
   FakeClock clock_;
   FakeClientFactory factory_;
@@ -1064,11 +1073,7 @@ TEST_F(KVWorkerTest, PullStaleEpochReslicesIntoTheSameOutput) {
   p0->Reply(absl::OkStatus(), Answer(*p0->req));
   S(1)->NextPull()->Reply(StaleEpoch());
   clock_.Advance(absl::Milliseconds(20));
-  std::optional<HeldPull> again = S(0)->NextPull();
-  ASSERT_TRUE(again.has_value());
-  EXPECT_EQ(again->req->epoch(), 2);
-  EXPECT_EQ(ReqKeys(again->req->keys()), KeysOf(view_, 1, keys));
-  again->Reply(absl::OkStatus(), Answer(*again->req));
+  ASSERT_NO_FATAL_FAILURE(AnswerRegroupedPull(keys));
   ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
   for (size_t i = 0; i < keys.size(); ++i) {
     EXPECT_FLOAT_EQ(out[i * kDim], KeyValue(keys[i], 0));
@@ -1094,11 +1099,7 @@ TEST_F(KVWorkerTest, CancelledByALeavingServerRegroupsByTheNewView) {
   S(1)->NextPull()->Reply(absl::CancelledError(""));
   S(1)->NextPush()->Reply(absl::CancelledError(""));
   clock_.Advance(absl::Milliseconds(20));
-  std::optional<HeldPull> again = S(0)->NextPull();
-  ASSERT_TRUE(again.has_value());
-  EXPECT_EQ(again->req->epoch(), 2);
-  EXPECT_EQ(ReqKeys(again->req->keys()), KeysOf(view_, 1, keys));
-  again->Reply(absl::OkStatus(), Answer(*again->req));
+  ASSERT_NO_FATAL_FAILURE(AnswerRegroupedPull(keys));
   std::optional<HeldPush> pushed = S(0)->NextPush();
   ASSERT_TRUE(pushed.has_value());
   EXPECT_EQ(pushed->req->epoch(), 2);
