@@ -129,6 +129,34 @@ absl::Status RangeState::Applied(int worker, int64_t clock,
   return absl::OkStatus();
 }
 
+absl::Status RangeState::Withdraw(int worker, uint64_t seq, int64_t clock) {
+  if (absl::Status s = CheckWorker(worker); !s.ok()) return s;
+  Worker& w = workers_[worker];
+  auto it = w.unapplied.find(clock);
+  const bool admitted =
+      seq != 0 && (seq <= w.watermark || w.above.contains(seq));
+  if (bsp_ || it == w.unapplied.end() || !admitted) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no admitted segment of worker ", worker, " seq ", seq,
+                     " clock ", clock, " awaits its apply"));
+  }
+  if (--it->second == 0) w.unapplied.erase(it);
+  --w.admitted_total;
+  if (seq > w.watermark) {
+    w.above.erase(seq);
+  } else if (w.watermark - seq <= limits_.max_unsettled_seqs) {
+    // The seqs the watermark passed after this one stay seen, above it.
+    for (uint64_t later = seq + 1; later <= w.watermark; ++later) {
+      w.above.insert(later);
+    }
+    w.watermark = seq - 1;
+  }
+  // Else the worker settled seqs past it meanwhile (it said they all had
+  // their answers, this one included): it stays seen, as the worker will
+  // not send it again, rather than a set of every seq in between.
+  return absl::OkStatus();
+}
+
 absl::Status RangeState::Announce(int worker, int64_t clock, int64_t segments,
                                   int64_t examples, uint64_t settled,
                                   RangeActions* actions) {

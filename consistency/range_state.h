@@ -207,6 +207,12 @@ class RangeState {
   // table. FAILED_PRECONDITION when no admitted segment of that clock is
   // waiting for it (a caller bug; nothing changes).
   absl::Status Applied(int worker, int64_t clock, RangeActions* actions);
+  // ASP/SSP: an admitted segment of (worker, seq, clock) whose data the
+  // table refused (its values not finite: nothing of it applied) is taken
+  // back: as if never admitted, so that the same seq is admitted again and
+  // a resend of the refused one is refused again, never answered as a
+  // duplicate. FAILED_PRECONDITION when no such segment awaits its apply.
+  absl::Status Withdraw(int worker, uint64_t seq, int64_t clock);
   // Worker `worker` sent `segments` segments to this range with clock
   // `clock`, whose minibatch had `examples` examples; every seq <= `settled`
   // it sent here has had its final answer (clamped to the highest seq

@@ -100,6 +100,43 @@ TEST(RangeStateTest, AdmittedButUnappliedSegmentHoldsTheClock) {
   EXPECT_TRUE(st.CheckInvariants().ok());
 }
 
+// A segment whose values the table refused is withdrawn: its seq is
+// admitted again (not a duplicate), whether the watermark had passed it or
+// not, the seqs admitted after it stay duplicates, and the clock waits for
+// the segments applied only.
+TEST(RangeStateTest, WithdrawnSegmentIsAsIfNeverAdmitted) {
+  RangeState st = Make(1, false);
+  RangeActions a;
+  BufferedSegment seg = Seg("k");
+  bool dup = true;
+  ASSERT_TRUE(st.Accept(0, 1, 0, &seg, &dup, &a).ok());  // watermark 1
+  ASSERT_TRUE(st.Accept(0, 3, 0, &seg, &dup, &a).ok());  // above: 3
+  ASSERT_TRUE(st.Accept(0, 2, 0, &seg, &dup, &a).ok());  // watermark 3
+  ASSERT_TRUE(st.Withdraw(0, 2, 0).ok());
+  EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+  ASSERT_TRUE(st.Withdraw(0, 3, 0).ok());
+  EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+  // Each once: a second withdraw, or one of a seq never admitted, or of a
+  // clock with nothing awaiting, is a caller bug.
+  EXPECT_EQ(st.Withdraw(0, 3, 0).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.Withdraw(0, 9, 0).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.Withdraw(0, 1, 5).code(), StatusCode::kFailedPrecondition);
+  for (uint64_t seq : {uint64_t{3}, uint64_t{2}}) {
+    ASSERT_TRUE(st.Accept(0, seq, 0, &seg, &dup, &a).ok());
+    EXPECT_FALSE(dup) << "seq " << seq;
+  }
+  ASSERT_TRUE(st.Accept(0, 1, 0, &seg, &dup, &a).ok());
+  EXPECT_TRUE(dup);
+  ASSERT_TRUE(st.Withdraw(0, 3, 0).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(st.Applied(0, 0, &a).ok());
+  EXPECT_TRUE(st.CheckInvariants().ok()) << st.CheckInvariants();
+  Announce(&st, 0, 0, 3, 3, &a);
+  EXPECT_EQ(st.Entry(0), 0);  // seq 3's segment is not in
+  EXPECT_TRUE(Push(&st, 0, 3, 0, &a));
+  EXPECT_EQ(st.Entry(0), 1);
+  EXPECT_TRUE(st.Snapshot().ok());
+}
+
 // A worker that announces fewer segments than it sent (buggy or hostile)
 // completes its clock early; the late data is applied but breaks nothing.
 TEST(RangeStateTest, UnderAnnouncedClockKeepsTheInvariants) {

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -103,7 +104,10 @@ class ServerNode {
   // Limits (ServerLimits): a clock more than max_clock_ahead beyond the
   // worker's completed clocks here is OUT_OF_RANGE + REASON_CLOCK_TOO_FAR;
   // a push with a NaN or infinite value is INVALID_ARGUMENT +
-  // REASON_NON_FINITE (counted in Status().non_finite_pushes); too many
+  // REASON_NON_FINITE (counted in Status().non_finite_pushes), with nothing
+  // of it applied and its seq not taken (a dense push of one range is
+  // checked by its update's own pass, which puts the rows back; a resend
+  // of it meanwhile is ABORTED, to be resent once it is answered); too many
   // waiting pulls or unsettled push seqs of one worker RESOURCE_EXHAUSTED +
   // REASON_TOO_MANY_PENDING.
   // Key caching (server/key_cache.h): a request with key_list and keys
@@ -729,6 +733,12 @@ class ServerNode {
   int64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t non_finite_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Pushes admitted whose values the table checks as it applies them
+  // (range, worker, seq): a resend of one meanwhile is told to come back
+  // (ABORTED) rather than answered as a duplicate, since the table may yet
+  // refuse it (Push).
+  absl::flat_hash_set<std::tuple<int, int, uint64_t>> checking_
+      ABSL_GUARDED_BY(mu_);
   int64_t default_wait_ms_ ABSL_GUARDED_BY(mu_) = 120000;
 
   // Replication (issue 9).

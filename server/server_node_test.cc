@@ -1579,6 +1579,68 @@ TEST(ServerNodeParallelTest, LongRowOfOneRangeIsUpdatedWhole) {
   }
 }
 
+// A dense push of one range by a current client (segments) has its values
+// checked by the table as it applies them (Table::ChecksFiniteWhileApplying,
+// where the CPU has AVX-512): refused whole, as when checked first, and its
+// seq withdrawn, so that a resend is refused again (never answered as a
+// duplicate) and the same seq with finite values is applied.
+TEST(ServerNodeParallelTest, DensePushCheckedByItsApplyIsRefusedWhole) {
+  for (const size_t dim : {size_t{300}, Table::kParallelRowFloats * 2 + 21}) {
+    SCOPED_TRACE(absl::StrCat("dim ", dim));
+    FakeClock clock;
+    ServerNode node(&clock, ServerLimits(), 3);
+    proto::ClusterView v = MakeView(1, 1, proto::MODE_ASP);
+    v.mutable_tables(0)->set_dim(static_cast<int>(dim));
+    ASSERT_TRUE(node.Configure(0, v).ok());
+    const Routing routing = *Routing::FromProto(v.routing());
+    const std::vector<uint64_t> keys = {7, 8};
+    ASSERT_EQ(routing.RangeOf(7), routing.RangeOf(8));
+    auto push = [&](uint64_t seq, const std::vector<float>& g,
+                    proto::PushResponse* resp = nullptr) {
+      proto::PushRequest r = MakePush(0, seq, 0, keys, g, 1);
+      proto::PushSegment* seg = r.add_segments();
+      seg->set_range(routing.RangeOf(7));
+      seg->set_seq(seq);
+      seg->set_num_keys(2);
+      return PushNow(&node, r, resp);
+    };
+    std::vector<float> g(2 * dim);
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = static_cast<float>(i % 1000) / 8.0f;  // exact in binary
+    }
+    auto expect_times = [&](float times) {
+      const std::vector<float> got = PullNow(&node, 0, 0, keys);
+      ASSERT_EQ(got.size(), g.size());
+      for (size_t i = 0; i < g.size(); ++i) {
+        ASSERT_EQ(got[i], -times * g[i]) << "element " << i;
+      }
+    };
+    ASSERT_TRUE(push(1, g).ok());
+    for (size_t at : {size_t{0}, dim - 1, dim + dim / 2, 2 * dim - 1}) {
+      std::vector<float> bad = g;
+      bad[at] = std::numeric_limits<float>::quiet_NaN();
+      for (int attempt = 0; attempt < 2; ++attempt) {  // then a resend
+        absl::Status s = push(2, bad);
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+        EXPECT_EQ(ReasonOf(s), proto::REASON_NON_FINITE)
+            << "NaN at " << at << ": " << s;
+      }
+      expect_times(1.0f);
+    }
+    EXPECT_EQ(node.Status().non_finite_pushes(), 8);
+    EXPECT_EQ(node.Status().pushes(), 1);
+    proto::PushResponse resp;
+    ASSERT_TRUE(push(2, g, &resp).ok());
+    EXPECT_FALSE(resp.duplicate());
+    expect_times(2.0f);
+    resp.Clear();
+    ASSERT_TRUE(push(2, g, &resp).ok());
+    EXPECT_TRUE(resp.duplicate());
+    expect_times(2.0f);
+    EXPECT_EQ(node.Status().pushes(), 2);
+  }
+}
+
 TEST_F(ServerNodeTest, BspNonFiniteGradientIsRejectedBeforeBuffering) {
   Configure(1, 1, proto::MODE_BSP);
   absl::Status s = PushNow(

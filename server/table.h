@@ -26,10 +26,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "common/hash.h"
 #include "common/config.h"
+#include "common/hash.h"
 #include "common/parallel.h"
 #include "server/key_slot_map.h"
 #include "server/optimizer.h"
@@ -157,10 +158,24 @@ class Table {
   // dense table's key) is updated in parts of its columns on this runner's
   // threads: every rule updates each element on its own, so the bits are
   // those of one pass. The caller must not itself be a part of a Run on it.
+  // `non_finite`: when given, the push is refused whole if any gradient is
+  // NaN or infinite: *non_finite is set to true and every row is left as
+  // it was (keys the push made stay, at their initial values, and are
+  // journaled); else it is set to false. Where ChecksFiniteWhileApplying(),
+  // the gradients are checked by the update's own pass (each row's values
+  // before it kept aside, and put back on a refusal); elsewhere by a pass
+  // of their own before any row changes.
   void Push(int range, absl::Span<const uint64_t> keys, const float* grads,
             float scale, uint32_t* slots = nullptr,
             uint64_t* generation = nullptr, KeyOrder order = KeyOrder::kAny,
-            bool* journal = nullptr, ParallelRunner* rows = nullptr);
+            bool* journal = nullptr, ParallelRunner* rows = nullptr,
+            bool* non_finite = nullptr);
+  // Whether Push and PushSlots check a push's gradients for `non_finite`
+  // within their update's pass (SGD on rows of at least kLongRowFloats, on
+  // a CPU with AVX-512): a caller that would otherwise check them first
+  // (ServerNode) then reads a dense push's values once instead of twice.
+  bool ChecksFiniteWhileApplying() const;
+  static constexpr size_t kLongRowFloats = 256;
   // A row's length from which Push and PushSlots split its update over
   // `rows` (512 KiB of gradient, as ServerNode checks a push's values in
   // parts from that size).
@@ -189,6 +204,7 @@ class Table {
   // KeyList::consecutive), so that the update reads no slot but the first
   // (a key-cached push read 4 bytes of slot a key for nothing else). A list
   // that would run past the partition's slots is taken slot by slot.
+  // `non_finite` as for Push.
   bool PullSlots(int range, uint64_t generation,
                  absl::Span<const uint64_t> keys, const uint32_t* slots,
                  float* out) const;
@@ -197,7 +213,8 @@ class Table {
                  const float* grads, float scale,
                  KeyOrder order = KeyOrder::kAny, uint32_t* resolved = nullptr,
                  bool* journal = nullptr, bool complete = false,
-                 ParallelRunner* rows = nullptr, bool consecutive = false);
+                 ParallelRunner* rows = nullptr, bool consecutive = false,
+                 bool* non_finite = nullptr);
 
   // Number of keys stored (created by a push).
   size_t size() const;
@@ -501,8 +518,8 @@ class Table {
   template <typename Rule>
   void ApplyAt(Partition& p, const Rule& rule, absl::Span<const uint64_t> keys,
                const uint32_t* slots, const float* grads, float scale,
-               KeyOrder order, ParallelRunner* rows, bool consecutive = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+               KeyOrder order, ParallelRunner* rows, bool consecutive = false,
+               bool* non_finite = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Marks slots[0 .. n) in p's journal (JournalTakes sized it).
   void MarkJournal(Partition& p, const uint32_t* slots, size_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
@@ -592,6 +609,10 @@ namespace table_internal {
 enum class FtrlIsa { kPortable, kAvx2, kAvx512 };
 inline constexpr size_t kFtrlGroup = 16;
 bool CpuRunsFtrl(FtrlIsa isa);
+// Whether no float32 of `bytes` is NaN or infinite (a trailing partial
+// float is no value). ServerNode's check of a push, and Table's where it
+// cannot check within the update.
+bool AllFinite(absl::string_view bytes);
 // Updates the groups * kFtrlGroup entries [w, z, n] from `first` on with
 // gradients scale * g[k] and returns how many it left as they were (a
 // non-finite result). CpuRunsFtrl(isa) must hold.

@@ -1165,6 +1165,109 @@ TEST(TableTest, LongRowsSplitOverThreadsEqualOnePass) {
   }
 }
 
+// A push checked for non-finite gradients (Push's and PushSlots'
+// `non_finite`) updates bit for bit as one not checked, non-finite results
+// counted alike; one with a NaN or infinity anywhere, a key repeated in it
+// included, leaves every row bit for bit as it was. SGD on long rows is
+// checked within the update's pass where the CPU has AVX-512 (rows of odd
+// lengths, so that the kept old values start off their vector boundary;
+// split over threads or not); the other rules by a pass before it.
+TEST(TableTest, CheckedPushesEqualUncheckedOnesAndRefuseWhole) {
+  ParallelRunner runner(3);
+  struct Case {
+    const char* optimizer;
+    float l1;
+    int dim;
+  };
+  const int split_dim = static_cast<int>(Table::kParallelRowFloats) * 2 + 37;
+  for (const Case c :
+       {Case{"sgd", 0.0f, 300}, Case{"sgd", 0.001f, 300},
+        Case{"sgd", 0.0f, split_dim}, Case{"sgd", 0.001f, split_dim},
+        Case{"adagrad", 0.001f, 300}, Case{"ftrl", 0.001f, 5},
+        Case{"sgd", 0.0f, 3}}) {
+    SCOPED_TRACE(absl::StrCat(c.optimizer, " l1 ", c.l1, " dim ", c.dim));
+    TableSpec spec;
+    spec.dim = c.dim;
+    spec.optimizer.name = c.optimizer;
+    spec.optimizer.learning_rate = 0.5;
+    spec.optimizer.alpha = 0.1;
+    spec.optimizer.beta = 1.0;
+    spec.optimizer.l1 = c.l1;
+    spec.optimizer.l2 = 0.01;
+    auto plain = MakeTable(spec, 2);
+    auto checked = MakeTable(spec, 2);
+    const bool sgd_long = std::string(c.optimizer) == "sgd" &&
+                          static_cast<size_t>(c.dim) >= Table::kLongRowFloats;
+    if (!sgd_long) EXPECT_FALSE(checked->ChecksFiniteWhileApplying());
+    ParallelRunner* rows = c.dim == split_dim ? &runner : nullptr;
+    const std::vector<uint64_t> keys = {3, 9, 9};  // 9 twice, in order
+    const size_t dim = static_cast<size_t>(c.dim);
+    uint64_t x = 7;
+    auto next = [&x] {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      return x >> 33;
+    };
+    uint32_t slots_plain[3], slots_checked[3];
+    uint64_t gen_plain = 0, gen_checked = 0;
+    const int range = 1;
+    auto values = [&](Table* t) {
+      std::vector<float> v(2 * dim);
+      t->Pull(range, {3, 9}, v.data());
+      return v;
+    };
+    auto push = [&](Table* t, const std::vector<float>& g, bool* non_finite,
+                    int round) {
+      uint32_t* slots = t == plain.get() ? slots_plain : slots_checked;
+      uint64_t* gen = t == plain.get() ? &gen_plain : &gen_checked;
+      if (round % 2 == 0) {
+        t->Push(range, keys, g.data(), 2.0f, slots, gen, KeyOrder::kAny,
+                nullptr, rows, non_finite);
+      } else {
+        ASSERT_TRUE(t->PushSlots(range, *gen, keys, slots, g.data(), 2.0f,
+                                 KeyOrder::kAny, nullptr, nullptr, false, rows,
+                                 false, non_finite));
+      }
+    };
+    for (int round = 0; round < 4; ++round) {
+      SCOPED_TRACE(absl::StrCat("round ", round));
+      std::vector<float> grads(keys.size() * dim);
+      for (float& g : grads) {
+        g = static_cast<float>(static_cast<int64_t>(next() % 2001) - 1000) /
+            100.0f;
+      }
+      // Finite gradients whose updates are not (counted, left as they were).
+      grads[1] = 3e38f;
+      grads[grads.size() - 1] = -3e38f;
+      push(plain.get(), grads, nullptr, round);
+      bool non_finite = true;
+      push(checked.get(), grads, &non_finite, round);
+      EXPECT_FALSE(non_finite);
+      const std::vector<float> before = values(checked.get());
+      ASSERT_EQ(std::memcmp(values(plain.get()).data(), before.data(),
+                            before.size() * sizeof(float)),
+                0);
+      ASSERT_EQ(checked->non_finite_updates(), plain->non_finite_updates());
+      // A bad value first, last, at a row's start and in its middle.
+      for (size_t at :
+           {size_t{0}, grads.size() - 1, dim, dim + dim / 2, 2 * dim + 1}) {
+        if (at >= grads.size()) continue;
+        std::vector<float> bad = grads;
+        bad[at] = at % 2 == 0 ? std::numeric_limits<float>::quiet_NaN()
+                              : -std::numeric_limits<float>::infinity();
+        non_finite = false;
+        push(checked.get(), bad, &non_finite, round);
+        EXPECT_TRUE(non_finite) << "at " << at;
+        ASSERT_EQ(std::memcmp(values(checked.get()).data(), before.data(),
+                              before.size() * sizeof(float)),
+                  0)
+            << "at " << at;
+        ASSERT_EQ(checked->non_finite_updates(), plain->non_finite_updates());
+      }
+    }
+    EXPECT_GT(plain->non_finite_updates(), 0u);
+  }
+}
+
 // Every implementation of the 16-lane FTRL update this CPU runs (the
 // portable loop, AVX2, AVX-512), bit for bit FtrlRule::Apply entry by
 // entry: both signs of z about l1, z of 0, new entries, and lanes whose
