@@ -1581,8 +1581,8 @@ TEST(ServerNodeParallelTest, LongRowOfOneRangeIsUpdatedWhole) {
 
 // A dense push of one range by a current client (segments) has its values
 // checked by the table as it applies them (Table::ChecksFiniteWhileApplying,
-// where the CPU has AVX-512): refused whole, as when checked first, and its
-// seq withdrawn, so that a resend is refused again (never answered as a
+// where the CPU has AVX2 or AVX-512): refused whole, as when checked first, and
+// its seq withdrawn, so that a resend is refused again (never answered as a
 // duplicate) and the same seq with finite values is applied.
 TEST(ServerNodeParallelTest, DensePushCheckedByItsApplyIsRefusedWhole) {
   for (const size_t dim : {size_t{300}, Table::kParallelRowFloats * 2 + 21}) {

@@ -936,27 +936,46 @@ PS_CLONES size_t SgdRow(const optimizer_internal::SgdRule& rule, float* w,
 // a check of its own before the update read a 4 MiB dense push's
 // gradients a second time, from the worker's core's cache, which cost as
 // much as the update (30 % of the push's samples against SgdRow's 38 %).
-// `old` takes streaming stores: written once, and read only to put a
-// refused push back. Elements one at a time (by SgdRule::Apply, the same
-// bits) until old is on a 64-byte boundary and after the last whole
+// The vector versions stream `old` (written once, and read only to put a
+// refused push back). Elements one at a time (by SgdRule::Apply, the same
+// bits) until old is on a vector boundary and after the last whole
 // vector; in between, the rule's arithmetic lane by lane in the order it
 // is written (no fused multiply-add).
+size_t SgdKeepingOneByOne(const optimizer_internal::SgdRule& rule, float* w,
+                          const float* g, float scale, float* old, size_t first,
+                          size_t last, bool* bad) {
+  size_t kept = 0;
+  for (size_t i = first; i < last; ++i) {
+    old[i] = w[i];
+    *bad |= optimizer_internal::Finite(g[i]) == 0;
+    kept += rule.Apply(w + i, nullptr, g + i, scale, 1);
+  }
+  return kept;
+}
+
+size_t SgdRowKeepingPortable(const optimizer_internal::SgdRule& rule, float* w,
+                             const float* g, float scale, size_t n, float* old,
+                             bool* finite) {
+  bool bad = false;
+  const size_t kept = SgdKeepingOneByOne(rule, w, g, scale, old, 0, n, &bad);
+  if (bad) *finite = false;
+  return kept;
+}
+
+// Elements before old + result are on a `bytes` boundary (at most n).
+size_t ToBoundary(const float* old, size_t n, size_t bytes) {
+  return std::min(n,
+                  ((bytes - reinterpret_cast<uintptr_t>(old) % bytes) % bytes) /
+                      sizeof(float));
+}
+
 #if defined(__x86_64__)
 __attribute__((target("avx512f"))) size_t SgdRowKeepingAvx512(
     const optimizer_internal::SgdRule& rule, float* w, const float* g,
     float scale, size_t n, float* old, bool* finite) {
-  size_t kept = 0;
   bool bad = false;
-  auto one_by_one = [&](size_t first, size_t last) {
-    for (size_t i = first; i < last; ++i) {
-      old[i] = w[i];
-      bad |= optimizer_internal::Finite(g[i]) == 0;
-      kept += rule.Apply(w + i, nullptr, g + i, scale, 1);
-    }
-  };
-  size_t i = std::min(
-      n, ((64 - reinterpret_cast<uintptr_t>(old) % 64) % 64) / sizeof(float));
-  one_by_one(0, i);
+  size_t i = ToBoundary(old, n, 64);
+  size_t kept = SgdKeepingOneByOne(rule, w, g, scale, old, 0, i, &bad);
   const __m512i exp = _mm512_set1_epi32(0x7f800000);
   const __m512 lr = _mm512_set1_ps(rule.lr);
   const __m512 l2 = _mm512_set1_ps(rule.l2);
@@ -991,11 +1010,86 @@ __attribute__((target("avx512f"))) size_t SgdRowKeepingAvx512(
     _mm512_storeu_ps(w + i, _mm512_mask_mov_ps(out, not_finite, wv));
   }
   _mm_sfence();  // the streamed values seen by whoever puts them back
-  one_by_one(i, n);
+  kept += SgdKeepingOneByOne(rule, w, g, scale, old, i, n, &bad);
   if (bad || bad_lanes != 0) *finite = false;
   return kept;
 }
+
+// SgdRowKeepingAvx512 in 8 lanes.
+__attribute__((target("avx2"))) size_t SgdRowKeepingAvx2(
+    const optimizer_internal::SgdRule& rule, float* w, const float* g,
+    float scale, size_t n, float* old, bool* finite) {
+  bool bad = false;
+  size_t i = ToBoundary(old, n, 32);
+  size_t kept = SgdKeepingOneByOne(rule, w, g, scale, old, 0, i, &bad);
+  const __m256i exp = _mm256_set1_epi32(0x7f800000);
+  const __m256 lr = _mm256_set1_ps(rule.lr);
+  const __m256 l2 = _mm256_set1_ps(rule.l2);
+  const __m256 sc = _mm256_set1_ps(scale);
+  const float t = rule.lr * rule.l1;
+  const __m256 tv = _mm256_set1_ps(t);
+  const __m256 neg_tv = _mm256_set1_ps(-t);
+  const bool l1 = rule.l1 > 0;
+  __m256i bad_lanes = _mm256_setzero_si256();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 wv = _mm256_loadu_ps(w + i);
+    bad_lanes = _mm256_or_si256(
+        bad_lanes, _mm256_cmpeq_epi32(
+                       _mm256_and_si256(_mm256_castps_si256(gv), exp), exp));
+    _mm256_stream_ps(old + i, wv);
+    const __m256 wi = _mm256_sub_ps(
+        wv, _mm256_mul_ps(lr, _mm256_add_ps(_mm256_mul_ps(sc, gv),
+                                            _mm256_mul_ps(l2, wv))));
+    __m256 out = wi;
+    if (l1) {
+      out = _mm256_blendv_ps(
+          _mm256_blendv_ps(_mm256_setzero_ps(), _mm256_add_ps(wi, tv),
+                           _mm256_cmp_ps(wi, neg_tv, _CMP_LT_OQ)),
+          _mm256_sub_ps(wi, tv), _mm256_cmp_ps(wi, tv, _CMP_GT_OQ));
+    }
+    const __m256 not_finite = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_castps_si256(wi), exp), exp));
+    kept += static_cast<size_t>(__builtin_popcount(
+        static_cast<unsigned>(_mm256_movemask_ps(not_finite))));
+    _mm256_storeu_ps(w + i, _mm256_blendv_ps(out, wv, not_finite));
+  }
+  _mm_sfence();
+  kept += SgdKeepingOneByOne(rule, w, g, scale, old, i, n, &bad);
+  if (bad || !_mm256_testz_si256(bad_lanes, bad_lanes)) *finite = false;
+  return kept;
+}
 #endif
+
+size_t SgdRowKeepingOn(FtrlIsa isa, const optimizer_internal::SgdRule& rule,
+                       float* w, const float* g, float scale, size_t n,
+                       float* old, bool* finite) {
+#if defined(__x86_64__)
+  if (isa == FtrlIsa::kAvx512) {
+    return SgdRowKeepingAvx512(rule, w, g, scale, n, old, finite);
+  }
+  if (isa == FtrlIsa::kAvx2) {
+    return SgdRowKeepingAvx2(rule, w, g, scale, n, old, finite);
+  }
+#endif
+  return SgdRowKeepingPortable(rule, w, g, scale, n, old, finite);
+}
+
+// The widest SgdRowKeeping the CPU runs (Table::ChecksFiniteWhileApplying
+// only where it is a vector one).
+#if defined(__x86_64__)
+const FtrlIsa kBestSgdKeeping = kHaveAvx512 ? FtrlIsa::kAvx512
+                                : kHaveAvx2 ? FtrlIsa::kAvx2
+                                            : FtrlIsa::kPortable;
+#else
+constexpr FtrlIsa kBestSgdKeeping = FtrlIsa::kPortable;
+#endif
+
+size_t SgdRowKeeping(const optimizer_internal::SgdRule& rule, float* w,
+                     const float* g, float scale, size_t n, float* old,
+                     bool* finite) {
+  return SgdRowKeepingOn(kBestSgdKeeping, rule, w, g, scale, n, old, finite);
+}
 
 // The update of columns [first, last) of one row of dim floats at `data`
 // (value, then the state's kStateFloats floats per element).
@@ -1062,8 +1156,7 @@ float* OldValues(size_t n) {
   return old.data();
 }
 
-#if defined(__x86_64__)
-// SgdRowKeepingAvx512 of one row, split as UpdateRowInParts splits it.
+// SgdRowKeeping of one row, split as UpdateRowInParts splits it.
 size_t SgdRowKeepingInParts(const optimizer_internal::SgdRule& rule,
                             float* data, size_t dim, const float* g,
                             float scale, float* old, bool* finite,
@@ -1071,15 +1164,14 @@ size_t SgdRowKeepingInParts(const optimizer_internal::SgdRule& rule,
   std::atomic<bool> all{true};
   const size_t kept = InParts(dim, rows, [&](size_t first, size_t last) {
     bool part = true;
-    const size_t k = SgdRowKeepingAvx512(rule, data + first, g + first, scale,
-                                         last - first, old + first, &part);
+    const size_t k = SgdRowKeeping(rule, data + first, g + first, scale,
+                                   last - first, old + first, &part);
     if (!part) all.store(false, std::memory_order_relaxed);
     return k;
   });
   if (!all.load(std::memory_order_relaxed)) *finite = false;
   return kept;
 }
-#endif
 
 // Whether keys are strictly ascending (so none repeats), as routing sends
 // them.
@@ -1155,6 +1247,13 @@ size_t FtrlConsecutiveWith(FtrlIsa isa,
   static_assert(kFtrlGroup == kFtrlLanes);
   ABSL_RAW_CHECK(CpuRunsFtrl(isa), "FtrlConsecutiveWith: not on this CPU");
   return FtrlLanesConsecutiveOn(isa, rule, first, g, scale, groups);
+}
+
+size_t SgdRowKeepingWith(FtrlIsa isa, const optimizer_internal::SgdRule& rule,
+                         float* w, const float* g, float scale, size_t n,
+                         float* old, bool* finite) {
+  ABSL_RAW_CHECK(CpuRunsFtrl(isa), "SgdRowKeepingWith: not on this CPU");
+  return SgdRowKeepingOn(isa, rule, w, g, scale, n, old, finite);
 }
 
 }  // namespace table_internal
@@ -1368,7 +1467,6 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
     }
   }
   if constexpr (std::is_same_v<Rule, optimizer_internal::SgdRule>) {
-#if defined(__x86_64__)
     if (non_finite != nullptr) {  // ChecksFiniteWhileApplying(): long rows
       float* const old = OldValues(n * dim);
       bool finite = true;
@@ -1379,8 +1477,7 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
         kept += split != nullptr
                     ? SgdRowKeepingInParts(rule, data, dim, g, scale, before,
                                            &finite, *split)
-                    : SgdRowKeepingAvx512(rule, data, g, scale, dim, before,
-                                          &finite);
+                    : SgdRowKeeping(rule, data, g, scale, dim, before, &finite);
       }
       if (!finite) {
         // Back as they were, the last row first: a key the push repeats
@@ -1395,7 +1492,6 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
       p.non_finite_updates += kept;
       return;
     }
-#endif
     if (dim >= kLongRow) {
       for (; i < n; ++i) {
         float* data = SlotData(p, slots[i]);
@@ -1587,12 +1683,9 @@ bool Table::PushSlots(int range, uint64_t generation,
 }
 
 bool Table::ChecksFiniteWhileApplying() const {
-#if defined(__x86_64__)
-  return kHaveAvx512 && optimizer_->kind() == OptimizerKind::kSgd &&
+  return kBestSgdKeeping != FtrlIsa::kPortable &&
+         optimizer_->kind() == OptimizerKind::kSgd &&
          static_cast<size_t>(spec_.dim) >= kLongRowFloats;
-#else
-  return false;
-#endif
 }
 
 uint64_t Table::non_finite_updates() const {

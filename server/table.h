@@ -172,7 +172,7 @@ class Table {
             bool* non_finite = nullptr);
   // Whether Push and PushSlots check a push's gradients for `non_finite`
   // within their update's pass (SGD on rows of at least kLongRowFloats, on
-  // a CPU with AVX-512): a caller that would otherwise check them first
+  // a CPU with AVX2 or AVX-512): a caller that would otherwise check them first
   // (ServerNode) then reads a dense push's values once instead of twice.
   bool ChecksFiniteWhileApplying() const;
   static constexpr size_t kLongRowFloats = 256;
@@ -609,6 +609,15 @@ namespace table_internal {
 enum class FtrlIsa { kPortable, kAvx2, kAvx512 };
 inline constexpr size_t kFtrlGroup = 16;
 bool CpuRunsFtrl(FtrlIsa isa);
+// The SGD update of a long row checked as it goes (Table::Push's
+// `non_finite`, where ChecksFiniteWhileApplying): w[i] updated as
+// SgdRule::Apply updates it, its value before kept in old[i], *finite
+// cleared where g[i] is NaN or infinite; returns the elements left as they
+// were. Each implementation this CPU runs (CpuRunsFtrl), so that tests hold
+// them to the rule bit for bit.
+size_t SgdRowKeepingWith(FtrlIsa isa, const optimizer_internal::SgdRule& rule,
+                         float* w, const float* g, float scale, size_t n,
+                         float* old, bool* finite);
 // Whether no float32 of `bytes` is NaN or infinite (a trailing partial
 // float is no value). ServerNode's check of a push, and Table's where it
 // cannot check within the update.

@@ -1169,9 +1169,10 @@ TEST(TableTest, LongRowsSplitOverThreadsEqualOnePass) {
 // `non_finite`) updates bit for bit as one not checked, non-finite results
 // counted alike; one with a NaN or infinity anywhere, a key repeated in it
 // included, leaves every row bit for bit as it was. SGD on long rows is
-// checked within the update's pass where the CPU has AVX-512 (rows of odd
-// lengths, so that the kept old values start off their vector boundary;
-// split over threads or not); the other rules by a pass before it.
+// checked within the update's pass where the CPU has AVX2 or AVX-512 (rows
+// of odd lengths, so that the kept old values start off their vector
+// boundary; split over threads or not); the other rules (and every rule on
+// other CPUs) by a pass before it.
 TEST(TableTest, CheckedPushesEqualUncheckedOnesAndRefuseWhole) {
   ParallelRunner runner(3);
   struct Case {
@@ -1275,6 +1276,68 @@ TEST(TableTest, CheckedPushesEqualUncheckedOnesAndRefuseWhole) {
 // gradient, an infinite accumulator), which stay as they were; on one
 // group of 16 entries and on runs of up to 4 groups (ApplyAt's runs of
 // consecutive slots).
+// Every implementation of the checked SGD update of a long row this CPU
+// runs (portable, AVX2, AVX-512), bit for bit SgdRule::Apply element by
+// element, with and without l1, on lengths and starts that leave elements
+// before and after the vectors: the old values kept, the elements whose
+// update is not finite counted and left, and a NaN or infinity anywhere
+// reported, never past the row.
+TEST(TableTest, SgdRowKeepingEqualsTheRuleBitForBit) {
+  using table_internal::FtrlIsa;
+  uint64_t x = 5;
+  auto uniform = [&x](float lo, float hi) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + (hi - lo) * static_cast<float>(x >> 40) /
+                    static_cast<float>(uint64_t{1} << 24);
+  };
+  int ran = 0;
+  for (FtrlIsa isa : {FtrlIsa::kPortable, FtrlIsa::kAvx2, FtrlIsa::kAvx512}) {
+    if (!table_internal::CpuRunsFtrl(isa)) continue;
+    ++ran;
+    for (int trial = 0; trial < 400; ++trial) {
+      SCOPED_TRACE(
+          absl::StrCat("isa ", static_cast<int>(isa), " trial ", trial));
+      optimizer_internal::SgdRule rule;
+      rule.lr = 0.25f;
+      rule.l1 = trial % 2 == 0 ? 0.0f : 0.3f;
+      rule.l2 = trial % 3 == 0 ? 0.0f : 0.01f;
+      const size_t n = static_cast<size_t>(trial) % 83;
+      const size_t shift = static_cast<size_t>(trial / 83) % 16;  // old's start
+      std::vector<float> w(n), g(n), old(n + 16 + 1, 9.0f);
+      for (size_t i = 0; i < n; ++i) {
+        w[i] = uniform(-2, 2);
+        g[i] = uniform(-3, 3);
+      }
+      if (n > 3) {
+        g[trial % n] = 3e38f;  // an update not finite
+        w[(trial + 1) % n] = 0.0f;
+        w[(trial + 2) % n] = rule.lr * rule.l1;  // at the threshold
+      }
+      const bool poisoned = n > 0 && trial % 4 == 1;
+      if (poisoned) {
+        g[(trial * 7) % n] = trial % 8 == 1
+                                 ? std::numeric_limits<float>::quiet_NaN()
+                                 : std::numeric_limits<float>::infinity();
+      }
+      std::vector<float> want = w;
+      const size_t want_kept =
+          rule.Apply(want.data(), nullptr, g.data(), 1.5f, n);
+      std::vector<float> got = w;
+      bool finite = true;
+      const size_t kept = table_internal::SgdRowKeepingWith(
+          isa, rule, got.data(), g.data(), 1.5f, n, old.data() + shift,
+          &finite);
+      ASSERT_EQ(kept, want_kept);
+      ASSERT_EQ(finite, !poisoned);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+      ASSERT_EQ(std::memcmp(old.data() + shift, w.data(), n * sizeof(float)),
+                0);
+      ASSERT_EQ(old[shift + n], 9.0f);  // nothing past the row
+    }
+  }
+  EXPECT_GE(ran, 1);
+}
+
 TEST(TableTest, FtrlKernelsEqualTheRuleBitForBit) {
   using table_internal::FtrlIsa;
   optimizer_internal::FtrlRule rule;
