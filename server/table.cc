@@ -1148,13 +1148,37 @@ size_t UpdateRowInParts(const Rule& rule, float* data, size_t dim,
 }
 
 // The values a checked push's rows had before it (Table::Push's
-// `non_finite`), n floats, on the thread that called Push (a part on a
-// helper writes the caller's): grown to the largest push, kept for the next.
-float* OldValues(size_t n) {
-  thread_local std::vector<float> old;
-  if (old.size() < n) old.resize(n);
-  return old.data();
-}
+// `non_finite`), on the thread that called Push (a part on a helper writes
+// the caller's). Kept for the thread's next push up to kKeptOldFloats (a
+// 16 MiB push); a larger one's is freed after it (Release), so that a
+// server's threads do not each hold the largest push they ever saw.
+class OldValues {
+ public:
+  static constexpr size_t kKeptOldFloats = size_t{4} << 20;
+  explicit OldValues(size_t n) : buffer_(Buffer()) {
+    if (buffer_.size < n) {
+      buffer_.data.reset(new float[n]);  // uninitialised: written first
+      buffer_.size = n;
+    }
+  }
+  ~OldValues() {
+    if (buffer_.size > kKeptOldFloats) buffer_ = {};
+  }
+  OldValues(const OldValues&) = delete;
+  OldValues& operator=(const OldValues&) = delete;
+  float* data() const { return buffer_.data.get(); }
+
+ private:
+  struct Floats {
+    std::unique_ptr<float[]> data;
+    size_t size = 0;
+  };
+  static Floats& Buffer() {
+    thread_local Floats floats;
+    return floats;
+  }
+  Floats& buffer_;
+};
 
 // SgdRowKeeping of one row, split as UpdateRowInParts splits it.
 size_t SgdRowKeepingInParts(const optimizer_internal::SgdRule& rule,
@@ -1468,7 +1492,8 @@ void Table::ApplyAt(Partition& p, const Rule& rule,
   }
   if constexpr (std::is_same_v<Rule, optimizer_internal::SgdRule>) {
     if (non_finite != nullptr) {  // ChecksFiniteWhileApplying(): long rows
-      float* const old = OldValues(n * dim);
+      const OldValues kept_aside(n * dim);
+      float* const old = kept_aside.data();
       bool finite = true;
       for (; i < n; ++i) {
         float* data = SlotData(p, slots[i]);
