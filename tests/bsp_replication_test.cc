@@ -6,6 +6,7 @@
 // transport: S[0] owns every range, S[1] backs every range up.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "consistency/range_state.h"
 #include "gtest/gtest.h"
 #include "tests/inproc_cluster.h"
+#include "transport/errors.h"
 #include "transport/faulty_transport.h"
 #include "transport/inproc_transport.h"
 #include "worker/kv_worker.h"
@@ -30,9 +32,10 @@ constexpr int kServers = 2;
 constexpr int kWorkers = 2;
 
 // Every range owned by `owner`, backed up by `backup` (-1: none); one table
-// of dim 1 updated by SGD with learning rate 1.
+// of dim `dim` (1 unless given) updated by SGD with learning rate 1.
 proto::ClusterView View(int64_t epoch, int owner, int backup,
-                        proto::ConsistencyMode mode = proto::MODE_BSP) {
+                        proto::ConsistencyMode mode = proto::MODE_BSP,
+                        int dim = 1) {
   proto::ClusterView v;
   v.set_epoch(epoch);
   *v.mutable_routing() = BuildHashRing({0, 1}, 4, epoch);
@@ -59,7 +62,7 @@ proto::ClusterView View(int64_t epoch, int owner, int backup,
   v.mutable_consistency()->set_mode(mode);
   proto::TableConfig* tc = v.add_tables();
   tc->set_id(0);
-  tc->set_dim(1);
+  tc->set_dim(dim);
   tc->mutable_optimizer()->set_name("sgd");
   tc->mutable_optimizer()->set_learning_rate(1.0f);
   return v;
@@ -114,10 +117,11 @@ class ReplicationFixture : public ::testing::Test {
     backup_.SetPeers(&peers_);
     primary_.SetReplicationDeltas(Deltas());
     backup_.SetReplicationDeltas(Deltas());
-    ASSERT_TRUE(primary_.Configure(0, View(1, 0, 1, Mode())).ok());
-    ASSERT_TRUE(backup_.Configure(1, View(1, 0, 1, Mode())).ok());
+    ASSERT_TRUE(primary_.Configure(0, View(1, 0, 1, Mode(), Dim())).ok());
+    ASSERT_TRUE(backup_.Configure(1, View(1, 0, 1, Mode(), Dim())).ok());
   }
   virtual proto::ConsistencyMode Mode() const { return proto::MODE_BSP; }
+  virtual int Dim() const { return 1; }
   // ASP/SSP: deltas (the default) or the per-input log.
   virtual bool Deltas() const { return true; }
   ps::Clock* NodeClock() {
@@ -495,6 +499,72 @@ TEST_F(DeltaTest, BackupHoldsThePrimarysRangesAndDropsResends) {
   // And its clock 0 is complete there: worker 0 may go on to clock 1.
   Answer* c1 = Clock(&backup_, 0, 1, 1);
   EXPECT_TRUE(c1->Await().ok()) << c1->Await();
+}
+
+// A dense push (SGD on rows of 300 floats) has its values checked by the
+// primary's update (Table::ChecksFiniteWhileApplying, where the CPU has
+// AVX2 or AVX-512): one with a NaN is refused with the rows put back, and
+// the backup still ends bit for bit the primary; the same seq with finite
+// values is then applied and replicated.
+class DenseDeltaTest : public DeltaTest {
+ protected:
+  int Dim() const override { return kDim; }
+  static constexpr int kDim = 300;
+  // Worker 0's push of `grads` to kKeys[0] (one range), with its segment.
+  PushCall* DensePush(uint64_t seq, const std::vector<float>& grads) {
+    PushCall* call = calls_.emplace_back(std::make_unique<PushCall>()).get();
+    proto::PushRequest& r = call->req;
+    r.set_worker_id(0);
+    r.set_seq(seq);
+    r.set_clock(0);
+    r.set_epoch(1);
+    r.set_table(0);
+    r.set_num_examples(1);
+    PackTo<uint64_t>(r.mutable_keys(), {kKeys[0]});
+    PackTo<float>(r.mutable_vals(), grads);
+    proto::PushSegment* seg = r.add_segments();
+    seg->set_range(
+        Routing::FromProto(View(1, 0, 1).routing())->RangeOf(kKeys[0]));
+    seg->set_seq(seq);
+    seg->set_num_keys(1);
+    primary_.Push(r, &call->resp, call->answer.Callback());
+    return call;
+  }
+  // Advances the clock until `p` is answered; its status.
+  absl::Status Answered(PushCall* p) {
+    for (int i = 0; i < 20 && !p->answer.IsDone(); ++i) {
+      fake_clock_.Advance(absl::Milliseconds(5));
+    }
+    return p->answer.Await();
+  }
+};
+
+TEST_F(DenseDeltaTest, RefusedPushLeavesBackupAsThePrimary) {
+  primary_.SetReplicationLinger(absl::Milliseconds(5));
+  const int ranges = View(1, 0, 1).routing().range_begin_size();
+  std::vector<float> g(kDim);
+  for (int i = 0; i < kDim; ++i) g[static_cast<size_t>(i)] = i / 4.0f;
+  ASSERT_TRUE(Answered(DensePush(1, g)).ok());
+  const auto once = Rows(primary_, ranges);
+  EXPECT_EQ(Rows(backup_, ranges), once);
+  std::vector<float> bad = g;
+  bad[kDim - 1] = std::numeric_limits<float>::quiet_NaN();
+  for (int attempt = 0; attempt < 2; ++attempt) {  // then a resend
+    const absl::Status s = Answered(DensePush(2, bad));
+    EXPECT_EQ(ReasonOf(s), proto::REASON_NON_FINITE) << s;
+    EXPECT_EQ(Rows(primary_, ranges), once);
+    EXPECT_EQ(Rows(backup_, ranges), once);
+  }
+  PushCall* good = DensePush(2, g);
+  ASSERT_TRUE(Answered(good).ok());
+  EXPECT_FALSE(good->resp.duplicate());
+  const std::vector<float> twice = PullAt(&primary_, 0, {kKeys[0]});
+  for (int i = 0; i < kDim; ++i) {
+    ASSERT_EQ(twice[static_cast<size_t>(i)], -2.0f * g[static_cast<size_t>(i)])
+        << "element " << i;
+  }
+  EXPECT_EQ(Rows(backup_, ranges), Rows(primary_, ranges));
+  EXPECT_EQ(primary_.Status().non_finite_pushes(), 2);
 }
 
 // A delta a backup cannot build on (its base is past what the backup
