@@ -1277,6 +1277,17 @@ TEST(TableTest, CheckedPushesEqualUncheckedOnesAndRefuseWhole) {
 // gradient, an infinite accumulator), which stay as they were; on one
 // group of 16 entries and on runs of up to 4 groups (ApplyAt's runs of
 // consecutive slots).
+// Floats uniform in [lo, hi) from a seeded LCG: the kernel tests' inputs,
+// the same on every run.
+struct Uniform {
+  uint64_t x;
+  float operator()(float lo, float hi) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + (hi - lo) * static_cast<float>(x >> 40) /
+                    static_cast<float>(uint64_t{1} << 24);
+  }
+};
+
 // Every implementation of the checked SGD update of a long row this CPU
 // runs (portable, AVX2, AVX-512), bit for bit SgdRule::Apply element by
 // element, with and without l1, on lengths and starts that leave elements
@@ -1285,12 +1296,7 @@ TEST(TableTest, CheckedPushesEqualUncheckedOnesAndRefuseWhole) {
 // reported, never past the row.
 TEST(TableTest, SgdRowKeepingEqualsTheRuleBitForBit) {
   using table_internal::FtrlIsa;
-  uint64_t x = 5;
-  auto uniform = [&x](float lo, float hi) {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    return lo + (hi - lo) * static_cast<float>(x >> 40) /
-                    static_cast<float>(uint64_t{1} << 24);
-  };
+  Uniform uniform{5};
   int ran = 0;
   for (FtrlIsa isa : {FtrlIsa::kPortable, FtrlIsa::kAvx2, FtrlIsa::kAvx512}) {
     if (!table_internal::CpuRunsFtrl(isa)) continue;
@@ -1351,12 +1357,7 @@ TEST(TableTest, FtrlKernelsEqualTheRuleBitForBit) {
   rule.inv_alpha = 1.0f / rule.alpha;
   constexpr size_t kLanes = table_internal::kFtrlGroup;
   constexpr size_t kMaxGroups = 4;
-  uint64_t x = 99;
-  auto uniform = [&x](float lo, float hi) {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    return lo + (hi - lo) * static_cast<float>(x >> 40) /
-                    static_cast<float>(uint64_t{1} << 24);
-  };
+  Uniform uniform{99};
   int ran = 0;
   for (FtrlIsa isa : {FtrlIsa::kPortable, FtrlIsa::kAvx2, FtrlIsa::kAvx512}) {
     if (!table_internal::CpuRunsFtrl(isa)) continue;
