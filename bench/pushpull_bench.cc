@@ -154,6 +154,12 @@ ABSL_FLAG(bool, zero_copy, true,
           "throughput pushes use KVWorker::ZPush, which sends the values from "
           "the benchmark's array without copying them (as ps-lite's test uses "
           "ZPush); false: Push, which copies them into the request first");
+ABSL_FLAG(bool, lent_values, false,
+          "with --zero_copy, throughput pushes send values the benchmark "
+          "wrote once in memory from KVWorker::NewPushBuffer: a same-host "
+          "server reads them where they lie in the data plane's shared "
+          "memory, where otherwise the worker copies them into a slot of it "
+          "first");
 ABSL_FLAG(bool, key_caching, false,
           "workers name key lists a server keeps instead of resending them "
           "(KVWorkerOptions::key_lists_per_server 16, the product default); "
@@ -789,6 +795,15 @@ absl::Status RunWindow(KVWorker* w,
   std::vector<Slot> slots(std::max(1, load.inflight));
   const size_t dim = load.dim;
   const bool zero_copy = absl::GetFlag(FLAGS_zero_copy);
+  // The values pushed, and what keeps them.
+  absl::Span<const float> all = *vals;
+  std::shared_ptr<const void> owner = vals;
+  if (push && zero_copy && absl::GetFlag(FLAGS_lent_values)) {
+    KVWorker::PushBuffer b = w->NewPushBuffer(vals->size());
+    std::copy(vals->begin(), vals->end(), b.vals.begin());
+    all = b.vals;
+    owner = std::move(b.owner);
+  }
   const int window = static_cast<int>(slots.size());
   auto step_of = [&](const std::vector<uint64_t>& keys) {
     return load.chunk_keys > 0 ? load.chunk_keys
@@ -820,11 +835,11 @@ absl::Status RunWindow(KVWorker* w,
       auto k = absl::MakeConstSpan(keys).subspan(f, n);
       const KeySet* ks = key_sets.empty() ? nullptr : key_sets[set][c].get();
       if (push) {
-        const auto v = absl::MakeConstSpan(*vals).subspan(f * dim, n * dim);
+        const auto v = all.subspan(f * dim, n * dim);
         if (ks != nullptr && zero_copy) {
-          s.ts.push_back(w->ZPush(load.table, *ks, v, vals, 1));
+          s.ts.push_back(w->ZPush(load.table, *ks, v, owner, 1));
         } else {
-          s.ts.push_back(zero_copy ? w->ZPush(load.table, k, v, vals, 1)
+          s.ts.push_back(zero_copy ? w->ZPush(load.table, k, v, owner, 1)
                                    : w->Push(load.table, k, v, 1));
         }
       } else if (ks != nullptr) {

@@ -12,8 +12,6 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/bytes.h"
-#include "transport/data_plane.h"
-#include "transport/grpc_transport.h"
 #include "common/logging.h"
 #include "common/routing.h"
 #include "grpcpp/grpcpp.h"
@@ -21,6 +19,9 @@
 #include "server/server_node.h"
 #include "server/server_service.h"
 #include "tests/test_views.h"
+#include "transport/data_plane.h"
+#include "transport/grpc_transport.h"
+#include "transport/shared_arena.h"
 
 namespace ps {
 namespace {
@@ -236,10 +237,11 @@ TEST_F(GrpcServerTest, SharedMemoryCarriesPushAndPullThroughTheRealServer) {
   o.token = kToken;
   auto dp = DataPlaneServer::Start(o, &data);
   ASSERT_TRUE(dp.ok()) << dp.status();
-  auto c = DataPlaneClient::ConnectLocal((*dp)->local_name(), kToken,
-                                         size_t{64} << 20,
-                                         absl::Now() + absl::Seconds(5),
-                                         absl::Seconds(5), size_t{8} << 20);
+  auto arena = SharedArena::Create(size_t{8} << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  auto c = DataPlaneClient::ConnectLocal(
+      (*dp)->local_name(), kToken, size_t{64} << 20,
+      absl::Now() + absl::Seconds(5), absl::Seconds(5), std::move(*arena));
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE((*c)->shared());
   std::vector<uint64_t> keys(40000);  // 320 KB of keys, 160 KB of values
@@ -292,6 +294,78 @@ TEST_F(GrpcServerTest, SharedMemoryCarriesPushAndPullThroughTheRealServer) {
   EXPECT_EQ((*c)->shared_calls(), 4);
   c->reset();
   (*dp)->Stop();
+}
+
+// Issue 10: values a worker wrote in memory lent from its arena are applied
+// by the real server where they lie (kSharedAt), to the same result as
+// values sent in the request.
+TEST_F(GrpcServerTest, LentValuesAreAppliedWhereTheyLie) {
+  DataService data(&node_);
+  DataPlaneServerOptions o;
+  o.token = kToken;
+  auto dp = DataPlaneServer::Start(o, &data);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  auto made = SharedArena::Create(size_t{8} << 20);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::shared_ptr<SharedArena> arena = std::move(*made);
+  auto c = DataPlaneClient::ConnectLocal(
+      (*dp)->local_name(), kToken, size_t{64} << 20,
+      absl::Now() + absl::Seconds(5), absl::Seconds(5), arena);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->shared());
+  std::vector<uint64_t> keys(40000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = FeatureKey(i * 5 + 3);
+  std::sort(keys.begin(), keys.end());
+  std::shared_ptr<char> lent = SharedArena::Lend(arena, keys.size() * 4);
+  ASSERT_NE(lent, nullptr);
+  float* vals = reinterpret_cast<float*>(lent.get());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    vals[i] = 0.125f * static_cast<float>(i % 97);
+  }
+  auto push = MakePush(1, {}, {});
+  PackTo<uint64_t>(push->mutable_keys(), keys);
+  BorrowedValues borrowed;
+  borrowed.owner = lent;
+  borrowed.pieces.emplace_back(lent.get(), keys.size() * 4);
+  absl::Notification pushed;
+  (*c)->Push(*push, &borrowed, absl::Now() + absl::Seconds(10),
+             [&](const absl::Status& s, proto::PushResponse*) {
+               EXPECT_TRUE(s.ok()) << s;
+               pushed.Notify();
+             });
+  ASSERT_TRUE(pushed.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ((*c)->lent_calls(), 1);
+  auto got = Pull(Client(kToken).get(), keys);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) ASSERT_EQ((*got)[i], -vals[i]) << i;
+  c->reset();
+  (*dp)->Stop();
+}
+
+// The client factory lends memory from the one arena its same-host
+// connections offer, while the data plane and same-host sockets are on.
+TEST(GrpcClientFactoryTest, LendsSharedMemoryWhileTheDataPlaneIsOn) {
+  GrpcClientFactory f(GrpcTransportOptions{kToken, 1});
+  std::shared_ptr<char> a = f.SharedMemory(size_t{1} << 20);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.get()) % 64, 0u);
+  std::memset(a.get(), 1, size_t{1} << 20);
+  EXPECT_EQ(f.SharedMemory(0), nullptr);
+  // More than the arena (128 MiB by default): none.
+  EXPECT_EQ(f.SharedMemory(data_plane::kDefaultArenaBytes + 1), nullptr);
+  f.SetSharedMemory(0);
+  EXPECT_EQ(f.SharedMemory(4096), nullptr);
+  f.SetSharedMemory(size_t{2} << 20);
+  EXPECT_NE(f.SharedMemory(4096), nullptr);
+  EXPECT_NE(f.SharedMemory(size_t{2} << 20), nullptr);  // a new arena
+  EXPECT_EQ(f.SharedMemory((size_t{2} << 20) + 1), nullptr);
+  f.SetLocalSocket(false);
+  EXPECT_EQ(f.SharedMemory(4096), nullptr);
+  f.SetLocalSocket(true);
+  f.SetDataPlane(false);
+  EXPECT_EQ(f.SharedMemory(4096), nullptr);
+  a.reset();  // its arena, no longer the factory's, goes with it
 }
 
 TEST_F(GrpcServerTest, MissingOrWrongTokenIsUnauthenticated) {

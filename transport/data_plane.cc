@@ -67,6 +67,7 @@ void EncodeHeader(const Header& h, char out[kHeaderBytes]) {
   Store<uint32_t>(out, kMagic);
   out[4] = static_cast<char>(h.type);
   out[5] = static_cast<char>(h.flags);
+  Store<uint16_t>(out + 6, h.shared_offset);
   Store<uint32_t>(out + 8, h.meta_len);
   Store<uint32_t>(out + 12, h.shared_page);
   Store<uint64_t>(out + 16, h.id);
@@ -83,14 +84,19 @@ absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
   h->type = static_cast<uint8_t>(in[4]);
   h->flags = static_cast<uint8_t>(in[5]);
   h->shared_page = Load<uint32_t>(in + 12);
+  h->shared_offset = Load<uint16_t>(in + 6);
   const bool may_share = h->type == kHello || h->type == kPush ||
                          h->type == kPull || h->type == kReply;
   const bool may_share_keys = h->type == kPush || h->type == kPull;
-  if ((h->flags & ~(kShared | kSharedKeys)) != 0 || in[6] != 0 ||
-      in[7] != 0 || (h->flags != 0 && !may_share) ||
+  const bool at = (h->flags & kSharedAt) != 0;
+  if ((h->flags & ~(kShared | kSharedKeys | kSharedAt)) != 0 ||
+      (h->shared_offset != 0 && !at) || (h->flags != 0 && !may_share) ||
       (h->shared_page != 0 && (h->flags & kShared) == 0) ||
       ((h->flags & kSharedKeys) != 0 &&
-       (!may_share_keys || (h->flags & kShared) == 0))) {
+       (!may_share_keys || (h->flags & kShared) == 0)) ||
+      (at && (h->type != kPush || (h->flags & kShared) == 0 ||
+              (h->flags & kSharedKeys) != 0 || h->shared_offset >= kArenaPage ||
+              h->shared_offset % 8 != 0))) {
     return absl::InvalidArgumentError("data plane: reserved header bytes set");
   }
   switch (h->type) {
@@ -877,11 +883,14 @@ bool DataPlaneServer::State::Dispatch(
     // The keys (kSharedKeys), then the values (a push's) or the answer's
     // room (a pull's), in the arena. Each length is at most the frame
     // limit (DecodeHeader): the sum does not overflow.
+    // A lent push's values start shared_offset bytes into their page (0
+    // for any other frame: DecodeHeader).
     const uint64_t in_slot_keys = data_plane::SlotKeysBytes(h);
+    const uint64_t vals_at = in_slot_keys + h.shared_offset;
     const char* at =
         conn->arena() == nullptr
             ? nullptr
-            : conn->arena()->At(h.shared_page, in_slot_keys + h.vals_len);
+            : conn->arena()->At(h.shared_page, vals_at + h.vals_len);
     if (at == nullptr) {
       reply.Send(absl::InvalidArgumentError(
                      "data plane: a shared-memory frame outside the "
@@ -896,7 +905,7 @@ bool DataPlaneServer::State::Dispatch(
       keys = absl::Span<const char>(keys_buf->data, in_slot_keys);
     }
     if (h.type == data_plane::kPush) {
-      vals = absl::Span<const char>(at + in_slot_keys, h.vals_len);
+      vals = absl::Span<const char>(at + vals_at, h.vals_len);
     } else {
       reply = DataReplyTo(conn, h.id, h.shared_page, in_slot_keys, h.vals_len);
       vals = {};
@@ -979,6 +988,9 @@ struct DataPlaneClient::State {
     uint32_t page = 0;
     size_t bytes = 0;
     size_t keys = 0;  // bytes of keys at its start; the values follow
+    // A lent push's (kSharedAt) values' owner, kept until the server has
+    // answered: it reads them until then.
+    std::shared_ptr<const void> keep;
   };
   struct Pending {
     absl::Time deadline;
@@ -989,16 +1001,20 @@ struct DataPlaneClient::State {
     uint64_t keys = 0;
   };
   // The arena the server took (constant once the connection is open; null
-  // when there is none).
-  std::unique_ptr<SharedArena> arena;
+  // when there is none). Other connections may share it.
+  std::shared_ptr<SharedArena> arena;
   std::atomic<int64_t> shared_calls{0};
+  std::atomic<int64_t> lent_calls{0};
 
   absl::Mutex mu;
   bool closing ABSL_GUARDED_BY(mu) = false;
   absl::flat_hash_map<uint64_t, Pending> pending ABSL_GUARDED_BY(mu);
   // Slots of calls that ended (their deadline) before their answer: the
   // server may still read or write them, so they are freed only when the
-  // answer comes. A connection that breaks takes its arena with it.
+  // answer comes. A connection that breaks frees none of its calls' slots
+  // (their pages stay taken) and quarantines lent values' owners
+  // (SharedArena::Quarantine): a server that stopped, and wakes up, would
+  // read and write them still.
   absl::flat_hash_map<uint64_t, Slot> orphans ABSL_GUARDED_BY(mu);
   // The largest answer per key seen for each table's pulls: the size of
   // the slot a pull offers (none before the table's first answer).
@@ -1006,6 +1022,8 @@ struct DataPlaneClient::State {
 
   ~State() {
     if (fd >= 0) ::close(fd);
+    // FailAll took the rest.
+    for (auto& [id, o] : orphans) SharedArena::Quarantine(std::move(o.keep));
   }
 
   // Registers `done`, writes the frame; a failed write fails the call.
@@ -1042,11 +1060,42 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
          nullptr, {});
     return;
   }
+  // Values the caller wrote in memory lent from the arena, in one run at
+  // an 8-byte boundary, go where they lie (kSharedAt), the keys in the
+  // frame.
+  Slot slot;
+  bool lent = false;
+  if (arena != nullptr && borrowed != nullptr && pull_table < 0) {
+    const char* first = nullptr;
+    const char* next = nullptr;
+    bool one_run = true;
+    for (const absl::Span<const char>& p : borrowed->pieces) {
+      if (p.empty()) continue;
+      if (first == nullptr) {
+        first = next = p.data();
+      } else if (p.data() != next) {
+        one_run = false;
+        break;
+      }
+      next += p.size();
+    }
+    if (one_run && first != nullptr && arena->Holds(first, h.vals_len)) {
+      const size_t at = static_cast<size_t>(first - arena->base());
+      if (at % 8 == 0) {
+        lent = true;
+        h.flags = data_plane::kShared | data_plane::kSharedAt;
+        h.shared_page = static_cast<uint32_t>(at / kArenaPage);
+        h.shared_offset = static_cast<uint16_t>(at % kArenaPage);
+        slot.keep = borrowed->owner;
+        shared_calls.fetch_add(1, std::memory_order_relaxed);
+        lent_calls.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  }
   // A slot for the keys and large values (a push's), or the keys and room
   // for a pull's answer of the size its table's last answers had; none when
   // the arena is full.
-  Slot slot;
-  if (arena != nullptr) {
+  if (arena != nullptr && !lent) {
     size_t want = h.vals_len;
     if (pull_table >= 0) {
       absl::MutexLock l(&mu);
@@ -1109,7 +1158,7 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
   iov.reserve(6 + (borrowed != nullptr ? borrowed->pieces.size() : 0));
   FrameHead(h, meta, hdr, &iov);
   AddBytes(keys, &iov);
-  if (slot.bytes == 0) {
+  if (slot.bytes == 0 && !lent) {
     if (borrowed != nullptr) {
       for (const absl::Span<const char>& p : borrowed->pieces) AddBytes(p, &iov);
     } else {
@@ -1130,11 +1179,24 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
 
 void DataPlaneClient::State::FailAll(const absl::Status& s) {
   absl::flat_hash_map<uint64_t, Pending> failed;
+  // Lent values the server may still read: never released (orphans'
+  // included).
+  std::vector<std::shared_ptr<const void>> kept;
   {
     absl::MutexLock l(&mu);
     failed.swap(pending);
+    for (auto& [id, o] : orphans) {
+      if (o.keep != nullptr) kept.push_back(std::move(o.keep));
+    }
+    orphans.clear();
   }
-  for (auto& [id, p] : failed) p.done(s, nullptr, {});
+  for (auto& [id, p] : failed) {
+    if (p.slot.keep != nullptr) kept.push_back(std::move(p.slot.keep));
+    p.done(s, nullptr, {});
+  }
+  for (std::shared_ptr<const void>& k : kept) {
+    SharedArena::Quarantine(std::move(k));
+  }
 }
 
 void DataPlaneClient::State::Read() {
@@ -1251,8 +1313,8 @@ void DataPlaneClient::State::Read() {
         const absl::Time t = absl::Now();
         for (auto it = pending.begin(); it != pending.end();) {
           if (it->second.deadline <= t) {
-            if (it->second.slot.bytes > 0) {
-              orphans.emplace(it->first, it->second.slot);
+            if (it->second.slot.bytes > 0 || it->second.slot.keep != nullptr) {
+              orphans.emplace(it->first, std::move(it->second.slot));
             }
             expired.push_back(std::move(it->second.done));
             pending.erase(it++);
@@ -1338,7 +1400,8 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Connect(
 
 absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::ConnectLocal(
     const std::string& name, const std::string& token, size_t max_frame_bytes,
-    absl::Time deadline, absl::Duration send_stall, size_t arena_bytes) {
+    absl::Time deadline, absl::Duration send_stall,
+    std::shared_ptr<SharedArena> arena) {
   if (name.empty() || name.size() > sizeof(sockaddr_un::sun_path) - 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("data plane: bad same-host socket name '", name, "'"));
@@ -1356,32 +1419,20 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::ConnectLocal(
   }
   TuneLocal(fd);
   return Open(fd, name, token, max_frame_bytes, deadline, send_stall,
-              arena_bytes);
+              std::move(arena));
 }
 
 absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Open(
     int fd, const std::string& peer, const std::string& token,
     size_t max_frame_bytes, absl::Time deadline, absl::Duration send_stall,
-    size_t arena_bytes) {
+    std::shared_ptr<SharedArena> arena) {
   // Blocking from here on; the hello is bounded by the deadline.
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   const absl::Duration left =
       std::max(deadline - absl::Now(), absl::Milliseconds(1));
   SetTimeout(fd, SO_SNDTIMEO, left);
   SetTimeout(fd, SO_RCVTIMEO, left);
-  // An arena for large values, offered with the hello (a same-host socket
-  // only); in-band values when it cannot be made.
-  std::unique_ptr<SharedArena> arena;
-  if (arena_bytes > 0) {
-    absl::StatusOr<std::unique_ptr<SharedArena>> a =
-        SharedArena::Create(arena_bytes);
-    if (a.ok()) {
-      arena = std::move(*a);
-    } else {
-      PS_LOG_WARN("data plane to {}: no shared memory: {}", peer,
-                  a.status().ToString());
-    }
-  }
+  // The arena (a same-host socket only) is offered with the hello.
   Header h;
   h.type = data_plane::kHello;
   h.flags = arena != nullptr ? data_plane::kShared : 0;
@@ -1457,6 +1508,10 @@ bool DataPlaneClient::shared() const { return state_->arena != nullptr; }
 
 int64_t DataPlaneClient::shared_calls() const {
   return state_->shared_calls.load();
+}
+
+int64_t DataPlaneClient::lent_calls() const {
+  return state_->lent_calls.load();
 }
 
 bool DataPlaneClient::OnReaderThread() const {

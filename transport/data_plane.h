@@ -20,8 +20,9 @@
 //  32  u64 vals_len           40  u64 timeout_us (0: none)
 //  48  meta (meta_len bytes), zero padding to a multiple of 8,
 //      keys (keys_len bytes), vals (vals_len bytes), padding to 8.
-// Byte 5 holds flags; only kShared is defined. Bytes 12-15: the arena page
-// of a kShared frame (0 otherwise).
+// Byte 5 holds flags (kShared, kSharedKeys, kSharedAt). Bytes 6-7: the
+// byte offset in its page of a kSharedAt push's values (0 otherwise).
+// Bytes 12-15: the arena page of a kShared frame (0 otherwise).
 // Types: HELLO (meta: the cluster token; the first frame of a connection,
 // answered before anything else is read), PUSH (meta: the PushRequest
 // without keys and vals), PULL (the PullRequest without keys; timeout_us:
@@ -54,7 +55,13 @@
 // them (a sparse push's keys are twice its values: through the socket they
 // were two kernel copies, 10-15 % of its CPU). A kShared frame on a
 // connection without an arena, or with a slot outside it, is answered
-// INVALID_ARGUMENT and the connection closed.
+// INVALID_ARGUMENT and the connection closed. A PUSH with kShared may
+// instead have kSharedAt (never with kSharedKeys): its values are the
+// caller's own, lent from the arena (SharedArena::Lend) and pushed where
+// they lie, at byte shared_offset (a multiple of 8, below kArenaPage) of
+// page shared_page; its keys are in the frame. Nothing is copied on either
+// side: on the 2-vCPU machines of docs/benchmarks.md the worker's copy of
+// a 4 MiB push into a slot was 30 % of its CPU.
 //
 // Safety: a connection may send one HELLO of at most 4 KiB within
 // `hello_timeout` or it is closed; a wrong token is answered UNAUTHENTICATED
@@ -108,11 +115,13 @@ enum FrameType : uint8_t {
 // Header flags.
 inline constexpr uint8_t kShared = 1;
 inline constexpr uint8_t kSharedKeys = 2;  // with kShared
+inline constexpr uint8_t kSharedAt = 4;    // with kShared, on a push
 
 struct Header {
   uint8_t type = 0;
   uint8_t flags = 0;
   uint32_t shared_page = 0;  // with kShared
+  uint16_t shared_offset = 0;  // with kSharedAt
   uint32_t meta_len = 0;
   uint64_t id = 0;
   uint64_t keys_len = 0;
@@ -153,6 +162,7 @@ absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
 }  // namespace data_plane
 
 class DataConnection;
+class SharedArena;
 
 // Where a request's answer goes: its connection and id. Copyable; Send
 // may be called from any thread, once per request.
@@ -290,14 +300,15 @@ class DataPlaneClient {
   // local_name()). UNAVAILABLE at once when no such socket is in this
   // network namespace (the server is on another host, or in another
   // container): the caller then connects to the port.
-  // `arena_bytes` > 0 (a multiple of kArenaPage): offer the server an arena
-  // of that size for values of kArenaMinBytes or more
-  // (transport/shared_arena.h); without one, as when the server declines
-  // it, every value goes in the frames.
+  // `arena` (may be null; may be shared by connections to several
+  // servers): offered to the server for values of kArenaMinBytes or more,
+  // and for values the caller wrote in memory it lent (transport/
+  // shared_arena.h); without one, as when the server declines it, every
+  // value goes in the frames.
   static absl::StatusOr<std::shared_ptr<DataPlaneClient>> ConnectLocal(
-      const std::string& name, const std::string& token,
-      size_t max_frame_bytes, absl::Time deadline,
-      absl::Duration send_stall = absl::Seconds(5), size_t arena_bytes = 0);
+      const std::string& name, const std::string& token, size_t max_frame_bytes,
+      absl::Time deadline, absl::Duration send_stall = absl::Seconds(5),
+      std::shared_ptr<SharedArena> arena = nullptr);
   ~DataPlaneClient();  // fails what is in flight (UNAVAILABLE), joins
 
   // Open, as far as this side knows.
@@ -307,6 +318,9 @@ class DataPlaneClient {
   // Requests sent with an arena slot so far: a push's values, or room
   // offered for a pull's answer (which the server fills when it fits).
   int64_t shared_calls() const;
+  // Pushes sent so far whose values the caller wrote in lent memory, sent
+  // where they lay (kSharedAt): no copy. Counted in shared_calls() too.
+  int64_t lent_calls() const;
   // Whether the calling thread is this connection's reader (a callback):
   // it must not send (a blocking write there could wait for the server,
   // which waits for this reader).
@@ -335,7 +349,7 @@ class DataPlaneClient {
   static absl::StatusOr<std::shared_ptr<DataPlaneClient>> Open(
       int fd, const std::string& peer, const std::string& token,
       size_t max_frame_bytes, absl::Time deadline, absl::Duration send_stall,
-      size_t arena_bytes = 0);
+      std::shared_ptr<SharedArena> arena = nullptr);
   std::shared_ptr<State> state_;
 };
 

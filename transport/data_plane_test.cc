@@ -19,6 +19,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -890,13 +891,22 @@ TEST_F(DataPlaneTest, ConnectionsOverTheCapAreClosed) {
 // answer size.
 class SharedMemoryTest : public DataPlaneTest {
  protected:
-  std::shared_ptr<DataPlaneClient> ConnectShared(size_t arena_bytes) {
-    auto c = DataPlaneClient::ConnectLocal(
-        server_->local_name(), "", kLimit, absl::Now() + absl::Seconds(5),
-        absl::Seconds(5), arena_bytes);
+  // A connection that offers a new arena of `arena_bytes` (0: none; the
+  // last one made is arena_), or `arena` when given.
+  std::shared_ptr<DataPlaneClient> ConnectShared(
+      size_t arena_bytes, std::shared_ptr<SharedArena> arena = nullptr) {
+    if (arena == nullptr && arena_bytes > 0) {
+      auto a = SharedArena::Create(arena_bytes);
+      EXPECT_TRUE(a.ok()) << a.status();
+      if (a.ok()) arena_ = arena = std::move(*a);
+    }
+    auto c = DataPlaneClient::ConnectLocal(server_->local_name(), "", kLimit,
+                                           absl::Now() + absl::Seconds(5),
+                                           absl::Seconds(5), std::move(arena));
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *c : nullptr;
   }
+  std::shared_ptr<SharedArena> arena_;
   // Pushes `n` values 0.5 * (i + 1) without waiting; `*out` gets the status.
   void PushAsync(DataPlaneClient* c, int n, absl::Time deadline,
                  absl::Notification* done, absl::Status* out) {
@@ -1054,6 +1064,246 @@ class SharedMemoryTest : public DataPlaneTest {
     return f;
   }
 };
+
+// Values the caller wrote in memory lent from the arena (SharedArena::
+// Lend) are pushed where they lie: the frame says where (kSharedAt), and
+// neither side copies them.
+class LentMemoryTest : public SharedMemoryTest {
+ protected:
+  // Pushes `n` floats (keys 1..n in the frame), borrowed with `owner`:
+  // those at `at`, or, with `split` > 0, `split` of them at `at` and the
+  // rest at `rest`.
+  void PushLent(DataPlaneClient* c, const char* at, int n,
+                std::shared_ptr<const void> owner, absl::Notification* done,
+                absl::Status* out, int split = 0, const char* rest = nullptr) {
+    proto::PushRequest req;
+    req.set_worker_id(3);
+    std::vector<uint64_t> keys(n);
+    for (int i = 0; i < n; ++i) keys[i] = i + 1;
+    req.set_keys(reinterpret_cast<const char*>(keys.data()), n * 8);
+    BorrowedValues b;
+    b.owner = std::move(owner);
+    if (split == 0) {
+      b.pieces.emplace_back(at, size_t(n) * 4);
+    } else {
+      b.pieces.emplace_back(at, size_t(split) * 4);
+      b.pieces.emplace_back(rest, size_t(n - split) * 4);
+    }
+    c->Push(req, &b, absl::Now() + absl::Seconds(30),
+            [done, out](const absl::Status& s, proto::PushResponse*) {
+              *out = s;
+              done->Notify();
+            });
+  }
+  absl::Status PushLentOnce(DataPlaneClient* c, const char* at, int n,
+                            std::shared_ptr<const void> owner) {
+    absl::Notification done;
+    absl::Status out;
+    PushLent(c, at, n, std::move(owner), &done, &out);
+    done.WaitForNotification();
+    return out;
+  }
+  // Writes 0.5 * (first + i + 1) for i < n at `at`.
+  static void Fill(char* at, int n, int first = 0) {
+    for (int i = 0; i < n; ++i) {
+      const float v = 0.5f * (first + i + 1);
+      std::memcpy(at + 4 * i, &v, 4);
+    }
+  }
+  // The first value the handler got.
+  float FirstVal() {
+    absl::MutexLock l(&handler_.mu);
+    float v = 0;
+    if (handler_.last_vals.size() >= 4) {
+      std::memcpy(&v, handler_.last_vals.data(), 4);
+    }
+    return v;
+  }
+  // A PUSH frame of one key (0, in the frame) whose vals_len values are at
+  // byte `offset` of arena page `page` (kSharedAt).
+  static std::string LentPushFrame(uint32_t page, uint16_t offset,
+                                   uint64_t vals_len) {
+    proto::PushRequest req;
+    req.set_worker_id(1);
+    const std::string meta = req.SerializeAsString();
+    Header h;
+    h.type = data_plane::kPush;
+    h.flags = data_plane::kShared | data_plane::kSharedAt;
+    h.shared_page = page;
+    h.shared_offset = offset;
+    h.meta_len = static_cast<uint32_t>(meta.size());
+    h.id = 9;
+    h.keys_len = 8;
+    h.vals_len = vals_len;
+    std::string f(data_plane::FrameBytes(h), '\0');
+    data_plane::EncodeHeader(h, f.data());
+    std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
+    return f;
+  }
+};
+
+TEST_F(LentMemoryTest, LentValuesArePushedWhereTheyLie) {
+  Serve();
+  auto c = ConnectShared(size_t{1} << 20);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->shared());
+  constexpr int kN = 20000;
+  std::shared_ptr<char> lent = SharedArena::Lend(arena_, 3 * kN * 4);
+  ASSERT_NE(lent, nullptr);
+  int64_t lent_calls = 0;
+  for (size_t offset :
+       {size_t{0}, size_t{8}, kArenaPage + 16, size_t{kN} * 4}) {
+    char* at = lent.get() + offset;
+    Fill(at, kN);
+    // The server reads the caller's memory, not a copy: what the caller
+    // writes there before the server reads it is what the server gets.
+    handler_.on_push = [at] {
+      const float v = 42.0f;
+      std::memcpy(at, &v, 4);
+    };
+    ASSERT_TRUE(PushLentOnce(c.get(), at, kN, lent).ok()) << offset;
+    handler_.on_push = nullptr;
+    EXPECT_EQ(c->lent_calls(), ++lent_calls) << offset;
+    EXPECT_EQ(FirstVal(), 42.0f) << offset;
+    {
+      // The rest as the caller wrote it.
+      absl::MutexLock l(&handler_.mu);
+      const float v = 0.5f;
+      std::memcpy(handler_.last_vals.data(), &v, 4);
+    }
+    ExpectLastKeys(kN);
+    ExpectLastVals(kN);
+  }
+  // Nothing of the arena was taken for them: a slot of 3/4 of it is free.
+  EXPECT_TRUE(arena_->Allocate(size_t{768} << 10).has_value());
+}
+
+// Lent values that are not one run at an 8-byte boundary of the offered
+// arena are copied into a slot (or the frame), as any other values.
+TEST_F(LentMemoryTest, OtherValuesAreCopied) {
+  Serve();
+  auto c = ConnectShared(size_t{1} << 20);
+  ASSERT_NE(c, nullptr);
+  constexpr int kN = 20000;
+  std::shared_ptr<char> lent = SharedArena::Lend(arena_, 3 * kN * 4);
+  ASSERT_NE(lent, nullptr);
+  auto other = SharedArena::Create(size_t{1} << 20);  // not offered
+  ASSERT_TRUE(other.ok());
+  std::shared_ptr<SharedArena> other_arena = std::move(*other);
+  std::shared_ptr<char> elsewhere = SharedArena::Lend(other_arena, kN * 4);
+  ASSERT_NE(elsewhere, nullptr);
+  struct Case {
+    char* at;
+    int split;  // 0: one piece; else [0, split) and, a page later, the rest
+    const char* what;
+  };
+  for (const Case& k : {Case{lent.get() + 4, 0, "4-byte boundary"},
+                        Case{lent.get(), 100, "two pieces"},
+                        Case{elsewhere.get(), 0, "another arena"}}) {
+    char* const at = k.at;
+    char* const rest = k.at + 4 * k.split + kArenaPage;
+    Fill(at, k.split == 0 ? kN : k.split);
+    if (k.split != 0) Fill(rest, kN - k.split, k.split);
+    handler_.on_push = [at] {
+      const float v = 42.0f;
+      std::memcpy(at, &v, 4);
+    };
+    absl::Notification done;
+    absl::Status s;
+    PushLent(c.get(), at, kN, lent, &done, &s, k.split, rest);
+    done.WaitForNotification();
+    handler_.on_push = nullptr;
+    ASSERT_TRUE(s.ok()) << k.what << ": " << s;
+    EXPECT_EQ(c->lent_calls(), 0) << k.what;
+    EXPECT_EQ(FirstVal(), 0.5f) << k.what;  // a copy, taken before
+    ExpectLastVals(kN);
+  }
+  EXPECT_EQ(c->shared_calls(), 3);  // each copied into a slot
+}
+
+// The connection keeps lent values' owner until the server has answered,
+// and forever once the connection breaks with the push unanswered: a
+// stopped server that wakes up would read them still.
+TEST_F(LentMemoryTest, OwnerKeptUntilAnsweredAndQuarantinedOnABreak) {
+  Serve();
+  auto c = ConnectShared(size_t{1} << 20);
+  ASSERT_NE(c, nullptr);
+  constexpr int kN = 20000;
+  auto poll_until = [](auto done) {
+    const absl::Time until = absl::Now() + absl::Seconds(5);
+    while (!done() && absl::Now() < until)
+      absl::SleepFor(absl::Milliseconds(1));
+    return done();
+  };
+  {
+    std::shared_ptr<char> lent = SharedArena::Lend(arena_, kN * 4);
+    ASSERT_NE(lent, nullptr);
+    Fill(lent.get(), kN);
+    std::weak_ptr<char> watch = lent;
+    handler_.hold = true;
+    absl::Notification done;
+    absl::Status out;
+    PushLent(c.get(), lent.get(), kN, lent, &done, &out);
+    lent.reset();
+    ASSERT_NO_FATAL_FAILURE(WaitHeld(1));
+    EXPECT_FALSE(watch.expired());
+    AnswerHeld();
+    done.WaitForNotification();
+    EXPECT_TRUE(out.ok()) << out;
+    EXPECT_TRUE(poll_until([&] { return watch.expired(); }));
+  }
+  std::shared_ptr<char> lent = SharedArena::Lend(arena_, kN * 4);
+  ASSERT_NE(lent, nullptr);
+  Fill(lent.get(), kN);
+  std::weak_ptr<char> watch = lent;
+  const size_t quarantined = SharedArena::quarantined();
+  handler_.hold = true;
+  absl::Notification done;
+  absl::Status out;
+  PushLent(c.get(), lent.get(), kN, lent, &done, &out);
+  lent.reset();
+  ASSERT_NO_FATAL_FAILURE(WaitHeld(1));
+  server_->Stop();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(out.code(), absl::StatusCode::kUnavailable) << out;
+  EXPECT_TRUE(poll_until(
+      [&] { return SharedArena::quarantined() == quarantined + 1; }));
+  c.reset();
+  EXPECT_FALSE(watch.expired());
+  absl::MutexLock l(&handler_.mu);
+  handler_.held.clear();
+  handler_.hold = false;
+}
+
+TEST_F(LentMemoryTest, LentFramesOutsideTheArenaCloseTheirConnection) {
+  Serve();
+  // Past its end (16 pages): refused, the connection closed.
+  for (auto [page, offset, len] :
+       {std::tuple<uint32_t, uint16_t, uint64_t>{15, 8, kArenaPage},
+        {16, 0, 4},
+        {0, 8, 16 * kArenaPage}}) {
+    auto a = SharedArena::Create(16 * kArenaPage);
+    ASSERT_TRUE(a.ok());
+    int fd = RawLocal();
+    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+    SendAll(fd, LentPushFrame(page, offset, len));
+    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
+        << page << " " << offset << " " << len;
+    EXPECT_TRUE(Closed(fd));
+    close(fd);
+  }
+  // Up to its last byte: read from there.
+  auto a = SharedArena::Create(16 * kArenaPage);
+  ASSERT_TRUE(a.ok());
+  const float v = 2.5f;
+  std::memcpy((*a)->base() + 15 * kArenaPage + 8, &v, 4);
+  int fd = RawLocal();
+  ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+  SendAll(fd, LentPushFrame(15, 8, kArenaPage - 8));
+  EXPECT_TRUE(ReadAnswer(fd).ok());
+  close(fd);
+  EXPECT_EQ(FirstVal(), 2.5f);
+}
 
 TEST_F(SharedMemoryTest, LargeValuesGoThroughTheArenaBothWays) {
   Serve();
@@ -1429,6 +1679,47 @@ TEST(DataPlaneHeader, SharedFlagOnlyWhereDefined) {
   data_plane::EncodeHeader(h, b);
   EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// kSharedAt: only on a push with kShared and without kSharedKeys, at an
+// offset below a page and a multiple of 8; an offset only with it.
+TEST(DataPlaneHeader, LentValuesOnlyOnAPush) {
+  char b[kHeaderBytes];
+  Header out;
+  Header h;
+  h.type = data_plane::kPush;
+  h.flags = data_plane::kShared | data_plane::kSharedAt;
+  h.shared_page = 3;
+  h.shared_offset = 8;
+  h.keys_len = 16;
+  h.vals_len = 400;
+  data_plane::EncodeHeader(h, b);
+  ASSERT_TRUE(data_plane::DecodeHeader(b, kLimit, &out).ok());
+  EXPECT_EQ(out.shared_page, 3u);
+  EXPECT_EQ(out.shared_offset, 8u);
+  EXPECT_EQ(data_plane::SlotKeysBytes(out), 0u);
+  EXPECT_EQ(data_plane::FrameBytes(out), kHeaderBytes + 16);  // the keys
+  for (auto [type, flags, offset] :
+       {std::tuple<uint8_t, uint8_t, uint16_t>{data_plane::kPush,
+                                               data_plane::kSharedAt, 8},
+        {data_plane::kPull, data_plane::kShared | data_plane::kSharedAt, 8},
+        {data_plane::kReply, data_plane::kShared | data_plane::kSharedAt, 0},
+        {data_plane::kPush,
+         data_plane::kShared | data_plane::kSharedAt | data_plane::kSharedKeys,
+         8},
+        {data_plane::kPush, data_plane::kShared | data_plane::kSharedAt, 4},
+        {data_plane::kPush, data_plane::kShared | data_plane::kSharedAt,
+         kArenaPage},
+        {data_plane::kPush, data_plane::kShared, 8},
+        {data_plane::kPush, 8, 0}}) {
+    h.type = type;
+    h.flags = flags;
+    h.shared_offset = offset;
+    data_plane::EncodeHeader(h, b);
+    EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
+              absl::StatusCode::kInvalidArgument)
+        << int(type) << " " << int(flags) << " " << offset;
+  }
 }
 
 }  // namespace

@@ -4,12 +4,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <deque>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <thread>
 #include <vector>
-
-#include <fstream>
-#include <sstream>
 
 #include "absl/base/internal/raw_logging.h"
 #include "absl/strings/numbers.h"
@@ -21,6 +20,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/ps.grpc.pb.h"
 #include "transport/data_plane.h"
+#include "transport/shared_arena.h"
 
 namespace ps {
 
@@ -905,10 +905,9 @@ class GrpcServerClient : public ServerClient {
     bool local = false;
     if (s.ok() && !st.data_socket().empty() &&
         data_plane_->local.load(std::memory_order_relaxed)) {
-      c = DataPlaneClient::ConnectLocal(
-          st.data_socket(), token_, max_frame_bytes_, deadline,
-          absl::Seconds(5),
-          data_plane_->arena_bytes.load(std::memory_order_relaxed));
+      c = DataPlaneClient::ConnectLocal(st.data_socket(), token_,
+                                        max_frame_bytes_, deadline,
+                                        absl::Seconds(5), data_plane_->Arena());
       local = c.ok();
       if (!c.ok()) {
         PS_LOG_DEBUG("data plane to {}: {}; trying its port", address_,
@@ -1157,7 +1156,35 @@ void GrpcClientFactory::SetLocalSocket(bool on) {
 }
 
 void GrpcClientFactory::SetSharedMemory(size_t bytes) {
-  data_plane_->arena_bytes.store(bytes);
+  data_plane_->SetArenaBytes(bytes);
+}
+
+std::shared_ptr<char> GrpcClientFactory::SharedMemory(size_t bytes) {
+  if (!data_plane_->on.load() || !data_plane_->local.load()) return nullptr;
+  return SharedArena::Lend(data_plane_->Arena(), bytes);
+}
+
+std::shared_ptr<SharedArena> DataPlaneSwitches::Arena() const {
+  absl::MutexLock l(&mu_);
+  if (arena_ == nullptr && arena_bytes_ > 0 && !arena_failed_) {
+    absl::StatusOr<std::unique_ptr<SharedArena>> a =
+        SharedArena::Create(arena_bytes_);
+    if (a.ok()) {
+      arena_ = std::move(*a);
+    } else {
+      arena_failed_ = true;
+      PS_LOG_WARN("data plane: no shared memory: {}", a.status().ToString());
+    }
+  }
+  return arena_;
+}
+
+void DataPlaneSwitches::SetArenaBytes(size_t bytes) {
+  absl::MutexLock l(&mu_);
+  if (bytes == arena_bytes_) return;
+  arena_bytes_ = bytes;
+  arena_ = nullptr;
+  arena_failed_ = false;
 }
 
 std::shared_ptr<SchedulerClient> GrpcClientFactory::Scheduler(

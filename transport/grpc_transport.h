@@ -168,9 +168,21 @@ struct GrpcTransportOptions {
 struct DataPlaneSwitches {
   std::atomic<bool> on{true};
   std::atomic<bool> local{true};
-  // The arena each same-host connection offers (transport/shared_arena.h);
-  // 0: none.
-  std::atomic<size_t> arena_bytes{data_plane::kDefaultArenaBytes};
+
+  // The arena every same-host connection offers (transport/shared_arena.h):
+  // one for the process's connections to all its servers, so that memory
+  // lent from it (ClientFactory::SharedMemory) goes to any of them without
+  // a copy. Made at first use; null when `bytes` is 0 or it cannot be made
+  // (logged once). A new size makes a new arena for the connections made
+  // from then on.
+  std::shared_ptr<SharedArena> Arena() const;
+  void SetArenaBytes(size_t bytes);
+
+ private:
+  mutable absl::Mutex mu_;
+  size_t arena_bytes_ ABSL_GUARDED_BY(mu_) = data_plane::kDefaultArenaBytes;
+  mutable std::shared_ptr<SharedArena> arena_ ABSL_GUARDED_BY(mu_);
+  mutable bool arena_failed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class GrpcClientFactory : public ClientFactory {
@@ -194,6 +206,9 @@ class GrpcClientFactory : public ClientFactory {
   // The shared memory each same-host connection made from now on offers
   // its server for large values (cluster.shared_memory_mb; 0: none).
   void SetSharedMemory(size_t bytes);
+  // Lent from that shared memory, while the data plane and same-host
+  // sockets are on (ClientFactory::SharedMemory).
+  std::shared_ptr<char> SharedMemory(size_t bytes) override;
 
  private:
   const GrpcTransportOptions options_;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,47 @@ SharedArena::SharedArena(int fd, char* base, size_t size)
 SharedArena::~SharedArena() {
   ::munmap(base_, size_);
   ::close(fd_);
+}
+
+std::shared_ptr<char> SharedArena::Lend(std::shared_ptr<SharedArena> arena,
+                                        size_t bytes) {
+  if (arena == nullptr || bytes == 0) return nullptr;
+  const std::optional<uint32_t> page = arena->Allocate(bytes);
+  if (!page.has_value()) return nullptr;
+  struct Lent {
+    Lent(std::shared_ptr<SharedArena> a, uint32_t p, size_t b)
+        : arena(std::move(a)), page(p), bytes(b) {}
+    Lent(const Lent&) = delete;
+    Lent& operator=(const Lent&) = delete;
+    ~Lent() { arena->Free(page, bytes); }
+    const std::shared_ptr<SharedArena> arena;
+    const uint32_t page;
+    const size_t bytes;
+  };
+  char* const at = arena->base() + size_t{*page} * kArenaPage;
+  auto lent = std::make_shared<Lent>(std::move(arena), *page, bytes);
+  return std::shared_ptr<char>(std::move(lent), at);
+}
+
+namespace {
+absl::Mutex quarantine_mu(absl::kConstInit);
+// Reachable from a global: leak checkers do not count what it keeps.
+std::vector<std::shared_ptr<const void>>* quarantine
+    ABSL_GUARDED_BY(quarantine_mu) = nullptr;
+}  // namespace
+
+void SharedArena::Quarantine(std::shared_ptr<const void> owner) {
+  if (owner == nullptr) return;
+  absl::MutexLock l(&quarantine_mu);
+  if (quarantine == nullptr) {
+    quarantine = new std::vector<std::shared_ptr<const void>>();
+  }
+  quarantine->push_back(std::move(owner));
+}
+
+size_t SharedArena::quarantined() {
+  absl::MutexLock l(&quarantine_mu);
+  return quarantine == nullptr ? 0 : quarantine->size();
 }
 
 std::optional<uint32_t> SharedArena::Allocate(size_t bytes) {

@@ -10,19 +10,22 @@
 // socket carries only where they lie, and a large pull's answer is written
 // by the server into a slot the worker offered.
 //
-// Who owns what: the worker creates the arena and alone allocates its
+// Who owns what: the worker creates the arena (one per worker process,
+// offered to every same-host server it connects to) and alone allocates its
 // slots; a slot is the worker's until the request it went with is answered
-// (or its connection breaks: the arena then goes with the connection, never
-// reused). The server maps the arena only after checking that it cannot
-// shrink (F_SEAL_SHRINK, so no access past its end can fault), reads a
-// push's values once, in place, and writes a pull's answer only into the
-// slot it was given, bounds-checked. A worker that scribbles over a slot
-// while the server reads it changes only its own gradient, as it could by
-// sending other values (and the update rules keep a weight whose new value
-// would not be finite); keys and metadata never travel through the arena
-// (they are checked, then used again), and compressed values are copied
-// out before they are decompressed, so nothing the server validates can
-// change under it.
+// (or its connection breaks: the slot is then never reused, since the
+// server may still read or write it). A worker may also lend slots to its
+// caller (Lend), who writes values there and pushes them without a copy:
+// the frame then says where in the arena they lie. The server maps the arena
+// only after checking that it cannot shrink (F_SEAL_SHRINK, so no access past
+// its end can fault), reads a push's values once, in place, and writes a pull's
+// answer only into the slot it was given, bounds-checked. A worker that
+// scribbles over a slot while the server reads it changes only its own
+// gradient, as it could by sending other values (and the update rules keep a
+// weight whose new value would not be finite); keys and metadata never travel
+// through the arena (they are checked, then used again), and compressed values
+// are copied out before they are decompressed, so nothing the server validates
+// can change under it.
 #pragma once
 
 #include <cstddef>
@@ -64,6 +67,27 @@ class SharedArena {
   void Free(uint32_t page, size_t bytes);
   // Pages free now (tests).
   size_t free_pages() const;
+
+  // Whether the `n` bytes at `p` lie wholly inside the arena.
+  bool Holds(const void* p, size_t n) const {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(base_);
+    return at >= base && at - base <= size_ && n <= size_ - (at - base);
+  }
+
+  // A slot of at least `bytes` (> 0) for the caller's own values
+  // (ClientFactory::SharedMemory): page-aligned, freed when the last copy
+  // of the returned pointer goes (which keeps `arena` alive meanwhile);
+  // null when no free run is long enough.
+  static std::shared_ptr<char> Lend(std::shared_ptr<SharedArena> arena,
+                                    size_t bytes);
+
+  // Keeps `owner` for the rest of the process: memory a server may still
+  // read through a connection that broke, which nothing may reuse (a
+  // stopped server that wakes up reads on). Process-wide; rare.
+  static void Quarantine(std::shared_ptr<const void> owner);
+  // Owners quarantined so far (tests).
+  static size_t quarantined();
 
  private:
   SharedArena(int fd, char* base, size_t size);

@@ -191,6 +191,15 @@ class ClientFactory {
   virtual std::shared_ptr<ServerClient> Server(const std::string& address) = 0;
   virtual std::shared_ptr<SchedulerClient> Scheduler(
       const std::string& address) = 0;
+  // `bytes` (> 0) of memory, 64-byte aligned, whose values a push borrows
+  // (BorrowedValues) go to a same-host server without a copy (the data
+  // plane's shared memory, transport/shared_arena.h); valid while the
+  // returned pointer (or a copy) lives. Null where the transport has none
+  // (the default), or none is left: the caller uses its own memory.
+  virtual std::shared_ptr<char> SharedMemory(size_t bytes) {
+    (void)bytes;
+    return nullptr;
+  }
 };
 
 }  // namespace ps

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
@@ -519,6 +520,34 @@ int64_t KVWorker::PushAndClock(int table, absl::Span<const uint64_t> keys,
                                absl::Span<const float> vals,
                                int num_examples) {
   return PushImpl(table, keys, vals, nullptr, num_examples, true);
+}
+
+KVWorker::PushBuffer KVWorker::NewPushBuffer(size_t floats) {
+  PushBuffer b;
+  if (floats > 0) {
+    if (std::shared_ptr<char> m =
+            clients_->SharedMemory(floats * sizeof(float));
+        m != nullptr) {
+      b.vals = absl::Span<float>(reinterpret_cast<float*>(m.get()), floats);
+      b.owner = std::move(m);
+      b.shared = true;
+      return b;
+    }
+  }
+  // 64-byte aligned, as the shared memory is (pages).
+  struct Aligned {
+    explicit Aligned(size_t n)
+        : p(static_cast<float*>(::operator new[](
+              std::max<size_t>(n, 1) * sizeof(float), std::align_val_t{64}))) {}
+    Aligned(const Aligned&) = delete;
+    Aligned& operator=(const Aligned&) = delete;
+    ~Aligned() { ::operator delete[](p, std::align_val_t{64}); }
+    float* const p;
+  };
+  auto a = std::make_shared<Aligned>(floats);
+  b.vals = absl::Span<float>(a->p, floats);
+  b.owner = std::move(a);
+  return b;
 }
 
 int64_t KVWorker::ZPush(int table, absl::Span<const uint64_t> keys,

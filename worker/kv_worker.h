@@ -212,6 +212,23 @@ class KVWorker final : public ParamClient {
                         absl::Span<const float> vals,
                         std::shared_ptr<const void> owner, int num_examples);
 
+  // Memory for a ZPush's values (issue 10): `floats` floats, 64-byte
+  // aligned, that the data plane hands a same-host server where they lie,
+  // without copying them (its shared memory, transport/shared_arena.h;
+  // `shared`), or, where it cannot (no shared memory, or none left),
+  // ordinary memory, pushed as ZPush pushes any. Write the values there and
+  // pass `owner` to ZPush; rewrite them once the push is done (Wait). A
+  // slice to a server on another host is sent from it as from any memory.
+  // The shared memory is cluster.shared_memory_mb for this process's
+  // connections, request slots included: buffers kept for long take room
+  // from large requests (which then go through the sockets).
+  struct PushBuffer {
+    absl::Span<float> vals;
+    std::shared_ptr<const void> owner;
+    bool shared = false;
+  };
+  PushBuffer NewPushBuffer(size_t floats);
+
   // Fetches the values of ascending, unique `keys` into *out (resized to
   // keys.size() * dim). *out must stay alive and untouched until Wait(ts)
   // returns; after that no reply writes into it (even when Wait failed). The servers answer when the consistency model allows a pull at

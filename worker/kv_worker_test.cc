@@ -656,6 +656,33 @@ TEST_F(KVWorkerTest, ZPushSendsTheCallersValuesAndLetsGoOfThemWhenDone) {
   EXPECT_TRUE(alive.expired()) << "let go of once the push is done";
 }
 
+// NewPushBuffer where the transport has no shared memory (this fake):
+// ordinary 64-byte-aligned memory, pushed by ZPush as any, and freed once
+// the push is done and the caller lets go of it.
+TEST_F(KVWorkerTest, PushBufferWithoutSharedMemoryIsOrdinaryMemory) {
+  Make(1);
+  const std::vector<uint64_t> keys = Iota(4096);
+  KVWorker::PushBuffer b = worker_->NewPushBuffer(keys.size() * kDim);
+  EXPECT_FALSE(b.shared);
+  ASSERT_EQ(b.vals.size(), keys.size() * kDim);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.vals.data()) % 64, 0u);
+  for (size_t i = 0; i < b.vals.size(); ++i) b.vals[i] = 0.5f * i;
+  const std::string want(reinterpret_cast<const char*>(b.vals.data()),
+                         b.vals.size() * sizeof(float));
+  std::weak_ptr<const void> alive = b.owner;
+  const int64_t ts = worker_->ZPush(0, keys, b.vals, b.owner, 1);
+  b = KVWorker::PushBuffer{};
+  EXPECT_EQ(S(0)->borrowed_pushes_received(), 1);
+  std::optional<HeldPush> p = S(0)->NextPush();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->req->vals(), want);
+  EXPECT_FALSE(alive.expired());
+  p->Reply(absl::OkStatus());
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+  EXPECT_TRUE(alive.expired());
+  EXPECT_TRUE(worker_->NewPushBuffer(0).vals.empty());
+}
+
 // A server's share in many small pieces is copied, as Push does.
 TEST_F(KVWorkerTest, ZPushOfSmallPiecesCopiesThem) {
   Make(2);
