@@ -906,6 +906,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
     // A push to one range (a dense table's key, say) is split by its long
     // rows' columns instead: a 4 MiB row's SGD on one thread was 30 % of a
     // dense push's samples, the server's other threads idle meanwhile.
+    if (before_apply_for_test_) before_apply_for_test_();
     if (fresh.size() == 1) {
       apply(fresh[0], &apply_runner_);
     } else {

@@ -267,6 +267,12 @@ class ServerNode {
   std::vector<int> OwnedRanges() const;
   int id() const;
   int64_t epoch() const;
+  // Tests: `fn` runs on a push's applying thread just before its admitted
+  // segments are applied (after admission, outside the node's lock), e.g.
+  // to send a resend meanwhile. Set before any push; null: none.
+  void SetBeforeApplyForTest(std::function<void()> fn) {
+    before_apply_for_test_ = std::move(fn);
+  }
 
   // Checkpoints (issue 9; server/checkpoint.h, defined in
   // server_node_checkpoint.cc). Writes this server's keys of every table,
@@ -712,6 +718,7 @@ class ServerNode {
   const ServerLimits limits_;
   ParallelRunner apply_runner_;
   KeyCache key_cache_;  // thread-safe
+  std::function<void()> before_apply_for_test_;  // SetBeforeApplyForTest
 
   mutable absl::Mutex mu_;
   int id_ ABSL_GUARDED_BY(mu_) = -1;

@@ -1641,6 +1641,87 @@ TEST(ServerNodeParallelTest, DensePushCheckedByItsApplyIsRefusedWhole) {
   }
 }
 
+// A resend that arrives while its original is being checked by the apply
+// is answered ABORTED (resendable): the original may yet be refused, so the
+// resend can be neither answered as a duplicate nor applied again. Once the
+// original is answered, a resend is a duplicate (applied) or applied
+// (refused original, finite values now).
+TEST(ServerNodeParallelTest, ResendDuringACheckedApplyIsAborted) {
+  FakeClock clock;
+  ServerNode node(&clock, ServerLimits(), 3);
+  proto::ClusterView v = MakeView(1, 1, proto::MODE_ASP);
+  const size_t dim = 300;
+  v.mutable_tables(0)->set_dim(static_cast<int>(dim));
+  ASSERT_TRUE(node.Configure(0, v).ok());
+  const Routing routing = *Routing::FromProto(v.routing());
+  const std::vector<uint64_t> keys = {7, 8};
+  ASSERT_EQ(routing.RangeOf(7), routing.RangeOf(8));
+  auto push = [&](uint64_t seq, const std::vector<float>& g,
+                  proto::PushResponse* resp = nullptr) {
+    proto::PushRequest r = MakePush(0, seq, 0, keys, g, 1);
+    proto::PushSegment* seg = r.add_segments();
+    seg->set_range(routing.RangeOf(7));
+    seg->set_seq(seq);
+    seg->set_num_keys(2);
+    return PushNow(&node, r, resp);
+  };
+  std::vector<float> g(2 * dim);
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = static_cast<float>(i % 1000) / 8.0f;  // exact in binary
+  }
+  std::vector<float> bad = g;
+  bad[dim + 3] = std::numeric_limits<float>::infinity();
+  auto expect_times = [&](float times) {
+    const std::vector<float> got = PullNow(&node, 0, 0, keys);
+    ASSERT_EQ(got.size(), g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_EQ(got[i], -times * g[i]) << "element " << i;
+    }
+  };
+  // The resend, sent (and answered) from another thread while the
+  // original waits to be applied; once per armed hook.
+  bool armed = false;
+  absl::Status during;
+  proto::PushResponse during_resp;
+  uint64_t resent_seq = 0;
+  std::vector<float> resent;
+  node.SetBeforeApplyForTest([&] {
+    if (!armed) return;
+    armed = false;
+    std::thread t([&] { during = push(resent_seq, resent, &during_resp); });
+    t.join();
+  });
+  // An original that is applied.
+  armed = true;
+  resent_seq = 1;
+  resent = g;
+  proto::PushResponse resp;
+  ASSERT_TRUE(push(1, g, &resp).ok());
+  EXPECT_FALSE(resp.duplicate());
+  EXPECT_EQ(during.code(), StatusCode::kAborted) << during;
+  EXPECT_FALSE(during_resp.duplicate());
+  expect_times(1.0f);
+  resp.Clear();
+  ASSERT_TRUE(push(1, g, &resp).ok());
+  EXPECT_TRUE(resp.duplicate());
+  expect_times(1.0f);
+  // An original that is refused: its resend during the apply is ABORTED
+  // too, the one after it refused again, and finite values then applied.
+  armed = true;
+  resent_seq = 2;
+  resent = bad;
+  EXPECT_EQ(push(2, bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(during.code(), StatusCode::kAborted) << during;
+  expect_times(1.0f);
+  EXPECT_EQ(push(2, bad).code(), StatusCode::kInvalidArgument);
+  resp.Clear();
+  ASSERT_TRUE(push(2, g, &resp).ok());
+  EXPECT_FALSE(resp.duplicate());
+  expect_times(2.0f);
+  EXPECT_EQ(node.Status().pushes(), 2);
+  node.SetBeforeApplyForTest(nullptr);
+}
+
 TEST_F(ServerNodeTest, BspNonFiniteGradientIsRejectedBeforeBuffering) {
   Configure(1, 1, proto::MODE_BSP);
   absl::Status s = PushNow(
