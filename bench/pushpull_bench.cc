@@ -160,6 +160,10 @@ ABSL_FLAG(bool, lent_values, false,
           "server reads them where they lie in the data plane's shared "
           "memory, where otherwise the worker copies them into a slot of it "
           "first");
+ABSL_FLAG(bool, pull_in_place, false,
+          "throughput pulls use KVWorker::PullInPlace: the values are left "
+          "where they arrived (from a same-host server with shared memory, "
+          "the slot it wrote them into) instead of copied into a vector");
 ABSL_FLAG(bool, key_caching, false,
           "workers name key lists a server keeps instead of resending them "
           "(KVWorkerOptions::key_lists_per_server 16, the product default); "
@@ -790,11 +794,13 @@ absl::Status RunWindow(KVWorker* w,
   struct Slot {
     std::vector<int64_t> ts;
     std::vector<std::vector<float>> outs;  // pull destinations, per chunk
+    std::vector<KVWorker::PulledValues> kept;  // --pull_in_place's
     size_t keys = 0;
   };
   std::vector<Slot> slots(std::max(1, load.inflight));
   const size_t dim = load.dim;
   const bool zero_copy = absl::GetFlag(FLAGS_zero_copy);
+  const bool in_place = absl::GetFlag(FLAGS_pull_in_place);
   // The values pushed, and what keeps them.
   absl::Span<const float> all = *vals;
   std::shared_ptr<const void> owner = vals;
@@ -828,7 +834,11 @@ absl::Status RunWindow(KVWorker* w,
     s.keys = keys.size();
     const size_t step = step_of(keys);
     // Sized before any pull starts: KVWorker keeps pointers to these.
-    if (!push) s.outs.resize((keys.size() + step - 1) / step);
+    if (!push && in_place) {
+      s.kept.resize((keys.size() + step - 1) / step);
+    } else if (!push) {
+      s.outs.resize((keys.size() + step - 1) / step);
+    }
     size_t c = 0;
     for (size_t f = 0; f < keys.size(); f += step, ++c) {
       const size_t n = std::min(step, keys.size() - f);
@@ -842,6 +852,8 @@ absl::Status RunWindow(KVWorker* w,
           s.ts.push_back(zero_copy ? w->ZPush(load.table, k, v, owner, 1)
                                    : w->Push(load.table, k, v, 1));
         }
+      } else if (in_place) {
+        s.ts.push_back(w->PullInPlace(load.table, k, &s.kept[c]));
       } else if (ks != nullptr) {
         s.ts.push_back(w->Pull(load.table, *ks, &s.outs[c]));
       } else {
@@ -853,6 +865,8 @@ absl::Status RunWindow(KVWorker* w,
     for (int64_t ts : s.ts) {
       PS_RETURN_IF_ERROR(w->Wait(ts, absl::Now() + absl::Seconds(120)));
     }
+    // Pulled in place: let go of, as a caller done with them would.
+    for (KVWorker::PulledValues& k : s.kept) k.pieces.clear();
     ++out->requests;
     out->keys += static_cast<int64_t>(s.keys);
     return absl::OkStatus();

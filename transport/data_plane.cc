@@ -981,8 +981,11 @@ struct DataPlaneClient::State {
 
   absl::Mutex write_mu;  // one frame at a time
 
+  // `keep`: for a call made with keep_values, what keeps `vals` valid
+  // after the callback (null otherwise, and when there are none).
   using Done = std::function<void(const absl::Status&, const proto::DataReply*,
-                                  absl::Span<const char> vals)>;
+                                  absl::Span<const char> vals,
+                                  std::shared_ptr<const void> keep)>;
   // A request's slot in the arena (bytes 0: none).
   struct Slot {
     uint32_t page = 0;
@@ -999,6 +1002,9 @@ struct DataPlaneClient::State {
     // A pull's table and key count (table -1: not a pull).
     int32_t table = -1;
     uint64_t keys = 0;
+    // Hand the answer's values over (Done's `keep`) instead of freeing
+    // their slot after the callback.
+    bool keep_values = false;
   };
   // The arena the server took (constant once the connection is open; null
   // when there is none). Other connections may share it.
@@ -1029,10 +1035,11 @@ struct DataPlaneClient::State {
   // Registers `done`, writes the frame; a failed write fails the call.
   // `pull_table` >= 0: a pull of `pull_keys` keys of that table (its answer
   // may come through the arena).
+  // `keep_values`: the answer's values are handed over (Pending).
   void Call(Header h, absl::string_view meta, absl::Span<const char> keys,
             const BorrowedValues* borrowed, absl::Span<const char> vals,
             absl::Time deadline, Done done, int32_t pull_table = -1,
-            uint64_t pull_keys = 0);
+            uint64_t pull_keys = 0, bool keep_values = false);
   void Read();
   void FailAll(const absl::Status& s);
   void FreeSlot(const Slot& slot) {
@@ -1045,7 +1052,8 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
                                   const BorrowedValues* borrowed,
                                   absl::Span<const char> vals,
                                   absl::Time deadline, Done done,
-                                  int32_t pull_table, uint64_t pull_keys) {
+                                  int32_t pull_table, uint64_t pull_keys,
+                                  bool keep_values) {
   h.id = next_id.fetch_add(1, std::memory_order_relaxed);
   h.meta_len = static_cast<uint32_t>(meta.size());
   if (borrowed != nullptr && borrowed->pieces.empty()) {
@@ -1057,7 +1065,7 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
     done(absl::ResourceExhaustedError(absl::StrCat(
              "data plane: request of ", FrameBytes(h),
              " bytes is over the message limit of ", max_frame_bytes)),
-         nullptr, {});
+         nullptr, {}, nullptr);
     return;
   }
   // Values the caller wrote in memory lent from the arena, in one run at
@@ -1144,13 +1152,14 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
     if (closing || !open.load()) {
       refused = true;
     } else {
-      pending.emplace(h.id, Pending{deadline, std::move(done), slot,
-                                    pull_table, pull_keys});
+      pending.emplace(h.id, Pending{deadline, std::move(done), slot, pull_table,
+                                    pull_keys, keep_values});
     }
   }
   if (refused) {
     FreeSlot(slot);
-    done(absl::UnavailableError("data plane: connection closed"), nullptr, {});
+    done(absl::UnavailableError("data plane: connection closed"), nullptr, {},
+         nullptr);
     return;
   }
   char hdr[kHeaderBytes];
@@ -1192,7 +1201,7 @@ void DataPlaneClient::State::FailAll(const absl::Status& s) {
   }
   for (auto& [id, p] : failed) {
     if (p.slot.keep != nullptr) kept.push_back(std::move(p.slot.keep));
-    p.done(s, nullptr, {});
+    p.done(s, nullptr, {}, nullptr);
   }
   for (std::shared_ptr<const void>& k : kept) {
     SharedArena::Quarantine(std::move(k));
@@ -1255,7 +1264,7 @@ void DataPlaneClient::State::Read() {
         if (!slot_ok || !reply.ParseFromArray(frame + kHeaderBytes,
                                                static_cast<int>(h.meta_len))) {
           p.done(absl::InternalError("data plane: malformed answer"), nullptr,
-                 {});
+                 {}, nullptr);
         } else {
           if (p.table >= 0 && p.keys > 0 && h.vals_len > 0 &&
               h.vals_len % p.keys == 0) {
@@ -1263,8 +1272,27 @@ void DataPlaneClient::State::Read() {
             uint64_t& per_key = pull_bytes_per_key[p.table];
             per_key = std::max<uint64_t>(per_key, h.vals_len / p.keys);
           }
-          p.done(StatusFromReply(reply), &reply,
-                 absl::Span<const char>(vals, h.vals_len));
+          absl::Span<const char> got(vals, h.vals_len);
+          std::shared_ptr<const void> keep;
+          if (p.keep_values && !got.empty()) {
+            if (in_slot) {
+              // The slot is the caller's now (the server answered: it
+              // writes no more), freed when `keep` goes.
+              keep = std::shared_ptr<const void>(
+                  vals, [a = arena, slot = p.slot](const void*) {
+                    a->Free(slot.page, slot.bytes);
+                  });
+              p.slot.bytes = 0;
+            } else {
+              // In the reader's buffer, which the next answer reuses.
+              auto copy = std::make_shared<std::vector<float>>(got.size() / 4);
+              std::memcpy(copy->data(), got.data(), got.size());
+              got = absl::Span<const char>(
+                  reinterpret_cast<const char*>(copy->data()), got.size());
+              keep = std::move(copy);
+            }
+          }
+          p.done(StatusFromReply(reply), &reply, got, std::move(keep));
         }
         FreeSlot(p.slot);
       }
@@ -1325,7 +1353,7 @@ void DataPlaneClient::State::Read() {
       }
       for (Done& d : expired) {
         d(absl::DeadlineExceededError("data plane: no answer by the deadline"),
-          nullptr, {});
+          nullptr, {}, nullptr);
       }
       continue;
     }
@@ -1524,9 +1552,9 @@ namespace {
 // (empty when the call failed).
 template <typename Resp, typename F>
 DataPlaneClient::State::Done Parsed(F done) {
-  return [done = std::move(done)](const absl::Status& s,
-                                  const proto::DataReply* reply,
-                                  absl::Span<const char> vals) mutable {
+  return [done = std::move(done)](
+             const absl::Status& s, const proto::DataReply* reply,
+             absl::Span<const char> vals, std::shared_ptr<const void>) mutable {
     Resp resp;
     absl::Status st = s;
     if (st.ok() && reply != nullptr &&
@@ -1534,6 +1562,26 @@ DataPlaneClient::State::Done Parsed(F done) {
       st = absl::InternalError("data plane: malformed response");
     }
     done(st, &resp, st.ok() ? vals : absl::Span<const char>());
+  };
+}
+// Parsed, with what keeps the values (a call made with keep_values).
+template <typename Resp, typename F>
+DataPlaneClient::State::Done ParsedKept(F done) {
+  return [done = std::move(done)](const absl::Status& s,
+                                  const proto::DataReply* reply,
+                                  absl::Span<const char> vals,
+                                  std::shared_ptr<const void> keep) mutable {
+    Resp resp;
+    absl::Status st = s;
+    if (st.ok() && reply != nullptr &&
+        !resp.ParseFromString(reply->response())) {
+      st = absl::InternalError("data plane: malformed response");
+    }
+    if (!st.ok()) {
+      vals = {};
+      keep = nullptr;
+    }
+    done(st, &resp, vals, std::move(keep));
   };
 }
 // The same, for an answer without values.
@@ -1599,10 +1647,9 @@ void DataPlaneClient::Pull(const proto::PullRequest& req, absl::Time deadline,
              });
 }
 
-void DataPlaneClient::PullValues(const proto::PullRequest& req,
-                                 absl::Time deadline,
-                                 ServerClient::ValuesCallback done) {
-  const absl::string_view meta = SerializeHead(PullHead(req));
+namespace {
+// A pull's header: it may be held until `deadline`.
+Header PullHeader(absl::Time deadline) {
   Header h;
   h.type = data_plane::kPull;
   const absl::Duration left = deadline - absl::Now();
@@ -1610,11 +1657,29 @@ void DataPlaneClient::PullValues(const proto::PullRequest& req,
                      ? 0
                      : static_cast<uint64_t>(std::max<int64_t>(
                            1, absl::ToInt64Microseconds(left)));
-  const uint64_t keys =
-      req.keys().empty() ? req.num_keys() : req.keys().size() / 8;
-  state_->Call(h, meta, req.keys(), nullptr, {}, deadline,
+  return h;
+}
+uint64_t PullKeyCount(const proto::PullRequest& req) {
+  return req.keys().empty() ? req.num_keys() : req.keys().size() / 8;
+}
+}  // namespace
+
+void DataPlaneClient::PullValues(const proto::PullRequest& req,
+                                 absl::Time deadline,
+                                 ServerClient::ValuesCallback done) {
+  state_->Call(PullHeader(deadline), SerializeHead(PullHead(req)), req.keys(),
+               nullptr, {}, deadline,
                Parsed<proto::PullResponse>(std::move(done)), req.table(),
-               keys);
+               PullKeyCount(req));
+}
+
+void DataPlaneClient::PullKept(const proto::PullRequest& req,
+                               absl::Time deadline,
+                               ServerClient::KeptValuesCallback done) {
+  state_->Call(PullHeader(deadline), SerializeHead(PullHead(req)), req.keys(),
+               nullptr, {}, deadline,
+               ParsedKept<proto::PullResponse>(std::move(done)), req.table(),
+               PullKeyCount(req), /*keep_values=*/true);
 }
 
 void DataPlaneClient::Clock(const proto::ClockRequest& req, absl::Time deadline,

@@ -334,6 +334,11 @@ class DataPlaneClient {
   // (ServerClient::PullValues).
   void PullValues(const proto::PullRequest& req, absl::Time deadline,
                   ServerClient::ValuesCallback done);
+  // As PullValues, the values handed over (ServerClient::PullKept): an
+  // answer in its arena slot keeps the slot until `keep` goes; one in the
+  // frame is copied out of the reader's buffer.
+  void PullKept(const proto::PullRequest& req, absl::Time deadline,
+                ServerClient::KeptValuesCallback done);
   void Clock(const proto::ClockRequest& req, absl::Time deadline,
              ServerClient::Callback<proto::ClockResponse> done);
   // The answer's status is the batch's (ReplicateResponse is empty).

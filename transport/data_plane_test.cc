@@ -1275,6 +1275,55 @@ TEST_F(LentMemoryTest, OwnerKeptUntilAnsweredAndQuarantinedOnABreak) {
   handler_.hold = false;
 }
 
+// PullKept: an answer the server wrote into the pull's arena slot stays
+// there, the slot the caller's until it lets go of `keep`; an answer in
+// the frame (before the table's answer size is known) is copied out.
+TEST_F(SharedMemoryTest, KeptPullAnswerKeepsItsSlot) {
+  Serve();
+  auto c = ConnectShared(size_t{1} << 20);
+  ASSERT_NE(c, nullptr);
+  constexpr int kN = 20000;
+  auto pull_kept = [&](std::shared_ptr<const void>* keep) {
+    proto::PullRequest req;
+    req.set_table(2);
+    std::vector<uint64_t> keys(kN);
+    for (int i = 0; i < kN; ++i) keys[i] = i + 1;
+    req.set_keys(reinterpret_cast<const char*>(keys.data()), kN * 8);
+    absl::Notification done;
+    absl::Span<const char> got;
+    c->PullKept(
+        req, absl::Now() + absl::Seconds(30),
+        [&](const absl::Status& s, proto::PullResponse*,
+            absl::Span<const char> vals, std::shared_ptr<const void> k) {
+          EXPECT_TRUE(s.ok()) << s;
+          got = vals;
+          *keep = std::move(k);
+          done.Notify();
+        });
+    done.WaitForNotification();
+    return got;
+  };
+  const size_t all_free = arena_->free_pages();
+  for (int round = 0; round < 2; ++round) {  // in the frame, then the slot
+    std::shared_ptr<const void> keep;
+    const absl::Span<const char> got = pull_kept(&keep);
+    ASSERT_NE(keep, nullptr) << round;
+    ASSERT_EQ(got.size(), size_t(kN) * 4);
+    // Read after the callback, and after another call on the connection.
+    PullAndCheck(c.get(), 100);
+    for (int i = 0; i < kN; ++i) {
+      float v;
+      std::memcpy(&v, got.data() + 4 * i, 4);
+      ASSERT_EQ(v, static_cast<float>(i + 1)) << round << " " << i;
+    }
+    const bool in_arena = arena_->Holds(got.data(), got.size());
+    EXPECT_EQ(in_arena, round == 1);
+    EXPECT_EQ(arena_->free_pages() < all_free, in_arena);
+    keep.reset();
+    EXPECT_EQ(arena_->free_pages(), all_free) << round;
+  }
+}
+
 TEST_F(LentMemoryTest, LentFramesOutsideTheArenaCloseTheirConnection) {
   Serve();
   // Past its end (16 pages): refused, the connection closed.

@@ -768,6 +768,14 @@ class GrpcServerClient : public ServerClient {
     }
     ServerClient::PullValues(std::move(req), deadline, std::move(done));
   }
+  void PullKept(std::shared_ptr<const proto::PullRequest> req,
+                absl::Time deadline, KeptValuesCallback done) override {
+    if (std::shared_ptr<DataPlaneClient> d = Data()) {
+      d->PullKept(*req, deadline, std::move(done));
+      return;
+    }
+    ServerClient::PullKept(std::move(req), deadline, std::move(done));
+  }
   // On the client's replication stream (opened on first use, and again
   // after it ended).
   void Replicate(std::shared_ptr<const proto::ReplicateRequest> req,

@@ -119,6 +119,29 @@ class ServerClient {
                                              resp->vals().size()));
          });
   }
+  // As PullValues, and `keep` keeps `vals` valid after the callback, as
+  // long as the caller holds it (issue 10: KVWorker::PullInPlace): a
+  // transport that received the values in memory of its own hands that
+  // over (the data plane's arena slot) instead of freeing it. Null with
+  // no values. This default moves the response's values out of it.
+  using KeptValuesCallback = std::function<void(
+      const absl::Status&, proto::PullResponse*, absl::Span<const char> vals,
+      std::shared_ptr<const void> keep)>;
+  virtual void PullKept(std::shared_ptr<const proto::PullRequest> req,
+                        absl::Time deadline, KeptValuesCallback done) {
+    Pull(std::move(req), deadline,
+         [done = std::move(done)](const absl::Status& s,
+                                  proto::PullResponse* resp) {
+           if (resp == nullptr || !s.ok() || resp->vals().empty()) {
+             done(s, resp, {}, nullptr);
+             return;
+           }
+           auto kept =
+               std::make_shared<std::string>(std::move(*resp->mutable_vals()));
+           const absl::Span<const char> vals(kept->data(), kept->size());
+           done(s, resp, vals, std::move(kept));
+         });
+  }
   virtual void Clock(std::shared_ptr<const proto::ClockRequest> req, absl::Time deadline,
                      Callback<proto::ClockResponse> done) = 0;
   virtual absl::Status Finish(const proto::FinishRequest& req,

@@ -427,6 +427,7 @@ void KVWorker::Abandon(int64_t ts) {
   if (it->second.target != nullptr) {
     absl::MutexLock l(&it->second.target->mu);
     it->second.target->out = nullptr;
+    it->second.target->in_place = nullptr;
   }
 }
 
@@ -1174,9 +1175,21 @@ int64_t KVWorker::Pull(int table, const KeySet& keys, std::vector<float>* out,
   return PullImpl(table, keys.keys(), out, at_clock, &keys);
 }
 
+int64_t KVWorker::PullInPlace(int table, absl::Span<const uint64_t> keys,
+                              PulledValues* out, int64_t at_clock) {
+  return PullImpl(table, keys, nullptr, at_clock, nullptr, out);
+}
+
+void KVWorker::PulledValues::CopyTo(float* out, int dim) const {
+  for (const Piece& p : pieces) {
+    std::memcpy(out + p.first * static_cast<size_t>(dim), p.vals.data(),
+                p.vals.size() * sizeof(float));
+  }
+}
+
 int64_t KVWorker::PullImpl(int table, absl::Span<const uint64_t> keys,
                            std::vector<float>* out, int64_t at_clock,
-                           const KeySet* set) {
+                           const KeySet* set, PulledValues* in_place) {
   int64_t ts, clock;
   int dim = 0;
   std::shared_ptr<PullTarget> target;
@@ -1196,8 +1209,10 @@ int64_t KVWorker::PullImpl(int table, absl::Span<const uint64_t> keys,
     }
     if (dim != 0) {
       target = std::make_shared<PullTarget>();
+      target->kept = in_place != nullptr;
       absl::MutexLock t(&target->mu);
       target->out = out;
+      target->in_place = in_place;
       ops_[ts].target = target;
     }
   }
@@ -1206,7 +1221,11 @@ int64_t KVWorker::PullImpl(int table, absl::Span<const uint64_t> keys,
                      absl::StrCat("pull: unknown table ", table)));
     return ts;
   }
-  out->resize(keys.size() * dim);
+  if (in_place != nullptr) {
+    in_place->pieces.clear();
+  } else {
+    out->resize(keys.size() * dim);
+  }
   StartPull(ts, table, clock, keys, {}, std::move(target), 0, set);
   PartDone(ts, absl::OkStatus());
   return ts;
@@ -1296,6 +1315,19 @@ void KVWorker::SendPull(std::shared_ptr<PullSlice> slice, int attempt) {
   }
   AttachKeys(slice->server, slice->keys, &slice->req);
   std::shared_ptr<const proto::PullRequest> req(slice, &slice->req);
+  if (slice->target->kept) {
+    client->PullKept(
+        req, clock_->Now() + options_.request_timeout,
+        Tracked<proto::PullResponse, absl::Span<const char>,
+                std::shared_ptr<const void>>(
+            slice->server,
+            [this, slice, attempt](
+                const absl::Status& s, proto::PullResponse* resp,
+                absl::Span<const char> vals, std::shared_ptr<const void> keep) {
+              OnPullReply(slice, attempt, s, resp, vals, std::move(keep));
+            }));
+    return;
+  }
   client->PullValues(
       req, clock_->Now() + options_.request_timeout,
       Tracked<proto::PullResponse, absl::Span<const char>>(
@@ -1309,7 +1341,8 @@ void KVWorker::SendPull(std::shared_ptr<PullSlice> slice, int attempt) {
 
 void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
                            const absl::Status& s, proto::PullResponse* resp,
-                           absl::Span<const char> vals) {
+                           absl::Span<const char> vals,
+                           std::shared_ptr<const void> keep) {
   if (s.ok()) {
     if (!slice->req.keys().empty()) {
       ListKept(slice->server, slice->req.key_list());
@@ -1324,7 +1357,37 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
       return;
     }
     const char* v = vals.data();  // may be unaligned: copied bytewise
-    {
+    if (slice->target->kept && n > 0) {
+      if (keep == nullptr ||
+          reinterpret_cast<uintptr_t>(v) % alignof(float) != 0) {
+        // Not kept by the transport, or not where floats can be read.
+        auto copy = std::make_shared<std::vector<float>>(vals.size() / 4);
+        std::memcpy(copy->data(), v, vals.size());
+        v = reinterpret_cast<const char*>(copy->data());
+        keep = std::move(copy);
+      }
+      // Under the target's lock: Wait clears `in_place` before it returns.
+      absl::MutexLock l(&slice->target->mu);
+      if (PulledValues* out = slice->target->in_place; out != nullptr) {
+        const float* f = reinterpret_cast<const float*>(v);
+        size_t at = 0;
+        for (size_t i = 0; i < slice->spans_first.size(); ++i) {
+          const size_t first = slice->spans_first[i];
+          const size_t len = (slice->spans_last[i] - first) * dim;
+          PulledValues::Piece piece{first, absl::MakeConstSpan(f + at, len),
+                                    keep};
+          at += len;
+          // In key order (slices answer in any order).
+          auto pos =
+              std::upper_bound(out->pieces.begin(), out->pieces.end(), first,
+                               [](size_t k, const PulledValues::Piece& p) {
+                                 return k < p.first;
+                               });
+          out->pieces.insert(pos, std::move(piece));
+        }
+      }
+    }
+    if (!slice->target->kept) {
       // Under the target's lock: Wait clears `out` before it returns.
       absl::MutexLock l(&slice->target->mu);
       std::vector<float>* out = slice->target->out;

@@ -236,6 +236,31 @@ class KVWorker final : public ParamClient {
   // next clock passes clock() + 1: it then waits as that clock's pull would.
   int64_t Pull(int table, absl::Span<const uint64_t> keys,
                std::vector<float>* out, int64_t at_clock = -1) override;
+  // A pull's values where they arrived (PullInPlace), in key order: piece
+  // i holds the values of keys.size() / dim keys from key pieces[i].first
+  // on, valid while `keep` (or a copy of it) lives.
+  struct PulledValues {
+    struct Piece {
+      size_t first = 0;
+      absl::Span<const float> vals;
+      std::shared_ptr<const void> keep;
+    };
+    std::vector<Piece> pieces;
+    // Copies every piece to its place in `out` (the pull's keys * dim
+    // floats).
+    void CopyTo(float* out, int dim) const;
+  };
+  // Pull without the copy into a vector (issue 10): *out gets the values
+  // where the transport received them, in pieces (a piece per server and
+  // run of keys: one for a pull from one server), kept as long as *out
+  // holds them. From a same-host server with shared memory, that is the
+  // arena slot the server wrote them into: a 4 MiB pull's copy into the
+  // caller's vector was 45 % of the worker's CPU. *out is cleared by the
+  // call, must stay alive until Wait(ts) returns, and is complete only when
+  // that returned OK; after that no reply changes it.
+  int64_t PullInPlace(int table, absl::Span<const uint64_t> keys,
+                      PulledValues* out, int64_t at_clock = -1);
+
   // Pull of a KeySet's keys (ascending and unique, as Pull's); `keys` need
   // only live for the call.
   int64_t Pull(int table, const KeySet& keys, std::vector<float>* out,
@@ -344,7 +369,10 @@ class KVWorker final : public ParamClient {
   // reply that arrives later writes nothing.
   struct PullTarget {
     absl::Mutex mu;
-    std::vector<float>* out ABSL_GUARDED_BY(mu);
+    std::vector<float>* out ABSL_GUARDED_BY(mu) = nullptr;
+    // PullInPlace's (then out is null); Wait clears it as `out`.
+    PulledValues* in_place ABSL_GUARDED_BY(mu) = nullptr;
+    bool kept = false;  // PullInPlace: constant once shared
   };
   struct Op {
     int pending = 0;
@@ -524,9 +552,11 @@ class KVWorker final : public ParamClient {
                    const absl::Status& s);
   void SendPull(std::shared_ptr<PullSlice> slice, int attempt);
   // `vals`: the answer's values (ServerClient::PullValues).
+  // `keep`: what keeps `vals` valid (PullInPlace's slices).
   void OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
                    const absl::Status& s, proto::PullResponse* resp,
-                   absl::Span<const char> vals);
+                   absl::Span<const char> vals,
+                   std::shared_ptr<const void> keep = nullptr);
   // Push's first step: a new op (*ts, with a guard part for the caller to
   // release) counted as a push of the current clock (*clock), which
   // end_clock also ends (*clock_ts, see EndClockLocked). INVALID_ARGUMENT
@@ -585,9 +615,10 @@ class KVWorker final : public ParamClient {
                       const std::shared_ptr<const void>& owner,
                       const KeySet* set);
   // Both Pulls (`set`: as PushImpl's).
+  // Into *out, or, when it is null, into *in_place.
   int64_t PullImpl(int table, absl::Span<const uint64_t> keys,
-                   std::vector<float>* out, int64_t at_clock,
-                   const KeySet* set);
+                   std::vector<float>* out, int64_t at_clock, const KeySet* set,
+                   PulledValues* in_place = nullptr);
   // Slices and sends a pull for `ts`; `pos[i]` is where key i's values go
   // in the output (in units of keys); empty = identity.
   void StartPull(int64_t ts, int table, int64_t clock,

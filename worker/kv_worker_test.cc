@@ -883,6 +883,60 @@ TEST_F(KVWorkerTest, PullAssemblesSlicesInKeyOrder) {
   }
 }
 
+// PullInPlace: each server's slice's values stay where the transport left
+// them (this fake: the response's string, moved out), as pieces in key
+// order that CopyTo assembles as Pull does; a slice resent after a stale
+// epoch adds its pieces once.
+TEST_F(KVWorkerTest, PullInPlaceLeavesEachSliceWhereItArrived) {
+  Make(2);
+  const std::vector<uint64_t> keys = Iota(16);
+  KVWorker::PulledValues got;
+  got.pieces.push_back({});  // cleared by the call
+  const int64_t ts = worker_->PullInPlace(0, keys, &got);
+  EXPECT_TRUE(got.pieces.empty());
+  factory_.scheduler()->set_view(MovedTo(view_, 0, 2));
+  // S[1] answers first: the pieces still end in key order.
+  S(1)->NextPull()->Reply(StaleEpoch());
+  std::optional<HeldPull> p0 = S(0)->NextPull();
+  p0->Reply(absl::OkStatus(), Answer(*p0->req));
+  clock_.Advance(absl::Milliseconds(20));
+  ASSERT_NO_FATAL_FAILURE(AnswerRegroupedPull(keys));
+  ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+  ASSERT_FALSE(got.pieces.empty());
+  size_t covered = 0;
+  for (size_t i = 0; i < got.pieces.size(); ++i) {
+    const KVWorker::PulledValues::Piece& p = got.pieces[i];
+    if (i > 0) EXPECT_LT(got.pieces[i - 1].first, p.first);
+    ASSERT_EQ(p.vals.size() % kDim, 0u);
+    EXPECT_NE(p.keep, nullptr);
+    for (size_t k = 0; k < p.vals.size() / kDim; ++k) {
+      EXPECT_FLOAT_EQ(p.vals[k * kDim + 1], KeyValue(keys[p.first + k], 1));
+    }
+    covered += p.vals.size() / kDim;
+  }
+  EXPECT_EQ(covered, keys.size());
+  std::vector<float> out(keys.size() * kDim, -1.0f);
+  got.CopyTo(out.data(), kDim);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_FLOAT_EQ(out[i * kDim], KeyValue(keys[i], 0));
+    EXPECT_FLOAT_EQ(out[i * kDim + 1], KeyValue(keys[i], 1));
+  }
+}
+
+// A PullInPlace that Wait gave up on gets nothing from a later answer.
+TEST_F(KVWorkerTest, PullInPlaceGivenUpIsNotWrittenLater) {
+  Make(1);
+  const std::vector<uint64_t> keys = Iota(8);
+  KVWorker::PulledValues got;
+  const int64_t ts = worker_->PullInPlace(0, keys, &got);
+  std::optional<HeldPull> p = S(0)->NextPull();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(worker_->Wait(ts, absl::Now() + absl::Milliseconds(1)).code(),
+            StatusCode::kDeadlineExceeded);
+  p->Reply(absl::OkStatus(), Answer(*p->req));
+  EXPECT_TRUE(got.pieces.empty());
+}
+
 // SSP catch-up: the highest others_min_clock the servers' pull answers
 // carried, whichever server and whatever order they came in.
 TEST_F(KVWorkerTest, OthersMinClockIsTheHighestAPullAnswerCarried) {
