@@ -1688,7 +1688,7 @@ TEST_F(SharedMemoryTest, StoppedServerFailsSharedCallsInFlight) {
     handler_.held.clear();
     handler_.hold = false;
   }
-  c.reset();  // the arena goes with the connection
+  c.reset();  // its calls' slots stay taken in arena_, never reused
   Serve();
   auto d = ConnectShared(size_t{1} << 20);
   ASSERT_NE(d, nullptr);
