@@ -1028,8 +1028,6 @@ struct DataPlaneClient::State {
 
   ~State() {
     if (fd >= 0) ::close(fd);
-    // FailAll took the rest.
-    for (auto& [id, o] : orphans) SharedArena::Quarantine(std::move(o.keep));
   }
 
   // Registers `done`, writes the frame; a failed write fails the call.
@@ -1278,10 +1276,7 @@ void DataPlaneClient::State::Read() {
             if (in_slot) {
               // The slot is the caller's now (the server answered: it
               // writes no more), freed when `keep` goes.
-              keep = std::shared_ptr<const void>(
-                  vals, [a = arena, slot = p.slot](const void*) {
-                    a->Free(slot.page, slot.bytes);
-                  });
+              keep = SharedArena::Own(arena, p.slot.page, p.slot.bytes);
               p.slot.bytes = 0;
             } else {
               // In the reader's buffer, which the next answer reuses.
@@ -1549,22 +1544,8 @@ bool DataPlaneClient::OnReaderThread() const {
 namespace {
 // A call's callback as the reader gives it: the response parsed, and the
 // frame's values (a pull's) passed on where the reader received them
-// (empty when the call failed).
-template <typename Resp, typename F>
-DataPlaneClient::State::Done Parsed(F done) {
-  return [done = std::move(done)](
-             const absl::Status& s, const proto::DataReply* reply,
-             absl::Span<const char> vals, std::shared_ptr<const void>) mutable {
-    Resp resp;
-    absl::Status st = s;
-    if (st.ok() && reply != nullptr &&
-        !resp.ParseFromString(reply->response())) {
-      st = absl::InternalError("data plane: malformed response");
-    }
-    done(st, &resp, st.ok() ? vals : absl::Span<const char>());
-  };
-}
-// Parsed, with what keeps the values (a call made with keep_values).
+// (empty when the call failed), with what keeps them valid after it (a
+// call made with keep_values; null otherwise and when it failed).
 template <typename Resp, typename F>
 DataPlaneClient::State::Done ParsedKept(F done) {
   return [done = std::move(done)](const absl::Status& s,
@@ -1583,6 +1564,14 @@ DataPlaneClient::State::Done ParsedKept(F done) {
     }
     done(st, &resp, vals, std::move(keep));
   };
+}
+// ParsedKept for a call whose values need not outlive its callback.
+template <typename Resp, typename F>
+DataPlaneClient::State::Done Parsed(F done) {
+  return ParsedKept<Resp>(
+      [done = std::move(done)](
+          const absl::Status& s, Resp* resp, absl::Span<const char> vals,
+          std::shared_ptr<const void>) mutable { done(s, resp, vals); });
 }
 // The same, for an answer without values.
 template <typename Resp>

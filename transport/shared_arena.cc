@@ -69,6 +69,11 @@ std::shared_ptr<char> SharedArena::Lend(std::shared_ptr<SharedArena> arena,
   if (arena == nullptr || bytes == 0) return nullptr;
   const std::optional<uint32_t> page = arena->Allocate(bytes);
   if (!page.has_value()) return nullptr;
+  return Own(std::move(arena), *page, bytes);
+}
+
+std::shared_ptr<char> SharedArena::Own(std::shared_ptr<SharedArena> arena,
+                                       uint32_t page, size_t bytes) {
   struct Lent {
     Lent(std::shared_ptr<SharedArena> a, uint32_t p, size_t b)
         : arena(std::move(a)), page(p), bytes(b) {}
@@ -79,8 +84,8 @@ std::shared_ptr<char> SharedArena::Lend(std::shared_ptr<SharedArena> arena,
     const uint32_t page;
     const size_t bytes;
   };
-  char* const at = arena->base() + size_t{*page} * kArenaPage;
-  auto lent = std::make_shared<Lent>(std::move(arena), *page, bytes);
+  char* const at = arena->base() + size_t{page} * kArenaPage;
+  auto lent = std::make_shared<Lent>(std::move(arena), page, bytes);
   return std::shared_ptr<char>(std::move(lent), at);
 }
 

@@ -81,6 +81,10 @@ class SharedArena {
   // null when no free run is long enough.
   static std::shared_ptr<char> Lend(std::shared_ptr<SharedArena> arena,
                                     size_t bytes);
+  // The slot Allocate gave at `page` for `bytes`, as Lend's: freed when the
+  // last copy of the returned pointer goes.
+  static std::shared_ptr<char> Own(std::shared_ptr<SharedArena> arena,
+                                   uint32_t page, size_t bytes);
 
   // Keeps `owner` for the rest of the process: memory a server may still
   // read through a connection that broke, which nothing may reuse (a
