@@ -767,8 +767,9 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
         s = st;
         break;
       }
-      if (dup && checking_.contains({run.range, req.worker_id(), seqs[i]})) {
-        // The original is being applied, and may yet be refused.
+      if (dup && applying_.contains({run.range, req.worker_id(), seqs[i]})) {
+        // The original is being applied (and may yet be refused): answered
+        // once it is, so that an acknowledgement means applied.
         s = absl::AbortedError(
             absl::StrCat("push seq ", seqs[i], " of worker ", req.worker_id(),
                          " is being applied: resend once it is answered"));
@@ -812,9 +813,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
         AddActions(&actions, run.range, &a);
       } else {
         fresh.push_back(i);
-        if (check_in_apply) {
-          checking_.insert({run.range, req.worker_id(), seqs[i]});
-        }
+        applying_.insert({run.range, req.worker_id(), seqs[i]});
       }
     }
     if (!logged.empty()) LogPushLocked(req, keys, g, dim, logged);
@@ -920,9 +919,7 @@ void ServerNode::Push(const proto::PushRequest& req, absl::string_view keys_in,
     }
     absl::MutexLock l(&mu_);
     for (size_t i : fresh) {
-      if (check_in_apply) {
-        checking_.erase({runs[i].range, req.worker_id(), seqs[i]});
-      }
+      applying_.erase({runs[i].range, req.worker_id(), seqs[i]});
       if (refused) {
         // Nothing of it applied: as if never admitted, so that a resend
         // is refused again rather than answered as a duplicate.

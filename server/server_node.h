@@ -740,11 +740,15 @@ class ServerNode {
   int64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t non_finite_pushes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Pushes admitted whose values the table checks as it applies them
-  // (range, worker, seq): a resend of one meanwhile is told to come back
-  // (ABORTED) rather than answered as a duplicate, since the table may yet
-  // refuse it (Push).
-  absl::flat_hash_set<std::tuple<int, int, uint64_t>> checking_
+  // Pushes admitted and not yet applied (range, worker, seq; not BSP,
+  // whose segments are copied at admission): a resend of one meanwhile is
+  // told to come back (ABORTED) rather than answered as a duplicate. The
+  // table may yet refuse the original (values it checks as it applies
+  // them), and an acknowledged push is one applied: a worker whose push
+  // values lie in shared memory it lent (KVWorker::NewPushBuffer) writes
+  // them again once the push is answered, while the original's apply may
+  // still read them (Push).
+  absl::flat_hash_set<std::tuple<int, int, uint64_t>> applying_
       ABSL_GUARDED_BY(mu_);
   int64_t default_wait_ms_ ABSL_GUARDED_BY(mu_) = 120000;
 

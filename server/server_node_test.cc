@@ -1722,6 +1722,57 @@ TEST(ServerNodeParallelTest, ResendDuringACheckedApplyIsAborted) {
   node.SetBeforeApplyForTest(nullptr);
 }
 
+// Any push, not only one checked by its apply: a resend that arrives while
+// the original is being applied is ABORTED, since an acknowledgement means
+// applied (a worker that lent the values' memory writes it again once the
+// push is answered, while the original's apply may still read it). Here a
+// sparse push of one key in each of two ranges (not checked in the apply).
+TEST(ServerNodeParallelTest, ResendDuringAnyApplyIsAborted) {
+  FakeClock clock;
+  ServerNode node(&clock, ServerLimits(), 3);
+  const proto::ClusterView v = MakeView(1, 1, proto::MODE_ASP);
+  ASSERT_TRUE(node.Configure(0, v).ok());
+  const Routing routing = *Routing::FromProto(v.routing());
+  // Ranges are arcs of the key space: another one lies far from key 7.
+  uint64_t other = 7;
+  while (routing.RangeOf(other) == routing.RangeOf(7)) {
+    other += uint64_t{1} << 56;
+  }
+  const std::vector<uint64_t> keys = {7, other};
+  const std::vector<float> g = {0.5f, 0.25f};
+  auto push = [&](proto::PushResponse* resp) {
+    proto::PushRequest r = MakePush(0, 1, 0, keys, g, 1);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      proto::PushSegment* seg = r.add_segments();
+      seg->set_range(routing.RangeOf(keys[i]));
+      seg->set_seq(1);
+      seg->set_num_keys(1);
+    }
+    return PushNow(&node, r, resp);
+  };
+  bool armed = true;
+  absl::Status during;
+  proto::PushResponse during_resp;
+  node.SetBeforeApplyForTest([&] {
+    if (!armed) return;
+    armed = false;
+    std::thread t([&] { during = push(&during_resp); });
+    t.join();
+  });
+  proto::PushResponse resp;
+  ASSERT_TRUE(push(&resp).ok());
+  EXPECT_FALSE(resp.duplicate());
+  EXPECT_EQ(during.code(), StatusCode::kAborted) << during;
+  EXPECT_FALSE(during_resp.duplicate());
+  resp.Clear();
+  ASSERT_TRUE(push(&resp).ok());
+  EXPECT_TRUE(resp.duplicate());
+  const std::vector<float> got = PullNow(&node, 0, 0, keys);
+  EXPECT_EQ(got, (std::vector<float>{-g[0], -g[1]}));
+  EXPECT_EQ(node.Status().pushes(), 1);
+  node.SetBeforeApplyForTest(nullptr);
+}
+
 TEST_F(ServerNodeTest, BspNonFiniteGradientIsRejectedBeforeBuffering) {
   Configure(1, 1, proto::MODE_BSP);
   absl::Status s = PushNow(
