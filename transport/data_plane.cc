@@ -86,7 +86,8 @@ absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
   h->shared_page = Load<uint32_t>(in + 12);
   h->shared_offset = Load<uint16_t>(in + 6);
   const bool may_share = h->type == kHello || h->type == kPush ||
-                         h->type == kPull || h->type == kReply;
+                         h->type == kPull || h->type == kReply ||
+                         h->type == kReplicate;
   const bool may_share_keys = h->type == kPush || h->type == kPull;
   const bool at = (h->flags & kSharedAt) != 0;
   if ((h->flags & ~(kShared | kSharedKeys | kSharedAt)) != 0 ||
@@ -116,7 +117,9 @@ absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
   h->keys_len = Load<uint64_t>(in + 24);
   h->vals_len = Load<uint64_t>(in + 32);
   h->timeout_us = Load<uint64_t>(in + 40);
-  if (h->keys_len % 8 != 0 || h->vals_len % 4 != 0) {
+  // A kShared REPLICATE's vals are its request: any number of bytes.
+  const bool any_vals = h->type == kReplicate && (h->flags & kShared) != 0;
+  if (h->keys_len % 8 != 0 || (h->vals_len % 4 != 0 && !any_vals)) {
     return absl::InvalidArgumentError(
         "data plane: keys not 8-byte or values not 4-byte units");
   }
@@ -417,8 +420,9 @@ struct DataPlaneServer::State {
   // False: close the connection. `*worker`: the worker_id of the request,
   // when it has one. `*arena_block`: the connection's block for the
   // requests parsed into an arena (allocated at the first).
-  // `keys_buf`: the connection's private copy of keys sent in its arena
-  // (kSharedKeys), at least SlotKeysBytes(h) long.
+  // `keys_buf`: the connection's private copy of what the frame has in its
+  // arena that is read more than once (data_plane::PrivateBytes: keys,
+  // a replication batch), at least PrivateBytes(h) long.
   bool Dispatch(const std::shared_ptr<DataConnection>& conn, const Header& h,
                 const char* frame, int32_t* worker, ArenaBlock* arena_block,
                 Buffer* keys_buf);
@@ -721,7 +725,8 @@ void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) 
   size_t begin = 0, end = 0;
   int32_t worker = -1;  // who the requests came from, once one said
   ArenaBlock arena_block;  // the first block of each request's arena
-  Buffer keys_buf;  // keys copied out of the arena (kSharedKeys)
+  // Keys (kSharedKeys) or a replication batch copied out of the arena.
+  Buffer keys_buf;
   // Grows `b` to `need` bytes within the receive buffers' budget (`keep`
   // bytes kept), or answers RESOURCE_EXHAUSTED to request `id`, closes the
   // connection and returns false.
@@ -760,8 +765,8 @@ void DataPlaneServer::State::Serve(const std::shared_ptr<DataConnection>& conn) 
       }
       need = FrameBytes(h);
       if (end - begin < need) break;
-      if (data_plane::SlotKeysBytes(h) > keys_buf.cap &&
-          !grow(keys_buf, data_plane::SlotKeysBytes(h), 0, h.id)) {
+      if (data_plane::PrivateBytes(h) > keys_buf.cap &&
+          !grow(keys_buf, data_plane::PrivateBytes(h), 0, h.id)) {
         return;
       }
       if (!Dispatch(conn, h, buf.data + begin, &worker, &arena_block,
@@ -906,6 +911,10 @@ bool DataPlaneServer::State::Dispatch(
     }
     if (h.type == data_plane::kPush) {
       vals = absl::Span<const char>(at + vals_at, h.vals_len);
+    } else if (h.type == data_plane::kReplicate) {
+      // Parsed from a private copy: a parser may read a byte twice.
+      std::memcpy(keys_buf->data, at, h.vals_len);
+      vals = absl::Span<const char>(keys_buf->data, h.vals_len);
     } else {
       reply = DataReplyTo(conn, h.id, h.shared_page, in_slot_keys, h.vals_len);
       vals = {};
@@ -959,6 +968,18 @@ bool DataPlaneServer::State::Dispatch(
     case data_plane::kReplicate: {
       RequestArena arena(arena_block);
       proto::ReplicateRequest* req = arena.Create<proto::ReplicateRequest>();
+      if (!data_plane::ValsInFrame(h)) {
+        // The request in the arena (copied out above): nothing else.
+        if (h.meta_len == 0 && h.keys_len == 0 &&
+            req->ParseFromArray(vals.data(), static_cast<int>(vals.size()))) {
+          handler->Replicate(*req, std::move(reply));
+        } else {
+          reply.Send(absl::InvalidArgumentError(
+                         "malformed ps.proto.ReplicateRequest (data plane)"),
+                     nullptr);
+        }
+        return true;
+      }
       if (ParseRequest(h, meta, reply, req,
                        [&](const proto::ReplicateRequest&) { return sections; })) {
         handler->Replicate(*req, std::move(reply));
@@ -1034,10 +1055,14 @@ struct DataPlaneClient::State {
   // `pull_table` >= 0: a pull of `pull_keys` keys of that table (its answer
   // may come through the arena).
   // `keep_values`: the answer's values are handed over (Pending).
+  // `in_slot`: a slot of the arena the caller allocated and wrote the
+  // values in (vals empty, no keys): sent as the frame's kShared values,
+  // freed once answered.
   void Call(Header h, absl::string_view meta, absl::Span<const char> keys,
             const BorrowedValues* borrowed, absl::Span<const char> vals,
             absl::Time deadline, Done done, int32_t pull_table = -1,
-            uint64_t pull_keys = 0, bool keep_values = false);
+            uint64_t pull_keys = 0, bool keep_values = false,
+            const Slot* in_slot = nullptr);
   void Read();
   void FailAll(const absl::Status& s);
   void FreeSlot(const Slot& slot) {
@@ -1051,15 +1076,18 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
                                   absl::Span<const char> vals,
                                   absl::Time deadline, Done done,
                                   int32_t pull_table, uint64_t pull_keys,
-                                  bool keep_values) {
+                                  bool keep_values, const Slot* in_slot) {
   h.id = next_id.fetch_add(1, std::memory_order_relaxed);
   h.meta_len = static_cast<uint32_t>(meta.size());
   if (borrowed != nullptr && borrowed->pieces.empty()) {
     borrowed = nullptr;  // the values are in `vals`
   }
   h.keys_len = keys.size();
-  h.vals_len = borrowed != nullptr ? borrowed->size() : vals.size();
+  h.vals_len = in_slot != nullptr    ? in_slot->bytes
+               : borrowed != nullptr ? borrowed->size()
+                                     : vals.size();
   if (FrameBytes(h) > max_frame_bytes || meta.size() > max_frame_bytes) {
+    if (in_slot != nullptr) FreeSlot(*in_slot);
     done(absl::ResourceExhaustedError(absl::StrCat(
              "data plane: request of ", FrameBytes(h),
              " bytes is over the message limit of ", max_frame_bytes)),
@@ -1071,7 +1099,12 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
   // frame.
   Slot slot;
   bool lent = false;
-  if (arena != nullptr && borrowed != nullptr && pull_table < 0) {
+  if (in_slot != nullptr) {
+    slot = *in_slot;
+    h.flags = data_plane::kShared;
+    h.shared_page = slot.page;
+    shared_calls.fetch_add(1, std::memory_order_relaxed);
+  } else if (arena != nullptr && borrowed != nullptr && pull_table < 0) {
     const char* first = nullptr;
     const char* next = nullptr;
     bool one_run = true;
@@ -1101,7 +1134,7 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
   // A slot for the keys and large values (a push's), or the keys and room
   // for a pull's answer of the size its table's last answers had; none when
   // the arena is full.
-  if (arena != nullptr && !lent) {
+  if (arena != nullptr && !lent && in_slot == nullptr) {
     size_t want = h.vals_len;
     if (pull_table >= 0) {
       absl::MutexLock l(&mu);
@@ -1120,7 +1153,7 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
       }
     }
   }
-  if (slot.bytes > 0) {
+  if (slot.bytes > 0 && in_slot == nullptr) {
     char* at = arena->base() + size_t{slot.page} * kArenaPage;
     if (!keys.empty()) {
       std::memcpy(at, keys.data(), keys.size());
@@ -1690,6 +1723,21 @@ void DataPlaneClient::Replicate(
   // entries on this connection's reader thread, before the writing call
   // has returned, and ASan, which checks a sendmsg's buffers after the
   // call, saw them freed.
+  // A large batch is serialized straight into a slot of the arena (a
+  // backup on this host): no copy through the socket.
+  const size_t bytes = req.ByteSizeLong();
+  if (state_->arena != nullptr && bytes >= data_plane::kArenaMinBytes &&
+      bytes <= state_->max_frame_bytes) {
+    if (std::optional<uint32_t> page = state_->arena->Allocate(bytes)) {
+      State::Slot slot{*page, bytes, 0, nullptr};
+      req.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(
+          state_->arena->base() + size_t{slot.page} * kArenaPage));
+      state_->Call(h, {}, {}, nullptr, {}, deadline,
+                   Typed<proto::ReplicateResponse>(std::move(done)), -1, 0,
+                   false, &slot);
+      return;
+    }
+  }
   state_->Call(h, SerializeHead(req), {}, nullptr, {}, deadline,
                Typed<proto::ReplicateResponse>(std::move(done)));
 }

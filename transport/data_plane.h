@@ -61,7 +61,12 @@
 // they lie, at byte shared_offset (a multiple of 8, below kArenaPage) of
 // page shared_page; its keys are in the frame. Nothing is copied on either
 // side: on the 2-vCPU machines of docs/benchmarks.md the worker's copy of
-// a 4 MiB push into a slot was 30 % of its CPU.
+// a 4 MiB push into a slot was 30 % of its CPU. A REPLICATE with kShared
+// (no other flag) has its ReplicateRequest, vals_len bytes (any count),
+// at page shared_page instead of in the frame (meta empty): the primary
+// serializes it there, and the backup copies it out once before parsing
+// it. Through the socket a replicated sparse push's deltas were two
+// kernel copies and their system calls.
 //
 // Safety: a connection may send one HELLO of at most 4 KiB within
 // `hello_timeout` or it is closed; a wrong token is answered UNAUTHENTICATED
@@ -140,6 +145,13 @@ inline bool ValsInFrame(const Header& h) { return (h.flags & kShared) == 0; }
 // when its keys are in the frame.
 inline uint64_t SlotKeysBytes(const Header& h) {
   return (h.flags & kSharedKeys) != 0 ? h.keys_len : 0;
+}
+// Bytes the server copies out of the arena, once, into memory the peer
+// cannot write before it reads them: the keys of a kSharedKeys frame, or
+// a kShared REPLICATE's request.
+inline uint64_t PrivateBytes(const Header& h) {
+  if (h.type == kReplicate && (h.flags & kShared) != 0) return h.vals_len;
+  return SlotKeysBytes(h);
 }
 // Bytes of the whole frame, padding included.
 inline size_t FrameBytes(const Header& h) {

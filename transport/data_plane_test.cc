@@ -581,15 +581,14 @@ TEST_F(DataPlaneTest, ReplicationBatchArrivesWholeAndItsStatusComesBack) {
 
 // A batch of many deltas' rows (bytes fields of every size, around 2 KiB
 // and far above, empty ones) arrives byte for byte.
-TEST_F(DataPlaneTest, ReplicationBatchOfRowsOfEverySizeArrivesByteForByte) {
-  Serve();
-  auto c = Connect();
-  ASSERT_NE(c, nullptr);
+// A replication batch of `n` entries whose rows are of every size (0.6 MB
+// in all).
+proto::ReplicateRequest RowsOfEverySize(int* count) {
   proto::ReplicateRequest req;
   req.set_from_server(1);
   req.set_epoch(3);
-  const size_t sizes[] = {0, 1, 7, 2000, 2030, 2047, 2048, 2049, 2100,
-                          4096, 65536, 100001};  // 0.6 MB in all
+  const size_t sizes[] = {0,    1,    7,    2000, 2030,  2047,
+                          2048, 2049, 2100, 4096, 65536, 100001};
   int n = 0;
   for (size_t a : sizes) {
     for (size_t b : {size_t{0}, size_t{8}, size_t{4104}}) {
@@ -609,6 +608,16 @@ TEST_F(DataPlaneTest, ReplicationBatchOfRowsOfEverySizeArrivesByteForByte) {
       rows->set_base_digest(uint64_t{0x0123456789abcdef} * n);
     }
   }
+  *count = n;
+  return req;
+}
+
+TEST_F(DataPlaneTest, ReplicationBatchOfRowsOfEverySizeArrivesByteForByte) {
+  Serve();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  int n = 0;
+  const proto::ReplicateRequest req = RowsOfEverySize(&n);
   absl::Notification done;
   c->Replicate(req, absl::Now() + absl::Seconds(5),
                [&](const absl::Status& s, proto::ReplicateResponse*) {
@@ -1390,6 +1399,99 @@ TEST_F(SharedMemoryTest, LargeValuesGoThroughTheArenaBothWays) {
   ExpectLastKeys(80000);
 }
 
+// A large replication batch (a primary's deltas for a backup on this host)
+// is serialized into a slot of the arena instead of the socket, arrives
+// byte for byte, and frees its slot once answered; a small one goes in its
+// frame.
+TEST_F(SharedMemoryTest, LargeReplicationBatchGoesThroughTheArena) {
+  Serve();
+  auto c = ConnectShared(size_t{4} << 20);  // room for 6 such batches
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->shared());
+  int n = 0;
+  const proto::ReplicateRequest big = RowsOfEverySize(&n);
+  proto::ReplicateRequest small;
+  small.set_from_server(2);
+  small.add_entries()->set_index(5);
+  auto replicate = [&](const proto::ReplicateRequest& req) {
+    absl::Notification done;
+    absl::Status got;
+    c->Replicate(req, absl::Now() + absl::Seconds(10),
+                 [&](const absl::Status& s, proto::ReplicateResponse*) {
+                   got = s;
+                   done.Notify();
+                 });
+    done.WaitForNotification();
+    absl::MutexLock l(&handler_.mu);
+    // (EXPECT_TRUE: a failure would print the whole 0.6 MB twice.)
+    EXPECT_TRUE(handler_.last_replicate.SerializeAsString() ==
+                req.SerializeAsString());
+    return got;
+  };
+  ASSERT_TRUE(replicate(big).ok());
+  EXPECT_EQ(c->shared_calls(), 1);
+  ASSERT_TRUE(replicate(small).ok());
+  EXPECT_EQ(c->shared_calls(), 1);
+  // More than the arena holds at once, in turn: the slots are reused.
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(replicate(big).ok());
+  EXPECT_EQ(c->shared_calls(), 21);
+}
+
+// A REPLICATE frame whose request lies in the arena: one outside it closes
+// the connection; bytes there that are no request, or a frame that also
+// has a meta section, are answered INVALID_ARGUMENT and the connection
+// kept; a request there is read whole, from a copy the peer cannot change.
+TEST_F(SharedMemoryTest, HostileSharedReplicationBatches) {
+  Serve();
+  auto frame = [](uint32_t page, uint64_t len, const std::string& meta) {
+    Header h;
+    h.type = data_plane::kReplicate;
+    h.flags = data_plane::kShared;
+    h.shared_page = page;
+    h.meta_len = static_cast<uint32_t>(meta.size());
+    h.id = 9;
+    h.vals_len = len;
+    std::string f(data_plane::FrameBytes(h), '\0');
+    data_plane::EncodeHeader(h, f.data());
+    std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
+    return f;
+  };
+  for (auto [page, len] : {std::pair<uint32_t, uint64_t>{16, 5},
+                           {15, kArenaPage + 1},
+                           {0xffffffffu, 4}}) {
+    auto a = SharedArena::Create(16 * kArenaPage);
+    ASSERT_TRUE(a.ok());
+    int fd = RawLocal();
+    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+    SendAll(fd, frame(page, len, ""));
+    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
+        << page << " " << len;
+    EXPECT_TRUE(Closed(fd));
+    close(fd);
+  }
+  auto a = SharedArena::Create(16 * kArenaPage);
+  ASSERT_TRUE(a.ok());
+  int fd = RawLocal();
+  ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+  char* page3 = (*a)->base() + 3 * kArenaPage;
+  std::memset(page3, 0xff, 401);
+  SendAll(fd, frame(3, 401, ""));
+  EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument);
+  proto::ReplicateRequest req;
+  req.set_from_server(4);
+  req.set_epoch(7);
+  req.add_entries()->set_index(11);
+  const std::string bytes = req.SerializeAsString();
+  std::memcpy(page3, bytes.data(), bytes.size());
+  SendAll(fd, frame(3, bytes.size(), bytes));  // a meta section too
+  EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument);
+  SendAll(fd, frame(3, bytes.size(), ""));
+  EXPECT_TRUE(ReadAnswer(fd).ok());
+  close(fd);
+  absl::MutexLock l(&handler_.mu);
+  EXPECT_EQ(handler_.last_replicate.SerializeAsString(), bytes);
+}
+
 TEST_F(SharedMemoryTest, FullArenaSendsInTheFrame) {
   Serve();
   auto c = ConnectShared(96 * kArenaPage);  // two slots of 192 KiB
@@ -1725,6 +1827,47 @@ TEST(DataPlaneHeader, SharedFlagOnlyWhereDefined) {
   EXPECT_EQ(out.shared_page, 3u);
   EXPECT_EQ(data_plane::FrameBytes(out), kHeaderBytes);  // no values section
   h.vals_len = kLimit + 4;  // the message limit still holds
+  data_plane::EncodeHeader(h, b);
+  EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+// A REPLICATE may have kShared (its request in the arena: any number of
+// bytes, read into private memory first), never kSharedKeys or kSharedAt;
+// any other frame's values are still whole floats.
+TEST(DataPlaneHeader, SharedReplicationBatchIsAnyNumberOfBytes) {
+  char b[kHeaderBytes];
+  Header out;
+  Header h;
+  h.type = data_plane::kReplicate;
+  h.flags = data_plane::kShared;
+  h.shared_page = 2;
+  h.vals_len = 401;
+  data_plane::EncodeHeader(h, b);
+  ASSERT_TRUE(data_plane::DecodeHeader(b, kLimit, &out).ok());
+  EXPECT_EQ(data_plane::PrivateBytes(out), 401u);
+  EXPECT_EQ(data_plane::FrameBytes(out), kHeaderBytes);
+  for (uint8_t flags : {uint8_t{data_plane::kShared | data_plane::kSharedKeys},
+                        uint8_t{data_plane::kShared | data_plane::kSharedAt}}) {
+    h.flags = flags;
+    data_plane::EncodeHeader(h, b);
+    EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
+              absl::StatusCode::kInvalidArgument)
+        << int(flags);
+  }
+  h.flags = 0;  // in the frame: its values (none) whole floats still
+  h.shared_page = 0;
+  data_plane::EncodeHeader(h, b);
+  EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  h.type = data_plane::kPush;
+  h.flags = data_plane::kShared;
+  h.shared_page = 2;
+  data_plane::EncodeHeader(h, b);
+  EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  h.vals_len = kLimit + 1;  // the message limit still holds
+  h.type = data_plane::kReplicate;
   data_plane::EncodeHeader(h, b);
   EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
             absl::StatusCode::kResourceExhausted);
