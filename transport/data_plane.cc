@@ -913,7 +913,7 @@ bool DataPlaneServer::State::Dispatch(
       vals = absl::Span<const char>(at + vals_at, h.vals_len);
     } else if (h.type == data_plane::kReplicate) {
       // Parsed from a private copy: a parser may read a byte twice.
-      std::memcpy(keys_buf->data, at, h.vals_len);
+      if (h.vals_len > 0) std::memcpy(keys_buf->data, at, h.vals_len);
       vals = absl::Span<const char>(keys_buf->data, h.vals_len);
     } else {
       reply = DataReplyTo(conn, h.id, h.shared_page, in_slot_keys, h.vals_len);
@@ -970,8 +970,10 @@ bool DataPlaneServer::State::Dispatch(
       proto::ReplicateRequest* req = arena.Create<proto::ReplicateRequest>();
       if (!data_plane::ValsInFrame(h)) {
         // The request in the arena (copied out above): nothing else.
+        // (An empty request parsed from "": never from a null pointer.)
         if (h.meta_len == 0 && h.keys_len == 0 &&
-            req->ParseFromArray(vals.data(), static_cast<int>(vals.size()))) {
+            req->ParseFromArray(vals.empty() ? "" : vals.data(),
+                                static_cast<int>(vals.size()))) {
           handler->Replicate(*req, std::move(reply));
         } else {
           reply.Send(absl::InvalidArgumentError(
