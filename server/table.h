@@ -499,11 +499,12 @@ class Table {
   size_t SlotsToChunkEnd(uint32_t slot) const {
     return size_t{chunk_mask_ - (slot & chunk_mask_)} + 1;
   }
-  // The rows of slots [first, end) of `p` copied to `out` (to the rows from
-  // `entries`), a copy per chunk they span; returns the end of what was
-  // written (read).
-  char* CopyRun(const Partition& p, uint32_t first, uint32_t end,
-                char* out) const ABSL_SHARED_LOCKS_REQUIRED(p.mu);
+  // AppendRun: the rows of slots [first, end) of `p` appended to `out`, a
+  // copy per chunk they span (the caller reserved the room: no resize that
+  // zero-fills the bytes first, as libstdc++'s does). WriteRun: those rows
+  // set from `entries`; returns the end of what it read.
+  void AppendRun(const Partition& p, uint32_t first, uint32_t end,
+                 std::string* out) const ABSL_SHARED_LOCKS_REQUIRED(p.mu);
   const float* WriteRun(Partition& p, uint32_t first, uint32_t end,
                         const float* entries)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
