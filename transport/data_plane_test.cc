@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -1072,6 +1073,37 @@ class SharedMemoryTest : public DataPlaneTest {
     std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
     return f;
   }
+  // A REPLICATE frame whose request of `len` bytes is at arena page `page`
+  // (kShared), with `meta` in the frame as well (which it must not have).
+  static std::string SharedReplicate(uint32_t page, uint64_t len,
+                                     const std::string& meta = "") {
+    Header h;
+    h.type = data_plane::kReplicate;
+    h.flags = data_plane::kShared;
+    h.shared_page = page;
+    h.meta_len = static_cast<uint32_t>(meta.size());
+    h.id = 9;
+    h.vals_len = len;
+    std::string f(data_plane::FrameBytes(h), '\0');
+    data_plane::EncodeHeader(h, f.data());
+    std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
+    return f;
+  }
+  // Sends `frame` on a same-host connection that offered a good arena of 16
+  // pages: it must be answered INVALID_ARGUMENT and the connection closed.
+  // `what` names the case in a failure.
+  void ExpectRefusedAndClosed(const std::string& frame,
+                              const std::string& what) {
+    auto a = SharedArena::Create(16 * kArenaPage);
+    ASSERT_TRUE(a.ok());
+    int fd = RawLocal();
+    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+    SendAll(fd, frame);
+    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
+        << what;
+    EXPECT_TRUE(Closed(fd)) << what;
+    close(fd);
+  }
 };
 
 // Values the caller wrote in memory lent from the arena (SharedArena::
@@ -1340,15 +1372,8 @@ TEST_F(LentMemoryTest, LentFramesOutsideTheArenaCloseTheirConnection) {
        {std::tuple<uint32_t, uint16_t, uint64_t>{15, 8, kArenaPage},
         {16, 0, 4},
         {0, 8, 16 * kArenaPage}}) {
-    auto a = SharedArena::Create(16 * kArenaPage);
-    ASSERT_TRUE(a.ok());
-    int fd = RawLocal();
-    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
-    SendAll(fd, LentPushFrame(page, offset, len));
-    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
-        << page << " " << offset << " " << len;
-    EXPECT_TRUE(Closed(fd));
-    close(fd);
+    ExpectRefusedAndClosed(LentPushFrame(page, offset, len),
+                           absl::StrCat(page, " ", offset, " ", len));
   }
   // Up to its last byte: read from there.
   auto a = SharedArena::Create(16 * kArenaPage);
@@ -1443,31 +1468,11 @@ TEST_F(SharedMemoryTest, LargeReplicationBatchGoesThroughTheArena) {
 // kept; a request there is read whole, from a copy the peer cannot change.
 TEST_F(SharedMemoryTest, HostileSharedReplicationBatches) {
   Serve();
-  auto frame = [](uint32_t page, uint64_t len, const std::string& meta) {
-    Header h;
-    h.type = data_plane::kReplicate;
-    h.flags = data_plane::kShared;
-    h.shared_page = page;
-    h.meta_len = static_cast<uint32_t>(meta.size());
-    h.id = 9;
-    h.vals_len = len;
-    std::string f(data_plane::FrameBytes(h), '\0');
-    data_plane::EncodeHeader(h, f.data());
-    std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
-    return f;
-  };
   for (auto [page, len] : {std::pair<uint32_t, uint64_t>{16, 5},
                            {15, kArenaPage + 1},
                            {0xffffffffu, 4}}) {
-    auto a = SharedArena::Create(16 * kArenaPage);
-    ASSERT_TRUE(a.ok());
-    int fd = RawLocal();
-    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
-    SendAll(fd, frame(page, len, ""));
-    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
-        << page << " " << len;
-    EXPECT_TRUE(Closed(fd));
-    close(fd);
+    ExpectRefusedAndClosed(SharedReplicate(page, len),
+                           absl::StrCat(page, " ", len));
   }
   auto a = SharedArena::Create(16 * kArenaPage);
   ASSERT_TRUE(a.ok());
@@ -1475,7 +1480,7 @@ TEST_F(SharedMemoryTest, HostileSharedReplicationBatches) {
   ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
   char* page3 = (*a)->base() + 3 * kArenaPage;
   std::memset(page3, 0xff, 401);
-  SendAll(fd, frame(3, 401, ""));
+  SendAll(fd, SharedReplicate(3, 401));
   EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument);
   proto::ReplicateRequest req;
   req.set_from_server(4);
@@ -1483,11 +1488,11 @@ TEST_F(SharedMemoryTest, HostileSharedReplicationBatches) {
   req.add_entries()->set_index(11);
   const std::string bytes = req.SerializeAsString();
   std::memcpy(page3, bytes.data(), bytes.size());
-  SendAll(fd, frame(3, bytes.size(), bytes));  // a meta section too
+  SendAll(fd, SharedReplicate(3, bytes.size(), bytes));  // a meta too
   EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument);
-  SendAll(fd, frame(3, 0, ""));  // an empty request (fuzz_dataplane's find)
+  SendAll(fd, SharedReplicate(3, 0));  // empty (fuzz_dataplane's find)
   EXPECT_TRUE(ReadAnswer(fd).ok());
-  SendAll(fd, frame(3, bytes.size(), ""));
+  SendAll(fd, SharedReplicate(3, bytes.size()));
   EXPECT_TRUE(ReadAnswer(fd).ok());
   close(fd);
   absl::MutexLock l(&handler_.mu);
@@ -1604,40 +1609,21 @@ TEST_F(SharedMemoryTest, HostileSharedFramesCloseOnlyTheirConnection) {
   for (auto [page, len] : {std::pair<uint32_t, uint64_t>{16, 4},
                            {15, kArenaPage + 4},
                            {0xffffffffu, 4}}) {
-    auto a = SharedArena::Create(16 * kArenaPage);
-    ASSERT_TRUE(a.ok());
-    int fd = RawLocal();
-    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
-    SendAll(fd, SharedPush(page, len));
-    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
-        << page << " " << len;
-    EXPECT_TRUE(Closed(fd));
-    close(fd);
+    ExpectRefusedAndClosed(SharedPush(page, len), absl::StrCat(page, " ", len));
   }
   // Keys in the slot (kSharedKeys) that, with the values after them, end
   // past the arena: refused, connection closed.
   for (auto [page, keys_len] : {std::pair<uint32_t, uint64_t>{15, 4096},
                                 {16, 8},
                                 {0, 16 * kArenaPage}}) {
-    auto a = SharedArena::Create(16 * kArenaPage);
-    ASSERT_TRUE(a.ok());
-    int fd = RawLocal();
-    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
-    SendAll(fd, SharedPush(page, 4, false, true, keys_len));
-    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
-        << page << " " << keys_len;
-    EXPECT_TRUE(Closed(fd));
-    close(fd);
+    ExpectRefusedAndClosed(SharedPush(page, 4, false, true, keys_len),
+                           absl::StrCat(page, " ", keys_len));
   }
   // kSharedKeys without kShared, or on a frame other than a push or pull:
   // a malformed header, the connection closed.
   for (auto [type, flags] :
        {std::pair<uint8_t, uint8_t>{data_plane::kPush, data_plane::kSharedKeys},
         {data_plane::kClock, data_plane::kShared | data_plane::kSharedKeys}}) {
-    auto a = SharedArena::Create(16 * kArenaPage);
-    ASSERT_TRUE(a.ok());
-    int fd = RawLocal();
-    ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
     Header h;
     h.type = type;
     h.flags = flags;
@@ -1645,11 +1631,8 @@ TEST_F(SharedMemoryTest, HostileSharedFramesCloseOnlyTheirConnection) {
     h.keys_len = 8;
     char hdr[kHeaderBytes];
     data_plane::EncodeHeader(h, hdr);
-    SendAll(fd, std::string(hdr, kHeaderBytes));
-    EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument)
-        << int(type);
-    EXPECT_TRUE(Closed(fd));
-    close(fd);
+    ExpectRefusedAndClosed(std::string(hdr, kHeaderBytes),
+                           absl::StrCat(int(type)));
   }
   // Keys and values inside it: both read from there.
   {
