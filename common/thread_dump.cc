@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -134,6 +135,8 @@ void StallWatch::Enter(const Step* step) {
 void StallWatch::Run() {
   int64_t reported = -1;  // the since_ns_ of the stall reported
   int64_t last_report = std::numeric_limits<int64_t>::min() / 2;
+  int64_t last_gap_report = last_report;
+  int64_t run_again = 0;  // when the process last ran again after a gap
   int64_t last = MonotonicNanos();
   while (!stop_.WaitForNotificationWithTimeout(every_)) {
     const Step* step = step_.load(std::memory_order_acquire);
@@ -141,8 +144,26 @@ void StallWatch::Run() {
     const int64_t now = MonotonicNanos();
     const absl::Duration slept = absl::Nanoseconds(now - last);
     last = now;
-    if (step == nullptr || slept > step->limit) continue;
-    const absl::Duration stuck = absl::Nanoseconds(now - since);
+    if (step == nullptr) continue;
+    if (slept > step->limit) {
+      // The whole process was not run: said here, whichever step the loop
+      // was in (its own measure of a late step would blame that step, as
+      // "the scheduler took 4 s to answer" for a process stopped during
+      // the call), without stacks, which would show the gap's end.
+      run_again = now;
+      if (absl::Nanoseconds(now - last_gap_report) >= min_interval_) {
+        last_gap_report = now;
+        report_(absl::StrCat(
+            "the stall watch woke ", absl::FormatDuration(slept - every_),
+            " late: this process was not run meanwhile (a stopped process, "
+            "or an overloaded machine); the loop was in its step: ",
+            step->what));
+      }
+      continue;
+    }
+    // Stuck only for the time the process ran.
+    const absl::Duration stuck =
+        absl::Nanoseconds(now - std::max(since, run_again));
     if (stuck <= step->limit || since == reported ||
         absl::Nanoseconds(now - last_report) < min_interval_) {
       continue;

@@ -37,9 +37,11 @@ std::string DumpThreads(absl::Duration per_thread = absl::Milliseconds(200));
 // heartbeat loop): while it has been in the same step for longer than that
 // step's limit, `report` gets a line saying which step and for how long,
 // followed by DumpThreads(): once per stall, at most once per
-// `min_interval`. Nothing is reported when the watch itself was not run
-// for longer than `limit` (the whole process was not: the loop can say so
-// itself once it runs, and the stacks would show the stall's end).
+// `min_interval`. When the watch itself was not run for longer than the
+// step's limit (the whole process was not: stopped, or starved of CPU),
+// `report` gets one line saying so and naming the step, without stacks
+// (they would show the gap's end), at most once per `min_interval`; a step
+// counts as stuck only for the time the process ran after such a gap.
 class StallWatch {
  public:
   struct Step {

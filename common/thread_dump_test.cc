@@ -2,17 +2,23 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+
+extern char** environ;
 
 namespace ps {
 namespace {
@@ -120,6 +126,47 @@ TEST(StallWatchTest, ReportsAStuckStepOnceWithTheStacks) {
   EXPECT_TRUE(absl::StartsWith(reports[0], "stuck step for ")) << reports[0];
   EXPECT_TRUE(absl::StrContains(reports[0], "WaitsForTheLockInThisFunction"))
       << reports[0];
+}
+
+// A process that was not run (stopped by SIGSTOP for a second, as a VM
+// pause or a debugger would) is reported once as such, naming the step its
+// loop was in and without stacks, whichever step that was; the step is not
+// then reported as stuck for the time the process was stopped (issue 9: a
+// server stopped during its heartbeat's call blamed the scheduler).
+TEST(StallWatchTest, StoppedProcessIsReportedOnceWithoutStacks) {
+  absl::Mutex mu;
+  std::vector<std::string> reports;
+  {
+    StallWatch watch(absl::Milliseconds(20), absl::ZeroDuration(),
+                     [&](const std::string& r) {
+                       absl::MutexLock l(&mu);
+                       reports.push_back(r);
+                     });
+    const StallWatch::Step calling{"the call step", absl::Milliseconds(300)};
+    watch.Enter(&calling);
+    absl::SleepFor(absl::Milliseconds(100));
+    // A shell stops this process, waits a second and continues it.
+    const std::string script = absl::StrCat(
+        "kill -STOP ", ::getpid(), "; sleep 1; kill -CONT ", ::getpid());
+    const char* argv[] = {"/bin/sh", "-c", script.c_str(), nullptr};
+    pid_t child = 0;
+    ASSERT_EQ(posix_spawn(&child, "/bin/sh", nullptr, nullptr,
+                          const_cast<char* const*>(argv), environ),
+              0);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    // Still in the same step, for less than its limit since it ran again.
+    absl::SleepFor(absl::Milliseconds(150));
+    watch.Enter(nullptr);
+  }
+  ASSERT_EQ(reports.size(), 1u) << absl::StrJoin(reports, "\n----\n");
+  EXPECT_TRUE(absl::StartsWith(reports[0], "the stall watch woke "))
+      << reports[0];
+  EXPECT_TRUE(absl::StrContains(reports[0], "this process was not run"))
+      << reports[0];
+  EXPECT_TRUE(absl::EndsWith(reports[0], "the call step")) << reports[0];
+  EXPECT_FALSE(absl::StrContains(reports[0], "thread ")) << reports[0];
 }
 
 }  // namespace
