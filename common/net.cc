@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ps {
 
@@ -71,6 +72,26 @@ absl::StatusOr<int> PickPortBelowEphemeral(const std::string& host) {
     if (CanBind(host, port)) return port;
   }
   return PickFreePort(host);
+}
+
+absl::StatusOr<int> ReservePortBelowEphemeral(const std::string& host) {
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    PS_ASSIGN_OR_RETURN(const int port, PickPortBelowEphemeral(host));
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return absl::InternalError(strerror(errno));
+    const int yes = 1;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes)) == 0 &&
+        inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1 &&
+        bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      return port;  // fd kept open, on purpose, until this process exits
+    }
+    close(fd);  // taken between the pick and the hold: pick again
+  }
+  return absl::UnavailableError(
+      absl::StrCat("bind ", host, ": 16 picked ports could not be held"));
 }
 
 absl::Status SplitHostPort(const std::string& address, std::string* host,

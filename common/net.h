@@ -18,6 +18,19 @@ absl::StatusOr<int> PickFreePort(const std::string& host = "127.0.0.1");
 // room below it (its low end under 2048) or 64 draws find none free.
 absl::StatusOr<int> PickPortBelowEphemeral(const std::string& host = "127.0.0.1");
 
+// A port for a child process to listen on, held by this process until it
+// exits: PickPortBelowEphemeral, then bound here with SO_REUSEADDR and not
+// listened on. Any bind without SO_REUSEADDR fails on it (so another
+// launcher's PickPortBelowEphemeral never returns it: two concurrent
+// launchers once handed the same port to two nodes, and the second could
+// not listen), while the child it is meant for, which binds with
+// SO_REUSEADDR (gRPC and the metrics endpoint do), binds and listens on
+// it; a bound socket that does not listen takes no connection. Once the
+// child listens, a second listener fails as without the hold. The socket
+// is close-on-exec: no child inherits it.
+absl::StatusOr<int> ReservePortBelowEphemeral(
+    const std::string& host = "127.0.0.1");
+
 // Splits "host:port"; INVALID_ARGUMENT when malformed.
 absl::Status SplitHostPort(const std::string& address, std::string* host,
                            int* port);

@@ -43,23 +43,14 @@ extern char** environ;
 namespace ps {
 namespace {
 
-// PickPortBelowEphemeral, but never a port this process has handed out
-// before: a
-// picked port is free only until its process binds it, so two picks before
-// either binds can return the same one (CI once gave W[0]'s metrics
-// endpoint the scheduler's port, and W[0] could not listen). The set is
-// this process's picks (every launcher in it: --tune runs several), so it
-// is process-wide on purpose; it grows by one int per process started.
+// A port for a child to listen on, held by this process from the pick on
+// (ReservePortBelowEphemeral): a port that was only free when picked could
+// be picked again before its process bound it, by this launcher (CI once
+// gave W[0]'s metrics endpoint the scheduler's port) or by another
+// launcher running beside it (a concurrent test's, once: S[2] could not
+// listen on its metrics port).
 absl::StatusOr<int> PickUnusedPort(const std::string& host) {
-  static absl::Mutex mu(absl::kConstInit);
-  static std::set<int>* handed_out = new std::set<int>;
-  for (int attempt = 0; attempt < 64; ++attempt) {
-    PS_ASSIGN_OR_RETURN(int port, PickPortBelowEphemeral(host));
-    absl::MutexLock l(&mu);
-    if (handed_out->insert(port).second) return port;
-  }
-  return absl::UnavailableError(absl::StrCat(
-      "bind ", host, ": 64 picks gave only ports handed out already"));
+  return ReservePortBelowEphemeral(host);
 }
 
 constexpr size_t kMaxLineBytes = 64 * 1024;
