@@ -203,8 +203,12 @@ class ServerNode {
   // own an entry's range here; UNAVAILABLE while a range awaits its copy;
   // INVALID_ARGUMENT for a malformed entry; DATA_LOSS for a gap in a
   // range's log. Entries before the failing one stay applied (a resend
-  // skips them).
-  absl::Status Replicate(const proto::ReplicateRequest& req);
+  // skips them). `vals`: the values the request's rows name by offset
+  // (RangeCopy.Rows.vals_offset: a batch through the data plane's shared
+  // memory, read in place, once each); rows that name bytes outside them
+  // are INVALID_ARGUMENT.
+  absl::Status Replicate(const proto::ReplicateRequest& req,
+                         absl::Span<const char> vals = {});
   // The newest epoch under which this server acknowledged a push and when
   // it first did (Unix ms); (0, 0) before any.
   std::pair<int64_t, int64_t> FirstAck() const;
@@ -589,6 +593,7 @@ class ServerNode {
       absl::string_view what) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A backup's side of a delta.
   absl::Status ApplyDeltaLocked(int from, const proto::ReplicaEntry& e,
+                                absl::Span<const char> vals,
                                 RangeActionList* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The new segments of one push request, logged: one entry per backup
@@ -706,6 +711,7 @@ class ServerNode {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies one entry on a backup (mu_ held).
   absl::Status ApplyEntryLocked(int from, const proto::ReplicaEntry& e,
+                                absl::Span<const char> vals,
                                 RangeActionList* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `fn` after `delay` on the clock's timer thread while the node lives.

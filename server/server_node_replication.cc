@@ -1409,7 +1409,8 @@ void ServerNode::OnBatchReply(int backup, uint64_t generation,
   });
 }
 
-absl::Status ServerNode::Replicate(const proto::ReplicateRequest& req) {
+absl::Status ServerNode::Replicate(const proto::ReplicateRequest& req,
+                                   absl::Span<const char> vals) {
   RangeActionList actions;
   std::vector<int> finished;
   absl::Status s;
@@ -1422,7 +1423,7 @@ absl::Status ServerNode::Replicate(const proto::ReplicateRequest& req) {
       ForEachRange(e, [&](int r, int64_t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (s.ok()) s = CheckSenderLocked(req.from_server(), req.epoch(), r);
       });
-      if (s.ok()) s = ApplyEntryLocked(req.from_server(), e, &actions);
+      if (s.ok()) s = ApplyEntryLocked(req.from_server(), e, vals, &actions);
       if (!s.ok()) break;
     }
   }
@@ -1643,12 +1644,38 @@ absl::Status ServerNode::ApplyBspClocksLocked(
 
 namespace {
 
+// A copy's or delta's rows' entries: their own `entries`, or the bytes
+// they name of the request's values (a batch through shared memory:
+// `vals` lies in the primary's arena, and each float is read once).
+absl::StatusOr<absl::Span<const char>> RowsEntries(
+    const proto::RangeCopy::Rows& rows, absl::Span<const char> vals) {
+  if (rows.vals_offset() == 0 && rows.vals_bytes() == 0) {
+    return absl::Span<const char>(rows.entries());
+  }
+  if (!rows.entries().empty() || rows.vals_offset() % sizeof(float) != 0 ||
+      rows.vals_offset() > vals.size() ||
+      rows.vals_bytes() > vals.size() - rows.vals_offset()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rows' entries at ", rows.vals_offset(), " + ", rows.vals_bytes(),
+        " outside the request's ", vals.size(), " bytes of values"));
+  }
+  return vals.subspan(static_cast<size_t>(rows.vals_offset()),
+                      static_cast<size_t>(rows.vals_bytes()));
+}
+
+// Checked by CheckRows first.
+const float* EntriesOf(const proto::RangeCopy::Rows& rows,
+                       absl::Span<const char> vals) {
+  return reinterpret_cast<const float*>(RowsEntries(rows, vals)->data());
+}
+
 // A copy's or delta's rows: tables this server has, keys ascending inside
-// `range`, entries matching.
+// `range`, entries matching (in the rows or in `vals`).
 absl::Status CheckRows(
     const google::protobuf::RepeatedPtrField<proto::RangeCopy::Rows>& tables,
     const std::vector<std::unique_ptr<Table>>& have, const Routing& routing,
-    int range, absl::string_view what, bool ascending) {
+    int range, absl::string_view what, bool ascending,
+    absl::Span<const char> vals) {
   for (const proto::RangeCopy::Rows& rows : tables) {
     if (rows.table() < 0 || rows.table() >= static_cast<int>(have.size())) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -1673,7 +1700,12 @@ absl::Status CheckRows(
       return absl::InvalidArgumentError(absl::StrCat(
           what, " of range ", range, ": slots in rows by key"));
     }
-    if (rows.entries().size() !=
+    absl::StatusOr<absl::Span<const char>> entries = RowsEntries(rows, vals);
+    if (!entries.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " of range ", range, ": ", entries.status().message()));
+    }
+    if (entries->size() !=
         n * have[rows.table()]->entry_floats() * sizeof(float)) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, " of range ", range, ": entries do not match keys"));
@@ -1714,6 +1746,7 @@ absl::StatusOr<RangeState> ServerNode::PeerStateLocked(
 
 absl::Status ServerNode::ApplyDeltaLocked(int from,
                                           const proto::ReplicaEntry& e,
+                                          absl::Span<const char> vals,
                                           RangeActionList* actions) {
   const int r = e.range();
   RangeLog& lg = logs_[r];
@@ -1734,7 +1767,7 @@ absl::Status ServerNode::ApplyDeltaLocked(int from,
   // A delta's keys come in push order, each once; a repeat would only be
   // written twice with the same entry.
   PS_RETURN_IF_ERROR(CheckRows(d.tables(), tables_, *routing_, r, "delta",
-                               /*ascending=*/false));
+                               /*ascending=*/false, vals));
   for (const proto::RangeCopy::Rows& rows : d.tables()) {
     if (!rows.by_slot()) continue;
     // Before anything changes: rows by slot that do not fit this replica's
@@ -1751,8 +1784,7 @@ absl::Status ServerNode::ApplyDeltaLocked(int from,
   RangeActions none;  // a follower applies nothing by itself
   range.SetFollower(routing_->OwnerOfRange(r) != id_, &none);
   for (const proto::RangeCopy::Rows& rows : d.tables()) {
-    const float* entries =
-        reinterpret_cast<const float*>(rows.entries().data());
+    const float* entries = EntriesOf(rows, vals);
     if (rows.by_slot()) {
       tables_[rows.table()]->ImportDelta(r, ViewAs<uint32_t>(rows.slots()),
                                          ViewAs<uint64_t>(rows.slot_bits()),
@@ -1773,12 +1805,14 @@ absl::Status ServerNode::ApplyDeltaLocked(int from,
   return absl::OkStatus();
 }
 
-absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e,
+absl::Status ServerNode::ApplyEntryLocked(int from,
+                                          const proto::ReplicaEntry& e,
+                                          absl::Span<const char> vals,
                                           RangeActionList* actions) {
   if (e.has_push()) return ApplyPushLocked(from, e.push(), actions);
   if (e.has_announces()) return ApplyAnnouncesLocked(from, e.announces(), actions);
   if (e.has_bsp()) return ApplyBspClocksLocked(from, e.bsp(), actions);
-  if (e.has_delta()) return ApplyDeltaLocked(from, e, actions);
+  if (e.has_delta()) return ApplyDeltaLocked(from, e, vals, actions);
   const int r = e.range();
   RangeLog& lg = logs_[r];
   RangeState& range = ranges_[r];
@@ -1787,15 +1821,14 @@ absl::Status ServerNode::ApplyEntryLocked(int from, const proto::ReplicaEntry& e
     PS_ASSIGN_OR_RETURN(RangeState state,
                         PeerStateLocked(e.copy().state(), r, from, "copy"));
     PS_RETURN_IF_ERROR(CheckRows(e.copy().tables(), tables_, *routing_, r,
-                                 "copy", /*ascending=*/true));
+                                 "copy", /*ascending=*/true, vals));
     range = std::move(state);
     RangeActions none;  // a follower applies nothing by itself
     range.SetFollower(routing_->OwnerOfRange(r) != id_, &none);
     for (const auto& t : tables_) t->ClearRange(r);
     for (const proto::RangeCopy::Rows& rows : e.copy().tables()) {
-      tables_[rows.table()]->ImportRange(
-          r, ViewAs<uint64_t>(rows.keys()),
-          reinterpret_cast<const float*>(rows.entries().data()));
+      tables_[rows.table()]->ImportRange(r, ViewAs<uint64_t>(rows.keys()),
+                                         EntriesOf(rows, vals));
     }
     lg.index = e.index();
     lg.awaiting_copy = false;

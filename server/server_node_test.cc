@@ -642,6 +642,65 @@ TEST_F(ServerNodeTest, BackupAppliesPackedBspClocks) {
   EXPECT_EQ(pull->values(), (std::vector<float>{-0.5f, -2.0f}));
 }
 
+// A batch through the data plane's shared memory (issue 9): a copy's or
+// delta's rows name their entries in the values the request came with
+// (RangeCopy.Rows.vals_offset), and the backup reads them from there. Rows
+// that name bytes outside those values, at an offset that is no float's,
+// as many bytes as do not match their keys, or that have entries of their
+// own as well, are refused whole; so are rows naming values that a request
+// without any (over gRPC) does not have.
+TEST_F(ServerNodeTest, BackupReadsRowsEntriesFromTheRequestsValues) {
+  proto::ClusterView v = MakeView(2, 1, proto::MODE_ASP);
+  SetEveryChain(&v, 1, 0, 1);
+  ASSERT_TRUE(node_.Configure(1, v).ok());  // S[1]: backup of every range
+  auto routing = Routing::FromProto(v.routing());
+  ASSERT_TRUE(routing.ok());
+  const int a = 0;
+  const uint64_t ka = routing->RangeBegin(a);
+  ASSERT_GT(routing->RangeLast(a), ka);
+  proto::ReplicateRequest req;
+  req.set_from_server(0);
+  req.set_epoch(1);
+  proto::ReplicaEntry* e = req.add_entries();
+  e->set_range(a);
+  e->set_index(1);
+  e->mutable_copy()->mutable_state()->add_workers();  // W[0], nothing yet
+  proto::RangeCopy::Rows* rows = e->mutable_copy()->add_tables();
+  rows->set_table(0);
+  rows->set_keys(Keys({ka, ka + 1}));
+  rows->set_vals_offset(8);
+  rows->set_vals_bytes(8);
+  const float floats[4] = {9.0f, 9.0f, 1.5f, -2.0f};
+  const absl::Span<const char> vals(reinterpret_cast<const char*>(floats),
+                                    sizeof(floats));
+  auto refused = [&](auto change, absl::Span<const char> with) {
+    proto::ReplicateRequest bad = req;
+    change(bad.mutable_entries(0)->mutable_copy()->mutable_tables(0));
+    return node_.Replicate(bad, with).code() == StatusCode::kInvalidArgument;
+  };
+  using Rows = proto::RangeCopy::Rows;
+  EXPECT_TRUE(refused([](Rows* r) { r->set_vals_offset(12); }, vals));
+  EXPECT_TRUE(refused([](Rows* r) { r->set_vals_offset(6); }, vals));
+  EXPECT_TRUE(
+      refused([](Rows* r) { r->set_vals_offset(~uint64_t{0} - 3); }, vals));
+  EXPECT_TRUE(refused([](Rows* r) { r->set_vals_bytes(~uint64_t{0}); }, vals));
+  EXPECT_TRUE(refused([](Rows* r) { r->set_vals_bytes(4); }, vals));
+  EXPECT_TRUE(refused(
+      [](Rows* r) {
+        r->set_entries(Vals({1.0f, 2.0f}));
+      },
+      vals));
+  EXPECT_TRUE(refused([](Rows*) {}, {}));  // over gRPC: no values
+  const absl::Status s = node_.Replicate(req, vals);
+  ASSERT_TRUE(s.ok()) << s;
+  SetEveryChain(&v, 2, 1, -1);  // promoted
+  ASSERT_TRUE(node_.Configure(1, v).ok());
+  auto pull = StartPull(&node_, 0, 1, {ka, ka + 1}, 60000, 2);
+  ASSERT_TRUE(pull->done());
+  ASSERT_TRUE(pull->status.ok()) << pull->status;
+  EXPECT_EQ(pull->values(), (std::vector<float>{1.5f, -2.0f}));
+}
+
 TEST_F(ServerNodeTest, KeyOfAnotherServerIsStaleEpoch) {
   Configure(2, 1, proto::MODE_ASP);  // this node is server 0 of 2
   auto routing = Routing::FromProto(MakeView(2, 1, proto::MODE_ASP).routing());

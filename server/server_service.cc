@@ -432,8 +432,8 @@ void DataService::Pull(const proto::PullRequest& req,
 }
 
 void DataService::Replicate(const proto::ReplicateRequest& req,
-                            DataReplyTo reply) {
-  reply.Send(node_->Replicate(req), nullptr);
+                            absl::Span<const char> vals, DataReplyTo reply) {
+  reply.Send(node_->Replicate(req, vals), nullptr);
 }
 
 void DataService::Clock(const proto::ClockRequest& req, DataReplyTo reply) {

@@ -100,7 +100,8 @@ class DataService final : public DataHandler {
   void Pull(const proto::PullRequest& req, absl::Span<const char> keys,
             absl::Duration wait, DataReplyTo reply) override;
   void Clock(const proto::ClockRequest& req, DataReplyTo reply) override;
-  void Replicate(const proto::ReplicateRequest& req, DataReplyTo reply) override;
+  void Replicate(const proto::ReplicateRequest& req,
+                 absl::Span<const char> vals, DataReplyTo reply) override;
   void PeerClosed(int32_t worker_id) override {
     node_->NoteWorkerGone(worker_id);
   }

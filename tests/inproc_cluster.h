@@ -72,6 +72,8 @@ class ServerNodeHandler : public ServerHandler {
   absl::Status Dead() const;
 
   std::atomic<bool> killed_{false};
+  // Replication batches received: odd ones go as through shared memory.
+  std::atomic<uint64_t> replicated_{0};
   std::function<void()> before_push_;
   // Pulls the node has not answered yet: a kill answers them UNAVAILABLE
   // (their connection broke); the node's later answer is dropped.

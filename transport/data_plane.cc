@@ -88,7 +88,10 @@ absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
   const bool may_share = h->type == kHello || h->type == kPush ||
                          h->type == kPull || h->type == kReply ||
                          h->type == kReplicate;
-  const bool may_share_keys = h->type == kPush || h->type == kPull;
+  // A REPLICATE's "keys" in the arena are its request without its rows'
+  // entries (any number of bytes), its values those entries.
+  const bool may_share_keys =
+      h->type == kPush || h->type == kPull || h->type == kReplicate;
   const bool at = (h->flags & kSharedAt) != 0;
   if ((h->flags & ~(kShared | kSharedKeys | kSharedAt)) != 0 ||
       (h->shared_offset != 0 && !at) || (h->flags != 0 && !may_share) ||
@@ -117,9 +120,13 @@ absl::Status DecodeHeader(const char in[kHeaderBytes], size_t max_frame_bytes,
   h->keys_len = Load<uint64_t>(in + 24);
   h->vals_len = Load<uint64_t>(in + 32);
   h->timeout_us = Load<uint64_t>(in + 40);
-  // A kShared REPLICATE's vals are its request: any number of bytes.
-  const bool any_vals = h->type == kReplicate && (h->flags & kShared) != 0;
-  if (h->keys_len % 8 != 0 || (h->vals_len % 4 != 0 && !any_vals)) {
+  // A kShared REPLICATE's vals are its request: any number of bytes; with
+  // kSharedKeys, its keys are (and its vals its rows' floats).
+  const bool any_vals = h->type == kReplicate && h->flags == kShared;
+  const bool any_keys =
+      h->type == kReplicate && h->flags == (kShared | kSharedKeys);
+  if ((h->keys_len % 8 != 0 && !any_keys) ||
+      (h->vals_len % 4 != 0 && !any_vals)) {
     return absl::InvalidArgumentError(
         "data plane: keys not 8-byte or values not 4-byte units");
   }
@@ -891,7 +898,7 @@ bool DataPlaneServer::State::Dispatch(
     // A lent push's values start shared_offset bytes into their page (0
     // for any other frame: DecodeHeader).
     const uint64_t in_slot_keys = data_plane::SlotKeysBytes(h);
-    const uint64_t vals_at = in_slot_keys + h.shared_offset;
+    const uint64_t vals_at = data_plane::SlotValsAt(h);
     const char* at =
         conn->arena() == nullptr
             ? nullptr
@@ -909,7 +916,11 @@ bool DataPlaneServer::State::Dispatch(
       std::memcpy(keys_buf->data, at, in_slot_keys);
       keys = absl::Span<const char>(keys_buf->data, in_slot_keys);
     }
-    if (h.type == data_plane::kPush) {
+    if (h.type == data_plane::kPush ||
+        (h.type == data_plane::kReplicate &&
+         (h.flags & data_plane::kSharedKeys) != 0)) {
+      // Read in place, once each (a replication batch's: its rows'
+      // entries; its request was copied out as keys).
       vals = absl::Span<const char>(at + vals_at, h.vals_len);
     } else if (h.type == data_plane::kReplicate) {
       // Parsed from a private copy: a parser may read a byte twice.
@@ -969,12 +980,17 @@ bool DataPlaneServer::State::Dispatch(
       RequestArena arena(arena_block);
       proto::ReplicateRequest* req = arena.Create<proto::ReplicateRequest>();
       if (!data_plane::ValsInFrame(h)) {
-        // The request in the arena (copied out above): nothing else.
-        // (An empty request parsed from "": never from a null pointer.)
-        if (h.meta_len == 0 && h.keys_len == 0 &&
-            req->ParseFromArray(vals.empty() ? "" : vals.data(),
-                                static_cast<int>(vals.size()))) {
-          handler->Replicate(*req, std::move(reply));
+        // The request in the arena (copied out above), alone, or without
+        // its rows' entries (kSharedKeys), which are the values: nothing
+        // else. (An empty request parsed from "": never from a null
+        // pointer.)
+        const bool split = (h.flags & data_plane::kSharedKeys) != 0;
+        const absl::Span<const char> head = split ? keys : vals;
+        if (h.meta_len == 0 && (split || h.keys_len == 0) &&
+            req->ParseFromArray(head.empty() ? "" : head.data(),
+                                static_cast<int>(head.size()))) {
+          handler->Replicate(*req, split ? vals : absl::Span<const char>(),
+                             std::move(reply));
         } else {
           reply.Send(absl::InvalidArgumentError(
                          "malformed ps.proto.ReplicateRequest (data plane)"),
@@ -984,7 +1000,7 @@ bool DataPlaneServer::State::Dispatch(
       }
       if (ParseRequest(h, meta, reply, req,
                        [&](const proto::ReplicateRequest&) { return sections; })) {
-        handler->Replicate(*req, std::move(reply));
+        handler->Replicate(*req, {}, std::move(reply));
       }
       return true;
     }
@@ -1084,8 +1100,10 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
   if (borrowed != nullptr && borrowed->pieces.empty()) {
     borrowed = nullptr;  // the values are in `vals`
   }
-  h.keys_len = keys.size();
-  h.vals_len = in_slot != nullptr    ? in_slot->bytes
+  // A slot filled by the caller (a replication batch) may start with a
+  // request ("keys") before its values.
+  h.keys_len = in_slot != nullptr ? in_slot->keys : keys.size();
+  h.vals_len = in_slot != nullptr    ? in_slot->bytes - Align8(in_slot->keys)
                : borrowed != nullptr ? borrowed->size()
                                      : vals.size();
   if (FrameBytes(h) > max_frame_bytes || meta.size() > max_frame_bytes) {
@@ -1103,7 +1121,8 @@ void DataPlaneClient::State::Call(Header h, absl::string_view meta,
   bool lent = false;
   if (in_slot != nullptr) {
     slot = *in_slot;
-    h.flags = data_plane::kShared;
+    h.flags = data_plane::kShared |
+              (slot.keys > 0 ? data_plane::kSharedKeys : uint8_t{0});
     h.shared_page = slot.page;
     shared_calls.fetch_add(1, std::memory_order_relaxed);
   } else if (arena != nullptr && borrowed != nullptr && pull_table < 0) {
@@ -1725,23 +1744,98 @@ void DataPlaneClient::Replicate(
   // entries on this connection's reader thread, before the writing call
   // has returned, and ASan, which checks a sendmsg's buffers after the
   // call, saw them freed.
-  // A large batch is serialized straight into a slot of the arena (a
-  // backup on this host): no copy through the socket.
+  // A large batch goes through a slot of the arena (a backup on this
+  // host): no copy through the socket. Its rows' entries are written once
+  // into the slot, after the request without them (ReplicateHead), where
+  // the backup reads them in place; a batch without rows is serialized
+  // there whole.
   const size_t bytes = req.ByteSizeLong();
   if (state_->arena != nullptr && bytes >= data_plane::kArenaMinBytes &&
       bytes <= state_->max_frame_bytes) {
-    if (std::optional<uint32_t> page = state_->arena->Allocate(bytes)) {
-      State::Slot slot{*page, bytes, 0, nullptr};
-      req.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(
-          state_->arena->base() + size_t{slot.page} * kArenaPage));
-      state_->Call(h, {}, {}, nullptr, {}, deadline,
-                   Typed<proto::ReplicateResponse>(std::move(done)), -1, 0,
-                   false, &slot);
-      return;
+    std::vector<absl::string_view> entries;
+    const proto::ReplicateRequest head = ReplicateHead(req, &entries);
+    const size_t head_bytes = entries.empty() ? 0 : head.ByteSizeLong();
+    size_t total = entries.empty() ? bytes : Align8(head_bytes);
+    for (absl::string_view e : entries) total += Align8(e.size());
+    if (total <= state_->max_frame_bytes) {
+      if (std::optional<uint32_t> page = state_->arena->Allocate(total)) {
+        State::Slot slot{*page, total, head_bytes, nullptr};
+        uint8_t* at = reinterpret_cast<uint8_t*>(
+            state_->arena->base() + size_t{slot.page} * kArenaPage);
+        if (entries.empty()) {
+          req.SerializeWithCachedSizesToArray(at);
+        } else {
+          head.SerializeWithCachedSizesToArray(at);
+          at += Align8(head_bytes);
+          for (absl::string_view e : entries) {
+            std::memcpy(at, e.data(), e.size());
+            at += Align8(e.size());
+          }
+        }
+        state_->Call(h, {}, {}, nullptr, {}, deadline,
+                     Typed<proto::ReplicateResponse>(std::move(done)), -1, 0,
+                     false, &slot);
+        return;
+      }
     }
   }
   state_->Call(h, SerializeHead(req), {}, nullptr, {}, deadline,
                Typed<proto::ReplicateResponse>(std::move(done)));
+}
+
+namespace {
+
+// `from` without its entries, which go at `*offset` of the values (at an
+// 8-byte boundary) and are listed in `entries`.
+void RowsHead(const proto::RangeCopy::Rows& from, proto::RangeCopy::Rows* to,
+              uint64_t* offset, std::vector<absl::string_view>* entries) {
+  to->set_table(from.table());
+  to->set_keys(from.keys());
+  to->set_by_slot(from.by_slot());
+  to->set_slots(from.slots());
+  to->set_base_slots(from.base_slots());
+  to->set_base_digest(from.base_digest());
+  to->set_slot_bits(from.slot_bits());
+  if (!from.entries().empty()) {
+    to->set_vals_offset(*offset);
+    to->set_vals_bytes(from.entries().size());
+    entries->push_back(from.entries());
+    *offset += Align8(from.entries().size());
+  }
+}
+
+}  // namespace
+
+proto::ReplicateRequest ReplicateHead(const proto::ReplicateRequest& req,
+                                      std::vector<absl::string_view>* entries) {
+  proto::ReplicateRequest head;
+  head.set_from_server(req.from_server());
+  head.set_epoch(req.epoch());
+  uint64_t offset = 0;
+  for (const proto::ReplicaEntry& e : req.entries()) {
+    proto::ReplicaEntry* to = head.add_entries();
+    if (!e.has_delta() && !e.has_copy()) {
+      *to = e;
+      continue;
+    }
+    to->set_range(e.range());
+    to->set_index(e.index());
+    if (e.has_delta()) {
+      proto::RangeDelta* d = to->mutable_delta();
+      d->set_base(e.delta().base());
+      if (e.delta().has_state()) *d->mutable_state() = e.delta().state();
+      for (const proto::RangeCopy::Rows& rows : e.delta().tables()) {
+        RowsHead(rows, d->add_tables(), &offset, entries);
+      }
+    } else {
+      proto::RangeCopy* c = to->mutable_copy();
+      if (e.copy().has_state()) *c->mutable_state() = e.copy().state();
+      for (const proto::RangeCopy::Rows& rows : e.copy().tables()) {
+        RowsHead(rows, c->add_tables(), &offset, entries);
+      }
+    }
+  }
+  return head;
 }
 
 proto::PullRequest PullHead(const proto::PullRequest& req) {

@@ -66,7 +66,13 @@
 // at page shared_page instead of in the frame (meta empty): the primary
 // serializes it there, and the backup copies it out once before parsing
 // it. Through the socket a replicated sparse push's deltas were two
-// kernel copies and their system calls.
+// kernel copies and their system calls. With kSharedKeys as well, the
+// slot holds the request without its rows' entries (keys_len bytes, any
+// count, copied out and parsed as above), then, at the next 8-byte
+// boundary, vals_len bytes of those entries, which the rows name by
+// offset (RangeCopy.Rows.vals_offset) and the backup reads in place, once
+// each, as a push's values: the primary writes each row once into the
+// arena and the backup reads it once from there.
 //
 // Safety: a connection may send one HELLO of at most 4 KiB within
 // `hello_timeout` or it is closed; a wrong token is answered UNAUTHENTICATED
@@ -86,9 +92,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/ps.pb.h"
@@ -142,15 +150,21 @@ inline size_t KeysOffset(const Header& h) {
 // Whether the frame carries its values (none with kShared).
 inline bool ValsInFrame(const Header& h) { return (h.flags & kShared) == 0; }
 // Bytes of keys at the start of the frame's arena slot (kSharedKeys), 0
-// when its keys are in the frame.
+// when its keys are in the frame. (A REPLICATE's "keys" there are its
+// request, any number of bytes.)
 inline uint64_t SlotKeysBytes(const Header& h) {
   return (h.flags & kSharedKeys) != 0 ? h.keys_len : 0;
+}
+// Where the values start in a kShared frame's slot: after its keys, at an
+// 8-byte boundary (the keys of a push or pull are whole 8-byte keys).
+inline uint64_t SlotValsAt(const Header& h) {
+  return Align8(SlotKeysBytes(h)) + h.shared_offset;
 }
 // Bytes the server copies out of the arena, once, into memory the peer
 // cannot write before it reads them: the keys of a kSharedKeys frame, or
 // a kShared REPLICATE's request.
 inline uint64_t PrivateBytes(const Header& h) {
-  if (h.type == kReplicate && (h.flags & kShared) != 0) return h.vals_len;
+  if (h.type == kReplicate && h.flags == kShared) return h.vals_len;
   return SlotKeysBytes(h);
 }
 // Bytes of the whole frame, padding included.
@@ -229,8 +243,13 @@ class DataHandler {
                     absl::Duration wait, DataReplyTo reply) = 0;
   virtual void Clock(const proto::ClockRequest& req, DataReplyTo reply) = 0;
   // A replication batch (ServerNode::Replicate); UNIMPLEMENTED by default.
-  virtual void Replicate(const proto::ReplicateRequest& req, DataReplyTo reply) {
+  // `vals`: the values its rows name by offset (RangeCopy.Rows.vals_offset;
+  // empty but over shared memory), in the peer's arena, each byte to be
+  // read once; valid only until the call returns (8-byte aligned).
+  virtual void Replicate(const proto::ReplicateRequest& req,
+                         absl::Span<const char> vals, DataReplyTo reply) {
     (void)req;
+    (void)vals;
     reply.Send(absl::UnimplementedError("replicate: not on this data plane"),
                nullptr);
   }
@@ -376,5 +395,11 @@ proto::PushRequest PushHead(const proto::PushRequest& req);
 // The pull request without its keys (every other field copied, the keys
 // never): the meta of a data-plane pull.
 proto::PullRequest PullHead(const proto::PullRequest& req);
+// The replication batch without its rows' entries (every other field
+// copied; a delta's or copy's rows name theirs by vals_offset and
+// vals_bytes instead): a batch through shared memory, whose values are
+// `*entries` in order, each at the next 8-byte boundary.
+proto::ReplicateRequest ReplicateHead(const proto::ReplicateRequest& req,
+                                      std::vector<absl::string_view>* entries);
 
 }  // namespace ps

@@ -89,11 +89,30 @@ class TestHandler : public DataHandler {
     proto::ClockResponse resp;
     reply.Send(clock_status, &resp);
   }
-  void Replicate(const proto::ReplicateRequest& req, DataReplyTo reply) override {
+  // Keeps the request as sent: rows that name their entries in `vals`
+  // get them back (out of bounds: left as they came).
+  void Replicate(const proto::ReplicateRequest& req,
+                 absl::Span<const char> vals, DataReplyTo reply) override {
     absl::Status s;
     {
       absl::MutexLock l(&mu);
       last_replicate = req;
+      last_replicate_vals = vals.size();
+      for (proto::ReplicaEntry& e : *last_replicate.mutable_entries()) {
+        auto* tables = e.has_delta()  ? e.mutable_delta()->mutable_tables()
+                       : e.has_copy() ? e.mutable_copy()->mutable_tables()
+                                      : nullptr;
+        if (tables == nullptr) continue;
+        for (proto::RangeCopy::Rows& rows : *tables) {
+          if (rows.vals_bytes() == 0 || rows.vals_offset() > vals.size() ||
+              rows.vals_bytes() > vals.size() - rows.vals_offset()) {
+            continue;
+          }
+          rows.set_entries(vals.data() + rows.vals_offset(), rows.vals_bytes());
+          rows.clear_vals_offset();
+          rows.clear_vals_bytes();
+        }
+      }
       s = replicate_status;
     }
     reply.Send(s, nullptr);
@@ -118,6 +137,7 @@ class TestHandler : public DataHandler {
   absl::Status push_status;
   absl::Status clock_status;
   proto::ReplicateRequest last_replicate;
+  size_t last_replicate_vals = 0;  // bytes of values it came with
   absl::Status replicate_status;
 };
 
@@ -1089,6 +1109,25 @@ class SharedMemoryTest : public DataPlaneTest {
     std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
     return f;
   }
+  // A REPLICATE frame whose request without its rows' entries (`head_len`
+  // bytes) is at arena page `page`, followed at the next 8-byte boundary by
+  // `vals_len` bytes of entries (kShared | kSharedKeys).
+  static std::string SharedSplitReplicate(uint32_t page, uint64_t head_len,
+                                          uint64_t vals_len,
+                                          const std::string& meta = "") {
+    Header h;
+    h.type = data_plane::kReplicate;
+    h.flags = data_plane::kShared | data_plane::kSharedKeys;
+    h.shared_page = page;
+    h.meta_len = static_cast<uint32_t>(meta.size());
+    h.id = 9;
+    h.keys_len = head_len;
+    h.vals_len = vals_len;
+    std::string f(data_plane::FrameBytes(h), '\0');
+    data_plane::EncodeHeader(h, f.data());
+    std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
+    return f;
+  }
   // Sends `frame` on a same-host connection that offered a good arena of 16
   // pages: it must be answered INVALID_ARGUMENT and the connection closed.
   // `what` names the case in a failure.
@@ -1453,13 +1492,156 @@ TEST_F(SharedMemoryTest, LargeReplicationBatchGoesThroughTheArena) {
                 req.SerializeAsString());
     return got;
   };
+  auto vals_bytes = [&] {
+    absl::MutexLock l(&handler_.mu);
+    return handler_.last_replicate_vals;
+  };
   ASSERT_TRUE(replicate(big).ok());
   EXPECT_EQ(c->shared_calls(), 1);
+  // Its rows' entries came as values, each at an 8-byte boundary.
+  size_t entries = 0;
+  for (const proto::ReplicaEntry& e : big.entries()) {
+    for (const auto& rows : e.delta().tables()) {
+      entries += (rows.entries().size() + 7) & ~size_t{7};
+    }
+  }
+  EXPECT_EQ(vals_bytes(), entries);
   ASSERT_TRUE(replicate(small).ok());
   EXPECT_EQ(c->shared_calls(), 1);
+  EXPECT_EQ(vals_bytes(), 0u);
+  // A large batch without rows goes through the arena whole.
+  proto::ReplicateRequest no_rows;
+  no_rows.set_from_server(2);
+  for (int i = 0; i < 20000; ++i) {
+    proto::ReplicaEntry* e = no_rows.add_entries();
+    e->set_range(i % 5);
+    e->set_index(i + 1000);
+    e->set_dead_worker(i % 3);
+  }
+  ASSERT_GE(no_rows.ByteSizeLong(), data_plane::kArenaMinBytes);
+  ASSERT_TRUE(replicate(no_rows).ok());
+  EXPECT_EQ(c->shared_calls(), 2);
+  EXPECT_EQ(vals_bytes(), 0u);
   // More than the arena holds at once, in turn: the slots are reused.
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(replicate(big).ok());
-  EXPECT_EQ(c->shared_calls(), 21);
+  EXPECT_EQ(c->shared_calls(), 22);
+}
+
+// A REPLICATE whose request without its rows' entries and those entries
+// lie in the arena (kSharedKeys): either part outside the arena closes the
+// connection; a head that is no request, or a frame with a meta section
+// too, is answered INVALID_ARGUMENT and the connection kept; a good one
+// reaches the handler with its values in place.
+TEST_F(SharedMemoryTest, HostileSplitReplicationBatches) {
+  Serve();
+  for (auto [page, head, vals] :
+       {std::tuple<uint32_t, uint64_t, uint64_t>{16, 5, 0},
+        {15, kArenaPage + 1, 0},
+        {15, 5, kArenaPage},
+        {14, 3, 2 * kArenaPage - 4},
+        {0xffffffffu, 0, 4}}) {
+    ExpectRefusedAndClosed(SharedSplitReplicate(page, head, vals),
+                           absl::StrCat(page, " ", head, " ", vals));
+  }
+  auto a = SharedArena::Create(16 * kArenaPage);
+  ASSERT_TRUE(a.ok());
+  int fd = RawLocal();
+  ASSERT_TRUE(SharedHello(fd, (*a)->fd()));
+  char* page3 = (*a)->base() + 3 * kArenaPage;
+  std::memset(page3, 0xff, 401);
+  SendAll(fd, SharedSplitReplicate(3, 401, 8));
+  EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument);
+  proto::ReplicateRequest req;
+  req.set_from_server(4);
+  req.set_epoch(7);
+  req.add_entries()->set_index(11);
+  proto::RangeCopy::Rows* rows =
+      req.add_entries()->mutable_delta()->add_tables();
+  rows->set_vals_offset(8);
+  rows->set_vals_bytes(12);
+  const std::string head = req.SerializeAsString();
+  ASSERT_NE(head.size() % 8, 0u);  // the values at the next boundary
+  std::memcpy(page3, head.data(), head.size());
+  const std::string floats = "abcdefghijklmnopqrst";  // 20 bytes
+  std::memcpy(page3 + data_plane::Align8(head.size()), floats.data(),
+              floats.size());
+  SendAll(fd, SharedSplitReplicate(3, head.size(), 20, head));  // a meta too
+  EXPECT_EQ(ReadAnswer(fd).code(), absl::StatusCode::kInvalidArgument);
+  SendAll(fd, SharedSplitReplicate(3, 0, 0));  // empty: an empty request
+  EXPECT_TRUE(ReadAnswer(fd).ok());
+  SendAll(fd, SharedSplitReplicate(3, head.size(), 20));
+  EXPECT_TRUE(ReadAnswer(fd).ok());
+  close(fd);
+  absl::MutexLock l(&handler_.mu);
+  EXPECT_EQ(handler_.last_replicate_vals, 20u);
+  ASSERT_EQ(handler_.last_replicate.entries_size(), 2);
+  EXPECT_EQ(handler_.last_replicate.entries(1).delta().tables(0).entries(),
+            "ijklmnopqrst");
+}
+
+// A batch through shared memory carries every field of its entries but
+// the rows' entries, which it names by offset: ReplicateHead misses no
+// field (one added to these messages must be copied there: this test then
+// fails until it is).
+TEST(ReplicateHeadTest, CopiesEveryFieldButTheRowsEntries) {
+  EXPECT_EQ(proto::RangeCopy::Rows::descriptor()->field_count(), 10);
+  EXPECT_EQ(proto::RangeDelta::descriptor()->field_count(), 3);
+  EXPECT_EQ(proto::RangeCopy::descriptor()->field_count(), 2);
+  EXPECT_EQ(proto::ReplicaEntry::descriptor()->field_count(), 11);
+  EXPECT_EQ(proto::ReplicateRequest::descriptor()->field_count(), 3);
+  proto::ReplicateRequest req;
+  req.set_from_server(3);
+  req.set_epoch(9);
+  auto fill = [](proto::RangeCopy::Rows* rows, int n) {
+    rows->set_table(n);
+    rows->set_keys(std::string(8 * n, 'k'));
+    rows->set_entries(std::string(4 * n + 1, static_cast<char>('a' + n)));
+    rows->set_by_slot(n % 2 == 1);
+    rows->set_slots(std::string(4 * n, 's'));
+    rows->set_base_slots(n + 10);
+    rows->set_base_digest(0xabcdef00u + n);
+    rows->set_slot_bits(std::string(8, static_cast<char>(n)));
+  };
+  proto::ReplicaEntry* d = req.add_entries();
+  d->set_range(1);
+  d->set_index(20);
+  d->mutable_delta()->set_base(17);
+  d->mutable_delta()->mutable_state()->set_bsp_applied(3);
+  fill(d->mutable_delta()->add_tables(), 1);
+  fill(d->mutable_delta()->add_tables(), 2);
+  proto::ReplicaEntry* c = req.add_entries();
+  c->set_range(2);
+  c->set_index(5);
+  c->mutable_copy()->mutable_state()->set_bsp_applied(2);
+  fill(c->mutable_copy()->add_tables(), 3);
+  proto::ReplicaEntry* other = req.add_entries();
+  other->set_range(4);
+  other->set_index(6);
+  other->set_dead_worker(1);
+  std::vector<absl::string_view> entries;
+  const proto::ReplicateRequest head = ReplicateHead(req, &entries);
+  ASSERT_EQ(entries.size(), 3u);
+  // Put back: the request as it was.
+  proto::ReplicateRequest back = head;
+  uint64_t at = 0;
+  int i = 0;
+  for (proto::ReplicaEntry& e : *back.mutable_entries()) {
+    auto* tables = e.has_delta()  ? e.mutable_delta()->mutable_tables()
+                   : e.has_copy() ? e.mutable_copy()->mutable_tables()
+                                  : nullptr;
+    if (tables == nullptr) continue;
+    for (proto::RangeCopy::Rows& rows : *tables) {
+      EXPECT_TRUE(rows.entries().empty());
+      EXPECT_EQ(rows.vals_offset(), at);
+      EXPECT_EQ(rows.vals_bytes(), entries[i].size());
+      rows.set_entries(std::string(entries[i]));
+      rows.clear_vals_offset();
+      rows.clear_vals_bytes();
+      at += data_plane::Align8(entries[i].size());
+      ++i;
+    }
+  }
+  EXPECT_EQ(back.SerializeAsString(), req.SerializeAsString());
 }
 
 // A REPLICATE frame whose request lies in the arena: one outside it closes
@@ -1818,8 +2000,10 @@ TEST(DataPlaneHeader, SharedFlagOnlyWhereDefined) {
 }
 
 // A REPLICATE may have kShared (its request in the arena: any number of
-// bytes, read into private memory first), never kSharedKeys or kSharedAt;
-// any other frame's values are still whole floats.
+// bytes, read into private memory first), with kSharedKeys (its request
+// without its rows' entries, any number of bytes, then those entries,
+// whole floats, at the next 8-byte boundary), never kSharedAt; any other
+// frame's values are still whole floats.
 TEST(DataPlaneHeader, SharedReplicationBatchIsAnyNumberOfBytes) {
   char b[kHeaderBytes];
   Header out;
@@ -1832,8 +2016,23 @@ TEST(DataPlaneHeader, SharedReplicationBatchIsAnyNumberOfBytes) {
   ASSERT_TRUE(data_plane::DecodeHeader(b, kLimit, &out).ok());
   EXPECT_EQ(data_plane::PrivateBytes(out), 401u);
   EXPECT_EQ(data_plane::FrameBytes(out), kHeaderBytes);
-  for (uint8_t flags : {uint8_t{data_plane::kShared | data_plane::kSharedKeys},
-                        uint8_t{data_plane::kShared | data_plane::kSharedAt}}) {
+  h.flags = data_plane::kShared | data_plane::kSharedKeys;
+  h.keys_len = 401;
+  h.vals_len = 12;
+  data_plane::EncodeHeader(h, b);
+  ASSERT_TRUE(data_plane::DecodeHeader(b, kLimit, &out).ok());
+  EXPECT_EQ(data_plane::PrivateBytes(out), 401u);
+  EXPECT_EQ(data_plane::SlotValsAt(out), 408u);
+  EXPECT_EQ(data_plane::FrameBytes(out), kHeaderBytes);
+  h.vals_len = 13;  // its entries are floats
+  data_plane::EncodeHeader(h, b);
+  EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
+            absl::StatusCode::kInvalidArgument);
+  h.keys_len = 0;
+  h.vals_len = 401;
+  for (uint8_t flags : {uint8_t{data_plane::kShared | data_plane::kSharedAt},
+                        uint8_t{data_plane::kShared | data_plane::kSharedKeys |
+                                data_plane::kSharedAt}}) {
     h.flags = flags;
     data_plane::EncodeHeader(h, b);
     EXPECT_EQ(data_plane::DecodeHeader(b, kLimit, &out).code(),
