@@ -1752,8 +1752,19 @@ void DataPlaneClient::Replicate(
   const size_t bytes = req.ByteSizeLong();
   if (state_->arena != nullptr && bytes >= data_plane::kArenaMinBytes &&
       bytes <= state_->max_frame_bytes) {
+    // The head is a copy of the rest of the batch: made only when the rows'
+    // entries are most of it (not for a BSP clock's sums, say).
+    size_t entries_bytes = 0;
+    for (const proto::ReplicaEntry& e : req.entries()) {
+      const auto& tables =
+          e.has_delta() ? e.delta().tables() : e.copy().tables();
+      for (const proto::RangeCopy::Rows& rows : tables) {
+        entries_bytes += rows.entries().size();
+      }
+    }
     std::vector<absl::string_view> entries;
-    const proto::ReplicateRequest head = ReplicateHead(req, &entries);
+    proto::ReplicateRequest head;
+    if (entries_bytes >= bytes / 2) head = ReplicateHead(req, &entries);
     const size_t head_bytes = entries.empty() ? 0 : head.ByteSizeLong();
     size_t total = entries.empty() ? bytes : Align8(head_bytes);
     for (absl::string_view e : entries) total += Align8(e.size());

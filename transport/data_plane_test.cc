@@ -1522,9 +1522,17 @@ TEST_F(SharedMemoryTest, LargeReplicationBatchGoesThroughTheArena) {
   ASSERT_TRUE(replicate(no_rows).ok());
   EXPECT_EQ(c->shared_calls(), 2);
   EXPECT_EQ(vals_bytes(), 0u);
+  // So does one whose rows' entries are not most of it (the rest would be
+  // copied into a head for them).
+  proto::ReplicaEntry* few = no_rows.add_entries();
+  few->set_index(1);
+  few->mutable_delta()->add_tables()->set_entries(std::string(4000, 'e'));
+  ASSERT_TRUE(replicate(no_rows).ok());
+  EXPECT_EQ(c->shared_calls(), 3);
+  EXPECT_EQ(vals_bytes(), 0u);
   // More than the arena holds at once, in turn: the slots are reused.
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(replicate(big).ok());
-  EXPECT_EQ(c->shared_calls(), 22);
+  EXPECT_EQ(c->shared_calls(), 23);
 }
 
 // A REPLICATE whose request without its rows' entries and those entries
