@@ -168,12 +168,12 @@ absl::Status ServerNodeHandler::Replicate(const proto::ReplicateRequest& req) {
     s = node_->Replicate(req);
   } else {
     size_t bytes = 0;
-    for (absl::string_view e : entries) bytes += (e.size() + 7) & ~size_t{7};
+    for (absl::string_view e : entries) bytes += data_plane::Align8(e.size());
     std::vector<uint64_t> vals(bytes / 8);  // 8-byte aligned, as an arena's
     char* at = reinterpret_cast<char*>(vals.data());
     for (absl::string_view e : entries) {
       std::memcpy(at, e.data(), e.size());
-      at += (e.size() + 7) & ~size_t{7};
+      at += data_plane::Align8(e.size());
     }
     s = node_->Replicate(
         head, absl::Span<const char>(reinterpret_cast<const char*>(vals.data()),

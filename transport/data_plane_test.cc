@@ -1078,16 +1078,21 @@ class SharedMemoryTest : public DataPlaneTest {
     proto::PushRequest req;
     req.set_worker_id(1);
     if (compressed) req.set_vals_codec(proto::CODEC_ZSTD);
-    const std::string meta = req.SerializeAsString();
     Header h;
     h.type = data_plane::kPush;
     h.flags = data_plane::kShared |
               (shared_keys ? data_plane::kSharedKeys : uint8_t{0});
+    h.keys_len = shared_keys ? keys_len : 8;
+    h.vals_len = vals_len;
+    return SharedFrame(h, page, req.SerializeAsString());
+  }
+  // The frame of `h` (id 9) with its arena page and `meta`; whatever else
+  // the frame holds (keys in it) is zero.
+  static std::string SharedFrame(Header h, uint32_t page,
+                                 const std::string& meta) {
     h.shared_page = page;
     h.meta_len = static_cast<uint32_t>(meta.size());
     h.id = 9;
-    h.keys_len = shared_keys ? keys_len : 8;
-    h.vals_len = vals_len;
     std::string f(data_plane::FrameBytes(h), '\0');
     data_plane::EncodeHeader(h, f.data());
     std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
@@ -1100,14 +1105,8 @@ class SharedMemoryTest : public DataPlaneTest {
     Header h;
     h.type = data_plane::kReplicate;
     h.flags = data_plane::kShared;
-    h.shared_page = page;
-    h.meta_len = static_cast<uint32_t>(meta.size());
-    h.id = 9;
     h.vals_len = len;
-    std::string f(data_plane::FrameBytes(h), '\0');
-    data_plane::EncodeHeader(h, f.data());
-    std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
-    return f;
+    return SharedFrame(h, page, meta);
   }
   // A REPLICATE frame whose request without its rows' entries (`head_len`
   // bytes) is at arena page `page`, followed at the next 8-byte boundary by
@@ -1118,15 +1117,9 @@ class SharedMemoryTest : public DataPlaneTest {
     Header h;
     h.type = data_plane::kReplicate;
     h.flags = data_plane::kShared | data_plane::kSharedKeys;
-    h.shared_page = page;
-    h.meta_len = static_cast<uint32_t>(meta.size());
-    h.id = 9;
     h.keys_len = head_len;
     h.vals_len = vals_len;
-    std::string f(data_plane::FrameBytes(h), '\0');
-    data_plane::EncodeHeader(h, f.data());
-    std::memcpy(f.data() + kHeaderBytes, meta.data(), meta.size());
-    return f;
+    return SharedFrame(h, page, meta);
   }
   // Sends `frame` on a same-host connection that offered a good arena of 16
   // pages: it must be answered INVALID_ARGUMENT and the connection closed.
