@@ -5,8 +5,13 @@
 # (inproc_train), under /usr/bin/time. Prints the load average, user and
 # system CPU seconds, wall seconds, the bytes that crossed loopback
 # (/proc/net/dev, so run nothing else meanwhile), examples per CPU-second and
-# the test AUC. Compare modes in interleaved pairs:
-#   for i in 1 2 3; do bench/dist_vs_local.sh local; bench/dist_vs_local.sh dist; done
+# the test AUC. Compare modes in interleaved pairs, with the same overrides
+# on both sides (the in-process run builds the same cluster: scale.yaml's two
+# servers get the default replica there too, so an in-process run without
+# fault_tolerance.replicas=0 replicates; before 2026-12-07 the figures of
+# docs/benchmarks.md compared it with an unreplicated distributed run):
+#   for i in 1 2 3; do bench/dist_vs_local.sh local fault_tolerance.replicas=0
+#     bench/dist_vs_local.sh dist fault_tolerance.replicas=0; done
 # Extra arguments are config overrides: bench/dist_vs_local.sh dist fault_tolerance.replicas=0
 # BIN (default build/bin) names the binaries' folder; ROWS defaults to 3000000.
 set -euo pipefail
