@@ -74,7 +74,7 @@ class File {
     // at a time. (glibc's setvbuf ignores the size it is given without a
     // buffer and keeps the block size, 4 KiB: a 60 MB model took 15,000
     // write calls.)
-    buffer_ = std::make_unique<char[]>(kBufferBytes);
+    buffer_ = std::make_unique_for_overwrite<char[]>(kBufferBytes);
     std::setvbuf(f_, buffer_.get(), _IOFBF, kBufferBytes);
     return absl::OkStatus();
   }
