@@ -1,19 +1,21 @@
 #include "server/table.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <map>
-#include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <unistd.h>
-
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/hash.h"
@@ -522,6 +524,58 @@ TEST(TableTest, EqualContentsGiveByteIdenticalFiles) {
   ASSERT_TRUE(b->SaveText(tb, nullptr).ok());
   EXPECT_EQ(ReadFile(ta), ReadFile(tb));
   for (const auto& p : {pa, pb, ta, tb}) std::remove(p.c_str());
+}
+
+// Gather (Snapshot, CopyValues, the saves) and ExportRange sort keys by a
+// radix sort of their 64 bits: random keys over many ranges, some at the
+// extremes, some of them dense ids, come back ascending with their own
+// values.
+TEST(TableTest, SnapshotAndExportSortRandomKeysWithTheirValues) {
+  for (uint64_t dense_ids : {uint64_t{0}, uint64_t{1000}}) {
+    SCOPED_TRACE(dense_ids);
+    TableSpec spec = PlainSgd(3);
+    spec.dense_ids = dense_ids;
+    constexpr int kRanges = 13;
+    auto table = MakeTable(spec, kRanges);
+    std::mt19937_64 rng(7);
+    std::vector<std::vector<uint64_t>> by_range(kRanges);
+    absl::flat_hash_map<uint64_t, float> first;  // key -> its first value
+    for (int i = 0; i < 5000; ++i) {
+      uint64_t k = rng();
+      if (i % 50 == 0) k = i % 100 == 0 ? ~uint64_t{0} - i : uint64_t(i);
+      if (i % 7 == 0) k = rng() % 1000;  // a dense id when there are any
+      if (!first.emplace(k, static_cast<float>(i)).second) continue;
+      by_range[i % kRanges].push_back(k);
+    }
+    for (int r = 0; r < kRanges; ++r) {
+      std::vector<float> g;
+      for (uint64_t k : by_range[r]) {
+        for (int j = 0; j < 3; ++j) g.push_back(first[k] + j);
+      }
+      table->Push(r, by_range[r], g.data(), 1.0f);
+    }
+    const auto snap = table->Snapshot();
+    ASSERT_EQ(snap.size(), first.size());
+    for (size_t i = 0; i < snap.size(); ++i) {
+      if (i > 0) ASSERT_LT(snap[i - 1].first, snap[i].first) << i;
+      const float v = first[snap[i].first];
+      // SGD at rate 1 from 0: the weight is minus the gradient.
+      ASSERT_EQ(snap[i].second, (std::vector<float>{-v, -v - 1, -v - 2})) << i;
+    }
+    for (int r = 0; r < kRanges; ++r) {
+      std::vector<uint64_t> keys;
+      std::vector<float> entries;
+      table->ExportRange(r, &keys, &entries);
+      std::vector<uint64_t> want = by_range[r];
+      std::sort(want.begin(), want.end());
+      ASSERT_EQ(keys, want) << r;
+      ASSERT_EQ(entries.size() % keys.size(), 0u);
+      const size_t stride = entries.size() / keys.size();
+      for (size_t i = 0; i < keys.size(); ++i) {
+        ASSERT_EQ(entries[i * stride], -first[keys[i]]) << r << " " << i;
+      }
+    }
+  }
 }
 
 TEST(TableTest, SaveTextWritesOnlyNonZeros) {
