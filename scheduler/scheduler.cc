@@ -827,6 +827,7 @@ absl::Status SchedulerCore::OpenSession(proto::Role role, int id) {
             : proto::NodeState_Name(n->info.state())));
   }
   ++n->sessions;
+  n->had_session = true;
   return absl::OkStatus();
 }
 
@@ -961,7 +962,26 @@ absl::StatusOr<proto::HeartbeatResponse> SchedulerCore::Heartbeat(
     resp.set_failed(true);
     resp.set_error(std::string(end_status_.message()));
   }
+  if (resp.shutdown()) n.told_shutdown = true;
   return resp;
+}
+
+bool SchedulerCore::EndSeenByAll() const {
+  absl::MutexLock l(&mu_);
+  if (!ended_) return false;
+  for (const std::vector<Node>* nodes : {&servers_, &workers_}) {
+    for (const Node& n : *nodes) {
+      const proto::NodeState state = n.info.state();
+      if (state != proto::NODE_ALIVE && state != proto::NODE_FINISHED) {
+        continue;  // never registered, dead or drained
+      }
+      // A process whose sessions all closed is gone (CloseSession records
+      // no time once the job is concluding).
+      const bool gone = n.SessionLost() || (n.had_session && n.sessions == 0);
+      if (!n.told_shutdown && !gone) return false;
+    }
+  }
+  return true;
 }
 
 // ------------------------------------------------------ work units (issue 9)

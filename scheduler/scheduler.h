@@ -205,6 +205,11 @@ class SchedulerCore {
   // Ends the job with an error (e.g. from a signal handler thread); no-op
   // once it ended.
   void Fail(const absl::Status& status);
+  // Once the job ended: whether every node that may still run has heard so
+  // (a heartbeat answered with `shutdown`) or is gone (dead, drained, or its
+  // session closed with its process), so the scheduler need not wait longer
+  // for anyone to see the end.
+  bool EndSeenByAll() const;
 
   JobPhase phase() const;
 
@@ -322,6 +327,10 @@ class SchedulerCore {
     // closed (OpenSession / CloseSession).
     int sessions = 0;
     absl::Time session_closed_at = absl::InfinitePast();
+    // Answered a heartbeat with `shutdown` (EndSeenByAll); opened a session
+    // at least once.
+    bool told_shutdown = false;
+    bool had_session = false;
     // Its last session closed since it was last heard from, and none is
     // open: its process is likely gone.
     bool SessionLost() const {

@@ -194,9 +194,16 @@ absl::Status RunScheduler(const SchedulerRunOptions& options) {
   if (result.ok()) {
     PS_LOG_INFO("job done\n{}", core.ReportJson());
   }
-  // Let workers and servers see the end through their heartbeats.
-  absl::SleepFor(absl::Milliseconds(
-      std::min(2000, 2 * config.cluster.heartbeat_ms)));
+  // Let workers and servers see the end through their heartbeats, for two
+  // heartbeats at most: until every node heard or is gone (a fixed two
+  // heartbeats, as until 2026-12-07, held every job's end a second after
+  // its last node had left).
+  const absl::Time seen_by =
+      absl::Now() +
+      absl::Milliseconds(std::min(2000, 2 * config.cluster.heartbeat_ms));
+  while (!core.EndSeenByAll() && absl::Now() < seen_by) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   service.EndSessions();  // nodes still running: not waited for
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(500));

@@ -400,6 +400,28 @@ TEST_F(SchedulerCoreTest, PhasesOfASuccessfulJob) {
   EXPECT_FALSE(hb->failed());
 }
 
+// The scheduler's process waits after the end only until every node that
+// may still run has heard of it (a heartbeat answered with `shutdown`) or is
+// gone (its sessions closed), not a fixed two heartbeats.
+TEST_F(SchedulerCoreTest, EndSeenByAllOnceEveryLiveNodeHeardOrLeft) {
+  Start();
+  RegisterAll();
+  ASSERT_TRUE(core_->OpenSession(proto::ROLE_WORKER, 1).ok());
+  ASSERT_TRUE(core_->OpenSession(proto::ROLE_SERVER, 1).ok());
+  EXPECT_FALSE(core_->EndSeenByAll());  // running
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  ASSERT_TRUE(End().ok());
+  EXPECT_FALSE(core_->EndSeenByAll());  // nobody heard yet
+  ASSERT_TRUE(Beat(proto::ROLE_SERVER, 0)->shutdown());
+  ASSERT_TRUE(Beat(proto::ROLE_WORKER, 0)->shutdown());
+  EXPECT_FALSE(core_->EndSeenByAll());         // S[1] and W[1] have not
+  core_->CloseSession(proto::ROLE_WORKER, 1);  // W[1]'s process is gone
+  EXPECT_FALSE(core_->EndSeenByAll());  // S[1] runs on (its session is open)
+  ASSERT_TRUE(Beat(proto::ROLE_SERVER, 1)->shutdown());
+  EXPECT_TRUE(core_->EndSeenByAll());
+}
+
 // Issue 12: the report is a JobReport printed by protobuf; what its readers
 // (ps_launch, plot_report.py, the Slurm and image scripts, bench/, the
 // tests) take from it parses back, with numbers as JSON numbers (not the
