@@ -975,9 +975,9 @@ bool SchedulerCore::EndSeenByAll() const {
       if (state != proto::NODE_ALIVE && state != proto::NODE_FINISHED) {
         continue;  // never registered, dead or drained
       }
-      // A process whose sessions all closed is gone (CloseSession records
-      // no time once the job is concluding).
-      const bool gone = n.SessionLost() || (n.had_session && n.sessions == 0);
+      // Gone: its sessions all closed with its process (SessionLost's time
+      // is not recorded once the job is concluding).
+      const bool gone = n.had_session && n.sessions == 0;
       if (!n.told_shutdown && !gone) return false;
     }
   }

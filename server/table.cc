@@ -1808,28 +1808,26 @@ void Table::Gather(bool nonzero_only, const std::vector<int>* ranges,
   // Ties (a key wrongly used with two ranges) break by gather position, so
   // the output stays deterministic.
   const size_t n = raw_keys.size();
-  values->resize(n * dim);
-  if (n <= std::numeric_limits<uint32_t>::max()) {
-    const std::vector<uint32_t> order = SortWithOrder(&raw_keys);
+  auto take_values = [&](const auto& order) {
+    values->resize(n * dim);
     for (size_t i = 0; i < n; ++i) {
       std::memcpy(values->data() + i * dim,
                   raw_values.data() + size_t{order[i]} * dim,
                   dim * sizeof(float));
     }
-    *keys = std::move(raw_keys);
-    return;
+  };
+  if (n <= std::numeric_limits<uint32_t>::max()) {
+    take_values(SortWithOrder(&raw_keys));
+  } else {  // more keys than a 32-bit position can name
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return raw_keys[a] < raw_keys[b];
+    });
+    take_values(order);
+    std::sort(raw_keys.begin(), raw_keys.end());
   }
-  std::vector<size_t> order(n);
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return raw_keys[a] != raw_keys[b] ? raw_keys[a] < raw_keys[b] : a < b;
-  });
-  keys->resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    (*keys)[i] = raw_keys[order[i]];
-    std::memcpy(values->data() + i * dim, raw_values.data() + order[i] * dim,
-                dim * sizeof(float));
-  }
+  *keys = std::move(raw_keys);
 }
 
 void Table::ExportRange(int range, std::vector<uint64_t>* keys,
