@@ -136,6 +136,9 @@ ABSL_FLAG(int, latency_keys, 1,
           "ps-lite's tests/test_latency sends 4 KiB; 1024 (with 4 KiB) is "
           "1024 keys of the dim-1 table, which adds the per-key work");
 ABSL_FLAG(std::string, optimizer, "sgd", "server update rule: sgd or ftrl");
+ABSL_FLAG(int, virtual_nodes, 64,
+          "key ranges per server on the hash ring (cluster.virtual_nodes): "
+          "a replicated push ships one delta per range it touches");
 ABSL_FLAG(int, replicas, 0,
           "backups per key range (capped at servers - 1): pushes are "
           "acknowledged once on every backup");
@@ -576,7 +579,8 @@ proto::ClusterView MakeView(const Topology& t,
   const int replicas =
       std::max(0, std::min(absl::GetFlag(FLAGS_replicas), t.servers - 1));
   *v.mutable_routing() =
-      BuildHashRing(ids, /*vnodes=*/64, v.epoch(), replicas);
+      BuildHashRing(ids, std::max(1, absl::GetFlag(FLAGS_virtual_nodes)),
+                    v.epoch(), replicas);
   for (int i = 0; i < t.servers; ++i) {
     proto::NodeInfo* s = v.mutable_routing()->add_servers();
     s->set_id(i);
