@@ -6,7 +6,7 @@
 //
 //   socket_bench [--block 4194304] [--seconds 3] [--sndbuf 0]
 //
-// A tool, not a test (docs/benchmarks.md, "The same-host socket").
+// A tool, not a test (docs/benchmarks-history.md, "The same-host socket").
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
