@@ -404,6 +404,10 @@ void KVWorker::PartDone(int64_t ts, const absl::Status& s, int64_t held_us) {
     }
     if (--op.pending > 0) return;
     held_us_total_.fetch_add(op.held_us);
+    if (op.wait_start_ns > 0 && op.held_us > 0) {
+      held_waited_us_.fetch_add(std::min<int64_t>(
+          op.held_us, (MonotonicNanos() - op.wait_start_ns) / 1000));
+    }
     fn = std::move(op.on_done);
     kind = op.kind;
     table = op.table;
@@ -463,7 +467,11 @@ absl::Status KVWorker::Wait(int64_t ts, absl::Time deadline) {
     auto it = ops_.find(ts);
     return it == ops_.end() || it->second.pending <= 0;
   };
-  const int64_t t0 = options_.wait_ns != nullptr ? MonotonicNanos() : 0;
+  const int64_t t0 = MonotonicNanos();
+  if (auto op = ops_.find(ts); op != ops_.end() && op->second.pending > 0 &&
+                               op->second.wait_start_ns == 0) {
+    op->second.wait_start_ns = t0;
+  }
   const bool in_time = mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
   if (options_.wait_ns != nullptr) {
     options_.wait_ns->Add(static_cast<uint64_t>(MonotonicNanos() - t0));

@@ -297,6 +297,14 @@ class KVWorker final : public ParamClient {
   double consistency_wait_seconds() const {
     return static_cast<double>(held_us_total_.load()) * 1e-6;
   }
+  // Of the time callers spent in Wait, the part the servers held the
+  // awaited pulls for the consistency bound: per pull, the lesser of its
+  // hold and the time a Wait waited for it. A prefetched pull held while
+  // the caller computed, and answered before it waited, counts nothing
+  // here (it does above). Thread-safe.
+  double held_wait_seconds() const {
+    return static_cast<double>(held_waited_us_.load()) * 1e-6;
+  }
 
   // Push traffic so far (issue 10): bytes of keys and values the push
   // requests carried (after filters, encoding and compression; every
@@ -382,6 +390,9 @@ class KVWorker final : public ParamClient {
     bool abandoned = false;         // Wait returned before it was done
     std::shared_ptr<PullTarget> target;  // pulls only
     int64_t held_us = 0;  // pulls: the longest a server held a slice
+    // When a Wait began waiting for it while it was still pending (0: none
+    // did): the part of a hold a caller waited through (held_waited_us_).
+    int64_t wait_start_ns = 0;
     int64_t push_clock = -1;  // pushes: the clock they belong to
     // Metrics (issue 11): kind (-1: not recorded), when it began.
     int kind = -1;
@@ -672,6 +683,7 @@ class KVWorker final : public ParamClient {
   int64_t next_ts_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t clock_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> held_us_total_{0};
+  std::atomic<int64_t> held_waited_us_{0};
   // The highest PullResponse.others_min_clock seen (-1: none yet).
   std::atomic<int64_t> others_min_clock_{-1};
   std::atomic<int64_t> push_bytes_{0};

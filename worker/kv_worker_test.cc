@@ -962,6 +962,48 @@ TEST_F(KVWorkerTest, OthersMinClockIsTheHighestAPullAnswerCarried) {
   EXPECT_EQ(worker_->others_min_clock(), 9);
 }
 
+// The holds a caller waited through: a pull answered before Wait counts
+// nothing however long it was held (a prefetch held while the trainer
+// computed); one waited for counts the lesser of its hold and the wait.
+TEST_F(KVWorkerTest, HeldWaitCountsOnlyTheHoldsACallerWaitedFor) {
+  Make(1);
+  // `held_us` on the answer of a pull of `keys`, given `delay` after Wait
+  // began (or before it, when `before`).
+  auto pull = [&](const std::vector<uint64_t>& keys, int64_t held_us,
+                  absl::Duration delay, bool before) {
+    std::vector<float> out;
+    const int64_t ts = worker_->Pull(0, keys, &out);
+    std::optional<HeldPull> p = S(0)->NextPull();
+    ASSERT_TRUE(p.has_value());
+    proto::PullResponse r = Answer(*p->req);
+    r.set_held_us(held_us);
+    if (before) {
+      p->Reply(absl::OkStatus(), r);
+      ASSERT_TRUE(worker_->Wait(ts, Soon()).ok());
+      return;
+    }
+    std::thread answer([&] {
+      absl::SleepFor(delay);
+      p->Reply(absl::OkStatus(), r);
+    });
+    const absl::Status s = worker_->Wait(ts, Soon());
+    answer.join();
+    ASSERT_TRUE(s.ok()) << s;
+  };
+  pull(Iota(8), 1'000'000, absl::ZeroDuration(), /*before=*/true);
+  EXPECT_EQ(worker_->held_wait_seconds(), 0.0);
+  EXPECT_DOUBLE_EQ(worker_->consistency_wait_seconds(), 1.0);
+  // Held 5 s by the answer's word, waited for about 30 ms: the wait.
+  pull(Iota(16), 5'000'000, absl::Milliseconds(30), /*before=*/false);
+  const double waited = worker_->held_wait_seconds();
+  EXPECT_GE(waited, 0.029);
+  EXPECT_LT(waited, 1.0);
+  // Held 10 ms, waited for 50 ms or more: the hold.
+  pull(Iota(24), 10'000, absl::Milliseconds(50), /*before=*/false);
+  EXPECT_NEAR(worker_->held_wait_seconds() - waited, 0.010, 1e-9);
+  EXPECT_DOUBLE_EQ(worker_->consistency_wait_seconds(), 6.01);
+}
+
 // Key caching: a key list goes to a server once under a name; once the
 // server has answered that request, later requests name it instead.
 TEST_F(KVWorkerTest, KeyListIsSentOnceThenNamed) {

@@ -232,9 +232,11 @@ absl::Status TrainAndReport(
   if (s.ok()) s = kv->Finish(absl::Now() + absl::Seconds(600));
   if (!s.ok()) return finish(s);
   const TrainerStats& st = trainer->stats();
-  PS_LOG_INFO("trained {} examples in {:.2f}s (compute {:.2f}s, wait {:.2f}s)",
-              st.examples, st.wall_seconds, st.compute_seconds,
-              st.wait_seconds);
+  PS_LOG_INFO(
+      "trained {} examples in {:.2f}s (compute {:.2f}s, wait {:.2f}s; "
+      "pulls held for consistency {:.3f}s, {:.3f}s of it waited for)",
+      st.examples, st.wall_seconds, st.compute_seconds, st.wait_seconds,
+      kv->consistency_wait_seconds(), kv->held_wait_seconds());
 
   // Evaluate once every worker has pushed everything.
   proto::BarrierRequest b;
@@ -248,8 +250,10 @@ absl::Status TrainAndReport(
   done.set_worker_id(worker_id);
   done.set_compute_seconds(st.compute_seconds);
   done.set_wait_seconds(st.wait_seconds);
+  // The holds the trainer waited through (a prefetched pull held while it
+  // computed cost it nothing).
   done.set_consistency_wait_seconds(
-      std::min(st.wait_seconds, kv->consistency_wait_seconds()));
+      std::min(st.wait_seconds, kv->held_wait_seconds()));
   done.set_examples(st.examples);
   done.set_train_loss(st.examples > 0 ? st.loss_sum / st.examples : 0);
   done.set_wall_seconds(st.wall_seconds);
