@@ -981,7 +981,11 @@ bool SchedulerCore::EndSeenByAll() const {
       if (!n.told_shutdown && !gone) return false;
     }
   }
-  return true;
+  // A status watcher (ps_status --watch, a dashboard) asking lately: until
+  // it has been answered with the end (it exits 2, the outcome unknown,
+  // when the scheduler is gone first).
+  return end_status_served_ ||
+         options_.clock->Now() - last_status_ > kStatusWatchWindow;
 }
 
 // ------------------------------------------------------ work units (issue 9)
@@ -1477,6 +1481,8 @@ absl::StatusOr<proto::StatusResponse> SchedulerCore::Status(bool brief) {
     for (const Node& w : workers_) *resp.add_nodes() = w.info;
     resp.set_phase(JobPhaseName(phase_));
     resp.set_now_ms(absl::ToUnixMillis(options_.clock->Now()));
+    last_status_ = options_.clock->Now();
+    if (ended_) end_status_served_ = true;
     const JobProgress p = work_->Progress();
     if (p.units_per_epoch > 0) {
       resp.set_epochs_done(static_cast<double>(p.done) /

@@ -207,9 +207,12 @@ class SchedulerCore {
   void Fail(const absl::Status& status);
   // Once the job ended: whether every node that may still run has heard so
   // (a heartbeat answered with `shutdown`) or is gone (dead, drained, or its
-  // session closed with its process), so the scheduler need not wait longer
-  // for anyone to see the end.
+  // session closed with its process), and a status client that asked within
+  // kStatusWatchWindow (`ps_status --watch` asks every 200 ms at most) has
+  // been answered with the end, so the scheduler need not wait longer for
+  // anyone to see it.
   bool EndSeenByAll() const;
+  static constexpr absl::Duration kStatusWatchWindow = absl::Seconds(1);
 
   JobPhase phase() const;
 
@@ -515,6 +518,9 @@ class SchedulerCore {
   std::vector<int> dead_workers_ ABSL_GUARDED_BY(mu_);  // in order of death
   bool concluding_ ABSL_GUARDED_BY(mu_) = false;  // Conclude() has begun
   bool ended_ ABSL_GUARDED_BY(mu_) = false;       // ... and the report is out
+  // The last Status call, and whether one was answered with the end.
+  absl::Time last_status_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool end_status_served_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   absl::Time end_time_ ABSL_GUARDED_BY(mu_);
 

@@ -422,6 +422,43 @@ TEST_F(SchedulerCoreTest, EndSeenByAllOnceEveryLiveNodeHeardOrLeft) {
   EXPECT_TRUE(core_->EndSeenByAll());
 }
 
+// A status watcher that asked during the job is answered with its end
+// before the scheduler goes (ps_status --watch exits 2 otherwise, the
+// outcome unknown); one that stopped asking is not waited for.
+TEST_F(SchedulerCoreTest, EndSeenByAllWaitsForARecentStatusWatcher) {
+  Start();
+  RegisterAll();
+  ASSERT_TRUE(core_->Status(/*brief=*/true).ok());  // a watcher, running
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  ASSERT_TRUE(End().ok());
+  for (int s = 0; s < 2; ++s)
+    ASSERT_TRUE(Beat(proto::ROLE_SERVER, s)->shutdown());
+  for (int w = 0; w < 2; ++w)
+    ASSERT_TRUE(Beat(proto::ROLE_WORKER, w)->shutdown());
+  EXPECT_FALSE(core_->EndSeenByAll());  // every node heard, the watcher not
+  absl::StatusOr<proto::StatusResponse> st = core_->Status(/*brief=*/true);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->phase(), "done");
+  EXPECT_TRUE(core_->EndSeenByAll());
+}
+
+TEST_F(SchedulerCoreTest, EndSeenByAllDoesNotWaitForAWatcherThatStopped) {
+  Start();
+  RegisterAll();
+  ASSERT_TRUE(core_->Status(/*brief=*/true).ok());
+  ASSERT_TRUE(Done(0).ok());
+  ASSERT_TRUE(Done(1).ok());
+  ASSERT_TRUE(End().ok());
+  for (int s = 0; s < 2; ++s)
+    ASSERT_TRUE(Beat(proto::ROLE_SERVER, s)->shutdown());
+  for (int w = 0; w < 2; ++w)
+    ASSERT_TRUE(Beat(proto::ROLE_WORKER, w)->shutdown());
+  EXPECT_FALSE(core_->EndSeenByAll());
+  clock_.Advance(SchedulerCore::kStatusWatchWindow + absl::Milliseconds(1));
+  EXPECT_TRUE(core_->EndSeenByAll());
+}
+
 // Issue 12: the report is a JobReport printed by protobuf; what its readers
 // (ps_launch, plot_report.py, the Slurm and image scripts, bench/, the
 // tests) take from it parses back, with numbers as JSON numbers (not the
