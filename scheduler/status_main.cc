@@ -188,9 +188,10 @@ std::string StatusTable(const ps::proto::StatusResponse& s,
 }
 
 // --watch: a frame every `interval` until the job ends. The scheduler is
-// asked at least every 200 ms so that the end is seen before it exits (it
-// lingers 2 heartbeats, at most 2 s); frames are printed every `interval`
-// and once more at the end. Exit 0 when the job succeeded, 1 when it
+// asked at least every 200 ms; after the end it lingers until a client that
+// asked within the last second has been answered with the end (at most 2
+// heartbeats, 2 s: SchedulerCore::EndSeenByAll); frames are printed every
+// `interval` and once more at the end. Exit 0 when the job succeeded, 1 when it
 // failed, 2 when the scheduler could not be reached (the outcome unknown).
 int Watch(ps::SchedulerClient* scheduler, double interval, int count) {
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
