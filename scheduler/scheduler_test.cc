@@ -287,6 +287,22 @@ class SchedulerCoreTest : public ::testing::Test {
     return core_->WorkerDone(d);
   }
   absl::Status End() { return core_->WaitForEnd(absl::Now()); }
+  // A job a status client asked about while it ran, ended, and every
+  // node answered a heartbeat with `shutdown`.
+  void EndWatchedJobHeardByEveryNode() {
+    Start();
+    RegisterAll();
+    ASSERT_TRUE(core_->Status(/*brief=*/true).ok());  // a watcher, running
+    ASSERT_TRUE(Done(0).ok());
+    ASSERT_TRUE(Done(1).ok());
+    ASSERT_TRUE(End().ok());
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_TRUE(Beat(proto::ROLE_SERVER, s)->shutdown());
+    }
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(Beat(proto::ROLE_WORKER, w)->shutdown());
+    }
+  }
   // The end, waiting for it (a probe on a thread of its own decides it).
   absl::Status EndWithin(absl::Duration d) {
     return core_->WaitForEnd(absl::Now() + d);
@@ -426,16 +442,7 @@ TEST_F(SchedulerCoreTest, EndSeenByAllOnceEveryLiveNodeHeardOrLeft) {
 // before the scheduler goes (ps_status --watch exits 2 otherwise, the
 // outcome unknown); one that stopped asking is not waited for.
 TEST_F(SchedulerCoreTest, EndSeenByAllWaitsForARecentStatusWatcher) {
-  Start();
-  RegisterAll();
-  ASSERT_TRUE(core_->Status(/*brief=*/true).ok());  // a watcher, running
-  ASSERT_TRUE(Done(0).ok());
-  ASSERT_TRUE(Done(1).ok());
-  ASSERT_TRUE(End().ok());
-  for (int s = 0; s < 2; ++s)
-    ASSERT_TRUE(Beat(proto::ROLE_SERVER, s)->shutdown());
-  for (int w = 0; w < 2; ++w)
-    ASSERT_TRUE(Beat(proto::ROLE_WORKER, w)->shutdown());
+  ASSERT_NO_FATAL_FAILURE(EndWatchedJobHeardByEveryNode());
   EXPECT_FALSE(core_->EndSeenByAll());  // every node heard, the watcher not
   absl::StatusOr<proto::StatusResponse> st = core_->Status(/*brief=*/true);
   ASSERT_TRUE(st.ok());
@@ -444,16 +451,7 @@ TEST_F(SchedulerCoreTest, EndSeenByAllWaitsForARecentStatusWatcher) {
 }
 
 TEST_F(SchedulerCoreTest, EndSeenByAllDoesNotWaitForAWatcherThatStopped) {
-  Start();
-  RegisterAll();
-  ASSERT_TRUE(core_->Status(/*brief=*/true).ok());
-  ASSERT_TRUE(Done(0).ok());
-  ASSERT_TRUE(Done(1).ok());
-  ASSERT_TRUE(End().ok());
-  for (int s = 0; s < 2; ++s)
-    ASSERT_TRUE(Beat(proto::ROLE_SERVER, s)->shutdown());
-  for (int w = 0; w < 2; ++w)
-    ASSERT_TRUE(Beat(proto::ROLE_WORKER, w)->shutdown());
+  ASSERT_NO_FATAL_FAILURE(EndWatchedJobHeardByEveryNode());
   EXPECT_FALSE(core_->EndSeenByAll());
   clock_.Advance(SchedulerCore::kStatusWatchWindow + absl::Milliseconds(1));
   EXPECT_TRUE(core_->EndSeenByAll());
