@@ -151,7 +151,7 @@ void ConsistencyController::TakeServableLocked(std::vector<Ready>* out) {
   size_t keep = 0;
   for (size_t i = 0; i < waits_.size(); ++i) {
     Wait& w = waits_[i];
-    if (CanServeLocked(w.clock, w.ranges)) {
+    if (CanServeWaitLocked(w)) {
       out->push_back(std::move(w.ready));
       --pending_[w.worker];
     } else {
@@ -166,16 +166,30 @@ bool ConsistencyController::WaitPull(int worker, int64_t clock,
                                      std::vector<int> ranges,
                                      absl::Time deadline,
                                      std::function<void(absl::Status)> ready) {
-  if (worker < 0 || worker >= num_workers_) {
-    ready(absl::InvalidArgumentError(absl::StrCat(
-        "pull by worker ", worker, ": worker id out of range [0, ",
+  return Enqueue(Wait{worker, clock, std::move(ranges), absl::InfinitePast(),
+                      deadline, std::move(ready)});
+}
+
+bool ConsistencyController::WaitOthers(
+    int worker, int64_t others_at, std::vector<int> ranges, absl::Time deadline,
+    std::function<void(absl::Status)> ready) {
+  Wait w{worker,   others_at,       std::move(ranges), absl::InfinitePast(),
+         deadline, std::move(ready)};
+  w.others = true;
+  return Enqueue(std::move(w));
+}
+
+bool ConsistencyController::Enqueue(Wait w) {
+  if (w.worker < 0 || w.worker >= num_workers_) {
+    w.ready(absl::InvalidArgumentError(absl::StrCat(
+        "pull by worker ", w.worker, ": worker id out of range [0, ",
         num_workers_.load(), ")")));
     return true;
   }
-  for (int r : ranges) {
+  for (int r : w.ranges) {
     if (r < 0 || r >= num_ranges_) {
-      ready(absl::InvalidArgumentError(
-          absl::StrCat("pull by worker ", worker, " at clock ", clock,
+      w.ready(absl::InvalidArgumentError(
+          absl::StrCat("pull by worker ", w.worker, " at clock ", w.clock,
                        ": range ", r, " out of range [0, ", num_ranges_, ")")));
       return true;
     }
@@ -183,27 +197,56 @@ bool ConsistencyController::WaitPull(int worker, int64_t clock,
   bool full = false;
   {
     absl::MutexLock l(&mu_);
-    if (!CanServeLocked(clock, ranges)) {
-      if (pending_[worker] >= max_pending_per_worker_) {
+    if (!CanServeWaitLocked(w)) {
+      if (pending_[w.worker] >= max_pending_per_worker_) {
         full = true;
       } else {
-        ++pending_[worker];
-        waits_.push_back(Wait{worker, clock, std::move(ranges), clock_->Now(),
-                              deadline, std::move(ready)});
+        ++pending_[w.worker];
+        w.start = clock_->Now();
+        waits_.push_back(std::move(w));
         return false;
       }
     }
   }
   if (full) {
-    ready(ErrorWithReason(absl::StatusCode::kResourceExhausted,
-                          proto::REASON_TOO_MANY_PENDING,
-                          absl::StrCat("worker ", worker, " already has ",
-                                       max_pending_per_worker_,
-                                       " pulls waiting")));
+    w.ready(ErrorWithReason(
+        absl::StatusCode::kResourceExhausted, proto::REASON_TOO_MANY_PENDING,
+        absl::StrCat("worker ", w.worker, " already has ",
+                     max_pending_per_worker_, " pulls waiting")));
     return true;
   }
-  ready(absl::OkStatus());
+  w.ready(absl::OkStatus());
   return true;
+}
+
+int64_t ConsistencyController::OthersMin(int worker,
+                                         absl::Span<const int> ranges) const {
+  if (!ValidRanges(ranges)) return -1;
+  absl::MutexLock l(&mu_);
+  return OthersMinLocked(worker, ranges);
+}
+
+int64_t ConsistencyController::OthersMinLocked(
+    int worker, absl::Span<const int> ranges) const {
+  const int n = num_workers_.load();
+  int64_t min = std::numeric_limits<int64_t>::max();
+  const size_t count = ranges.empty() ? ranges_.size() : ranges.size();
+  for (size_t i = 0; i < count; ++i) {
+    const VectorClock& vc = ranges_[ranges.empty() ? i : ranges[i]];
+    for (int x = 0; x < n; ++x) {
+      if (x != worker && live_[x]) min = std::min(min, vc.Get(x));
+    }
+  }
+  return min == std::numeric_limits<int64_t>::max() ? -1 : min;
+}
+
+bool ConsistencyController::CanServeWaitLocked(const Wait& w) const {
+  if (!w.others) return CanServeLocked(w.clock, w.ranges);
+  if (!live_[w.worker]) return true;  // the watcher stopped training
+  // No other live worker: nobody to get ahead, the deadline answers it (a
+  // release at once would have the last worker training ask again and again).
+  const int64_t min = OthersMinLocked(w.worker, w.ranges);
+  return min >= 0 && min >= w.clock;
 }
 
 std::string ConsistencyController::LagReasonLocked(const Wait& w,
@@ -255,7 +298,10 @@ int ConsistencyController::ExpireWaits() {
     size_t keep = 0;
     for (size_t i = 0; i < waits_.size(); ++i) {
       Wait& w = waits_[i];
-      if (now >= w.deadline) {
+      if (now >= w.deadline && w.others) {
+        --pending_[w.worker];
+        fire.emplace_back(std::move(w.ready), absl::OkStatus());
+      } else if (now >= w.deadline) {
         --pending_[w.worker];
         fire.emplace_back(std::move(w.ready),
                           ErrorWithReason(absl::StatusCode::kDeadlineExceeded,

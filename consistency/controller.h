@@ -103,8 +103,22 @@ class ConsistencyController {
   bool WaitPull(int worker, int64_t clock, std::vector<int> ranges,
                 absl::Time deadline, std::function<void(absl::Status)> ready);
 
+  // The SSP catch-up's watch (PullRequest.others_at): like WaitPull, but
+  // servable once every live worker other than `worker` has an entry of at
+  // least `others_at` on every range of `ranges` (empty = all), or once
+  // `worker` itself is finished or dead, whatever tau is (never while no
+  // other worker is live: nobody can get ahead then). Its deadline is
+  // an answer too: ExpireWaits runs it with OkStatus() (a watch only tells
+  // when the others got ahead; it never fails for waiting).
+  bool WaitOthers(int worker, int64_t others_at, std::vector<int> ranges,
+                  absl::Time deadline, std::function<void(absl::Status)> ready);
+  // The lowest entry of the live workers other than `worker` on `ranges`
+  // (empty = all); -1 when there is none (or an id is out of range).
+  int64_t OthersMin(int worker, absl::Span<const int> ranges) const;
+
   // Runs every queued wait whose deadline has passed (Now() >= deadline) with
-  // DEADLINE_EXCEEDED, on this thread. Returns how many ran. The owner calls
+  // DEADLINE_EXCEEDED (a WaitOthers with OkStatus()), on this thread.
+  // Returns how many ran. The owner calls
   // this periodically (e.g. from its timer thread).
   int ExpireWaits();
 
@@ -135,12 +149,19 @@ class ConsistencyController {
     absl::Time start;
     absl::Time deadline;
     std::function<void(absl::Status)> ready;
+    bool others = false;  // WaitOthers: `clock` is its others_at
   };
   using Ready = std::function<void(absl::Status)>;
 
   bool ValidRanges(absl::Span<const int> ranges) const;
   bool CanServeLocked(int64_t clock, absl::Span<const int> ranges) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t OthersMinLocked(int worker, absl::Span<const int> ranges) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanServeWaitLocked(const Wait& w) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // WaitPull and WaitOthers: queues `w` unless servable now.
+  bool Enqueue(Wait w);
   // Moves servable waits' callbacks into `out` (queue order) and removes them.
   void TakeServableLocked(std::vector<Ready>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

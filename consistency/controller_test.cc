@@ -195,6 +195,72 @@ TEST(ControllerTest, FinishedAndDeadWorkersDoNotBlock) {
   EXPECT_TRUE(c.CanServe(1000, {}));
 }
 
+// The SSP catch-up's watch: released once every other live worker has
+// completed `others_at` clocks on the watched ranges, whatever the watcher's
+// own entry and tau; its deadline answers OK; a watcher that stops training
+// is released at once.
+TEST(ControllerTest, WaitOthersFiresWhenTheOthersGetAhead) {
+  FakeClock clock;
+  ConsistencyController c(3, 2, /*tau=*/8, &clock);
+  // Worker 0 (the watcher) completed nothing; the others 3 on range 0.
+  c.AdvanceClock(1, 2, {0});
+  c.AdvanceClock(2, 2, {0});
+  EXPECT_EQ(c.OthersMin(0, {0}), 3);
+  EXPECT_EQ(c.OthersMin(0, {}), 0);  // range 1: nobody completed anything
+  EXPECT_EQ(c.OthersMin(0, {5}), -1);
+  Result now;
+  EXPECT_TRUE(c.WaitOthers(0, 3, {0}, clock.Now() + kTimeout, now.Callback()));
+  ASSERT_TRUE(now.fired);
+  EXPECT_TRUE(now.status.ok());
+
+  Result r;
+  EXPECT_FALSE(c.WaitOthers(0, 5, {0}, clock.Now() + kTimeout, r.Callback()));
+  c.AdvanceClock(1, 4, {0});  // worker 1 at 5, worker 2 still at 3
+  EXPECT_FALSE(r.fired);
+  c.AdvanceClock(0, 9, {0});  // the watcher's own entry does not count
+  EXPECT_FALSE(r.fired);
+  c.AdvanceClock(2, 4, {1});  // another range
+  EXPECT_FALSE(r.fired);
+  c.AdvanceClock(2, 4, {0});
+  ASSERT_TRUE(r.fired);
+  EXPECT_TRUE(r.status.ok());
+  EXPECT_EQ(c.pending_waits(), 0u);
+
+  // The deadline is an answer, not a failure.
+  Result expired;
+  EXPECT_FALSE(c.WaitOthers(0, 100, {0}, clock.Now() + absl::Seconds(1),
+                            expired.Callback()));
+  clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(c.ExpireWaits(), 1);
+  ASSERT_TRUE(expired.fired);
+  EXPECT_TRUE(expired.status.ok());
+
+  // A dead other stops counting; the watcher finishing releases it.
+  Result dead, finished;
+  EXPECT_FALSE(
+      c.WaitOthers(1, 6, {0}, clock.Now() + kTimeout, dead.Callback()));
+  c.SetWorkerDead(2);  // left: worker 0 at 10
+  ASSERT_TRUE(dead.fired);
+  EXPECT_FALSE(
+      c.WaitOthers(1, 50, {0}, clock.Now() + kTimeout, finished.Callback()));
+  c.SetWorkerFinished(1);
+  ASSERT_TRUE(finished.fired);
+  EXPECT_TRUE(finished.status.ok());
+
+  // The last worker training has nobody to watch: only its deadline
+  // answers (released at once, it would ask again and again).
+  Result alone;
+  EXPECT_FALSE(c.WaitOthers(0, 1, {0}, clock.Now() + absl::Seconds(1),
+                            alone.Callback()));
+  EXPECT_EQ(c.OthersMin(0, {0}), -1);
+  c.AdvanceClock(0, 20, {0});
+  EXPECT_FALSE(alone.fired);
+  clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(c.ExpireWaits(), 1);
+  ASSERT_TRUE(alone.fired);
+  EXPECT_TRUE(alone.status.ok());
+}
+
 TEST(ControllerTest, CancelAllRunsEveryWait) {
   FakeClock clock;
   ConsistencyController c(2, 2, 0, &clock);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,16 @@ class ParamClient {
   // servers reported with pull answers (PullResponse.others_min_clock);
   // -1 when unknown. Thread-safe.
   virtual int64_t others_min_clock() const { return -1; }
+  // SSP catch-up: runs `fired` once (on another thread) when every other
+  // worker still training has completed `others_at` clocks on the range of
+  // `key`, or after at most about `max_wait`; others_min_clock() is then
+  // fresh. False (and `fired` never runs) where the client cannot watch
+  // (see KVWorker::WatchOthers).
+  virtual bool WatchOthers(int table, uint64_t key, int64_t others_at,
+                           absl::Duration max_wait,
+                           std::function<void(absl::Status)> fired) {
+    return false;
+  }
 };
 
 // Minibatches for the loop: rows of one unit at a time, and what the loop

@@ -1053,15 +1053,23 @@ void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
   }
   Clock* const clock = clock_;
   const absl::Time asked = clock->Now();
-  consistency_->WaitPull(
-      req.worker_id(), req.clock(), std::move(ranges), deadline,
+  // A catch-up watch (PullRequest.others_at) waits for the other workers,
+  // not for the consistency bound, and says where they were when answered.
+  const int64_t others_at = req.others_at();
+  std::vector<int> watched;
+  if (others_at > 0) watched = ranges;
+  auto ready =
       [this, t, rk, admitted = adm.routing, worker = req.worker_id(),
-       table = req.table(), resp,
-       clock, asked, values = std::move(values),
+       table = req.table(), resp, clock, asked, values = std::move(values),
+       watched = std::move(watched),
        done = std::move(done)](const absl::Status& s) {
         if (!s.ok()) {
           done(s);
           return;
+        }
+        if (!watched.empty()) {
+          resp->set_others_min_clock(
+              std::max<int64_t>(0, consistency_->OthersMin(worker, watched)));
         }
         // Read only as the ranges' owner: a pull that waited across a view
         // change may be released here after a range moved away (before
@@ -1136,7 +1144,14 @@ void ServerNode::Pull(const proto::PullRequest& req, absl::string_view keys_in,
         }
         KeepResolved(worker, rk.get());
         done(absl::OkStatus());
-      });
+      };
+  if (others_at > 0) {
+    consistency_->WaitOthers(req.worker_id(), others_at, std::move(ranges),
+                             deadline, std::move(ready));
+  } else {
+    consistency_->WaitPull(req.worker_id(), req.clock(), std::move(ranges),
+                           deadline, std::move(ready));
+  }
 }
 
 absl::Status ServerNode::ClockTick(const proto::ClockRequest& req) {

@@ -911,6 +911,62 @@ TEST_F(ServerNodeTest, PullAnswerCarriesTheOtherWorkersLowestClock) {
   EXPECT_EQ(r->resp.others_min_clock(), 5);
 }
 
+// SSP catch-up watch (PullRequest.others_at): held until every other worker
+// still training completed that many clocks, whatever the asker's own clock
+// and tau; answered with where they were then. Its wait ends it OK.
+TEST_F(ServerNodeTest, CatchUpWatchWaitsForTheOthersNotTheBound) {
+  Configure(1, 3, proto::MODE_SSP, /*tau=*/8);
+  auto watch = [&](int worker, int64_t others_at, int64_t wait_ms) {
+    auto p = std::make_unique<PendingPull>();
+    p->req.set_worker_id(worker);
+    p->req.set_clock(0);
+    p->req.set_epoch(1);
+    p->req.set_table(0);
+    p->req.set_keys(Keys({4}));
+    p->req.set_wait_ms(wait_ms);
+    p->req.set_others_at(others_at);
+    PendingPull* raw = p.get();
+    node_.Pull(raw->req, &raw->resp, [raw](const absl::Status& s) {
+      ++raw->calls;
+      raw->status = s;
+    });
+    return p;
+  };
+  // W[0] completed nothing: a plain pull at its clock is answered at once,
+  // the watch for 2 clocks of the others is held.
+  auto w = watch(0, 2, 60000);
+  EXPECT_FALSE(w->done());
+  for (int64_t c = 0; c < 3; ++c) {
+    ASSERT_TRUE(node_.ClockTick(MakeClock(1, c, 0, 1)).ok());
+  }
+  EXPECT_FALSE(w->done());  // W[2] still at 0
+  ASSERT_TRUE(node_.ClockTick(MakeClock(2, 0, 0, 1)).ok());
+  EXPECT_FALSE(w->done());
+  ASSERT_TRUE(node_.ClockTick(MakeClock(2, 1, 0, 1)).ok());
+  ASSERT_TRUE(w->done());
+  ASSERT_TRUE(w->status.ok()) << w->status;
+  EXPECT_EQ(w->resp.others_min_clock(), 2);  // as answered, not as asked
+  EXPECT_EQ(w->values(), std::vector<float>{0.0f});
+
+  // Nobody gets ahead: the wait answers it, OK, with where they are.
+  auto idle = watch(0, 10, 500);
+  node_.Tick();
+  EXPECT_FALSE(idle->done());
+  clock_.Advance(absl::Milliseconds(600));
+  node_.Tick();
+  ASSERT_TRUE(idle->done());
+  EXPECT_TRUE(idle->status.ok()) << idle->status;
+  EXPECT_EQ(idle->resp.others_min_clock(), 2);
+  EXPECT_EQ(idle->resp.vals().size(), sizeof(float));
+
+  // The watcher finishing releases its watch.
+  auto last = watch(0, 10, 60000);
+  EXPECT_FALSE(last->done());
+  ASSERT_TRUE(node_.Finish(MakeFinish(0, 0)).ok());
+  ASSERT_TRUE(last->done());
+  EXPECT_TRUE(last->status.ok()) << last->status;
+}
+
 TEST_F(ServerNodeTest, FinishWaitsForTheWorkersOwnClocks) {
   Configure(1, 2, proto::MODE_BSP);
   ASSERT_TRUE(node_.ClockTick(MakeClock(0, 0, 0, 1)).ok());

@@ -1859,6 +1859,7 @@ proto::PullRequest PullHead(const proto::PullRequest& req) {
   head.set_key_list(req.key_list());
   head.set_num_keys(req.num_keys());
   head.set_key_lists(req.key_lists());
+  head.set_others_at(req.others_at());
   return head;
 }
 

@@ -388,6 +388,8 @@ int64_t KVWorker::NewOp(int pending) {
 
 void KVWorker::PartDone(int64_t ts, const absl::Status& s, int64_t held_us) {
   std::function<void()> fn;
+  std::function<void(absl::Status)> watch_fn;
+  absl::Status watch_status;
   int kind = -1, table = 0;
   uint64_t bytes = 0;
   int64_t start_ns = 0;
@@ -400,15 +402,17 @@ void KVWorker::PartDone(int64_t ts, const absl::Status& s, int64_t held_us) {
     op.held_us = std::max(op.held_us, held_us);
     if (!s.ok()) {
       if (op.status.ok()) op.status = s;
-      if (sticky_.ok()) sticky_ = s;
+      if (sticky_.ok() && !op.watch) sticky_ = s;
     }
     if (--op.pending > 0) return;
-    held_us_total_.fetch_add(op.held_us);
+    if (!op.watch) held_us_total_.fetch_add(op.held_us);
     if (op.wait_start_ns > 0 && op.held_us > 0) {
       held_waited_us_.fetch_add(std::min<int64_t>(
           op.held_us, (MonotonicNanos() - op.wait_start_ns) / 1000));
     }
     fn = std::move(op.on_done);
+    watch_fn = std::move(op.on_watch);
+    watch_status = op.status;
     kind = op.kind;
     table = op.table;
     bytes = op.bytes;
@@ -422,6 +426,7 @@ void KVWorker::PartDone(int64_t ts, const absl::Status& s, int64_t held_us) {
                              bytes, MonotonicNanos() - start_ns, ok);
   }
   if (fn) fn();
+  if (watch_fn) watch_fn(std::move(watch_status));
 }
 
 void KVWorker::Abandon(int64_t ts) {
@@ -1188,6 +1193,34 @@ int64_t KVWorker::PullInPlace(int table, absl::Span<const uint64_t> keys,
   return PullImpl(table, keys, nullptr, at_clock, nullptr, out);
 }
 
+bool KVWorker::WatchOthers(int table, uint64_t key, int64_t others_at,
+                           absl::Duration max_wait,
+                           std::function<void(absl::Status)> fired) {
+  int64_t ts, clock;
+  auto target = std::make_shared<PullTarget>();
+  target->others_at = std::max<int64_t>(others_at, 1);
+  target->watch_wait = std::max(max_wait, absl::Milliseconds(1));
+  {
+    absl::MutexLock l(&mu_);
+    if (table < 0 || table >= static_cast<int>(dims_.size()) ||
+        dims_[table] == 0) {
+      return false;
+    }
+    ts = NewOp(1);
+    clock = clock_count_;
+    Op& op = ops_[ts];
+    op.watch = true;
+    op.abandoned = true;  // nobody waits: erased however it ends
+    op.on_watch = std::move(fired);
+    op.target = target;  // `out` stays null: the values are dropped
+  }
+  const uint64_t keys[1] = {key};
+  StartPull(ts, table, clock, absl::MakeConstSpan(keys), {}, std::move(target),
+            0, nullptr);
+  PartDone(ts, absl::OkStatus());
+  return true;
+}
+
 void KVWorker::PulledValues::CopyTo(float* out, int dim) const {
   for (const Piece& p : pieces) {
     std::memcpy(out + p.first * static_cast<size_t>(dim), p.vals.data(),
@@ -1275,6 +1308,10 @@ void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
     r.set_epoch(epoch);
     r.set_table(table);
     r.set_wait_ms(absl::ToInt64Milliseconds(options_.pull_wait));
+    if (target->others_at > 0) {
+      r.set_others_at(target->others_at);
+      r.set_wait_ms(absl::ToInt64Milliseconds(target->watch_wait));
+    }
     p->keys = SliceSet(set, routing, ks.server, table, keys, ks.spans,
                        ks.count);
     for (const auto& [first, last] : ks.spans) {
@@ -1619,7 +1656,7 @@ absl::Status KVWorker::Finish(absl::Time deadline) {
         }
       }
       for (const auto& [ts, op] : ops_) {
-        if (op.pending > 0) return false;
+        if (op.pending > 0 && !op.watch) return false;
       }
       return true;
     };

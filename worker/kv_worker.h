@@ -266,6 +266,20 @@ class KVWorker final : public ParamClient {
   int64_t Pull(int table, const KeySet& keys, std::vector<float>* out,
                int64_t at_clock = -1);
 
+  // SSP catch-up (issue 9): a pull of `key` that the servers hold until
+  // every other worker still training has completed `others_at` clocks on
+  // its range (PullRequest.others_at), or for at most `max_wait`; then
+  // `fired` runs once, on a transport thread and never under this worker's
+  // lock, with OK (others_min_clock() updated with where the others were)
+  // or the pull's error after its retries. Nothing waits for it: its values
+  // are dropped, Finish does not wait for it, its failure is not the
+  // sticky error, and its hold counts neither in consistency_wait_seconds
+  // nor in the metrics. Returns false (and never runs `fired`) for an
+  // unknown table.
+  bool WatchOthers(int table, uint64_t key, int64_t others_at,
+                   absl::Duration max_wait,
+                   std::function<void(absl::Status)> fired) override;
+
   // Blocks until operation `ts` is done, at most until `deadline` (real
   // time). Returns OK when it succeeded; its own error; the sticky error
   // (some operation failed: returns at once, without waiting for `ts`);
@@ -381,11 +395,19 @@ class KVWorker final : public ParamClient {
     // PullInPlace's (then out is null); Wait clears it as `out`.
     PulledValues* in_place ABSL_GUARDED_BY(mu) = nullptr;
     bool kept = false;  // PullInPlace: constant once shared
+    // WatchOthers: PullRequest.others_at and wait_ms (constant once shared).
+    int64_t others_at = 0;
+    absl::Duration watch_wait;
   };
   struct Op {
     int pending = 0;
     absl::Status status;
     std::function<void()> on_done;  // runs once, outside mu_
+    // WatchOthers: runs once, outside mu_, with the op's status. A watch's
+    // failure is not sticky, Finish does not wait for it, and its hold is
+    // not counted as a pull's.
+    std::function<void(absl::Status)> on_watch;
+    bool watch = false;
     absl::Time retry_deadline;      // no retry scheduled after it
     bool abandoned = false;         // Wait returned before it was done
     std::shared_ptr<PullTarget> target;  // pulls only

@@ -1595,6 +1595,58 @@ TEST_F(KVWorkerTest, FinishRetriesUnavailable) {
   EXPECT_EQ(calls, 3);
 }
 
+// SSP catch-up watch: a one-key pull with others_at and its own wait;
+// `fired` runs with the answer (others_min_clock updated first) or the
+// final error, which is not sticky; its hold is not a pull's hold, and
+// Finish does not wait for one still outstanding.
+TEST_F(KVWorkerTest, WatchOthersFiresOnItsAnswerAndNeverFailsTheWorker) {
+  Make(1);
+  std::vector<absl::Status> fired;
+  std::vector<int64_t> floor_then;
+  auto fire = [&](const absl::Status& s) {
+    fired.push_back(s);
+    floor_then.push_back(worker_->others_min_clock());
+  };
+  EXPECT_FALSE(worker_->WatchOthers(7, 4, 3, absl::Seconds(1), fire));
+  worker_->Clock(0);
+  S(0)->NextClock()->Reply(absl::OkStatus());
+  ASSERT_TRUE(worker_->WatchOthers(0, 4, 3, absl::Milliseconds(1500), fire));
+  std::optional<HeldPull> p = S(0)->NextPull();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->req->others_at(), 3);
+  EXPECT_EQ(p->req->wait_ms(), 1500);
+  EXPECT_EQ(p->req->clock(), 1);
+  EXPECT_TRUE(fired.empty());
+  proto::PullResponse r = Answer(*p->req);
+  r.set_others_min_clock(5);
+  r.set_held_us(2000000);
+  p->Reply(absl::OkStatus(), r);
+  ASSERT_EQ(fired.size(), 1u);
+  EXPECT_TRUE(fired[0].ok()) << fired[0];
+  EXPECT_EQ(floor_then[0], 5);
+  EXPECT_DOUBLE_EQ(worker_->consistency_wait_seconds(), 0.0);
+
+  // A final error reaches the callback and nothing else.
+  ASSERT_TRUE(worker_->WatchOthers(0, 4, 9, absl::Seconds(1), fire));
+  p = S(0)->NextPull();
+  ASSERT_TRUE(p.has_value());
+  p->Reply(absl::InvalidArgumentError("no"), {});
+  ASSERT_EQ(fired.size(), 2u);
+  EXPECT_EQ(fired[1].code(), StatusCode::kInvalidArgument);
+  std::vector<float> out;
+  const int64_t ts = worker_->Pull(0, {5}, &out);  // a list sent with keys
+  p = S(0)->NextPull();
+  ASSERT_TRUE(p.has_value());
+  p->Reply(absl::OkStatus(), Answer(*p->req));
+  EXPECT_TRUE(worker_->Wait(ts, Soon()).ok());
+
+  // Outstanding at the end: Finish goes on without it.
+  ASSERT_TRUE(worker_->WatchOthers(0, 4, 9, absl::Seconds(1), fire));
+  ASSERT_TRUE(S(0)->NextPull().has_value());
+  EXPECT_TRUE(worker_->Finish(Soon()).ok());
+  EXPECT_EQ(fired.size(), 2u);
+}
+
 TEST_F(KVWorkerTest, FinishWithOutstandingOperationsIsDeadlineExceeded) {
   Make(1);
   Push({1});

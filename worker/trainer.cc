@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -159,6 +161,101 @@ class BackgroundEval {
   std::thread thread_ ABSL_GUARDED_BY(mu_);
 };
 
+// SSP catch-up in the middle of a minibatch (issue 9): a thread keeps one
+// ParamClient::WatchOthers outstanding, armed `ahead` clocks past this
+// worker's clock, and when the servers answer that the other workers got
+// there it runs `skip` (the trainer's catch-up) and arms again. Between
+// minibatches the trainer checks as well, but a straggler checking only
+// there held the others for as long as its minibatch lasted once they were
+// tau ahead: with a 4x straggler at tau 8 on a 2-vCPU VM its minibatch
+// lasted 5-8 of theirs, and they were held 5-11 % of the time.
+class CatchUpWatch {
+ public:
+  // `params` and `skip` must outlive the watch; `skip` may run on the
+  // watch's thread at any time until the destructor returns.
+  CatchUpWatch(ParamClient* params, std::pair<int, uint64_t> key, int64_t ahead,
+               std::function<void()> skip)
+      : params_(params),
+        key_(key),
+        ahead_(ahead),
+        skip_(std::move(skip)),
+        signal_(std::make_shared<Signal>()) {}
+  // Stops the thread. A watch still outstanding is answered when this
+  // worker finishes (or at its wait) to a callback that only sets a flag.
+  ~CatchUpWatch() {
+    {
+      absl::MutexLock l(&signal_->mu);
+      signal_->stop = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  // Starts the thread; false (and nothing started) where the client
+  // cannot watch.
+  bool Start() {
+    if (!Arm()) return false;
+    thread_ = std::thread([this] { Run(); });
+    return true;
+  }
+
+ private:
+  // What the watch's callback sets; shared with it, since an answer may
+  // come after the watch is gone.
+  struct Signal {
+    absl::Mutex mu;
+    bool fired ABSL_GUARDED_BY(mu) = false;
+    bool ok ABSL_GUARDED_BY(mu) = false;
+    bool stop ABSL_GUARDED_BY(mu) = false;
+  };
+  // How long the servers hold a watch nobody gets ahead of (then it is
+  // answered and armed again: about one request a second).
+  static constexpr absl::Duration kWatchWait = absl::Seconds(1);
+  // After a failed watch (a server failing over, say), before the next.
+  static constexpr absl::Duration kRetryPause = absl::Milliseconds(100);
+
+  static bool FiredOrStopped(Signal* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+    return s->fired || s->stop;
+  }
+
+  bool Arm() {
+    // The callback never calls into the client: it may run on this thread,
+    // inside WatchOthers, or inside a skip's Clock.
+    return params_->WatchOthers(key_.first, key_.second,
+                                params_->clock() + ahead_, kWatchWait,
+                                [signal = signal_](const absl::Status& s) {
+                                  absl::MutexLock l(&signal->mu);
+                                  signal->fired = true;
+                                  signal->ok = s.ok();
+                                });
+  }
+
+  void Run() {
+    Signal& sig = *signal_;
+    for (;;) {
+      bool ok;
+      {
+        absl::MutexLock l(&sig.mu);
+        sig.mu.Await(absl::Condition(&FiredOrStopped, &sig));
+        if (sig.stop) return;
+        ok = sig.ok;
+        sig.fired = false;
+        if (!ok) {
+          sig.mu.AwaitWithTimeout(absl::Condition(&sig.stop), kRetryPause);
+          if (sig.stop) return;
+        }
+      }
+      if (ok) skip_();
+      if (!Arm()) return;
+    }
+  }
+
+  ParamClient* const params_;
+  const std::pair<int, uint64_t> key_;
+  const int64_t ahead_;
+  const std::function<void()> skip_;
+  const std::shared_ptr<Signal> signal_;
+  std::thread thread_;
+};
+
 }  // namespace
 
 Trainer::Trainer(int worker_id, const JobConfig& config, ParamClient* params,
@@ -228,22 +325,34 @@ absl::Status Trainer::Train(BatchSource* work, EvalFn curve_fn) {
   // To the reported clock, never beyond: an extrapolated estimate (as
   // 7b820f6 had) overshot, the other workers saw the skipped clocks as
   // progress and skipped further, and the clocks ran away (a9a SSP: 4456
-  // clocks for 815 minibatches, jobs 3-5x slower).
-  auto skip_ahead = [&]() {
-    if (!catch_up) return;
-    // The freshest of: the scheduler's last GetWork answer, its last
-    // heartbeat answer, and the servers' pull answers.
-    int64_t floor =
-        std::max(work->others_min_clock(), params_->others_min_clock());
+  // clocks for 815 minibatches, jobs 3-5x slower). `from_work` is the
+  // scheduler's last GetWork answer (read on this thread only); the
+  // heartbeat's and the servers' answers are read here.
+  absl::Mutex skip_mu;  // one skip at a time: this thread's or the watch's
+  auto skip_to = [&](int64_t from_work) {
+    int64_t floor = std::max(from_work, params_->others_min_clock());
     if (others_min_clock_ != nullptr) {
       floor = std::max(floor, others_min_clock_->load());
     }
+    absl::MutexLock l(&skip_mu);
     if (floor - params_->clock() <= slack) return;
     // At most 256 clocks in flight at once: a server refuses a clock more
     // than 1000 ahead of this worker's completed ones (CLOCK_TOO_FAR).
     floor = std::min(floor, params_->clock() + 256);
     while (params_->clock() < floor) params_->Clock(0);
   };
+  auto skip_ahead = [&]() {
+    if (catch_up) skip_to(work->others_min_clock());
+  };
+  // And in the middle of a minibatch, as soon as the servers say the
+  // others are more than `slack` clocks ahead (CatchUpWatch). Declared
+  // after what its thread uses: destroyed (joined) first.
+  std::optional<CatchUpWatch> watch;
+  if (catch_up) {
+    watch.emplace(params_, model_->idle_key(), slack + 1,
+                  [&skip_to] { skip_to(-1); });
+    if (!watch->Start()) watch.reset();
+  }
   // Issue 12: a worker that makes few updates per epoch trains a poor model
   // (minibatch 1000 on a small set gave each worker 1 to 7), so the first
   // epoch this worker finishes is checked once: the rows and updates of
@@ -416,6 +525,7 @@ absl::Status Trainer::Train(BatchSource* work, EvalFn curve_fn) {
       }
     }
   }
+  watch.reset();    // no empty clock after the last minibatch's
   check_updates();  // a one-epoch job, or no later unit came
   PS_RETURN_IF_ERROR(validation.Join());
   PS_RETURN_IF_ERROR(curve.Join());

@@ -123,14 +123,16 @@ class Trainer {
   // (others are finishing theirs, one may come back from a dead worker) the
   // worker keeps step: an empty clock and a pull of the model's idle key,
   // so BSP/SSP never wait for an idle worker. In SSP a worker more than
-  // max(1, tau/8) clocks behind the other workers' lowest clock (the freshest of
-  // what the scheduler and the servers' pull answers last said) skips
-  // ahead to it with empty clocks, so a straggler
-  // that takes fewer units holds the others back less. With a staleness
-  // bound of at least one clock the next minibatch's pull is sent before
-  // this one's gradient (declared at the next clock, so the bound holds).
-  // When `curve` is given, evaluates it every training.eval_interval_s and
-  // records the curve (on a thread beside training, so the clocks never
+  // max(1, tau/8) clocks behind the other workers' lowest clock (the freshest
+  // of what the scheduler and the servers' pull answers last said) skips ahead
+  // to it with empty clocks, so a straggler that takes fewer units holds the
+  // others back less: at each minibatch's end, and in the middle of one as soon
+  // as the servers answer a watch (ParamClient::WatchOthers, kept outstanding
+  // on a thread of its own) that the others got that far ahead. With a
+  // staleness bound of at least one clock the next minibatch's pull is sent
+  // before this one's gradient (declared at the next clock, so the bound
+  // holds). When `curve` is given, evaluates it every training.eval_interval_s
+  // and records the curve (on a thread beside training, so the clocks never
   // wait for it). Errors: the source's (reader, scheduler), the model's or
   // the servers'. Whether the job trained any example is the scheduler's
   // check (SchedulerCore::GetWork), or CheckTrainedExamples.
