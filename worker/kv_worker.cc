@@ -595,6 +595,7 @@ int64_t KVWorker::PushImpl(int table, absl::Span<const uint64_t> keys,
                            const std::shared_ptr<const void>& owner,
                            int num_examples, bool end_clock,
                            const KeySet* set) {
+  absl::MutexLock order(&order_mu_);
   int64_t ts, clock, clock_ts = -1;
   absl::Status bad = BeginPush(table, keys, vals, end_clock,
                                end_clock ? num_examples : 0, &ts, &clock,
@@ -1490,6 +1491,7 @@ void KVWorker::OnPullReply(std::shared_ptr<PullSlice> slice, int attempt,
 // ------------------------------------------------------------------ clock
 
 int64_t KVWorker::Clock(int num_examples) {
+  absl::MutexLock order(&order_mu_);
   int64_t c, ts;
   {
     absl::MutexLock l(&mu_);

@@ -686,6 +686,15 @@ class KVWorker final : public ParamClient {
   // Null without filters or encodings (PushFilterOptions). Thread-safe.
   const std::unique_ptr<PushFilter> filter_;
 
+  // Held by every push and clock from the moment it takes its clock until
+  // its requests are sent, so that pushes and clocks from different threads
+  // (the trainer's catch-up watch ends clocks beside the training loop's
+  // pushes) reach each server in clock order, and a clock's announcement
+  // counts every segment of the pushes stamped with it: a push that took
+  // clock c but had not yet counted its segments when another thread
+  // announced c, or an announcement of c + 1 sent before c's, left a
+  // range's clock waiting for good.
+  absl::Mutex order_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(mu_);
   proto::ClusterView view_ ABSL_GUARDED_BY(mu_);
