@@ -298,15 +298,15 @@ int ConsistencyController::ExpireWaits() {
     size_t keep = 0;
     for (size_t i = 0; i < waits_.size(); ++i) {
       Wait& w = waits_[i];
-      if (now >= w.deadline && w.others) {
+      if (now >= w.deadline) {
         --pending_[w.worker];
-        fire.emplace_back(std::move(w.ready), absl::OkStatus());
-      } else if (now >= w.deadline) {
-        --pending_[w.worker];
-        fire.emplace_back(std::move(w.ready),
-                          ErrorWithReason(absl::StatusCode::kDeadlineExceeded,
-                                          proto::REASON_CONSISTENCY_TIMEOUT,
-                                          LagReasonLocked(w, now)));
+        // A watch's deadline is an answer, not a failure (WaitOthers).
+        fire.emplace_back(
+            std::move(w.ready),
+            w.others ? absl::OkStatus()
+                     : ErrorWithReason(absl::StatusCode::kDeadlineExceeded,
+                                       proto::REASON_CONSISTENCY_TIMEOUT,
+                                       LagReasonLocked(w, now)));
       } else {
         if (keep != i) waits_[keep] = std::move(w);
         ++keep;

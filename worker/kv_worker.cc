@@ -411,8 +411,10 @@ void KVWorker::PartDone(int64_t ts, const absl::Status& s, int64_t held_us) {
           op.held_us, (MonotonicNanos() - op.wait_start_ns) / 1000));
     }
     fn = std::move(op.on_done);
-    watch_fn = std::move(op.on_watch);
-    watch_status = op.status;
+    if (op.watch) {
+      watch_fn = std::move(op.on_watch);
+      watch_status = op.status;
+    }
     kind = op.kind;
     table = op.table;
     bytes = op.bytes;
@@ -1308,11 +1310,9 @@ void KVWorker::StartPull(int64_t ts, int table, int64_t clock,
     r.set_clock(clock);
     r.set_epoch(epoch);
     r.set_table(table);
-    r.set_wait_ms(absl::ToInt64Milliseconds(options_.pull_wait));
-    if (target->others_at > 0) {
-      r.set_others_at(target->others_at);
-      r.set_wait_ms(absl::ToInt64Milliseconds(target->watch_wait));
-    }
+    r.set_others_at(target->others_at);  // 0 (not sent) but for a watch
+    r.set_wait_ms(absl::ToInt64Milliseconds(
+        target->others_at > 0 ? target->watch_wait : options_.pull_wait));
     p->keys = SliceSet(set, routing, ks.server, table, keys, ks.spans,
                        ks.count);
     for (const auto& [first, last] : ks.spans) {
