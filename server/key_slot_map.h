@@ -60,7 +60,8 @@ class KeySlotMap {
   // found in its home line (nearly all) costs no mispredicted branch.
   // Table::Push and Pull of keys sent.
   // With AVX-512 (F and DQ) where the CPU has it: 8 keys hashed at once,
-  // and a line's 4 keys compared with one instruction.
+  // and a line's 4 keys compared with one instruction; with AVX2 (and no
+  // AVX-512), 4 keys hashed at once and a line compared with two.
   void FindMany(const uint64_t* keys, size_t n, uint32_t* slots,
                 uint32_t none) const;
   // FindMany without vector instructions (what it runs on other CPUs).
@@ -69,6 +70,8 @@ class KeySlotMap {
                         uint32_t none) const;
   // Whether FindMany runs its AVX-512 loop on this CPU.
   static bool VectorFindMany();
+  // Whether FindMany runs its AVX2 loop (AVX2 without AVX-512).
+  static bool Avx2FindMany();
 
   // The slot of `key` (a reference the caller may set), and whether the
   // key was added (its slot then 0). Invalidates earlier references.
@@ -182,6 +185,8 @@ class KeySlotMap {
 #if defined(__x86_64__)
   void FindManyAvx512(const uint64_t* keys, size_t n, uint32_t* slots,
                       uint32_t none) const;
+  void FindManyAvx2(const uint64_t* keys, size_t n, uint32_t* slots,
+                    uint32_t none) const;
 #endif
   // Doubles the capacity (kMinLines lines at first) and re-inserts every
   // key.
