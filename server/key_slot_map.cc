@@ -9,6 +9,7 @@
 #endif
 
 #include "common/cpu_features.h"
+#include "common/hash_avx2.h"
 
 namespace ps {
 namespace {
@@ -40,17 +41,6 @@ HomeLines8(const uint64_t* keys, size_t i, size_t n, __m512i seed,
 
 const bool kAvx2FindMany = !kVectorFindMany && CpuHasAvx2();
 
-// x * c mod 2^64 lane by lane, c's halves given (AVX2 has no 64-bit
-// multiply): x_lo * c_lo + ((x_hi * c_lo + x_lo * c_hi) << 32).
-__attribute__((target("avx2"), always_inline)) inline __m256i MulLo64(
-    __m256i x, __m256i c_lo, __m256i c_hi) {
-  const __m256i cross =
-      _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), c_lo),
-                       _mm256_mul_epu32(x, c_hi));
-  return _mm256_add_epi64(_mm256_mul_epu32(x, c_lo),
-                          _mm256_slli_epi64(cross, 32));
-}
-
 // home[i % kRing ...] = the home lines of keys[i, min(i + 4, n)), i a
 // multiple of 4 (a tail of fewer than 4 keys one key at a time).
 __attribute__((target("avx2"), always_inline)) inline void HomeLines4(
@@ -62,19 +52,11 @@ __attribute__((target("avx2"), always_inline)) inline void HomeLines4(
     for (size_t j = i; j < n; ++j) home[j % kRing] = Mix64(keys[j] ^ s) & m;
     return;
   }
-  __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + i));
-  // Mix64 (common/hash.h), lane by lane.
-  x = _mm256_add_epi64(_mm256_xor_si256(x, seed),
-                       _mm256_set1_epi64x(0x9e3779b97f4a7c15LL));
-  x = MulLo64(_mm256_xor_si256(x, _mm256_srli_epi64(x, 30)),
-              _mm256_set1_epi64x(0x1ce4e5b9LL),
-              _mm256_set1_epi64x(0xbf58476dLL));
-  x = MulLo64(_mm256_xor_si256(x, _mm256_srli_epi64(x, 27)),
-              _mm256_set1_epi64x(0x133111ebLL),
-              _mm256_set1_epi64x(0x94d049bbLL));
-  x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 31));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(home + i % kRing),
-                     _mm256_and_si256(x, mask));
+  const __m256i x =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + i));
+  _mm256_store_si256(
+      reinterpret_cast<__m256i*>(home + i % kRing),
+      _mm256_and_si256(hash_avx2::Mix64x4(_mm256_xor_si256(x, seed)), mask));
 }
 #else
 constexpr bool kVectorFindMany = false;

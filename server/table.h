@@ -631,5 +631,14 @@ size_t FtrlConsecutiveWith(FtrlIsa isa,
                            float* first, const float* g, float scale,
                            size_t groups = 1);
 
+// The dense-id lookup (TableSpec::dense_ids) of keys[i], i < n, in `range`
+// by `isa`'s loop: slots[i] = the slot that index[FeatureOf(keys[i])]
+// names when that entry is for `range` (index entries (range << 32) |
+// (slot + 1), ids below `limit`), else Table::kNoSlot. False, doing nothing,
+// where this CPU cannot run `isa`'s loop; tests hold each to the portable
+// one.
+bool DenseSlotsWith(FtrlIsa isa, const uint64_t* index, uint64_t limit,
+                    int range, const uint64_t* keys, size_t n, uint32_t* slots);
+
 }  // namespace table_internal
 }  // namespace ps

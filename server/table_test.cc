@@ -442,6 +442,66 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, DenseIdTest,
 
 // Against Pull's precondition, a key used with two ranges is stored in each,
 // as with the hash maps (never one range's slot read in another's storage).
+// Every dense-id lookup loop this CPU runs gives the portable loop's slots:
+// entries of the range, of other ranges and empty, ids past the bound, keys
+// of another namespace, every batch length around the loops' steps.
+TEST(TableTest, DenseIdLookupLoopsAgree) {
+  using table_internal::FtrlIsa;
+  constexpr uint64_t kLimit = 5000;
+  constexpr int kRange = 3;
+  std::mt19937_64 rng(17);
+  std::vector<uint64_t> index(kLimit);
+  for (uint64_t& e : index) {
+    switch (rng() % 3) {
+      case 0:
+        e = 0;
+        break;  // no slot
+      case 1:
+        e = (uint64_t{kRange} << 32) | (1 + rng() % 100000);
+        break;
+      default:
+        e = (uint64_t{1 + rng() % 7} << 32) | (1 + rng() % 100000);
+    }
+  }
+  for (size_t n : {0, 1, 3, 4, 5, 55, 56, 57, 60, 64, 65, 1000, 4099}) {
+    std::vector<uint64_t> keys(n);
+    for (uint64_t& k : keys) {
+      switch (rng() % 4) {
+        case 0:
+          k = FeatureKey(kLimit + rng() % 100);
+          break;  // past it
+        case 1:
+          k = FeatureKey(rng() % kLimit, 9);
+          break;  // namespace 9
+        default:
+          k = FeatureKey(rng() % kLimit);
+      }
+    }
+    std::vector<uint32_t> want(n + 1, 7);
+    ASSERT_TRUE(table_internal::DenseSlotsWith(FtrlIsa::kPortable, index.data(),
+                                               kLimit, kRange, keys.data(), n,
+                                               want.data()));
+    for (FtrlIsa isa : {FtrlIsa::kAvx2, FtrlIsa::kAvx512}) {
+      std::vector<uint32_t> got(n + 1, 7);
+      if (!table_internal::DenseSlotsWith(isa, index.data(), kLimit, kRange,
+                                          keys.data(), n, got.data())) {
+        continue;  // not on this CPU
+      }
+      EXPECT_EQ(got, want) << "n " << n << " isa " << static_cast<int>(isa);
+    }
+    // The portable loop itself, key by key.
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t id = FeatureOf(keys[i]);
+      const uint64_t e = id < kLimit ? index[id] : 0;
+      const uint32_t slot = e != 0 && (e >> 32) == kRange
+                                ? static_cast<uint32_t>(e) - 1
+                                : Table::kNoSlot;
+      ASSERT_EQ(want[i], slot) << i;
+    }
+    EXPECT_EQ(want[n], 7u) << "wrote past the end";
+  }
+}
+
 TEST(TableTest, DenseIdUsedWithTwoRangesIsStoredPerRange) {
   for (uint64_t dense_ids : {uint64_t{0}, uint64_t{100}}) {
     SCOPED_TRACE(dense_ids);
