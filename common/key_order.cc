@@ -42,9 +42,49 @@ __attribute__((target("avx512f"))) size_t FirstNotAscendingAvx512(
   }
   return n;
 }
+
+const bool kHaveAvx2 = CpuHasAvx2();
 #endif
 
 }  // namespace
+
+#if defined(__x86_64__)
+// AVX2 has no unsigned compare: keys with the top bit flipped compare as
+// signed ones do unsigned. Pairs 4 at a time, 32 a block as above. On a
+// Zen 3 EPYC (no AVX-512), a 100k-key sparse push (pushpull_bench 1x1):
+// 5.4 % of the samples in the scalar loop, 1.3 % in this one.
+__attribute__((target("avx2"))) size_t FirstNotAscendingAvx2(
+    const uint64_t* keys, size_t n) {
+  if (n < 2) return n;
+  const __m256i flip =
+      _mm256_set1_epi64x(static_cast<int64_t>(uint64_t{1} << 63));
+  // Lane j set where keys[i + j] > keys[i + j - 1] (4 bits).
+  auto ascending4 = [&](size_t i) __attribute__((target("avx2"))) {
+    const __m256i cur = _mm256_xor_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + i)), flip);
+    const __m256i prev = _mm256_xor_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + i - 1)),
+        flip);
+    return _mm256_cmpgt_epi64(cur, prev);
+  };
+  size_t i = 1;
+  for (; i + 32 <= n; i += 32) {
+    __m256i up = ascending4(i);
+    for (size_t j = 4; j < 32; j += 4) {
+      up = _mm256_and_si256(up, ascending4(i + j));
+    }
+    if (_mm256_movemask_pd(_mm256_castsi256_pd(up)) != 0xf) break;
+  }
+  for (; i + 4 <= n; i += 4) {
+    const int up = _mm256_movemask_pd(_mm256_castsi256_pd(ascending4(i)));
+    if (up != 0xf) return i + static_cast<size_t>(__builtin_ctz(~up & 0xf));
+  }
+  for (; i < n; ++i) {
+    if (keys[i] <= keys[i - 1]) return i;
+  }
+  return n;
+}
+#endif
 
 size_t FirstNotAscendingPortable(const uint64_t* keys, size_t n) {
   for (size_t i = 1; i < n; ++i) {
@@ -56,6 +96,7 @@ size_t FirstNotAscendingPortable(const uint64_t* keys, size_t n) {
 size_t FirstNotAscending(const uint64_t* keys, size_t n) {
 #if defined(__x86_64__)
   if (kHaveAvx512) return FirstNotAscendingAvx512(keys, n);
+  if (kHaveAvx2) return FirstNotAscendingAvx2(keys, n);
 #endif
   return FirstNotAscendingPortable(keys, n);
 }

@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "common/cpu_features.h"
 #include "gtest/gtest.h"
 
 namespace ps {
@@ -31,6 +32,9 @@ TEST(KeyOrderTest, FirstNotAscendingFindsTheFirstBadPairAnywhere) {
     const std::vector<uint64_t> good = Ascending(n, rng);
     EXPECT_EQ(FirstNotAscending(good.data(), n), n) << n;
     EXPECT_EQ(FirstNotAscendingPortable(good.data(), n), n) << n;
+#if defined(__x86_64__)
+    if (CpuHasAvx2()) EXPECT_EQ(FirstNotAscendingAvx2(good.data(), n), n);
+#endif
     // A repeat (keys[i] == keys[i - 1]) or a step down at each position,
     // alone and with a later bad pair too: the first one is reported.
     for (size_t i = 1; i < n; ++i) {
@@ -47,6 +51,11 @@ TEST(KeyOrderTest, FirstNotAscendingFindsTheFirstBadPairAnywhere) {
         ASSERT_EQ(FirstNotAscending(k.data(), n), i) << n << " " << kind;
         ASSERT_EQ(FirstNotAscendingPortable(k.data(), n), i)
             << n << " " << kind;
+#if defined(__x86_64__)
+        if (CpuHasAvx2()) {
+          ASSERT_EQ(FirstNotAscendingAvx2(k.data(), n), i) << n << " " << kind;
+        }
+#endif
       }
     }
   }
@@ -63,6 +72,13 @@ TEST(KeyOrderTest, TheCompareIsUnsigned) {
   for (size_t i = 0; i < k.size(); ++i) k[i] = (uint64_t{1} << 63) + i;
   k[45] = 5;
   EXPECT_EQ(FirstNotAscending(k.data(), k.size()), 45u);
+#if defined(__x86_64__)
+  if (CpuHasAvx2()) {
+    EXPECT_EQ(FirstNotAscendingAvx2(up, 3), 3u);
+    EXPECT_EQ(FirstNotAscendingAvx2(down, 3), 2u);
+    EXPECT_EQ(FirstNotAscendingAvx2(k.data(), k.size()), 45u);
+  }
+#endif
 }
 
 }  // namespace
