@@ -1376,7 +1376,32 @@ __attribute__((noinline)) void Table::MarkJournal(Partition& p,
   while (k < n) {
     const uint64_t first = slots[k];
     size_t e = k + 1;
-    while (e < n && slots[e] == slots[e - 1] + 1) ++e;
+    // A run past its first 4 slots is checked 16 slots a step, their
+    // differences from the run's or-ed (no branch or carried compare per
+    // slot): slot by slot, finding the runs of a 100k-key push was 4 % of a
+    // replicated push's CPU on a Zen 3 EPYC. Scattered slots end their runs
+    // in the first 4, one by one, as before.
+    while (e < n && e < k + 4 && slots[e] == slots[e - 1] + 1) ++e;
+    if (e == k + 4) {
+      // 16 slots a step in 4-lane vectors (SSE2 on x86-64, no dispatch).
+      using V = uint32_t __attribute__((vector_size(16)));
+      const V iota = {0, 1, 2, 3};
+      while (e + 16 <= n) {
+        const uint32_t base = static_cast<uint32_t>(first + (e - k));
+        V off = {0, 0, 0, 0};
+#pragma GCC unroll 4
+        for (uint32_t j = 0; j < 16; j += 4) {
+          V v;
+          std::memcpy(&v, slots + e + j, sizeof(V));
+          off |= v ^ (iota + (base + j));
+        }
+        uint64_t halves[2];
+        std::memcpy(halves, &off, sizeof(halves));
+        if ((halves[0] | halves[1]) != 0) break;
+        e += 16;
+      }
+      while (e < n && slots[e] == slots[e - 1] + 1) ++e;
+    }
     const uint64_t end = first + (e - k);
     k = e;
     if (end == first + 1) {

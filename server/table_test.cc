@@ -1056,6 +1056,54 @@ TEST(TableTest, JournalTakesMarkedRowsInSlotOrder) {
   EXPECT_EQ(entries[0], -2.0f);
 }
 
+// The journal marks exactly the slots pushed, whatever their runs: runs of
+// every length around MarkJournal's first 4 slots and 8-slot steps, broken
+// anywhere in a step, at word boundaries and not.
+TEST(TableTest, JournalMarksRunsOfEveryLength) {
+  auto table = MakeTable(PlainSgd(), 1);
+  constexpr size_t kSlots = 3000;
+  std::vector<uint64_t> all(kSlots);
+  for (size_t i = 0; i < kSlots; ++i) all[i] = 100000 + i;
+  std::vector<float> grads(kSlots, 1.0f);
+  table->Push(0, all, grads.data(), 1.0f);  // key 100000 + s at slot s
+  const uint64_t gen = table->Layout(0).generation;
+  std::mt19937_64 rng(23);
+  for (int trial = 0; trial < 20; ++trial) {
+    SCOPED_TRACE(trial);
+    table->StartJournal(0);
+    std::vector<uint32_t> want;
+    std::vector<uint64_t> keys;
+    for (uint32_t slot = static_cast<uint32_t>(rng() % 70); slot < kSlots;) {
+      const size_t lens[] = {1, 2, 3, 4, 5, 8, 11, 12, 13, 19, 20, 21, 64, 70};
+      const uint32_t len = static_cast<uint32_t>(lens[rng() % 14]);
+      for (uint32_t j = 0; j < len && slot + j < kSlots; ++j) {
+        want.push_back(slot + j);
+        keys.push_back(100000 + slot + j);
+      }
+      slot += len + 1 + static_cast<uint32_t>(rng() % 3);
+    }
+    bool journaled = false;
+    table->Push(0, keys, grads.data(), 1.0f, nullptr, nullptr,
+                KeyOrder::kAscending, &journaled);
+    ASSERT_TRUE(journaled);
+    Table::DeltaRows delta;
+    ASSERT_TRUE(table->TakeJournal(0, gen, kSlots, &delta));
+    std::vector<uint32_t> got;
+    if (!delta.slot_bits.empty()) {
+      const auto words = ViewAs<uint64_t>(delta.slot_bits);
+      for (size_t w = 0; w < words.size(); ++w) {
+        for (uint64_t b = words[w]; b != 0; b &= b - 1) {
+          got.push_back(static_cast<uint32_t>(w * 64 + __builtin_ctzll(b)));
+        }
+      }
+    } else {
+      const auto slots = ViewAs<uint32_t>(delta.slots);
+      got.assign(slots.begin(), slots.end());
+    }
+    EXPECT_EQ(got, want);
+  }
+}
+
 // Rows by slot go in runs of consecutive slots within a chunk; a delta in
 // any order is written row by row as given (a repeated slot: its last row),
 // and runs stop at a chunk's end (rows of dim 300: 32 slots a chunk).
