@@ -950,6 +950,40 @@ TEST_F(SchedulerCoreTest, SessionOverGrpcOpensAndCloses) {
   EXPECT_LT(absl::Now() - end, absl::Seconds(30));
 }
 
+// A session the scheduler ends (here: refused, the node not being one) as
+// its client goes: the client's destructor must not cancel a session whose
+// OnDone is deleting it (that raced, and failed gRPC's reference count or
+// called a pure virtual method at about 1 server's exit in 170). Many
+// rounds, the client dropped at once or a little later; a sanitizer build
+// sees the race where this one would only crash now and then.
+TEST_F(SchedulerCoreTest, SessionEndedByTheSchedulerAsItsClientGoes) {
+  Start();
+  RegisterAll();
+  SchedulerService service(core_.get(), "tok");
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  GrpcSecurity security;
+  security.token = "tok";
+  for (int round = 0; round < 200; ++round) {
+    // A fresh client each round (a factory keeps one per address).
+    auto own = std::make_unique<GrpcClientFactory>(
+        GrpcClientFactory::Options(security, 1));
+    std::shared_ptr<SchedulerClient> doomed = own->Scheduler(address);
+    doomed->KeepSession(proto::ROLE_WORKER, 9);  // refused: no such node
+    if (round % 4 != 0) absl::SleepFor(absl::Microseconds(100 * (round % 7)));
+    doomed.reset();
+    own.reset();  // waits for the session's reactor to be gone
+  }
+  EXPECT_EQ(core_->OpenSessions(proto::ROLE_WORKER, 9), 0);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+}
+
 // The mlp model reads work units too (issue 9): a dead mlp worker is
 // dropped and its units go to the others, as for LR.
 TEST_F(SchedulerCoreTest, DeadMlpWorkerIsDroppedAndTheJobGoesOn) {

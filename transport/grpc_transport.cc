@@ -1017,9 +1017,15 @@ class GrpcSchedulerClient : public SchedulerClient {
   // must not drop on gRPC's callback thread (~Channel there releases gRPC's
   // shared callback queue, and when that was its last user, deletes the
   // queue the thread is still polling: a double free at exit).
+  // A session whose OnDone has begun is not cancelled: it is being deleted
+  // (a TryCancel then raced the delete of its context and failed gRPC's
+  // reference-count check, or called a pure virtual method, at 2 of about
+  // 350 servers' exits).
   ~GrpcSchedulerClient() override {
     absl::MutexLock l(&session_->mu);
-    if (session_->open != nullptr) session_->open->ctx.TryCancel();
+    if (session_->open != nullptr && !session_->ending) {
+      session_->open->ctx.TryCancel();
+    }
     session_->mu.Await(absl::Condition(
         +[](Session** s) { return *s == nullptr; }, &session_->open));
   }
@@ -1030,6 +1036,7 @@ class GrpcSchedulerClient : public SchedulerClient {
       absl::MutexLock l(&session_->mu);
       if (session_->open != nullptr) return;
       s = session_->open = new Session(session_);
+      session_->ending = false;
     }
     // Started without the lock, which its OnDone takes. Nothing can end it
     // before StartCall, and the destructor cannot run meanwhile (the
@@ -1085,6 +1092,9 @@ class GrpcSchedulerClient : public SchedulerClient {
   struct SessionSlot {
     absl::Mutex mu;
     Session* open ABSL_GUARDED_BY(mu) = nullptr;
+    // Set by `open`'s OnDone before it deletes it: from then on nobody
+    // touches it.
+    bool ending ABSL_GUARDED_BY(mu) = false;
   };
 
   // The open session's call; deletes itself when done.
@@ -1098,8 +1108,13 @@ class GrpcSchedulerClient : public SchedulerClient {
       PS_LOG_DEBUG("session with the scheduler ended: {}",
                    FromGrpcStatus(s).ToString());
       // Deleted first, then the slot cleared: the client (and its channel)
-      // outlives the context.
+      // outlives the context. Marked first, under the lock, so that the
+      // client's destructor does not cancel it while it is deleted.
       std::shared_ptr<SessionSlot> keep = std::move(slot);
+      {
+        absl::MutexLock l(&keep->mu);
+        keep->ending = true;
+      }
       delete this;
       absl::MutexLock l(&keep->mu);
       keep->open = nullptr;
