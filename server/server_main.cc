@@ -13,6 +13,7 @@
 #include "common/process.h"
 #include "common/thread_dump.h"
 #include "server/server_runner.h"
+#include "transport/data_plane.h"
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
 ABSL_FLAG(int, id, -1, "requested server id (-1: any)");
@@ -83,6 +84,13 @@ int main(int argc, char** argv) {
   absl::Status s = ps::RunServer(o);
   done.Notify();
   term.join();
+  // Before the static objects go (transport/data_plane.h).
+  if (!ps::DataPlaneClient::AwaitDetachedReaders(absl::Now() +
+                                                 absl::Seconds(5))) {
+    PS_LOG_WARN(
+        "a data-plane connection's reader still runs 5 s after the "
+        "end; exiting anyway");
+  }
   if (!s.ok()) {
     PS_LOG_ERROR("server failed: {}", s.ToString());
     return 1;

@@ -1011,10 +1011,44 @@ bool DataPlaneServer::State::Dispatch(
 
 // ------------------------------------------------------------ client side
 
+namespace {
+
+// The readers of connections dropped by their own callbacks, still running
+// (DataPlaneClient::AwaitDetachedReaders). Never destroyed: a reader may
+// end while the process's static objects are being destroyed.
+struct DetachedCount {
+  absl::Mutex mu;
+  int running ABSL_GUARDED_BY(mu) = 0;
+};
+DetachedCount& Detached() {
+  static DetachedCount* const d = new DetachedCount;
+  return *d;
+}
+
+}  // namespace
+
+bool DataPlaneClient::AwaitDetachedReaders(absl::Time deadline) {
+  DetachedCount& d = Detached();
+  absl::MutexLock l(&d.mu);
+  return d.mu.AwaitWithDeadline(
+      absl::Condition(
+          +[](int* running) { return *running == 0; }, &d.running),
+      deadline);
+}
+
+int DataPlaneClient::DetachedReaders() {
+  DetachedCount& d = Detached();
+  absl::MutexLock l(&d.mu);
+  return d.running;
+}
+
 struct DataPlaneClient::State {
   int fd = -1;
   size_t max_frame_bytes = 0;
   std::thread reader;
+  // Set on the reader's own thread when its client was dropped there (the
+  // reader then ends detached, counted in Detached()).
+  bool detached = false;
   std::atomic<bool> open{true};
   std::atomic<uint64_t> next_id{1};
 
@@ -1559,7 +1593,18 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> DataPlaneClient::Open(
     st->arena = std::move(arena);
   }
   st->max_frame_bytes = max_frame_bytes;
-  st->reader = std::thread([st] { st->Read(); });
+  st->reader = std::thread([st]() mutable {
+    st->Read();
+    // Counted off last, once the state (and what its callbacks held) is
+    // gone.
+    const bool detached = st->detached;
+    st.reset();
+    if (detached) {
+      DetachedCount& d = Detached();
+      absl::MutexLock l(&d.mu);
+      --d.running;
+    }
+  });
   return std::shared_ptr<DataPlaneClient>(new DataPlaneClient(std::move(st)));
 }
 
@@ -1572,7 +1617,13 @@ DataPlaneClient::~DataPlaneClient() {
   ::shutdown(state_->fd, SHUT_RDWR);
   if (std::this_thread::get_id() == state_->reader.get_id()) {
     // Dropped by one of its own callbacks: the reader ends by itself (it
-    // keeps the state alive).
+    // keeps the state alive), counted until it has.
+    state_->detached = true;
+    {
+      DetachedCount& d = Detached();
+      absl::MutexLock l(&d.mu);
+      ++d.running;
+    }
     state_->reader.detach();
   } else {
     state_->reader.join();

@@ -340,7 +340,19 @@ class DataPlaneClient {
       const std::string& name, const std::string& token, size_t max_frame_bytes,
       absl::Time deadline, absl::Duration send_stall = absl::Seconds(5),
       std::shared_ptr<SharedArena> arena = nullptr);
-  ~DataPlaneClient();  // fails what is in flight (UNAVAILABLE), joins
+  // Fails what is in flight (UNAVAILABLE) and joins the reader; dropped by
+  // one of its own callbacks (on the reader), it lets the reader end by
+  // itself instead (AwaitDetachedReaders).
+  ~DataPlaneClient();
+
+  // Waits until every reader let go that way has ended (its last callback
+  // run), or `deadline`; false at the deadline. A process calls it before
+  // it returns from main: a reader still running then would run callbacks
+  // and log while the static objects they use are destroyed (seen once in
+  // 220 launches as "pure virtual method called" at a server's exit).
+  static bool AwaitDetachedReaders(absl::Time deadline);
+  // How many such readers are running now (tests).
+  static int DetachedReaders();
 
   // Open, as far as this side knows.
   bool ok() const;

@@ -703,6 +703,37 @@ TEST_F(DataPlaneTest, AnswersOutOfOrderReachTheirOwnCalls) {
   for (int i = 0; i < kCalls; ++i) EXPECT_EQ(got[i], 100 + i) << i;
 }
 
+// A client dropped by one of its own callbacks (a connection found broken
+// and replaced from its answer) leaves its reader to end by itself: counted
+// until it has ended, so that a process waits for it before it exits
+// instead of running its callbacks while the static objects go.
+TEST_F(DataPlaneTest, ReaderOfAClientDroppedByItsOwnCallbackIsAwaited) {
+  Serve();
+  std::shared_ptr<DataPlaneClient> c = Connect();
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(DataPlaneClient::DetachedReaders(), 0);
+  absl::Notification dropped, release;
+  int counted = -1;
+  proto::PushRequest req;
+  req.set_worker_id(3);
+  c->Push(req, nullptr, absl::Now() + absl::Seconds(5),
+          [&](const absl::Status&, proto::PushResponse*) {
+            c.reset();  // the last reference, on the reader's thread
+            counted = DataPlaneClient::DetachedReaders();
+            dropped.Notify();
+            release.WaitForNotification();  // the reader still runs
+          });
+  ASSERT_TRUE(dropped.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(counted, 1);
+  EXPECT_FALSE(DataPlaneClient::AwaitDetachedReaders(absl::Now() +
+                                                     absl::Milliseconds(100)))
+      << "the reader is still in its callback";
+  release.Notify();
+  EXPECT_TRUE(
+      DataPlaneClient::AwaitDetachedReaders(absl::Now() + absl::Seconds(5)));
+  EXPECT_EQ(DataPlaneClient::DetachedReaders(), 0);
+}
+
 TEST_F(DataPlaneTest, UnansweredCallFailsAtItsDeadline) {
   Serve();
   handler_.hold = true;

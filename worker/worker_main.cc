@@ -4,8 +4,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/process.h"
+#include "transport/data_plane.h"
 #include "worker/worker_runner.h"
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:7000", "scheduler host:port");
@@ -28,6 +30,13 @@ int main(int argc, char** argv) {
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.bind_host = absl::GetFlag(FLAGS_bind);
   absl::Status s = ps::RunWorker(o);
+  // Before the static objects go (transport/data_plane.h).
+  if (!ps::DataPlaneClient::AwaitDetachedReaders(absl::Now() +
+                                                 absl::Seconds(5))) {
+    PS_LOG_WARN(
+        "a data-plane connection's reader still runs 5 s after the "
+        "end; exiting anyway");
+  }
   if (!s.ok()) {
     PS_LOG_ERROR("worker failed: {}", s.ToString());
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
