@@ -210,6 +210,20 @@ class SchedulerCoreTest : public ::testing::Test {
     if (!state_path_.empty()) std::filesystem::remove(state_path_);
   }
 
+  // `service` over gRPC on a loopback port (null when it cannot start);
+  // *address is its host:port.
+  static std::unique_ptr<grpc::Server> ServeOnLoopback(
+      SchedulerService* service, std::string* address) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(service);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    *address = absl::StrCat("127.0.0.1:", port);
+    return server;
+  }
+
   void Start() {
     SchedulerOptions o;
     o.config = config_;
@@ -878,14 +892,9 @@ TEST_F(SchedulerCoreTest, SessionOverGrpcOpensAndCloses) {
   Start();
   RegisterAll();
   SchedulerService service(core_.get(), "tok");
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::string address;
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &address);
   ASSERT_NE(server, nullptr);
-  const std::string address = absl::StrCat("127.0.0.1:", port);
   auto sessions = [&](proto::Role role, int id, int want) {
     const absl::Time until = absl::Now() + absl::Seconds(20);
     while (core_->OpenSessions(role, id) != want && absl::Now() < until) {
@@ -961,14 +970,9 @@ TEST_F(SchedulerCoreTest, SessionEndedOverGrpcAsItsClientGoes) {
   Start();
   RegisterAll();
   SchedulerService service(core_.get(), "tok");
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::string address;
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &address);
   ASSERT_NE(server, nullptr);
-  const std::string address = absl::StrCat("127.0.0.1:", port);
   GrpcSecurity security;
   security.token = "tok";
   for (int round = 0; round < 200; ++round) {

@@ -152,12 +152,7 @@ __attribute__((target("avx512f,avx512dq"))) void KeySlotMap::FindManyAvx512(
       slots[i] = l.e[__builtin_ctz(m)].slot;
       continue;
     }
-    if (!Full(l)) {
-      slots[i] = none;
-    } else {
-      const Entry* e = FindEntryFrom((b + 1) & line_mask_, key);
-      slots[i] = e == nullptr ? none : e->slot;
-    }
+    slots[i] = SlotPastHomeLine(l, b, key, none);
   }
 }
 
@@ -216,12 +211,7 @@ __attribute__((target("avx2"))) void KeySlotMap::FindManyAvx2(
       slots[i] = l.e[__builtin_ctz(m)].slot;
       continue;
     }
-    if (!Full(l)) {
-      slots[i] = none;
-    } else {
-      const Entry* e = FindEntryFrom((b + 1) & line_mask_, key);
-      slots[i] = e == nullptr ? none : e->slot;
-    }
+    slots[i] = SlotPastHomeLine(l, b, key, none);
   }
 }
 #endif
@@ -256,11 +246,8 @@ void KeySlotMap::FindManyPortable(const uint64_t* keys, size_t n,
     const Line& l = lines_[b];
     if (const uint32_t m = Matches(l, keys[i]); m != 0) {
       slots[i] = l.e[__builtin_ctz(m)].slot;
-    } else if (!Full(l)) {
-      slots[i] = none;
     } else {
-      const Entry* e = FindEntryFrom((b + 1) & line_mask_, keys[i]);
-      slots[i] = e == nullptr ? none : e->slot;
+      slots[i] = SlotPastHomeLine(l, b, keys[i], none);
     }
   }
 }

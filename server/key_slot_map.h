@@ -170,6 +170,15 @@ class KeySlotMap {
       if (!Full(l)) return nullptr;
     }
   }
+  // The slot of `key`, or `none`, once it is known not to be in its home
+  // line `l` (line b): past it only when that line is full. The FindMany
+  // loops' end for a key their compare of the home line missed.
+  uint32_t SlotPastHomeLine(const Line& l, size_t b, uint64_t key,
+                            uint32_t none) const {
+    if (!Full(l)) return none;
+    const Entry* e = FindEntryFrom((b + 1) & line_mask_, key);
+    return e == nullptr ? none : e->slot;
+  }
   Entry* FindEntry(uint64_t key) {
     return const_cast<Entry*>(std::as_const(*this).FindEntry(key));
   }
